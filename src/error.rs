@@ -1,0 +1,315 @@
+//! The crate's one error type.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+/// A boxed error from a handler, a codec or a database driver.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// `Result` with this crate's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in this crate.
+///
+/// Each variant carries the context needed to act on it (which queue, which header, which
+/// address) and, where another library failed, that library's error as [`source()`].
+/// Passwords never appear in any of them.
+///
+/// [`source()`]: std::error::Error::source
+#[non_exhaustive]
+#[derive(Debug)]
+pub enum Error {
+    /// Could not open a connection to any configured address.
+    Connect {
+        /// The address tried last, without its password.
+        address: String,
+        /// What failed.
+        source: BoxError,
+    },
+    /// The connection to the broker dropped (or was never up) while the operation was under way.
+    /// Retriable: the connection recovers by itself.
+    ConnectionLost {
+        /// What was being done.
+        context: String,
+    },
+    /// The connection, publisher or consumer was closed by its owner.
+    Closed {
+        /// What was closed.
+        what: &'static str,
+    },
+    /// An AMQP operation failed.
+    Amqp {
+        /// What was being done.
+        context: String,
+        /// amiquip's error.
+        source: amiquip::Error,
+    },
+    /// A declaration conflicts with what exists on the broker (AMQP 406 PRECONDITION_FAILED),
+    /// for example a queue declared with a different `x-message-ttl`.
+    TopologyConflict {
+        /// `"queue"` or `"exchange"`.
+        kind: &'static str,
+        /// The queue or exchange.
+        name: String,
+        /// The broker's reason, which names the argument.
+        reason: String,
+    },
+    /// A passive check or an operation found no such queue or exchange (AMQP 404).
+    NotFound {
+        /// `"queue"` or `"exchange"`.
+        kind: &'static str,
+        /// The queue or exchange.
+        name: String,
+        /// The broker's reason.
+        reason: String,
+    },
+    /// The broker refused a publish (`basic.nack`).
+    Nacked {
+        /// The message's id.
+        message_id: String,
+    },
+    /// A mandatory publish could not be routed to any queue (`basic.return`).
+    Unroutable {
+        /// The exchange it was published to.
+        exchange: String,
+        /// Its routing key.
+        routing_key: String,
+        /// The message's id.
+        message_id: String,
+        /// The broker's reply code (312 NO_ROUTE).
+        reply_code: u16,
+        /// The broker's reply text.
+        reply_text: String,
+    },
+    /// Waiting for an answer took longer than allowed.
+    Timeout {
+        /// What was awaited.
+        what: String,
+        /// How long was waited.
+        after: Duration,
+    },
+    /// A header name or value cannot be sent as given.
+    InvalidHeader {
+        /// The header.
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// A name (queue, exchange, routing key, table, consumer tag, …) is refused.
+    InvalidName {
+        /// What kind of name.
+        kind: &'static str,
+        /// The name, as given (truncated if long).
+        name: String,
+        /// Why it is refused.
+        reason: String,
+    },
+    /// An option or argument is out of range or inconsistent.
+    InvalidArgument {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A received message is malformed (a reserved header of the wrong type, a bad envelope).
+    Malformed {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A codec could not encode or decode a payload.
+    Codec {
+        /// The content type involved.
+        content_type: String,
+        /// The codec's error.
+        source: BoxError,
+    },
+    /// A database operation failed.
+    Sql {
+        /// What was being done.
+        context: String,
+        /// The driver's error.
+        source: BoxError,
+    },
+    /// No schema with that id or subject is registered.
+    SchemaNotFound {
+        /// The id or subject looked up.
+        what: String,
+    },
+    /// An I/O operation failed.
+    Io {
+        /// What was being done.
+        context: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A handler failed.
+    Handler {
+        /// The handler's error.
+        source: BoxError,
+    },
+}
+
+impl Error {
+    /// True when trying again later may succeed: the connection dropped, an answer timed out, or
+    /// the broker nacked a publish.
+    pub fn is_retriable(&self) -> bool {
+        matches!(
+            self,
+            Error::ConnectionLost { .. }
+                | Error::Connect { .. }
+                | Error::Timeout { .. }
+                | Error::Nacked { .. }
+        ) || matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
+    }
+
+    /// True when a mandatory publish was returned as unroutable.
+    pub fn is_unroutable(&self) -> bool {
+        matches!(self, Error::Unroutable { .. })
+    }
+
+    /// True when a wait timed out.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// True when a declaration conflicted with the broker's existing topology.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::TopologyConflict { .. })
+    }
+
+    /// True when the connection dropped under the operation.
+    pub fn is_connection_lost(&self) -> bool {
+        matches!(self, Error::ConnectionLost { .. })
+    }
+
+    pub(crate) fn amqp(context: impl Into<String>, source: amiquip::Error) -> Error {
+        let context = context.into();
+        match source {
+            amiquip::Error::EventLoopDropped
+            | amiquip::Error::EventLoopClientDropped
+            | amiquip::Error::UnexpectedSocketClose
+            | amiquip::Error::MissedServerHeartbeats
+            | amiquip::Error::ServerClosedConnection { .. }
+            | amiquip::Error::ClientClosedConnection => Error::ConnectionLost { context },
+            source => Error::Amqp { context, source },
+        }
+    }
+
+    pub(crate) fn invalid(reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn sql(context: impl Into<String>, source: impl Into<BoxError>) -> Error {
+        Error::Sql {
+            context: context.into(),
+            source: source.into(),
+        }
+    }
+}
+
+fn amqp_is_retriable(e: &amiquip::Error) -> bool {
+    matches!(
+        e,
+        amiquip::Error::EventLoopDropped
+            | amiquip::Error::UnexpectedSocketClose
+            | amiquip::Error::MissedServerHeartbeats
+            | amiquip::Error::ServerClosedConnection { .. }
+    )
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Connect { address, source } => {
+                write!(f, "could not connect to {address}: {source}")
+            }
+            Error::ConnectionLost { context } => {
+                write!(f, "connection to the broker lost while {context}")
+            }
+            Error::Closed { what } => write!(f, "{what} is closed"),
+            Error::Amqp { context, source } => write!(f, "{context}: {source}"),
+            Error::TopologyConflict { kind, name, reason } => write!(
+                f,
+                "{kind} {name:?} exists with different settings: {reason}"
+            ),
+            Error::NotFound { kind, name, reason } => {
+                write!(f, "{kind} {name:?} not found: {reason}")
+            }
+            Error::Nacked { message_id } => {
+                write!(f, "the broker refused (nacked) message {message_id:?}")
+            }
+            Error::Unroutable {
+                exchange,
+                routing_key,
+                message_id,
+                reply_code,
+                reply_text,
+            } => write!(
+                f,
+                "message {message_id:?} to exchange {exchange:?} with routing key \
+                 {routing_key:?} is unroutable ({reply_code} {reply_text})"
+            ),
+            Error::Timeout { what, after } => write!(f, "timed out after {after:?} waiting for {what}"),
+            Error::InvalidHeader { name, reason } => write!(f, "header {name:?} refused: {reason}"),
+            Error::InvalidName { kind, name, reason } => {
+                write!(f, "invalid {kind} name {name:?}: {reason}")
+            }
+            Error::InvalidArgument { reason } => write!(f, "invalid argument: {reason}"),
+            Error::Malformed { reason } => write!(f, "malformed message: {reason}"),
+            Error::Codec {
+                content_type,
+                source,
+            } => write!(f, "codec failed for content type {content_type:?}: {source}"),
+            Error::Sql { context, source } => write!(f, "database error while {context}: {source}"),
+            Error::SchemaNotFound { what } => write!(f, "schema not found: {what}"),
+            Error::Io { context, source } => write!(f, "i/o error while {context}: {source}"),
+            Error::Handler { source } => write!(f, "handler failed: {source}"),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Error::Connect { source, .. }
+            | Error::Codec { source, .. }
+            | Error::Sql { source, .. }
+            | Error::Handler { source } => Some(source.as_ref()),
+            Error::Amqp { source, .. } => Some(source),
+            Error::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_are_chained() {
+        let e = Error::Io {
+            context: "reading".into(),
+            source: std::io::Error::other("disk"),
+        };
+        assert_eq!(e.source().map(|s| s.to_string()), Some("disk".to_string()));
+        assert_eq!(e.to_string(), "i/o error while reading: disk");
+    }
+
+    #[test]
+    fn lost_connection_is_retriable_and_unroutable_is_not() {
+        let lost = Error::amqp("publishing", amiquip::Error::EventLoopDropped);
+        assert!(lost.is_retriable());
+        assert!(lost.is_connection_lost());
+        let un = Error::Unroutable {
+            exchange: "x".into(),
+            routing_key: "k".into(),
+            message_id: "m".into(),
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        };
+        assert!(un.is_unroutable());
+        assert!(!un.is_retriable());
+    }
+}

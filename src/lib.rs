@@ -1,0 +1,10 @@
+//! acemq-amqp: synchronous, blocking RabbitMQ messaging patterns for threaded Rust services.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod patterns;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+
+pub use error::{BoxError, Error, Result};

@@ -1,0 +1,1 @@
+//! The family's patterns, one module each.

@@ -1,0 +1,1 @@
+//! The SQL seam (filled in by issue 4).
