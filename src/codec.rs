@@ -1,0 +1,134 @@
+//! Codecs: how a payload becomes a body and back.
+//!
+//! A [`Codec`] is a trait object so that it can be chosen at run time and set on a connection,
+//! a publisher or a consumer. It works on `serde_json::Value`, the common shape every serde
+//! payload passes through; [`Message::encode`](crate::Message::encode) and
+//! [`Message::decode`](crate::Message::decode) give the typed front.
+
+use std::fmt;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{BoxError, Error, Result};
+
+/// Turns payloads into bodies with a content type, and bodies back into payloads.
+pub trait Codec: Send + Sync + fmt::Debug {
+    /// The content type written on messages this codec encodes.
+    fn content_type(&self) -> &str;
+    /// Encodes a payload.
+    fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError>;
+    /// Decodes a body.
+    fn decode(&self, body: &[u8]) -> Result<Value, BoxError>;
+}
+
+/// JSON through serde (`application/json`). The default codec.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JsonCodec;
+
+impl Codec for JsonCodec {
+    fn content_type(&self) -> &str {
+        "application/json"
+    }
+    fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError> {
+        Ok(serde_json::to_vec(value)?)
+    }
+    fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
+        Ok(serde_json::from_slice(body)?)
+    }
+}
+
+/// Bytes as they are (`application/octet-stream`).
+///
+/// Encodes a string (its UTF-8 bytes) or an array of numbers 0–255 (a `Vec<u8>` through serde);
+/// decodes to an array of numbers, so `Vec<u8>` round-trips. Anything else is refused.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BytesCodec;
+
+impl Codec for BytesCodec {
+    fn content_type(&self) -> &str {
+        "application/octet-stream"
+    }
+    fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError> {
+        match value {
+            Value::String(s) => Ok(s.as_bytes().to_vec()),
+            Value::Array(items) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|n| u8::try_from(n).ok())
+                        .ok_or_else(|| BoxError::from("BytesCodec: array items must be 0-255"))
+                })
+                .collect(),
+            _ => Err("BytesCodec encodes only strings and byte arrays".into()),
+        }
+    }
+    fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
+        Ok(Value::Array(body.iter().map(|b| Value::from(*b)).collect()))
+    }
+}
+
+pub(crate) fn encode_with<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -> Result<Vec<u8>> {
+    let err = |source: BoxError| Error::Codec {
+        content_type: codec.content_type().to_string(),
+        source,
+    };
+    let value = serde_json::to_value(value).map_err(|e| err(e.into()))?;
+    codec.encode(&value).map_err(err)
+}
+
+pub(crate) fn decode_with<T: DeserializeOwned>(codec: &dyn Codec, body: &[u8]) -> Result<T> {
+    let err = |source: BoxError| Error::Codec {
+        content_type: codec.content_type().to_string(),
+        source,
+    };
+    let value = codec.decode(body).map_err(err)?;
+    serde_json::from_value(value).map_err(|e| err(e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize, serde::Deserialize, PartialEq, Debug)]
+    struct Order {
+        id: String,
+        qty: u32,
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let o = Order {
+            id: "o-1".into(),
+            qty: 3,
+        };
+        let bytes = encode_with(&JsonCodec, &o).unwrap();
+        assert_eq!(bytes, br#"{"id":"o-1","qty":3}"#);
+        assert_eq!(decode_with::<Order>(&JsonCodec, &bytes).unwrap(), o);
+    }
+
+    #[test]
+    fn json_decode_error_names_content_type() {
+        let e = decode_with::<Order>(&JsonCodec, b"not json").unwrap_err();
+        assert!(e.to_string().contains("application/json"), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn bytes_round_trip() {
+        let raw: Vec<u8> = vec![0, 1, 255];
+        let bytes = encode_with(&BytesCodec, &raw).unwrap();
+        assert_eq!(bytes, raw);
+        assert_eq!(decode_with::<Vec<u8>>(&BytesCodec, &bytes).unwrap(), raw);
+        assert_eq!(encode_with(&BytesCodec, "hé").unwrap(), "hé".as_bytes());
+        assert!(encode_with(
+            &BytesCodec,
+            &Order {
+                id: "x".into(),
+                qty: 1
+            }
+        )
+        .is_err());
+    }
+}

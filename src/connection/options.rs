@@ -1,0 +1,356 @@
+//! Connection options and AMQP URLs. Passwords are kept in [`Address`] and never shown.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::codec::{Codec, JsonCodec};
+use crate::error::{Error, Result};
+use crate::observe::{LogObserver, Observer};
+
+/// One broker address parsed from an `amqp://` or `amqps://` URL.
+///
+/// `Debug` and `Display` show `amqp://user@host:port/vhost`: the password never appears.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Address {
+    pub(crate) tls: bool,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) user: String,
+    pub(crate) password: String,
+    pub(crate) vhost: String,
+}
+
+impl Address {
+    /// Parses `amqp[s]://[user[:password]@]host[:port][/vhost]`. User and password default to
+    /// `guest`, the port to 5672 (5671 for `amqps`), the vhost to `/`; `%2f` in the vhost is `/`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for any other shape (the message never repeats the password).
+    pub fn parse(url: &str) -> Result<Address> {
+        let bad = |why: &str| Error::invalid(format!("bad AMQP URL: {why}"));
+        let (tls, rest) = if let Some(r) = url.strip_prefix("amqp://") {
+            (false, r)
+        } else if let Some(r) = url.strip_prefix("amqps://") {
+            (true, r)
+        } else {
+            return Err(bad("it must start with amqp:// or amqps://"));
+        };
+        if rest.contains('?') {
+            return Err(bad(
+                "query parameters are not supported; use ConnectionOptions",
+            ));
+        }
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
+            None => (rest, None),
+        };
+        let (userinfo, hostport) = match authority.rfind('@') {
+            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
+            None => (None, authority),
+        };
+        let (user, password) = match userinfo {
+            Some(ui) => match ui.find(':') {
+                Some(i) => (decode(&ui[..i])?, decode(&ui[i + 1..])?),
+                None => (decode(ui)?, String::new()),
+            },
+            None => ("guest".to_string(), "guest".to_string()),
+        };
+        let default_port = if tls { 5671 } else { 5672 };
+        let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
+            let end = h.find(']').ok_or_else(|| bad("unclosed [ in host"))?;
+            let port = match &h[end + 1..] {
+                "" => default_port,
+                p => parse_port(p.strip_prefix(':').ok_or_else(|| bad("bad port"))?)?,
+            };
+            (h[..end].to_string(), port)
+        } else {
+            match hostport.rfind(':') {
+                Some(i) => (hostport[..i].to_string(), parse_port(&hostport[i + 1..])?),
+                None => (hostport.to_string(), default_port),
+            }
+        };
+        if host.is_empty() {
+            return Err(bad("the host is missing"));
+        }
+        let vhost = match path {
+            None | Some("") => "/".to_string(),
+            Some(p) => decode(p)?,
+        };
+        Ok(Address {
+            tls,
+            host,
+            port,
+            user,
+            password,
+            vhost,
+        })
+    }
+
+    /// `host:port`.
+    pub fn host_port(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16> {
+    p.parse()
+        .map_err(|_| Error::invalid(format!("bad AMQP URL: port {p:?} is not a number")))
+}
+
+fn decode(s: &str) -> Result<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| Error::invalid("bad AMQP URL: bad percent-escape"))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::invalid("bad AMQP URL: escape is not UTF-8"))
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "amqps" } else { "amqp" };
+        let vhost = if self.vhost == "/" {
+            String::new()
+        } else {
+            self.vhost.replace('/', "%2f")
+        };
+        write!(f, "{scheme}://{}@{}/{vhost}", self.user, self.host_port())
+    }
+}
+
+impl fmt::Debug for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Address({self})")
+    }
+}
+
+/// Options for [`Connection`](crate::Connection): addresses, heartbeat, timeouts, reconnect
+/// backoff, name, default codec and observer.
+///
+/// ```no_run
+/// use acemq_amqp::ConnectionOptions;
+/// use std::time::Duration;
+/// # fn main() -> acemq_amqp::Result<()> {
+/// let connection = ConnectionOptions::new()
+///     .address("amqp://guest:guest@rabbit-1:5672/")
+///     .address("amqp://guest:guest@rabbit-2:5672/")
+///     .heartbeat(Duration::from_secs(10))
+///     .name("billing-service")
+///     .open()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ConnectionOptions {
+    pub(crate) urls: Vec<String>,
+    pub(crate) heartbeat: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) operation_timeout: Duration,
+    pub(crate) name: Option<String>,
+    pub(crate) codec: Arc<dyn Codec>,
+    pub(crate) observer: Arc<dyn Observer>,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions {
+            urls: Vec::new(),
+            heartbeat: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(30),
+            name: None,
+            codec: Arc::new(JsonCodec),
+            observer: Arc::new(LogObserver),
+        }
+    }
+}
+
+impl fmt::Debug for ConnectionOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addresses: Vec<String> = self
+            .urls
+            .iter()
+            .map(|u| match Address::parse(u) {
+                Ok(a) => a.to_string(),
+                Err(_) => "<invalid url>".to_string(),
+            })
+            .collect();
+        f.debug_struct("ConnectionOptions")
+            .field("addresses", &addresses)
+            .field("heartbeat", &self.heartbeat)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("operation_timeout", &self.operation_timeout)
+            .field("name", &self.name)
+            .field("codec", &self.codec)
+            .finish()
+    }
+}
+
+impl ConnectionOptions {
+    /// Options with no address yet and every default.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a broker address (`amqp://user:pass@host:port/vhost`). Several addresses form a
+    /// cluster: each is tried in turn when connecting and reconnecting.
+    pub fn address(mut self, url: impl Into<String>) -> Self {
+        self.urls.push(url.into());
+        self
+    }
+
+    /// The AMQP heartbeat: a silent peer is noticed after about two intervals. Defaults to 10 s;
+    /// zero disables it (not recommended: a dead peer then goes unnoticed).
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// Time allowed for the TCP connect and the AMQP handshake. Defaults to 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// First delay before reconnecting; it doubles per failed attempt, with jitter, up to
+    /// [`backoff_max`](Self::backoff_max). Defaults to 100 ms.
+    pub fn backoff_min(mut self, delay: Duration) -> Self {
+        self.backoff_min = delay;
+        self
+    }
+
+    /// Longest delay between reconnection attempts. Defaults to 10 s.
+    pub fn backoff_max(mut self, delay: Duration) -> Self {
+        self.backoff_max = delay;
+        self
+    }
+
+    /// How long a declaration or channel open waits for a connection that is recovering.
+    /// Defaults to 30 s.
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = timeout;
+        self
+    }
+
+    /// The connection's name, sent to the broker as the client property `information` (amiquip
+    /// offers no `connection_name`) and shown by `rabbitmqctl list_connections client_properties`.
+    /// Defaults to none.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The default codec for publishers and consumers on this connection. Defaults to
+    /// [`JsonCodec`].
+    pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
+        self.codec = Arc::new(codec);
+        self
+    }
+
+    /// The observer of this connection and everything on it. Defaults to
+    /// [`LogObserver`].
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = Arc::new(observer);
+        self
+    }
+
+    /// Checks the options and parses the addresses.
+    pub(crate) fn validate(&self) -> Result<Vec<Address>> {
+        if self.urls.is_empty() {
+            return Err(Error::invalid("no broker address given"));
+        }
+        if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
+            return Err(Error::invalid(
+                "backoff_min must be above zero and at most backoff_max",
+            ));
+        }
+        if self.heartbeat.as_secs() > u64::from(u16::MAX) {
+            return Err(Error::invalid("heartbeat is over 65535 s"));
+        }
+        let addresses = self
+            .urls
+            .iter()
+            .map(|u| Address::parse(u))
+            .collect::<Result<Vec<_>>>()?;
+        #[cfg(not(feature = "tls"))]
+        if let Some(a) = addresses.iter().find(|a| a.tls) {
+            return Err(Error::invalid(format!(
+                "{a} needs TLS: build acemq-amqp with the `tls` feature"
+            )));
+        }
+        Ok(addresses)
+    }
+
+    /// Opens the connection: see [`Connection::open_with`](crate::Connection::open_with).
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::open_with`](crate::Connection::open_with).
+    pub fn open(self) -> Result<crate::Connection> {
+        crate::Connection::open_with(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_hides_the_password() {
+        let a = Address::parse("amqp://bob:s3cr%40t@broker:5673/prod%2fone").unwrap();
+        assert_eq!(a.user, "bob");
+        assert_eq!(a.password, "s3cr@t");
+        assert_eq!(a.port, 5673);
+        assert_eq!(a.vhost, "prod/one");
+        let shown = format!("{a} {a:?}");
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(shown.contains("bob@broker:5673"), "{shown}");
+        let opts = ConnectionOptions::new().address("amqp://bob:hunter2@h/");
+        assert!(!format!("{opts:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn defaults() {
+        let a = Address::parse("amqp://localhost").unwrap();
+        assert_eq!((a.user.as_str(), a.password.as_str()), ("guest", "guest"));
+        assert_eq!(a.port, 5672);
+        assert_eq!(a.vhost, "/");
+        assert_eq!(Address::parse("amqps://h/").unwrap().port, 5671);
+    }
+
+    #[test]
+    fn refuses_bad_urls_without_echoing_passwords() {
+        for bad in [
+            "http://x",
+            "amqp://",
+            "amqp://u:pw@h:notaport/",
+            "amqp://h/?heartbeat=5",
+        ] {
+            let e = Address::parse(bad).unwrap_err();
+            assert!(!e.to_string().contains("pw@"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,743 @@
+//! The envelope of the AceMQ wire contract, header values and their validation, and [`Message`].
+//!
+//! Every message this crate publishes carries the reserved `x-acemq-` headers (see
+//! [`headers`]); the id is also the AMQP `message_id`. Applications may add their own headers,
+//! but never with the reserved prefix.
+//!
+//! Values are checked **before** anything is handed to amiquip, because amiquip writes an AMQP
+//! short string over 255 bytes with a truncated length byte (a corrupt frame that closes the
+//! connection) and, when it reads a `longstr` header that is not UTF-8, drops it and every header
+//! after it. Text is always UTF-8 here (a Rust `String`); bytes that may not be text go as
+//! [`HeaderValue::Bytes`] (an AMQP byte array), and [`HeaderValue::try_text`] refuses bytes that
+//! are not UTF-8.
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::codec::Codec;
+use crate::error::{Error, Result};
+
+/// The names of the reserved headers of the wire contract.
+pub mod headers {
+    /// The prefix reserved for the engine: an application header with it is refused.
+    pub const RESERVED_PREFIX: &str = "x-acemq-";
+    /// Stable message identity (string); also the AMQP `message_id`.
+    pub const ID: &str = "x-acemq-id";
+    /// Correlation of one business action (string).
+    pub const CORRELATION_ID: &str = "x-acemq-correlation-id";
+    /// Id of the message that caused this one (string).
+    pub const CAUSATION_ID: &str = "x-acemq-causation-id";
+    /// Message type, e.g. `order.placed` (string).
+    pub const TYPE: &str = "x-acemq-type";
+    /// 1 on first delivery, +1 per retry (long).
+    pub const ATTEMPT: &str = "x-acemq-attempt";
+    /// Epoch milliseconds when first published (long).
+    pub const FIRST_SEEN: &str = "x-acemq-first-seen";
+    /// Why it was last retried or dead-lettered (string).
+    pub const ERROR: &str = "x-acemq-error";
+    /// Where a claim-checked payload went (string, informational).
+    pub const CLAIM: &str = "x-acemq-claim";
+}
+
+/// The longest AMQP short string: routing keys, ids, header names, property strings.
+pub const MAX_SHORT_STRING: usize = 255;
+
+/// A header value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HeaderValue {
+    /// UTF-8 text (AMQP long string).
+    Text(String),
+    /// A signed integer (AMQP long-long; any integer type is read into it).
+    Int(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A floating point number (AMQP double).
+    Float(f64),
+    /// Bytes (AMQP byte array): use this for anything that may not be UTF-8.
+    Bytes(Vec<u8>),
+    /// A nested table.
+    Table(BTreeMap<String, HeaderValue>),
+    /// An array.
+    Array(Vec<HeaderValue>),
+    /// An AMQP timestamp (seconds since the epoch).
+    Timestamp(u64),
+    /// No value (AMQP void).
+    Void,
+}
+
+impl HeaderValue {
+    /// Text from bytes, refused with [`Error::InvalidHeader`] unless they are UTF-8.
+    ///
+    /// # Errors
+    ///
+    /// When `bytes` is not valid UTF-8; send it as [`HeaderValue::Bytes`] instead.
+    pub fn try_text(name: &str, bytes: Vec<u8>) -> Result<HeaderValue> {
+        String::from_utf8(bytes)
+            .map(HeaderValue::Text)
+            .map_err(|e| Error::InvalidHeader {
+                name: truncate(name),
+                reason: format!(
+                    "value is not UTF-8 (invalid at byte {}); send it as HeaderValue::Bytes",
+                    e.utf8_error().valid_up_to()
+                ),
+            })
+    }
+
+    /// The text, if this is text.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            HeaderValue::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is an integer.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            HeaderValue::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn to_amqp(&self) -> AmqpValue {
+        match self {
+            HeaderValue::Text(s) => AmqpValue::LongString(s.clone()),
+            HeaderValue::Int(i) => AmqpValue::LongLongInt(*i),
+            HeaderValue::Bool(b) => AmqpValue::Boolean(*b),
+            HeaderValue::Float(f) => AmqpValue::Double(*f),
+            HeaderValue::Bytes(b) => AmqpValue::ByteArray(b.clone()),
+            HeaderValue::Table(t) => {
+                AmqpValue::FieldTable(t.iter().map(|(k, v)| (k.clone(), v.to_amqp())).collect())
+            }
+            HeaderValue::Array(a) => AmqpValue::FieldArray(a.iter().map(|v| v.to_amqp()).collect()),
+            HeaderValue::Timestamp(t) => AmqpValue::Timestamp(*t),
+            HeaderValue::Void => AmqpValue::Void,
+        }
+    }
+
+    pub(crate) fn from_amqp(value: &AmqpValue) -> HeaderValue {
+        match value {
+            AmqpValue::Boolean(b) => HeaderValue::Bool(*b),
+            AmqpValue::ShortShortInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::ShortShortUInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::ShortInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::ShortUInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::LongInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::LongUInt(i) => HeaderValue::Int(i64::from(*i)),
+            AmqpValue::LongLongInt(i) => HeaderValue::Int(*i),
+            AmqpValue::Float(f) => HeaderValue::Float(f64::from(*f)),
+            AmqpValue::Double(f) => HeaderValue::Float(*f),
+            AmqpValue::DecimalValue(d) => {
+                HeaderValue::Float(f64::from(d.value) / 10f64.powi(i32::from(d.scale)))
+            }
+            AmqpValue::LongString(s) => HeaderValue::Text(s.clone()),
+            AmqpValue::FieldArray(a) => HeaderValue::Array(a.iter().map(Self::from_amqp).collect()),
+            AmqpValue::Timestamp(t) => HeaderValue::Timestamp(*t),
+            AmqpValue::FieldTable(t) => HeaderValue::Table(
+                t.iter()
+                    .map(|(k, v)| (k.clone(), Self::from_amqp(v)))
+                    .collect(),
+            ),
+            AmqpValue::ByteArray(b) => HeaderValue::Bytes(b.clone()),
+            AmqpValue::Void => HeaderValue::Void,
+        }
+    }
+
+    fn validate(&self, name: &str) -> Result<()> {
+        match self {
+            HeaderValue::Table(t) => {
+                for (k, v) in t {
+                    check_header_name(k)?;
+                    v.validate(name)?;
+                }
+                Ok(())
+            }
+            HeaderValue::Array(a) => a.iter().try_for_each(|v| v.validate(name)),
+            HeaderValue::Float(f) if !f.is_finite() => Err(Error::InvalidHeader {
+                name: truncate(name),
+                reason: "a float must be finite".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl From<&str> for HeaderValue {
+    fn from(s: &str) -> Self {
+        HeaderValue::Text(s.to_string())
+    }
+}
+impl From<String> for HeaderValue {
+    fn from(s: String) -> Self {
+        HeaderValue::Text(s)
+    }
+}
+impl From<i64> for HeaderValue {
+    fn from(i: i64) -> Self {
+        HeaderValue::Int(i)
+    }
+}
+impl From<i32> for HeaderValue {
+    fn from(i: i32) -> Self {
+        HeaderValue::Int(i64::from(i))
+    }
+}
+impl From<u32> for HeaderValue {
+    fn from(i: u32) -> Self {
+        HeaderValue::Int(i64::from(i))
+    }
+}
+impl From<bool> for HeaderValue {
+    fn from(b: bool) -> Self {
+        HeaderValue::Bool(b)
+    }
+}
+impl From<f64> for HeaderValue {
+    fn from(f: f64) -> Self {
+        HeaderValue::Float(f)
+    }
+}
+impl From<Vec<u8>> for HeaderValue {
+    fn from(b: Vec<u8>) -> Self {
+        HeaderValue::Bytes(b)
+    }
+}
+
+/// The AceMQ envelope: the identity and history of a message, carried in the reserved headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`.
+    /// Empty on a received message that carried neither `x-acemq-id` nor a `message_id`.
+    pub id: String,
+    /// Correlation of one business action. Defaults to the id of the first message.
+    pub correlation_id: Option<String>,
+    /// Id of the message that caused this one.
+    pub causation_id: Option<String>,
+    /// Message type, e.g. `order.placed`.
+    pub message_type: Option<String>,
+    /// 1 on first delivery, +1 per retry.
+    pub attempt: u32,
+    /// Epoch milliseconds when first published.
+    pub first_seen_ms: i64,
+    /// Why it was last retried or dead-lettered.
+    pub error: Option<String>,
+}
+
+impl Envelope {
+    /// A new envelope: a fresh id, attempt 1, first seen now.
+    pub fn new() -> Envelope {
+        Envelope {
+            id: new_id(),
+            correlation_id: None,
+            causation_id: None,
+            message_type: None,
+            attempt: 1,
+            first_seen_ms: now_ms(),
+            error: None,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        check_short(headers::ID, &self.id)?;
+        if self.id.is_empty() {
+            return Err(Error::InvalidHeader {
+                name: headers::ID.into(),
+                reason: "the message id is empty".into(),
+            });
+        }
+        for (name, value) in [
+            (headers::CORRELATION_ID, &self.correlation_id),
+            (headers::CAUSATION_ID, &self.causation_id),
+            (headers::TYPE, &self.message_type),
+        ] {
+            if let Some(v) = value {
+                check_short(name, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&self, table: &mut FieldTable) {
+        let text = |s: &str| AmqpValue::LongString(s.to_string());
+        table.insert(headers::ID.into(), text(&self.id));
+        let correlation = self.correlation_id.as_deref().unwrap_or(&self.id);
+        table.insert(headers::CORRELATION_ID.into(), text(correlation));
+        if let Some(c) = &self.causation_id {
+            table.insert(headers::CAUSATION_ID.into(), text(c));
+        }
+        if let Some(t) = &self.message_type {
+            table.insert(headers::TYPE.into(), text(t));
+        }
+        table.insert(
+            headers::ATTEMPT.into(),
+            AmqpValue::LongLongInt(i64::from(self.attempt)),
+        );
+        table.insert(
+            headers::FIRST_SEEN.into(),
+            AmqpValue::LongLongInt(self.first_seen_ms),
+        );
+        if let Some(e) = &self.error {
+            table.insert(headers::ERROR.into(), text(e));
+        }
+    }
+
+    /// Reads the envelope from received headers and properties. Integers of any AMQP width are
+    /// accepted; a reserved header of the wrong type is treated as absent.
+    fn read(table: &BTreeMap<String, HeaderValue>, props: &AmqpProperties) -> Envelope {
+        let text = |name: &str| table.get(name).and_then(|v| v.as_str()).map(str::to_string);
+        let int = |name: &str| table.get(name).and_then(|v| v.as_i64());
+        let id = text(headers::ID)
+            .or_else(|| props.message_id().clone())
+            .unwrap_or_default();
+        Envelope {
+            correlation_id: text(headers::CORRELATION_ID),
+            causation_id: text(headers::CAUSATION_ID),
+            message_type: text(headers::TYPE).or_else(|| props.type_().clone()),
+            attempt: int(headers::ATTEMPT)
+                .and_then(|a| u32::try_from(a).ok())
+                .filter(|a| *a >= 1)
+                .unwrap_or(1),
+            first_seen_ms: int(headers::FIRST_SEEN).unwrap_or(0),
+            error: text(headers::ERROR),
+            id,
+        }
+    }
+}
+
+impl Default for Envelope {
+    fn default() -> Self {
+        Envelope::new()
+    }
+}
+
+/// Where and how a received message arrived.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// The exchange it was published to (empty for the default exchange).
+    pub exchange: String,
+    /// The routing key it was published with.
+    pub routing_key: String,
+    /// True when the broker delivered it before.
+    pub redelivered: bool,
+    /// The delivery tag on the channel that delivered it.
+    pub delivery_tag: u64,
+}
+
+/// A message: body, envelope, application headers and AMQP properties.
+///
+/// The same type is published and received, so a received message can be forwarded as it is.
+/// Build one with [`Message::new`] (raw bytes) or [`Message::encode`] (a value through a
+/// [`Codec`]); every builder call is cheap and nothing is validated until it is published.
+#[derive(Clone, Debug)]
+pub struct Message {
+    /// The envelope (reserved headers).
+    pub envelope: Envelope,
+    /// Application headers (never with the reserved prefix).
+    pub headers: BTreeMap<String, HeaderValue>,
+    /// The body.
+    pub body: Vec<u8>,
+    /// The content type, e.g. `application/json`.
+    pub content_type: Option<String>,
+    /// AMQP `reply_to`.
+    pub reply_to: Option<String>,
+    /// AMQP `correlation_id` property (request/reply uses it; the envelope's correlation id is a
+    /// header).
+    pub amqp_correlation_id: Option<String>,
+    /// AMQP `expiration` in milliseconds.
+    pub expiration_ms: Option<u64>,
+    /// AMQP `priority`.
+    pub priority: Option<u8>,
+    /// Persistent (delivery mode 2). Defaults to true.
+    pub persistent: bool,
+    /// Set on a received message: where it came from.
+    pub received: Option<Received>,
+    /// All AMQP properties of a received message, as amiquip read them.
+    pub properties: Option<AmqpProperties>,
+}
+
+impl Message {
+    /// A message with these bytes as its body and a fresh envelope.
+    pub fn new(body: impl Into<Vec<u8>>) -> Message {
+        Message {
+            envelope: Envelope::new(),
+            headers: BTreeMap::new(),
+            body: body.into(),
+            content_type: None,
+            reply_to: None,
+            amqp_correlation_id: None,
+            expiration_ms: None,
+            priority: None,
+            persistent: true,
+            received: None,
+            properties: None,
+        }
+    }
+
+    /// A message whose body is `value` encoded by `codec`, with the codec's content type.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`] when the value cannot be encoded.
+    pub fn encode<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -> Result<Message> {
+        let body = crate::codec::encode_with(codec, value)?;
+        Ok(Message::new(body).content_type(codec.content_type()))
+    }
+
+    /// Decodes the body with `codec` into a `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`] when the body does not decode into a `T`.
+    pub fn decode<T: DeserializeOwned>(&self, codec: &dyn Codec) -> Result<T> {
+        crate::codec::decode_with(codec, &self.body)
+    }
+
+    /// The message id (`x-acemq-id`).
+    pub fn id(&self) -> &str {
+        &self.envelope.id
+    }
+
+    /// Sets the message id. Defaults to a fresh random id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.envelope.id = id.into();
+        self
+    }
+
+    /// Sets the message type (`x-acemq-type`).
+    pub fn message_type(mut self, t: impl Into<String>) -> Self {
+        self.envelope.message_type = Some(t.into());
+        self
+    }
+
+    /// Sets the correlation id. Defaults to the message's own id.
+    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+        self.envelope.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Sets the causation id.
+    pub fn causation_id(mut self, id: impl Into<String>) -> Self {
+        self.envelope.causation_id = Some(id.into());
+        self
+    }
+
+    /// Sets the content type.
+    pub fn content_type(mut self, ct: impl Into<String>) -> Self {
+        self.content_type = Some(ct.into());
+        self
+    }
+
+    /// Adds an application header. It is validated when published.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Sets AMQP `reply_to`.
+    pub fn reply_to(mut self, queue: impl Into<String>) -> Self {
+        self.reply_to = Some(queue.into());
+        self
+    }
+
+    /// Sets AMQP `expiration` (per-message TTL).
+    pub fn expiration(mut self, ttl: std::time::Duration) -> Self {
+        self.expiration_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Sets AMQP `priority`.
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// Sets persistence. Defaults to true (delivery mode 2).
+    pub fn persistent(mut self, persistent: bool) -> Self {
+        self.persistent = persistent;
+        self
+    }
+
+    /// A new message caused by this one: fresh id, same correlation id, causation = this id.
+    pub fn caused(&self, body: impl Into<Vec<u8>>) -> Message {
+        let correlation = self
+            .envelope
+            .correlation_id
+            .clone()
+            .unwrap_or_else(|| self.envelope.id.clone());
+        Message::new(body)
+            .correlation_id(correlation)
+            .causation_id(self.envelope.id.clone())
+    }
+
+    /// Checks every header and property that goes on the wire.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidHeader`] naming the header: the reserved prefix on an application header,
+    /// a short string over 255 bytes, an empty id, a non-finite float.
+    pub fn validate(&self) -> Result<()> {
+        self.envelope.validate()?;
+        for (name, value) in &self.headers {
+            check_header_name(name)?;
+            if is_reserved(name) {
+                return Err(Error::InvalidHeader {
+                    name: truncate(name),
+                    reason: format!(
+                        "the prefix {:?} is reserved for the engine",
+                        headers::RESERVED_PREFIX
+                    ),
+                });
+            }
+            value.validate(name)?;
+        }
+        for (name, value) in [
+            ("content_type", &self.content_type),
+            ("reply_to", &self.reply_to),
+            ("correlation_id", &self.amqp_correlation_id),
+        ] {
+            if let Some(v) = value {
+                check_short(name, v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The AMQP properties to publish with (call [`validate`](Self::validate) first).
+    pub(crate) fn to_properties(&self) -> AmqpProperties {
+        let mut table = FieldTable::new();
+        for (k, v) in &self.headers {
+            table.insert(k.clone(), v.to_amqp());
+        }
+        self.envelope.write(&mut table);
+        let mut props = AmqpProperties::default()
+            .with_message_id(self.envelope.id.clone())
+            .with_headers(table)
+            .with_delivery_mode(if self.persistent { 2 } else { 1 })
+            .with_timestamp(u64::try_from(self.envelope.first_seen_ms / 1000).unwrap_or(0));
+        if let Some(ct) = &self.content_type {
+            props = props.with_content_type(ct.clone());
+        }
+        if let Some(r) = &self.reply_to {
+            props = props.with_reply_to(r.clone());
+        }
+        if let Some(c) = &self.amqp_correlation_id {
+            props = props.with_correlation_id(c.clone());
+        }
+        if let Some(e) = self.expiration_ms {
+            props = props.with_expiration(e.to_string());
+        }
+        if let Some(p) = self.priority {
+            props = props.with_priority(p);
+        }
+        props
+    }
+
+    /// A message as received: envelope from the reserved headers, the rest as application
+    /// headers.
+    pub(crate) fn from_delivery(
+        body: Vec<u8>,
+        props: AmqpProperties,
+        received: Received,
+    ) -> Message {
+        let mut all: BTreeMap<String, HeaderValue> = props
+            .headers()
+            .as_ref()
+            .map(|t| {
+                t.iter()
+                    .map(|(k, v)| (k.clone(), HeaderValue::from_amqp(v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let envelope = Envelope::read(&all, &props);
+        all.retain(|k, _| !is_reserved(k) || k == headers::CLAIM);
+        Message {
+            envelope,
+            headers: all,
+            body,
+            content_type: props.content_type().clone(),
+            reply_to: props.reply_to().clone(),
+            amqp_correlation_id: props.correlation_id().clone(),
+            expiration_ms: props.expiration().as_ref().and_then(|e| e.parse().ok()),
+            priority: *props.priority(),
+            persistent: props.delivery_mode() == &Some(2),
+            received: Some(received),
+            properties: Some(props),
+        }
+    }
+}
+
+fn is_reserved(name: &str) -> bool {
+    name.len() >= headers::RESERVED_PREFIX.len()
+        && name.as_bytes()[..headers::RESERVED_PREFIX.len()]
+            .eq_ignore_ascii_case(headers::RESERVED_PREFIX.as_bytes())
+}
+
+fn check_header_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidHeader {
+            name: String::new(),
+            reason: "a header name must not be empty".into(),
+        });
+    }
+    check_short(name, name)
+}
+
+fn check_short(name: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_SHORT_STRING {
+        return Err(Error::InvalidHeader {
+            name: truncate(name),
+            reason: format!(
+                "{} bytes is over the AMQP short-string limit of {MAX_SHORT_STRING}",
+                value.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a name that travels as an AMQP short string (queue, exchange, routing key, consumer
+/// tag): at most 255 bytes; `allow_empty` for the default exchange or a server-named queue.
+pub(crate) fn check_name(kind: &'static str, name: &str, allow_empty: bool) -> Result<()> {
+    if name.len() > MAX_SHORT_STRING {
+        return Err(Error::InvalidName {
+            kind,
+            name: truncate(name),
+            reason: format!(
+                "{} bytes is over the AMQP short-string limit of {MAX_SHORT_STRING}",
+                name.len()
+            ),
+        });
+    }
+    if !allow_empty && name.is_empty() {
+        return Err(Error::InvalidName {
+            kind,
+            name: String::new(),
+            reason: "must not be empty".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Shortens a long name for an error message (on a character boundary).
+pub(crate) fn truncate(s: &str) -> String {
+    const KEEP: usize = 64;
+    if s.len() <= KEEP {
+        return s.to_string();
+    }
+    let mut end = KEEP;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A fresh random identifier in the UUID version 4 text form.
+pub fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let word = |salt: u64| {
+        let mut h = RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.write_i64(now_ms());
+        h.finish()
+    };
+    let hi = (word(1) & 0xffff_ffff_ffff_0fff) | 0x4000;
+    let lo = (word(2) & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_uuid_shaped() {
+        let a = new_id();
+        let b = new_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+    }
+
+    #[test]
+    fn reserved_prefix_is_refused_in_any_case() {
+        let m = Message::new("x").header("X-AceMQ-id", "forged");
+        let e = m.validate().unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+    }
+
+    #[test]
+    fn oversize_short_strings_are_refused() {
+        let long = "k".repeat(256);
+        assert!(Message::new("x")
+            .header(long.clone(), 1)
+            .validate()
+            .is_err());
+        assert!(Message::new("x").with_id(long.clone()).validate().is_err());
+        assert!(Message::new("x").message_type(long).validate().is_err());
+        assert!(Message::new("x")
+            .header("k".repeat(255), 1)
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn non_utf8_text_is_refused() {
+        let e = HeaderValue::try_text("note", vec![b'a', 0xff, b'b']).unwrap_err();
+        assert!(matches!(e, Error::InvalidHeader { .. }), "{e}");
+        assert_eq!(
+            HeaderValue::try_text("note", b"ok".to_vec()).unwrap(),
+            HeaderValue::Text("ok".into())
+        );
+    }
+
+    #[test]
+    fn envelope_round_trips_through_properties() {
+        let m = Message::new("b")
+            .message_type("order.placed")
+            .causation_id("c-1")
+            .header("tenant", "t-7")
+            .header("n", 5);
+        let props = m.to_properties();
+        let back = Message::from_delivery(
+            m.body.clone(),
+            props,
+            Received {
+                exchange: String::new(),
+                routing_key: "q".into(),
+                redelivered: false,
+                delivery_tag: 1,
+            },
+        );
+        assert_eq!(back.envelope.id, m.envelope.id);
+        assert_eq!(back.envelope.correlation_id.as_deref(), Some(m.id()));
+        assert_eq!(back.envelope.message_type.as_deref(), Some("order.placed"));
+        assert_eq!(back.envelope.attempt, 1);
+        assert_eq!(back.headers.get("tenant"), Some(&HeaderValue::from("t-7")));
+        assert_eq!(back.headers.get("n"), Some(&HeaderValue::Int(5)));
+        assert!(!back.headers.contains_key(headers::ID));
+    }
+}

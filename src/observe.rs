@@ -1,0 +1,187 @@
+//! Observability: an [`Observer`] receives what the engine does; [`LogObserver`], the default,
+//! writes it through the `log` crate. Payloads are never passed to an observer or logged.
+//!
+//! The family's metric names are the constants in [`metrics`]; an observer that feeds a metrics
+//! system should use them with the labels named there.
+
+use std::time::Duration;
+
+/// The family's metric names.
+pub mod metrics {
+    /// Counter, labels `queue` and `outcome` (accept, retry, reject, park, in_progress).
+    pub const CONSUME_TOTAL: &str = "acemq.consume.total";
+    /// Counter, labels `exchange` and `outcome` (confirmed, nacked, unroutable, failed).
+    pub const PUBLISH_TOTAL: &str = "acemq.publish.total";
+    /// Histogram of request/reply round trips.
+    pub const REQUEST_DURATION: &str = "acemq.request.duration";
+    /// Counter, label `outcome` (published, failed, retired).
+    pub const OUTBOX_TOTAL: &str = "acemq.outbox.total";
+    /// Gauge: milliseconds from an outbox record's commit to its confirm.
+    pub const OUTBOX_LAG: &str = "acemq.outbox.lag";
+}
+
+/// How a publish ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// The broker confirmed it.
+    Confirmed,
+    /// The broker nacked it.
+    Nacked,
+    /// It was returned as unroutable.
+    Unroutable,
+    /// The connection or channel failed before an answer.
+    Failed,
+}
+
+impl PublishOutcome {
+    /// The `outcome` label of [`metrics::PUBLISH_TOTAL`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PublishOutcome::Confirmed => "confirmed",
+            PublishOutcome::Nacked => "nacked",
+            PublishOutcome::Unroutable => "unroutable",
+            PublishOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// Something that happened to a connection.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum ConnectionEvent<'a> {
+    /// Connected (generation 1) or reconnected (later generations) to `address`.
+    Connected {
+        /// The address, without password.
+        address: &'a str,
+        /// Counts connections made by this handle, from 1.
+        generation: u64,
+    },
+    /// The connection dropped.
+    Lost {
+        /// The address, without password.
+        address: &'a str,
+        /// Why, as amiquip reported it.
+        reason: &'a str,
+    },
+    /// A reconnection attempt failed; the next one is in `retry_in`.
+    ReconnectFailed {
+        /// Attempts so far in this outage.
+        attempt: u32,
+        /// Why it failed.
+        reason: &'a str,
+        /// Delay before the next attempt.
+        retry_in: Duration,
+    },
+    /// Re-declaring the remembered topology after a reconnect failed for one entry.
+    RedeclareFailed {
+        /// The entry.
+        what: &'a str,
+        /// Why.
+        reason: &'a str,
+    },
+    /// The broker blocked publishing (resource alarm).
+    Blocked {
+        /// The broker's reason.
+        reason: &'a str,
+    },
+    /// The broker unblocked publishing.
+    Unblocked,
+}
+
+/// Receives events from connections, publishers and consumers. Implementations must be cheap
+/// and must not block: they run on the engine's threads.
+pub trait Observer: Send + Sync + 'static {
+    /// A connection event.
+    fn connection(&self, event: &ConnectionEvent<'_>) {
+        LogObserver.connection(event)
+    }
+
+    /// A publish was answered ([`metrics::PUBLISH_TOTAL`]).
+    fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        LogObserver.published(exchange, outcome)
+    }
+
+    /// A delivery was settled by a consumer ([`metrics::CONSUME_TOTAL`]).
+    fn settled(&self, settlement: &Settlement<'_>) {
+        LogObserver.settled(settlement)
+    }
+}
+
+/// What a consumer did with one delivery.
+#[derive(Clone, Debug)]
+pub struct Settlement<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// The outcome label: accept, retry, reject, park, in_progress, dropped.
+    pub outcome: &'a str,
+    /// The delivery's attempt.
+    pub attempt: u32,
+    /// How long the handler ran.
+    pub handler_duration: Duration,
+    /// The message id.
+    pub message_id: &'a str,
+    /// The error that caused a retry or reject, if any.
+    pub error: Option<&'a str>,
+}
+
+/// The default observer: logs through the `log` crate (connection events at info/warn,
+/// publishes and settlements at debug/trace).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogObserver;
+
+impl Observer for LogObserver {
+    fn connection(&self, event: &ConnectionEvent<'_>) {
+        match event {
+            ConnectionEvent::Connected {
+                address,
+                generation,
+            } => log::info!("acemq: connected to {address} (generation {generation})"),
+            ConnectionEvent::Lost { address, reason } => {
+                log::warn!("acemq: connection to {address} lost: {reason}")
+            }
+            ConnectionEvent::ReconnectFailed {
+                attempt,
+                reason,
+                retry_in,
+            } => log::warn!(
+                "acemq: reconnect attempt {attempt} failed: {reason}; retrying in {retry_in:?}"
+            ),
+            ConnectionEvent::RedeclareFailed { what, reason } => {
+                log::error!("acemq: re-declaring {what} after reconnect failed: {reason}")
+            }
+            ConnectionEvent::Blocked { reason } => {
+                log::warn!("acemq: broker blocked publishing: {reason}")
+            }
+            ConnectionEvent::Unblocked => log::info!("acemq: broker unblocked publishing"),
+        }
+    }
+
+    fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        log::trace!(
+            "{}{{exchange={exchange:?},outcome={}}}",
+            metrics::PUBLISH_TOTAL,
+            outcome.as_str()
+        );
+    }
+
+    fn settled(&self, s: &Settlement<'_>) {
+        match s.error {
+            Some(error) => log::debug!(
+                "acemq: {} message {} attempt {} on {:?} after {:?}: {error}",
+                s.outcome,
+                s.message_id,
+                s.attempt,
+                s.queue,
+                s.handler_duration
+            ),
+            None => log::trace!(
+                "acemq: {} message {} attempt {} on {:?} after {:?}",
+                s.outcome,
+                s.message_id,
+                s.attempt,
+                s.queue,
+                s.handler_duration
+            ),
+        }
+    }
+}

@@ -1,0 +1,665 @@
+//! The confirmed publisher.
+//!
+//! # Threads
+//!
+//! A [`Publisher`] is `Clone + Send + Sync`. A publish runs on the **caller's thread** under the
+//! publisher's lock: it numbers the message (confirm delivery tags start at 1 per channel),
+//! records it as pending and hands the frames to amiquip's I/O thread — it never waits for the
+//! network there. One **confirm thread** per publisher (`acemq-confirms`) receives the broker's
+//! `basic.ack`/`basic.nack` and `basic.return`, matches them to pending publishes and answers
+//! each caller through its [`Ticket`]. A return arrives before the ack of the same message, so on
+//! each confirm the thread first drains the returns; returns carry no delivery tag and are
+//! matched by `message_id`.
+//!
+//! Every publish is answered: confirmed, nacked ([`Error::Nacked`]), returned as unroutable
+//! ([`Error::Unroutable`]), or failed because the channel or connection went away
+//! ([`Error::ConnectionLost`], retriable). A publish that could not even be handed over while
+//! the connection is down waits for recovery (up to the timeout) and then goes out on the new
+//! channel; one already handed over is never re-sent silently (that would be a duplicate the
+//! caller did not choose).
+//!
+//! The number of unconfirmed publishes is bounded by [`PublisherOptions::window`]: a caller
+//! beyond it waits for room.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use amiquip::{Confirm, Publish, Return};
+use crossbeam_channel::{never, select, Receiver, Sender};
+use parking_lot::{Condvar, Mutex};
+use serde::Serialize;
+
+use crate::codec::Codec;
+use crate::connection::Connection;
+use crate::envelope::{check_name, Message};
+use crate::error::{Error, Result};
+use crate::observe::{Observer, PublishOutcome};
+
+/// Options for a [`Publisher`].
+#[derive(Clone, Debug)]
+pub struct PublisherOptions {
+    window: usize,
+    timeout: Duration,
+    mandatory: bool,
+    codec: Option<Arc<dyn Codec>>,
+}
+
+impl Default for PublisherOptions {
+    fn default() -> Self {
+        PublisherOptions {
+            window: 1024,
+            timeout: Duration::from_secs(30),
+            mandatory: true,
+            codec: None,
+        }
+    }
+}
+
+impl PublisherOptions {
+    /// Default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most publishes awaiting a confirm at once; further callers wait for room. Defaults
+    /// to 1024.
+    pub fn window(mut self, window: usize) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// How long [`Publisher::publish`] and [`Ticket::wait`] wait for room, for recovery and for
+    /// the confirm. Defaults to 30 s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Publish with the mandatory flag, so an unroutable message is returned rather than
+    /// dropped. Defaults to true.
+    pub fn mandatory(mut self, mandatory: bool) -> Self {
+        self.mandatory = mandatory;
+        self
+    }
+
+    /// The codec for [`Publisher::publish_value`]. Defaults to the connection's.
+    pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
+    }
+}
+
+/// Publishes with confirms. `Clone + Send + Sync`: clones share one channel and confirm thread.
+///
+/// ```no_run
+/// use acemq_amqp::{Connection, Message};
+/// # fn main() -> acemq_amqp::Result<()> {
+/// let connection = Connection::open("amqp://127.0.0.1")?;
+/// let publisher = connection.publisher()?;
+/// publisher.publish("", "orders", Message::new(&b"hello"[..]))?; // waits for the confirm
+/// let tickets = (0..100)
+///     .map(|i| publisher.publish_deferred("", "orders", Message::new(format!("{i}"))))
+///     .collect::<Result<Vec<_>, _>>()?;
+/// for t in tickets {
+///     t.wait()?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Publisher {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.inner.shared.state.lock();
+        f.debug_struct("Publisher")
+            .field("pending", &s.pending.len())
+            .field("window", &self.inner.options.window)
+            .finish()
+    }
+}
+
+struct Inner {
+    connection: Connection,
+    options: PublisherOptions,
+    codec: Arc<dyn Codec>,
+    shared: Arc<Shared>,
+    control: Sender<Control>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.control.send(Control::Stop);
+        if let Some(h) = self.thread.lock().take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What the confirm thread and callers share.
+struct Shared {
+    state: Mutex<State>,
+    room: Condvar,
+    observer: Arc<dyn Observer>,
+}
+
+struct State {
+    current: Option<Current>,
+    /// Bumped per channel; confirms from an older channel are ignored.
+    epoch: u64,
+    pending: BTreeMap<u64, Pending>,
+    closed: bool,
+}
+
+struct Current {
+    channel: amiquip::Channel,
+    next_tag: u64,
+}
+
+struct Pending {
+    message_id: String,
+    exchange: String,
+    routing_key: String,
+    returned: Option<(u16, String)>,
+    reply: Sender<Result<()>>,
+}
+
+enum Control {
+    Channel {
+        epoch: u64,
+        confirms: Receiver<Confirm>,
+        returns: Receiver<Return>,
+    },
+    Stop,
+}
+
+/// The answer to one publish, to wait for later.
+#[must_use = "a ticket must be waited on to know whether the broker took the message"]
+#[derive(Debug)]
+pub struct Ticket {
+    reply: Receiver<Result<()>>,
+    message_id: String,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+impl Ticket {
+    /// The published message's id.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// Waits for the broker's answer, up to the publisher's timeout counted from the publish.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Nacked`], [`Error::Unroutable`], [`Error::ConnectionLost`] (retriable),
+    /// [`Error::Timeout`].
+    pub fn wait(self) -> Result<()> {
+        let deadline = self.deadline;
+        self.wait_deadline(deadline)
+    }
+
+    /// Waits up to `timeout` from now.
+    ///
+    /// # Errors
+    ///
+    /// As [`wait`](Self::wait).
+    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+        self.wait_deadline(Instant::now() + timeout)
+    }
+
+    /// The answer if it has come, without waiting.
+    pub fn try_wait(&self) -> Option<Result<()>> {
+        self.reply.try_recv().ok()
+    }
+
+    fn wait_deadline(self, deadline: Instant) -> Result<()> {
+        match self.reply.recv_deadline(deadline) {
+            Ok(r) => r,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout {
+                what: format!("the confirm of message {:?}", self.message_id),
+                after: self.timeout,
+            }),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(Error::Closed { what: "publisher" })
+            }
+        }
+    }
+}
+
+impl Connection {
+    /// A publisher with default options.
+    ///
+    /// # Errors
+    ///
+    /// As [`publisher_with`](Self::publisher_with).
+    pub fn publisher(&self) -> Result<Publisher> {
+        self.publisher_with(PublisherOptions::default())
+    }
+
+    /// A publisher. Its channel is opened on the first publish.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a zero window; [`Error::Io`] if its thread cannot start.
+    pub fn publisher_with(&self, options: PublisherOptions) -> Result<Publisher> {
+        if options.window == 0 {
+            return Err(Error::invalid("the publisher window must be at least 1"));
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                current: None,
+                epoch: 0,
+                pending: BTreeMap::new(),
+                closed: false,
+            }),
+            room: Condvar::new(),
+            observer: self.observer().clone(),
+        });
+        let (control, control_rx) = crossbeam_channel::unbounded();
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("acemq-confirms".into())
+            .spawn(move || confirm_loop(&thread_shared, &control_rx))
+            .map_err(|e| Error::Io {
+                context: "spawning the publisher's confirm thread".into(),
+                source: e,
+            })?;
+        let codec = options.codec.clone().unwrap_or_else(|| self.codec());
+        Ok(Publisher {
+            inner: Arc::new(Inner {
+                connection: self.clone(),
+                options,
+                codec,
+                shared,
+                control,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+}
+
+impl Publisher {
+    /// Publishes and waits for the broker's answer.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidHeader`] / [`Error::InvalidName`] before anything is sent;
+    /// [`Error::Unroutable`] (mandatory and no queue bound); [`Error::Nacked`];
+    /// [`Error::NotFound`] when the exchange does not exist; [`Error::ConnectionLost`]
+    /// (retriable); [`Error::Timeout`].
+    pub fn publish(&self, exchange: &str, routing_key: &str, message: Message) -> Result<()> {
+        self.publish_deferred(exchange, routing_key, message)?
+            .wait()
+    }
+
+    /// Encodes `value` with the publisher's codec, then [`publish`](Self::publish)es it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`], and as [`publish`](Self::publish).
+    pub fn publish_value<T: Serialize + ?Sized>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        value: &T,
+    ) -> Result<()> {
+        let message = Message::encode(self.inner.codec.as_ref(), value)?;
+        self.publish(exchange, routing_key, message)
+    }
+
+    /// The publisher's codec.
+    pub fn codec(&self) -> &Arc<dyn Codec> {
+        &self.inner.codec
+    }
+
+    /// Hands the message over and returns a [`Ticket`] for the answer, so a caller can publish a
+    /// batch and wait once. Waits only for room in the window and, while the connection
+    /// recovers, for a channel.
+    ///
+    /// # Errors
+    ///
+    /// Validation errors, [`Error::Timeout`] waiting for room or recovery,
+    /// [`Error::ConnectionLost`], [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
+    pub fn publish_deferred(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<Ticket> {
+        check_name("exchange", exchange, true)?;
+        check_name("routing key", routing_key, true)?;
+        message.validate()?;
+        let properties = message.to_properties();
+        let timeout = self.inner.options.timeout;
+        let deadline = Instant::now() + timeout;
+        let shared = &self.inner.shared;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut state = shared.state.lock();
+        loop {
+            if state.closed {
+                return Err(Error::Closed { what: "publisher" });
+            }
+            if state.pending.len() >= self.inner.options.window {
+                if shared.room.wait_until(&mut state, deadline).timed_out() {
+                    return Err(Error::Timeout {
+                        what: "room in the publisher's window".into(),
+                        after: timeout,
+                    });
+                }
+                continue;
+            }
+            let Some(current) = state.current.as_mut() else {
+                drop(state);
+                self.open_channel(deadline)?;
+                state = shared.state.lock();
+                continue;
+            };
+            let tag = current.next_tag;
+            let publish = Publish {
+                body: &message.body,
+                routing_key: routing_key.to_string(),
+                mandatory: self.inner.options.mandatory,
+                immediate: false,
+                properties: properties.clone(),
+            };
+            match current.channel.basic_publish(exchange, publish) {
+                Ok(()) => {
+                    current.next_tag += 1;
+                    state.pending.insert(
+                        tag,
+                        Pending {
+                            message_id: message.envelope.id.clone(),
+                            exchange: exchange.to_string(),
+                            routing_key: routing_key.to_string(),
+                            returned: None,
+                            reply: tx,
+                        },
+                    );
+                    return Ok(Ticket {
+                        reply: rx,
+                        message_id: message.envelope.id,
+                        deadline,
+                        timeout,
+                    });
+                }
+                Err(e) => {
+                    // Nothing was handed over: the channel is gone. Fail what was in flight on
+                    // it, and either report (the broker closed the channel over this publish)
+                    // or wait for a new channel and try again.
+                    let broken = state.current.take();
+                    let failure = channel_failure(broken, e);
+                    fail_all(&mut state, &shared.observer, |p| {
+                        failure.error_for(&p.exchange)
+                    });
+                    shared.room.notify_all();
+                    if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
+                        drop(state);
+                        shared.observer.published(exchange, PublishOutcome::Failed);
+                        return Err(err);
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Error::ConnectionLost {
+                            context: format!("publishing message {:?}", message.envelope.id),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Opens a confirm-mode channel on the current link and installs it, unless another caller
+    /// got there first.
+    fn open_channel(&self, deadline: Instant) -> Result<()> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let link = self.inner.connection.link(wait)?;
+        let channel = link.open_channel()?;
+        let setup = || -> std::result::Result<_, amiquip::Error> {
+            let returns = channel.listen_for_returns()?;
+            let confirms = channel.listen_for_publisher_confirms()?;
+            channel.enable_publisher_confirms()?;
+            Ok((confirms, returns))
+        };
+        let (confirms, returns) =
+            setup().map_err(|e| Error::amqp("opening the publisher's channel", e))?;
+        let shared = &self.inner.shared;
+        let mut state = shared.state.lock();
+        if state.closed {
+            return Err(Error::Closed { what: "publisher" });
+        }
+        if state.current.is_some() {
+            return Ok(()); // another caller installed one; ours is closed on drop
+        }
+        fail_all(&mut state, &shared.observer, |_| Error::ConnectionLost {
+            context: "waiting for a publish confirm".into(),
+        });
+        state.epoch += 1;
+        state.current = Some(Current {
+            channel,
+            next_tag: 1,
+        });
+        let _ = self.inner.control.send(Control::Channel {
+            epoch: state.epoch,
+            confirms,
+            returns,
+        });
+        Ok(())
+    }
+
+    /// Publishes awaiting a confirm.
+    pub fn in_flight(&self) -> usize {
+        self.inner.shared.state.lock().pending.len()
+    }
+
+    /// Waits for every pending publish to be answered (up to the publisher's timeout), then
+    /// closes the channel and stops the confirm thread. Other clones fail with
+    /// [`Error::Closed`] afterwards.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`] when publishes were still unanswered (they are failed with
+    /// [`Error::Closed`]); the channel's close error.
+    pub fn close(&self) -> Result<()> {
+        let shared = &self.inner.shared;
+        let deadline = Instant::now() + self.inner.options.timeout;
+        let mut state = shared.state.lock();
+        state.closed = true;
+        while !state.pending.is_empty() {
+            if shared.room.wait_until(&mut state, deadline).timed_out() {
+                break;
+            }
+        }
+        let unanswered = state.pending.len();
+        fail_all(&mut state, &shared.observer, |_| Error::Closed {
+            what: "publisher",
+        });
+        let current = state.current.take();
+        drop(state);
+        let _ = self.inner.control.send(Control::Stop);
+        if let Some(h) = self.inner.thread.lock().take() {
+            let _ = h.join();
+        }
+        if unanswered > 0 {
+            return Err(Error::Timeout {
+                what: format!("{unanswered} publish confirms before closing"),
+                after: self.inner.options.timeout,
+            });
+        }
+        match current {
+            Some(c) => c
+                .channel
+                .close()
+                .map_err(|e| Error::amqp("closing the publisher's channel", e)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a channel went away: the broker's close code and reason, when the broker closed it.
+struct ChannelFailure {
+    server: Option<(u16, String)>,
+}
+
+impl ChannelFailure {
+    /// The error for a publish on a channel that went away. A publish to an exchange the broker
+    /// said does not exist gets [`Error::NotFound`]; every other one was lost with the channel
+    /// and may be tried again ([`Error::ConnectionLost`]).
+    fn error_for(&self, exchange: &str) -> Error {
+        match &self.server {
+            Some((404, reason)) if reason.contains(&format!("exchange '{exchange}'")) => {
+                Error::NotFound {
+                    kind: "exchange",
+                    name: exchange.to_string(),
+                    reason: reason.clone(),
+                }
+            }
+            Some((code, reason)) => Error::ConnectionLost {
+                context: format!(
+                    "waiting for a publish confirm: the broker closed the channel ({code} {reason})"
+                ),
+            },
+            None => Error::ConnectionLost {
+                context: "waiting for a publish confirm".into(),
+            },
+        }
+    }
+}
+
+fn channel_failure(broken: Option<Current>, e: amiquip::Error) -> ChannelFailure {
+    let server = |e: &amiquip::Error| match e {
+        amiquip::Error::ServerClosedChannel { code, message, .. } => Some((*code, message.clone())),
+        _ => None,
+    };
+    let mut found = server(&e);
+    if found.is_none() {
+        // amiquip reports the broker's reason on the channel's next call.
+        if let Some(c) = broken {
+            if let Err(e) = c.channel.close() {
+                found = server(&e);
+            }
+        }
+    }
+    ChannelFailure { server: found }
+}
+
+fn fail_all(state: &mut State, observer: &Arc<dyn Observer>, error: impl Fn(&Pending) -> Error) {
+    for (_, p) in std::mem::take(&mut state.pending) {
+        observer.published(&p.exchange, PublishOutcome::Failed);
+        let _ = p.reply.send(Err(error(&p)));
+    }
+}
+
+/// The confirm thread: matches confirms and returns to pending publishes.
+fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
+    let mut epoch = 0u64;
+    let mut confirms: Receiver<Confirm> = never();
+    let mut returns: Receiver<Return> = never();
+    loop {
+        select! {
+            recv(control) -> msg => match msg {
+                Ok(Control::Channel { epoch: e, confirms: c, returns: r }) => {
+                    epoch = e;
+                    confirms = c;
+                    returns = r;
+                }
+                Ok(Control::Stop) | Err(_) => {
+                    let mut state = shared.state.lock();
+                    state.closed = true;
+                    fail_all(&mut state, &shared.observer, |_| Error::Closed { what: "publisher" });
+                    shared.room.notify_all();
+                    return;
+                }
+            },
+            recv(returns) -> r => match r {
+                Ok(r) => mark_returned(shared, epoch, r),
+                Err(_) => returns = never(),
+            },
+            recv(confirms) -> c => match c {
+                Ok(confirm) => {
+                    // A return is queued before the ack of the same message.
+                    while let Ok(r) = returns.try_recv() {
+                        mark_returned(shared, epoch, r);
+                    }
+                    resolve(shared, epoch, confirm);
+                }
+                Err(_) => {
+                    confirms = never();
+                    returns = never();
+                    let mut state = shared.state.lock();
+                    if state.epoch == epoch {
+                        let broken = state.current.take();
+                        let failure = channel_failure(broken, amiquip::Error::EventLoopDropped);
+                        fail_all(&mut state, &shared.observer, |p| failure.error_for(&p.exchange));
+                        shared.room.notify_all();
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn mark_returned(shared: &Shared, epoch: u64, r: Return) {
+    let mut state = shared.state.lock();
+    if state.epoch != epoch {
+        return;
+    }
+    let id = r.properties.message_id().clone().unwrap_or_default();
+    if let Some(p) = state
+        .pending
+        .values_mut()
+        .find(|p| p.returned.is_none() && p.message_id == id)
+    {
+        p.returned = Some((r.reply_code, r.reply_text));
+    } else {
+        log::warn!("acemq: a return for message {id:?} matched no pending publish");
+    }
+}
+
+fn resolve(shared: &Shared, epoch: u64, confirm: Confirm) {
+    let (payload, acked) = match confirm {
+        Confirm::Ack(p) => (p, true),
+        Confirm::Nack(p) => (p, false),
+    };
+    let mut done = Vec::new();
+    {
+        let mut state = shared.state.lock();
+        if state.epoch != epoch {
+            return;
+        }
+        if payload.multiple {
+            let rest = state.pending.split_off(&(payload.delivery_tag + 1));
+            done.extend(std::mem::replace(&mut state.pending, rest).into_values());
+        } else if let Some(p) = state.pending.remove(&payload.delivery_tag) {
+            done.push(p);
+        }
+        shared.room.notify_all();
+    }
+    for p in done {
+        let (outcome, result) = match (acked, p.returned) {
+            (true, None) => (PublishOutcome::Confirmed, Ok(())),
+            (true, Some((reply_code, reply_text))) => (
+                PublishOutcome::Unroutable,
+                Err(Error::Unroutable {
+                    exchange: p.exchange.clone(),
+                    routing_key: p.routing_key,
+                    message_id: p.message_id,
+                    reply_code,
+                    reply_text,
+                }),
+            ),
+            (false, _) => (
+                PublishOutcome::Nacked,
+                Err(Error::Nacked {
+                    message_id: p.message_id,
+                }),
+            ),
+        };
+        shared.observer.published(&p.exchange, outcome);
+        let _ = p.reply.send(result);
+    }
+}

@@ -1,0 +1,232 @@
+//! Connection, topology and recovery against the real broker.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use acemq_amqp::{
+    Connection, ConnectionOptions, Error, ExchangeKind, ExchangeSpec, Message, PublisherOptions,
+    QueueSpec,
+};
+use support::proxy::FaultProxy;
+use support::{connect, connect_with, eventually, unique, Cleanup};
+
+#[test]
+fn unreachable_broker_is_a_clear_error_without_the_password() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let e = Connection::open(&format!("amqp://bob:s3cret-pw@127.0.0.1:{port}/")).unwrap_err();
+    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    let text = format!("{e} {e:?}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("s3cret-pw"), "{text}");
+    assert!(std::error::Error::source(&e).is_some());
+}
+
+#[test]
+fn conflicting_declaration_names_queue_and_argument_and_connection_goes_on() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("conflict"));
+    conn.declare_queue(&QueueSpec::new(&q).message_ttl(Duration::from_secs(1)))
+        .unwrap();
+    let e = conn
+        .declare_queue(&QueueSpec::new(&q).message_ttl(Duration::from_secs(2)))
+        .unwrap_err();
+    assert!(e.is_conflict(), "{e:?}");
+    let text = e.to_string();
+    assert!(text.contains(&q), "{text}");
+    assert!(text.contains("x-message-ttl"), "{text}");
+    // Same settings again is fine, and the connection keeps working.
+    conn.declare_queue(&QueueSpec::new(&q).message_ttl(Duration::from_secs(1)))
+        .unwrap();
+    conn.publisher()
+        .unwrap()
+        .publish("", &q, Message::new("x"))
+        .unwrap();
+    assert!(conn.is_connected());
+}
+
+#[test]
+fn passive_checks_report_missing_queue_and_exchange() {
+    let conn = connect();
+    let e = conn.queue_info(&unique("nope")).unwrap_err();
+    assert!(matches!(e, Error::NotFound { kind: "queue", .. }), "{e:?}");
+    let e = conn.check_exchange(&unique("nope-x")).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NotFound {
+                kind: "exchange",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    conn.check_exchange("amq.direct").unwrap();
+}
+
+#[test]
+fn declares_quorum_and_stream_queues_and_bindings() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let x = clean.exchange(&unique("topic-x"));
+    let quorum = clean.queue(&unique("quorum"));
+    let stream = clean.queue(&unique("stream"));
+    conn.declare_exchange(&ExchangeSpec::new(&x, ExchangeKind::Topic))
+        .unwrap();
+    conn.declare_queue(&QueueSpec::new(&quorum).quorum())
+        .unwrap();
+    conn.declare_queue(&QueueSpec::new(&stream).stream())
+        .unwrap();
+    conn.bind_queue(&quorum, &x, "orders.*").unwrap();
+    let p = conn.publisher().unwrap();
+    p.publish(&x, "orders.placed", Message::new("a")).unwrap();
+    assert!(p
+        .publish(&x, "payments.made", Message::new("b"))
+        .unwrap_err()
+        .is_unroutable());
+    assert!(eventually(Duration::from_secs(5), || conn
+        .queue_info(&quorum)
+        .map(|i| i.message_count == 1)
+        .unwrap_or(false)));
+    // A quorum queue cannot be exclusive: refused before the broker sees it.
+    let e = conn
+        .declare_queue(&QueueSpec::new(unique("bad")).quorum().exclusive(true))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+}
+
+#[test]
+fn recovers_from_a_cut_under_load_and_redeclares_topology() {
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(500))
+            .heartbeat(Duration::from_secs(5)),
+    );
+    let mut clean = Cleanup::new(&conn);
+    // An exclusive queue dies with its connection: only re-declaration brings it back.
+    let q = clean.queue(&unique("recover"));
+    conn.declare_queue(&QueueSpec::new(&q).durable(false).exclusive(true))
+        .unwrap();
+    let publisher = conn
+        .publisher_with(PublisherOptions::new().timeout(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(conn.generation(), Some(1));
+
+    let stop = AtomicBool::new(false);
+    let confirmed = AtomicUsize::new(0);
+    let failed_retriably = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (publisher, q, stop) = (&publisher, &q, &stop);
+            let (confirmed, failed_retriably) = (&confirmed, &failed_retriably);
+            s.spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let tickets: Vec<_> = (0..20)
+                        .filter_map(|_| {
+                            i += 1;
+                            match publisher.publish_deferred(
+                                "",
+                                q,
+                                Message::new(format!("{t}-{i}")),
+                            ) {
+                                Ok(ticket) => Some(ticket),
+                                Err(e) => {
+                                    assert!(e.is_retriable(), "{e:?}");
+                                    failed_retriably.fetch_add(1, Ordering::SeqCst);
+                                    None
+                                }
+                            }
+                        })
+                        .collect();
+                    for ticket in tickets {
+                        let started = Instant::now();
+                        match ticket.wait() {
+                            Ok(()) => {
+                                confirmed.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Err(e) => {
+                                // Unroutable while the exclusive queue is being re-declared.
+                                assert!(e.is_retriable() || e.is_unroutable(), "{e:?}");
+                                assert!(!e.is_timeout(), "a pending publish hung: {e:?}");
+                                failed_retriably.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                        assert!(started.elapsed() < Duration::from_secs(15));
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let before = confirmed.load(Ordering::SeqCst);
+        assert!(before > 0, "publishing got going");
+        proxy.refuse(true);
+        proxy.cut_all();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(!conn.is_connected(), "the cut was noticed");
+        proxy.refuse(false);
+        conn.wait_connected(Duration::from_secs(10))
+            .expect("the connection comes back by itself");
+        let after_recovery = confirmed.load(Ordering::SeqCst);
+        assert!(eventually(Duration::from_secs(10), || confirmed
+            .load(Ordering::SeqCst)
+            > after_recovery + 100));
+        stop.store(true, Ordering::SeqCst);
+    });
+    assert!(conn.generation().unwrap() >= 2);
+    assert!(
+        failed_retriably.load(Ordering::SeqCst) > 0,
+        "the cut hit publishes in flight"
+    );
+    // The exclusive queue was re-declared on the new connection and still routes.
+    publisher.publish("", &q, Message::new("after")).unwrap();
+    assert!(proxy.accepted() >= 2);
+}
+
+#[test]
+fn recovers_from_a_forced_close_by_the_broker() {
+    let name = unique("forced-close");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .name(name.clone())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(500)),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("forced-q"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("before")).unwrap();
+
+    assert!(
+        eventually(
+            Duration::from_secs(10),
+            || support::close_connections_named(&name) == 1
+        ),
+        "our connection shows in rabbitmqctl under its name"
+    );
+    assert!(eventually(Duration::from_secs(10), || conn.generation() == Some(2)));
+    publisher.publish("", &q, Message::new("after")).unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 2);
+}
+
+#[test]
+fn close_is_final_and_reported() {
+    let conn = connect();
+    let other = conn.clone();
+    conn.close().unwrap();
+    assert!(!other.is_connected());
+    let e = other
+        .declare_queue(&QueueSpec::new(unique("late")))
+        .unwrap_err();
+    assert!(matches!(e, Error::Closed { .. }), "{e:?}");
+    conn.close().unwrap(); // twice is harmless
+}

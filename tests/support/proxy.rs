@@ -1,0 +1,110 @@
+//! A TCP proxy between a client and the broker that can drop every socket on demand, and
+//! refuse new ones for a while: the real broker cannot be made to lose a connection on cue.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub struct FaultProxy {
+    addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sockets: Mutex<Vec<TcpStream>>,
+    refusing: AtomicBool,
+    stopped: AtomicBool,
+    accepted: AtomicUsize,
+}
+
+impl FaultProxy {
+    /// Listens on a free loopback port and forwards to `upstream` (`host:port`).
+    pub fn start(upstream: &str) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let inner = Arc::new(Inner {
+            sockets: Mutex::new(Vec::new()),
+            refusing: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            accepted: AtomicUsize::new(0),
+        });
+        let upstream = upstream.to_string();
+        let i = inner.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if i.stopped.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                if i.refusing.load(Ordering::SeqCst) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                i.accepted.fetch_add(1, Ordering::SeqCst);
+                {
+                    let mut s = i.sockets.lock().unwrap();
+                    s.push(client.try_clone().unwrap());
+                    s.push(server.try_clone().unwrap());
+                }
+                pump(client.try_clone().unwrap(), server.try_clone().unwrap());
+                pump(server, client);
+            }
+        });
+        FaultProxy { addr, inner }
+    }
+
+    /// An AMQP URL that goes through the proxy.
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@{}/", self.addr)
+    }
+
+    /// Drops every connection going through the proxy now.
+    pub fn cut_all(&self) {
+        for s in self.inner.sockets.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// While true, new connections are closed at once.
+    pub fn refuse(&self, refusing: bool) {
+        self.inner.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.inner.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.addr); // wake the accept loop
+        self.cut_all();
+    }
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = from.shutdown(Shutdown::Both);
+        let _ = to.shutdown(Shutdown::Both);
+    });
+}
