@@ -42,8 +42,8 @@ pub enum Error {
     Amqp {
         /// What was being done.
         context: String,
-        /// amiquip's error.
-        source: amiquip::Error,
+        /// amiquip's error (boxed: it is large).
+        source: Box<amiquip::Error>,
     },
     /// A declaration conflicts with what exists on the broker (AMQP 406 PRECONDITION_FAILED),
     /// for example a queue declared with a different `x-message-ttl`.
@@ -190,7 +190,10 @@ impl Error {
             | amiquip::Error::MissedServerHeartbeats
             | amiquip::Error::ServerClosedConnection { .. }
             | amiquip::Error::ClientClosedConnection => Error::ConnectionLost { context },
-            source => Error::Amqp { context, source },
+            source => Error::Amqp {
+                context,
+                source: Box::new(source),
+            },
         }
     }
 
@@ -200,6 +203,7 @@ impl Error {
         }
     }
 
+    #[allow(dead_code)] // used by the SQL stores, merged from their own branch
     pub(crate) fn sql(context: impl Into<String>, source: impl Into<BoxError>) -> Error {
         Error::Sql {
             context: context.into(),
@@ -281,7 +285,7 @@ impl StdError for Error {
             | Error::Codec { source, .. }
             | Error::Sql { source, .. }
             | Error::Handler { source } => Some(source.as_ref()),
-            Error::Amqp { source, .. } => Some(source),
+            Error::Amqp { source, .. } => Some(source.as_ref()),
             Error::Io { source, .. } => Some(source),
             _ => None,
         }

@@ -1,4 +1,69 @@
-//! acemq-amqp: synchronous, blocking RabbitMQ messaging patterns for threaded Rust services.
+//! # acemq-amqp
+//!
+//! Synchronous, blocking RabbitMQ (AMQP 0-9-1) messaging for threaded Rust services — no async
+//! runtime. It fills amiquip's gaps (recovery, confirm bookkeeping, bounded buffers, header
+//! validation) and ships the patterns of the AceMQ family, whose wire contract it shares with
+//! the Python, Go, Java, .NET and Ruby libraries.
+//!
+//! ```no_run
+//! use acemq_amqp::{Connection, Message, QueueSpec};
+//!
+//! fn main() -> acemq_amqp::Result<()> {
+//!     let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
+//!     connection.declare_queue(&QueueSpec::new("orders"))?;
+//!     let publisher = connection.publisher()?;
+//!     // Returns once the broker confirmed it; an unroutable message is an error.
+//!     publisher.publish_value("", "orders", &serde_json::json!({"order_id": "o-1"}))?;
+//!     connection.close()
+//! }
+//! ```
+//!
+//! ## What is here
+//!
+//! * [`Connection`]: one AMQP connection at a time, with `TCP_NODELAY`, kept up by a supervisor
+//!   thread that reconnects with capped exponential backoff and jitter across several addresses
+//!   and re-declares the topology it was asked to declare ([`QueueSpec`], [`ExchangeSpec`],
+//!   [`Binding`]). Passwords never appear in `Debug`, `Display`, logs or errors.
+//! * [`Message`] and its [`Envelope`]: the reserved `x-acemq-` headers of the wire contract
+//!   ([`headers`]), validated before sending.
+//! * [`Codec`]: [`JsonCodec`] (default) and [`BytesCodec`], settable on the connection, a
+//!   publisher or a consumer.
+//! * [`Publisher`]: confirmed, mandatory publishing shared by many threads, with tickets for
+//!   batches and a bounded window.
+//! * [`observe`]: the [`Observer`] hook and the family's metric names.
+//! * [`patterns`]: the family's patterns, one module each.
+//!
+//! ## Threads
+//!
+//! Every thread this crate starts is named `acemq-…` and ends when its owner is closed or
+//! dropped.
+//!
+//! | type | Send | Sync | threads behind it |
+//! |---|---|---|---|
+//! | [`Connection`] | yes | yes | amiquip's I/O thread; `acemq-supervisor` (holds a `Weak`) |
+//! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers |
+//! | [`Ticket`] | yes | no need | — |
+//!
+//! A publish runs on the caller's thread under the publisher's lock and only hands frames to
+//! amiquip's I/O thread; the confirm thread answers it. amiquip's own buffers (deliveries,
+//! returns, confirms) are unbounded; this crate bounds what it lets into them: the publisher by
+//! its window, consumers by their prefetch.
+//!
+//! ## Choices where the design is silent
+//!
+//! * A publish that cannot be handed over while the connection is down waits for recovery (up
+//!   to the publisher's timeout) and then goes out; one already handed over when the connection
+//!   drops is failed with a retriable [`Error::ConnectionLost`], never re-sent behind the
+//!   caller's back.
+//! * A publish to an exchange that does not exist fails with [`Error::NotFound`]; other
+//!   publishes in flight on that channel fail retriably and the publisher opens a new channel.
+//! * Integers in headers are written as AMQP long-long and read from any integer width.
+//! * A server-named queue is not re-declared after recovery (it would get a new name).
+//! * The connection name goes to the broker as the client property `information` (amiquip has
+//!   no `connection_name`).
+//! * amiquip drops a received non-UTF-8 `longstr` header and every header after it; nothing on
+//!   the receiving side can undo that, so this crate never sends one (binary goes as a byte
+//!   array) and refuses text that is not UTF-8 ([`HeaderValue::try_text`]).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -335,7 +335,7 @@ impl Publisher {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
-        let properties = message.to_properties();
+        let mut properties = Some(message.to_properties());
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let shared = &self.inner.shared;
@@ -366,7 +366,7 @@ impl Publisher {
                 routing_key: routing_key.to_string(),
                 mandatory: self.inner.options.mandatory,
                 immediate: false,
-                properties: properties.clone(),
+                properties: properties.take().unwrap_or_else(|| message.to_properties()),
             };
             match current.channel.basic_publish(exchange, publish) {
                 Ok(()) => {

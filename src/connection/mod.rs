@@ -275,10 +275,6 @@ impl Connection {
         &self.shared.options.observer
     }
 
-    pub(crate) fn options(&self) -> &ConnectionOptions {
-        &self.shared.options
-    }
-
     /// Closes the AMQP connection and joins the supervisor. Every clone is closed with it:
     /// publishers and consumers on it fail with [`Error::Closed`] or
     /// [`Error::ConnectionLost`]. Closing twice is harmless.
@@ -332,7 +328,7 @@ fn connect_any(
     match last {
         Some((address, source)) => Err(Error::Connect {
             address: address.to_string(),
-            source: source.into(),
+            source,
         }),
         None => Err(Error::invalid("no broker address given")),
     }

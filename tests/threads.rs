@@ -1,0 +1,14 @@
+//! Compile-time checks of the documented Send/Sync promises (see the crate docs, "Threads").
+
+fn send_sync<T: Send + Sync>() {}
+fn send<T: Send>() {}
+
+#[test]
+fn handles_are_send_and_sync() {
+    send_sync::<acemq_amqp::Connection>();
+    send_sync::<acemq_amqp::Publisher>();
+    send::<acemq_amqp::Ticket>();
+    send_sync::<acemq_amqp::Message>();
+    send_sync::<acemq_amqp::Error>();
+    send_sync::<std::sync::Arc<dyn acemq_amqp::Codec>>();
+}
