@@ -509,6 +509,11 @@ impl Message {
         Ok(())
     }
 
+    #[doc(hidden)]
+    pub fn to_properties_for_bench(&self) -> AmqpProperties {
+        self.to_properties()
+    }
+
     /// The AMQP properties to publish with (call [`validate`](Self::validate) first).
     pub(crate) fn to_properties(&self) -> AmqpProperties {
         let mut table = FieldTable::new();
