@@ -5,6 +5,6 @@
 mod error;
 pub mod patterns;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
+pub mod sql;
 
 pub use error::{BoxError, Error, Result};
