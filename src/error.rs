@@ -250,7 +250,9 @@ impl fmt::Display for Error {
                 "message {message_id:?} to exchange {exchange:?} with routing key \
                  {routing_key:?} is unroutable ({reply_code} {reply_text})"
             ),
-            Error::Timeout { what, after } => write!(f, "timed out after {after:?} waiting for {what}"),
+            Error::Timeout { what, after } => {
+                write!(f, "timed out after {after:?} waiting for {what}")
+            }
             Error::InvalidHeader { name, reason } => write!(f, "header {name:?} refused: {reason}"),
             Error::InvalidName { kind, name, reason } => {
                 write!(f, "invalid {kind} name {name:?}: {reason}")
@@ -260,7 +262,10 @@ impl fmt::Display for Error {
             Error::Codec {
                 content_type,
                 source,
-            } => write!(f, "codec failed for content type {content_type:?}: {source}"),
+            } => write!(
+                f,
+                "codec failed for content type {content_type:?}: {source}"
+            ),
             Error::Sql { context, source } => write!(f, "database error while {context}: {source}"),
             Error::SchemaNotFound { what } => write!(f, "schema not found: {what}"),
             Error::Io { context, source } => write!(f, "i/o error while {context}: {source}"),
