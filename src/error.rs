@@ -203,7 +203,6 @@ impl Error {
         }
     }
 
-    #[allow(dead_code)] // used by the SQL stores, merged from their own branch
     pub(crate) fn sql(context: impl Into<String>, source: impl Into<BoxError>) -> Error {
         Error::Sql {
             context: context.into(),

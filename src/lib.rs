@@ -75,7 +75,7 @@ pub mod observe;
 pub mod patterns;
 mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
+pub mod sql;
 
 pub use codec::{BytesCodec, Codec, JsonCodec};
 pub use connection::{

@@ -1,1 +1,693 @@
-//! The SQL seam (filled in by issue 4).
+//! The SQL seam: a small, blocking, DB-API-like view of a database connection.
+//!
+//! The stores in [`patterns`](crate::patterns) (idempotency, outbox, schema registry) speak to
+//! the database only through the [`Sql`] trait, which is implemented for
+//! `rusqlite::Connection` and `rusqlite::Transaction` (feature `sqlite`, on by default) and for
+//! `postgres::Client` and `postgres::Transaction` (feature `postgres`).
+//!
+//! # Placeholders
+//!
+//! Statements are written in the connection's own placeholder syntax: `?1`, `?2`, … (or `?`)
+//! for SQLite and `$1`, `$2`, … for PostgreSQL. [`Dialect::placeholder`] writes one, so code that
+//! must run on both builds its statements from the connection's [`Sql::dialect`].
+//!
+//! # Values
+//!
+//! Parameters and results are [`Value`]s: null, 64-bit integer, text or bytes. On PostgreSQL a
+//! non-null parameter is sent typed as `bigint`, `text` or `bytea` (one round trip, no prepared
+//! statement); write a cast (`$1::jsonb`) where a column needs another type. A statement with a
+//! `Value::Null` parameter is prepared first so the server infers the parameter types. Results of
+//! type `smallint`/`integer`/`bigint`/`boolean` come back as [`Value::Integer`], `bytea` as
+//! [`Value::Bytes`], other types as [`Value::Text`] when they can be read as text. SQLite `REAL`
+//! values come back as text.
+//!
+//! # Connections factory
+//!
+//! A store does its own work (a claim, a lease, a registration) on a connection it gets from a
+//! *connections factory*: a closure `Fn() -> Result<C>` with `C: Sql`, called once for each of
+//! the store's operations, the connection dropped at the end of it. A closure that opens a new
+//! connection each time works; a pool checkout such as [`Pool::get`] is faster. Work that must
+//! commit with the caller's own (outbox `add`, transactional idempotency) takes the caller's
+//! transaction as `&mut dyn Sql` instead.
+//!
+//! # Tables
+//!
+//! [`create_schema`] creates the tables for development and tests; [`schema_ddl`] returns the
+//! same statements for a migration tool. Times are epoch milliseconds in `BIGINT` columns. Table
+//! names reach SQL by concatenation, so every name is checked by [`check_identifier`] first.
+
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The default name of the idempotency table.
+pub const DEFAULT_IDEMPOTENCY_TABLE: &str = "acemq_idempotency";
+/// The default name of the outbox table.
+pub const DEFAULT_OUTBOX_TABLE: &str = "acemq_outbox";
+/// The default name of the schema registry table.
+pub const DEFAULT_SCHEMAS_TABLE: &str = "acemq_schemas";
+
+/// A parameter or a result column.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Value {
+    /// SQL `NULL`.
+    Null,
+    /// A 64-bit signed integer (`BIGINT`).
+    Integer(i64),
+    /// UTF-8 text.
+    Text(String),
+    /// Bytes (`BLOB`, `BYTEA`).
+    Bytes(Vec<u8>),
+}
+
+impl Value {
+    /// The integer, if this is one.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Value::Integer(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The text, if this is text.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The bytes, if these are bytes (or text, as its UTF-8 bytes).
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match self {
+            Value::Bytes(b) => Some(b),
+            Value::Text(s) => Some(s.as_bytes()),
+            _ => None,
+        }
+    }
+
+    /// True for [`Value::Null`].
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::Integer(v)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Text(v.to_owned())
+    }
+}
+
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Text(v)
+    }
+}
+
+impl From<Vec<u8>> for Value {
+    fn from(v: Vec<u8>) -> Value {
+        Value::Bytes(v)
+    }
+}
+
+impl From<&[u8]> for Value {
+    fn from(v: &[u8]) -> Value {
+        Value::Bytes(v.to_vec())
+    }
+}
+
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Value {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// The SQL dialect of a connection: it decides placeholders, upserts and DDL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// SQLite 3.35 or later (`?N` placeholders).
+    Sqlite,
+    /// PostgreSQL 11 or later (`$N` placeholders).
+    Postgres,
+}
+
+impl Dialect {
+    /// The placeholder for the `n`th parameter, counting from 1: `?1` or `$1`.
+    pub fn placeholder(self, n: usize) -> String {
+        match self {
+            Dialect::Sqlite => format!("?{n}"),
+            Dialect::Postgres => format!("${n}"),
+        }
+    }
+
+    /// The column type of an auto-incrementing 64-bit primary key.
+    fn serial_key(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
+            Dialect::Postgres => "BIGSERIAL PRIMARY KEY",
+        }
+    }
+
+    /// The column type for bytes.
+    fn bytes(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "BLOB",
+            Dialect::Postgres => "BYTEA",
+        }
+    }
+}
+
+impl fmt::Display for Dialect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgresql",
+        })
+    }
+}
+
+/// A blocking database connection or transaction, as the stores see it.
+///
+/// Object-safe: stores take `&mut dyn Sql` where they must write on the caller's transaction.
+/// Statements use the dialect's placeholders (see the [module docs](self)).
+pub trait Sql {
+    /// The connection's dialect.
+    fn dialect(&self) -> Dialect;
+
+    /// Runs a statement that returns no rows and returns the number of rows it changed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source.
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64>;
+
+    /// Runs a statement (a `SELECT`, or a write with `RETURNING`) and returns all its rows.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source.
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>>;
+
+    /// Whether this is inside an open transaction: `Some(true)` for a transaction,
+    /// `Some(false)` for a connection in autocommit mode, `None` when it cannot tell.
+    ///
+    /// Defaults to `None`. The outbox refuses to `add` on `Some(false)`.
+    fn in_transaction(&self) -> Option<bool> {
+        None
+    }
+}
+
+impl<T: Sql + ?Sized> Sql for &mut T {
+    fn dialect(&self) -> Dialect {
+        (**self).dialect()
+    }
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
+        (**self).execute(sql, params)
+    }
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
+        (**self).query(sql, params)
+    }
+    fn in_transaction(&self) -> Option<bool> {
+        (**self).in_transaction()
+    }
+}
+
+impl<T: Sql + ?Sized> Sql for Box<T> {
+    fn dialect(&self) -> Dialect {
+        (**self).dialect()
+    }
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
+        (**self).execute(sql, params)
+    }
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
+        (**self).query(sql, params)
+    }
+    fn in_transaction(&self) -> Option<bool> {
+        (**self).in_transaction()
+    }
+}
+
+/// The longest identifier accepted, in bytes (PostgreSQL's limit).
+pub const MAX_IDENTIFIER_LEN: usize = 63;
+
+/// Checks that `name` is a plain SQL identifier: `[A-Za-z_][A-Za-z0-9_]*`, at most 63 bytes.
+///
+/// Table names reach SQL by concatenation; anything else is refused.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] with kind `"table"` and the reason.
+pub fn check_identifier(name: &str) -> Result<()> {
+    let refuse = |reason: &str| {
+        let shown: String = name.chars().take(80).collect();
+        Err(Error::InvalidName {
+            kind: "table",
+            name: shown,
+            reason: reason.to_owned(),
+        })
+    };
+    if name.is_empty() {
+        return refuse("it is empty");
+    }
+    if name.len() > MAX_IDENTIFIER_LEN {
+        return refuse("it is longer than 63 bytes");
+    }
+    let mut bytes = name.bytes();
+    if let Some(first) = bytes.next() {
+        if !(first.is_ascii_alphabetic() || first == b'_') {
+            return refuse("it must start with an ASCII letter or '_'");
+        }
+    }
+    if !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return refuse("only ASCII letters, digits and '_' are allowed");
+    }
+    Ok(())
+}
+
+/// A table to create, with its name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Table {
+    /// An idempotency table (`key`, `state`, `deadline_ms`).
+    Idempotency(String),
+    /// An outbox table.
+    Outbox(String),
+    /// A schema registry table.
+    Schemas(String),
+}
+
+impl Table {
+    /// The idempotency table under its default name, `acemq_idempotency`.
+    pub fn idempotency() -> Table {
+        Table::Idempotency(DEFAULT_IDEMPOTENCY_TABLE.to_owned())
+    }
+
+    /// The outbox table under its default name, `acemq_outbox`.
+    pub fn outbox() -> Table {
+        Table::Outbox(DEFAULT_OUTBOX_TABLE.to_owned())
+    }
+
+    /// The schema registry table under its default name, `acemq_schemas`.
+    pub fn schemas() -> Table {
+        Table::Schemas(DEFAULT_SCHEMAS_TABLE.to_owned())
+    }
+
+    /// All three tables under their default names.
+    pub fn all() -> Vec<Table> {
+        vec![Table::idempotency(), Table::outbox(), Table::schemas()]
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Table::Idempotency(n) | Table::Outbox(n) | Table::Schemas(n) => n,
+        }
+    }
+
+    /// The statements that create this table and its indexes (idempotent: `IF NOT EXISTS`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] if the name is not a plain identifier.
+    pub fn ddl(&self, dialect: Dialect) -> Result<Vec<String>> {
+        let t = self.name();
+        check_identifier(t)?;
+        Ok(match self {
+            Table::Idempotency(_) => vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (\n    \
+                     key TEXT PRIMARY KEY,\n    \
+                     state TEXT NOT NULL CHECK (state IN ('CLAIMED', 'CONFIRMED')),\n    \
+                     deadline_ms BIGINT NOT NULL\n)"
+                ),
+                format!("CREATE INDEX IF NOT EXISTS {t}_deadline ON {t} (deadline_ms)"),
+            ],
+            Table::Outbox(_) => vec![format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\n    \
+                     id {serial},\n    \
+                     exchange TEXT NOT NULL,\n    \
+                     routing_key TEXT NOT NULL,\n    \
+                     body {bytes} NOT NULL,\n    \
+                     content_type TEXT NOT NULL,\n    \
+                     headers TEXT NOT NULL,\n    \
+                     created_ms BIGINT NOT NULL,\n    \
+                     attempts BIGINT NOT NULL DEFAULT 0,\n    \
+                     last_error TEXT,\n    \
+                     lease_owner TEXT,\n    \
+                     lease_until_ms BIGINT NOT NULL DEFAULT 0\n)",
+                serial = dialect.serial_key(),
+                bytes = dialect.bytes(),
+            )],
+            Table::Schemas(_) => vec![format!(
+                "CREATE TABLE IF NOT EXISTS {t} (\n    \
+                 id {serial},\n    \
+                 subject TEXT NOT NULL,\n    \
+                 version BIGINT NOT NULL,\n    \
+                 format TEXT NOT NULL,\n    \
+                 definition TEXT NOT NULL,\n    \
+                 fingerprint TEXT NOT NULL,\n    \
+                 created_ms BIGINT NOT NULL,\n    \
+                 UNIQUE (subject, version),\n    \
+                 UNIQUE (subject, fingerprint)\n)",
+                serial = dialect.serial_key(),
+            )],
+        })
+    }
+}
+
+/// Creates the given tables (and their indexes) if they do not exist, on `conn`.
+///
+/// For development and tests; production schemas belong to a migration tool (see
+/// [`schema_ddl`]). Each statement runs on `conn` as given: in autocommit mode each commits by
+/// itself, on a transaction they commit with it.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] for a name that is not a plain identifier, [`Error::Sql`] if a
+/// statement fails.
+///
+/// # Example
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # fn main() -> acemq_amqp::Result<()> {
+/// use acemq_amqp::sql::{create_schema, Table};
+/// let mut conn = rusqlite::Connection::open_in_memory().map_err(|e| acemq_amqp::Error::Sql {
+///     context: "opening".into(),
+///     source: e.into(),
+/// })?;
+/// create_schema(&mut conn, &Table::all())?;
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub fn create_schema(conn: &mut dyn Sql, which: &[Table]) -> Result<()> {
+    let dialect = conn.dialect();
+    for table in which {
+        for statement in table.ddl(dialect)? {
+            conn.execute(&statement, &[])
+                .map_err(|e| rewrap(e, || format!("creating table {}", table.name())))?;
+        }
+    }
+    Ok(())
+}
+
+/// The statements that create the three tables under their default names, each ending in `;`,
+/// for a migration tool.
+pub fn schema_ddl(dialect: Dialect) -> String {
+    let mut out = String::new();
+    for table in Table::all() {
+        // The default names are valid identifiers, so `ddl` cannot fail here.
+        for statement in table.ddl(dialect).unwrap_or_default() {
+            out.push_str(&statement);
+            out.push_str(";\n");
+        }
+    }
+    out
+}
+
+/// Replaces the context of an [`Error::Sql`], keeping its source; other errors pass through.
+pub(crate) fn rewrap(e: Error, context: impl FnOnce() -> String) -> Error {
+    match e {
+        Error::Sql { source, .. } => Error::Sql {
+            context: context(),
+            source,
+        },
+        other => other,
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A duration in whole milliseconds, saturating.
+pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A type-erased connections factory, as the stores keep it.
+pub(crate) type Connect = Arc<dyn Fn() -> Result<Box<dyn Sql>> + Send + Sync>;
+
+/// Erases a connections factory's connection type.
+pub(crate) fn erase<F, C>(connect: F) -> Connect
+where
+    F: Fn() -> Result<C> + Send + Sync + 'static,
+    C: Sql + 'static,
+{
+    Arc::new(move || connect().map(|c| Box::new(c) as Box<dyn Sql>))
+}
+
+/// Reads column `i` of `row` as an integer.
+pub(crate) fn col_i64(row: &[Value], i: usize) -> Result<i64> {
+    match row.get(i) {
+        Some(Value::Integer(v)) => Ok(*v),
+        other => Err(unexpected(i, "an integer", other)),
+    }
+}
+
+/// Reads column `i` of `row` as text.
+pub(crate) fn col_text(row: &[Value], i: usize) -> Result<String> {
+    match row.get(i) {
+        Some(Value::Text(v)) => Ok(v.clone()),
+        Some(Value::Bytes(b)) => String::from_utf8(b.clone())
+            .map_err(|e| Error::sql(format!("reading column {i} as text"), e)),
+        other => Err(unexpected(i, "text", other)),
+    }
+}
+
+/// Reads column `i` of `row` as optional text.
+pub(crate) fn col_opt_text(row: &[Value], i: usize) -> Result<Option<String>> {
+    match row.get(i) {
+        Some(Value::Null) => Ok(None),
+        _ => col_text(row, i).map(Some),
+    }
+}
+
+/// Reads column `i` of `row` as bytes.
+pub(crate) fn col_bytes(row: &[Value], i: usize) -> Result<Vec<u8>> {
+    match row.get(i) {
+        Some(Value::Bytes(b)) => Ok(b.clone()),
+        Some(Value::Text(s)) => Ok(s.clone().into_bytes()),
+        other => Err(unexpected(i, "bytes", other)),
+    }
+}
+
+fn unexpected(i: usize, wanted: &str, got: Option<&Value>) -> Error {
+    Error::sql(
+        format!("reading column {i}"),
+        format!("expected {wanted}, found {got:?}"),
+    )
+}
+
+/// A minimal connection pool: a connections factory that reuses idle connections.
+///
+/// [`Pool::get`] hands out an idle connection or opens a new one with the factory; dropping the
+/// [`Pooled`] guard gives the connection back (up to `max_idle` are kept). It never blocks
+/// waiting for a connection and does not check a connection's health: a connection that
+/// returned an error is dropped rather than given back. `Clone` shares the pool.
+///
+/// # Example
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # fn main() -> acemq_amqp::Result<()> {
+/// use acemq_amqp::sql::Pool;
+/// use acemq_amqp::patterns::SqlIdempotencyStore;
+/// let dir = std::env::temp_dir().join(format!("acemq-doc-{}.db", std::process::id()));
+/// let pool = Pool::new(4, move || {
+///     rusqlite::Connection::open(&dir).map_err(|e| acemq_amqp::Error::Sql {
+///         context: "opening".into(),
+///         source: e.into(),
+///     })
+/// });
+/// let checkout = pool.clone();
+/// let store = SqlIdempotencyStore::builder(move || checkout.get()).build()?;
+/// store.create_table()?;
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub struct Pool<C> {
+    inner: Arc<PoolInner<C>>,
+}
+
+struct PoolInner<C> {
+    idle: Mutex<Vec<C>>,
+    max_idle: usize,
+    open: Box<dyn Fn() -> Result<C> + Send + Sync>,
+}
+
+impl<C> Clone for Pool<C> {
+    fn clone(&self) -> Self {
+        Pool {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Pool<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("idle", &self.inner.idle.lock().len())
+            .field("max_idle", &self.inner.max_idle)
+            .finish()
+    }
+}
+
+impl<C: Sql + Send + 'static> Pool<C> {
+    /// A pool that opens connections with `open` and keeps up to `max_idle` idle ones.
+    pub fn new<F>(max_idle: usize, open: F) -> Pool<C>
+    where
+        F: Fn() -> Result<C> + Send + Sync + 'static,
+    {
+        Pool {
+            inner: Arc::new(PoolInner {
+                idle: Mutex::new(Vec::new()),
+                max_idle,
+                open: Box::new(open),
+            }),
+        }
+    }
+
+    /// An idle connection, or a new one.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the factory returns when it has to open a connection.
+    pub fn get(&self) -> Result<Pooled<C>> {
+        let idle = self.inner.idle.lock().pop();
+        let conn = match idle {
+            Some(c) => c,
+            None => (self.inner.open)()?,
+        };
+        Ok(Pooled {
+            conn: Some(conn),
+            pool: Arc::clone(&self.inner),
+            broken: false,
+        })
+    }
+}
+
+/// A connection checked out of a [`Pool`]; given back when dropped.
+pub struct Pooled<C> {
+    conn: Option<C>,
+    pool: Arc<PoolInner<C>>,
+    broken: bool,
+}
+
+impl<C> Pooled<C> {
+    fn conn(&self) -> &C {
+        match &self.conn {
+            Some(c) => c,
+            // `conn` is `Some` until drop.
+            None => unreachable!("pooled connection used after drop"),
+        }
+    }
+
+    fn conn_mut(&mut self) -> &mut C {
+        match &mut self.conn {
+            Some(c) => c,
+            None => unreachable!("pooled connection used after drop"),
+        }
+    }
+}
+
+impl<C> std::ops::Deref for Pooled<C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        self.conn()
+    }
+}
+
+impl<C> std::ops::DerefMut for Pooled<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        self.conn_mut()
+    }
+}
+
+impl<C: Sql> Sql for Pooled<C> {
+    fn dialect(&self) -> Dialect {
+        self.conn().dialect()
+    }
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
+        let r = self.conn_mut().execute(sql, params);
+        self.broken |= r.is_err();
+        r
+    }
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
+        let r = self.conn_mut().query(sql, params);
+        self.broken |= r.is_err();
+        r
+    }
+    fn in_transaction(&self) -> Option<bool> {
+        self.conn().in_transaction()
+    }
+}
+
+impl<C> Drop for Pooled<C> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !self.broken {
+                let mut idle = self.pool.idle.lock();
+                if idle.len() < self.pool.max_idle {
+                    idle.push(conn);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        assert!(check_identifier("acemq_outbox").is_ok());
+        assert!(check_identifier("_t9").is_ok());
+        assert!(check_identifier(&"a".repeat(63)).is_ok());
+        for bad in ["", "9t", "t-1", "t; DROP TABLE x", "tä", &"a".repeat(64)] {
+            assert!(
+                matches!(
+                    check_identifier(bad),
+                    Err(Error::InvalidName { kind: "table", .. })
+                ),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn ddl_names_every_table() {
+        for d in [Dialect::Sqlite, Dialect::Postgres] {
+            let ddl = schema_ddl(d);
+            for t in ["acemq_idempotency", "acemq_outbox", "acemq_schemas"] {
+                assert!(ddl.contains(&format!("CREATE TABLE IF NOT EXISTS {t} (")));
+            }
+            assert!(ddl.contains("deadline_ms BIGINT"));
+        }
+        assert!(schema_ddl(Dialect::Postgres).contains("BYTEA"));
+        assert!(schema_ddl(Dialect::Sqlite).contains("BLOB"));
+    }
+}

@@ -1,0 +1,592 @@
+//! Idempotency stores: remember which messages were already handled.
+//!
+//! # The protocol
+//!
+//! [`IdempotencyStore::first_time`] answers "have I seen this key?" and records it in one step.
+//! A store that [supports claims](IdempotencyStore::supports_claims) offers the safer two-step
+//! form: [`claim`](IdempotencyStore::claim) before the work, [`confirm`](IdempotencyStore::confirm)
+//! after it, [`forget`](IdempotencyStore::forget) when the work failed and should run again.
+//!
+//! - A claim is a **lease**: it holds for `claim_timeout`. While it holds, other claims of the
+//!   same key get [`Claim::InProgress`]; once its deadline has passed, the next claim takes it
+//!   over and gets [`Claim::Claimed`] (the first worker is presumed dead).
+//! - A confirmed key is a **receipt**: claims get [`Claim::Duplicate`] until `retention` has
+//!   passed; after that the key counts as new again, whether or not it was purged.
+//! - In [`SqlIdempotencyStore`] the insert *is* the claim: one `INSERT … ON CONFLICT DO UPDATE …
+//!   WHERE deadline_ms <= now` statement, atomic by the primary key across threads, processes
+//!   and hosts. Nothing on the message path deletes rows; [`SqlIdempotencyStore::purge_expired`]
+//!   does.
+//! - [`SqlIdempotencyStore::claim_in`] and [`SqlIdempotencyStore::confirm_in`] run on the
+//!   caller's transaction so the receipt commits (or rolls back) with the work. On PostgreSQL a
+//!   second claim of a key whose claim is not yet committed waits for that transaction. On
+//!   SQLite begin such a transaction with `BEGIN IMMEDIATE` (`TransactionBehavior::Immediate`)
+//!   so the claim does not fail with `SQLITE_BUSY` when it upgrades a read to a write.
+//!
+//! [`InMemoryIdempotencyStore`] keeps keys in a map for one process; it is for tests and
+//! examples, **not for production**: it forgets everything on restart and does not coordinate
+//! processes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
+
+/// The outcome of [`IdempotencyStore::claim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Claim {
+    /// The caller holds the key now: do the work, then confirm (or forget on failure).
+    Claimed,
+    /// Another worker holds an unexpired claim on the key: the work may be under way.
+    InProgress,
+    /// The key was confirmed (within the retention period): the work is done.
+    Duplicate,
+}
+
+/// Records which message keys were handled.
+///
+/// Stores are shared across worker threads (`Send + Sync`), typically behind an `Arc`.
+pub trait IdempotencyStore: Send + Sync {
+    /// Records `key` and returns `true` if it was not recorded before (or its record expired).
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn first_time(&self, key: &str) -> Result<bool>;
+
+    /// Forgets `key`, claimed or confirmed, so that the next claim of it runs.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn forget(&self, key: &str) -> Result<()>;
+
+    /// Claims `key` for processing.
+    ///
+    /// The default, for stores that only have `first_time`, answers [`Claim::Claimed`] when
+    /// `first_time` is true and [`Claim::Duplicate`] otherwise.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn claim(&self, key: &str) -> Result<Claim> {
+        Ok(if self.first_time(key)? {
+            Claim::Claimed
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    /// Confirms a claimed `key`: the work is done. The default does nothing.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn confirm(&self, key: &str) -> Result<()> {
+        let _ = key;
+        Ok(())
+    }
+
+    /// True when `claim` and `confirm` are real (a lease and a receipt), false when they are
+    /// derived from `first_time`. Defaults to false.
+    fn supports_claims(&self) -> bool {
+        false
+    }
+}
+
+impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
+    fn first_time(&self, key: &str) -> Result<bool> {
+        (**self).first_time(key)
+    }
+    fn forget(&self, key: &str) -> Result<()> {
+        (**self).forget(key)
+    }
+    fn claim(&self, key: &str) -> Result<Claim> {
+        (**self).claim(key)
+    }
+    fn confirm(&self, key: &str) -> Result<()> {
+        (**self).confirm(key)
+    }
+    fn supports_claims(&self) -> bool {
+        (**self).supports_claims()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In memory
+
+/// An in-process idempotency store with one TTL that is both the claim lease and the receipt
+/// retention.
+///
+/// **Not for production**: it lives and dies with the process and does not coordinate several
+/// processes. Expired entries are dropped from time to time as new keys arrive, or by
+/// [`purge_expired`](Self::purge_expired).
+pub struct InMemoryIdempotencyStore {
+    ttl: Duration,
+    entries: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    inserts: u64,
+}
+
+struct Entry {
+    confirmed: bool,
+    deadline: Instant,
+}
+
+impl InMemoryIdempotencyStore {
+    /// A store whose claims and receipts expire after `ttl`.
+    pub fn new(ttl: Duration) -> InMemoryIdempotencyStore {
+        InMemoryIdempotencyStore {
+            ttl,
+            entries: Mutex::new(Entries::default()),
+        }
+    }
+
+    /// The TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The number of keys held, expired ones included until they are purged.
+    pub fn len(&self) -> usize {
+        self.entries.lock().map.len()
+    }
+
+    /// True when no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops expired claims and receipts; returns how many.
+    pub fn purge_expired(&self) -> usize {
+        let now = Instant::now();
+        let mut entries = self.entries.lock();
+        let before = entries.map.len();
+        entries.map.retain(|_, e| e.deadline > now);
+        before - entries.map.len()
+    }
+
+    /// Inserts or takes over `key` unless a live entry holds it; returns the live entry's state.
+    fn take(&self, key: &str, confirmed: bool) -> Option<bool> {
+        let now = Instant::now();
+        let deadline = now + self.ttl;
+        let mut entries = self.entries.lock();
+        if let Some(e) = entries.map.get_mut(key) {
+            if e.deadline > now {
+                return Some(e.confirmed);
+            }
+            *e = Entry {
+                confirmed,
+                deadline,
+            };
+            return None;
+        }
+        entries.inserts += 1;
+        if entries.inserts % 1024 == 0 {
+            entries.map.retain(|_, e| e.deadline > now);
+        }
+        entries.map.insert(
+            key.to_owned(),
+            Entry {
+                confirmed,
+                deadline,
+            },
+        );
+        None
+    }
+}
+
+impl Default for InMemoryIdempotencyStore {
+    /// A store with a TTL of 24 hours.
+    fn default() -> Self {
+        InMemoryIdempotencyStore::new(Duration::from_secs(24 * 3600))
+    }
+}
+
+impl fmt::Debug for InMemoryIdempotencyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryIdempotencyStore")
+            .field("ttl", &self.ttl)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl IdempotencyStore for InMemoryIdempotencyStore {
+    fn first_time(&self, key: &str) -> Result<bool> {
+        Ok(self.take(key, true).is_none())
+    }
+
+    fn forget(&self, key: &str) -> Result<()> {
+        self.entries.lock().map.remove(key);
+        Ok(())
+    }
+
+    fn claim(&self, key: &str) -> Result<Claim> {
+        Ok(match self.take(key, false) {
+            None => Claim::Claimed,
+            Some(true) => Claim::Duplicate,
+            Some(false) => Claim::InProgress,
+        })
+    }
+
+    fn confirm(&self, key: &str) -> Result<()> {
+        let deadline = Instant::now() + self.ttl;
+        self.entries.lock().map.insert(
+            key.to_owned(),
+            Entry {
+                confirmed: true,
+                deadline,
+            },
+        );
+        Ok(())
+    }
+
+    fn supports_claims(&self) -> bool {
+        true
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQL
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::sql_store::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql_store {
+    use super::*;
+
+    const CLAIMED: &str = "CLAIMED";
+    const CONFIRMED: &str = "CONFIRMED";
+
+    /// The store's statements in one dialect.
+    #[derive(Debug)]
+    struct Statements {
+        claim: String,
+        first_time: String,
+        confirm: String,
+        state: String,
+        forget: String,
+        purge: String,
+    }
+
+    impl Statements {
+        fn new(t: &str, dialect: Dialect) -> Statements {
+            let p = |s: String| match dialect {
+                Dialect::Postgres => s,
+                Dialect::Sqlite => s.replace('$', "?"),
+            };
+            let upsert = |state: &str, condition: &str| {
+                p(format!(
+                    "INSERT INTO {t} (key, state, deadline_ms) VALUES ($1, '{state}', $2) \
+                     ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
+                     deadline_ms = excluded.deadline_ms{condition}"
+                ))
+            };
+            let expired = format!(" WHERE {t}.deadline_ms <= $3");
+            Statements {
+                claim: upsert(CLAIMED, &expired),
+                first_time: upsert(CONFIRMED, &expired),
+                confirm: upsert(CONFIRMED, ""),
+                state: p(format!("SELECT state FROM {t} WHERE key = $1")),
+                forget: p(format!("DELETE FROM {t} WHERE key = $1")),
+                purge: p(format!("DELETE FROM {t} WHERE deadline_ms <= $1")),
+            }
+        }
+    }
+
+    /// An idempotency store in a SQL table (SQLite or PostgreSQL), safe across processes.
+    ///
+    /// See the [module docs](super) for the lease and retention rules. Each of the store's own
+    /// operations gets a connection from the connections factory given to
+    /// [`builder`](Self::builder) and drops it at the end; `claim_in` / `confirm_in` use the
+    /// caller's transaction instead.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// use acemq_amqp::patterns::{Claim, IdempotencyStore, SqlIdempotencyStore};
+    /// use std::time::Duration;
+    /// let path = std::env::temp_dir().join(format!("acemq-idem-{}.db", std::process::id()));
+    /// let store = SqlIdempotencyStore::builder(move || {
+    ///     rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
+    ///         context: "opening".into(),
+    ///         source: e.into(),
+    ///     })
+    /// })
+    /// .table("doc_idempotency")
+    /// .claim_timeout(Duration::from_secs(30))
+    /// .build()?;
+    /// store.create_table()?;
+    /// # store.forget("order-1")?;
+    /// assert_eq!(store.claim("order-1")?, Claim::Claimed);
+    /// store.confirm("order-1")?;
+    /// assert_eq!(store.claim("order-1")?, Claim::Duplicate);
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    pub struct SqlIdempotencyStore {
+        connect: Connect,
+        table: String,
+        claim_timeout: Duration,
+        retention: Duration,
+        sqlite: Statements,
+        postgres: Statements,
+    }
+
+    /// Builds a [`SqlIdempotencyStore`].
+    pub struct SqlIdempotencyStoreBuilder {
+        connect: Connect,
+        table: String,
+        claim_timeout: Duration,
+        retention: Duration,
+    }
+
+    impl SqlIdempotencyStoreBuilder {
+        /// The table's name, a plain identifier. Defaults to `acemq_idempotency`.
+        pub fn table(mut self, name: impl Into<String>) -> Self {
+            self.table = name.into();
+            self
+        }
+
+        /// How long a claim holds before another claim may take it over. Defaults to 60 s.
+        pub fn claim_timeout(mut self, lease: Duration) -> Self {
+            self.claim_timeout = lease;
+            self
+        }
+
+        /// How long a confirmed key is remembered. Defaults to 24 hours.
+        pub fn retention(mut self, retention: Duration) -> Self {
+            self.retention = retention;
+            self
+        }
+
+        /// Checks the settings and builds the store. Does not touch the database.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::InvalidName`] for a table name that is not a plain identifier,
+        /// [`Error::InvalidArgument`] for a zero claim timeout or retention.
+        pub fn build(self) -> Result<SqlIdempotencyStore> {
+            sql::check_identifier(&self.table)?;
+            if self.claim_timeout.as_millis() == 0 || self.retention.as_millis() == 0 {
+                return Err(Error::invalid(
+                    "claim_timeout and retention must be at least 1 ms",
+                ));
+            }
+            Ok(SqlIdempotencyStore {
+                sqlite: Statements::new(&self.table, Dialect::Sqlite),
+                postgres: Statements::new(&self.table, Dialect::Postgres),
+                connect: self.connect,
+                table: self.table,
+                claim_timeout: self.claim_timeout,
+                retention: self.retention,
+            })
+        }
+    }
+
+    impl fmt::Debug for SqlIdempotencyStoreBuilder {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SqlIdempotencyStoreBuilder")
+                .field("table", &self.table)
+                .field("claim_timeout", &self.claim_timeout)
+                .field("retention", &self.retention)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for SqlIdempotencyStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SqlIdempotencyStore")
+                .field("table", &self.table)
+                .field("claim_timeout", &self.claim_timeout)
+                .field("retention", &self.retention)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl SqlIdempotencyStore {
+        /// A builder using `connect` as the connections factory: it is called once for each of
+        /// the store's own operations (a closure that opens a connection, or a pool checkout).
+        pub fn builder<F, C>(connect: F) -> SqlIdempotencyStoreBuilder
+        where
+            F: Fn() -> Result<C> + Send + Sync + 'static,
+            C: Sql + 'static,
+        {
+            SqlIdempotencyStoreBuilder {
+                connect: sql::erase(connect),
+                table: sql::DEFAULT_IDEMPOTENCY_TABLE.to_owned(),
+                claim_timeout: Duration::from_secs(60),
+                retention: Duration::from_secs(24 * 3600),
+            }
+        }
+
+        /// The table's name.
+        pub fn table(&self) -> &str {
+            &self.table
+        }
+
+        /// The claim lease.
+        pub fn claim_timeout(&self) -> Duration {
+            self.claim_timeout
+        }
+
+        /// The receipt retention.
+        pub fn retention(&self) -> Duration {
+            self.retention
+        }
+
+        /// Creates the table if it does not exist (development and tests; see
+        /// [`schema_ddl`](crate::sql::schema_ddl) for migrations).
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Sql`] if the statements fail.
+        pub fn create_table(&self) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            sql::create_schema(&mut *conn, &[Table::Idempotency(self.table.clone())])
+        }
+
+        /// Deletes confirmed keys past their retention and claims past their lease; returns
+        /// how many rows were deleted.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Sql`] if the statement fails.
+        pub fn purge_expired(&self) -> Result<u64> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            conn.execute(&s.purge, &[Value::Integer(sql::now_ms())])
+                .map_err(|e| self.context(e, "purging expired keys"))
+        }
+
+        /// [`claim`](IdempotencyStore::claim) on the caller's transaction: the claim commits
+        /// or rolls back with it.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Sql`] if a statement fails (on PostgreSQL the transaction is then aborted).
+        pub fn claim_in(&self, tx: &mut dyn Sql, key: &str) -> Result<Claim> {
+            self.claim_on(tx, key)
+        }
+
+        /// [`confirm`](IdempotencyStore::confirm) on the caller's transaction: the receipt
+        /// commits with the work done in it.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Sql`] if the statement fails.
+        pub fn confirm_in(&self, tx: &mut dyn Sql, key: &str) -> Result<()> {
+            self.confirm_on(tx, key)
+        }
+
+        fn statements(&self, conn: &dyn Sql) -> &Statements {
+            match conn.dialect() {
+                Dialect::Sqlite => &self.sqlite,
+                Dialect::Postgres => &self.postgres,
+            }
+        }
+
+        fn context(&self, e: Error, what: &str) -> Error {
+            sql::rewrap(e, || format!("{what} in table {}", self.table))
+        }
+
+        fn claim_on(&self, conn: &mut dyn Sql, key: &str) -> Result<Claim> {
+            let s = self.statements(conn);
+            let lease = sql::duration_ms(self.claim_timeout);
+            // The row may be deleted (forget, purge) between the failed upsert and the read:
+            // then try again.
+            for _ in 0..8 {
+                let now = sql::now_ms();
+                let params = [
+                    Value::Text(key.to_owned()),
+                    Value::Integer(now.saturating_add(lease)),
+                    Value::Integer(now),
+                ];
+                let changed = conn
+                    .execute(&s.claim, &params)
+                    .map_err(|e| self.context(e, "claiming a key"))?;
+                if changed > 0 {
+                    return Ok(Claim::Claimed);
+                }
+                let rows = conn
+                    .query(&s.state, &params[..1])
+                    .map_err(|e| self.context(e, "reading a key's state"))?;
+                if let Some(row) = rows.first() {
+                    return Ok(if sql::col_text(row, 0)? == CONFIRMED {
+                        Claim::Duplicate
+                    } else {
+                        Claim::InProgress
+                    });
+                }
+            }
+            Ok(Claim::InProgress)
+        }
+
+        fn confirm_on(&self, conn: &mut dyn Sql, key: &str) -> Result<()> {
+            let s = self.statements(conn);
+            let deadline = sql::now_ms().saturating_add(sql::duration_ms(self.retention));
+            conn.execute(
+                &s.confirm,
+                &[Value::Text(key.to_owned()), Value::Integer(deadline)],
+            )
+            .map_err(|e| self.context(e, "confirming a key"))?;
+            Ok(())
+        }
+    }
+
+    impl IdempotencyStore for SqlIdempotencyStore {
+        fn first_time(&self, key: &str) -> Result<bool> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            let now = sql::now_ms();
+            let changed = conn
+                .execute(
+                    &s.first_time,
+                    &[
+                        Value::Text(key.to_owned()),
+                        Value::Integer(now.saturating_add(sql::duration_ms(self.retention))),
+                        Value::Integer(now),
+                    ],
+                )
+                .map_err(|e| self.context(e, "recording a key"))?;
+            Ok(changed > 0)
+        }
+
+        fn forget(&self, key: &str) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            conn.execute(&s.forget, &[Value::Text(key.to_owned())])
+                .map_err(|e| self.context(e, "forgetting a key"))?;
+            Ok(())
+        }
+
+        fn claim(&self, key: &str) -> Result<Claim> {
+            let mut conn = (self.connect)()?;
+            self.claim_on(&mut *conn, key)
+        }
+
+        fn confirm(&self, key: &str) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            self.confirm_on(&mut *conn, key)
+        }
+
+        fn supports_claims(&self) -> bool {
+            true
+        }
+    }
+}

@@ -1,0 +1,642 @@
+//! The transactional outbox, store part: records written with the business data, published
+//! later by a relay.
+//!
+//! # Guarantees
+//!
+//! - [`SqlOutboxStore::add`] inserts on **the caller's transaction** and never commits, rolls
+//!   back or opens one of its own: the record exists exactly when the caller's work commits. On a
+//!   connection in autocommit mode (a `rusqlite::Connection` outside `BEGIN`, a
+//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`].
+//! - [`OutboxStore::pending`] returns records in insertion order (by `id`) and **leases** them
+//!   to this store instance for `lease` (default 30 s): until the lease runs out no other
+//!   `SqlOutboxStore` on the same table (another relay thread, process or host) is offered them.
+//!   On PostgreSQL the lease is taken with `FOR UPDATE SKIP LOCKED` and a lease deadline; on
+//!   SQLite with one conditional `UPDATE … RETURNING` under the database's write lock. A relay
+//!   that dies simply lets its leases expire.
+//! - [`OutboxStore::mark_published`] deletes the record (call it after the broker's confirm);
+//!   [`OutboxStore::record_failure`] counts a failed attempt, keeps the error text, and ends the
+//!   lease so the record is offered again. After `max_attempts` failures (default 10) the record
+//!   is **retired**: kept, no longer offered by `pending`, listed by [`OutboxStore::retired`],
+//!   and put back in play by [`OutboxStore::release`], which resets its attempts.
+//! - The relay publishes at least once: a relay that published and died before
+//!   `mark_published`, or whose lease ran out mid-publish, leads to a second publish.
+//!
+//! [`InMemoryOutboxStore`] follows the same rules in one process; it is for tests, **not for
+//! production** (it is not transactional with anything and forgets everything on restart).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
+
+/// A message to put in the outbox.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NewOutboxRecord {
+    /// The exchange to publish to (`""` for the default exchange).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// The body's content type, e.g. `application/json`.
+    pub content_type: String,
+    /// AMQP headers, stored as JSON text in the `headers` column.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A record in the outbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutboxRecord {
+    /// The record's id, increasing in insertion order.
+    pub id: i64,
+    /// The exchange to publish to.
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// The body's content type.
+    pub content_type: String,
+    /// AMQP headers.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// When the record was added, in epoch milliseconds (the outbox lag is measured from here).
+    pub created_ms: i64,
+    /// Failed publish attempts so far.
+    pub attempts: i64,
+    /// The last failure's error text.
+    pub last_error: Option<String>,
+}
+
+/// The relay's view of an outbox: what to publish, and what became of it.
+pub trait OutboxStore: Send + Sync {
+    /// Up to `limit` records to publish, oldest first, leased to this store so that no other
+    /// relay is offered them while the lease holds. Retired records are not offered.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>>;
+
+    /// The record was published and confirmed: delete it. An unknown id is not an error.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn mark_published(&self, id: i64) -> Result<()>;
+
+    /// Publishing the record failed: count the attempt, keep `error`, end the lease.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn record_failure(&self, id: i64, error: &str) -> Result<()>;
+
+    /// The records that reached `max_attempts`, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn retired(&self) -> Result<Vec<OutboxRecord>>;
+
+    /// Puts a (retired) record back in play: resets its attempts and lease.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn release(&self, id: i64) -> Result<()>;
+}
+
+fn headers_json(headers: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
+    serde_json::to_string(headers).map_err(|e| Error::Codec {
+        content_type: "application/json".into(),
+        source: e.into(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// In memory
+
+/// An outbox in a map, for tests. **Not for production**: see the [module docs](self).
+///
+/// Leases work as in [`SqlOutboxStore`], shared by every thread using this one instance.
+pub struct InMemoryOutboxStore {
+    max_attempts: i64,
+    lease: Duration,
+    state: Mutex<MemState>,
+}
+
+#[derive(Default)]
+struct MemState {
+    next_id: i64,
+    records: BTreeMap<i64, (OutboxRecord, Option<Instant>)>,
+}
+
+impl InMemoryOutboxStore {
+    /// An empty outbox with `max_attempts` 10 and a 30 s lease.
+    pub fn new() -> InMemoryOutboxStore {
+        InMemoryOutboxStore::with_limits(10, Duration::from_secs(30))
+    }
+
+    /// An empty outbox retiring records after `max_attempts` failures and leasing for `lease`.
+    pub fn with_limits(max_attempts: u32, lease: Duration) -> InMemoryOutboxStore {
+        InMemoryOutboxStore {
+            max_attempts: i64::from(max_attempts),
+            lease,
+            state: Mutex::new(MemState::default()),
+        }
+    }
+
+    /// Adds a record and returns its id.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`] if the headers cannot be serialized (they always can; kept for
+    /// symmetry with [`SqlOutboxStore::add`]).
+    pub fn add(&self, record: &NewOutboxRecord) -> Result<i64> {
+        headers_json(&record.headers)?;
+        let mut state = self.state.lock();
+        state.next_id += 1;
+        let id = state.next_id;
+        let rec = OutboxRecord {
+            id,
+            exchange: record.exchange.clone(),
+            routing_key: record.routing_key.clone(),
+            body: record.body.clone(),
+            content_type: record.content_type.clone(),
+            headers: record.headers.clone(),
+            created_ms: now_ms(),
+            attempts: 0,
+            last_error: None,
+        };
+        state.records.insert(id, (rec, None));
+        Ok(id)
+    }
+
+    /// The number of records held, retired ones included.
+    pub fn len(&self) -> usize {
+        self.state.lock().records.len()
+    }
+
+    /// True when the outbox holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+impl Default for InMemoryOutboxStore {
+    fn default() -> Self {
+        InMemoryOutboxStore::new()
+    }
+}
+
+impl fmt::Debug for InMemoryOutboxStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InMemoryOutboxStore")
+            .field("max_attempts", &self.max_attempts)
+            .field("lease", &self.lease)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl OutboxStore for InMemoryOutboxStore {
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        let mut out = Vec::new();
+        for (rec, lease) in state.records.values_mut() {
+            if out.len() >= limit {
+                break;
+            }
+            if rec.attempts >= self.max_attempts || lease.is_some_and(|until| until > now) {
+                continue;
+            }
+            *lease = Some(now + self.lease);
+            out.push(rec.clone());
+        }
+        Ok(out)
+    }
+
+    fn mark_published(&self, id: i64) -> Result<()> {
+        self.state.lock().records.remove(&id);
+        Ok(())
+    }
+
+    fn record_failure(&self, id: i64, error: &str) -> Result<()> {
+        if let Some((rec, lease)) = self.state.lock().records.get_mut(&id) {
+            rec.attempts += 1;
+            rec.last_error = Some(error.to_owned());
+            *lease = None;
+        }
+        Ok(())
+    }
+
+    fn retired(&self) -> Result<Vec<OutboxRecord>> {
+        Ok(self
+            .state
+            .lock()
+            .records
+            .values()
+            .filter(|(rec, _)| rec.attempts >= self.max_attempts)
+            .map(|(rec, _)| rec.clone())
+            .collect())
+    }
+
+    fn release(&self, id: i64) -> Result<()> {
+        if let Some((rec, lease)) = self.state.lock().records.get_mut(&id) {
+            rec.attempts = 0;
+            *lease = None;
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQL
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::sql_store::{SqlOutboxStore, SqlOutboxStoreBuilder};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql_store {
+    use super::*;
+
+    const COLUMNS: &str =
+        "id, exchange, routing_key, body, content_type, headers, created_ms, attempts, last_error";
+
+    #[derive(Debug)]
+    struct Statements {
+        add: String,
+        pending: String,
+        delete: String,
+        failure: String,
+        retired: String,
+        release: String,
+    }
+
+    impl Statements {
+        fn new(t: &str, dialect: Dialect) -> Statements {
+            let p = |s: String| match dialect {
+                Dialect::Postgres => s,
+                Dialect::Sqlite => s.replace('$', "?"),
+            };
+            let lock = match dialect {
+                Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+                Dialect::Sqlite => "",
+            };
+            Statements {
+                add: p(format!(
+                    "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
+                     created_ms, attempts, lease_until_ms) \
+                     VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
+                )),
+                // $1 owner, $2 lease deadline, $3 max attempts, $4 now, $5 limit
+                pending: p(format!(
+                    "UPDATE {t} SET lease_owner = $1, lease_until_ms = $2 WHERE id IN (\
+                     SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= $4 \
+                     ORDER BY id LIMIT $5{lock}) \
+                     AND attempts < $3 AND lease_until_ms <= $4 RETURNING {COLUMNS}"
+                )),
+                delete: p(format!("DELETE FROM {t} WHERE id = $1")),
+                failure: p(format!(
+                    "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
+                     lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
+                )),
+                retired: p(format!(
+                    "SELECT {COLUMNS} FROM {t} WHERE attempts >= $1 ORDER BY id"
+                )),
+                release: p(format!(
+                    "UPDATE {t} SET attempts = 0, lease_owner = NULL, lease_until_ms = 0 \
+                     WHERE id = $1"
+                )),
+            }
+        }
+    }
+
+    static OWNERS: AtomicU64 = AtomicU64::new(0);
+
+    /// An outbox in a SQL table (SQLite or PostgreSQL).
+    ///
+    /// See the [module docs](super) for the transaction and lease rules. `add` runs on the
+    /// caller's transaction; every other operation gets a connection from the connections
+    /// factory given to [`builder`](Self::builder), one per call, in autocommit mode.
+    ///
+    /// Each instance has its own lease owner id: two instances on one table are two relays.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// # #[cfg(feature = "sqlite")]
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// use acemq_amqp::patterns::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+    /// let path = std::env::temp_dir().join(format!("acemq-outbox-{}.db", std::process::id()));
+    /// let open = move || {
+    ///     rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
+    ///         context: "opening".into(),
+    ///         source: e.into(),
+    ///     })
+    /// };
+    /// let mut conn = open()?;
+    /// let outbox = SqlOutboxStore::builder(open).table("doc_outbox").build()?;
+    /// outbox.create_table()?;
+    ///
+    /// let mut tx = conn.transaction().map_err(|e| acemq_amqp::Error::Sql {
+    ///     context: "begin".into(),
+    ///     source: e.into(),
+    /// })?;
+    /// // … the business write on `tx` …
+    /// let id = outbox.add(&mut tx, &NewOutboxRecord {
+    ///     exchange: "orders".into(),
+    ///     routing_key: "order.created".into(),
+    ///     body: br#"{"id":1}"#.to_vec(),
+    ///     content_type: "application/json".into(),
+    ///     ..Default::default()
+    /// })?;
+    /// tx.commit().map_err(|e| acemq_amqp::Error::Sql { context: "commit".into(), source: e.into() })?;
+    ///
+    /// for record in outbox.pending(100)? {
+    ///     // publish with confirms, then:
+    ///     outbox.mark_published(record.id)?;
+    /// }
+    /// # let _ = id;
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(not(feature = "sqlite"))]
+    /// # fn main() {}
+    /// ```
+    pub struct SqlOutboxStore {
+        connect: Connect,
+        table: String,
+        max_attempts: u32,
+        lease: Duration,
+        owner: String,
+        sqlite: Statements,
+        postgres: Statements,
+    }
+
+    /// Builds a [`SqlOutboxStore`].
+    pub struct SqlOutboxStoreBuilder {
+        connect: Connect,
+        table: String,
+        max_attempts: u32,
+        lease: Duration,
+    }
+
+    impl SqlOutboxStoreBuilder {
+        /// The table's name, a plain identifier. Defaults to `acemq_outbox`.
+        pub fn table(mut self, name: impl Into<String>) -> Self {
+            self.table = name.into();
+            self
+        }
+
+        /// Failed attempts after which a record is retired. Defaults to 10.
+        pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+            self.max_attempts = max_attempts;
+            self
+        }
+
+        /// How long `pending` leases the records it returns. Defaults to 30 s.
+        pub fn lease(mut self, lease: Duration) -> Self {
+            self.lease = lease;
+            self
+        }
+
+        /// Checks the settings and builds the store. Does not touch the database.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::InvalidName`] for a table name that is not a plain identifier,
+        /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms.
+        pub fn build(self) -> Result<SqlOutboxStore> {
+            sql::check_identifier(&self.table)?;
+            if self.max_attempts == 0 {
+                return Err(Error::invalid("max_attempts must be at least 1"));
+            }
+            if self.lease.as_millis() == 0 {
+                return Err(Error::invalid("the outbox lease must be at least 1 ms"));
+            }
+            let n = OWNERS.fetch_add(1, Ordering::Relaxed);
+            let owner = format!("{}-{}-{}", std::process::id(), n, now_ms());
+            Ok(SqlOutboxStore {
+                sqlite: Statements::new(&self.table, Dialect::Sqlite),
+                postgres: Statements::new(&self.table, Dialect::Postgres),
+                connect: self.connect,
+                table: self.table,
+                max_attempts: self.max_attempts,
+                lease: self.lease,
+                owner,
+            })
+        }
+    }
+
+    impl fmt::Debug for SqlOutboxStoreBuilder {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SqlOutboxStoreBuilder")
+                .field("table", &self.table)
+                .field("max_attempts", &self.max_attempts)
+                .field("lease", &self.lease)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl fmt::Debug for SqlOutboxStore {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("SqlOutboxStore")
+                .field("table", &self.table)
+                .field("max_attempts", &self.max_attempts)
+                .field("lease", &self.lease)
+                .field("owner", &self.owner)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl SqlOutboxStore {
+        /// A builder using `connect` as the connections factory for the store's own operations
+        /// (`pending`, `mark_published`, …): called once per operation.
+        pub fn builder<F, C>(connect: F) -> SqlOutboxStoreBuilder
+        where
+            F: Fn() -> Result<C> + Send + Sync + 'static,
+            C: Sql + 'static,
+        {
+            SqlOutboxStoreBuilder {
+                connect: sql::erase(connect),
+                table: sql::DEFAULT_OUTBOX_TABLE.to_owned(),
+                max_attempts: 10,
+                lease: Duration::from_secs(30),
+            }
+        }
+
+        /// The table's name.
+        pub fn table(&self) -> &str {
+            &self.table
+        }
+
+        /// Failed attempts after which a record is retired.
+        pub fn max_attempts(&self) -> u32 {
+            self.max_attempts
+        }
+
+        /// This instance's lease owner id.
+        pub fn owner(&self) -> &str {
+            &self.owner
+        }
+
+        /// Creates the table if it does not exist (development and tests).
+        ///
+        /// # Errors
+        ///
+        /// [`Error::Sql`] if the statements fail.
+        pub fn create_table(&self) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            sql::create_schema(&mut *conn, &[Table::Outbox(self.table.clone())])
+        }
+
+        /// Inserts `record` on the caller's transaction and returns its id. Never commits,
+        /// rolls back or begins anything: the record becomes visible when `tx` commits.
+        ///
+        /// # Errors
+        ///
+        /// [`Error::InvalidArgument`] when `tx` is a connection in autocommit mode (no open
+        /// transaction), [`Error::Sql`] if the insert fails.
+        pub fn add(&self, tx: &mut dyn Sql, record: &NewOutboxRecord) -> Result<i64> {
+            if tx.in_transaction() == Some(false) {
+                return Err(Error::invalid(format!(
+                    "outbox add on table {} needs the caller's open transaction, \
+                     got a connection in autocommit mode",
+                    self.table
+                )));
+            }
+            let s = self.statements(tx);
+            let rows = tx
+                .query(
+                    &s.add,
+                    &[
+                        Value::Text(record.exchange.clone()),
+                        Value::Text(record.routing_key.clone()),
+                        Value::Bytes(record.body.clone()),
+                        Value::Text(record.content_type.clone()),
+                        Value::Text(headers_json(&record.headers)?),
+                        Value::Integer(sql::now_ms()),
+                    ],
+                )
+                .map_err(|e| self.context(e, "adding a record"))?;
+            match rows.first() {
+                Some(row) => sql::col_i64(row, 0),
+                None => Err(Error::sql(
+                    format!("adding a record to table {}", self.table),
+                    "the insert returned no id",
+                )),
+            }
+        }
+
+        fn statements(&self, conn: &dyn Sql) -> &Statements {
+            match conn.dialect() {
+                Dialect::Sqlite => &self.sqlite,
+                Dialect::Postgres => &self.postgres,
+            }
+        }
+
+        fn context(&self, e: Error, what: &str) -> Error {
+            sql::rewrap(e, || format!("{what} in table {}", self.table))
+        }
+
+        fn by_id(&self, what: &str, pick: fn(&Statements) -> &str, params: &[Value]) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            conn.execute(pick(s), params)
+                .map_err(|e| self.context(e, what))?;
+            Ok(())
+        }
+    }
+
+    fn record(row: &[Value]) -> Result<OutboxRecord> {
+        let headers = sql::col_text(row, 5)?;
+        let headers = if headers.is_empty() {
+            serde_json::Map::new()
+        } else {
+            serde_json::from_str(&headers).map_err(|e| Error::Codec {
+                content_type: "application/json".into(),
+                source: e.into(),
+            })?
+        };
+        Ok(OutboxRecord {
+            id: sql::col_i64(row, 0)?,
+            exchange: sql::col_text(row, 1)?,
+            routing_key: sql::col_text(row, 2)?,
+            body: sql::col_bytes(row, 3)?,
+            content_type: sql::col_text(row, 4)?,
+            headers,
+            created_ms: sql::col_i64(row, 6)?,
+            attempts: sql::col_i64(row, 7)?,
+            last_error: sql::col_opt_text(row, 8)?,
+        })
+    }
+
+    impl OutboxStore for SqlOutboxStore {
+        fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
+            if limit == 0 {
+                return Ok(Vec::new());
+            }
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            let now = sql::now_ms();
+            let rows = conn
+                .query(
+                    &s.pending,
+                    &[
+                        Value::Text(self.owner.clone()),
+                        Value::Integer(now.saturating_add(sql::duration_ms(self.lease))),
+                        Value::Integer(i64::from(self.max_attempts)),
+                        Value::Integer(now),
+                        Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+                    ],
+                )
+                .map_err(|e| self.context(e, "leasing pending records"))?;
+            let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
+            records.sort_by_key(|r| r.id);
+            Ok(records)
+        }
+
+        fn mark_published(&self, id: i64) -> Result<()> {
+            self.by_id(
+                "deleting a published record",
+                |s| &s.delete,
+                &[Value::Integer(id)],
+            )
+        }
+
+        fn record_failure(&self, id: i64, error: &str) -> Result<()> {
+            self.by_id(
+                "recording a failure",
+                |s| &s.failure,
+                &[Value::Integer(id), Value::Text(error.to_owned())],
+            )
+        }
+
+        fn retired(&self) -> Result<Vec<OutboxRecord>> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            let rows = conn
+                .query(&s.retired, &[Value::Integer(i64::from(self.max_attempts))])
+                .map_err(|e| self.context(e, "listing retired records"))?;
+            rows.iter().map(|r| record(r)).collect()
+        }
+
+        fn release(&self, id: i64) -> Result<()> {
+            self.by_id("releasing a record", |s| &s.release, &[Value::Integer(id)])
+        }
+    }
+}

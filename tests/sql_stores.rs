@@ -1,0 +1,699 @@
+//! The SQL seam and the stores, each test on SQLite (file-backed, WAL) and on PostgreSQL.
+
+mod support;
+use support::db;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use acemq_amqp::patterns::{
+    fingerprint, Claim, IdempotencyStore, NewOutboxRecord, OutboxStore, SchemaRegistry,
+    SqlIdempotencyStore, SqlOutboxStore, SqlSchemaRegistry,
+};
+use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
+use acemq_amqp::Error;
+use db::{Backend, Db};
+
+fn idem(db: &Db) -> (SqlIdempotencyStore, String) {
+    let table = db.table("idem");
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    (store, table)
+}
+
+fn outbox(db: &Db, table: &str) -> SqlOutboxStore {
+    let store = SqlOutboxStore::builder(db.factory())
+        .table(table)
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    store
+}
+
+fn record(n: usize) -> NewOutboxRecord {
+    let mut headers = serde_json::Map::new();
+    headers.insert("n".into(), serde_json::json!(n));
+    headers.insert("x-tenant".into(), serde_json::json!("acme"));
+    NewOutboxRecord {
+        exchange: "orders".into(),
+        routing_key: format!("order.{n}"),
+        // Not UTF-8: bodies are bytes.
+        body: vec![0xff, 0x00, n as u8, 0xfe],
+        content_type: "application/octet-stream".into(),
+        headers,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The seam
+
+fn values_round_trip(db: &Db) {
+    let t = db.table("vals");
+    let mut conn = db.connect();
+    let d = conn.dialect();
+    let bytes = match d {
+        acemq_amqp::sql::Dialect::Sqlite => "BLOB",
+        acemq_amqp::sql::Dialect::Postgres => "BYTEA",
+    };
+    conn.execute(
+        &format!("CREATE TABLE {t} (i BIGINT, s TEXT, b {bytes}, n TEXT)"),
+        &[],
+    )
+    .unwrap();
+    let ph: Vec<String> = (1..=4).map(|n| d.placeholder(n)).collect();
+    let changed = conn
+        .execute(
+            &format!("INSERT INTO {t} (i, s, b, n) VALUES ({})", ph.join(", ")),
+            &[
+                Value::Integer(-7),
+                Value::Text("héllo".into()),
+                Value::Bytes(vec![0, 255, 1]),
+                Value::Null,
+            ],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let rows = conn
+        .query(
+            &format!("SELECT i, s, b, n FROM {t} WHERE i = {}", ph[0]),
+            &[Value::Integer(-7)],
+        )
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![vec![
+            Value::Integer(-7),
+            Value::Text("héllo".into()),
+            Value::Bytes(vec![0, 255, 1]),
+            Value::Null
+        ]]
+    );
+    // A null parameter compared with an integer column.
+    let rows = conn
+        .query(
+            &format!(
+                "SELECT COUNT(*) FROM {t} WHERE n IS NOT DISTINCT FROM {}",
+                ph[0]
+            ),
+            &[Value::Null],
+        )
+        .unwrap();
+    assert_eq!(rows[0][0], Value::Integer(1));
+}
+
+fn create_schema_and_ddl(db: &Db) {
+    // Custom names through create_schema.
+    let tables = [
+        Table::Idempotency(db.table("ci")),
+        Table::Outbox(db.table("co")),
+        Table::Schemas(db.table("cs")),
+    ];
+    let mut conn = db.connect();
+    create_schema(&mut *conn, &tables).unwrap();
+    create_schema(&mut *conn, &tables).unwrap(); // idempotent
+    for t in &tables {
+        assert_eq!(db.count(t.name()), 0);
+    }
+    // The DDL for migration tools runs as printed (on PostgreSQL inside a rolled-back
+    // transaction, so the default tables are not left behind in the shared database).
+    let dialect = conn.dialect();
+    let ddl = schema_ddl(dialect);
+    let statements: Vec<&str> = ddl.split(";\n").filter(|s| !s.trim().is_empty()).collect();
+    assert!(statements.len() >= 4);
+    match db.backend {
+        Backend::Sqlite => {
+            for s in &statements {
+                conn.execute(s, &[]).unwrap();
+            }
+            let rows = conn
+                .query(
+                    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name IN \
+                     ('acemq_idempotency', 'acemq_outbox', 'acemq_schemas')",
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(rows[0][0], Value::Integer(3));
+        }
+        Backend::Postgres => db.in_tx(false, |tx| {
+            for s in &statements {
+                tx.execute(s, &[]).unwrap();
+            }
+            let rows = tx
+                .query(
+                    "SELECT COUNT(*)::bigint FROM information_schema.tables WHERE table_name IN \
+                     ('acemq_idempotency', 'acemq_outbox', 'acemq_schemas')",
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(rows[0][0], Value::Integer(3));
+        }),
+    }
+}
+
+fn invalid_table_names_refused(db: &Db) {
+    for bad in [
+        "orders; DROP TABLE x",
+        "1abc",
+        "",
+        "a-b",
+        "tâble",
+        &"t".repeat(64),
+    ] {
+        let check = |r: Result<(), Error>| match r {
+            Err(Error::InvalidName { kind, name, reason }) => {
+                assert_eq!(kind, "table");
+                assert!(bad.starts_with(&name) || name.len() <= bad.len());
+                assert!(!reason.is_empty());
+            }
+            other => panic!("{bad:?} accepted: {other:?}"),
+        };
+        check(
+            SqlIdempotencyStore::builder(db.factory())
+                .table(bad)
+                .build()
+                .map(drop),
+        );
+        check(
+            SqlOutboxStore::builder(db.factory())
+                .table(bad)
+                .build()
+                .map(drop),
+        );
+        check(
+            SqlSchemaRegistry::builder(db.factory())
+                .table(bad)
+                .build()
+                .map(drop),
+        );
+        check(create_schema(
+            &mut *db.connect(),
+            &[Table::Outbox(bad.to_owned())],
+        ));
+    }
+    let e = SqlOutboxStore::builder(db.factory())
+        .table("x y")
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid table name \"x y\": only ASCII letters, digits and '_' are allowed"
+    );
+}
+
+fn database_error_has_source(db: &Db) {
+    // A table that was never created.
+    let table = db.table("missing");
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    let e = store.claim("k").unwrap_err();
+    match &e {
+        Error::Sql { context, .. } => assert!(context.contains(&table), "{context}"),
+        other => panic!("expected Error::Sql, got {other:?}"),
+    }
+    let source = std::error::Error::source(&e).expect("a source");
+    match db.backend {
+        Backend::Sqlite => assert!(source.downcast_ref::<rusqlite::Error>().is_some()),
+        Backend::Postgres => {
+            let pg = source
+                .downcast_ref::<postgres::Error>()
+                .expect("postgres error");
+            assert_eq!(pg.code(), Some(&postgres::error::SqlState::UNDEFINED_TABLE));
+        }
+    }
+    assert!(e.to_string().contains(&table));
+    let outbox = SqlOutboxStore::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    assert!(matches!(outbox.pending(1), Err(Error::Sql { .. })));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Idempotency
+
+fn idem_round_trip(db: &Db) {
+    let (store, _) = idem(db);
+    assert!(store.supports_claims());
+    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("a").unwrap(), Claim::InProgress);
+    store.confirm("a").unwrap();
+    assert_eq!(store.claim("a").unwrap(), Claim::Duplicate);
+    assert!(!store.first_time("a").unwrap());
+    // forget lets the next claim run
+    store.forget("a").unwrap();
+    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    // forget of an in-progress claim, too (the work failed)
+    store.forget("a").unwrap();
+    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    // first_time records and answers
+    assert!(store.first_time("b").unwrap());
+    assert!(!store.first_time("b").unwrap());
+    assert_eq!(store.claim("b").unwrap(), Claim::Duplicate);
+    // keys are independent
+    assert_eq!(store.claim("c").unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("d").unwrap(), Claim::Claimed);
+}
+
+fn idem_claim_race(db: &Db) {
+    let (store, _) = idem(db);
+    // The factory opens a new connection per call: 8 threads, 8 connections.
+    let store = Arc::new(store);
+    for round in 0..3 {
+        let key = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(8));
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, barrier, key) = (store.clone(), barrier.clone(), key.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    store.claim(&key).unwrap()
+                })
+            })
+            .collect();
+        let outcomes: Vec<Claim> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let claimed = outcomes.iter().filter(|c| **c == Claim::Claimed).count();
+        assert_eq!(claimed, 1, "{outcomes:?}");
+        assert!(outcomes
+            .iter()
+            .all(|c| matches!(c, Claim::Claimed | Claim::InProgress)));
+    }
+}
+
+fn idem_claim_race_on_transactions(db: &Db) {
+    // Four separate connections, each claiming inside its own transaction and committing.
+    let (store, _) = idem(db);
+    let barrier = Barrier::new(4);
+    let outcomes: Vec<Claim> = thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    // SQLite's BEGIN IMMEDIATE takes the write lock: meet before it.
+                    barrier.wait();
+                    db.in_tx(true, |tx| store.claim_in(tx, "tx-race").unwrap())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(
+        outcomes.iter().filter(|c| **c == Claim::Claimed).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(store.claim("tx-race").unwrap(), Claim::InProgress);
+}
+
+fn idem_lease_take_over(db: &Db) {
+    let table = db.table("lease");
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(&table)
+        .claim_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    assert_eq!(store.claim("k").unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
+    thread::sleep(Duration::from_millis(400));
+    // The first worker is presumed dead: exactly one of two racing claims takes over.
+    assert_eq!(store.claim("k").unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
+    store.confirm("k").unwrap();
+    thread::sleep(Duration::from_millis(400));
+    // A confirmation is not a lease: it holds for the retention (24 h by default).
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
+}
+
+fn idem_retention_and_purge(db: &Db) {
+    let table = db.table("ret");
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(&table)
+        .claim_timeout(Duration::from_secs(60))
+        .retention(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    assert!(store.first_time("old").unwrap());
+    assert_eq!(store.claim("live").unwrap(), Claim::Claimed);
+    thread::sleep(Duration::from_millis(400));
+    assert!(store.first_time("new").unwrap());
+    assert_eq!(db.count(&table), 3);
+    // Past retention "old" is gone for purge, and counts as new for claims.
+    assert_eq!(store.purge_expired().unwrap(), 1);
+    assert_eq!(db.count(&table), 2);
+    assert_eq!(store.claim("old").unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("live").unwrap(), Claim::InProgress);
+    assert!(!store.first_time("new").unwrap());
+}
+
+fn idem_transactional(db: &Db) {
+    let (store, table) = idem(db);
+    // Rolled back: neither claim nor receipt survives.
+    let inside = db.in_tx(false, |tx| {
+        let c = store.claim_in(tx, "k").unwrap();
+        store.confirm_in(tx, "k").unwrap();
+        c
+    });
+    assert_eq!(inside, Claim::Claimed);
+    assert_eq!(db.count(&table), 0);
+    // Committed: the receipt commits with the work.
+    db.in_tx(true, |tx| {
+        assert_eq!(store.claim_in(tx, "k").unwrap(), Claim::Claimed);
+        tx.execute(
+            &format!("CREATE TABLE {} (x BIGINT)", db.table("work")),
+            &[],
+        )
+        .unwrap();
+        store.confirm_in(tx, "k").unwrap();
+    });
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
+    db.in_tx(true, |tx| {
+        assert_eq!(store.claim_in(tx, "k").unwrap(), Claim::Duplicate);
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outbox
+
+fn outbox_rollback_then_commit(db: &Db) {
+    let table = db.table("ob");
+    let store = outbox(db, &table);
+    let id = db.in_tx(false, |tx| store.add(tx, &record(1)).unwrap());
+    assert!(id > 0);
+    // Then look: nothing there.
+    assert_eq!(db.count(&table), 0);
+    assert!(store.pending(10).unwrap().is_empty());
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let id = db.in_tx(true, |tx| store.add(tx, &record(2)).unwrap());
+    assert_eq!(db.count(&table), 1);
+    let pending = store.pending(10).unwrap();
+    assert_eq!(pending.len(), 1);
+    let r = &pending[0];
+    let want = record(2);
+    assert_eq!(r.id, id);
+    assert_eq!(r.exchange, want.exchange);
+    assert_eq!(r.routing_key, want.routing_key);
+    assert_eq!(r.body, want.body);
+    assert_eq!(r.content_type, want.content_type);
+    assert_eq!(r.headers, want.headers);
+    assert_eq!(r.attempts, 0);
+    assert_eq!(r.last_error, None);
+    assert!(r.created_ms >= before - 5 && r.created_ms <= before + 60_000);
+    store.mark_published(id).unwrap();
+    assert_eq!(db.count(&table), 0);
+}
+
+fn outbox_refuses_autocommit(db: &Db) {
+    let table = db.table("ob");
+    let store = outbox(db, &table);
+    let mut conn = db.connect();
+    match store.add(&mut *conn, &record(1)) {
+        Err(Error::InvalidArgument { reason }) => {
+            assert!(reason.contains("transaction"), "{reason}")
+        }
+        other => panic!("add without a transaction: {other:?}"),
+    }
+    assert_eq!(db.count(&table), 0);
+    // The caller's transaction is never committed by add: after add, it is still open.
+    db.in_tx(false, |tx| {
+        store.add(tx, &record(1)).unwrap();
+        assert_eq!(tx.in_transaction(), Some(true));
+    });
+    assert_eq!(db.count(&table), 0);
+}
+
+fn outbox_order_failures_retirement_release(db: &Db) {
+    let table = db.table("ob");
+    let store = SqlOutboxStore::builder(db.factory())
+        .table(&table)
+        .max_attempts(2)
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    let ids: Vec<i64> = db.in_tx(true, |tx| {
+        (0..5).map(|n| store.add(tx, &record(n)).unwrap()).collect()
+    });
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+
+    // Insertion order, limited.
+    let first = store.pending(2).unwrap();
+    assert_eq!(first.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..2]);
+    assert_eq!(first[1].routing_key, "order.1");
+    // Leased rows are not offered again to anyone while the lease holds.
+    let rest = store.pending(10).unwrap();
+    assert_eq!(rest.iter().map(|r| r.id).collect::<Vec<_>>(), ids[2..]);
+    assert!(store.pending(10).unwrap().is_empty());
+
+    // A failure counts, keeps the error and ends the lease.
+    store.record_failure(ids[0], "nacked").unwrap();
+    let again = store.pending(10).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, ids[0]);
+    assert_eq!(again[0].attempts, 1);
+    assert_eq!(again[0].last_error.as_deref(), Some("nacked"));
+    assert!(store.retired().unwrap().is_empty());
+
+    // The second failure reaches max_attempts: retired, kept, not offered.
+    store.record_failure(ids[0], "unroutable").unwrap();
+    assert!(store.pending(10).unwrap().is_empty());
+    let retired = store.retired().unwrap();
+    assert_eq!(retired.len(), 1);
+    assert_eq!(retired[0].id, ids[0]);
+    assert_eq!(retired[0].attempts, 2);
+    assert_eq!(retired[0].last_error.as_deref(), Some("unroutable"));
+    assert_eq!(db.count(&table), 5);
+
+    // Release puts it back in play.
+    store.release(ids[0]).unwrap();
+    assert!(store.retired().unwrap().is_empty());
+    let back = store.pending(10).unwrap();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].id, ids[0]);
+    assert_eq!(back[0].attempts, 0);
+
+    for id in &ids {
+        store.mark_published(*id).unwrap();
+    }
+    store.mark_published(ids[0]).unwrap(); // unknown id: fine
+    assert_eq!(db.count(&table), 0);
+}
+
+fn outbox_two_relays_never_share(db: &Db) {
+    let table = db.table("ob");
+    let a = Arc::new(outbox(db, &table));
+    let b = Arc::new(
+        SqlOutboxStore::builder(db.factory())
+            .table(&table)
+            .build()
+            .unwrap(),
+    );
+    assert_ne!(a.owner(), b.owner());
+    let n = 60;
+    db.in_tx(true, |tx| {
+        for i in 0..n {
+            a.add(tx, &record(i)).unwrap();
+        }
+    });
+    let barrier = Arc::new(Barrier::new(2));
+    let relay = |store: Arc<SqlOutboxStore>, barrier: Arc<Barrier>| {
+        thread::spawn(move || {
+            barrier.wait();
+            let mut got = Vec::new();
+            // Bounded, so that a store that re-offers leased rows fails instead of hanging.
+            for _ in 0..100 {
+                let batch = store.pending(3).unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                let ids: Vec<i64> = batch.iter().map(|r| r.id).collect();
+                assert!(ids.windows(2).all(|w| w[0] < w[1]));
+                got.extend(ids);
+            }
+            got
+        })
+    };
+    let ha = relay(a.clone(), barrier.clone());
+    let hb = relay(b.clone(), barrier);
+    let (got_a, got_b) = (ha.join().unwrap(), hb.join().unwrap());
+    let sa: HashSet<i64> = got_a.iter().copied().collect();
+    let sb: HashSet<i64> = got_b.iter().copied().collect();
+    assert_eq!(sa.len(), got_a.len(), "relay a got a row twice");
+    assert_eq!(sb.len(), got_b.len(), "relay b got a row twice");
+    assert!(
+        sa.is_disjoint(&sb),
+        "both relays got {:?}",
+        sa.intersection(&sb)
+    );
+    assert_eq!(sa.len() + sb.len(), n);
+}
+
+fn outbox_lease_expiry_reoffers(db: &Db) {
+    let table = db.table("ob");
+    let short = |_: ()| {
+        SqlOutboxStore::builder(db.factory())
+            .table(&table)
+            .lease(Duration::from_millis(300))
+            .build()
+            .unwrap()
+    };
+    let a = short(());
+    a.create_table().unwrap();
+    let b = short(());
+    let id = db.in_tx(true, |tx| a.add(tx, &record(7)).unwrap());
+    assert_eq!(a.pending(10).unwrap().len(), 1);
+    assert!(b.pending(10).unwrap().is_empty());
+    // Relay a died holding the lease: once it runs out, b is offered the record.
+    thread::sleep(Duration::from_millis(400));
+    let got = b.pending(10).unwrap();
+    assert_eq!(got.iter().map(|r| r.id).collect::<Vec<_>>(), vec![id]);
+    assert!(a.pending(10).unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Schema registry
+
+fn registry_round_trip(db: &Db) {
+    let table = db.table("sch");
+    let reg = SqlSchemaRegistry::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    reg.create_table().unwrap();
+    let v1 = reg
+        .register("orders", "json-schema", "{\"type\":\"object\"}")
+        .unwrap();
+    assert_eq!(v1.version, 1);
+    assert_eq!(v1.subject, "orders");
+    assert_eq!(v1.format, "json-schema");
+    assert_eq!(
+        v1.fingerprint,
+        "a2c799262a3ce3c19ef5cdd983bf3d12b43ab3c426227091b909dcb7054738c0"
+    );
+    // Same bytes: the existing schema.
+    assert_eq!(
+        reg.register("orders", "json-schema", "{\"type\":\"object\"}")
+            .unwrap(),
+        v1
+    );
+    // Different bytes (whitespace counts): a new version.
+    let v2 = reg
+        .register("orders", "json-schema", "{ \"type\": \"object\" }")
+        .unwrap();
+    assert_eq!(v2.version, 2);
+    assert_ne!(v2.id, v1.id);
+    // Another subject starts at 1.
+    let other = reg
+        .register("payments", "json-schema", "{\"type\":\"object\"}")
+        .unwrap();
+    assert_eq!(other.version, 1);
+    assert_ne!(other.id, v1.id);
+
+    assert_eq!(reg.by_id(v1.id).unwrap(), v1);
+    assert_eq!(reg.by_id(v2.id).unwrap(), v2);
+    assert_eq!(reg.latest("orders").unwrap(), v2);
+    assert_eq!(
+        reg.versions("orders").unwrap(),
+        vec![v1.clone(), v2.clone()]
+    );
+    assert!(reg.versions("nobody").unwrap().is_empty());
+    assert!(matches!(
+        reg.by_id(v2.id + 1000),
+        Err(Error::SchemaNotFound { .. })
+    ));
+    match reg.latest("nobody") {
+        Err(Error::SchemaNotFound { what }) => assert!(what.contains("nobody")),
+        other => panic!("{other:?}"),
+    }
+    // Same bytes, another format: refused rather than silently merged.
+    assert!(matches!(
+        reg.register("orders", "avro", "{\"type\":\"object\"}"),
+        Err(Error::InvalidArgument { .. })
+    ));
+    // A second registry on the same table sees the same schemas.
+    let reg2 = SqlSchemaRegistry::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    assert_eq!(reg2.latest("orders").unwrap(), v2);
+}
+
+fn registry_concurrent_agree(db: &Db) {
+    let table = db.table("sch");
+    let first = SqlSchemaRegistry::builder(db.factory())
+        .table(&table)
+        .build()
+        .unwrap();
+    first.create_table().unwrap();
+    for round in 0..5 {
+        let subject = format!("subject-{round}");
+        let barrier = Arc::new(Barrier::new(4));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let reg = SqlSchemaRegistry::builder(db.factory())
+                    .table(&table)
+                    .build()
+                    .unwrap();
+                let (barrier, subject) = (barrier.clone(), subject.clone());
+                thread::spawn(move || {
+                    barrier.wait();
+                    reg.register(&subject, "json-schema", "{\"type\":\"object\"}")
+                        .unwrap()
+                })
+            })
+            .collect();
+        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(got.iter().all(|s| *s == got[0]), "{got:?}");
+        assert_eq!(got[0].version, 1);
+        assert_eq!(first.versions(&subject).unwrap().len(), 1);
+    }
+}
+
+on_both!(
+    values_round_trip,
+    create_schema_and_ddl,
+    invalid_table_names_refused,
+    database_error_has_source,
+    idem_round_trip,
+    idem_claim_race,
+    idem_claim_race_on_transactions,
+    idem_lease_take_over,
+    idem_retention_and_purge,
+    idem_transactional,
+    outbox_rollback_then_commit,
+    outbox_refuses_autocommit,
+    outbox_order_failures_retirement_release,
+    outbox_two_relays_never_share,
+    outbox_lease_expiry_reoffers,
+    registry_round_trip,
+    registry_concurrent_agree,
+);
+
+#[test]
+fn fingerprint_vectors() {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/fingerprint.json"
+    ))
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let cases = v["cases"].as_array().unwrap();
+    assert!(!cases.is_empty());
+    for case in cases {
+        let def = case["definition"].as_str().unwrap();
+        assert_eq!(
+            fingerprint(def),
+            case["sha256"].as_str().unwrap(),
+            "{def:?}"
+        );
+    }
+}
