@@ -360,6 +360,11 @@ pub struct Message {
     pub received: Option<Received>,
     /// All AMQP properties of a received message, as amiquip read them.
     pub properties: Option<AmqpProperties>,
+    /// Reserved headers that belong to the engine but not to the envelope (`x-acemq-claim`, the
+    /// routing slip's `x-acemq-route…`): kept on copies, never settable by the application.
+    pub(crate) engine_headers: BTreeMap<String, HeaderValue>,
+    /// The codec of the consumer that received it, for [`Message::payload`].
+    pub(crate) codec: Option<std::sync::Arc<dyn Codec>>,
 }
 
 impl Message {
@@ -377,6 +382,8 @@ impl Message {
             persistent: true,
             received: None,
             properties: None,
+            engine_headers: BTreeMap::new(),
+            codec: None,
         }
     }
 
@@ -397,6 +404,24 @@ impl Message {
     /// [`Error::Codec`] when the body does not decode into a `T`.
     pub fn decode<T: DeserializeOwned>(&self, codec: &dyn Codec) -> Result<T> {
         crate::codec::decode_with(codec, &self.body)
+    }
+
+    /// Decodes the body with the codec of the consumer that received it (JSON otherwise).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`] when the body does not decode into a `T`.
+    pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
+        match &self.codec {
+            Some(c) => crate::codec::decode_with(c.as_ref(), &self.body),
+            None => crate::codec::decode_with(&crate::codec::JsonCodec, &self.body),
+        }
+    }
+
+    /// A reserved header the engine keeps beside the envelope (`x-acemq-claim`,
+    /// `x-acemq-route`, …).
+    pub fn engine_header(&self, name: &str) -> Option<&HeaderValue> {
+        self.engine_headers.get(name)
     }
 
     /// The message id (`x-acemq-id`).
@@ -497,6 +522,10 @@ impl Message {
             }
             value.validate(name)?;
         }
+        for (name, value) in &self.engine_headers {
+            check_header_name(name)?;
+            value.validate(name)?;
+        }
         for (name, value) in [
             ("content_type", &self.content_type),
             ("reply_to", &self.reply_to),
@@ -517,7 +546,7 @@ impl Message {
     /// The AMQP properties to publish with (call [`validate`](Self::validate) first).
     pub(crate) fn to_properties(&self) -> AmqpProperties {
         let mut table = FieldTable::new();
-        for (k, v) in &self.headers {
+        for (k, v) in self.headers.iter().chain(&self.engine_headers) {
             table.insert(k.clone(), v.to_amqp());
         }
         self.envelope.write(&mut table);
@@ -561,7 +590,15 @@ impl Message {
             })
             .unwrap_or_default();
         let envelope = Envelope::read(&all, &props);
-        all.retain(|k, _| !is_reserved(k) || k == headers::CLAIM);
+        let mut engine_headers = BTreeMap::new();
+        let names: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
+        for k in names {
+            if let Some(v) = all.remove(&k) {
+                if !ENVELOPE_HEADERS.contains(&k.as_str()) {
+                    engine_headers.insert(k, v);
+                }
+            }
+        }
         Message {
             envelope,
             headers: all,
@@ -574,9 +611,22 @@ impl Message {
             persistent: props.delivery_mode() == &Some(2),
             received: Some(received),
             properties: Some(props),
+            engine_headers,
+            codec: None,
         }
     }
 }
+
+/// The reserved headers the envelope owns (read into [`Envelope`], rewritten on publish).
+const ENVELOPE_HEADERS: [&str; 7] = [
+    headers::ID,
+    headers::CORRELATION_ID,
+    headers::CAUSATION_ID,
+    headers::TYPE,
+    headers::ATTEMPT,
+    headers::FIRST_SEEN,
+    headers::ERROR,
+];
 
 fn is_reserved(name: &str) -> bool {
     name.len() >= headers::RESERVED_PREFIX.len()

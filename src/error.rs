@@ -141,6 +141,11 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The broker cancelled a consumer (its queue was deleted).
+    Cancelled {
+        /// The queue.
+        queue: String,
+    },
     /// A handler failed.
     Handler {
         /// The handler's error.
@@ -272,6 +277,10 @@ impl fmt::Display for Error {
             Error::Sql { context, source } => write!(f, "database error while {context}: {source}"),
             Error::SchemaNotFound { what } => write!(f, "schema not found: {what}"),
             Error::Io { context, source } => write!(f, "i/o error while {context}: {source}"),
+            Error::Cancelled { queue } => write!(
+                f,
+                "the broker cancelled the consumer of queue {queue:?} (was the queue deleted?)"
+            ),
             Error::Handler { source } => write!(f, "handler failed: {source}"),
         }
     }

@@ -69,6 +69,7 @@
 
 mod codec;
 mod connection;
+mod consume;
 mod envelope;
 mod error;
 pub mod observe;
@@ -81,6 +82,11 @@ pub use codec::{BytesCodec, Codec, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
     QueueKind, QueueSpec,
+};
+pub use consume::{
+    dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
+    ConsumerOptions, FatalError, Handler, HandlerResult, Outcome, RetryPolicy, RunningConsumer,
+    StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,

@@ -185,3 +185,15 @@ impl Observer for LogObserver {
         }
     }
 }
+
+impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
+    fn connection(&self, event: &ConnectionEvent<'_>) {
+        self.as_ref().connection(event)
+    }
+    fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        self.as_ref().published(exchange, outcome)
+    }
+    fn settled(&self, settlement: &Settlement<'_>) {
+        self.as_ref().settled(settlement)
+    }
+}

@@ -294,7 +294,7 @@ pub(crate) struct Topology {
     bindings: Vec<Binding>,
 }
 
-fn to_table(args: &BTreeMap<String, HeaderValue>) -> FieldTable {
+pub(crate) fn to_table(args: &BTreeMap<String, HeaderValue>) -> FieldTable {
     args.iter().map(|(k, v)| (k.clone(), v.to_amqp())).collect()
 }
 

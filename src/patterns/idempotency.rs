@@ -191,7 +191,7 @@ impl InMemoryIdempotencyStore {
             return None;
         }
         entries.inserts += 1;
-        if entries.inserts % 1024 == 0 {
+        if entries.inserts.is_multiple_of(1024) {
             entries.map.retain(|_, e| e.deadline > now);
         }
         entries.map.insert(

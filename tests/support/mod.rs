@@ -66,6 +66,19 @@ impl Cleanup {
         self.queues.push(name.to_string());
         name.to_string()
     }
+    /// A consumed queue with its retry rungs, `.dlq` and `.parked`.
+    pub fn consumed_queue(&mut self, name: &str, rungs: &[std::time::Duration]) -> String {
+        for d in rungs {
+            self.queues.push(acemq_amqp::retry_queue(name, *d));
+        }
+        for d in acemq_amqp::RetryPolicy::default().delays() {
+            self.queues.push(acemq_amqp::retry_queue(name, *d));
+        }
+        self.queues.push(acemq_amqp::dead_letter_queue(name));
+        self.queues.push(acemq_amqp::parked_queue(name));
+        self.queue(name)
+    }
+
     pub fn exchange(&mut self, name: &str) -> String {
         self.exchanges.push(name.to_string());
         name.to_string()
@@ -86,6 +99,31 @@ impl Drop for Cleanup {
         }
         let _ = c.close();
     }
+}
+
+/// Publishes `n` small messages to `queue` through the default exchange, confirmed, in windows;
+/// returns their ids in order.
+pub fn publish_n(connection: &Connection, queue: &str, n: usize, persistent: bool) -> Vec<String> {
+    let publisher = connection
+        .publisher_with(acemq_amqp::PublisherOptions::new().window(1000))
+        .expect("publisher");
+    let mut ids = Vec::with_capacity(n);
+    let mut tickets = Vec::with_capacity(500);
+    for i in 0..n {
+        let m = acemq_amqp::Message::new(format!("{i}")).persistent(persistent);
+        ids.push(m.id().to_string());
+        tickets.push(publisher.publish_deferred("", queue, m).expect("publish"));
+        if tickets.len() == 500 {
+            for t in tickets.drain(..) {
+                t.wait().expect("confirmed");
+            }
+        }
+    }
+    for t in tickets {
+        t.wait().expect("confirmed");
+    }
+    publisher.close().expect("close publisher");
+    ids
 }
 
 /// Polls `f` until it is true or `timeout` passes.

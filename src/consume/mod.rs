@@ -1,0 +1,557 @@
+//! The consumer runtime: an owner thread, worker threads, outcomes, the retry ladder, shutdown,
+//! and the scoped form.
+//!
+//! # The path of a message
+//!
+//! 1. amiquip's I/O thread reads a delivery into the consumer's buffer (at most `prefetch`
+//!    unsettled at once: the broker enforces it).
+//! 2. The **owner** thread ([`owner`]) records it as in flight and sends it as a job to the
+//!    workers through a bounded channel.
+//! 3. A **worker** thread ([`worker`]) runs the handler (a panic is caught: it is a retry),
+//!    decides the [`Outcome`], publishes the copy that outcome needs — to
+//!    `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`, confirmed and mandatory — and
+//!    only then sends the settlement back. If the copy cannot be published, the original is
+//!    requeued: a crash or failure in between duplicates a message, it never loses one.
+//! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
+//!
+//! After a reconnect the owner subscribes again on a new channel with a new generation.
+//! Deliveries from the old channel are never acknowledged on the new one (amiquip would
+//! panic): jobs not yet started are skipped and outcomes of running ones are dropped with a log
+//! line, because the broker redelivers them.
+//!
+//! amiquip always lets the broker choose the consumer tag, so no tag prefix can be set.
+
+mod outcome;
+mod owner;
+mod retry;
+mod worker;
+
+pub use outcome::{FatalError, Handler, HandlerResult, Outcome};
+pub use retry::{dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy};
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::codec::Codec;
+use crate::connection::Connection;
+use crate::envelope::{check_name, HeaderValue, Message};
+use crate::error::{Error, Result};
+use crate::observe::Observer;
+use crate::publish::{Publisher, PublisherOptions};
+
+/// Options for a consumer.
+#[derive(Clone, Debug)]
+pub struct ConsumerOptions {
+    prefetch: u16,
+    concurrency: usize,
+    codec: Option<Arc<dyn Codec>>,
+    retry: RetryPolicy,
+    declare: bool,
+    exclusive: bool,
+    arguments: BTreeMap<String, HeaderValue>,
+    shutdown_timeout: Duration,
+}
+
+impl Default for ConsumerOptions {
+    fn default() -> Self {
+        ConsumerOptions {
+            prefetch: 32,
+            concurrency: 1,
+            codec: None,
+            retry: RetryPolicy::default(),
+            declare: true,
+            exclusive: false,
+            arguments: BTreeMap::new(),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ConsumerOptions {
+    /// Default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most unsettled deliveries at once (AMQP `basic.qos`); memory stays bounded by it
+    /// whatever the backlog. 1 to 65535. Defaults to 32.
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Worker threads running the handler. Defaults to 1 (messages are handled in order).
+    pub fn concurrency(mut self, workers: usize) -> Self {
+        self.concurrency = workers;
+        self
+    }
+
+    /// The codec [`Message::payload`] decodes with. Defaults to the connection's.
+    pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
+    }
+
+    /// The retry policy. Defaults to [`RetryPolicy::default`]: five attempts, 1 s, 10 s, 1 min,
+    /// 10 min.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Shorthand for `retry(RetryPolicy::no_retry())`: the first failure dead-letters.
+    pub fn no_retry(self) -> Self {
+        self.retry(RetryPolicy::no_retry())
+    }
+
+    /// Declare the queue's retry rungs, `.dlq` and `.parked` queues on start. Defaults to true.
+    pub fn declare(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// Ask to be the queue's only consumer. Defaults to false.
+    pub fn exclusive(mut self, exclusive: bool) -> Self {
+        self.exclusive = exclusive;
+        self
+    }
+
+    /// A consumer argument, e.g. `x-stream-offset` or `x-priority`.
+    pub fn argument(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
+        self.arguments.insert(name.into(), value.into());
+        self
+    }
+
+    /// How long closing waits for running handlers. Defaults to 30 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    fn validate(&self, queue: &str) -> Result<()> {
+        check_name("queue", queue, false)?;
+        if self.prefetch == 0 {
+            return Err(Error::invalid(
+                "prefetch must be at least 1: an unlimited prefetch lets amiquip buffer without bound",
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(Error::invalid("concurrency must be at least 1"));
+        }
+        self.retry.validate()
+    }
+}
+
+/// What closing a consumer did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CloseReport {
+    /// Handlers that were running when the close began and finished in time (settled).
+    pub finished: usize,
+    /// Deliveries received but not started, put back on the queue.
+    pub requeued: usize,
+    /// Handlers still running at the deadline: not settled by us; the broker requeues their
+    /// messages when the channel closes.
+    pub abandoned: usize,
+}
+
+/// Stops a consumer from any thread. `Clone + Send + Sync`.
+#[derive(Clone, Debug)]
+pub struct StopHandle {
+    flag: Arc<AtomicBool>,
+    tx: Sender<()>,
+}
+
+impl StopHandle {
+    /// Asks the consumer to stop; returns at once. Stopping twice is harmless.
+    pub fn stop(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        let _ = self.tx.try_send(());
+    }
+
+    /// True once stop was asked.
+    pub fn is_stopped(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+/// What the owner and workers of one consumer share.
+pub(crate) struct Context {
+    pub(crate) queue: String,
+    pub(crate) connection: Connection,
+    pub(crate) publisher: Publisher,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) codec: Arc<dyn Codec>,
+    pub(crate) observer: Arc<dyn Observer>,
+    pub(crate) prefetch: u16,
+    pub(crate) exclusive: bool,
+    pub(crate) arguments: BTreeMap<String, HeaderValue>,
+    pub(crate) declare: bool,
+    pub(crate) declared_rungs: Mutex<HashSet<String>>,
+    pub(crate) shutdown_timeout: Duration,
+    /// The current subscription's generation; jobs from older ones are skipped.
+    pub(crate) generation: AtomicU64,
+    /// Set when closing: workers requeue what they have not started.
+    pub(crate) stopping: AtomicBool,
+    pub(crate) stop_flag: Arc<AtomicBool>,
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) max_in_flight: AtomicUsize,
+}
+
+impl Context {
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stop_flag.load(Ordering::SeqCst)
+    }
+}
+
+/// A delivery handed to a worker.
+pub(crate) struct Job {
+    pub(crate) generation: u64,
+    pub(crate) tag: u64,
+    pub(crate) message: Message,
+}
+
+/// A worker's verdict, back to the owner.
+pub(crate) struct Settle {
+    pub(crate) generation: u64,
+    pub(crate) tag: u64,
+    pub(crate) action: SettleAction,
+    /// False when the handler never ran (closing).
+    pub(crate) started: bool,
+}
+
+pub(crate) enum SettleAction {
+    Ack,
+    Requeue,
+}
+
+/// A consumer of one queue, not yet running: [`start`](Self::start) it on its own threads, or
+/// [`run`](Self::run) it on the caller's thread.
+///
+/// The scoped form lets the handler borrow local state:
+///
+/// ```no_run
+/// use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome};
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// # fn main() -> acemq_amqp::Result<()> {
+/// let connection = Connection::open("amqp://127.0.0.1")?;
+/// let consumer = connection.consumer("orders", ConsumerOptions::new().concurrency(4))?;
+/// let stop = consumer.stop_handle();
+/// let seen = AtomicUsize::new(0); // borrowed, not 'static
+/// let handler = |_: &Message| {
+///     seen.fetch_add(1, Ordering::SeqCst);
+///     Ok(Outcome::Accept)
+/// };
+/// std::thread::scope(|s| {
+///     let running = s.spawn(|| consumer.run(&handler));
+///     // … publish, wait for what you expect …
+///     stop.stop();
+///     running.join().expect("consumer thread")
+/// })?;
+/// println!("handled {}", seen.load(Ordering::SeqCst));
+/// # Ok(()) }
+/// ```
+pub struct Consumer {
+    ctx: Arc<Context>,
+    concurrency: usize,
+    stop: StopHandle,
+    stop_rx: Receiver<()>,
+}
+
+impl std::fmt::Debug for Consumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Consumer")
+            .field("queue", &self.ctx.queue)
+            .field("prefetch", &self.ctx.prefetch)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// A consumer of `queue` with these options, not yet running.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] / [`Error::InvalidName`] for bad options; declaring the retry
+    /// topology can fail with [`Error::TopologyConflict`].
+    pub fn consumer(&self, queue: &str, options: ConsumerOptions) -> Result<Consumer> {
+        options.validate(queue)?;
+        if options.declare {
+            retry::declare_ladder(self, queue, &options.retry)?;
+        }
+        let publisher = self.publisher_with(
+            PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
+        )?;
+        let declared = if options.declare {
+            worker::declared_set(
+                options
+                    .retry
+                    .delays()
+                    .iter()
+                    .map(|d| retry_queue(queue, *d)),
+            )
+        } else {
+            HashSet::new()
+        };
+        let flag = Arc::new(AtomicBool::new(false));
+        let (tx, stop_rx) = crossbeam_channel::bounded(1);
+        let ctx = Arc::new(Context {
+            queue: queue.to_string(),
+            connection: self.clone(),
+            publisher,
+            policy: options.retry,
+            codec: options.codec.unwrap_or_else(|| self.codec()),
+            observer: self.observer().clone(),
+            prefetch: options.prefetch,
+            exclusive: options.exclusive,
+            arguments: options.arguments,
+            declare: options.declare,
+            declared_rungs: Mutex::new(declared),
+            shutdown_timeout: options.shutdown_timeout,
+            generation: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            stop_flag: flag.clone(),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        });
+        Ok(Consumer {
+            ctx,
+            concurrency: options.concurrency,
+            stop: StopHandle { flag, tx },
+            stop_rx,
+        })
+    }
+
+    /// Starts consuming `queue` with default options on threads of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`consumer`](Self::consumer) and [`Consumer::start`].
+    pub fn consume<H>(&self, queue: &str, handler: H) -> Result<RunningConsumer>
+    where
+        H: Handler + Send + Sync + 'static,
+    {
+        self.consumer(queue, ConsumerOptions::default())?
+            .start(handler)
+    }
+}
+
+impl Consumer {
+    /// A handle that stops this consumer from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.stop.clone()
+    }
+
+    /// Deliveries received and not yet settled.
+    pub fn in_flight(&self) -> usize {
+        self.ctx.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most deliveries ever in flight at once (never above the prefetch).
+    pub fn max_in_flight(&self) -> usize {
+        self.ctx.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Consumes on the caller's thread (with `concurrency` scoped worker threads) until stopped
+    /// through a [`StopHandle`], then closes as [`RunningConsumer::close`] does. The handler
+    /// needs `Sync` only, so it may borrow local state.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the queue does not exist; [`Error::Cancelled`] when the broker
+    /// cancels the consumer (the queue was deleted); [`Error::Closed`] when the connection is
+    /// closed.
+    pub fn run<H: Handler + Sync + ?Sized>(&self, handler: &H) -> Result<CloseReport> {
+        run_on(&self.ctx, self.concurrency, handler, &self.stop_rx, None)
+    }
+
+    /// Starts the consumer on threads of its own (`acemq-consumer` and its workers) and returns
+    /// once it is subscribed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the queue does not exist, and other subscription errors.
+    pub fn start<H>(self, handler: H) -> Result<RunningConsumer>
+    where
+        H: Handler + Send + Sync + 'static,
+    {
+        let (started_tx, started_rx) = crossbeam_channel::bounded(1);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let ctx = self.ctx.clone();
+        let stop_rx = self.stop_rx.clone();
+        let concurrency = self.concurrency;
+        let thread = std::thread::Builder::new()
+            .name("acemq-consumer".into())
+            .spawn(move || {
+                // The report goes out on `done_tx` as soon as the owner is done; this returns
+                // after every worker has ended.
+                if let Err(e) = run_on(
+                    &ctx,
+                    concurrency,
+                    &handler,
+                    &stop_rx,
+                    Some((started_tx, done_tx)),
+                ) {
+                    log::error!("acemq: consumer of {:?} could not start: {e}", ctx.queue);
+                }
+            })
+            .map_err(|e| Error::Io {
+                context: "spawning the consumer thread".into(),
+                source: e,
+            })?;
+        match started_rx.recv() {
+            Ok(Ok(())) => Ok(RunningConsumer {
+                consumer: self,
+                thread: Some(thread),
+                done: done_rx,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(Error::Closed { what: "consumer" })
+            }
+        }
+    }
+}
+
+/// Where a spawned consumer reports its first subscription and its close report.
+type Spawned = (Sender<Result<()>>, Sender<Result<CloseReport>>);
+
+/// Runs the owner on this thread and the workers on scoped threads. With `spawned`, the first
+/// subscription is reported on its first sender and the close report on its second as soon as
+/// the owner is done — before waiting for handlers still running past the deadline.
+fn run_on<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    concurrency: usize,
+    handler: &H,
+    stop_rx: &Receiver<()>,
+    spawned: Option<Spawned>,
+) -> Result<CloseReport> {
+    let (started, done) = match spawned {
+        Some((s, d)) => (Some(s), Some(d)),
+        None => (None, None),
+    };
+    let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(usize::from(ctx.prefetch));
+    let (settle_tx, settle_rx) = crossbeam_channel::unbounded::<Settle>();
+    std::thread::scope(|s| {
+        for i in 0..concurrency {
+            let (jobs, settle) = (jobs_rx.clone(), settle_tx.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("acemq-worker-{i}"))
+                .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle));
+            if let Err(e) = spawned {
+                return Err(Error::Io {
+                    context: "spawning a worker thread".into(),
+                    source: e,
+                });
+            }
+        }
+        drop(jobs_rx);
+        drop(settle_tx);
+        let result = owner::run(ctx, &jobs_tx, &settle_rx, stop_rx, started);
+        drop(jobs_tx);
+        match done {
+            Some(done) => {
+                let _ = done.try_send(result);
+                Ok(CloseReport::default())
+            }
+            None => result,
+        }
+    })
+}
+
+/// A consumer running on its own threads. Dropping it closes it (blocking up to the shutdown
+/// timeout).
+pub struct RunningConsumer {
+    consumer: Consumer,
+    thread: Option<JoinHandle<()>>,
+    done: Receiver<Result<CloseReport>>,
+}
+
+impl std::fmt::Debug for RunningConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningConsumer")
+            .field("consumer", &self.consumer)
+            .finish()
+    }
+}
+
+impl RunningConsumer {
+    /// A handle that stops this consumer from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.consumer.stop_handle()
+    }
+
+    /// Deliveries received and not yet settled.
+    pub fn in_flight(&self) -> usize {
+        self.consumer.in_flight()
+    }
+
+    /// The most deliveries ever in flight at once (never above the prefetch).
+    pub fn max_in_flight(&self) -> usize {
+        self.consumer.max_in_flight()
+    }
+
+    /// True once the consumer has ended (stopped, or failed: see [`wait`](Self::wait)).
+    pub fn is_finished(&self) -> bool {
+        !self.done.is_empty() || self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Cancels the consumer, lets running handlers finish (up to the shutdown timeout) and
+    /// settles them, requeues what was received but not started, closes the channel and joins
+    /// the threads — except a handler still running at the deadline, which is left to finish on
+    /// its own thread (its message goes back to the queue when the channel closes).
+    ///
+    /// # Errors
+    ///
+    /// The error that ended the consumer, if it ended on its own ([`Error::Cancelled`], …).
+    pub fn close(mut self) -> Result<CloseReport> {
+        self.consumer.stop.stop();
+        self.finish()
+    }
+
+    /// Waits until the consumer ends on its own (stopped through a [`StopHandle`], or failed).
+    ///
+    /// # Errors
+    ///
+    /// The error that ended it.
+    pub fn wait(mut self) -> Result<CloseReport> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<CloseReport> {
+        let result = self
+            .done
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Closed { what: "consumer" }));
+        if let Some(t) = self.thread.take() {
+            if result.as_ref().map(|r| r.abandoned == 0).unwrap_or(true) {
+                let _ = t.join();
+            }
+        }
+        result
+    }
+}
+
+impl Drop for RunningConsumer {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.consumer.stop.stop();
+            if let Err(e) = self.finish() {
+                log::warn!(
+                    "acemq: consumer of {:?} ended with: {e}",
+                    self.consumer.ctx.queue
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The owner thread: holds the amiquip channel and consumer (neither may leave this thread),
+//! and `select!`s over deliveries, settlements from the workers, and stop.
+//!
+//! Deliveries go to the workers through a bounded channel; the broker's prefetch bounds how many
+//! are unsettled at once, so nothing here grows with the backlog. Acknowledgements of a
+//! contiguous run of completed deliveries at the front are coalesced into one `multiple` ack;
+//! a completed delivery behind a still-running one is acknowledged on its own, so a slow
+//! handler never holds the prefetch window hostage.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Delivery};
+use crossbeam_channel::{select, Receiver, Sender};
+
+use super::{CloseReport, Context, Job, Settle, SettleAction};
+use crate::envelope::{Message, Received};
+use crate::error::{Error, Result};
+use crate::observe::Settlement;
+
+/// Why the inner loop ended.
+enum End {
+    /// Stop requested: shut down and return the report.
+    Stop(CloseReport),
+    /// The channel or connection went away: subscribe again.
+    Lost(String),
+}
+
+struct Slot {
+    delivery: Delivery,
+    done: bool,
+}
+
+/// Runs until stopped, recovering with the connection. `started` hears about the first
+/// subscription (or its failure).
+pub(crate) fn run(
+    ctx: &Context,
+    jobs: &Sender<Job>,
+    settles: &Receiver<Settle>,
+    stop: &Receiver<()>,
+    mut started: Option<Sender<Result<()>>>,
+) -> Result<CloseReport> {
+    let mut generation = 0u64;
+    loop {
+        let link = loop {
+            if ctx.stop_requested() {
+                return Ok(CloseReport::default());
+            }
+            match ctx.connection.link(Duration::from_millis(250)) {
+                Ok(link) => break link,
+                Err(e @ Error::Closed { .. }) => return fail(&mut started, e),
+                Err(e) => {
+                    if started.is_some() {
+                        return fail(&mut started, e);
+                    }
+                }
+            }
+        };
+        generation += 1;
+        ctx.generation.store(generation, Ordering::SeqCst);
+        let channel = match subscribe_channel(ctx, &link) {
+            Ok(c) => c,
+            Err(e) if started.is_some() || !e.is_retriable() => return fail(&mut started, e),
+            Err(e) => {
+                log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
+                std::thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        };
+        let options = AmqpConsumerOptions {
+            exclusive: ctx.exclusive,
+            arguments: crate::connection::to_table(&ctx.arguments),
+            ..AmqpConsumerOptions::default()
+        };
+        let consumer = match channel.basic_consume(ctx.queue.clone(), options) {
+            Ok(c) => c,
+            Err(e) => {
+                let e = consume_error(&ctx.queue, e);
+                if started.is_some() || !e.is_retriable() {
+                    return fail(&mut started, e);
+                }
+                log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
+                continue;
+            }
+        };
+        if let Some(tx) = started.take() {
+            let _ = tx.send(Ok(()));
+        }
+        let mut inflight: BTreeMap<u64, Slot> = BTreeMap::new();
+        let end = serve(
+            ctx,
+            generation,
+            &channel,
+            &consumer,
+            &mut inflight,
+            jobs,
+            settles,
+            stop,
+        );
+        match end {
+            Ok(End::Stop(report)) => {
+                drop(consumer);
+                let _ = channel.close();
+                ctx.in_flight.store(0, Ordering::SeqCst);
+                return Ok(report);
+            }
+            Ok(End::Lost(why)) => {
+                log::warn!(
+                    "acemq: consumer of {:?} lost its channel ({why}); {} unsettled deliveries \
+                     will be redelivered; resubscribing",
+                    ctx.queue,
+                    inflight.len()
+                );
+                ctx.in_flight.store(0, Ordering::SeqCst);
+            }
+            Err(e) => {
+                drop(consumer);
+                let _ = channel.close();
+                ctx.in_flight.store(0, Ordering::SeqCst);
+                return Err(e);
+            }
+        }
+    }
+}
+
+fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result<CloseReport> {
+    match started.take() {
+        Some(tx) => {
+            let _ = tx.send(Err(e));
+            Ok(CloseReport::default())
+        }
+        None => Err(e),
+    }
+}
+
+fn subscribe_channel(ctx: &Context, link: &crate::connection::Link) -> Result<Channel> {
+    let channel = link.open_channel()?;
+    channel
+        .qos(0, ctx.prefetch, false)
+        .map_err(|e| Error::amqp(format!("setting prefetch on {:?}", ctx.queue), e))?;
+    Ok(channel)
+}
+
+fn consume_error(queue: &str, e: amiquip::Error) -> Error {
+    match e {
+        amiquip::Error::ServerClosedChannel {
+            code: 404, message, ..
+        } => Error::NotFound {
+            kind: "queue",
+            name: queue.to_string(),
+            reason: message,
+        },
+        amiquip::Error::ServerClosedChannel { code, message, .. } => Error::Amqp {
+            context: format!("consuming from {queue:?} ({code} {message})"),
+            source: Box::new(amiquip::Error::ServerClosedChannel {
+                channel_id: 0,
+                code,
+                message: message.clone(),
+            }),
+        },
+        e => Error::amqp(format!("consuming from {queue:?}"), e),
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // the owner's whole world, passed once
+fn serve(
+    ctx: &Context,
+    generation: u64,
+    channel: &Channel,
+    consumer: &amiquip::Consumer<'_>,
+    inflight: &mut BTreeMap<u64, Slot>,
+    jobs: &Sender<Job>,
+    settles: &Receiver<Settle>,
+    stop: &Receiver<()>,
+) -> Result<End> {
+    let mut report = CloseReport::default();
+    loop {
+        select! {
+            recv(consumer.receiver()) -> msg => match msg {
+                Ok(ConsumerMessage::Delivery(d)) => {
+                    dispatch(ctx, generation, d, inflight, jobs);
+                }
+                Ok(ConsumerMessage::ServerCancelled) => {
+                    // The queue was deleted (or the broker cancelled us): finish what is running
+                    // and end with a clear error.
+                    shutdown(ctx, generation, channel, consumer, inflight, settles, &mut report);
+                    return Err(Error::Cancelled { queue: ctx.queue.clone() });
+                }
+                Ok(ConsumerMessage::ServerClosedChannel(e)) => return Ok(End::Lost(e.to_string())),
+                Ok(ConsumerMessage::ServerClosedConnection(e)) => return Ok(End::Lost(e.to_string())),
+                Ok(other) => return Ok(End::Lost(format!("{other:?}"))),
+                Err(_) => return Ok(End::Lost("the connection dropped".into())),
+            },
+            recv(settles) -> s => {
+                let Ok(s) = s else { return Ok(End::Lost("workers ended".into())) };
+                let mut batch = vec![s];
+                batch.extend(settles.try_iter());
+                if let Err(e) = settle(ctx, generation, channel, inflight, batch, &mut report) {
+                    return Ok(End::Lost(e.to_string()));
+                }
+            },
+            recv(stop) -> _ => {
+                shutdown(ctx, generation, channel, consumer, inflight, settles, &mut report);
+                return Ok(End::Stop(report));
+            },
+        }
+    }
+}
+
+fn dispatch(
+    ctx: &Context,
+    generation: u64,
+    mut d: Delivery,
+    inflight: &mut BTreeMap<u64, Slot>,
+    jobs: &Sender<Job>,
+) {
+    let tag = d.delivery_tag();
+    let received = Received {
+        exchange: std::mem::take(&mut d.exchange),
+        routing_key: std::mem::take(&mut d.routing_key),
+        redelivered: d.redelivered,
+        delivery_tag: tag,
+    };
+    let body = std::mem::take(&mut d.body);
+    let properties = std::mem::take(&mut d.properties);
+    let mut message = Message::from_delivery(body, properties, received);
+    message.codec = Some(ctx.codec.clone());
+    inflight.insert(
+        tag,
+        Slot {
+            delivery: d,
+            done: false,
+        },
+    );
+    let n = inflight.len();
+    ctx.in_flight.store(n, Ordering::SeqCst);
+    ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+    // Never blocks: the channel holds `prefetch` jobs and the broker sends no more than that
+    // unsettled.
+    let _ = jobs.send(Job {
+        generation,
+        tag,
+        message,
+    });
+}
+
+/// Applies settlements, then acknowledges: one `multiple` ack for the completed run at the front,
+/// single acks for completed deliveries behind a running one.
+fn settle(
+    ctx: &Context,
+    generation: u64,
+    channel: &Channel,
+    inflight: &mut BTreeMap<u64, Slot>,
+    batch: Vec<Settle>,
+    report: &mut CloseReport,
+) -> std::result::Result<(), amiquip::Error> {
+    for s in batch {
+        if s.generation != generation {
+            log::info!(
+                "acemq: dropping the outcome of a delivery on {:?} from before a reconnect; \
+                 the broker redelivers it",
+                ctx.queue
+            );
+            ctx.observer.settled(&Settlement {
+                queue: &ctx.queue,
+                outcome: "dropped",
+                attempt: 0,
+                handler_duration: Duration::ZERO,
+                message_id: "",
+                error: None,
+            });
+            continue;
+        }
+        match s.action {
+            SettleAction::Ack => {
+                if let Some(slot) = inflight.get_mut(&s.tag) {
+                    slot.done = true;
+                }
+            }
+            SettleAction::Requeue => {
+                if let Some(slot) = inflight.remove(&s.tag) {
+                    if !s.started {
+                        report.requeued += 1;
+                    }
+                    slot.delivery.nack(channel, true)?;
+                }
+            }
+        }
+    }
+    flush_acks(inflight, channel)?;
+    ctx.in_flight.store(inflight.len(), Ordering::SeqCst);
+    Ok(())
+}
+
+fn flush_acks(
+    inflight: &mut BTreeMap<u64, Slot>,
+    channel: &Channel,
+) -> std::result::Result<(), amiquip::Error> {
+    let mut last_front = None;
+    while let Some(entry) = inflight.first_entry() {
+        if !entry.get().done {
+            break;
+        }
+        last_front = Some(entry.remove().delivery);
+    }
+    if let Some(d) = last_front {
+        d.ack_multiple(channel)?;
+    }
+    let behind: Vec<u64> = inflight
+        .iter()
+        .filter(|(_, s)| s.done)
+        .map(|(t, _)| *t)
+        .collect();
+    for tag in behind {
+        if let Some(slot) = inflight.remove(&tag) {
+            slot.delivery.ack(channel)?;
+        }
+    }
+    Ok(())
+}
+
+/// Stop: cancel, requeue what was delivered but not started, let running handlers finish up to
+/// the deadline and settle them.
+fn shutdown(
+    ctx: &Context,
+    generation: u64,
+    channel: &Channel,
+    consumer: &amiquip::Consumer<'_>,
+    inflight: &mut BTreeMap<u64, Slot>,
+    settles: &Receiver<Settle>,
+    report: &mut CloseReport,
+) {
+    ctx.stopping.store(true, Ordering::SeqCst);
+    if let Err(e) = consumer.cancel() {
+        log::debug!("acemq: cancelling the consumer of {:?}: {e}", ctx.queue);
+    }
+    // Deliveries that were on their way before the cancel: back to the queue.
+    for msg in consumer.receiver().try_iter() {
+        if let ConsumerMessage::Delivery(d) = msg {
+            if d.nack(channel, true).is_ok() {
+                report.requeued += 1;
+            }
+        }
+    }
+    let deadline = Instant::now() + ctx.shutdown_timeout;
+    while !inflight.is_empty() {
+        match settles.recv_deadline(deadline) {
+            Ok(s) => {
+                let mut batch = vec![s];
+                batch.extend(settles.try_iter());
+                for s in &batch {
+                    if s.generation == generation && s.started {
+                        report.finished += 1;
+                    }
+                }
+                if let Err(e) = settle(ctx, generation, channel, inflight, batch, report) {
+                    log::warn!("acemq: settling while closing {:?}: {e}", ctx.queue);
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    report.abandoned = inflight.len();
+    if report.abandoned > 0 {
+        log::warn!(
+            "acemq: {} deliveries on {:?} were still being handled after {:?}; the broker \
+             requeues them when the channel closes",
+            report.abandoned,
+            ctx.queue,
+            ctx.shutdown_timeout
+        );
+    }
+    inflight.clear();
+}

@@ -1,0 +1,542 @@
+//! The consumer runtime against the real broker: outcomes, the retry ladder, panics, volume,
+//! bounded memory, shutdown, recovery, the scoped form.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq_amqp::observe::Settlement;
+use acemq_amqp::{
+    dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
+    Message, Observer, Outcome, QueueSpec, RetryPolicy,
+};
+use support::proxy::FaultProxy;
+use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn short_ladder() -> RetryPolicy {
+    RetryPolicy::ladder([Duration::from_millis(100), Duration::from_millis(200)]).max_attempts(3)
+}
+
+fn rungs() -> Vec<Duration> {
+    vec![
+        Duration::from_millis(100),
+        Duration::from_millis(200),
+        Duration::from_millis(150),
+    ]
+}
+
+#[test]
+fn accept_acknowledges_and_leaves_nothing_behind() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("accept"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 5, true);
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+        .unwrap()
+        .start(move |m: &Message| {
+            assert_eq!(m.envelope.attempt, 1);
+            s.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || seen.load(Ordering::SeqCst) == 5));
+    let report = consumer.close().unwrap();
+    assert_eq!(report.abandoned, 0);
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    assert_eq!(
+        conn.queue_info(&dead_letter_queue(&q))
+            .unwrap()
+            .message_count,
+        0
+    );
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, String, u32)>>);
+impl Observer for Recorder {
+    fn settled(&self, s: &Settlement<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((s.queue.to_string(), s.outcome.to_string(), s.attempt));
+    }
+}
+
+#[test]
+fn a_handler_that_fails_twice_succeeds_on_the_third_attempt() {
+    let recorder = Arc::new(Recorder::default());
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(recorder.clone()),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("third-time"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids = publish_n(&conn, &q, 1, true);
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let a = attempts.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+        .unwrap()
+        .start(move |m: &Message| {
+            a.lock()
+                .unwrap()
+                .push((m.id().to_string(), m.envelope.attempt));
+            if m.envelope.attempt < 3 {
+                Err("not yet".into())
+            } else {
+                Ok(Outcome::Accept)
+            }
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3));
+    std::thread::sleep(Duration::from_millis(300));
+    consumer.close().unwrap();
+    let seen = attempts.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            (ids[0].clone(), 1),
+            (ids[0].clone(), 2),
+            (ids[0].clone(), 3)
+        ],
+        "the same id, attempts counted in x-acemq-attempt"
+    );
+    assert_eq!(
+        conn.queue_info(&dead_letter_queue(&q))
+            .unwrap()
+            .message_count,
+        0
+    );
+    let outcomes: Vec<(String, u32)> = recorder
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(queue, _, _)| *queue == q)
+        .map(|(_, o, a)| (o.clone(), *a))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("retry".into(), 1),
+            ("retry".into(), 2),
+            ("accept".into(), 3)
+        ]
+    );
+}
+
+#[test]
+fn always_failing_walks_the_ladder_in_time_and_ends_in_the_dlq_with_its_error() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ladder"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids = publish_n(&conn, &q, 1, true);
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let t = times.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+        .unwrap()
+        .start(move |_: &Message| {
+            t.lock().unwrap().push(Instant::now());
+            Err("the database is down".into())
+        })
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = conn.get(&dlq).unwrap();
+        dead.is_some()
+    }));
+    consumer.close().unwrap();
+    let dead = dead.unwrap();
+    assert_eq!(dead.id(), ids[0]);
+    assert_eq!(dead.envelope.attempt, 3);
+    let error = dead.envelope.error.clone().unwrap();
+    assert!(error.contains("the database is down"), "{error}");
+    assert!(error.contains("gave up after 3 attempts"), "{error}");
+    let times = times.lock().unwrap().clone();
+    assert_eq!(times.len(), 3);
+    assert!(
+        times[1] - times[0] >= Duration::from_millis(100),
+        "{:?}",
+        times[1] - times[0]
+    );
+    assert!(
+        times[2] - times[1] >= Duration::from_millis(200),
+        "{:?}",
+        times[2] - times[1]
+    );
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}
+
+#[test]
+fn fatal_error_rejects_at_once_and_park_sets_aside() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("reject-park"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+        .unwrap()
+        .start(move |m: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            match m.body.as_slice() {
+                b"poison" => Err(Box::new(FatalError::new("cannot parse order")) as _),
+                b"odd" => Ok(Outcome::park("needs a person")),
+                _ => Ok(Outcome::reject("customer unknown")),
+            }
+        })
+        .unwrap();
+    let p = conn.publisher().unwrap();
+    for body in ["poison", "odd", "unknown"] {
+        p.publish("", &q, Message::new(body)).unwrap();
+    }
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 2));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&parked_queue(&q))
+        .unwrap()
+        .message_count
+        == 1));
+    consumer.close().unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "no retries for reject or park"
+    );
+    let mut errors = Vec::new();
+    while let Some(m) = conn.get(&dlq).unwrap() {
+        assert_eq!(m.envelope.attempt, 1);
+        errors.push(m.envelope.error.unwrap());
+    }
+    errors.sort();
+    assert!(errors[0].contains("customer unknown"), "{errors:?}");
+    assert!(errors[1].contains("cannot parse order"), "{errors:?}");
+    let parked = conn.get(&parked_queue(&q)).unwrap().unwrap();
+    assert_eq!(parked.body, b"odd");
+    assert_eq!(parked.envelope.error.as_deref(), Some("needs a person"));
+}
+
+#[test]
+fn in_progress_comes_back_later_with_its_attempt_unchanged_and_is_never_dead_lettered() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("in-progress"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 1, true);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    // no_retry: a single failure would dead-letter, but in-progress never does.
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().no_retry())
+        .unwrap()
+        .start(move |m: &Message| {
+            let mut s = s.lock().unwrap();
+            s.push((Instant::now(), m.envelope.attempt));
+            if s.len() < 4 {
+                Ok(Outcome::in_progress(Duration::from_millis(150)))
+            } else {
+                Ok(Outcome::Accept)
+            }
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 4));
+    consumer.close().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|(_, a)| *a == 1),
+        "attempt unchanged: {seen:?}"
+    );
+    for w in seen.windows(2) {
+        assert!(w[1].0 - w[0].0 >= Duration::from_millis(150));
+    }
+    assert_eq!(
+        conn.queue_info(&dead_letter_queue(&q))
+            .unwrap()
+            .message_count,
+        0
+    );
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}
+
+#[test]
+fn a_panicking_handler_is_retried_and_the_worker_survives() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("panic"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids: HashSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+    let accepted = Arc::new(Mutex::new(HashSet::new()));
+    let a = accepted.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new().concurrency(1).retry(short_ladder()),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            if m.envelope.attempt == 1 {
+                panic!("handler bug on {}", m.id());
+            }
+            a.lock().unwrap().insert(m.id().to_string());
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 3));
+    consumer.close().unwrap();
+    assert_eq!(*accepted.lock().unwrap(), ids);
+}
+
+#[test]
+fn ten_thousand_messages_at_concurrency_eight_are_all_handled_and_acked() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("tenk-consume"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids: HashSet<String> = publish_n(&conn, &q, 10_000, false).into_iter().collect();
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let s = seen.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(64))
+        .unwrap()
+        .start(move |m: &Message| {
+            s.lock().unwrap().insert(m.id().to_string());
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(Duration::from_secs(60), || seen
+        .lock()
+        .unwrap()
+        .len()
+        == 10_000));
+    assert!(consumer.max_in_flight() <= 64);
+    let report = consumer.close().unwrap();
+    assert_eq!(report.abandoned, 0);
+    assert_eq!(*seen.lock().unwrap(), ids);
+    assert_eq!(
+        conn.queue_info(&q).unwrap().message_count,
+        0,
+        "every one was acked"
+    );
+}
+
+#[test]
+fn a_large_backlog_is_consumed_with_in_flight_bounded_by_prefetch() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("backlog"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 100_000, false);
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 100_000);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(50).concurrency(4))
+        .unwrap()
+        .start(move |_: &Message| {
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    let mut peak = 0;
+    let done = eventually(Duration::from_secs(120), || {
+        peak = peak.max(consumer.in_flight());
+        handled.load(Ordering::SeqCst) >= 100_000
+    });
+    assert!(done, "handled {}", handled.load(Ordering::SeqCst));
+    assert!(peak <= 50, "sampled in flight {peak}");
+    assert!(
+        consumer.max_in_flight() <= 50,
+        "in flight reached {} with prefetch 50",
+        consumer.max_in_flight()
+    );
+    consumer.close().unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}
+
+#[test]
+fn close_lets_running_handlers_finish_and_requeues_the_rest() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("close-drain"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 20, true);
+    let started = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let (s, f) = (started.clone(), finished.clone());
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
+        .unwrap()
+        .start(move |_: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(400));
+            f.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 2));
+    assert!(eventually(WAIT, || consumer.in_flight() == 20));
+    let report = consumer.close().unwrap();
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        2,
+        "nothing new started while closing"
+    );
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        2,
+        "running handlers finished"
+    );
+    assert_eq!(report.finished, 2);
+    assert_eq!(report.requeued, 18);
+    assert_eq!(report.abandoned, 0);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 18));
+}
+
+#[test]
+fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("cut-consume"), &rungs());
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids: HashSet<String> = publish_n(&direct, &q, 5_000, true).into_iter().collect();
+
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(300)),
+    );
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let handled = Arc::new(AtomicUsize::new(0));
+    let (s, h) = (seen.clone(), handled.clone());
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(50))
+        .unwrap()
+        .start(move |m: &Message| {
+            std::thread::sleep(Duration::from_micros(200));
+            s.lock().unwrap().insert(m.id().to_string());
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) >= 1_000));
+    proxy.cut_all();
+    assert!(
+        eventually(WAIT, || conn.generation() == Some(2)),
+        "reconnected"
+    );
+    assert!(
+        eventually(Duration::from_secs(60), || seen.lock().unwrap().len()
+            == 5_000),
+        "handled {} of 5000",
+        seen.lock().unwrap().len()
+    );
+    consumer.close().unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ids,
+        "every message handled at least once"
+    );
+    assert_eq!(
+        direct.queue_info(&q).unwrap().message_count,
+        0,
+        "none left behind"
+    );
+    assert!(handled.load(Ordering::SeqCst) >= 5_000);
+}
+
+#[test]
+fn scoped_run_borrows_local_state_inside_thread_scope() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("scoped"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 50, true);
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(3))
+        .unwrap();
+    let stop = consumer.stop_handle();
+    let bodies = Mutex::new(Vec::new()); // a local, borrowed by the handler
+    let handler = |m: &Message| {
+        bodies
+            .lock()
+            .unwrap()
+            .push(String::from_utf8(m.body.clone()).unwrap());
+        Ok(Outcome::Accept)
+    };
+    let report = std::thread::scope(|s| {
+        let running = s.spawn(|| consumer.run(&handler));
+        assert!(eventually(WAIT, || bodies.lock().unwrap().len() == 50));
+        stop.stop();
+        running.join().unwrap()
+    })
+    .unwrap();
+    assert_eq!(report.abandoned, 0);
+    let mut got = bodies.into_inner().unwrap();
+    got.sort_by_key(|b| b.parse::<u32>().unwrap());
+    assert_eq!(got, (0..50).map(|i| i.to_string()).collect::<Vec<_>>());
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}
+
+#[test]
+fn deleting_the_queue_ends_the_consumer_with_a_clear_error() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("deleted"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::Accept))
+        .unwrap();
+    conn.delete_queue(&q).unwrap();
+    let stopped = AtomicBool::new(false);
+    let e = consumer.wait().unwrap_err();
+    stopped.store(true, Ordering::SeqCst);
+    assert!(
+        matches!(&e, Error::Cancelled { queue } if *queue == q),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("deleted"), "{e}");
+}
+
+#[test]
+fn consuming_a_missing_queue_fails_at_start() {
+    let conn = connect();
+    let q = unique("missing-consume");
+    let e = conn
+        .consumer(&q, ConsumerOptions::new().declare(false))
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::Accept))
+        .unwrap_err();
+    assert!(matches!(e, Error::NotFound { kind: "queue", .. }), "{e:?}");
+    assert!(conn.is_connected());
+    let e = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(0))
+        .unwrap_err();
+    assert!(e.to_string().contains("prefetch"), "{e}");
+}
