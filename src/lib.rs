@@ -30,6 +30,11 @@
 //!   publisher or a consumer.
 //! * [`Publisher`]: confirmed, mandatory publishing shared by many threads, with tickets for
 //!   batches and a bounded window.
+//! * [`Consumer`]: worker threads running a [`Handler`] that returns an [`Outcome`] (accept,
+//!   retry, reject, park, in progress); the retry ladder through `{queue}.retry.{rung}` TTL
+//!   queues ([`RetryPolicy`]), `{queue}.dlq` and `{queue}.parked`; recovery with the
+//!   connection; graceful shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose
+//!   handler may borrow local state.
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each.
 //!
@@ -43,6 +48,14 @@
 //! | [`Connection`] | yes | yes | amiquip's I/O thread; `acemq-supervisor` (holds a `Weak`) |
 //! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers |
 //! | [`Ticket`] | yes | no need | — |
+//! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
+//! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks) and `acemq-worker-N` |
+//! | [`StopHandle`] | yes | yes | — |
+//!
+//! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
+//! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy
+//! published and confirmed) → the settlement channel → the owner (ack or requeue). The owner
+//! alone touches the amiquip channel and consumer, which may not leave it.
 //!
 //! A publish runs on the caller's thread under the publisher's lock and only hands frames to
 //! amiquip's I/O thread; the confirm thread answers it. amiquip's own buffers (deliveries,
@@ -59,6 +72,13 @@
 //!   publishes in flight on that channel fail retriably and the publisher opens a new channel.
 //! * Integers in headers are written as AMQP long-long and read from any integer width.
 //! * A server-named queue is not re-declared after recovery (it would get a new name).
+//! * Consumer tags are chosen by the broker: amiquip 0.4 sends none, so no tag prefix can be set.
+//! * A handler's `Err` is a retry, a [`FatalError`] a reject, a panic a retry (logged; the
+//!   worker survives). A retry after the last attempt goes to `{queue}.dlq` with
+//!   `x-acemq-error` = "gave up after N attempts: …". An explicit delay (`retry_after`,
+//!   `in_progress`) gets a rung of its own, declared on first use.
+//! * Closing waits up to the shutdown timeout for running handlers; one still running then is
+//!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * The connection name goes to the broker as the client property `information` (amiquip has
 //!   no `connection_name`).
 //! * amiquip drops a received non-UTF-8 `longstr` header and every header after it; nothing on
