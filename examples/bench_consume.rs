@@ -55,6 +55,14 @@ fn raw(queue: &str, n: usize) -> Duration {
         }
     }
     let took = start.elapsed();
+    // amiquip drops the whole connection if a consumer's receiver is gone before it delivers
+    // `ClientCancelled`: cancel, then read up to it, then drop.
+    consumer.cancel().unwrap();
+    for m in consumer.receiver().iter() {
+        if !matches!(m, ConsumerMessage::Delivery(_)) {
+            break;
+        }
+    }
     drop(consumer);
     conn.close().unwrap();
     took

@@ -73,6 +73,7 @@ impl Observer for Recorder {
 
 #[test]
 fn a_handler_that_fails_twice_succeeds_on_the_third_attempt() {
+    let _ = env_logger::try_init();
     let recorder = Arc::new(Recorder::default());
     let conn = connect_with(
         ConnectionOptions::new()
@@ -539,4 +540,37 @@ fn consuming_a_missing_queue_fails_at_start() {
         .consumer(&q, ConsumerOptions::new().prefetch(0))
         .unwrap_err();
     assert!(e.to_string().contains("prefetch"), "{e}");
+}
+
+#[test]
+fn when_the_copy_cannot_be_published_the_original_is_requeued_not_lost() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("no-dlq"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids = publish_n(&conn, &q, 1, true);
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let c = calls.clone();
+    // declare(false) and no `.dlq`: the reject copy is unroutable, so it cannot be published.
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().declare(false))
+        .unwrap()
+        .start(move |m: &Message| {
+            let redelivered = m.received.as_ref().unwrap().redelivered;
+            c.lock().unwrap().push((m.id().to_string(), redelivered));
+            if redelivered {
+                Ok(Outcome::Accept)
+            } else {
+                Ok(Outcome::reject("nowhere to put it"))
+            }
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || calls.lock().unwrap().len() == 2));
+    consumer.close().unwrap();
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![(ids[0].clone(), false), (ids[0].clone(), true)],
+        "the original came back"
+    );
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
 }

@@ -98,9 +98,13 @@ pub(crate) fn run(
             settles,
             stop,
         );
+        if !matches!(end, Ok(End::Stop(_))) {
+            // Stop already cancelled it; see `cancel_and_drain` for why this must run.
+            cancel_and_drain(&ctx.queue, &consumer, drop);
+        }
+        drop(consumer);
         match end {
             Ok(End::Stop(report)) => {
-                drop(consumer);
                 let _ = channel.close();
                 ctx.in_flight.store(0, Ordering::SeqCst);
                 return Ok(report);
@@ -115,7 +119,6 @@ pub(crate) fn run(
                 ctx.in_flight.store(0, Ordering::SeqCst);
             }
             Err(e) => {
-                drop(consumer);
                 let _ = channel.close();
                 ctx.in_flight.store(0, Ordering::SeqCst);
                 return Err(e);
@@ -320,6 +323,31 @@ fn flush_acks(
     Ok(())
 }
 
+/// Cancels `consumer` and reads its receiver until amiquip reports the cancel, handing any
+/// delivery that was still on its way to `on_delivery`.
+///
+/// amiquip answers the cancel RPC first and only then sends `ClientCancelled` to the
+/// consumer's receiver; if the receiver is gone by then, amiquip's I/O thread treats it as an
+/// internal error and **drops the whole connection**. So an amiquip consumer must never be
+/// dropped before this has run (amiquip's own `Drop` cancels without waiting).
+pub(crate) fn cancel_and_drain(
+    queue: &str,
+    consumer: &amiquip::Consumer<'_>,
+    mut on_delivery: impl FnMut(Delivery),
+) {
+    if let Err(e) = consumer.cancel() {
+        // The channel or connection is gone: nothing more will be sent to the receiver.
+        log::debug!("acemq: cancelling the consumer of {queue:?}: {e}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match consumer.receiver().recv_deadline(deadline) {
+            Ok(ConsumerMessage::Delivery(d)) => on_delivery(d),
+            Ok(_) | Err(_) => break,
+        }
+    }
+}
+
 /// Stop: cancel, requeue what was delivered but not started, let running handlers finish up to
 /// the deadline and settle them.
 fn shutdown(
@@ -332,17 +360,12 @@ fn shutdown(
     report: &mut CloseReport,
 ) {
     ctx.stopping.store(true, Ordering::SeqCst);
-    if let Err(e) = consumer.cancel() {
-        log::debug!("acemq: cancelling the consumer of {:?}: {e}", ctx.queue);
-    }
     // Deliveries that were on their way before the cancel: back to the queue.
-    for msg in consumer.receiver().try_iter() {
-        if let ConsumerMessage::Delivery(d) = msg {
-            if d.nack(channel, true).is_ok() {
-                report.requeued += 1;
-            }
+    cancel_and_drain(&ctx.queue, consumer, |d| {
+        if d.nack(channel, true).is_ok() {
+            report.requeued += 1;
         }
-    }
+    });
     let deadline = Instant::now() + ctx.shutdown_timeout;
     while !inflight.is_empty() {
         match settles.recv_deadline(deadline) {
