@@ -340,11 +340,8 @@ pub(crate) fn cancel_and_drain(
         log::debug!("acemq: cancelling the consumer of {queue:?}: {e}");
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match consumer.receiver().recv_deadline(deadline) {
-            Ok(ConsumerMessage::Delivery(d)) => on_delivery(d),
-            Ok(_) | Err(_) => break,
-        }
+    while let Ok(ConsumerMessage::Delivery(d)) = consumer.receiver().recv_deadline(deadline) {
+        on_delivery(d);
     }
 }
 
