@@ -132,3 +132,44 @@ mod tests {
         .is_err());
     }
 }
+
+/// Where a codec can come from: a [`Codec`] itself, a [`Connection`](crate::Connection) (its
+/// default codec) or a [`Publisher`](crate::Publisher) (its codec).
+pub trait CodecSource {
+    /// Runs `f` with the codec.
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R;
+}
+
+impl<C: Codec + ?Sized> CodecSource for C {
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
+        f(&CodecRef(self))
+    }
+}
+
+impl CodecSource for crate::Connection {
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
+        f(self.codec().as_ref())
+    }
+}
+
+impl CodecSource for crate::Publisher {
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
+        f(self.codec().as_ref())
+    }
+}
+
+/// Lets an unsized codec be used as `&dyn Codec`.
+#[derive(Debug)]
+struct CodecRef<'a, C: ?Sized>(&'a C);
+
+impl<C: Codec + ?Sized> Codec for CodecRef<'_, C> {
+    fn content_type(&self) -> &str {
+        self.0.content_type()
+    }
+    fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError> {
+        self.0.encode(value)
+    }
+    fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
+        self.0.decode(body)
+    }
+}

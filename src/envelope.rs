@@ -628,6 +628,10 @@ const ENVELOPE_HEADERS: [&str; 7] = [
     headers::ERROR,
 ];
 
+pub(crate) fn is_envelope_header(name: &str) -> bool {
+    ENVELOPE_HEADERS.contains(&name)
+}
+
 fn is_reserved(name: &str) -> bool {
     name.len() >= headers::RESERVED_PREFIX.len()
         && name.as_bytes()[..headers::RESERVED_PREFIX.len()]

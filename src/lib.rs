@@ -98,7 +98,7 @@ mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 
-pub use codec::{BytesCodec, Codec, JsonCodec};
+pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
     QueueKind, QueueSpec,

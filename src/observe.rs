@@ -105,6 +105,42 @@ pub trait Observer: Send + Sync + 'static {
     fn settled(&self, settlement: &Settlement<'_>) {
         LogObserver.settled(settlement)
     }
+
+    /// An outbox relay event ([`metrics::OUTBOX_TOTAL`], [`metrics::OUTBOX_LAG`]).
+    fn outbox(&self, event: &OutboxEvent<'_>) {
+        LogObserver.outbox(event)
+    }
+}
+
+/// What an outbox relay did.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum OutboxEvent<'a> {
+    /// A record was published and confirmed (`acemq.outbox.total{outcome=published}`); `lag` is
+    /// from its commit (`created_ms`) to the confirm (`acemq.outbox.lag`).
+    Published {
+        /// The record's id.
+        id: i64,
+        /// Commit to confirm.
+        lag: Duration,
+    },
+    /// Publishing a record failed and was counted against it
+    /// (`acemq.outbox.total{outcome=failed}`).
+    Failed {
+        /// The record's id.
+        id: i64,
+        /// Its failed attempts, this one included.
+        attempts: i64,
+        /// Why.
+        error: &'a str,
+    },
+    /// The backlog, reported by a started relay after each sweep.
+    Backlog {
+        /// Records waiting (retired ones excluded).
+        pending: u64,
+        /// Age of the oldest waiting record.
+        oldest_age: Option<Duration>,
+    },
 }
 
 /// What a consumer did with one delivery.
@@ -164,6 +200,23 @@ impl Observer for LogObserver {
         );
     }
 
+    fn outbox(&self, event: &OutboxEvent<'_>) {
+        match event {
+            OutboxEvent::Published { id, lag } => {
+                log::trace!("acemq: outbox record {id} published, {lag:?} after its commit")
+            }
+            OutboxEvent::Failed {
+                id,
+                attempts,
+                error,
+            } => log::warn!("acemq: outbox record {id} failed (attempt {attempts}): {error}"),
+            OutboxEvent::Backlog {
+                pending,
+                oldest_age,
+            } => log::debug!("acemq: outbox backlog {pending}, oldest {oldest_age:?}"),
+        }
+    }
+
     fn settled(&self, s: &Settlement<'_>) {
         match s.error {
             Some(error) => log::debug!(
@@ -195,5 +248,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn settled(&self, settlement: &Settlement<'_>) {
         self.as_ref().settled(settlement)
+    }
+    fn outbox(&self, event: &OutboxEvent<'_>) {
+        self.as_ref().outbox(event)
     }
 }

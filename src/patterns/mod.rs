@@ -1,7 +1,9 @@
 //! The family's patterns, one module each.
 
 mod idempotency;
+mod idempotent;
 mod outbox;
+mod relay;
 mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -9,9 +11,13 @@ pub use crate::sql::{create_schema, schema_ddl};
 pub use idempotency::{Claim, IdempotencyStore, InMemoryIdempotencyStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
-pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStore};
+pub use idempotent::{idempotent, Idempotent};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idempotent::{idempotent_tx, IdempotentTx};
+pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
+pub use relay::{record, record_message, OutboxRelay};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};

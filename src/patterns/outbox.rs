@@ -110,6 +110,45 @@ pub trait OutboxStore: Send + Sync {
     ///
     /// A store error, such as [`Error::Sql`].
     fn release(&self, id: i64) -> Result<()>;
+
+    /// Deletes several published records at once (one commit). Defaults to
+    /// [`mark_published`](Self::mark_published) for each.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
+        ids.iter().try_for_each(|id| self.mark_published(*id))
+    }
+
+    /// Ends this store's lease on records it was offered but did not publish (the connection
+    /// dropped), without counting an attempt, so that they are offered again at once. Defaults
+    /// to doing nothing: the leases then run out by themselves.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn unlease(&self, ids: &[i64]) -> Result<()> {
+        let _ = ids;
+        Ok(())
+    }
+
+    /// How many records wait to be published (retired ones excluded) and when the oldest of
+    /// them was added.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn stats(&self) -> Result<OutboxStats>;
+}
+
+/// The backlog of an outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Records waiting to be published (not retired).
+    pub pending: u64,
+    /// `created_ms` of the oldest of them.
+    pub oldest_created_ms: Option<i64>,
 }
 
 fn headers_json(headers: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
@@ -262,6 +301,34 @@ impl OutboxStore for InMemoryOutboxStore {
         }
         Ok(())
     }
+
+    fn unlease(&self, ids: &[i64]) -> Result<()> {
+        let mut state = self.state.lock();
+        for id in ids {
+            if let Some((_, lease)) = state.records.get_mut(id) {
+                *lease = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Result<OutboxStats> {
+        let state = self.state.lock();
+        let live = state
+            .records
+            .values()
+            .filter(|(rec, _)| rec.attempts < self.max_attempts);
+        let mut stats = OutboxStats::default();
+        for (rec, _) in live {
+            stats.pending += 1;
+            stats.oldest_created_ms = Some(
+                stats
+                    .oldest_created_ms
+                    .map_or(rec.created_ms, |o| o.min(rec.created_ms)),
+            );
+        }
+        Ok(stats)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -285,6 +352,9 @@ mod sql_store {
         failure: String,
         retired: String,
         release: String,
+        stats: String,
+        dialect: Dialect,
+        table: String,
     }
 
     impl Statements {
@@ -322,7 +392,38 @@ mod sql_store {
                     "UPDATE {t} SET attempts = 0, lease_owner = NULL, lease_until_ms = 0 \
                      WHERE id = $1"
                 )),
+                stats: p(format!(
+                    "SELECT COUNT(*), MIN(created_ms) FROM {t} WHERE attempts < $1"
+                )),
+                dialect,
+                table: t.to_owned(),
             }
+        }
+
+        /// `… WHERE id IN ($2, $3, …)` for `n` ids after `first` other parameters.
+        fn ids_in(&self, first: usize, n: usize) -> String {
+            (first + 1..=first + n)
+                .map(|i| self.dialect.placeholder(i))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+
+        fn delete_many(&self, n: usize) -> String {
+            format!(
+                "DELETE FROM {} WHERE id IN ({})",
+                self.table,
+                self.ids_in(0, n)
+            )
+        }
+
+        fn unlease_many(&self, n: usize) -> String {
+            format!(
+                "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE lease_owner = {} AND id IN ({})",
+                self.table,
+                self.dialect.placeholder(1),
+                self.ids_in(1, n)
+            )
         }
     }
 
@@ -637,6 +738,46 @@ mod sql_store {
 
         fn release(&self, id: i64) -> Result<()> {
             self.by_id("releasing a record", |s| &s.release, &[Value::Integer(id)])
+        }
+
+        fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
+            for chunk in ids.chunks(500) {
+                let mut conn = (self.connect)()?;
+                let sql = self.statements(&*conn).delete_many(chunk.len());
+                let params: Vec<Value> = chunk.iter().map(|id| Value::Integer(*id)).collect();
+                conn.execute(&sql, &params)
+                    .map_err(|e| self.context(e, "deleting published records"))?;
+            }
+            Ok(())
+        }
+
+        fn unlease(&self, ids: &[i64]) -> Result<()> {
+            for chunk in ids.chunks(500) {
+                let mut conn = (self.connect)()?;
+                let sql = self.statements(&*conn).unlease_many(chunk.len());
+                let mut params = vec![Value::Text(self.owner.clone())];
+                params.extend(chunk.iter().map(|id| Value::Integer(*id)));
+                conn.execute(&sql, &params)
+                    .map_err(|e| self.context(e, "ending leases"))?;
+            }
+            Ok(())
+        }
+
+        fn stats(&self) -> Result<OutboxStats> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            let rows = conn
+                .query(&s.stats, &[Value::Integer(i64::from(self.max_attempts))])
+                .map_err(|e| self.context(e, "counting pending records"))?;
+            let row = rows.first().map(Vec::as_slice).unwrap_or(&[]);
+            Ok(OutboxStats {
+                pending: row
+                    .first()
+                    .and_then(Value::as_i64)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .unwrap_or(0),
+                oldest_created_ms: row.get(1).and_then(Value::as_i64),
+            })
         }
     }
 }

@@ -121,6 +121,11 @@ impl Db {
         }
     }
 
+    /// The SQLite file (empty for PostgreSQL).
+    pub fn sqlite_path(&self) -> &std::path::Path {
+        &self.path
+    }
+
     /// The number of rows in `table`.
     pub fn count(&self, table: &str) -> i64 {
         let rows = self

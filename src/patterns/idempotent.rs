@@ -1,0 +1,277 @@
+//! The idempotent consumer: at-least-once delivery made harmless.
+//!
+//! [`idempotent`] wraps any [`Handler`]. For each message it takes a key (the `x-acemq-id` by
+//! default, or a natural key from [`Idempotent::key`]) and asks the store:
+//!
+//! * first time ([`Claim::Claimed`]) → the handler runs; on accept the claim is confirmed;
+//! * duplicate ([`Claim::Duplicate`]: confirmed before) → accepted without running the
+//!   handler — a duplicate is not an alarm;
+//! * in progress ([`Claim::InProgress`]: claimed by someone whose lease still holds) →
+//!   [`Outcome::InProgress`] so it comes back later without spending an attempt.
+//!
+//! When the handler does not accept — an `Err`, a panic, or any other outcome — the claim is
+//! **given back** (`forget`) before the outcome is returned, so the retry really runs and the
+//! retry ladder and dead-letter queue are reached as without the wrapper.
+//!
+//! A store with only `first_time` (no claims) works too, but cannot tell work in progress from
+//! work done: a redelivery while the first delivery is still running is taken for a duplicate.
+//!
+//! # What the plain form does not guarantee
+//!
+//! The effect and the confirmation are two steps: a crash after the effect and before the
+//! confirmation runs the effect again once the claim's lease runs out. [`idempotent_tx`]
+//! closes that gap for effects in the database.
+//!
+//! # The transactional form
+//!
+//! [`idempotent_tx`] opens a database transaction, claims the key **on it**, runs the handler
+//! with the same transaction, confirms the receipt on it and commits; the message is
+//! acknowledged only after the commit. So the receipt commits if and only if the work does:
+//! a crash between the commit and the acknowledgement leads to a redelivery that finds the
+//! receipt and is acknowledged without running the effect again. Effects **outside** the
+//! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
+use crate::envelope::Message;
+use crate::error::BoxError;
+use crate::patterns::{Claim, IdempotencyStore};
+
+type KeyFn = Box<dyn Fn(&Message) -> Result<String, BoxError> + Send + Sync>;
+
+/// Wraps `handler` so that each key's effect is applied once. See the [module docs](self).
+///
+/// ```no_run
+/// use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+/// use acemq_amqp::{Connection, Message, Outcome};
+/// # fn main() -> acemq_amqp::Result<()> {
+/// let connection = Connection::open("amqp://127.0.0.1")?;
+/// let handler = idempotent(InMemoryIdempotencyStore::default(), |m: &Message| {
+///     println!("charging for {}", m.id());
+///     Ok(Outcome::Accept)
+/// })
+/// .key(|m: &Message| Ok(m.payload::<serde_json::Value>()?["order_id"].to_string()));
+/// let consumer = connection.consume("payments", handler)?;
+/// # consumer.close()?; Ok(()) }
+/// ```
+pub fn idempotent<S, H>(store: S, handler: H) -> Idempotent<S, H>
+where
+    S: IdempotencyStore,
+    H: Handler,
+{
+    Idempotent {
+        store,
+        handler,
+        key: None,
+        in_progress_delay: Duration::from_secs(5),
+    }
+}
+
+/// A handler made idempotent by [`idempotent`].
+pub struct Idempotent<S, H> {
+    store: S,
+    handler: H,
+    key: Option<KeyFn>,
+    in_progress_delay: Duration,
+}
+
+impl<S, H> Idempotent<S, H> {
+    /// Takes the key from the message (e.g. an order id from the payload) instead of its
+    /// `x-acemq-id`. A key function that fails rejects the message (it can never succeed).
+    pub fn key<K>(mut self, key: K) -> Self
+    where
+        K: Fn(&Message) -> Result<String, BoxError> + Send + Sync + 'static,
+    {
+        self.key = Some(Box::new(key));
+        self
+    }
+
+    /// How long a message claimed by someone else waits before it comes back. Defaults to 5 s.
+    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
+        self.in_progress_delay = delay;
+        self
+    }
+}
+
+/// The key of a message, or the outcome that ends it (no usable key).
+fn key_of(key: &Option<KeyFn>, m: &Message) -> Result<String, BoxError> {
+    let k = match key {
+        Some(f) => {
+            f(m).map_err(|e| FatalError::new(format!("cannot compute the idempotency key: {e}")))?
+        }
+        None => m.id().to_string(),
+    };
+    if k.is_empty() {
+        return Err(Box::new(FatalError::new(
+            "the message has no idempotency key (no x-acemq-id and no message_id)",
+        )));
+    }
+    Ok(k)
+}
+
+impl<S, H> Handler for Idempotent<S, H>
+where
+    S: IdempotencyStore,
+    H: Handler,
+{
+    fn handle(&self, m: &Message) -> HandlerResult {
+        let key = key_of(&self.key, m)?;
+        let claim = if self.store.supports_claims() {
+            self.store.claim(&key)?
+        } else if self.store.first_time(&key)? {
+            Claim::Claimed
+        } else {
+            Claim::Duplicate
+        };
+        match claim {
+            Claim::Duplicate => {
+                log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
+                Ok(Outcome::Accept)
+            }
+            Claim::InProgress => Ok(Outcome::in_progress(self.in_progress_delay)),
+            Claim::Claimed => {
+                let result = catch_unwind(AssertUnwindSafe(|| self.handler.handle(m)));
+                if matches!(result, Ok(Ok(Outcome::Accept))) {
+                    if let Err(e) = self.store.confirm(&key) {
+                        // The effect is done; the claim expires by itself.
+                        log::warn!("acemq: confirming {key:?} failed (the claim will expire): {e}");
+                    }
+                    return Ok(Outcome::Accept);
+                }
+                // Give the claim back before the retry is issued, so that the retry runs.
+                if let Err(e) = self.store.forget(&key) {
+                    log::warn!("acemq: giving back the claim on {key:?} failed: {e}");
+                }
+                match result {
+                    Ok(r) => r,
+                    Err(panic) => resume_unwind(panic),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::transactional::{idempotent_tx, IdempotentTx};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod transactional {
+    use super::*;
+    use crate::patterns::SqlIdempotencyStore;
+    use crate::sql::{Dialect, Sql};
+    use std::sync::Arc;
+
+    /// The transactional idempotent consumer: claim, effect and receipt in one database
+    /// transaction, committed before the message is acknowledged. See the
+    /// [module docs](super).
+    ///
+    /// `connect` opens (or checks out) a connection for each message; `handler` does its work on
+    /// the transaction it is given and returns an outcome: only [`Outcome::Accept`] commits.
+    pub fn idempotent_tx<F, C, H>(
+        store: Arc<SqlIdempotencyStore>,
+        connect: F,
+        handler: H,
+    ) -> IdempotentTx<F, H>
+    where
+        F: Fn() -> crate::Result<C> + Send + Sync,
+        C: Sql,
+        H: Fn(&Message, &mut dyn Sql) -> HandlerResult + Send + Sync,
+    {
+        IdempotentTx {
+            store,
+            connect,
+            handler,
+            key: None,
+            in_progress_delay: Duration::from_secs(5),
+        }
+    }
+
+    /// A handler made transactional and idempotent by [`idempotent_tx`].
+    pub struct IdempotentTx<F, H> {
+        store: Arc<SqlIdempotencyStore>,
+        connect: F,
+        handler: H,
+        key: Option<KeyFn>,
+        in_progress_delay: Duration,
+    }
+
+    impl<F, H> IdempotentTx<F, H> {
+        /// Takes the key from the message instead of its `x-acemq-id`.
+        pub fn key<K>(mut self, key: K) -> Self
+        where
+            K: Fn(&Message) -> Result<String, BoxError> + Send + Sync + 'static,
+        {
+            self.key = Some(Box::new(key));
+            self
+        }
+
+        /// How long a message claimed elsewhere waits before it comes back. Defaults to 5 s.
+        pub fn in_progress_delay(mut self, delay: Duration) -> Self {
+            self.in_progress_delay = delay;
+            self
+        }
+    }
+
+    fn rollback(conn: &mut dyn Sql) {
+        if let Err(e) = conn.execute("ROLLBACK", &[]) {
+            log::warn!("acemq: rollback failed: {e}");
+        }
+    }
+
+    impl<F, C, H> Handler for IdempotentTx<F, H>
+    where
+        F: Fn() -> crate::Result<C>,
+        C: Sql,
+        H: Fn(&Message, &mut dyn Sql) -> HandlerResult,
+    {
+        fn handle(&self, m: &Message) -> HandlerResult {
+            let key = key_of(&self.key, m)?;
+            let mut conn = (self.connect)()?;
+            let conn: &mut dyn Sql = &mut conn;
+            // SQLite: take the write lock now, so two deliveries of one key serialise instead
+            // of failing on the lock upgrade.
+            let begin = match conn.dialect() {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            };
+            conn.execute(begin, &[])?;
+            let claim = match self.store.claim_in(conn, &key) {
+                Ok(c) => c,
+                Err(e) => {
+                    rollback(conn);
+                    return Err(e.into());
+                }
+            };
+            match claim {
+                Claim::Duplicate => {
+                    rollback(conn);
+                    log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
+                    Ok(Outcome::Accept)
+                }
+                Claim::InProgress => {
+                    rollback(conn);
+                    Ok(Outcome::in_progress(self.in_progress_delay))
+                }
+                Claim::Claimed => {
+                    let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut *conn)));
+                    if !matches!(result, Ok(Ok(Outcome::Accept))) {
+                        // The claim and the work vanish together.
+                        rollback(conn);
+                        return match result {
+                            Ok(r) => r,
+                            Err(panic) => resume_unwind(panic),
+                        };
+                    }
+                    if let Err(e) = self.store.confirm_in(conn, &key) {
+                        rollback(conn);
+                        return Err(e.into());
+                    }
+                    conn.execute("COMMIT", &[])?;
+                    Ok(Outcome::Accept)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! The outbox relay: publishes what the outbox holds, mandatory with confirms, and deletes a
+//! record only after its confirm.
+//!
+//! ```text
+//!  service transaction ──add──▶ outbox table ──pending(batch)──▶ relay ──publish──▶ broker
+//!                                    ▲                              │ confirm
+//!                                    └──── mark_published_many ◀────┘
+//! ```
+//!
+//! # What it guarantees
+//!
+//! * **Nothing is lost**: a record leaves the outbox only after the broker confirmed it. A
+//!   crash or a dropped connection between the confirm and the delete publishes it again
+//!   (with the same `x-acemq-id`, so an [idempotent](super::idempotent) consumer ignores the
+//!   second one).
+//! * **Order**: records are offered oldest first and published in that order. A batch is
+//!   pipelined (all of it handed to the broker, then the confirms awaited). When a record fails
+//!   (unroutable, nacked, no such exchange) the failure is counted against it and the sweep
+//!   stops there; the next sweep publishes that record **alone** before anything behind it, so
+//!   the queue behind a failing record waits until it goes out or retires at `max_attempts` —
+//!   except records of the very batch in which it first failed that the broker had already
+//!   confirmed (sending them again would duplicate them). Use `batch(1)` for strict order.
+//! * A dropped connection is not the record's fault: nothing is counted, the leases are ended,
+//!   and the records go out after recovery.
+//!
+//! # Threads
+//!
+//! [`OutboxRelay::start`] runs one sweeper thread (`acemq-outbox-relay`): it sweeps, and when a
+//! sweep finds less than a full batch it waits `interval` (or until [`close`](OutboxRelay::close)).
+//! [`OutboxRelay::sweep`] may be called from any thread at any time; sweeps of one relay never
+//! overlap. Two relays (threads or processes) on one table are kept apart by the store's leases.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::codec::{encode_with, CodecSource};
+use crate::connection::Connection;
+use crate::envelope::{headers, now_ms, HeaderValue, Message};
+use crate::error::{Error, Result};
+use crate::observe::{Observer, OutboxEvent};
+use crate::patterns::{NewOutboxRecord, OutboxRecord, OutboxStore};
+use crate::publish::{Publisher, PublisherOptions};
+
+/// Encodes `payload` there and then into an outbox record: bytes, content type and the
+/// envelope headers (a fresh `x-acemq-id` that stays the same however often the relay
+/// publishes it). A record so made survives a deploy that changes the payload's type.
+///
+/// `codec` is a [`Codec`](crate::Codec), a [`Connection`] (its default codec) or a
+/// [`Publisher`].
+///
+/// # Errors
+///
+/// [`Error::Codec`] when the payload cannot be encoded; validation errors for the names.
+pub fn record<T: Serialize + ?Sized>(
+    codec: &impl CodecSource,
+    exchange: &str,
+    routing_key: &str,
+    payload: &T,
+) -> Result<NewOutboxRecord> {
+    let message = codec.with_codec(|c| -> Result<Message> {
+        let body = encode_with(c, payload)?;
+        Ok(Message::new(body).content_type(c.content_type()))
+    })?;
+    record_message(exchange, routing_key, &message)
+}
+
+/// An outbox record of a message built by hand (its id, type, correlation and headers are
+/// kept).
+///
+/// # Errors
+///
+/// The message's validation errors; [`Error::InvalidHeader`] for a byte-array header, which
+/// the outbox's JSON `headers` column cannot hold.
+pub fn record_message(
+    exchange: &str,
+    routing_key: &str,
+    message: &Message,
+) -> Result<NewOutboxRecord> {
+    crate::envelope::check_name("exchange", exchange, true)?;
+    crate::envelope::check_name("routing key", routing_key, true)?;
+    message.validate()?;
+    let mut map = serde_json::Map::new();
+    let e = &message.envelope;
+    map.insert(headers::ID.into(), e.id.clone().into());
+    map.insert(
+        headers::CORRELATION_ID.into(),
+        e.correlation_id
+            .clone()
+            .unwrap_or_else(|| e.id.clone())
+            .into(),
+    );
+    if let Some(c) = &e.causation_id {
+        map.insert(headers::CAUSATION_ID.into(), c.clone().into());
+    }
+    if let Some(t) = &e.message_type {
+        map.insert(headers::TYPE.into(), t.clone().into());
+    }
+    map.insert(headers::ATTEMPT.into(), e.attempt.into());
+    map.insert(headers::FIRST_SEEN.into(), e.first_seen_ms.into());
+    for (k, v) in message.headers.iter().chain(&message.engine_headers) {
+        map.insert(k.clone(), to_json(k, v)?);
+    }
+    Ok(NewOutboxRecord {
+        exchange: exchange.to_string(),
+        routing_key: routing_key.to_string(),
+        body: message.body.clone(),
+        content_type: message.content_type.clone().unwrap_or_default(),
+        headers: map,
+    })
+}
+
+fn to_json(name: &str, v: &HeaderValue) -> Result<serde_json::Value> {
+    use serde_json::Value as J;
+    Ok(match v {
+        HeaderValue::Text(s) => J::String(s.clone()),
+        HeaderValue::Int(i) => J::from(*i),
+        HeaderValue::Bool(b) => J::Bool(*b),
+        HeaderValue::Float(f) => J::from(*f),
+        HeaderValue::Void => J::Null,
+        HeaderValue::Timestamp(t) => J::from(*t),
+        HeaderValue::Array(a) => {
+            J::Array(a.iter().map(|x| to_json(name, x)).collect::<Result<_>>()?)
+        }
+        HeaderValue::Table(t) => J::Object(
+            t.iter()
+                .map(|(k, x)| Ok((k.clone(), to_json(name, x)?)))
+                .collect::<Result<_>>()?,
+        ),
+        HeaderValue::Bytes(_) => {
+            return Err(Error::InvalidHeader {
+                name: name.to_string(),
+                reason: "a byte-array header cannot be stored in the outbox (JSON); \
+                         encode it as text"
+                    .into(),
+            })
+        }
+    })
+}
+
+fn from_json(v: &serde_json::Value) -> HeaderValue {
+    use serde_json::Value as J;
+    match v {
+        J::Null => HeaderValue::Void,
+        J::Bool(b) => HeaderValue::Bool(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => HeaderValue::Int(i),
+            None => HeaderValue::Float(n.as_f64().unwrap_or(0.0)),
+        },
+        J::String(s) => HeaderValue::Text(s.clone()),
+        J::Array(a) => HeaderValue::Array(a.iter().map(from_json).collect()),
+        J::Object(o) => {
+            HeaderValue::Table(o.iter().map(|(k, x)| (k.clone(), from_json(x))).collect())
+        }
+    }
+}
+
+/// The message a record stands for.
+pub(crate) fn to_message(r: &OutboxRecord) -> Message {
+    let mut m = Message::new(r.body.clone());
+    if !r.content_type.is_empty() {
+        m.content_type = Some(r.content_type.clone());
+    }
+    let text = |k: &str| {
+        r.headers
+            .get(k)
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    if let Some(id) = text(headers::ID) {
+        m.envelope.id = id;
+    }
+    m.envelope.correlation_id = text(headers::CORRELATION_ID);
+    m.envelope.causation_id = text(headers::CAUSATION_ID);
+    m.envelope.message_type = text(headers::TYPE);
+    if let Some(a) = r.headers.get(headers::ATTEMPT).and_then(|v| v.as_u64()) {
+        m.envelope.attempt = u32::try_from(a).unwrap_or(1).max(1);
+    }
+    m.envelope.first_seen_ms = r
+        .headers
+        .get(headers::FIRST_SEEN)
+        .and_then(|v| v.as_i64())
+        .unwrap_or(r.created_ms);
+    for (k, v) in &r.headers {
+        if k.starts_with(headers::RESERVED_PREFIX) {
+            if !crate::envelope::is_envelope_header(k) {
+                m.engine_headers.insert(k.clone(), from_json(v));
+            }
+        } else {
+            m.headers.insert(k.clone(), from_json(v));
+        }
+    }
+    m
+}
+
+struct Core {
+    connection: Connection,
+    store: Arc<dyn OutboxStore>,
+    interval: Duration,
+    batch: usize,
+    publisher: Mutex<Option<Publisher>>,
+    /// Sweeps of one relay never overlap.
+    sweeping: Mutex<()>,
+    observer: Arc<dyn Observer>,
+}
+
+struct Running {
+    stop: Sender<()>,
+    thread: JoinHandle<()>,
+}
+
+/// Publishes an outbox's records. See the [module docs](self).
+///
+/// ```no_run
+/// # #[cfg(feature = "sqlite")]
+/// # fn main() -> acemq_amqp::Result<()> {
+/// use acemq_amqp::patterns::{OutboxRelay, SqlOutboxStore};
+/// use acemq_amqp::Connection;
+/// use std::time::Duration;
+/// let connection = Connection::open("amqp://127.0.0.1")?;
+/// let store = SqlOutboxStore::builder(|| {
+///     rusqlite::Connection::open("app.db")
+///         .map_err(|e| acemq_amqp::Error::Sql { context: "opening".into(), source: e.into() })
+/// })
+/// .build()?;
+/// let relay = OutboxRelay::new(&connection, store)
+///     .interval(Duration::from_millis(200))
+///     .batch(100);
+/// relay.start()?;
+/// // … the service runs; records added on its transactions go out …
+/// relay.close()?;
+/// # Ok(()) }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub struct OutboxRelay {
+    core: Arc<Core>,
+    running: Mutex<Option<Running>>,
+}
+
+impl std::fmt::Debug for OutboxRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxRelay")
+            .field("interval", &self.core.interval)
+            .field("batch", &self.core.batch)
+            .field("running", &self.running.lock().is_some())
+            .finish()
+    }
+}
+
+impl OutboxRelay {
+    /// A relay publishing `store`'s records on `connection`. Nothing runs until
+    /// [`start`](Self::start) or [`sweep`](Self::sweep).
+    pub fn new(connection: &Connection, store: impl OutboxStore + 'static) -> OutboxRelay {
+        OutboxRelay {
+            core: Arc::new(Core {
+                connection: connection.clone(),
+                store: Arc::new(store),
+                interval: Duration::from_millis(500),
+                batch: 100,
+                publisher: Mutex::new(None),
+                sweeping: Mutex::new(()),
+                observer: connection.observer().clone(),
+            }),
+            running: Mutex::new(None),
+        }
+    }
+
+    /// How long a started relay waits after a sweep that found less than a full batch.
+    /// Defaults to 500 ms. Set it before [`start`](Self::start).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.interval = interval;
+        }
+        self
+    }
+
+    /// The most records one sweep publishes (pipelined). Defaults to 100; at least 1. Set it
+    /// before [`start`](Self::start).
+    pub fn batch(mut self, batch: usize) -> Self {
+        if let Some(core) = Arc::get_mut(&mut self.core) {
+            core.batch = batch.max(1);
+        }
+        self
+    }
+
+    /// Starts the sweeper thread. A second `start` while it runs does nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] when the thread cannot be spawned.
+    pub fn start(&self) -> Result<()> {
+        let mut running = self.running.lock();
+        if running.is_some() {
+            return Ok(());
+        }
+        let (stop, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let core = self.core.clone();
+        let thread = std::thread::Builder::new()
+            .name("acemq-outbox-relay".into())
+            .spawn(move || loop {
+                let full = match core.sweep() {
+                    Ok(n) => n >= core.batch,
+                    Err(e) => {
+                        log::warn!("acemq: outbox sweep failed: {e}");
+                        false
+                    }
+                };
+                core.report_backlog();
+                let wait = if full { Duration::ZERO } else { core.interval };
+                match stop_rx.recv_timeout(wait) {
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+            })
+            .map_err(|e| Error::Io {
+                context: "spawning the outbox relay thread".into(),
+                source: e,
+            })?;
+        *running = Some(Running { stop, thread });
+        Ok(())
+    }
+
+    /// Publishes one batch now and returns how many records went out.
+    ///
+    /// # Errors
+    ///
+    /// The error of the first record that failed (for example [`Error::Unroutable`]), or of the
+    /// store or connection; the records not published stay in the outbox.
+    pub fn sweep(&self) -> Result<usize> {
+        self.core.sweep()
+    }
+
+    /// Stops the sweeper thread (after its current sweep) and closes the relay's publisher.
+    /// The relay can be started again.
+    ///
+    /// # Errors
+    ///
+    /// The publisher's close error.
+    pub fn close(&self) -> Result<()> {
+        if let Some(r) = self.running.lock().take() {
+            let _ = r.stop.send(());
+            if r.thread.join().is_err() {
+                log::error!("acemq: the outbox relay thread panicked");
+            }
+        }
+        match self.core.publisher.lock().take() {
+            Some(p) => p.close(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for OutboxRelay {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            log::warn!("acemq: closing the outbox relay: {e}");
+        }
+    }
+}
+
+impl Core {
+    fn publisher(&self) -> Result<Publisher> {
+        let mut slot = self.publisher.lock();
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let p = self.connection.publisher_with(
+            PublisherOptions::new()
+                .window(self.batch.max(16))
+                .timeout(Duration::from_secs(10)),
+        )?;
+        *slot = Some(p.clone());
+        Ok(p)
+    }
+
+    fn report_backlog(&self) {
+        match self.store.stats() {
+            Ok(stats) => self.observer.outbox(&OutboxEvent::Backlog {
+                pending: stats.pending,
+                oldest_age: stats.oldest_created_ms.map(|c| {
+                    Duration::from_millis(u64::try_from(now_ms().saturating_sub(c)).unwrap_or(0))
+                }),
+            }),
+            Err(e) => log::warn!("acemq: reading the outbox backlog: {e}"),
+        }
+    }
+
+    fn sweep(&self) -> Result<usize> {
+        let _one_at_a_time = self.sweeping.lock();
+        let publisher = self.publisher()?;
+        let records = self.store.pending(self.batch)?;
+        if records.is_empty() {
+            return Ok(0);
+        }
+        let mut published: Vec<i64> = Vec::with_capacity(records.len());
+        let mut failure: Option<(usize, Error)> = None;
+
+        // A record that failed before goes out alone, ahead of anything behind it.
+        let mut next = 0;
+        while next < records.len() && records[next].attempts > 0 {
+            let r = &records[next];
+            match publisher.publish(&r.exchange, &r.routing_key, to_message(r)) {
+                Ok(()) => {
+                    self.published(r);
+                    published.push(r.id);
+                    next += 1;
+                }
+                Err(e) => {
+                    failure = Some((next, e));
+                    break;
+                }
+            }
+        }
+        if failure.is_none() && next < records.len() {
+            // The rest, pipelined.
+            let mut tickets = Vec::with_capacity(records.len() - next);
+            for r in &records[next..] {
+                match publisher.publish_deferred(&r.exchange, &r.routing_key, to_message(r)) {
+                    Ok(t) => tickets.push(Ok(t)),
+                    Err(e) => {
+                        tickets.push(Err(e));
+                        break;
+                    }
+                }
+            }
+            for (i, ticket) in tickets.into_iter().enumerate() {
+                let r = &records[next + i];
+                match ticket.and_then(|t| t.wait()) {
+                    Ok(()) => {
+                        self.published(r);
+                        published.push(r.id);
+                    }
+                    Err(e) => {
+                        if failure.is_none() {
+                            failure = Some((next + i, e));
+                        }
+                    }
+                }
+            }
+        }
+        // Delete what went out before anything else: a failure below must not lose that.
+        if !published.is_empty() {
+            self.store.mark_published_many(&published)?;
+        }
+        match failure {
+            None => Ok(published.len()),
+            Some((at, e)) => {
+                let r = &records[at];
+                if e.is_retriable() {
+                    log::warn!(
+                        "acemq: outbox record {} not published ({e}); it stays in the outbox",
+                        r.id
+                    );
+                } else {
+                    let error = e.to_string();
+                    self.store.record_failure(r.id, &error)?;
+                    self.observer.outbox(&OutboxEvent::Failed {
+                        id: r.id,
+                        attempts: r.attempts + 1,
+                        error: &error,
+                    });
+                }
+                let unpublished: Vec<i64> = records
+                    .iter()
+                    .map(|r| r.id)
+                    .filter(|id| *id != r.id && !published.contains(id))
+                    .collect();
+                if !unpublished.is_empty() {
+                    self.store.unlease(&unpublished)?;
+                }
+                if e.is_retriable() {
+                    self.store.unlease(&[r.id])?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn published(&self, r: &OutboxRecord) {
+        let lag = Duration::from_millis(
+            u64::try_from(now_ms().saturating_sub(r.created_ms)).unwrap_or(0),
+        );
+        self.observer
+            .outbox(&OutboxEvent::Published { id: r.id, lag });
+    }
+}
