@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use acemq_amqp::patterns::{idempotent, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore};
 use acemq_amqp::{
     dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, Message, Outcome,
     QueueSpec, Result, RetryPolicy,
@@ -96,7 +97,92 @@ fn main() -> Result<()> {
         );
     }
 
+    // The outbox: the order and its event commit together; the relay publishes the event after
+    // the commit; an idempotent consumer applies it once, however often it arrives.
+    let dir = tempfile::tempdir().map_err(|e| acemq_amqp::Error::Io {
+        context: "making a temporary directory".into(),
+        source: e,
+    })?;
+    let path = dir.path().join("shop.db");
+    let open = move || {
+        rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
+            context: "opening shop.db".into(),
+            source: e.into(),
+        })
+    };
+    let sql_err = |e: rusqlite::Error| acemq_amqp::Error::Sql {
+        context: "the shop's own statements".into(),
+        source: e.into(),
+    };
+    let mut shop = open.clone()()?;
+    shop.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)",
+    )
+    .map_err(sql_err)?;
+    let outbox = SqlOutboxStore::builder(open.clone()).build()?;
+    outbox.create_table()?;
+    let receipts = SqlIdempotencyStore::builder(open.clone()).build()?;
+    receipts.create_table()?;
+
+    let shipping = format!("tour.shipping.{run}");
+    connection.declare_queue(&QueueSpec::new(&shipping))?;
+    let event = record(
+        &connection,
+        "",
+        &shipping,
+        &serde_json::json!({"order_id": "o-2"}),
+    )?;
+    let tx = shop.transaction().map_err(sql_err)?;
+    tx.execute("INSERT INTO orders (id, total) VALUES ('o-2', 1999)", [])
+        .map_err(sql_err)?;
+    let mut tx = tx;
+    outbox.add(&mut tx, &event)?;
+    tx.commit().map_err(sql_err)?;
+    println!("order o-2 and its event committed together");
+
+    let relay = OutboxRelay::new(&connection, SqlOutboxStore::builder(open).build()?);
+    println!("relay published {} record(s)", relay.sweep()?);
+
+    let shipped = std::sync::Arc::new(AtomicU32::new(0));
+    let seen = std::sync::Arc::new(AtomicU32::new(0));
+    let (s, n) = (shipped.clone(), seen.clone());
+    let once = idempotent(receipts, move |m: &Message| {
+        let order: serde_json::Value = m.payload()?;
+        println!("  shipping order {}", order["order_id"]);
+        s.fetch_add(1, Ordering::SeqCst);
+        Ok(Outcome::Accept)
+    });
+    let consumer = connection.consume(&shipping, move |m: &Message| {
+        n.fetch_add(1, Ordering::SeqCst);
+        acemq_amqp::Handler::handle(&once, m)
+    })?;
+    wait_until(|| seen.load(Ordering::SeqCst) == 1);
+    // The same event a second time (as after a relay crash between confirm and delete).
+    let mut tx = shop.transaction().map_err(sql_err)?;
+    outbox.add(&mut tx, &event)?;
+    tx.commit().map_err(sql_err)?;
+    relay.sweep()?;
+    wait_until(|| seen.load(Ordering::SeqCst) == 2);
+    consumer.close()?;
+    relay.close()?;
+    println!(
+        "delivered {} times, shipped {} time(s): the second delivery was ignored",
+        seen.load(Ordering::SeqCst),
+        shipped.load(Ordering::SeqCst)
+    );
+
     publisher.close()?;
+    for suffix in [
+        "",
+        ".retry.1s",
+        ".retry.10s",
+        ".retry.1m",
+        ".retry.10m",
+        ".dlq",
+        ".parked",
+    ] {
+        connection.delete_queue(&format!("{shipping}{suffix}"))?;
+    }
     for q in [&flaky, &doomed] {
         for suffix in ["", ".retry.200ms", ".retry.400ms", ".dlq", ".parked"] {
             connection.delete_queue(&format!("{q}{suffix}"))?;

@@ -208,6 +208,16 @@ struct Core {
     observer: Arc<dyn Observer>,
 }
 
+/// A batch handed to the publisher.
+struct HandedOver {
+    /// Records published one by one and already confirmed (indexes into the batch).
+    confirmed: Vec<usize>,
+    /// Pipelined publishes awaiting their confirm.
+    tickets: Vec<(usize, crate::publish::Ticket)>,
+    /// The first record that failed, and why.
+    failure: Option<(usize, Error)>,
+}
+
 struct Running {
     stop: Sender<()>,
     thread: JoinHandle<()>,
@@ -302,19 +312,43 @@ impl OutboxRelay {
         let core = self.core.clone();
         let thread = std::thread::Builder::new()
             .name("acemq-outbox-relay".into())
-            .spawn(move || loop {
-                let full = match core.sweep() {
-                    Ok(n) => n >= core.batch,
-                    Err(e) => {
-                        log::warn!("acemq: outbox sweep failed: {e}");
-                        false
+            .spawn(move || {
+                let (mut next, mut to_delete) = (None, Vec::new());
+                let mut reported = std::time::Instant::now();
+                loop {
+                    let full = match core.pump(&mut next, &mut to_delete) {
+                        Ok(n) => n >= core.batch,
+                        Err(e) => {
+                            log::warn!("acemq: outbox sweep failed: {e}");
+                            false
+                        }
+                    };
+                    if !full {
+                        if let Err(e) = core.flush(&mut to_delete) {
+                            log::warn!("acemq: deleting published outbox records: {e}");
+                        }
                     }
-                };
-                core.report_backlog();
-                let wait = if full { Duration::ZERO } else { core.interval };
-                match stop_rx.recv_timeout(wait) {
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                    _ => return,
+                    if !full || reported.elapsed() >= core.interval {
+                        core.report_backlog();
+                        reported = std::time::Instant::now();
+                    }
+                    let wait = if full { Duration::ZERO } else { core.interval };
+                    if !matches!(
+                        stop_rx.recv_timeout(wait),
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                    ) {
+                        // Stopping: delete what went out, give back what was leased.
+                        if let Err(e) = core.flush(&mut to_delete) {
+                            log::warn!("acemq: deleting published outbox records: {e}");
+                        }
+                        if let Some(leased) = next.take() {
+                            let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
+                            if let Err(e) = core.store.unlease(&ids) {
+                                log::warn!("acemq: ending outbox leases: {e}");
+                            }
+                        }
+                        return;
+                    }
                 }
             })
             .map_err(|e| Error::Io {
@@ -390,6 +424,7 @@ impl Core {
         }
     }
 
+    /// One batch, on demand: lease, publish, delete.
     fn sweep(&self) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let publisher = self.publisher()?;
@@ -397,88 +432,163 @@ impl Core {
         if records.is_empty() {
             return Ok(0);
         }
-        let mut published: Vec<i64> = Vec::with_capacity(records.len());
-        let mut failure: Option<(usize, Error)> = None;
+        let mut handed = self.hand_over(&publisher, &records);
+        let published = self.await_confirms(&records, &mut handed);
+        self.finish(&records, published, handed.failure)
+    }
 
-        // A record that failed before goes out alone, ahead of anything behind it.
+    /// The started relay's loop: like [`sweep`](Self::sweep), but while a batch's confirms are
+    /// awaited it deletes the previous batch and leases the next one, so the database and the
+    /// broker work at the same time. `next` and `to_delete` carry over between calls.
+    fn pump(
+        &self,
+        next: &mut Option<Vec<OutboxRecord>>,
+        to_delete: &mut Vec<i64>,
+    ) -> Result<usize> {
+        let _one_at_a_time = self.sweeping.lock();
+        let publisher = self.publisher()?;
+        let records = match next.take() {
+            Some(r) => r,
+            None => self.store.pending(self.batch)?,
+        };
+        if records.is_empty() || records[0].attempts > 0 {
+            // Nothing to overlap with, or a failed record that must go alone first.
+            self.flush(to_delete)?;
+            if records.is_empty() {
+                return Ok(0);
+            }
+            let mut handed = self.hand_over(&publisher, &records);
+            let published = self.await_confirms(&records, &mut handed);
+            return self.finish(&records, published, handed.failure);
+        }
+        let mut handed = self.hand_over(&publisher, &records);
+        let overlap = self.flush(to_delete).and_then(|()| {
+            if handed.failure.is_none() && records.len() == self.batch {
+                *next = Some(self.store.pending(self.batch)?);
+            }
+            Ok(())
+        });
+        let published = self.await_confirms(&records, &mut handed);
+        if handed.failure.is_some() || overlap.is_err() {
+            if let Some(leased) = next.take() {
+                let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
+                self.store.unlease(&ids)?;
+            }
+            let n = self.finish(&records, published, handed.failure)?;
+            overlap?;
+            return Ok(n);
+        }
+        let n = published.len();
+        to_delete.extend(published);
+        Ok(n)
+    }
+
+    /// Deletes what was published and confirmed.
+    fn flush(&self, to_delete: &mut Vec<i64>) -> Result<()> {
+        if !to_delete.is_empty() {
+            self.store.mark_published_many(to_delete)?;
+            to_delete.clear();
+        }
+        Ok(())
+    }
+
+    /// Hands the batch to the publisher: a record that failed before goes alone and is awaited
+    /// first; the rest are pipelined.
+    fn hand_over(&self, publisher: &Publisher, records: &[OutboxRecord]) -> HandedOver {
+        let mut handed = HandedOver {
+            confirmed: Vec::new(),
+            tickets: Vec::new(),
+            failure: None,
+        };
         let mut next = 0;
         while next < records.len() && records[next].attempts > 0 {
             let r = &records[next];
             match publisher.publish(&r.exchange, &r.routing_key, to_message(r)) {
                 Ok(()) => {
-                    self.published(r);
-                    published.push(r.id);
+                    handed.confirmed.push(next);
                     next += 1;
                 }
                 Err(e) => {
-                    failure = Some((next, e));
+                    handed.failure = Some((next, e));
+                    return handed;
+                }
+            }
+        }
+        for (i, r) in records.iter().enumerate().skip(next) {
+            match publisher.publish_deferred(&r.exchange, &r.routing_key, to_message(r)) {
+                Ok(t) => handed.tickets.push((i, t)),
+                Err(e) => {
+                    handed.failure = Some((i, e));
                     break;
                 }
             }
         }
-        if failure.is_none() && next < records.len() {
-            // The rest, pipelined.
-            let mut tickets = Vec::with_capacity(records.len() - next);
-            for r in &records[next..] {
-                match publisher.publish_deferred(&r.exchange, &r.routing_key, to_message(r)) {
-                    Ok(t) => tickets.push(Ok(t)),
-                    Err(e) => {
-                        tickets.push(Err(e));
-                        break;
-                    }
+        handed
+    }
+
+    /// Waits for the confirms; returns the ids the broker took, in order.
+    fn await_confirms(&self, records: &[OutboxRecord], handed: &mut HandedOver) -> Vec<i64> {
+        let mut published = Vec::with_capacity(records.len());
+        for i in std::mem::take(&mut handed.confirmed) {
+            self.published(&records[i]);
+            published.push(records[i].id);
+        }
+        for (i, ticket) in std::mem::take(&mut handed.tickets) {
+            match ticket.wait() {
+                Ok(()) => {
+                    self.published(&records[i]);
+                    published.push(records[i].id);
                 }
-            }
-            for (i, ticket) in tickets.into_iter().enumerate() {
-                let r = &records[next + i];
-                match ticket.and_then(|t| t.wait()) {
-                    Ok(()) => {
-                        self.published(r);
-                        published.push(r.id);
-                    }
-                    Err(e) => {
-                        if failure.is_none() {
-                            failure = Some((next + i, e));
-                        }
+                Err(e) => {
+                    let earlier = handed.failure.as_ref().is_some_and(|(at, _)| *at < i);
+                    if !earlier {
+                        handed.failure = Some((i, e));
                     }
                 }
             }
         }
+        published
+    }
+
+    /// Deletes what went out, then deals with the first failure: counted against its record
+    /// unless the connection dropped; every lease left is ended.
+    fn finish(
+        &self,
+        records: &[OutboxRecord],
+        published: Vec<i64>,
+        failure: Option<(usize, Error)>,
+    ) -> Result<usize> {
         // Delete what went out before anything else: a failure below must not lose that.
         if !published.is_empty() {
             self.store.mark_published_many(&published)?;
         }
-        match failure {
-            None => Ok(published.len()),
-            Some((at, e)) => {
-                let r = &records[at];
-                if e.is_retriable() {
-                    log::warn!(
-                        "acemq: outbox record {} not published ({e}); it stays in the outbox",
-                        r.id
-                    );
-                } else {
-                    let error = e.to_string();
-                    self.store.record_failure(r.id, &error)?;
-                    self.observer.outbox(&OutboxEvent::Failed {
-                        id: r.id,
-                        attempts: r.attempts + 1,
-                        error: &error,
-                    });
-                }
-                let unpublished: Vec<i64> = records
-                    .iter()
-                    .map(|r| r.id)
-                    .filter(|id| *id != r.id && !published.contains(id))
-                    .collect();
-                if !unpublished.is_empty() {
-                    self.store.unlease(&unpublished)?;
-                }
-                if e.is_retriable() {
-                    self.store.unlease(&[r.id])?;
-                }
-                Err(e)
-            }
+        let Some((at, e)) = failure else {
+            return Ok(published.len());
+        };
+        let r = &records[at];
+        if e.is_retriable() {
+            log::warn!(
+                "acemq: outbox record {} not published ({e}); it stays in the outbox",
+                r.id
+            );
+        } else {
+            let error = e.to_string();
+            self.store.record_failure(r.id, &error)?;
+            self.observer.outbox(&OutboxEvent::Failed {
+                id: r.id,
+                attempts: r.attempts + 1,
+                error: &error,
+            });
         }
+        let unpublished: Vec<i64> = records
+            .iter()
+            .map(|x| x.id)
+            .filter(|id| !published.contains(id) && (*id != r.id || e.is_retriable()))
+            .collect();
+        if !unpublished.is_empty() {
+            self.store.unlease(&unpublished)?;
+        }
+        Err(e)
     }
 
     fn published(&self, r: &OutboxRecord) {
