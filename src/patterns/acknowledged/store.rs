@@ -76,7 +76,7 @@ where
 ///     })
 /// };
 /// let mut conn = open()?;
-/// conn.execute("CREATE TABLE IF NOT EXISTS doc_orders (id TEXT, body BLOB)", &[])?;
+/// Sql::execute(&mut conn, "CREATE TABLE IF NOT EXISTS doc_orders (id TEXT, body BLOB)", &[])?;
 /// let store = BatchStore::builder(open, |tx: &mut dyn Sql, m: &Message| {
 ///     tx.execute(
 ///         "INSERT INTO doc_orders (id, body) VALUES (?1, ?2)",
