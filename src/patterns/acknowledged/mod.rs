@@ -272,7 +272,10 @@ pub trait Acknowledge<T> {
     ///
     /// Defaults to calling [`acknowledge`](Self::acknowledge) for each in turn, stopping at the
     /// first error. A broker adapter may acknowledge them at once (AMQP: `basic.ack` with
-    /// `multiple`).
+    /// `multiple`). Beware that the deliveries of a failed batch stay unacknowledged: a
+    /// `multiple` acknowledgement must not cover their tags (nor those of deliveries still
+    /// being applied), so use it only up to a tag below which nothing else is outstanding on
+    /// that channel, and acknowledge the rest singly.
     ///
     /// # Errors
     ///
