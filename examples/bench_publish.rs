@@ -96,20 +96,12 @@ fn rate(n: usize, d: Duration) -> f64 {
 }
 
 fn main() {
-    let scale: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(1);
-    let conn =
-        Connection::open("amqp://guest:guest@127.0.0.1:5672/").expect("RabbitMQ at 127.0.0.1:5672");
+    let scale: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(1);
+    let conn = Connection::open("amqp://guest:guest@127.0.0.1:5672/").expect("RabbitMQ at 127.0.0.1:5672");
     let queue = format!("bench.publish.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue)).unwrap();
-    println!(
-        "200-byte persistent messages to a durable classic queue; best of 3 alternating rounds"
-    );
-    println!(
-        "raw = amiquip with TCP_NODELAY; raw+env = the same, carrying acemq's envelope headers"
-    );
+    println!("200-byte persistent messages to a durable classic queue; best of 3 alternating rounds");
+    println!("raw = amiquip with TCP_NODELAY; raw+env = the same, carrying acemq's envelope headers");
     println!(
         "{:<26} {:>10} {:>10} {:>10} {:>10} {:>12}",
         "case", "raw/s", "raw+env/s", "acemq/s", "vs raw", "vs raw+env"
