@@ -1,5 +1,6 @@
 //! The family's patterns, one module each.
 
+pub mod acknowledged;
 mod idempotency;
 mod idempotent;
 mod outbox;

@@ -1,0 +1,400 @@
+//! The acknowledged consumer: commit an effect and its receipt in one transaction, then
+//! acknowledge.
+//!
+//! A broker-neutral recipe: deliveries come from a [`Source`], their effects are applied in
+//! batches by an [`ApplyBatch`] store that records one *receipt* per message identity in the
+//! same database transaction as the effect, and only after that transaction has committed is
+//! each delivery acknowledged through an [`Acknowledge`]. A redelivered message finds its receipt
+//! and is acknowledged again without repeating its effect. Nothing here needs a broker: the
+//! demonstration (`cargo run --example acknowledged_consumer`) runs on a temporary SQLite file.
+//!
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # fn main() -> acemq_amqp::Result<()> {
+//! use acemq_amqp::patterns::acknowledged::{
+//!     consume, CounterIncrement, CounterStore, Delivery, IterSource,
+//! };
+//! let dir = std::env::temp_dir().join(format!("acemq-ack-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).map_err(|e| acemq_amqp::Error::Io {
+//!     context: "creating a directory".into(),
+//!     source: e,
+//! })?;
+//! let store = CounterStore::builder(dir.join("counters.db")).build()?;
+//! store.create_tables()?;
+//! let hit = CounterIncrement::new("page_views", 1).message("tenant-a/view/42");
+//! // The same message delivered twice, with different delivery tokens.
+//! let source = IterSource::new(vec![
+//!     Delivery::new(hit.clone(), 1_u64),
+//!     Delivery::new(hit, 2_u64),
+//! ]);
+//! let mut acked = Vec::new();
+//! let report = consume(source, &store, |d: &Delivery<u64>| {
+//!     acked.push(d.acknowledgement_token);
+//!     Ok(())
+//! }, 32, 64)?;
+//! assert_eq!((report.acknowledged, report.replayed, report.failed), (2, 1, 0));
+//! assert_eq!(acked, [1, 2]);
+//! assert_eq!(store.value("page_views")?, 1);
+//! # std::fs::remove_dir_all(&dir).ok();
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "sqlite"))]
+//! # fn main() {}
+//! ```
+//!
+//! # Messages, identities and tokens
+//!
+//! A [`Message`] has an `identifier` and a `payload`. The identifier is the message's immutable
+//! business identity: the same on every replay, and scoped by whoever builds it (source, topic,
+//! tenant, operation: `"billing/tenant-7/charge/9912"`), because the receipt table is one
+//! namespace. A [`Delivery`] pairs a message with the `acknowledgement_token` of one delivery
+//! attempt; the token may change on redelivery (an AMQP delivery tag does) and is what the
+//! [`Acknowledge`] implementation needs to acknowledge *that* attempt.
+//!
+//! The receipt records the SHA-256 of the payload. A replay whose payload differs is not a
+//! replay but an identity reused by mistake: it fails its batch (see below) rather than being
+//! acknowledged as done.
+//!
+//! # The pieces
+//!
+//! * [`Batcher`] (reusable on its own): takes items from a [`Source`], forms batches of up to
+//!   `batch_size`, runs each batch on one worker thread (`acemq-ack-worker`), and hands back one
+//!   outcome per item, in order ([`Batcher::map_outcomes`], or per batch with
+//!   [`Batcher::run_batches`]). Intake is bounded: at most `max_pending` items are taken from
+//!   the source and not yet handed back (the callback holding a batch counts them until it
+//!   returns). A batch is dispatched when it is full, or as soon as the worker is free and the
+//!   source has nothing ready, so batches grow under load and stay small when traffic is light.
+//! * [`BatchStore`] (on the [`Sql`](crate::sql::Sql) seam, SQLite or PostgreSQL): runs a
+//!   user-supplied [`Effect`] for each new message inside one transaction per batch and keeps
+//!   the receipts. This is also the batched form of the transactional idempotent consumer
+//!   ([`BatchStore::apply_batch_in`] runs on the caller's transaction).
+//! * [`CounterStore`] (SQLite): the demonstration effect, a named counter incremented by each
+//!   message, on a file-backed database in WAL mode with `synchronous=FULL`.
+//! * [`consume`] / [`consume_with`]: the recipe; returns a [`Report`].
+//!
+//! # One batch, one transaction
+//!
+//! For each batch the store, in one transaction: (1) looks up the receipts of the batch's
+//! identities; (2) for a replay, checks the payload's hash and returns the earlier outcome
+//! ([`Receipt::Replayed`]); (3) for a new message, runs the effect and writes the receipt
+//! ([`Receipt::Applied`]); (4) commits, before any outcome is returned. An identity reused with
+//! a different payload, an effect that refuses an item (a bad counter name, an unauthorised
+//! counter, an overflow), or any database error rolls back the **whole batch**: none of its
+//! effects or receipts stay. Earlier batches stay committed. The deliveries of a failed batch are
+//! counted in [`Report::failed`], passed to [`Acknowledge::failed`] (which by default does
+//! nothing) and left **unacknowledged**; consumption goes on with the next batch.
+//!
+//! # Crash and cancellation boundaries
+//!
+//! The receipt is the only record of "done"; the acknowledgement only tells the broker it may
+//! forget the delivery. So every boundary resolves to "applied once, acknowledged at least
+//! once":
+//!
+//! 1. **Crash before the commit.** The transaction never happened: no effect, no receipt. The
+//!    broker still holds the deliveries (unacknowledged) and redelivers them; they are applied
+//!    then, once.
+//! 2. **Crash after the commit, before the acknowledgement.** The effect and the receipt are
+//!    durable (`synchronous=FULL` on SQLite), the deliveries are not acknowledged. They are
+//!    redelivered with new tokens, find their receipts, are reported as replayed and
+//!    acknowledged; the effect is not repeated.
+//! 3. **Acknowledgement sent, response lost** (the connection drops around a `basic.ack`). The
+//!    broker may or may not have taken it. If it did not, the delivery comes back and is a replay
+//!    as in case 2. The error is returned from [`consume`]; that is not data loss.
+//! 4. **A later item fails.** A failing item rolls back its own batch only. Earlier batches were
+//!    committed and are acknowledged (or, if the acknowledgement fails, replayed later as in case
+//!    2). Items of later batches are processed as usual. When an *acknowledgement* fails,
+//!    [`consume`] stops taking deliveries, lets the batches already on the worker finish (they
+//!    commit, but are not acknowledged), drops the items not yet dispatched without applying
+//!    them, closes the source and returns the error: everything not acknowledged is redelivered
+//!    and resolves as case 1 or 2.
+//!
+//! Cancellation through a [`StopHandle`] is an orderly version of the same: the batcher stops
+//! taking deliveries, applies and acknowledges every delivery it has already taken, closes the
+//! source and returns the report. A source error does the same and then returns the error. In
+//! every case, including a panic in the acknowledgement callback, the source is closed
+//! ([`Source::close`]) and the worker thread is joined before `consume` returns.
+//!
+//! Receipts are kept until [`BatchStore::purge`] deletes them; an identity whose receipt was
+//! purged is applied again if it is ever redelivered, so keep receipts longer than the broker
+//! may redeliver (for RabbitMQ: longer than any message can sit in a queue).
+//!
+//! # Fitting a broker
+//!
+//! * [`Source::poll`] waits at most the given timeout and answers [`Polled::Idle`] when nothing
+//!   came, so a consumer blocked on an idle queue still notices its stop handle (every
+//!   `poll_interval`, 100 ms by default). The token type is the source's choice (for AMQP, a
+//!   delivery tag with a channel generation).
+//! * [`Acknowledge::acknowledge_batch`] receives the acknowledged deliveries of one batch in
+//!   order, so an AMQP implementation can acknowledge them with one `basic.ack` with
+//!   `multiple` where the tags are contiguous. Its default calls
+//!   [`Acknowledge::acknowledge`] for each.
+//! * The source and the acknowledgement run on the caller's thread and need not be `Send`;
+//!   only the items (`Delivery<T>` with `T: Send`) cross to the worker thread.
+
+mod batcher;
+#[cfg(feature = "sqlite")]
+mod counter;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod store;
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+pub use batcher::{Batcher, BatcherBuilder, IterSource, Polled, Source, StopHandle};
+#[cfg(feature = "sqlite")]
+pub use counter::{CounterIncrement, CounterStore, CounterStoreBuilder};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::{BatchStore, BatchStoreBuilder, Effect, DEFAULT_RECEIPTS_TABLE};
+
+/// A message as the acknowledged consumer sees it: an immutable identity and a payload.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Message {
+    /// The business identity: the same on every replay, scoped by its source, topic, tenant or
+    /// operation (the receipt table is one namespace). Must not be empty.
+    pub identifier: String,
+    /// The payload, as bytes. Its SHA-256 is recorded with the receipt.
+    pub payload: Vec<u8>,
+}
+
+impl Message {
+    /// A message with this identity and payload.
+    pub fn new(identifier: impl Into<String>, payload: impl Into<Vec<u8>>) -> Message {
+        Message {
+            identifier: identifier.into(),
+            payload: payload.into(),
+        }
+    }
+}
+
+impl fmt::Debug for Message {
+    /// Shows the identifier and the payload's length, never the payload.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("identifier", &self.identifier)
+            .field("payload_len", &self.payload.len())
+            .finish()
+    }
+}
+
+/// One delivery attempt of a [`Message`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Delivery<T> {
+    /// The message.
+    pub message: Message,
+    /// What acknowledges this attempt (an AMQP delivery tag, an offset, …). May change on
+    /// redelivery.
+    pub acknowledgement_token: T,
+}
+
+impl<T> Delivery<T> {
+    /// A delivery of `message` acknowledged by `acknowledgement_token`.
+    pub fn new(message: Message, acknowledgement_token: T) -> Delivery<T> {
+        Delivery {
+            message,
+            acknowledgement_token,
+        }
+    }
+}
+
+/// What a store did with one message of a committed batch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Receipt {
+    /// New: the effect ran and its receipt was written in the batch's transaction.
+    Applied {
+        /// The effect's outcome, as recorded.
+        outcome: String,
+    },
+    /// A replay of an identity already done (in an earlier batch, or earlier in this one) with
+    /// the same payload: nothing ran; this is the earlier outcome.
+    Replayed {
+        /// The outcome recorded when it was applied.
+        outcome: String,
+    },
+}
+
+impl Receipt {
+    /// The outcome recorded with the receipt.
+    pub fn outcome(&self) -> &str {
+        match self {
+            Receipt::Applied { outcome } | Receipt::Replayed { outcome } => outcome,
+        }
+    }
+
+    /// True for [`Receipt::Replayed`].
+    pub fn is_replay(&self) -> bool {
+        matches!(self, Receipt::Replayed { .. })
+    }
+}
+
+/// A store that applies a batch of messages all or nothing: one [`Receipt`] per message, in
+/// order, after its transaction committed.
+///
+/// Implemented by [`BatchStore`] and [`CounterStore`]. `Sync` because the batch runs on the
+/// batcher's worker thread while the caller's thread keeps a reference.
+pub trait ApplyBatch: Sync {
+    /// Applies `messages` in one transaction and returns one receipt per message, in order,
+    /// once it has committed.
+    ///
+    /// # Errors
+    ///
+    /// Any error means the whole batch was rolled back (nothing of it stays).
+    fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>>;
+}
+
+impl<S: ApplyBatch + ?Sized> ApplyBatch for &S {
+    fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
+        (**self).apply_batch(messages)
+    }
+}
+
+impl<S: ApplyBatch + ?Sized + Send> ApplyBatch for std::sync::Arc<S> {
+    fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
+        (**self).apply_batch(messages)
+    }
+}
+
+/// Acknowledges deliveries with the broker, after their batch committed.
+///
+/// Implemented for closures `FnMut(&Delivery<T>) -> Result<()>`. Runs on the caller's thread
+/// (the one running [`consume`]); it need not be `Send`.
+pub trait Acknowledge<T> {
+    /// Acknowledges this delivery with its own token.
+    ///
+    /// # Errors
+    ///
+    /// An error stops the consumer (see the module docs, case 4) and is returned from
+    /// [`consume`].
+    fn acknowledge(&mut self, delivery: &Delivery<T>) -> Result<()>;
+
+    /// Acknowledges the acknowledged deliveries of one committed batch, in the order they were
+    /// taken from the source.
+    ///
+    /// Defaults to calling [`acknowledge`](Self::acknowledge) for each in turn, stopping at the
+    /// first error. A broker adapter may acknowledge them at once (AMQP: `basic.ack` with
+    /// `multiple`). Beware that the deliveries of a failed batch stay unacknowledged: a
+    /// `multiple` acknowledgement must not cover their tags (nor those of deliveries still
+    /// being applied), so use it only up to a tag below which nothing else is outstanding on
+    /// that channel, and acknowledge the rest singly.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acknowledge`](Self::acknowledge).
+    fn acknowledge_batch(&mut self, deliveries: &[Delivery<T>]) -> Result<()> {
+        deliveries.iter().try_for_each(|d| self.acknowledge(d))
+    }
+
+    /// Told about the deliveries of a batch that was rolled back, with the reason.
+    ///
+    /// Defaults to doing nothing: the deliveries stay unacknowledged and the broker redelivers
+    /// them when the consumer's channel closes. An adapter may reject them instead.
+    ///
+    /// # Errors
+    ///
+    /// An error stops the consumer like an acknowledgement failure.
+    fn failed(&mut self, deliveries: &[Delivery<T>], error: &Error) -> Result<()> {
+        let _ = (deliveries, error);
+        Ok(())
+    }
+}
+
+impl<T, F> Acknowledge<T> for F
+where
+    F: FnMut(&Delivery<T>) -> Result<()>,
+{
+    fn acknowledge(&mut self, delivery: &Delivery<T>) -> Result<()> {
+        self(delivery)
+    }
+}
+
+/// What [`consume`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Report {
+    /// Deliveries acknowledged (applied now or replayed).
+    pub acknowledged: u64,
+    /// Of those, replays of an identity already done: acknowledged without running the effect.
+    pub replayed: u64,
+    /// Deliveries whose batch was rolled back, left unacknowledged.
+    pub failed: u64,
+}
+
+/// Consumes `source` until it ends: applies its deliveries in batches of up to `batch_size`
+/// through `store`, and acknowledges each delivery after its batch committed.
+///
+/// At most `max_pending` deliveries are taken from the source and not yet acknowledged (or
+/// failed). The source is closed before this returns, on every path. See the
+/// [module docs](self) for what happens on failures and crashes; to stop it from another
+/// thread use [`consume_with`] and a [`Batcher`]'s [`StopHandle`].
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] if `batch_size` or `max_pending` is zero; otherwise the first
+/// error of the source, of an acknowledgement, or of closing the source. A batch that fails in
+/// the store is not an error of `consume`: it is counted in [`Report::failed`].
+pub fn consume<S, T, St, A>(
+    source: S,
+    store: &St,
+    acknowledge: A,
+    batch_size: usize,
+    max_pending: usize,
+) -> Result<Report>
+where
+    S: Source<Item = Delivery<T>>,
+    T: Send,
+    St: ApplyBatch + ?Sized,
+    A: Acknowledge<T>,
+{
+    let batcher = Batcher::new(batch_size, max_pending)?;
+    consume_with(source, store, acknowledge, &batcher)
+}
+
+/// [`consume`] with a configured [`Batcher`] (its batch size, intake bound, poll interval and
+/// stop handle).
+///
+/// When the batcher's [`StopHandle`] is stopped, this stops taking deliveries, applies and
+/// acknowledges those it has taken, closes the source and returns the report.
+///
+/// # Errors
+///
+/// As for [`consume`].
+pub fn consume_with<S, T, St, A>(
+    source: S,
+    store: &St,
+    mut acknowledge: A,
+    batcher: &Batcher,
+) -> Result<Report>
+where
+    S: Source<Item = Delivery<T>>,
+    T: Send,
+    St: ApplyBatch + ?Sized,
+    A: Acknowledge<T>,
+{
+    let mut report = Report::default();
+    batcher.run_batches(
+        source,
+        |batch: &[Delivery<T>]| {
+            let messages: Vec<&Message> = batch.iter().map(|d| &d.message).collect();
+            store.apply_batch(&messages)
+        },
+        |deliveries: Vec<Delivery<T>>, result: Result<Vec<Receipt>>| {
+            let n = deliveries.len() as u64;
+            match result {
+                Ok(receipts) => {
+                    acknowledge.acknowledge_batch(&deliveries)?;
+                    report.acknowledged += n;
+                    report.replayed += receipts.iter().filter(|r| r.is_replay()).count() as u64;
+                }
+                Err(e) => {
+                    log::warn!(
+                        "acknowledged consumer: a batch of {n} deliveries was rolled back and \
+                         left unacknowledged: {e}"
+                    );
+                    report.failed += n;
+                    acknowledge.failed(&deliveries, &e)?;
+                }
+            }
+            Ok(())
+        },
+    )?;
+    Ok(report)
+}
