@@ -36,7 +36,9 @@
 //!   connection; graceful shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose
 //!   handler may borrow local state.
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
-//! * [`patterns`]: the family's patterns, one module each.
+//! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
+//!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
+//!   and the broker-neutral acknowledged consumer.
 //!
 //! ## Threads
 //!
@@ -51,6 +53,7 @@
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks) and `acemq-worker-N` |
 //! | [`StopHandle`] | yes | yes | — |
+//! | [`patterns::OutboxRelay`] | yes | yes | `acemq-outbox-relay` once started, and its publisher's `acemq-confirms` |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
 //! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy
@@ -88,13 +91,13 @@
 #![forbid(unsafe_code)]
 
 mod codec;
-mod connection;
-mod consume;
+pub mod connection;
+pub mod consume;
 mod envelope;
 mod error;
 pub mod observe;
 pub mod patterns;
-mod publish;
+pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 

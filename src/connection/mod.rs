@@ -8,10 +8,10 @@
 //!   amiquip connection (its connection-blocked listener disconnects when the I/O thread ends),
 //!   and when it drops it closes it to learn the cause, reconnects with capped exponential
 //!   backoff and jitter across the addresses, re-declares the remembered topology, and publishes
-//!   the new [`Link`] with a generation one higher. It holds only a `Weak` reference and ends when
+//!   the new link with a generation one higher. It holds only a `Weak` reference and ends when
 //!   the connection is closed or the last handle is dropped.
 //!
-//! Publishers and consumers ask for the current link with [`Connection::link`] (waiting while it
+//! Publishers and consumers ask for the current link (waiting while it
 //! recovers), open their own channels on it, and remember its generation; a failure on their
 //! channel sends them back here for the next link.
 

@@ -5,9 +5,9 @@
 //!
 //! 1. amiquip's I/O thread reads a delivery into the consumer's buffer (at most `prefetch`
 //!    unsettled at once: the broker enforces it).
-//! 2. The **owner** thread ([`owner`]) records it as in flight and sends it as a job to the
+//! 2. The **owner** thread (`owner.rs`) records it as in flight and sends it as a job to the
 //!    workers through a bounded channel.
-//! 3. A **worker** thread ([`worker`]) runs the handler (a panic is caught: it is a retry),
+//! 3. A **worker** thread (`worker.rs`) runs the handler (a panic is caught: it is a retry),
 //!    decides the [`Outcome`], publishes the copy that outcome needs — to
 //!    `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`, confirmed and mandatory — and
 //!    only then sends the settlement back. If the copy cannot be published, the original is

@@ -1,11 +1,11 @@
 //! The family's patterns, one module each.
 
 pub mod acknowledged;
-mod idempotency;
-mod idempotent;
-mod outbox;
-mod relay;
-mod schema_registry;
+pub mod idempotency;
+pub mod idempotent;
+pub mod outbox;
+pub mod relay;
+pub mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};

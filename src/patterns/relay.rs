@@ -11,7 +11,7 @@
 //!
 //! * **Nothing is lost**: a record leaves the outbox only after the broker confirmed it. A
 //!   crash or a dropped connection between the confirm and the delete publishes it again
-//!   (with the same `x-acemq-id`, so an [idempotent](super::idempotent) consumer ignores the
+//!   (with the same `x-acemq-id`, so an [idempotent](mod@super::idempotent) consumer ignores the
 //!   second one).
 //! * **Order**: records are offered oldest first and published in that order. A batch is
 //!   pipelined (all of it handed to the broker, then the confirms awaited). When a record fails
