@@ -106,5 +106,105 @@ fn main() -> Res<()> {
         "batch 32 / batch 1 = {speedup:.1}× (target ≥ 10×): {}",
         if speedup >= 10.0 { "met" } else { "NOT met" }
     );
+    over_rabbitmq(dir.path())?;
+    Ok(())
+}
+
+/// The recipe at batch 32 over RabbitMQ against raw amiquip consume + ack (prefetch 100), on
+/// the same number of counter messages.
+fn over_rabbitmq(dir: &std::path::Path) -> Res<()> {
+    use acemq_amqp::patterns::acknowledged::{consume_with, AmqpQueue, Batcher, StopHandle};
+    use acemq_amqp::{Connection, Message, PublisherOptions, QueueSpec};
+    use amiquip::{Auth, ConnectionOptions, ConnectionTuning, ConsumerMessage};
+
+    let n = 20_000;
+    let conn = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
+    let q = format!("bench.acknowledged.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&q))?;
+    let fill = || -> Res<()> {
+        let p = conn.publisher_with(PublisherOptions::new().window(2000))?;
+        let mut tickets = Vec::new();
+        for i in 0..n {
+            let payload = CounterIncrement::new("hits", 1).payload();
+            let m = Message::new(payload)
+                .with_id(format!("hit-{i}-{}", Instant::now().elapsed().as_nanos()));
+            tickets.push(p.publish_deferred("", &q, m.persistent(false))?);
+            if tickets.len() == 1000 {
+                for t in tickets.drain(..) {
+                    t.wait()?;
+                }
+            }
+        }
+        for t in tickets {
+            t.wait()?;
+        }
+        p.close()?;
+        Ok(())
+    };
+
+    // Raw amiquip consume + ack.
+    fill()?;
+    let s = std::net::TcpStream::connect("127.0.0.1:5672")?;
+    s.set_nodelay(true)?;
+    let mut raw_conn = amiquip::Connection::insecure_open_stream(
+        mio::net::TcpStream::from_stream(s)?,
+        ConnectionOptions::<Auth>::default(),
+        ConnectionTuning::default(),
+    )?;
+    let ch = raw_conn.open_channel(None)?;
+    ch.qos(0, 100, false)?;
+    let start = Instant::now();
+    let consumer = ch.basic_consume(q.as_str(), Default::default())?;
+    let mut got = 0;
+    for m in consumer.receiver().iter() {
+        if let ConsumerMessage::Delivery(d) = m {
+            d.ack(&ch)?;
+            got += 1;
+            if got == n {
+                break;
+            }
+        }
+    }
+    let raw = n as f64 / start.elapsed().as_secs_f64();
+    consumer.cancel()?;
+    for m in consumer.receiver().iter() {
+        if !matches!(m, ConsumerMessage::Delivery(_)) {
+            break;
+        }
+    }
+    drop(consumer);
+    raw_conn.close()?;
+
+    // The recipe, batch 32.
+    fill()?;
+    let store = CounterStore::builder(dir.join("amqp.db"))
+        .allow(["hits"])
+        .build()?;
+    store.create_tables()?;
+    let stop = StopHandle::new();
+    let batcher = Batcher::builder()
+        .batch_size(32)
+        .max_pending(64)
+        .stop_handle(stop.clone())
+        .build()?;
+    let start = Instant::now();
+    let report = std::thread::scope(|s| -> Res<_> {
+        let running = s.spawn(|| -> acemq_amqp::Result<_> {
+            let queue = AmqpQueue::open(&conn, &q, 100)?;
+            let report = consume_with(queue.source()?, &store, queue.acknowledger(), &batcher);
+            queue.close()?;
+            report
+        });
+        while store.value("hits")? < n as i64 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        stop.stop();
+        Ok(running.join().map_err(|_| "the recipe thread panicked")??)
+    })?;
+    let ours = n as f64 / start.elapsed().as_secs_f64();
+    conn.delete_queue(&q)?;
+    conn.close()?;
+    println!();
+    println!("over RabbitMQ, {n} messages, prefetch 100: raw consume + ack {raw:.0}/s, recipe at batch 32 {ours:.0}/s ({:.2}× raw; target ≥ 0.5×), report {report:?}", ours / raw);
     Ok(())
 }

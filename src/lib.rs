@@ -54,6 +54,7 @@
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks) and `acemq-worker-N` |
 //! | [`StopHandle`] | yes | yes | — |
 //! | [`patterns::OutboxRelay`] | yes | yes | `acemq-outbox-relay` once started, and its publisher's `acemq-confirms` |
+//! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
 //! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy

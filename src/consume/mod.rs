@@ -22,7 +22,7 @@
 //! amiquip always lets the broker choose the consumer tag, so no tag prefix can be set.
 
 mod outcome;
-mod owner;
+pub(crate) mod owner;
 mod retry;
 mod worker;
 

@@ -131,6 +131,7 @@
 //! * The source and the acknowledgement run on the caller's thread and need not be `Send`;
 //!   only the items (`Delivery<T>` with `T: Send`) cross to the worker thread.
 
+mod amqp;
 mod batcher;
 #[cfg(feature = "sqlite")]
 mod counter;
@@ -141,6 +142,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpSource, AmqpToken};
 pub use batcher::{Batcher, BatcherBuilder, IterSource, Polled, Source, StopHandle};
 #[cfg(feature = "sqlite")]
 pub use counter::{CounterIncrement, CounterStore, CounterStoreBuilder};
