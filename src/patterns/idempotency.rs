@@ -275,6 +275,7 @@ mod sql_store {
         claim: String,
         first_time: String,
         confirm: String,
+        confirm_claimed: String,
         state: String,
         forget: String,
         purge: String,
@@ -298,6 +299,11 @@ mod sql_store {
                 claim: upsert(CLAIMED, &expired),
                 first_time: upsert(CONFIRMED, &expired),
                 confirm: upsert(CONFIRMED, ""),
+                // The common case: the key was claimed. A plain update is cheaper than an upsert
+                // (no speculative insert); the upsert covers a confirm without a claim.
+                confirm_claimed: p(format!(
+                    "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = $2 WHERE key = $1"
+                )),
                 state: p(format!("SELECT state FROM {t} WHERE key = $1")),
                 forget: p(format!("DELETE FROM {t} WHERE key = $1")),
                 purge: p(format!("DELETE FROM {t} WHERE deadline_ms <= $1")),
@@ -540,11 +546,14 @@ mod sql_store {
         fn confirm_on(&self, conn: &mut dyn Sql, key: &str) -> Result<()> {
             let s = self.statements(conn);
             let deadline = sql::now_ms().saturating_add(sql::duration_ms(self.retention));
-            conn.execute(
-                &s.confirm,
-                &[Value::Text(key.to_owned()), Value::Integer(deadline)],
-            )
-            .map_err(|e| self.context(e, "confirming a key"))?;
+            let params = [Value::Text(key.to_owned()), Value::Integer(deadline)];
+            let updated = conn
+                .execute(&s.confirm_claimed, &params)
+                .map_err(|e| self.context(e, "confirming a key"))?;
+            if updated == 0 {
+                conn.execute(&s.confirm, &params)
+                    .map_err(|e| self.context(e, "confirming a key"))?;
+            }
             Ok(())
         }
     }
