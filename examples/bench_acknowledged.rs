@@ -17,6 +17,9 @@ use acemq_amqp::patterns::acknowledged::{
     consume, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 
+#[path = "common/mod.rs"]
+mod common;
+
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Single-row inserts, each its own transaction, for about `budget`. Returns commits/s.
@@ -114,66 +117,17 @@ fn main() -> Res<()> {
 /// the same number of counter messages.
 fn over_rabbitmq(dir: &std::path::Path) -> Res<()> {
     use acemq_amqp::patterns::acknowledged::{consume_with, AmqpQueue, Batcher, StopHandle};
-    use acemq_amqp::{Connection, Message, PublisherOptions, QueueSpec};
-    use amiquip::{Auth, ConnectionOptions, ConnectionTuning, ConsumerMessage};
+    use acemq_amqp::{Connection, QueueSpec};
 
     let n = 20_000;
     let conn = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
     let q = format!("bench.acknowledged.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&q))?;
-    let fill = || -> Res<()> {
-        let p = conn.publisher_with(PublisherOptions::new().window(2000))?;
-        let mut tickets = Vec::new();
-        for i in 0..n {
-            let payload = CounterIncrement::new("hits", 1).payload();
-            let m = Message::new(payload)
-                .with_id(format!("hit-{i}-{}", Instant::now().elapsed().as_nanos()));
-            tickets.push(p.publish_deferred("", &q, m.persistent(false))?);
-            if tickets.len() == 1000 {
-                for t in tickets.drain(..) {
-                    t.wait()?;
-                }
-            }
-        }
-        for t in tickets {
-            t.wait()?;
-        }
-        p.close()?;
-        Ok(())
-    };
+    let fill = || common::fill_queue(&conn, &q, n, |_| CounterIncrement::new("hits", 1).payload());
 
     // Raw amiquip consume + ack.
     fill()?;
-    let s = std::net::TcpStream::connect("127.0.0.1:5672")?;
-    s.set_nodelay(true)?;
-    let mut raw_conn = amiquip::Connection::insecure_open_stream(
-        mio::net::TcpStream::from_stream(s)?,
-        ConnectionOptions::<Auth>::default(),
-        ConnectionTuning::default(),
-    )?;
-    let ch = raw_conn.open_channel(None)?;
-    ch.qos(0, 100, false)?;
-    let start = Instant::now();
-    let consumer = ch.basic_consume(q.as_str(), Default::default())?;
-    let mut got = 0;
-    for m in consumer.receiver().iter() {
-        if let ConsumerMessage::Delivery(d) = m {
-            d.ack(&ch)?;
-            got += 1;
-            if got == n {
-                break;
-            }
-        }
-    }
-    let raw = n as f64 / start.elapsed().as_secs_f64();
-    consumer.cancel()?;
-    for m in consumer.receiver().iter() {
-        if !matches!(m, ConsumerMessage::Delivery(_)) {
-            break;
-        }
-    }
-    drop(consumer);
-    raw_conn.close()?;
+    let raw = n as f64 / common::raw_consume(&q, n, 100).as_secs_f64();
 
     // The recipe, batch 32.
     fill()?;

@@ -7,65 +7,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, PublisherOptions, QueueSpec};
-use amiquip::{Auth, ConnectionOptions, ConnectionTuning, ConsumerMessage};
+use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, QueueSpec};
+#[path = "common/mod.rs"]
+mod common;
 
 const BODY: [u8; 200] = [b'x'; 200];
 
-fn fill(conn: &Connection, queue: &str, n: usize) {
-    let p = conn
-        .publisher_with(PublisherOptions::new().window(2000))
-        .unwrap();
-    let mut tickets = Vec::new();
-    for _ in 0..n {
-        tickets.push(
-            p.publish_deferred("", queue, Message::new(&BODY[..]).persistent(false))
-                .unwrap(),
-        );
-        if tickets.len() == 1000 {
-            tickets.drain(..).for_each(|t| t.wait().unwrap());
-        }
-    }
-    tickets.into_iter().for_each(|t| t.wait().unwrap());
-    p.close().unwrap();
+fn raw(queue: &str, n: usize) -> Duration {
+    common::raw_consume(queue, n, 100)
 }
 
-fn raw(queue: &str, n: usize) -> Duration {
-    let s = std::net::TcpStream::connect("127.0.0.1:5672").unwrap();
-    s.set_nodelay(true).unwrap();
-    let s = mio::net::TcpStream::from_stream(s).unwrap();
-    let mut conn = amiquip::Connection::insecure_open_stream(
-        s,
-        ConnectionOptions::<Auth>::default(),
-        ConnectionTuning::default(),
-    )
-    .unwrap();
-    let ch = conn.open_channel(None).unwrap();
-    ch.qos(0, 100, false).unwrap();
-    let start = Instant::now();
-    let consumer = ch.basic_consume(queue, Default::default()).unwrap();
-    let mut got = 0;
-    for m in consumer.receiver().iter() {
-        if let ConsumerMessage::Delivery(d) = m {
-            d.ack(&ch).unwrap();
-            got += 1;
-            if got == n {
-                break;
-            }
-        }
-    }
-    let took = start.elapsed();
-    // amiquip drops the whole connection if a consumer's receiver is gone before it delivers
-    // `ClientCancelled`: cancel, then read up to it, then drop.
-    consumer.cancel().unwrap();
-    for m in consumer.receiver().iter() {
-        if !matches!(m, ConsumerMessage::Delivery(_)) {
-            break;
-        }
-    }
-    drop(consumer);
-    conn.close().unwrap();
-    took
+fn fill(conn: &Connection, queue: &str, n: usize) {
+    common::fill_queue(conn, queue, n, |_| BODY.to_vec()).expect("fill the queue");
 }
 
 fn ours(conn: &Connection, queue: &str, n: usize, concurrency: usize) -> Duration {

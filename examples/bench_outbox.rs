@@ -12,89 +12,27 @@ use acemq_amqp::patterns::{idempotent, record, OutboxRelay, SqlIdempotencyStore,
 use acemq_amqp::sql::{Pool, Sql};
 use acemq_amqp::Observer;
 use acemq_amqp::{
-    Connection, ConsumerOptions, Error, JsonCodec, Message, Outcome, PublisherOptions, QueueSpec,
-    Result,
+    Connection, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec, Result,
 };
-use amiquip::{
-    AmqpProperties, Auth, Confirm, ConfirmSmoother, ConnectionOptions, ConnectionTuning,
-    ConsumerMessage, Publish,
-};
+use amiquip::AmqpProperties;
+
+#[path = "common/mod.rs"]
+mod common;
 
 const PG_URL: &str = "host=127.0.0.1 user=postgres dbname=test";
 
-fn amiquip_connection() -> amiquip::Connection {
-    let s = std::net::TcpStream::connect("127.0.0.1:5672").expect("RabbitMQ at 127.0.0.1:5672");
-    s.set_nodelay(true).unwrap();
-    amiquip::Connection::insecure_open_stream(
-        mio::net::TcpStream::from_stream(s).unwrap(),
-        ConnectionOptions::<Auth>::default(),
-        ConnectionTuning::default(),
-    )
-    .unwrap()
-}
-
-/// Raw amiquip: `n` persistent messages in windows of 100 confirms.
 fn raw_publish(queue: &str, n: usize, body: &[u8], envelope: bool) -> f64 {
-    let mut conn = amiquip_connection();
-    let ch = conn.open_channel(None).unwrap();
-    let confirms = ch.listen_for_publisher_confirms().unwrap();
-    ch.enable_publisher_confirms().unwrap();
-    let mut smoother = ConfirmSmoother::new();
     // With `envelope`, the headers acemq writes (built once): the broker's cost of the contract.
     let props = if envelope {
         Message::new(body).to_properties_for_bench()
     } else {
         AmqpProperties::default().with_delivery_mode(2)
     };
-    let start = Instant::now();
-    let mut sent = 0;
-    while sent < n {
-        let batch = 100.min(n - sent);
-        for _ in 0..batch {
-            ch.basic_publish("", Publish::with_properties(body, queue, props.clone()))
-                .unwrap();
-        }
-        let mut acked = 0;
-        while acked < batch {
-            for c in smoother.process(confirms.recv().unwrap()) {
-                assert!(matches!(c, Confirm::Ack(_)));
-                acked += 1;
-            }
-        }
-        sent += batch;
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    conn.close().unwrap();
-    rate
+    n as f64 / common::raw_publish(queue, n, 100, body, &props).as_secs_f64()
 }
 
-/// Raw amiquip consume + ack of `n` messages, prefetch 100.
 fn raw_consume(queue: &str, n: usize) -> f64 {
-    let mut conn = amiquip_connection();
-    let ch = conn.open_channel(None).unwrap();
-    ch.qos(0, 100, false).unwrap();
-    let start = Instant::now();
-    let consumer = ch.basic_consume(queue, Default::default()).unwrap();
-    let mut got = 0;
-    for m in consumer.receiver().iter() {
-        if let ConsumerMessage::Delivery(d) = m {
-            d.ack(&ch).unwrap();
-            got += 1;
-            if got == n {
-                break;
-            }
-        }
-    }
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    consumer.cancel().unwrap();
-    for m in consumer.receiver().iter() {
-        if !matches!(m, ConsumerMessage::Delivery(_)) {
-            break;
-        }
-    }
-    drop(consumer);
-    conn.close().unwrap();
-    rate
+    n as f64 / common::raw_consume(queue, n, 100).as_secs_f64()
 }
 
 /// Adds `n` records, 500 per transaction; `in_tx` runs its closure on a fresh transaction and
@@ -212,24 +150,7 @@ fn idempotent_rate(
 }
 
 fn fill_queue(connection: &Connection, queue: &str, n: usize) -> Result<()> {
-    let p = connection.publisher_with(PublisherOptions::new().window(2000))?;
-    let mut tickets = Vec::new();
-    for _ in 0..n {
-        tickets.push(p.publish_deferred(
-            "",
-            queue,
-            Message::new(&[b'x'; 200][..]).persistent(false),
-        )?);
-        if tickets.len() == 1000 {
-            for t in tickets.drain(..) {
-                t.wait()?;
-            }
-        }
-    }
-    for t in tickets {
-        t.wait()?;
-    }
-    p.close()
+    common::fill_queue(connection, queue, n, |_| vec![b'x'; 200])
 }
 
 fn main() -> Result<()> {

@@ -5,59 +5,24 @@
 use std::time::{Duration, Instant};
 
 use acemq_amqp::{Connection, Message, PublisherOptions, QueueSpec};
-use amiquip::{
-    AmqpProperties, Auth, Confirm, ConfirmSmoother, ConnectionOptions, ConnectionTuning, Publish,
-};
+use amiquip::AmqpProperties;
+
+#[path = "common/mod.rs"]
+mod common;
 
 const BODY: [u8; 200] = [b'x'; 200];
 
-fn raw_connection() -> amiquip::Connection {
-    let s = std::net::TcpStream::connect("127.0.0.1:5672").expect("RabbitMQ at 127.0.0.1:5672");
-    s.set_nodelay(true).unwrap();
-    let s = mio::net::TcpStream::from_stream(s).unwrap();
-    amiquip::Connection::insecure_open_stream(
-        s,
-        ConnectionOptions::<Auth>::default(),
-        ConnectionTuning::default(),
-    )
-    .unwrap()
-}
-
 fn raw(queue: &str, n: usize, window: usize, envelope: bool) -> Duration {
-    let mut conn = raw_connection();
-    let ch = conn.open_channel(None).unwrap();
-    let confirms = ch.listen_for_publisher_confirms().unwrap();
-    ch.enable_publisher_confirms().unwrap();
-    let mut smoother = ConfirmSmoother::new();
     // With `envelope`, the same reserved headers acemq writes (built once, not per message):
     // that isolates the library's cost from the broker's cost of the wire contract.
     let props = if envelope {
-        acemq_amqp::Message::new(&BODY[..]).to_properties_for_bench()
+        Message::new(&BODY[..]).to_properties_for_bench()
     } else {
         AmqpProperties::default()
             .with_delivery_mode(2)
             .with_message_id("raw".to_string())
     };
-    let start = Instant::now();
-    let mut sent = 0;
-    while sent < n {
-        let batch = window.min(n - sent);
-        for _ in 0..batch {
-            ch.basic_publish("", Publish::with_properties(&BODY, queue, props.clone()))
-                .unwrap();
-        }
-        let mut acked = 0;
-        while acked < batch {
-            for c in smoother.process(confirms.recv().unwrap()) {
-                assert!(matches!(c, Confirm::Ack(_)));
-                acked += 1;
-            }
-        }
-        sent += batch;
-    }
-    let took = start.elapsed();
-    conn.close().unwrap();
-    took
+    common::raw_publish(queue, n, window, &BODY, &props)
 }
 
 fn ours(conn: &Connection, queue: &str, n: usize, window: usize) -> Duration {

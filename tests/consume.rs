@@ -388,7 +388,8 @@ fn close_lets_running_handlers_finish_and_requeues_the_rest() {
         .unwrap()
         .start(move |_: &Message| {
             s.fetch_add(1, Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(400));
+            // Long enough that no third message can start before the close below.
+            std::thread::sleep(Duration::from_millis(1500));
             f.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
         })

@@ -44,17 +44,13 @@ fn store(db: &Db, lease: Duration) -> SqlIdempotencyStore {
     s
 }
 
-fn insert_effect(db: &Db, table: &str, key: &str) {
-    let p = match db.backend {
-        Backend::Sqlite => "?1",
-        Backend::Postgres => "$1",
-    };
-    db.connect()
-        .execute(
-            &format!("INSERT INTO {table} (key) VALUES ({p})"),
-            &[Value::Text(key.to_string())],
-        )
-        .unwrap();
+/// The test's effect: a row in `table`, on whatever connection or transaction it is given.
+fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
+    let p = conn.dialect().placeholder(1);
+    conn.execute(
+        &format!("INSERT INTO {table} (key) VALUES ({p})"),
+        &[Value::Text(key.to_string())],
+    )
 }
 
 fn duplicate_delivery_applies_the_effect_once(db: &Db) {
@@ -69,18 +65,9 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
     let (c, r) = (calls.clone(), ran.clone());
     let effect_db = db.factory();
     let effects2 = effects.clone();
-    let backend = db.backend;
     let inner = idempotent(store, move |m: &Message| {
         r.fetch_add(1, Ordering::SeqCst);
-        let p = if backend == Backend::Sqlite {
-            "?1"
-        } else {
-            "$1"
-        };
-        effect_db()?.execute(
-            &format!("INSERT INTO {effects2} (key) VALUES ({p})"),
-            &[Value::Text(m.id().to_string())],
-        )?;
+        record_effect(&mut effect_db()?, &effects2, m.id())?;
         Ok(Outcome::Accept)
     });
     let consumer = conn
@@ -119,22 +106,14 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let a = attempts.clone();
     let effect_db = db.factory();
-    let (effects2, backend) = (effects.clone(), db.backend);
+    let effects2 = effects.clone();
     let handler = idempotent(store(db, Duration::from_secs(30)), move |m: &Message| {
         a.lock().unwrap().push(m.envelope.attempt);
         match m.envelope.attempt {
             1 => Err("the payment service timed out".into()),
             2 => panic!("a bug on the second attempt"),
             _ => {
-                let p = if backend == Backend::Sqlite {
-                    "?1"
-                } else {
-                    "$1"
-                };
-                effect_db()?.execute(
-                    &format!("INSERT INTO {effects2} (key) VALUES ({p})"),
-                    &[Value::Text(m.id().to_string())],
-                )?;
+                record_effect(&mut effect_db()?, &effects2, m.id())?;
                 Ok(Outcome::Accept)
             }
         }
@@ -224,18 +203,9 @@ fn tx_handler(
     db_factory: impl Fn() -> acemq_amqp::Result<db::Conn> + Send + Sync + 'static,
     store: Arc<SqlIdempotencyStore>,
     effects: String,
-    backend: Backend,
 ) -> impl Handler + Send + Sync + 'static {
     idempotent_tx(store, db_factory, move |m: &Message, tx: &mut dyn Sql| {
-        let p = if backend == Backend::Sqlite {
-            "?1"
-        } else {
-            "$1"
-        };
-        tx.execute(
-            &format!("INSERT INTO {effects} (key) VALUES ({p})"),
-            &[Value::Text(m.id().to_string())],
-        )?;
+        record_effect(tx, &effects, m.id())?;
         Ok(Outcome::Accept)
     })
 }
@@ -275,7 +245,7 @@ fn crash_child() {
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().declare(false).prefetch(1))
         .unwrap()
-        .start(tx_handler(factory, store, effects, backend))
+        .start(tx_handler(factory, store, effects))
         .unwrap();
     std::thread::sleep(Duration::from_secs(30));
     drop(consumer);
@@ -336,7 +306,7 @@ fn crash_after_commit_before_ack(db: &Db) {
     // Restart: both are redelivered; the committed one is acknowledged without its effect.
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let inner = tx_handler(db.factory(), store, effects.clone(), db.backend);
+    let inner = tx_handler(db.factory(), store, effects.clone());
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()
@@ -376,17 +346,9 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
     let store = Arc::new(store(db, Duration::from_secs(30)));
     let attempts = Arc::new(AtomicUsize::new(0));
     let a = attempts.clone();
-    let (effects2, backend) = (effects.clone(), db.backend);
+    let effects2 = effects.clone();
     let handler = idempotent_tx(store, db.factory(), move |m: &Message, tx: &mut dyn Sql| {
-        let p = if backend == Backend::Sqlite {
-            "?1"
-        } else {
-            "$1"
-        };
-        tx.execute(
-            &format!("INSERT INTO {effects2} (key) VALUES ({p})"),
-            &[Value::Text(m.id().to_string())],
-        )?;
+        record_effect(tx, &effects2, m.id())?;
         if a.fetch_add(1, Ordering::SeqCst) == 0 {
             return Err("the work failed after writing".into());
         }
@@ -412,7 +374,8 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
         1,
         "the failed attempt's write was rolled back"
     );
-    insert_effect(db, &effects, "unrelated"); // the table is usable: no transaction left open
+    // The table is usable: no transaction was left open.
+    record_effect(&mut db.connect(), &effects, "unrelated").unwrap();
     assert_eq!(db.count(&effects), 2);
 }
 
