@@ -543,6 +543,35 @@ impl Message {
         self.to_properties()
     }
 
+    /// Removes the application and engine headers that would not pass [`validate`](Self::validate).
+    ///
+    /// Envelope fields over the short-string limit are dropped too; an over-long id is replaced
+    /// by the SHA-256 hex of it, which stays the same for every copy.
+    pub(crate) fn drop_invalid_headers(&mut self) {
+        let e = &mut self.envelope;
+        if e.id.len() > MAX_SHORT_STRING {
+            use sha2::Digest;
+            e.id = sha2::Sha256::digest(e.id.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+        }
+        for field in [
+            &mut e.correlation_id,
+            &mut e.causation_id,
+            &mut e.message_type,
+        ] {
+            if field.as_ref().is_some_and(|v| v.len() > MAX_SHORT_STRING) {
+                *field = None;
+            }
+        }
+        self.headers.retain(|name, value| {
+            check_header_name(name).is_ok() && !is_reserved(name) && value.validate(name).is_ok()
+        });
+        self.engine_headers
+            .retain(|name, value| check_header_name(name).is_ok() && value.validate(name).is_ok());
+    }
+
     /// The AMQP properties to publish with (call [`validate`](Self::validate) first).
     pub(crate) fn to_properties(&self) -> AmqpProperties {
         let mut table = FieldTable::new();
@@ -771,6 +800,73 @@ mod tests {
             HeaderValue::try_text("note", b"ok".to_vec()).unwrap(),
             HeaderValue::Text("ok".into())
         );
+    }
+
+    /// Whatever another client puts in the headers (reserved names with the wrong types,
+    /// nested tables, huge or negative attempts), reading never panics, the attempt is at least
+    /// 1, and a copy either validates or is refused with an error.
+    #[test]
+    fn reading_arbitrary_headers_never_panics() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let names = [
+            headers::ID,
+            headers::ATTEMPT,
+            headers::FIRST_SEEN,
+            headers::CORRELATION_ID,
+            headers::ERROR,
+            headers::CLAIM,
+            "x-acemq-route",
+            "x-death",
+            "tenant",
+            "",
+        ];
+        for _ in 0..2000 {
+            let mut table = FieldTable::new();
+            for _ in 0..(next() % 6) {
+                let name = names[(next() % names.len() as u64) as usize].to_string();
+                let value = match next() % 9 {
+                    0 => AmqpValue::LongString("x".repeat((next() % 300) as usize)),
+                    1 => AmqpValue::LongLongInt(next() as i64),
+                    2 => AmqpValue::LongInt(next() as i32),
+                    3 => AmqpValue::Boolean(next() % 2 == 0),
+                    4 => AmqpValue::Double(f64::from_bits(next())),
+                    5 => AmqpValue::ByteArray(vec![0xff; (next() % 4) as usize]),
+                    6 => AmqpValue::FieldArray(vec![AmqpValue::Void, AmqpValue::ShortShortInt(-1)]),
+                    7 => AmqpValue::FieldTable(FieldTable::new()),
+                    _ => AmqpValue::Timestamp(next()),
+                };
+                table.insert(name, value);
+            }
+            let props = AmqpProperties::default().with_headers(table);
+            let m = Message::from_delivery(
+                vec![1, 2, 3],
+                props,
+                Received {
+                    exchange: String::new(),
+                    routing_key: "q".into(),
+                    redelivered: false,
+                    delivery_tag: 1,
+                },
+            );
+            assert!(m.envelope.attempt >= 1);
+            let _ = m.validate();
+            let _ = m.to_properties();
+            let mut copy = m.clone();
+            if copy.envelope.id.is_empty() {
+                copy.envelope.id = new_id();
+            }
+            copy.drop_invalid_headers();
+            assert!(
+                copy.validate().is_ok(),
+                "a sanitised copy can always be sent"
+            );
+        }
     }
 
     #[test]

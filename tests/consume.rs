@@ -575,3 +575,72 @@ fn when_the_copy_cannot_be_published_the_original_is_requeued_not_lost() {
     );
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
 }
+
+#[test]
+fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_dlq() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("foreign"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    // Another client's message: no message_id, no x-acemq headers, a header with an empty name
+    // (which we never send). (A NaN double, which we also refuse, closes the connection at the
+    // broker with 541 INTERNAL_ERROR, so it cannot arrive.)
+    {
+        let s = std::net::TcpStream::connect("127.0.0.1:5672").unwrap();
+        let mut raw = amiquip::Connection::insecure_open_stream(
+            mio::net::TcpStream::from_stream(s).unwrap(),
+            amiquip::ConnectionOptions::<amiquip::Auth>::default(),
+            amiquip::ConnectionTuning::default(),
+        )
+        .unwrap();
+        let ch = raw.open_channel(None).unwrap();
+        let mut headers = amiquip::FieldTable::new();
+        headers.insert(String::new(), amiquip::AmqpValue::LongString("odd".into()));
+        headers.insert("kept".into(), amiquip::AmqpValue::LongString("yes".into()));
+        let props = amiquip::AmqpProperties::default().with_headers(headers);
+        ch.basic_publish(
+            "",
+            amiquip::Publish::with_properties(b"legacy", q.clone(), props),
+        )
+        .unwrap();
+        ch.close().unwrap();
+        raw.close().unwrap();
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().no_retry())
+        .unwrap()
+        .start(move |m: &Message| {
+            assert!(
+                !m.id().is_empty(),
+                "an id is given to a message without one"
+            );
+            c.fetch_add(1, Ordering::SeqCst);
+            Err("cannot handle legacy messages".into())
+        })
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = conn.get(&dlq).unwrap();
+        dead.is_some()
+    }));
+    consumer.close().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "not round and round");
+    let dead = dead.unwrap();
+    assert_eq!(dead.body, b"legacy");
+    assert!(dead
+        .envelope
+        .error
+        .unwrap()
+        .contains("cannot handle legacy messages"));
+    assert!(
+        !dead.headers.contains_key(""),
+        "the unsendable header was dropped"
+    );
+    assert_eq!(
+        dead.headers.get("kept").and_then(|v| v.as_str()),
+        Some("yes")
+    );
+}

@@ -228,6 +228,11 @@ fn dispatch(
     let body = std::mem::take(&mut d.body);
     let properties = std::mem::take(&mut d.properties);
     let mut message = Message::from_delivery(body, properties, received);
+    if message.envelope.id.is_empty() {
+        // A message from outside the family with neither `x-acemq-id` nor `message_id`: give
+        // it one, so that its retry and dead-letter copies carry an identity from here on.
+        message.envelope.id = crate::envelope::new_id();
+    }
     message.codec = Some(ctx.codec.clone());
     inflight.insert(
         tag,

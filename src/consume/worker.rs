@@ -159,6 +159,16 @@ fn publish_copy(
     if let Some(e) = error {
         copy.envelope.error = Some(e.to_string());
     }
+    if let Err(invalid) = copy.validate() {
+        // A header another client sent that we may not send back (a non-finite float, …):
+        // drop what cannot go on the wire rather than requeue the message for ever.
+        log::warn!(
+            "acemq: message {} has headers that cannot be re-sent ({invalid}); the copy to \
+             {queue:?} goes without them",
+            original.id()
+        );
+        copy.drop_invalid_headers();
+    }
     ctx.publisher.publish("", queue, copy)
 }
 

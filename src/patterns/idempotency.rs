@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+// `Error` is named by the docs everywhere and used by the SQL store when it is built.
+#[allow(unused_imports)]
 use crate::error::{Error, Result};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};

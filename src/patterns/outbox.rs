@@ -26,6 +26,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 

@@ -2,6 +2,7 @@
 //! `rabbitmqctl` wrappers. Tests that need RabbitMQ fail (never skip) when it is unreachable.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
 pub mod proxy;
 
