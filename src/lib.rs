@@ -83,6 +83,10 @@
 //!   `in_progress`) gets a rung of its own, declared on first use.
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
+//! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a
+//!   handshake is under way this crate holds the `log` crate's maximum level at `Info` and then
+//!   restores it: other threads' debug lines during those milliseconds are lost, the password
+//!   never reaches a log.
 //! * The connection name goes to the broker as the client property `information` (amiquip has
 //!   no `connection_name`).
 //! * amiquip drops a received non-UTF-8 `longstr` header and every header after it; nothing on

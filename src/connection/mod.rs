@@ -378,9 +378,46 @@ fn connect_one(
         .heartbeat(heartbeat)
         .connection_timeout(Some(options.connect_timeout))
         .information(options.name.clone());
-    let mut conn = open_stream(address, stream, amqp_options)?;
+    let mut conn = {
+        let _quiet = HandshakeLogGuard::enter();
+        open_stream(address, stream, amqp_options)?
+    };
     let blocked = conn.listen_for_connection_blocked()?;
     Ok((conn, blocked))
+}
+
+/// amiquip 0.4 logs the `connection.start-ok` it sends — the SASL response with the password in
+/// it — at debug level. While any handshake is under way, the `log` crate's maximum level is
+/// held at `Info`, then restored when the last handshake ends.
+struct HandshakeLogGuard;
+
+static HANDSHAKES: Mutex<(usize, Option<log::LevelFilter>)> = Mutex::new((0, None));
+
+impl HandshakeLogGuard {
+    fn enter() -> HandshakeLogGuard {
+        let mut h = HANDSHAKES.lock();
+        if h.0 == 0 {
+            let level = log::max_level();
+            if level > log::LevelFilter::Info {
+                h.1 = Some(level);
+                log::set_max_level(log::LevelFilter::Info);
+            }
+        }
+        h.0 += 1;
+        HandshakeLogGuard
+    }
+}
+
+impl Drop for HandshakeLogGuard {
+    fn drop(&mut self) {
+        let mut h = HANDSHAKES.lock();
+        h.0 -= 1;
+        if h.0 == 0 {
+            if let Some(level) = h.1.take() {
+                log::set_max_level(level);
+            }
+        }
+    }
 }
 
 #[cfg(not(feature = "tls"))]
