@@ -380,7 +380,7 @@ fn connect_one(
         .information(options.name.clone());
     let mut conn = {
         let _quiet = HandshakeLogGuard::enter();
-        open_stream(address, stream, amqp_options)?
+        open_stream(options, address, stream, amqp_options)?
     };
     let blocked = conn.listen_for_connection_blocked()?;
     Ok((conn, blocked))
@@ -422,6 +422,7 @@ impl Drop for HandshakeLogGuard {
 
 #[cfg(not(feature = "tls"))]
 fn open_stream(
+    _options: &ConnectionOptions,
     _address: &Address,
     stream: mio::net::TcpStream,
     options: amiquip::ConnectionOptions<Auth>,
@@ -435,12 +436,17 @@ fn open_stream(
 
 #[cfg(feature = "tls")]
 fn open_stream(
+    ours: &ConnectionOptions,
     address: &Address,
     stream: mio::net::TcpStream,
     options: amiquip::ConnectionOptions<Auth>,
 ) -> std::result::Result<amiquip::Connection, crate::error::BoxError> {
     if address.tls {
-        let connector = native_tls::TlsConnector::new()?;
+        let mut builder = native_tls::TlsConnector::builder();
+        for pem in &ours.tls_roots {
+            builder.add_root_certificate(native_tls::Certificate::from_pem(pem)?);
+        }
+        let connector = builder.build()?;
         Ok(amiquip::Connection::open_tls_stream(
             connector,
             &address.host,

@@ -168,6 +168,9 @@ pub struct ConnectionOptions {
     pub(crate) name: Option<String>,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Extra trusted roots (PEM) for `amqps://` addresses.
+    #[cfg(feature = "tls")]
+    pub(crate) tls_roots: Vec<Vec<u8>>,
 }
 
 impl Default for ConnectionOptions {
@@ -182,6 +185,8 @@ impl Default for ConnectionOptions {
             name: None,
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
+            #[cfg(feature = "tls")]
+            tls_roots: Vec::new(),
         }
     }
 }
@@ -274,6 +279,15 @@ impl ConnectionOptions {
     /// [`LogObserver`].
     pub fn observer(mut self, observer: impl Observer) -> Self {
         self.observer = Arc::new(observer);
+        self
+    }
+
+    /// Trusts this CA certificate (PEM) for `amqps://` addresses, besides the system's roots
+    /// (for a private CA). The host name of the URL is verified against the broker's
+    /// certificate. Defaults to the system's roots only.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots.push(pem.into());
         self
     }
 
