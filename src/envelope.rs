@@ -582,8 +582,7 @@ impl Message {
         let mut props = AmqpProperties::default()
             .with_message_id(self.envelope.id.clone())
             .with_headers(table)
-            .with_delivery_mode(if self.persistent { 2 } else { 1 })
-            .with_timestamp(u64::try_from(self.envelope.first_seen_ms / 1000).unwrap_or(0));
+            .with_delivery_mode(if self.persistent { 2 } else { 1 });
         if let Some(ct) = &self.content_type {
             props = props.with_content_type(ct.clone());
         }
