@@ -81,6 +81,9 @@
 //!   worker survives). A retry after the last attempt goes to `{queue}.dlq` with
 //!   `x-acemq-error` = "gave up after N attempts: …". An explicit delay (`retry_after`,
 //!   `in_progress`) gets a rung of its own, declared on first use.
+//! * A received message without `x-acemq-id` or `message_id` (another client's) gets a fresh id
+//!   on receipt; headers that cannot be sent back are dropped from its retry and dead-letter
+//!   copies, so it always reaches `{queue}.dlq` rather than being requeued for ever.
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a
