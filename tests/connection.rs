@@ -230,3 +230,33 @@ fn close_is_final_and_reported() {
     assert!(matches!(e, Error::Closed { .. }), "{e:?}");
     conn.close().unwrap(); // twice is harmless
 }
+
+#[test]
+fn recovers_from_a_silent_peer_through_missed_heartbeats() {
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .heartbeat(Duration::from_secs(1))
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(300)),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("heartbeat"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("before")).unwrap();
+    let stalled_at = Instant::now();
+    proxy.stall_all();
+    assert!(
+        eventually(Duration::from_secs(15), || conn.generation() == Some(2)),
+        "the silent peer was noticed and the connection came back"
+    );
+    let noticed = stalled_at.elapsed();
+    assert!(
+        noticed >= Duration::from_secs(1),
+        "noticed through heartbeats, after {noticed:?}"
+    );
+    publisher.publish("", &q, Message::new("after")).unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 2);
+}

@@ -13,6 +13,8 @@ pub struct FaultProxy {
 
 struct Inner {
     sockets: Mutex<Vec<TcpStream>>,
+    /// One flag per connection so far: set, that connection stops forwarding (a silent peer).
+    stalls: Mutex<Vec<Arc<AtomicBool>>>,
     refusing: AtomicBool,
     stopped: AtomicBool,
     accepted: AtomicUsize,
@@ -25,6 +27,7 @@ impl FaultProxy {
         let addr = listener.local_addr().expect("proxy address");
         let inner = Arc::new(Inner {
             sockets: Mutex::new(Vec::new()),
+            stalls: Mutex::new(Vec::new()),
             refusing: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             accepted: AtomicUsize::new(0),
@@ -53,8 +56,14 @@ impl FaultProxy {
                     s.push(client.try_clone().unwrap());
                     s.push(server.try_clone().unwrap());
                 }
-                pump(client.try_clone().unwrap(), server.try_clone().unwrap());
-                pump(server, client);
+                let stall = Arc::new(AtomicBool::new(false));
+                i.stalls.lock().unwrap().push(stall.clone());
+                pump(
+                    client.try_clone().unwrap(),
+                    server.try_clone().unwrap(),
+                    stall.clone(),
+                );
+                pump(server, client, stall);
             }
         });
         FaultProxy { addr, inner }
@@ -69,6 +78,14 @@ impl FaultProxy {
     pub fn cut_all(&self) {
         for s in self.inner.sockets.lock().unwrap().drain(..) {
             let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Every connection so far goes silent (sockets stay open, nothing is forwarded): the
+    /// client can only notice through missed heartbeats. New connections are not affected.
+    pub fn stall_all(&self) {
+        for s in self.inner.stalls.lock().unwrap().iter() {
+            s.store(true, Ordering::SeqCst);
         }
     }
 
@@ -91,12 +108,15 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream) {
+fn pump(mut from: TcpStream, mut to: TcpStream, stall: Arc<AtomicBool>) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         loop {
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
+                Ok(_) if stall.load(Ordering::SeqCst) => {
+                    // Swallow what arrives: the other side hears nothing, not even heartbeats.
+                }
                 Ok(n) => {
                     if to.write_all(&buf[..n]).is_err() {
                         break;
