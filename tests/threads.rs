@@ -11,4 +11,18 @@ fn handles_are_send_and_sync() {
     send_sync::<acemq_amqp::Message>();
     send_sync::<acemq_amqp::Error>();
     send_sync::<std::sync::Arc<dyn acemq_amqp::Codec>>();
+    send_sync::<acemq_amqp::Consumer>();
+    send_sync::<acemq_amqp::RunningConsumer>();
+    send_sync::<acemq_amqp::StopHandle>();
+    send_sync::<acemq_amqp::patterns::acknowledged::Batcher>();
+    send_sync::<acemq_amqp::patterns::acknowledged::StopHandle>();
+}
+
+#[cfg(feature = "sqlite")]
+#[test]
+fn stores_and_the_relay_are_send_and_sync() {
+    send_sync::<acemq_amqp::patterns::OutboxRelay>();
+    send_sync::<acemq_amqp::patterns::SqlOutboxStore>();
+    send_sync::<acemq_amqp::patterns::SqlIdempotencyStore>();
+    send_sync::<acemq_amqp::patterns::SqlSchemaRegistry>();
 }
