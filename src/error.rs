@@ -110,11 +110,6 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// A received message is malformed (a reserved header of the wrong type, a bad envelope).
-    Malformed {
-        /// What is wrong.
-        reason: String,
-    },
     /// A codec could not encode or decode a payload.
     Codec {
         /// The content type involved.
@@ -267,7 +262,6 @@ impl fmt::Display for Error {
                 write!(f, "invalid {kind} name {name:?}: {reason}")
             }
             Error::InvalidArgument { reason } => write!(f, "invalid argument: {reason}"),
-            Error::Malformed { reason } => write!(f, "malformed message: {reason}"),
             Error::Codec {
                 content_type,
                 source,

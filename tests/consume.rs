@@ -4,7 +4,7 @@
 mod support;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -516,9 +516,7 @@ fn deleting_the_queue_ends_the_consumer_with_a_clear_error() {
         .start(|_: &Message| Ok(Outcome::Accept))
         .unwrap();
     conn.delete_queue(&q).unwrap();
-    let stopped = AtomicBool::new(false);
     let e = consumer.wait().unwrap_err();
-    stopped.store(true, Ordering::SeqCst);
     assert!(
         matches!(&e, Error::Cancelled { queue } if *queue == q),
         "{e:?}"

@@ -249,22 +249,13 @@ impl Connection {
             let _ = channel.close();
             return Ok(None);
         };
-        let delivery = got.delivery;
-        let received = crate::envelope::Received {
-            exchange: delivery.exchange.clone(),
-            routing_key: delivery.routing_key.clone(),
-            redelivered: delivery.redelivered,
-            delivery_tag: delivery.delivery_tag(),
-        };
-        let body = delivery.body.clone();
-        let properties = delivery.properties.clone();
+        let mut delivery = got.delivery;
+        let message = crate::Message::take_delivery(&mut delivery);
         delivery
             .ack(&channel)
             .map_err(|e| Error::amqp(format!("acknowledging a message from {queue:?}"), e))?;
         let _ = channel.close();
-        Ok(Some(crate::Message::from_delivery(
-            body, properties, received,
-        )))
+        Ok(Some(message))
     }
 
     /// The connection's default codec.

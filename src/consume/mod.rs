@@ -289,13 +289,12 @@ impl Connection {
             PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
         )?;
         let declared = if options.declare {
-            worker::declared_set(
-                options
-                    .retry
-                    .delays()
-                    .iter()
-                    .map(|d| retry_queue(queue, *d)),
-            )
+            options
+                .retry
+                .delays()
+                .iter()
+                .map(|d| retry_queue(queue, *d))
+                .collect()
         } else {
             HashSet::new()
         };

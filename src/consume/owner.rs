@@ -15,7 +15,7 @@ use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, 
 use crossbeam_channel::{select, Receiver, Sender};
 
 use super::{CloseReport, Context, Job, Settle, SettleAction};
-use crate::envelope::{Message, Received};
+use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::Settlement;
 
@@ -219,15 +219,7 @@ fn dispatch(
     jobs: &Sender<Job>,
 ) {
     let tag = d.delivery_tag();
-    let received = Received {
-        exchange: std::mem::take(&mut d.exchange),
-        routing_key: std::mem::take(&mut d.routing_key),
-        redelivered: d.redelivered,
-        delivery_tag: tag,
-    };
-    let body = std::mem::take(&mut d.body);
-    let properties = std::mem::take(&mut d.properties);
-    let mut message = Message::from_delivery(body, properties, received);
+    let mut message = Message::take_delivery(&mut d);
     if message.envelope.id.is_empty() {
         // A message from outside the family with neither `x-acemq-id` nor `message_id`: give
         // it one, so that its retry and dead-letter copies carry an identity from here on.

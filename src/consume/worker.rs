@@ -2,7 +2,6 @@
 //! needs (retry, dead-letter, park, in-progress) **before** the original is acknowledged, and
 //! send the settlement back to the owner thread.
 
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -170,8 +169,4 @@ fn publish_copy(
         copy.drop_invalid_headers();
     }
     ctx.publisher.publish("", queue, copy)
-}
-
-pub(crate) fn declared_set(names: impl IntoIterator<Item = String>) -> HashSet<String> {
-    names.into_iter().collect()
 }

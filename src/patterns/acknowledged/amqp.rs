@@ -204,15 +204,7 @@ impl Source for AmqpSource<'_> {
         };
         match msg {
             ConsumerMessage::Delivery(mut d) => {
-                let received = crate::envelope::Received {
-                    exchange: std::mem::take(&mut d.exchange),
-                    routing_key: std::mem::take(&mut d.routing_key),
-                    redelivered: d.redelivered,
-                    delivery_tag: d.delivery_tag(),
-                };
-                let body = std::mem::take(&mut d.body);
-                let properties = std::mem::take(&mut d.properties);
-                let message = crate::Message::from_delivery(body, properties, received);
+                let message = crate::Message::take_delivery(&mut d);
                 let identifier = self.queue.identify(&message);
                 Ok(Polled::Item(Delivery::new(
                     Message::new(identifier, message.body),
