@@ -24,7 +24,7 @@ const PG_URL: &str = "host=127.0.0.1 user=postgres dbname=test";
 fn raw_publish(queue: &str, n: usize, body: &[u8], envelope: bool) -> f64 {
     // With `envelope`, the headers acemq writes (built once): the broker's cost of the contract.
     let props = if envelope {
-        Message::new(body).to_properties_for_bench()
+        Message::new(body).to_properties_for_bench(queue, "acemq@bench")
     } else {
         AmqpProperties::default().with_delivery_mode(2)
     };

@@ -16,7 +16,7 @@ fn raw(queue: &str, n: usize, window: usize, envelope: bool) -> Duration {
     // With `envelope`, the same reserved headers acemq writes (built once, not per message):
     // that isolates the library's cost from the broker's cost of the wire contract.
     let props = if envelope {
-        Message::new(&BODY[..]).to_properties_for_bench()
+        Message::new(&BODY[..]).to_properties_for_bench(queue, "acemq@bench")
     } else {
         AmqpProperties::default()
             .with_delivery_mode(2)

@@ -24,26 +24,41 @@ use serde::Serialize;
 use crate::codec::Codec;
 use crate::error::{Error, Result};
 
-/// The names of the reserved headers of the wire contract.
+/// The names of the reserved headers of the wire contract, as the AceMQ family writes them.
+///
+/// The prefix is reserved as a namespace: an application may not set a header that starts with
+/// it, and on receipt every header that starts with it is kept away from the application's
+/// headers, whether this crate knows the name or not.
 pub mod headers {
     /// The prefix reserved for the engine: an application header with it is refused.
     pub const RESERVED_PREFIX: &str = "x-acemq-";
-    /// Stable message identity (string); also the AMQP `message_id`.
+    /// Stable message identity (long string); also the AMQP `message_id`. Always written.
     pub const ID: &str = "x-acemq-id";
-    /// Correlation of one business action (string).
-    pub const CORRELATION_ID: &str = "x-acemq-correlation-id";
-    /// Id of the message that caused this one (string).
-    pub const CAUSATION_ID: &str = "x-acemq-causation-id";
-    /// Message type, e.g. `order.placed` (string).
+    /// Message type, e.g. `order.placed` (long string). Always written: the routing key when
+    /// not set (`message` when that is empty too).
     pub const TYPE: &str = "x-acemq-type";
-    /// 1 on first delivery, +1 per retry (long).
+    /// Schema version of the payload, from 1 (32-bit integer). Always written.
+    pub const VERSION: &str = "x-acemq-version";
+    /// Correlation of one business action (long string). Always written: the id when not set.
+    pub const CORRELATION: &str = "x-acemq-correlation";
+    /// Id of the message that caused this one (long string). Written only when set.
+    pub const CAUSATION: &str = "x-acemq-causation";
+    /// 1 on first delivery, +1 per retry (32-bit integer). Always written.
     pub const ATTEMPT: &str = "x-acemq-attempt";
-    /// Epoch milliseconds when first published (long).
+    /// Epoch milliseconds when first published (64-bit integer). Always written.
     pub const FIRST_SEEN: &str = "x-acemq-first-seen";
-    /// Why it was last retried or dead-lettered (string).
+    /// `service@host` of the publisher (long string). Always written by this crate.
+    pub const ORIGIN: &str = "x-acemq-origin";
+    /// Why a copy was dead-lettered or parked (long string). Written only when set.
     pub const ERROR: &str = "x-acemq-error";
-    /// Where a claim-checked payload went (string, informational).
+    /// Where a claim-checked payload is kept (long string). Written only when set.
     pub const CLAIM: &str = "x-acemq-claim";
+    /// A declared route: comma-separated step names (long string).
+    pub const ROUTE: &str = "x-acemq-route";
+    /// 0-based position in the declared route (32-bit integer).
+    pub const ROUTE_POSITION: &str = "x-acemq-route-position";
+    /// The run id of a declared route (long string).
+    pub const ROUTE_ID: &str = "x-acemq-route-id";
 }
 
 /// The longest AMQP short string: routing keys, ids, header names, property strings.
@@ -211,40 +226,62 @@ impl From<Vec<u8>> for HeaderValue {
 }
 
 /// The AceMQ envelope: the identity and history of a message, carried in the reserved headers.
+///
+/// Rust names are Rust's; on the wire each field is the header named in [`headers`]
+/// (`correlation_id` travels as `x-acemq-correlation`, `message_type` as `x-acemq-type`, …).
+///
+/// Reading is forgiving, as in every AceMQ library: a string may arrive as a long string or as a
+/// byte array (UTF-8), an integer in any width or as decimal text; an empty string is absent and
+/// an unreadable value takes its default. A received message's envelope has every default
+/// applied: its type is the routing key it arrived on when it carried none, its correlation id
+/// its own id, its version and attempt at least 1, its first-seen time now when missing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
-    /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`.
-    /// Empty on a received message that carried neither `x-acemq-id` nor a `message_id`.
+    /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`. On a
+    /// received message without `x-acemq-id` and `message_id`, a fresh id.
     pub id: String,
-    /// Correlation of one business action. Defaults to the id of the first message.
+    /// Message type, e.g. `order.placed`. When not set, the routing key it is published with
+    /// (`message` when that is empty).
+    pub message_type: Option<String>,
+    /// Schema version of the payload, from 1. Defaults to 1.
+    pub version: u32,
+    /// Correlation of one business action. When not set, the message's own id.
     pub correlation_id: Option<String>,
     /// Id of the message that caused this one.
     pub causation_id: Option<String>,
-    /// Message type, e.g. `order.placed`.
-    pub message_type: Option<String>,
     /// 1 on first delivery, +1 per retry.
     pub attempt: u32,
     /// Epoch milliseconds when first published.
     pub first_seen_ms: i64,
-    /// Why it was last retried or dead-lettered.
+    /// `service@host` of the service that first published it. When not set, the connection's
+    /// (see [`ConnectionOptions::service`](crate::ConnectionOptions::service)).
+    pub origin: Option<String>,
+    /// Why a copy was dead-lettered or parked.
     pub error: Option<String>,
+    /// Where a claim-checked payload is kept.
+    pub claim: Option<String>,
 }
 
 impl Envelope {
-    /// A new envelope: a fresh id, attempt 1, first seen now.
+    /// A new envelope: a fresh id, version 1, attempt 1, first seen now.
     pub fn new() -> Envelope {
         Envelope {
             id: new_id(),
+            message_type: None,
+            version: 1,
             correlation_id: None,
             causation_id: None,
-            message_type: None,
             attempt: 1,
             first_seen_ms: now_ms(),
+            origin: None,
             error: None,
+            claim: None,
         }
     }
 
     fn validate(&self) -> Result<()> {
+        // The id is also the AMQP `message_id`, a short string; the other fields travel only as
+        // long-string header values, which have no such limit.
         check_short(headers::ID, &self.id)?;
         if self.id.is_empty() {
             return Err(Error::InvalidHeader {
@@ -252,62 +289,113 @@ impl Envelope {
                 reason: "the message id is empty".into(),
             });
         }
-        for (name, value) in [
-            (headers::CORRELATION_ID, &self.correlation_id),
-            (headers::CAUSATION_ID, &self.causation_id),
-            (headers::TYPE, &self.message_type),
-        ] {
-            if let Some(v) = value {
-                check_short(name, v)?;
-            }
-        }
         Ok(())
     }
 
-    fn write(&self, table: &mut FieldTable) {
+    /// The type written for a message published with `routing_key`.
+    fn type_for<'a>(&'a self, routing_key: &'a str) -> &'a str {
+        match self.message_type.as_deref() {
+            Some(t) if !t.is_empty() => t,
+            _ if !routing_key.is_empty() => routing_key,
+            _ => "message",
+        }
+    }
+
+    /// Writes the reserved headers with the family's types: strings as long strings, version and
+    /// attempt as 32-bit integers, first-seen as a 64-bit integer; empty optional values are
+    /// absent.
+    fn write(&self, table: &mut FieldTable, routing_key: &str, origin: Option<&str>) {
         let text = |s: &str| AmqpValue::LongString(s.to_string());
+        let int32 = |n: u32| AmqpValue::LongInt(i32::try_from(n).unwrap_or(i32::MAX));
         table.insert(headers::ID.into(), text(&self.id));
-        let correlation = self.correlation_id.as_deref().unwrap_or(&self.id);
-        table.insert(headers::CORRELATION_ID.into(), text(correlation));
-        if let Some(c) = &self.causation_id {
-            table.insert(headers::CAUSATION_ID.into(), text(c));
-        }
-        if let Some(t) = &self.message_type {
-            table.insert(headers::TYPE.into(), text(t));
-        }
-        table.insert(
-            headers::ATTEMPT.into(),
-            AmqpValue::LongLongInt(i64::from(self.attempt)),
-        );
+        table.insert(headers::TYPE.into(), text(self.type_for(routing_key)));
+        table.insert(headers::VERSION.into(), int32(self.version.max(1)));
+        let correlation = match self.correlation_id.as_deref() {
+            Some(c) if !c.is_empty() => c,
+            _ => &self.id,
+        };
+        table.insert(headers::CORRELATION.into(), text(correlation));
+        table.insert(headers::ATTEMPT.into(), int32(self.attempt.max(1)));
         table.insert(
             headers::FIRST_SEEN.into(),
             AmqpValue::LongLongInt(self.first_seen_ms),
         );
-        if let Some(e) = &self.error {
-            table.insert(headers::ERROR.into(), text(e));
+        let optional = [
+            (headers::CAUSATION, self.causation_id.as_deref()),
+            (headers::ORIGIN, self.origin.as_deref().or(origin)),
+            (headers::ERROR, self.error.as_deref()),
+            (headers::CLAIM, self.claim.as_deref()),
+        ];
+        for (name, value) in optional {
+            if let Some(v) = value.filter(|v| !v.is_empty()) {
+                table.insert(name.into(), text(v));
+            }
         }
     }
 
-    /// Reads the envelope from received headers and properties. Integers of any AMQP width are
-    /// accepted; a reserved header of the wrong type is treated as absent.
-    fn read(table: &BTreeMap<String, HeaderValue>, props: &AmqpProperties) -> Envelope {
-        let text = |name: &str| table.get(name).and_then(|v| v.as_str()).map(str::to_string);
-        let int = |name: &str| table.get(name).and_then(|v| v.as_i64());
-        let id = text(headers::ID)
-            .or_else(|| props.message_id().clone())
-            .unwrap_or_default();
-        Envelope {
-            correlation_id: text(headers::CORRELATION_ID),
-            causation_id: text(headers::CAUSATION_ID),
-            message_type: text(headers::TYPE).or_else(|| props.type_().clone()),
-            attempt: int(headers::ATTEMPT)
-                .and_then(|a| u32::try_from(a).ok())
-                .filter(|a| *a >= 1)
-                .unwrap_or(1),
-            first_seen_ms: int(headers::FIRST_SEEN).unwrap_or(0),
+    /// Reads the envelope from received headers, the AMQP `message_id` and the routing key it
+    /// arrived on, applying every default. The flag is true when the id was made up here
+    /// (neither `x-acemq-id` nor `message_id` was there).
+    fn read(
+        table: &BTreeMap<String, HeaderValue>,
+        message_id: Option<&str>,
+        routing_key: &str,
+    ) -> (Envelope, bool) {
+        let text = |name: &str| table.get(name).and_then(read_text);
+        let int = |name: &str| table.get(name).and_then(read_int);
+        let counter = |name: &str| {
+            int(name)
+                .filter(|n| *n >= 1)
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+                .unwrap_or(1)
+        };
+        let (id, assigned) = match text(headers::ID)
+            .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string))
+        {
+            Some(id) => (id, false),
+            None => (new_id(), true),
+        };
+        let envelope = Envelope {
+            message_type: Some(text(headers::TYPE).unwrap_or_else(|| routing_key.to_string()))
+                .filter(|t| !t.is_empty()),
+            version: counter(headers::VERSION),
+            correlation_id: Some(text(headers::CORRELATION).unwrap_or_else(|| id.clone())),
+            causation_id: text(headers::CAUSATION),
+            attempt: counter(headers::ATTEMPT),
+            first_seen_ms: int(headers::FIRST_SEEN).unwrap_or_else(now_ms),
+            origin: text(headers::ORIGIN),
             error: text(headers::ERROR),
+            claim: text(headers::CLAIM),
             id,
+        };
+        (envelope, assigned)
+    }
+}
+
+/// A string header as the family reads it: a long string or a byte array holding UTF-8; empty
+/// is absent.
+fn read_text(value: &HeaderValue) -> Option<String> {
+    let s = match value {
+        HeaderValue::Text(s) => s.clone(),
+        HeaderValue::Bytes(b) => String::from_utf8(b.clone()).ok()?,
+        _ => return None,
+    };
+    Some(s).filter(|s| !s.is_empty())
+}
+
+/// An integer header as the family reads it: any integer width, a whole finite float, or
+/// decimal text (long string or byte array).
+fn read_int(value: &HeaderValue) -> Option<i64> {
+    match value {
+        HeaderValue::Int(i) => Some(*i),
+        HeaderValue::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e18 => {
+            // Checked above: whole and well inside i64's range.
+            #[allow(clippy::cast_possible_truncation)]
+            Some(*f as i64)
         }
+        HeaderValue::Text(s) => s.trim().parse().ok(),
+        HeaderValue::Bytes(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+        _ => None,
     }
 }
 
@@ -365,6 +453,13 @@ pub struct Message {
     pub(crate) engine_headers: BTreeMap<String, HeaderValue>,
     /// The codec of the consumer that received it, for [`Message::payload`].
     pub(crate) codec: Option<std::sync::Arc<dyn Codec>>,
+    /// The header table as received, so that a copy re-sends each unchanged header with the
+    /// AMQP type it arrived with (a 32-bit integer stays 32-bit, a byte-array string stays a
+    /// byte array).
+    pub(crate) received_headers: Option<std::sync::Arc<FieldTable>>,
+    /// True when the id was made up on receipt: the message carried neither `x-acemq-id` nor
+    /// `message_id`, so a redelivery gets another one.
+    pub(crate) id_assigned: bool,
 }
 
 impl Message {
@@ -384,6 +479,8 @@ impl Message {
             properties: None,
             engine_headers: BTreeMap::new(),
             codec: None,
+            received_headers: None,
+            id_assigned: false,
         }
     }
 
@@ -438,6 +535,24 @@ impl Message {
     /// Sets the message type (`x-acemq-type`).
     pub fn message_type(mut self, t: impl Into<String>) -> Self {
         self.envelope.message_type = Some(t.into());
+        self
+    }
+
+    /// Sets the schema version of the payload (`x-acemq-version`, from 1). Defaults to 1.
+    pub fn version(mut self, version: u32) -> Self {
+        self.envelope.version = version.max(1);
+        self
+    }
+
+    /// Sets the origin (`x-acemq-origin`, `service@host`). Defaults to the connection's.
+    pub fn origin(mut self, origin: impl Into<String>) -> Self {
+        self.envelope.origin = Some(origin.into());
+        self
+    }
+
+    /// Sets where a claim-checked payload is kept (`x-acemq-claim`). Defaults to none.
+    pub fn claim(mut self, key: impl Into<String>) -> Self {
+        self.envelope.claim = Some(key.into());
         self
     }
 
@@ -539,8 +654,8 @@ impl Message {
     }
 
     #[doc(hidden)]
-    pub fn to_properties_for_bench(&self) -> AmqpProperties {
-        self.to_properties()
+    pub fn to_properties_for_bench(&self, routing_key: &str, origin: &str) -> AmqpProperties {
+        self.to_properties(routing_key, Some(origin))
     }
 
     /// Removes the application and engine headers that would not pass [`validate`](Self::validate).
@@ -556,15 +671,6 @@ impl Message {
                 .map(|b| format!("{b:02x}"))
                 .collect();
         }
-        for field in [
-            &mut e.correlation_id,
-            &mut e.causation_id,
-            &mut e.message_type,
-        ] {
-            if field.as_ref().is_some_and(|v| v.len() > MAX_SHORT_STRING) {
-                *field = None;
-            }
-        }
         self.headers.retain(|name, value| {
             check_header_name(name).is_ok() && !is_reserved(name) && value.validate(name).is_ok()
         });
@@ -572,13 +678,15 @@ impl Message {
             .retain(|name, value| check_header_name(name).is_ok() && value.validate(name).is_ok());
     }
 
-    /// The AMQP properties to publish with (call [`validate`](Self::validate) first).
-    pub(crate) fn to_properties(&self) -> AmqpProperties {
+    /// The AMQP properties to publish with `routing_key` (call [`validate`](Self::validate)
+    /// first); `origin` is written when the envelope has none of its own.
+    pub(crate) fn to_properties(&self, routing_key: &str, origin: Option<&str>) -> AmqpProperties {
+        let received = self.received_headers.as_deref();
         let mut table = FieldTable::new();
         for (k, v) in self.headers.iter().chain(&self.engine_headers) {
-            table.insert(k.clone(), v.to_amqp());
+            table.insert(k.clone(), wire_value(received, k, v));
         }
-        self.envelope.write(&mut table);
+        self.envelope.write(&mut table, routing_key, origin);
         let mut props = AmqpProperties::default()
             .with_message_id(self.envelope.id.clone())
             .with_headers(table)
@@ -615,15 +723,16 @@ impl Message {
         Message::from_delivery(body, properties, received)
     }
 
-    /// A message as received: envelope from the reserved headers, the rest as application
-    /// headers.
+    /// A message as received: envelope from the reserved headers, the engine's other known
+    /// reserved headers (the declared route) beside it, every other header as an application
+    /// header. Reserved names this crate does not know are not handed to the application.
     pub(crate) fn from_delivery(
         body: Vec<u8>,
         props: AmqpProperties,
         received: Received,
     ) -> Message {
-        let mut all: BTreeMap<String, HeaderValue> = props
-            .headers()
+        let raw = props.headers().clone();
+        let all: BTreeMap<String, HeaderValue> = raw
             .as_ref()
             .map(|t| {
                 t.iter()
@@ -631,49 +740,82 @@ impl Message {
                     .collect()
             })
             .unwrap_or_default();
-        let envelope = Envelope::read(&all, &props);
+        let mut m = Message::from_headers(
+            body,
+            all,
+            props.message_id().as_deref(),
+            &received.routing_key,
+        );
+        m.content_type = props.content_type().clone();
+        m.reply_to = props.reply_to().clone();
+        m.amqp_correlation_id = props.correlation_id().clone();
+        m.expiration_ms = props.expiration().as_ref().and_then(|e| e.parse().ok());
+        m.priority = *props.priority();
+        m.persistent = props.delivery_mode() == &Some(2);
+        m.received = Some(received);
+        m.properties = Some(props);
+        m.received_headers = raw.map(std::sync::Arc::new);
+        m
+    }
+
+    /// A message from a header table (as received, or as the outbox stored it): the envelope
+    /// read with every default, the engine's other known reserved headers (the declared route)
+    /// kept beside it, every other header an application header. Reserved names this crate does
+    /// not know are not handed to the application.
+    pub(crate) fn from_headers(
+        body: Vec<u8>,
+        mut all: BTreeMap<String, HeaderValue>,
+        message_id: Option<&str>,
+        routing_key: &str,
+    ) -> Message {
+        let (envelope, id_assigned) = Envelope::read(&all, message_id, routing_key);
+        // The family strips the namespace case-sensitively on read.
+        let reserved: Vec<String> = all
+            .keys()
+            .filter(|k| k.starts_with(headers::RESERVED_PREFIX))
+            .cloned()
+            .collect();
         let mut engine_headers = BTreeMap::new();
-        let names: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
-        for k in names {
+        for k in reserved {
             if let Some(v) = all.remove(&k) {
-                if !ENVELOPE_HEADERS.contains(&k.as_str()) {
+                if ENGINE_HEADERS.contains(&k.as_str()) {
                     engine_headers.insert(k, v);
                 }
             }
         }
-        Message {
-            envelope,
-            headers: all,
-            body,
-            content_type: props.content_type().clone(),
-            reply_to: props.reply_to().clone(),
-            amqp_correlation_id: props.correlation_id().clone(),
-            expiration_ms: props.expiration().as_ref().and_then(|e| e.parse().ok()),
-            priority: *props.priority(),
-            persistent: props.delivery_mode() == &Some(2),
-            received: Some(received),
-            properties: Some(props),
-            engine_headers,
-            codec: None,
-        }
+        let mut m = Message::new(body);
+        m.envelope = envelope;
+        m.headers = all;
+        m.engine_headers = engine_headers;
+        m.id_assigned = id_assigned;
+        m
     }
 }
 
-/// The reserved headers the envelope owns (read into [`Envelope`], rewritten on publish).
-const ENVELOPE_HEADERS: [&str; 7] = [
-    headers::ID,
-    headers::CORRELATION_ID,
-    headers::CAUSATION_ID,
-    headers::TYPE,
-    headers::ATTEMPT,
-    headers::FIRST_SEEN,
-    headers::ERROR,
-];
-
-pub(crate) fn is_envelope_header(name: &str) -> bool {
-    ENVELOPE_HEADERS.contains(&name)
+/// The AMQP value to send for header `name`: the value as it was received when it is unchanged
+/// (so its type is kept), else the value's own encoding. Reserved integers go as 32-bit
+/// integers, as the family writes them.
+fn wire_value(received: Option<&FieldTable>, name: &str, value: &HeaderValue) -> AmqpValue {
+    if let Some(raw) = received.and_then(|r| r.get(name)) {
+        if HeaderValue::from_amqp(raw) == *value {
+            return raw.clone();
+        }
+    }
+    match value {
+        HeaderValue::Int(i) if is_reserved(name) => match i32::try_from(*i) {
+            Ok(i) => AmqpValue::LongInt(i),
+            Err(_) => AmqpValue::LongLongInt(*i),
+        },
+        v => v.to_amqp(),
+    }
 }
 
+/// Reserved headers the engine keeps beside the envelope, on the message and its copies.
+const ENGINE_HEADERS: [&str; 3] = [headers::ROUTE, headers::ROUTE_POSITION, headers::ROUTE_ID];
+
+/// True for a name in the reserved namespace. The family matches the prefix case-sensitively;
+/// this crate also refuses other spellings from applications (`X-AceMQ-…`), so nothing it sends
+/// can be mistaken for a reserved header by a case-insensitive reader.
 fn is_reserved(name: &str) -> bool {
     name.len() >= headers::RESERVED_PREFIX.len()
         && name.as_bytes()[..headers::RESERVED_PREFIX.len()]
@@ -747,19 +889,20 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A fresh random identifier in the UUID version 4 text form.
-pub fn new_id() -> String {
+/// 64 random bits (from the standard library's randomly keyed hasher and a counter).
+pub(crate) fn random_u64() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let word = |salt: u64| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(n);
-        h.write_u64(salt);
-        h.write_i64(now_ms());
-        h.finish()
-    };
-    let hi = (word(1) & 0xffff_ffff_ffff_0fff) | 0x4000;
-    let lo = (word(2) & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_i64(now_ms());
+    h.finish()
+}
+
+/// A fresh random identifier in the UUID version 4 text form.
+pub fn new_id() -> String {
+    let hi = (random_u64() & 0xffff_ffff_ffff_0fff) | 0x4000;
+    let lo = (random_u64() & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
     format!(
         "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
         hi >> 32,
@@ -798,7 +941,8 @@ mod tests {
             .validate()
             .is_err());
         assert!(Message::new("x").with_id(long.clone()).validate().is_err());
-        assert!(Message::new("x").message_type(long).validate().is_err());
+        // Envelope values other than the id are long strings: no short-string limit.
+        assert!(Message::new("x").message_type(long).validate().is_ok());
         assert!(Message::new("x")
             .header("k".repeat(255), 1)
             .validate()
@@ -831,7 +975,9 @@ mod tests {
             headers::ID,
             headers::ATTEMPT,
             headers::FIRST_SEEN,
-            headers::CORRELATION_ID,
+            headers::CORRELATION,
+            headers::VERSION,
+            headers::ORIGIN,
             headers::ERROR,
             headers::CLAIM,
             "x-acemq-route",
@@ -869,11 +1015,10 @@ mod tests {
             );
             assert!(m.envelope.attempt >= 1);
             let _ = m.validate();
-            let _ = m.to_properties();
+            assert!(m.envelope.version >= 1);
+            assert!(!m.envelope.id.is_empty());
+            let _ = m.to_properties("q", None);
             let mut copy = m.clone();
-            if copy.envelope.id.is_empty() {
-                copy.envelope.id = new_id();
-            }
             copy.drop_invalid_headers();
             assert!(
                 copy.validate().is_ok(),
@@ -889,7 +1034,7 @@ mod tests {
             .causation_id("c-1")
             .header("tenant", "t-7")
             .header("n", 5);
-        let props = m.to_properties();
+        let props = m.to_properties("q", Some("svc@h"));
         let back = Message::from_delivery(
             m.body.clone(),
             props,

@@ -335,7 +335,8 @@ impl Publisher {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
-        let mut properties = Some(message.to_properties());
+        let origin = Some(self.inner.connection.origin());
+        let mut properties = Some(message.to_properties(routing_key, origin));
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let shared = &self.inner.shared;
@@ -366,7 +367,9 @@ impl Publisher {
                 routing_key: routing_key.to_string(),
                 mandatory: self.inner.options.mandatory,
                 immediate: false,
-                properties: properties.take().unwrap_or_else(|| message.to_properties()),
+                properties: properties
+                    .take()
+                    .unwrap_or_else(|| message.to_properties(routing_key, origin)),
             };
             match current.channel.basic_publish(exchange, publish) {
                 Ok(()) => {

@@ -73,7 +73,10 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().retry(RetryPolicy::ladder(rungs())),
+            ConsumerOptions::new().retry(
+                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                    .jitter(0.0),
+            ),
         )
         .unwrap()
         .start(move |m: &Message| {
@@ -121,7 +124,10 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().retry(RetryPolicy::ladder(rungs()).max_attempts(5)),
+            ConsumerOptions::new().retry(
+                RetryPolicy::exponential(5, Duration::from_millis(100), Duration::from_millis(200))
+                    .jitter(0.0),
+            ),
         )
         .unwrap()
         .start(handler)
@@ -357,7 +363,10 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().retry(RetryPolicy::ladder(rungs())),
+            ConsumerOptions::new().retry(
+                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                    .jitter(0.0),
+            ),
         )
         .unwrap()
         .start(handler)

@@ -70,6 +70,8 @@ impl std::fmt::Debug for Connection {
 
 pub(crate) struct Shared {
     pub(crate) options: ConnectionOptions,
+    /// `service@host`, stamped as `x-acemq-origin` on what this connection publishes.
+    pub(crate) origin: String,
     addresses: Vec<Address>,
     state: Mutex<LinkState>,
     changed: Condvar,
@@ -147,6 +149,7 @@ impl Connection {
             generation: 1,
         });
         let shared = Arc::new(Shared {
+            origin: options.origin(),
             options,
             addresses,
             state: Mutex::new(LinkState::Up(link.clone())),
@@ -261,6 +264,12 @@ impl Connection {
     /// The connection's default codec.
     pub fn codec(&self) -> Arc<dyn Codec> {
         self.shared.options.codec.clone()
+    }
+
+    /// `service@host`: the `x-acemq-origin` stamped on messages published through this
+    /// connection that carry no origin of their own.
+    pub fn origin(&self) -> &str {
+        &self.shared.origin
     }
 
     pub(crate) fn observer(&self) -> &Arc<dyn Observer> {

@@ -166,6 +166,7 @@ pub struct ConnectionOptions {
     pub(crate) backoff_max: Duration,
     pub(crate) operation_timeout: Duration,
     pub(crate) name: Option<String>,
+    pub(crate) service: String,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
@@ -183,6 +184,7 @@ impl Default for ConnectionOptions {
             backoff_max: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(30),
             name: None,
+            service: "acemq".into(),
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
             #[cfg(feature = "tls")]
@@ -209,6 +211,7 @@ impl fmt::Debug for ConnectionOptions {
             .field("backoff_max", &self.backoff_max)
             .field("operation_timeout", &self.operation_timeout)
             .field("name", &self.name)
+            .field("service", &self.service)
             .field("codec", &self.codec)
             .finish()
     }
@@ -268,6 +271,22 @@ impl ConnectionOptions {
         self
     }
 
+    /// The name of the service publishing, stamped on every message as
+    /// `x-acemq-origin: {service}@{host}` (the host is this machine's hostname), as the Java and
+    /// Go libraries stamp it. Defaults to `acemq`.
+    pub fn service(mut self, service: impl Into<String>) -> Self {
+        self.service = service.into();
+        self
+    }
+
+    /// `{service}@{host}`: what [`service`](Self::service) stamps as `x-acemq-origin`.
+    pub fn origin(&self) -> String {
+        let host = gethostname::gethostname();
+        let host = host.to_string_lossy();
+        let host = if host.is_empty() { "localhost" } else { &host };
+        format!("{}@{host}", self.service)
+    }
+
     /// The default codec for publishers and consumers on this connection. Defaults to
     /// [`JsonCodec`].
     pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
@@ -295,6 +314,11 @@ impl ConnectionOptions {
     pub(crate) fn validate(&self) -> Result<Vec<Address>> {
         if self.urls.is_empty() {
             return Err(Error::invalid("no broker address given"));
+        }
+        if self.service.is_empty() {
+            return Err(Error::invalid(
+                "the service name must not be empty (it is stamped as x-acemq-origin)",
+            ));
         }
         if self.backoff_min.is_zero() || self.backoff_min > self.backoff_max {
             return Err(Error::invalid(

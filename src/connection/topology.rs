@@ -18,7 +18,8 @@ use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
 use crate::observe::ConnectionEvent;
 
-/// The type of a queue.
+/// The type of a queue. A [`QueueSpec`] that names none gets the family's default: quorum for a
+/// durable, non-exclusive, non-auto-delete queue, classic otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QueueKind {
     /// A classic queue (no `x-queue-type` argument is sent).
@@ -42,7 +43,7 @@ pub enum QueueKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueSpec {
     pub(crate) name: String,
-    pub(crate) kind: QueueKind,
+    pub(crate) kind: Option<QueueKind>,
     pub(crate) durable: bool,
     pub(crate) exclusive: bool,
     pub(crate) auto_delete: bool,
@@ -50,11 +51,13 @@ pub struct QueueSpec {
 }
 
 impl QueueSpec {
-    /// A durable classic queue named `name`.
+    /// A durable queue named `name`: a quorum queue unless it is made exclusive, auto-delete or
+    /// transient, or [`classic`](Self::classic) is asked for, as every AceMQ library declares
+    /// it.
     pub fn new(name: impl Into<String>) -> Self {
         QueueSpec {
             name: name.into(),
-            kind: QueueKind::Classic,
+            kind: None,
             durable: true,
             exclusive: false,
             auto_delete: false,
@@ -67,7 +70,7 @@ impl QueueSpec {
     pub fn server_named() -> Self {
         QueueSpec {
             name: String::new(),
-            kind: QueueKind::Classic,
+            kind: Some(QueueKind::Classic),
             durable: false,
             exclusive: true,
             auto_delete: true,
@@ -80,16 +83,47 @@ impl QueueSpec {
         &self.name
     }
 
-    /// Makes it a quorum queue. Defaults to classic.
+    /// Makes it a quorum queue. Defaults to quorum for a durable, non-exclusive,
+    /// non-auto-delete queue.
     pub fn quorum(mut self) -> Self {
-        self.kind = QueueKind::Quorum;
+        self.kind = Some(QueueKind::Quorum);
         self
     }
 
-    /// Makes it a stream. Defaults to classic.
-    pub fn stream(mut self) -> Self {
-        self.kind = QueueKind::Stream;
+    /// Makes it a classic queue (no `x-queue-type` argument is sent).
+    pub fn classic(mut self) -> Self {
+        self.kind = Some(QueueKind::Classic);
         self
+    }
+
+    /// Makes it a stream.
+    pub fn stream(mut self) -> Self {
+        self.kind = Some(QueueKind::Stream);
+        self
+    }
+
+    /// Dead-letters what the broker rejects or expires to `{name}.dlq` through `acemq.dlx`
+    /// (`x-dead-letter-exchange: acemq.dlx`, `x-dead-letter-routing-key: {name}.dlq`), as the
+    /// family's `dead_letter` topology option does.
+    pub fn with_dead_letter(self) -> Self {
+        let dlq = crate::consume::dead_letter_queue(&self.name);
+        self.dead_letter_exchange(crate::consume::DEAD_LETTER_EXCHANGE)
+            .dead_letter_routing_key(dlq)
+    }
+
+    /// The type this spec declares: the one asked for, else the family's default.
+    pub fn kind(&self) -> QueueKind {
+        match &self.kind {
+            Some(k) => k.clone(),
+            None if self.durable
+                && !self.exclusive
+                && !self.auto_delete
+                && !self.arguments.contains_key("x-queue-type") =>
+            {
+                QueueKind::Quorum
+            }
+            None => QueueKind::Classic,
+        }
     }
 
     /// Durable (survives a broker restart). Defaults to true.
@@ -139,7 +173,9 @@ impl QueueSpec {
 
     fn validate(&self) -> Result<()> {
         check_name("queue", &self.name, true)?;
-        if self.kind != QueueKind::Classic && (!self.durable || self.exclusive) {
+        if self.kind.as_ref().is_some_and(|k| *k != QueueKind::Classic)
+            && (!self.durable || self.exclusive)
+        {
             return Err(Error::invalid(format!(
                 "queue {:?}: quorum queues and streams must be durable and not exclusive",
                 self.name
@@ -153,7 +189,7 @@ impl QueueSpec {
 
     fn options(&self) -> QueueDeclareOptions {
         let mut arguments = to_table(&self.arguments);
-        match self.kind {
+        match self.kind() {
             QueueKind::Classic => {}
             QueueKind::Quorum => {
                 arguments.insert(
@@ -204,6 +240,11 @@ pub struct ExchangeSpec {
 }
 
 impl ExchangeSpec {
+    /// A durable direct exchange.
+    pub fn direct(name: impl Into<String>) -> Self {
+        ExchangeSpec::new(name, ExchangeKind::Direct)
+    }
+
     /// A durable exchange.
     pub fn new(name: impl Into<String>, kind: ExchangeKind) -> Self {
         ExchangeSpec {

@@ -24,10 +24,14 @@
 mod outcome;
 pub(crate) mod owner;
 mod retry;
+mod timer;
 mod worker;
 
 pub use outcome::{FatalError, Handler, HandlerResult, Outcome};
-pub use retry::{dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy};
+pub use retry::{
+    dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy, DEAD_LETTER_EXCHANGE,
+    DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
+};
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -98,8 +102,8 @@ impl ConsumerOptions {
         self
     }
 
-    /// The retry policy. Defaults to [`RetryPolicy::default`]: five attempts, 1 s, 10 s, 1 min,
-    /// 10 min.
+    /// The retry policy. Defaults to [`RetryPolicy::none`], as in the family: the first failure
+    /// goes to `{queue}.dlq`.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -110,7 +114,10 @@ impl ConsumerOptions {
         self.retry(RetryPolicy::no_retry())
     }
 
-    /// Declare the queue's retry rungs, `.dlq` and `.parked` queues on start. Defaults to true.
+    /// Declare where the queue's failures go when the consumer is made, as the family's consumers
+    /// do: `acemq.dlx` with `{queue}.dlq` and `{queue}.parked` bound to it, and, when the policy
+    /// has broker rungs, `acemq.retry`, the rungs and the queue's binding to `acemq.retry`. The
+    /// queue itself is never declared here. Defaults to true.
     pub fn declare(mut self, declare: bool) -> Self {
         self.declare = declare;
         self
@@ -283,7 +290,7 @@ impl Connection {
     pub fn consumer(&self, queue: &str, options: ConsumerOptions) -> Result<Consumer> {
         options.validate(queue)?;
         if options.declare {
-            retry::declare_ladder(self, queue, &options.retry)?;
+            retry::declare_failure_topology(self, queue, &options.retry)?;
         }
         let publisher = self.publisher_with(
             PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
@@ -291,7 +298,7 @@ impl Connection {
         let declared = if options.declare {
             options
                 .retry
-                .delays()
+                .broker_rungs()
                 .iter()
                 .map(|d| retry_queue(queue, *d))
                 .collect()
@@ -441,23 +448,32 @@ fn run_on<H: Handler + Sync + ?Sized>(
     };
     let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(usize::from(ctx.prefetch));
     let (settle_tx, settle_rx) = crossbeam_channel::unbounded::<Settle>();
+    // Each held retry is an unsettled delivery, so the prefetch bounds the timer's input too.
+    let (timer_tx, timer_rx) =
+        crossbeam_channel::bounded::<timer::TimerMsg>(usize::from(ctx.prefetch) + 1);
     std::thread::scope(|s| {
+        let spawn_error = |e| Error::Io {
+            context: "spawning a consumer thread".into(),
+            source: e,
+        };
+        let settle = settle_tx.clone();
+        std::thread::Builder::new()
+            .name("acemq-retry-timer".into())
+            .spawn_scoped(s, move || timer::run(ctx, timer_rx, settle))
+            .map_err(spawn_error)?;
         for i in 0..concurrency {
-            let (jobs, settle) = (jobs_rx.clone(), settle_tx.clone());
-            let spawned = std::thread::Builder::new()
+            let (jobs, settle, timer) = (jobs_rx.clone(), settle_tx.clone(), timer_tx.clone());
+            std::thread::Builder::new()
                 .name(format!("acemq-worker-{i}"))
-                .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle));
-            if let Err(e) = spawned {
-                return Err(Error::Io {
-                    context: "spawning a worker thread".into(),
-                    source: e,
-                });
-            }
+                .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle, timer))
+                .map_err(spawn_error)?;
         }
         drop(jobs_rx);
         drop(settle_tx);
-        let result = owner::run(ctx, &jobs_tx, &settle_rx, stop_rx, started);
+        let result = owner::run(ctx, &jobs_tx, &settle_rx, stop_rx, &timer_tx, started);
         drop(jobs_tx);
+        let _ = timer_tx.send_timeout(timer::TimerMsg::Stop, timer::STOP_TIMEOUT);
+        drop(timer_tx);
         match done {
             Some(done) => {
                 let _ = done.try_send(result);

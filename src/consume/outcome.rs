@@ -131,36 +131,97 @@ where
     }
 }
 
-/// Turns what a handler produced into an outcome.
-pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> (Outcome, Option<String>) {
-    match result {
-        Ok(Ok(outcome)) => {
-            let error = match &outcome {
-                Outcome::Retry { reason, .. }
-                | Outcome::Reject { reason }
-                | Outcome::Park { reason } => Some(reason.clone()),
-                _ => None,
-            };
-            (outcome, error)
+/// What the consumer does with a message, with the family's error texts already written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Accept,
+    /// Retry: `why` describes the failure (`Error: …`, `panic: …`, or the handler's reason).
+    Retry {
+        delay: Option<Duration>,
+        why: String,
+    },
+    /// To `{queue}.dlq` with this `x-acemq-error`.
+    DeadLetter {
+        error: String,
+    },
+    /// To `{queue}.parked` with this `x-acemq-error`.
+    Park {
+        error: String,
+    },
+    /// Back to the queue after `delay`, attempt unchanged.
+    InProgress {
+        delay: Duration,
+    },
+}
+
+impl Verdict {
+    /// The `outcome` label of `acemq.consume.total`.
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Verdict::Accept => "accept",
+            Verdict::Retry { .. } => "retry",
+            Verdict::DeadLetter { .. } => "reject",
+            Verdict::Park { .. } => "park",
+            Verdict::InProgress { .. } => "in_progress",
         }
-        Ok(Err(e)) => match e.downcast::<FatalError>() {
-            Ok(fatal) => {
-                let reason = format!("fatal: {fatal}");
-                (Outcome::reject(reason.clone()), Some(reason))
-            }
-            Err(e) => {
-                let reason = format!("handler error: {e}");
-                (Outcome::retry(reason.clone()), Some(reason))
-            }
+    }
+
+    /// The error to report to the observer.
+    pub(crate) fn error(&self) -> Option<&str> {
+        match self {
+            Verdict::Retry { why, .. } => Some(why),
+            Verdict::DeadLetter { error } | Verdict::Park { error } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// Turns what a handler produced into a verdict, with the family's texts: a handler's reject is
+/// "the handler rejected it: …", its park "the handler parked it: …", a [`FatalError`] "the
+/// handler reported an unprocessable message: FatalError: …", a body that could not be decoded
+/// ([`Error::Codec`](crate::Error::Codec) returned by the handler) "could not be decoded: …"
+/// (parked); any other error (`Error: …`) or a panic (`panic: …`) is a retry.
+pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
+    match result {
+        Ok(Ok(outcome)) => match outcome {
+            Outcome::Accept => Verdict::Accept,
+            Outcome::Retry { delay, reason } => Verdict::Retry { delay, why: reason },
+            Outcome::Reject { reason } => Verdict::DeadLetter {
+                error: format!("the handler rejected it: {reason}"),
+            },
+            Outcome::Park { reason } => Verdict::Park {
+                error: format!("the handler parked it: {reason}"),
+            },
+            Outcome::InProgress { delay } => Verdict::InProgress { delay },
         },
+        Ok(Err(e)) => {
+            if let Some(fatal) = e.downcast_ref::<FatalError>() {
+                return Verdict::DeadLetter {
+                    error: format!(
+                        "the handler reported an unprocessable message: FatalError: {fatal}"
+                    ),
+                };
+            }
+            if let Some(crate::Error::Codec { .. }) = e.downcast_ref::<crate::Error>() {
+                return Verdict::Park {
+                    error: format!("could not be decoded: {e}"),
+                };
+            }
+            Verdict::Retry {
+                delay: None,
+                why: format!("Error: {e}"),
+            }
+        }
         Err(panic) => {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "a non-string payload".into());
-            let reason = format!("handler panicked: {what}");
-            (Outcome::retry(reason.clone()), Some(reason))
+            Verdict::Retry {
+                delay: None,
+                why: format!("panic: {what}"),
+            }
         }
     }
 }
@@ -171,14 +232,26 @@ mod tests {
 
     #[test]
     fn errors_retry_fatal_rejects_panics_retry() {
-        let (o, _) = decide(Ok(Err("boom".into())));
-        assert_eq!(o.label(), "retry");
-        let (o, e) = decide(Ok(Err(Box::new(FatalError::new("bad input")))));
-        assert_eq!(o.label(), "reject");
-        assert!(e.unwrap().contains("bad input"));
+        let v = decide(Ok(Err("boom".into())));
+        assert_eq!(
+            v,
+            Verdict::Retry {
+                delay: None,
+                why: "Error: boom".into()
+            }
+        );
+        let v = decide(Ok(Err(Box::new(FatalError::new("bad input")))));
+        assert_eq!(
+            v.error(),
+            Some("the handler reported an unprocessable message: FatalError: bad input")
+        );
+        let v = decide(Ok(Ok(Outcome::reject("no such customer"))));
+        assert_eq!(v.error(), Some("the handler rejected it: no such customer"));
+        let v = decide(Ok(Ok(Outcome::park("odd"))));
+        assert_eq!(v.error(), Some("the handler parked it: odd"));
         let panic = std::panic::catch_unwind(|| -> HandlerResult { panic!("oops") });
-        let (o, e) = decide(panic);
-        assert_eq!(o.label(), "retry");
-        assert!(e.unwrap().contains("oops"));
+        let v = decide(panic);
+        assert_eq!(v.label(), "retry");
+        assert_eq!(v.error(), Some("panic: oops"));
     }
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Delivery};
 use crossbeam_channel::{select, Receiver, Sender};
 
+use super::timer::TimerMsg;
 use super::{CloseReport, Context, Job, Settle, SettleAction};
 use crate::envelope::Message;
 use crate::error::{Error, Result};
@@ -39,6 +40,7 @@ pub(crate) fn run(
     jobs: &Sender<Job>,
     settles: &Receiver<Settle>,
     stop: &Receiver<()>,
+    timer: &Sender<TimerMsg>,
     mut started: Option<Sender<Result<()>>>,
 ) -> Result<CloseReport> {
     let mut generation = 0u64;
@@ -97,6 +99,7 @@ pub(crate) fn run(
             jobs,
             settles,
             stop,
+            timer,
         );
         if !matches!(end, Ok(End::Stop(_))) {
             // Stop already cancelled it; see `cancel_and_drain` for why this must run.
@@ -176,6 +179,7 @@ fn serve(
     jobs: &Sender<Job>,
     settles: &Receiver<Settle>,
     stop: &Receiver<()>,
+    timer: &Sender<TimerMsg>,
 ) -> Result<End> {
     let mut report = CloseReport::default();
     loop {
@@ -187,7 +191,7 @@ fn serve(
                 Ok(ConsumerMessage::ServerCancelled) => {
                     // The queue was deleted (or the broker cancelled us): finish what is running
                     // and end with a clear error.
-                    shutdown(ctx, generation, channel, consumer, inflight, settles, &mut report);
+                    shutdown(ctx, generation, channel, consumer, inflight, settles, timer, &mut report);
                     return Err(Error::Cancelled { queue: ctx.queue.clone() });
                 }
                 Ok(ConsumerMessage::ServerClosedChannel(e)) => return Ok(End::Lost(e.to_string())),
@@ -204,7 +208,7 @@ fn serve(
                 }
             },
             recv(stop) -> _ => {
-                shutdown(ctx, generation, channel, consumer, inflight, settles, &mut report);
+                shutdown(ctx, generation, channel, consumer, inflight, settles, timer, &mut report);
                 return Ok(End::Stop(report));
             },
         }
@@ -219,12 +223,9 @@ fn dispatch(
     jobs: &Sender<Job>,
 ) {
     let tag = d.delivery_tag();
+    // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
+    // fresh id as it is read, so that its copies carry an identity from here on.
     let mut message = Message::take_delivery(&mut d);
-    if message.envelope.id.is_empty() {
-        // A message from outside the family with neither `x-acemq-id` nor `message_id`: give
-        // it one, so that its retry and dead-letter copies carry an identity from here on.
-        message.envelope.id = crate::envelope::new_id();
-    }
     message.codec = Some(ctx.codec.clone());
     inflight.insert(
         tag,
@@ -342,8 +343,9 @@ pub(crate) fn cancel_and_drain(
     }
 }
 
-/// Stop: cancel, requeue what was delivered but not started, let running handlers finish up to
-/// the deadline and settle them.
+/// Stop: cancel, requeue what was delivered but not started and the retries held by the timer,
+/// let running handlers finish up to the deadline and settle them.
+#[allow(clippy::too_many_arguments)] // the owner's whole world, passed once
 fn shutdown(
     ctx: &Context,
     generation: u64,
@@ -351,9 +353,12 @@ fn shutdown(
     consumer: &amiquip::Consumer<'_>,
     inflight: &mut BTreeMap<u64, Slot>,
     settles: &Receiver<Settle>,
+    timer: &Sender<TimerMsg>,
     report: &mut CloseReport,
 ) {
     ctx.stopping.store(true, Ordering::SeqCst);
+    // Held retries go back to the queue unchanged; the timer answers on `settles`.
+    let _ = timer.send_timeout(TimerMsg::Stop, super::timer::STOP_TIMEOUT);
     // Deliveries that were on their way before the cancel: back to the queue.
     cancel_and_drain(&ctx.queue, consumer, |d| {
         if d.nack(channel, true).is_ok() {

@@ -1,55 +1,101 @@
-//! The retry ladder: attempts, delays, and the queues that hold a message while it waits.
+//! The family's retry policy and the topology a failed message travels through.
 //!
-//! A retry is a copy published to `{queue}.retry.{rung}`, a durable classic queue whose
-//! `x-message-ttl` is the rung's delay and which dead-letters back to `{queue}` through the
-//! default exchange. Attempts are counted in `x-acemq-attempt`, never from `x-death`.
+//! The arithmetic is the AceMQ family's (Python `retry.py`, Java `RetryPolicy`): the wait before
+//! attempt `n + 1` is `min(initial × multiplierⁿ⁻¹, max_delay)`. A wait shorter than the
+//! broker-wait threshold (30 s by default) is spent in the consumer, jittered, holding the
+//! delivery (not a worker thread: see `timer.rs`), and the copy then goes back to the queue
+//! itself; a longer wait is spent on a **rung**: `{queue}.retry.{Ns|Nm|Nh}`, a durable classic
+//! queue whose `x-message-ttl` is the wait and which dead-letters through the `acemq.retry`
+//! exchange back to the queue (bound there on its own name). Messages that give up go to
+//! `{queue}.dlq`, set-aside ones to `{queue}.parked`, both bound to `acemq.dlx` on their own
+//! names. Attempts are counted in `x-acemq-attempt`, never from `x-death`.
 
 use std::time::Duration;
 
-use crate::connection::{Connection, QueueSpec};
+use crate::connection::{Binding, Connection, ExchangeSpec, QueueSpec};
+use crate::envelope::HeaderValue;
 use crate::error::{Error, Result};
 
-/// How many times a message is tried and how long it waits between tries.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The exchange rungs dead-letter through, back to their source queue.
+pub const RETRY_EXCHANGE: &str = "acemq.retry";
+/// The exchange `.dlq` and `.parked` queues are bound to.
+pub const DEAD_LETTER_EXCHANGE: &str = "acemq.dlx";
+/// Waits at least this long go to a broker rung; shorter ones are spent in the consumer.
+pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
+
+/// How many times a message is tried, how long it waits between tries, and where it waits: the
+/// AceMQ family's policy arithmetic.
+///
+/// ```
+/// use acemq_amqp::RetryPolicy;
+/// use std::time::Duration;
+/// // 6 attempts; waits of 10 s and 20 s in the consumer, then 40 s, 80 s and 160 s on rungs.
+/// let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300));
+/// assert_eq!(policy.schedule().len(), 5);
+/// assert_eq!(policy.broker_rungs(), vec![
+///     Duration::from_secs(40), Duration::from_secs(80), Duration::from_secs(160),
+/// ]);
+/// ```
+#[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
     max_attempts: u32,
-    delays: Vec<Duration>,
+    initial_delay: Duration,
+    multiplier: f64,
+    max_delay: Option<Duration>,
+    jitter: f64,
+    max_message_age: Option<Duration>,
+    broker_wait_threshold: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// Five attempts, waiting 1 s, 10 s, 1 min and 10 min between them.
+    /// No retries ([`RetryPolicy::none`]), as in the family: the first failure goes to
+    /// `{queue}.dlq`. Choose a policy to retry.
     fn default() -> Self {
-        RetryPolicy {
-            max_attempts: 5,
-            delays: vec![
-                Duration::from_secs(1),
-                Duration::from_secs(10),
-                Duration::from_secs(60),
-                Duration::from_secs(600),
-            ],
-        }
+        RetryPolicy::none()
     }
 }
 
 impl RetryPolicy {
-    /// A custom ladder: attempt `n` (from 1) that fails waits `delays[n-1]` (the last delay
-    /// again when the ladder is shorter). `max_attempts` defaults to one more than the number of
-    /// delays.
-    pub fn ladder(delays: impl IntoIterator<Item = Duration>) -> Self {
-        let delays: Vec<Duration> = delays.into_iter().collect();
+    /// One attempt: the first failure goes to `{queue}.dlq`.
+    pub fn none() -> Self {
         RetryPolicy {
-            max_attempts: u32::try_from(delays.len())
-                .unwrap_or(u32::MAX)
-                .saturating_add(1),
-            delays,
+            max_attempts: 1,
+            initial_delay: Duration::ZERO,
+            multiplier: 2.0,
+            max_delay: None,
+            jitter: 0.0,
+            max_message_age: None,
+            broker_wait_threshold: DEFAULT_BROKER_WAIT_THRESHOLD,
         }
     }
 
-    /// No retries: the first failure goes to `{queue}.dlq`.
+    /// Same as [`none`](Self::none).
     pub fn no_retry() -> Self {
+        RetryPolicy::none()
+    }
+
+    /// `max_attempts` in all, waiting `initial` before the second, doubling each time up to
+    /// `max_delay`, with ±20 % jitter on waits spent in the consumer.
+    pub fn exponential(max_attempts: u32, initial: Duration, max_delay: Duration) -> Self {
         RetryPolicy {
-            max_attempts: 1,
-            delays: Vec::new(),
+            max_attempts,
+            initial_delay: initial,
+            multiplier: 2.0,
+            max_delay: Some(max_delay),
+            jitter: 0.2,
+            ..RetryPolicy::none()
+        }
+    }
+
+    /// `max_attempts` in all, waiting `delay` between them, without jitter.
+    pub fn fixed(max_attempts: u32, delay: Duration) -> Self {
+        RetryPolicy {
+            max_attempts,
+            initial_delay: delay,
+            multiplier: 1.0,
+            max_delay: None,
+            jitter: 0.0,
+            ..RetryPolicy::none()
         }
     }
 
@@ -59,52 +105,174 @@ impl RetryPolicy {
         self
     }
 
+    /// Sets the factor each wait grows by (at least 1).
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = multiplier;
+        self
+    }
+
+    /// Sets the jitter factor (0 to 1): a wait spent in the consumer is multiplied by a uniform
+    /// random factor in `[1 - jitter, 1 + jitter)`. Broker waits are never jittered (a rung has
+    /// one TTL).
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Sets the longest wait. Defaults to no cap for [`fixed`](Self::fixed).
+    pub fn max_delay(mut self, max: Duration) -> Self {
+        self.max_delay = Some(max);
+        self
+    }
+
+    /// Sets the age (since `x-acemq-first-seen`) past which a failing message is not retried but
+    /// dead-lettered. Defaults to no limit.
+    pub fn max_message_age(mut self, age: Duration) -> Self {
+        self.max_message_age = Some(age).filter(|a| !a.is_zero());
+        self
+    }
+
+    /// Sets the shortest wait spent on a broker rung; shorter waits are spent in the consumer.
+    /// Defaults to 30 s.
+    pub fn broker_wait_threshold(mut self, threshold: Duration) -> Self {
+        self.broker_wait_threshold = threshold;
+        self
+    }
+
     /// The number of attempts in all.
     pub fn attempts(&self) -> u32 {
         self.max_attempts
     }
 
-    /// The delays of the ladder.
-    pub fn delays(&self) -> &[Duration] {
-        &self.delays
+    /// The age limit, if any.
+    pub fn message_age_limit(&self) -> Option<Duration> {
+        self.max_message_age
+    }
+
+    /// The broker-wait threshold.
+    pub fn threshold(&self) -> Duration {
+        self.broker_wait_threshold
+    }
+
+    /// The waits before attempts 2 to `max_attempts`, without jitter.
+    pub fn schedule(&self) -> Vec<Duration> {
+        (1..self.max_attempts).map(|a| self.base_delay(a)).collect()
+    }
+
+    /// The distinct waits of the schedule spent on broker rungs, in schedule order.
+    pub fn broker_rungs(&self) -> Vec<Duration> {
+        let mut rungs: Vec<Duration> = Vec::new();
+        for d in self.schedule() {
+            if self.waits_in_broker(d) && !rungs.contains(&d) {
+                rungs.push(d);
+            }
+        }
+        rungs
+    }
+
+    /// True when a wait of `delay` is spent on a broker rung.
+    pub fn waits_in_broker(&self, delay: Duration) -> bool {
+        !self.broker_wait_threshold.is_zero()
+            && !delay.is_zero()
+            && delay >= self.broker_wait_threshold
+    }
+
+    /// The rung a wanted broker wait goes to: the smallest rung at least as long, else the
+    /// longest (the Java and Go rule); `None` when the policy has no rungs.
+    pub fn rung_for(&self, delay: Duration) -> Option<Duration> {
+        let rungs = self.broker_rungs();
+        let mut at_least: Vec<&Duration> = rungs.iter().filter(|r| **r >= delay).collect();
+        at_least.sort();
+        at_least
+            .first()
+            .map(|d| **d)
+            .or_else(|| rungs.iter().max().copied())
+    }
+
+    /// The wait before attempt `attempt + 1`, unjittered.
+    fn base_delay(&self, attempt: u32) -> Duration {
+        let exponent = i32::try_from(attempt.saturating_sub(1)).unwrap_or(i32::MAX);
+        let secs = self.initial_delay.as_secs_f64() * self.multiplier.powi(exponent);
+        let mut d = if secs.is_finite() && secs < 1.0e12 {
+            // Whole milliseconds, as the Java library computes them.
+            Duration::from_millis((secs * 1000.0) as u64)
+        } else {
+            Duration::from_secs(1_000_000_000_000)
+        };
+        if let Some(max) = self.max_delay {
+            d = d.min(max);
+        }
+        d
+    }
+
+    /// What happens after failed attempt `attempt` of a message `age` old: the wait before the
+    /// next one (unjittered), or why not.
+    pub(crate) fn next_wait(&self, attempt: u32, age: Duration) -> NextWait {
+        if let Some(limit) = self.max_message_age {
+            if age >= limit {
+                return NextWait::TooOld(limit);
+            }
+        }
+        if attempt >= self.max_attempts {
+            return NextWait::Exhausted;
+        }
+        NextWait::Wait(self.base_delay(attempt))
+    }
+
+    /// `delay` with the policy's jitter applied (consumer-side waits only).
+    pub(crate) fn jittered(&self, delay: Duration) -> Duration {
+        if self.jitter <= 0.0 || delay.is_zero() {
+            return delay;
+        }
+        let unit = (crate::envelope::random_u64() >> 11) as f64 / (1u64 << 53) as f64;
+        let factor = 1.0 + (unit * 2.0 - 1.0) * self.jitter;
+        delay.mul_f64(factor.max(0.0))
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.max_attempts == 0 {
             return Err(Error::invalid("max_attempts must be at least 1"));
         }
-        if self.max_attempts > 1 && self.delays.is_empty() {
-            return Err(Error::invalid(
-                "a retry policy with retries needs at least one delay",
-            ));
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            return Err(Error::invalid(format!(
+                "the retry multiplier must be at least 1, not {}",
+                self.multiplier
+            )));
         }
-        if let Some(d) = self.delays.iter().find(|d| d.as_millis() == 0) {
-            return Err(Error::invalid(format!("retry delay {d:?} is under 1 ms")));
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(Error::invalid(format!(
+                "the retry jitter must be between 0 and 1, not {}",
+                self.jitter
+            )));
         }
         Ok(())
     }
-
-    /// The delay after failed attempt `attempt` (from 1), or `None` when it was the last.
-    pub(crate) fn delay_after(&self, attempt: u32) -> Option<Duration> {
-        if attempt >= self.max_attempts {
-            return None;
-        }
-        let i = usize::try_from(attempt.saturating_sub(1)).unwrap_or(usize::MAX);
-        self.delays.get(i).or(self.delays.last()).copied()
-    }
 }
 
-/// The rung name of a delay: `1s`, `10s`, `1m`, `10m`, `1h`, or milliseconds (`250ms`).
+/// What the policy says after a failed attempt.
+#[derive(Debug, PartialEq)]
+pub(crate) enum NextWait {
+    /// Try again after this long.
+    Wait(Duration),
+    /// That was the last attempt.
+    Exhausted,
+    /// The message is older than the policy's age limit.
+    TooOld(Duration),
+}
+
+/// The family's name for a rung's wait: whole hours `Nh`, whole minutes `Nm`, else whole
+/// seconds `Ns` (fractions truncated, as the Python, Go and Ruby libraries do; under a second is
+/// `0s`).
 pub fn rung_name(delay: Duration) -> String {
-    let ms = delay.as_millis();
-    if ms > 0 && ms.is_multiple_of(3_600_000) {
-        format!("{}h", ms / 3_600_000)
-    } else if ms > 0 && ms.is_multiple_of(60_000) {
-        format!("{}m", ms / 60_000)
-    } else if ms > 0 && ms.is_multiple_of(1000) {
-        format!("{}s", ms / 1000)
+    let secs = delay.as_secs();
+    if secs == 0 {
+        "0s".into()
+    } else if secs.is_multiple_of(3600) {
+        format!("{}h", secs / 3600)
+    } else if secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
     } else {
-        format!("{ms}ms")
+        format!("{secs}s")
     }
 }
 
@@ -123,29 +291,45 @@ pub fn parked_queue(queue: &str) -> String {
     format!("{queue}.parked")
 }
 
-/// The declaration of one retry rung.
+/// The declaration of one rung: durable, classic, exactly three arguments.
 pub(crate) fn rung_spec(queue: &str, delay: Duration) -> QueueSpec {
     QueueSpec::new(retry_queue(queue, delay))
-        .message_ttl(delay)
-        .dead_letter_exchange("")
+        .classic()
+        .argument(
+            "x-message-ttl",
+            HeaderValue::Int(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+        )
+        .dead_letter_exchange(RETRY_EXCHANGE)
         .dead_letter_routing_key(queue)
 }
 
-/// Declares the retry rungs, `.dlq` and `.parked` of `queue` (remembered for recovery).
-pub(crate) fn declare_ladder(
+/// Declares a rung and the binding that brings its messages home (remembered for recovery).
+pub(crate) fn declare_rung(connection: &Connection, queue: &str, delay: Duration) -> Result<()> {
+    connection.declare_exchange(&ExchangeSpec::direct(RETRY_EXCHANGE))?;
+    connection.declare_queue(&rung_spec(queue, delay))?;
+    connection.bind(&Binding::new(queue, RETRY_EXCHANGE, queue))
+}
+
+/// Declares where `queue`'s failures go, as the family's consumers do (the queue itself is not
+/// declared): `acemq.dlx` with `.dlq` and `.parked` bound on their own names; with rungs,
+/// `acemq.retry`, the rungs and the queue bound to `acemq.retry` on its own name.
+pub(crate) fn declare_failure_topology(
     connection: &Connection,
     queue: &str,
     policy: &RetryPolicy,
 ) -> Result<()> {
-    let mut seen = Vec::new();
-    for d in policy.delays() {
-        if !seen.contains(d) {
-            connection.declare_queue(&rung_spec(queue, *d))?;
-            seen.push(*d);
-        }
+    connection.declare_exchange(&ExchangeSpec::direct(DEAD_LETTER_EXCHANGE))?;
+    for name in [dead_letter_queue(queue), parked_queue(queue)] {
+        connection.declare_queue(&QueueSpec::new(name.clone()).classic())?;
+        connection.bind(&Binding::new(
+            name.clone(),
+            DEAD_LETTER_EXCHANGE,
+            name.clone(),
+        ))?;
     }
-    connection.declare_queue(&QueueSpec::new(dead_letter_queue(queue)))?;
-    connection.declare_queue(&QueueSpec::new(parked_queue(queue)))?;
+    for rung in policy.broker_rungs() {
+        declare_rung(connection, queue, rung)?;
+    }
     Ok(())
 }
 
@@ -153,34 +337,59 @@ pub(crate) fn declare_ladder(
 mod tests {
     use super::*;
 
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
     #[test]
-    fn default_ladder() {
-        let p = RetryPolicy::default();
-        let names: Vec<_> = (1..=5)
-            .map(|a| p.delay_after(a).map(|d| retry_queue("orders", d)))
-            .collect();
-        assert_eq!(
-            names,
-            vec![
-                Some("orders.retry.1s".to_string()),
-                Some("orders.retry.10s".to_string()),
-                Some("orders.retry.1m".to_string()),
-                Some("orders.retry.10m".to_string()),
-                None
-            ]
-        );
-        assert_eq!(RetryPolicy::no_retry().delay_after(1), None);
-        assert_eq!(rung_name(Duration::from_millis(250)), "250ms");
-        assert_eq!(rung_name(Duration::from_secs(3600)), "1h");
+    fn policy_arithmetic_matches_the_family() {
+        let p = RetryPolicy::exponential(5, S(1), S(60));
+        assert_eq!(p.schedule(), vec![S(1), S(2), S(4), S(8)]);
+        assert!(p.broker_rungs().is_empty());
+        let p = RetryPolicy::exponential(6, S(10), S(300));
+        assert_eq!(p.broker_rungs(), vec![S(40), S(80), S(160)]);
+        let p = RetryPolicy::fixed(4, S(60));
+        assert_eq!(p.schedule(), vec![S(60), S(60), S(60)]);
+        assert_eq!(p.broker_rungs(), vec![S(60)]);
+        assert!(RetryPolicy::none().schedule().is_empty());
+        assert_eq!(RetryPolicy::default(), RetryPolicy::none());
+    }
+
+    #[test]
+    fn next_wait_exhausts_and_ages() {
+        let p = RetryPolicy::fixed(3, S(5)).max_message_age(S(60));
+        assert_eq!(p.next_wait(1, S(0)), NextWait::Wait(S(5)));
+        assert_eq!(p.next_wait(3, S(0)), NextWait::Exhausted);
+        assert_eq!(p.next_wait(1, S(61)), NextWait::TooOld(S(60)));
+    }
+
+    #[test]
+    fn rung_choice_and_names() {
+        let p = RetryPolicy::exponential(6, S(10), S(300));
+        assert_eq!(p.rung_for(S(50)), Some(S(80)));
+        assert_eq!(p.rung_for(S(1000)), Some(S(160)));
+        assert_eq!(RetryPolicy::none().rung_for(S(50)), None);
+        assert_eq!(rung_name(Duration::from_millis(38_400)), "38s");
+        assert_eq!(rung_name(Duration::from_millis(500)), "0s");
+        assert_eq!(rung_name(S(7200)), "2h");
+    }
+
+    #[test]
+    fn jitter_stays_in_its_band() {
+        let p = RetryPolicy::exponential(3, S(10), S(60));
+        for _ in 0..1000 {
+            let d = p.jittered(S(10));
+            assert!(d >= S(8) && d < S(12), "{d:?}");
+        }
+        assert_eq!(RetryPolicy::fixed(3, S(10)).jittered(S(10)), S(10));
     }
 
     #[test]
     fn validation() {
-        assert!(RetryPolicy::default().max_attempts(0).validate().is_err());
-        assert!(RetryPolicy::ladder([]).max_attempts(3).validate().is_err());
-        assert!(RetryPolicy::no_retry().validate().is_ok());
-        let short = RetryPolicy::ladder([Duration::from_millis(100)]).max_attempts(4);
-        assert_eq!(short.delay_after(3), Some(Duration::from_millis(100)));
-        assert_eq!(short.delay_after(4), None);
+        assert!(RetryPolicy::fixed(0, S(1)).validate().is_err());
+        assert!(RetryPolicy::fixed(3, S(1))
+            .multiplier(0.5)
+            .validate()
+            .is_err());
+        assert!(RetryPolicy::fixed(3, S(1)).jitter(1.5).validate().is_err());
+        assert!(RetryPolicy::none().validate().is_ok());
     }
 }

@@ -1,6 +1,7 @@
-//! Worker threads: run the handler, turn its result into an outcome, publish the copy an outcome
-//! needs (retry, dead-letter, park, in-progress) **before** the original is acknowledged, and
-//! send the settlement back to the owner thread.
+//! Worker threads: run the handler, turn its result into a verdict, publish the copy the verdict
+//! needs (a retry rung, `.dlq`, `.parked`) **before** the original is acknowledged, and send the
+//! settlement back to the owner thread. A wait spent in the consumer is handed to the timer
+//! thread (`timer.rs`) with the delivery still unacknowledged: the worker goes on at once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -8,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::outcome::{decide, Handler, Outcome};
-use super::retry::{dead_letter_queue, parked_queue, retry_queue, rung_spec};
+use super::outcome::{decide, Handler, Verdict};
+use super::retry::{dead_letter_queue, declare_rung, parked_queue, retry_queue, NextWait};
+use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
-use crate::envelope::Message;
-use crate::error::Result;
+use crate::envelope::{now_ms, Message};
+use crate::error::{Error, Result};
 use crate::observe::Settlement;
 
 pub(crate) fn run<H: Handler + Sync + ?Sized>(
@@ -20,6 +22,7 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     handler: &H,
     jobs: Receiver<Job>,
     settle: Sender<Settle>,
+    timer: Sender<TimerMsg>,
 ) {
     for job in jobs.iter() {
         if job.generation != ctx.generation.load(Ordering::SeqCst) {
@@ -49,124 +52,229 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
                 ctx.queue
             );
         }
-        let (outcome, error) = decide(result);
-        let action = match carry_out(ctx, &job.message, &outcome) {
-            Ok(()) => SettleAction::Ack,
-            Err(e) => {
-                log::error!(
-                    "acemq: could not publish the {} copy of message {} from {:?}: {e}; \
-                     requeueing the original",
-                    outcome.label(),
-                    job.message.id(),
-                    ctx.queue
-                );
-                SettleAction::Requeue
-            }
-        };
+        let verdict = decide(result);
+        let step = carry_out(ctx, &job.message, &verdict).unwrap_or_else(|e| {
+            log::error!(
+                "acemq: could not publish the {} copy of message {} from {:?}: {e}; \
+                 requeueing the original",
+                verdict.label(),
+                job.message.id(),
+                ctx.queue
+            );
+            Step::Now(SettleAction::Requeue)
+        });
         ctx.observer.settled(&Settlement {
             queue: &ctx.queue,
-            outcome: outcome.label(),
+            outcome: verdict.label(),
             attempt: job.message.envelope.attempt,
             handler_duration,
             message_id: job.message.id(),
-            error: error.as_deref(),
+            error: verdict.error(),
         });
-        let _ = settle.send(Settle {
-            generation: job.generation,
-            tag: job.tag,
-            action,
-            started: true,
-        });
-    }
-}
-
-/// Publishes the copy an outcome needs, confirmed and mandatory; `Ok` means the original may be
-/// acknowledged.
-fn carry_out(ctx: &Context, message: &Message, outcome: &Outcome) -> Result<()> {
-    let attempt = message.envelope.attempt;
-    match outcome {
-        Outcome::Accept => Ok(()),
-        Outcome::Retry { delay, reason } => {
-            let next = if attempt >= ctx.policy.attempts() {
-                None
-            } else {
-                delay.or_else(|| ctx.policy.delay_after(attempt))
-            };
-            match next {
-                Some(delay) => {
-                    let rung = ensure_rung(ctx, delay)?;
-                    publish_copy(ctx, message, &rung, attempt.saturating_add(1), Some(reason))
-                }
-                None => {
-                    let why = format!("gave up after {attempt} attempts: {reason}");
-                    publish_copy(
-                        ctx,
-                        message,
-                        &dead_letter_queue(&ctx.queue),
-                        attempt,
-                        Some(&why),
-                    )
+        match step {
+            Step::Now(action) => {
+                let _ = settle.send(Settle {
+                    generation: job.generation,
+                    tag: job.tag,
+                    action,
+                    started: true,
+                });
+            }
+            Step::Later { due, copy } => {
+                let delayed = Box::new(Delayed {
+                    generation: job.generation,
+                    tag: job.tag,
+                    due,
+                    copy: *copy,
+                });
+                if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
+                    // The timer is gone (the consumer is ending): put the original back.
+                    if let TimerMsg::Delay(d) = e.into_inner() {
+                        let _ = settle.send(Settle {
+                            generation: d.generation,
+                            tag: d.tag,
+                            action: SettleAction::Requeue,
+                            started: true,
+                        });
+                    }
                 }
             }
         }
-        Outcome::Reject { reason } => publish_copy(
-            ctx,
-            message,
-            &dead_letter_queue(&ctx.queue),
-            attempt,
-            Some(reason),
-        ),
-        Outcome::Park { reason } => publish_copy(
-            ctx,
-            message,
-            &parked_queue(&ctx.queue),
-            attempt,
-            Some(reason),
-        ),
-        Outcome::InProgress { delay } => {
-            let rung = ensure_rung(ctx, *delay)?;
-            publish_copy(ctx, message, &rung, attempt, None)
-        }
     }
 }
 
-/// The retry queue for `delay`, declared on first use when the consumer declares its topology.
+/// What to do with the original once the verdict's copy is taken care of.
+enum Step {
+    /// Settle it now.
+    Now(SettleAction),
+    /// Hold it, unacknowledged; at `due` the timer publishes `copy` to the queue itself and then
+    /// acknowledges it.
+    Later { due: Instant, copy: Box<Message> },
+}
+
+/// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
+/// `Ok(Step::Now(Ack))` means the original may be acknowledged.
+fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict) -> Result<Step> {
+    let attempt = message.envelope.attempt;
+    match verdict {
+        Verdict::Accept => Ok(Step::Now(SettleAction::Ack)),
+        Verdict::Retry { delay, why } => {
+            let age_ms =
+                u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
+            match ctx.policy.next_wait(attempt, Duration::from_millis(age_ms)) {
+                NextWait::Wait(wait) => {
+                    let wait = delay.unwrap_or(wait);
+                    wait_then_copy(ctx, message, wait, attempt.saturating_add(1), true)
+                }
+                NextWait::Exhausted => {
+                    let n = ctx.policy.attempts();
+                    let plural = if n == 1 { "" } else { "s" };
+                    let error = format!("exhausted {n} attempt{plural}: {why}");
+                    dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error)
+                }
+                NextWait::TooOld(limit) => {
+                    let error = format!(
+                        "exceeded the maximum message age of {}: {why}",
+                        format_duration(limit)
+                    );
+                    dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error)
+                }
+            }
+        }
+        Verdict::DeadLetter { error } => {
+            dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error.clone())
+        }
+        Verdict::Park { error } => {
+            dead_letter(ctx, message, &parked_queue(&ctx.queue), error.clone())
+        }
+        Verdict::InProgress { delay } => wait_then_copy(ctx, message, *delay, attempt, false),
+    }
+}
+
+/// A retry (or in-progress) copy with `attempt`: on a broker rung when the wait is at least the
+/// threshold, else held in the consumer (jittered when `jitter`) and then sent to the queue.
+fn wait_then_copy(
+    ctx: &Context,
+    message: &Message,
+    wait: Duration,
+    attempt: u32,
+    jitter: bool,
+) -> Result<Step> {
+    let mut copy = copy_of(message);
+    copy.envelope.attempt = attempt;
+    if ctx.policy.waits_in_broker(wait) {
+        let rung = ctx.policy.rung_for(wait).unwrap_or(wait);
+        let queue = ensure_rung(ctx, rung)?;
+        match publish(ctx, &queue, copy.clone()) {
+            Ok(()) => return Ok(Step::Now(SettleAction::Ack)),
+            Err(Error::Unroutable { .. }) => {
+                // No rung to wait on (not declared here, or deleted): wait in the consumer
+                // instead, as the Python library does.
+                log::warn!(
+                    "acemq: retry queue {queue:?} does not exist; message {} waits {wait:?} in \
+                     the consumer instead",
+                    message.id()
+                );
+            }
+            Err(e) => return Err(e),
+        }
+        return Ok(Step::Later {
+            due: Instant::now() + wait,
+            copy: Box::new(copy),
+        });
+    }
+    let wait = if jitter {
+        ctx.policy.jittered(wait)
+    } else {
+        wait
+    };
+    if wait.is_zero() {
+        publish(ctx, &ctx.queue, copy)?;
+        return Ok(Step::Now(SettleAction::Ack));
+    }
+    Ok(Step::Later {
+        due: Instant::now() + wait,
+        copy: Box::new(copy),
+    })
+}
+
+/// A dead-letter or parked copy: same attempt, `x-acemq-error` set.
+fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
+    let mut copy = copy_of(message);
+    copy.envelope.error = Some(error);
+    publish(ctx, queue, copy)?;
+    Ok(Step::Now(SettleAction::Ack))
+}
+
+/// The rung queue for `delay`, declared on first use when the consumer declares its topology.
 fn ensure_rung(ctx: &Context, delay: Duration) -> Result<String> {
     let name = retry_queue(&ctx.queue, delay);
     if ctx.declare {
         let mut declared = ctx.declared_rungs.lock();
         if !declared.contains(&name) {
-            ctx.connection
-                .declare_queue(&rung_spec(&ctx.queue, delay))?;
+            declare_rung(&ctx.connection, &ctx.queue, delay)?;
             declared.insert(name.clone());
         }
     }
     Ok(name)
 }
 
-fn publish_copy(
-    ctx: &Context,
-    original: &Message,
-    queue: &str,
-    attempt: u32,
-    error: Option<&str>,
-) -> Result<()> {
+/// What every copy is: the envelope regenerated from the original's (id, type, version,
+/// correlation, causation, first-seen, origin and error as they arrived), the application
+/// headers with the types they arrived with, the body and content type unchanged.
+pub(crate) fn copy_of(original: &Message) -> Message {
     let mut copy = original.clone();
     copy.received = None;
     copy.properties = None;
-    copy.envelope.attempt = attempt;
-    if let Some(e) = error {
-        copy.envelope.error = Some(e.to_string());
-    }
+    copy
+}
+
+/// Publishes a copy to `queue` through the default exchange, confirmed and mandatory.
+pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<()> {
     if let Err(invalid) = copy.validate() {
         // A header another client sent that we may not send back (a non-finite float, …):
         // drop what cannot go on the wire rather than requeue the message for ever.
         log::warn!(
             "acemq: message {} has headers that cannot be re-sent ({invalid}); the copy to \
              {queue:?} goes without them",
-            original.id()
+            copy.id()
         );
         copy.drop_invalid_headers();
     }
     ctx.publisher.publish("", queue, copy)
+}
+
+/// A duration the way Go prints one (`30s`, `2m0s`, `6h0m0s`, `1.5s`): the family's three
+/// libraries each print their own way, and this one reads best in a log line.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let total = d.as_secs();
+    let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
+    let millis = d.subsec_millis();
+    let secs = if millis == 0 {
+        format!("{s}s")
+    } else {
+        let frac = format!("{millis:03}");
+        format!("{s}.{}s", frac.trim_end_matches('0'))
+    };
+    if h > 0 {
+        format!("{h}h{m}m{secs}")
+    } else if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_print_as_go_does() {
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m0s");
+        assert_eq!(format_duration(Duration::from_secs(6 * 3600)), "6h0m0s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+    }
 }

@@ -84,24 +84,42 @@ pub fn record_message(
     crate::envelope::check_name("exchange", exchange, true)?;
     crate::envelope::check_name("routing key", routing_key, true)?;
     message.validate()?;
+    // The envelope as the wire will carry it (type and correlation defaults applied); the
+    // origin is stamped by the relay's connection when the message has none of its own.
     let mut map = serde_json::Map::new();
     let e = &message.envelope;
-    map.insert(headers::ID.into(), e.id.clone().into());
+    let text = |s: &str| serde_json::Value::from(s);
+    map.insert(headers::ID.into(), text(&e.id));
+    let message_type = e
+        .message_type
+        .clone()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| {
+            if routing_key.is_empty() {
+                "message".into()
+            } else {
+                routing_key.into()
+            }
+        });
+    map.insert(headers::TYPE.into(), text(&message_type));
+    map.insert(headers::VERSION.into(), e.version.max(1).into());
+    let correlation = e.correlation_id.as_deref().filter(|c| !c.is_empty());
     map.insert(
-        headers::CORRELATION_ID.into(),
-        e.correlation_id
-            .clone()
-            .unwrap_or_else(|| e.id.clone())
-            .into(),
+        headers::CORRELATION.into(),
+        text(correlation.unwrap_or(&e.id)),
     );
-    if let Some(c) = &e.causation_id {
-        map.insert(headers::CAUSATION_ID.into(), c.clone().into());
-    }
-    if let Some(t) = &e.message_type {
-        map.insert(headers::TYPE.into(), t.clone().into());
-    }
-    map.insert(headers::ATTEMPT.into(), e.attempt.into());
+    map.insert(headers::ATTEMPT.into(), e.attempt.max(1).into());
     map.insert(headers::FIRST_SEEN.into(), e.first_seen_ms.into());
+    for (name, value) in [
+        (headers::CAUSATION, &e.causation_id),
+        (headers::ORIGIN, &e.origin),
+        (headers::ERROR, &e.error),
+        (headers::CLAIM, &e.claim),
+    ] {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+            map.insert(name.into(), text(v));
+        }
+    }
     for (k, v) in message.headers.iter().chain(&message.engine_headers) {
         map.insert(k.clone(), to_json(k, v)?);
     }
@@ -159,40 +177,19 @@ fn from_json(v: &serde_json::Value) -> HeaderValue {
     }
 }
 
-/// The message a record stands for.
+/// The message a record stands for, read with the same forgiving rules as a delivery.
 pub(crate) fn to_message(r: &OutboxRecord) -> Message {
-    let mut m = Message::new(r.body.clone());
+    let all = r
+        .headers
+        .iter()
+        .map(|(k, v)| (k.clone(), from_json(v)))
+        .collect();
+    let mut m = Message::from_headers(r.body.clone(), all, None, &r.routing_key);
+    if !r.headers.contains_key(headers::FIRST_SEEN) {
+        m.envelope.first_seen_ms = r.created_ms;
+    }
     if !r.content_type.is_empty() {
         m.content_type = Some(r.content_type.clone());
-    }
-    let text = |k: &str| {
-        r.headers
-            .get(k)
-            .and_then(|v| v.as_str())
-            .map(str::to_string)
-    };
-    if let Some(id) = text(headers::ID) {
-        m.envelope.id = id;
-    }
-    m.envelope.correlation_id = text(headers::CORRELATION_ID);
-    m.envelope.causation_id = text(headers::CAUSATION_ID);
-    m.envelope.message_type = text(headers::TYPE);
-    if let Some(a) = r.headers.get(headers::ATTEMPT).and_then(|v| v.as_u64()) {
-        m.envelope.attempt = u32::try_from(a).unwrap_or(1).max(1);
-    }
-    m.envelope.first_seen_ms = r
-        .headers
-        .get(headers::FIRST_SEEN)
-        .and_then(|v| v.as_i64())
-        .unwrap_or(r.created_ms);
-    for (k, v) in &r.headers {
-        if k.starts_with(headers::RESERVED_PREFIX) {
-            if !crate::envelope::is_envelope_header(k) {
-                m.engine_headers.insert(k.clone(), from_json(v));
-            }
-        } else {
-            m.headers.insert(k.clone(), from_json(v));
-        }
     }
     m
 }

@@ -72,9 +72,6 @@ impl Cleanup {
         for d in rungs {
             self.queues.push(acemq_amqp::retry_queue(name, *d));
         }
-        for d in acemq_amqp::RetryPolicy::default().delays() {
-            self.queues.push(acemq_amqp::retry_queue(name, *d));
-        }
         self.queues.push(acemq_amqp::dead_letter_queue(name));
         self.queues.push(acemq_amqp::parked_queue(name));
         self.queue(name)

@@ -134,7 +134,7 @@ impl AmqpQueue {
         if let Some(f) = &self.identifier {
             return f(&self.queue, m);
         }
-        let id = Some(m.envelope.id.clone()).filter(|id| !id.is_empty());
+        let id = Some(m.envelope.id.clone()).filter(|_| !m.id_assigned);
         match id {
             Some(id) => format!("{}/{id}", self.queue),
             None => {

@@ -1,0 +1,151 @@
+//! The timer thread (`acemq-retry-timer`): holds the retries whose wait is spent in the consumer
+//! (shorter than the broker-wait threshold) so that no worker thread sleeps.
+//!
+//! A worker hands over a [`Delayed`]: the copy to publish and the tag of the original, which
+//! stays **unacknowledged** on the owner's channel meanwhile, as the family's consumers hold it.
+//! When it is due the timer publishes the copy to the queue itself (confirmed, mandatory) and
+//! tells the owner to acknowledge the original, or to requeue it if the copy could not be
+//! published. What is held is bounded by the prefetch (each entry is an unsettled delivery).
+//!
+//! Entries from before a reconnect are dropped when due: their deliveries are the broker's
+//! again. On close the owner sends [`TimerMsg::Stop`]: every entry still waiting is requeued
+//! unchanged (same attempt), as a family consumer's held delivery is when its channel closes.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+
+use super::worker::publish;
+use super::{Context, Settle, SettleAction};
+use crate::envelope::Message;
+
+/// A retry waiting in the consumer.
+pub(crate) struct Delayed {
+    pub(crate) generation: u64,
+    pub(crate) tag: u64,
+    pub(crate) due: Instant,
+    pub(crate) copy: Message,
+}
+
+/// What the timer thread receives.
+pub(crate) enum TimerMsg {
+    /// Hold this until it is due.
+    Delay(Box<Delayed>),
+    /// The consumer is closing: requeue everything held, then end.
+    Stop,
+}
+
+/// Heap entry ordered by due time, then arrival.
+struct Entry {
+    due: Instant,
+    seq: u64,
+    delayed: Box<Delayed>,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Self) -> bool {
+        (self.due, self.seq) == (other.due, other.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.due, self.seq).cmp(&(other.due, other.seq))
+    }
+}
+
+/// Runs until [`TimerMsg::Stop`] or until every sender is gone.
+pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settle>) {
+    let mut heap: BinaryHeap<Reverse<Entry>> = BinaryHeap::new();
+    let mut seq = 0u64;
+    loop {
+        let msg = match heap.peek() {
+            Some(Reverse(first)) => {
+                let wait = first.due.saturating_duration_since(Instant::now());
+                if wait.is_zero() {
+                    Err(RecvTimeoutError::Timeout)
+                } else {
+                    input.recv_timeout(wait)
+                }
+            }
+            None => input.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match msg {
+            Ok(TimerMsg::Delay(delayed)) => {
+                seq += 1;
+                heap.push(Reverse(Entry {
+                    due: delayed.due,
+                    seq,
+                    delayed,
+                }));
+            }
+            Ok(TimerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+                for Reverse(e) in heap.drain() {
+                    requeue(ctx, &settle, &e.delayed);
+                }
+                return;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                while heap.peek().is_some_and(|Reverse(e)| e.due <= now) {
+                    if let Some(Reverse(e)) = heap.pop() {
+                        fire(ctx, &settle, e.delayed);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Publishes a due copy, then settles the original.
+fn fire(ctx: &Context, settle: &Sender<Settle>, d: Box<Delayed>) {
+    if d.generation != ctx.generation.load(Ordering::SeqCst) {
+        log::debug!(
+            "acemq: dropping the held retry of message {} from before a reconnect (it is \
+             redelivered)",
+            d.copy.id()
+        );
+        return;
+    }
+    let id = d.copy.id().to_string();
+    let action = match publish(ctx, &ctx.queue, d.copy) {
+        Ok(()) => SettleAction::Ack,
+        Err(e) => {
+            log::error!(
+                "acemq: could not publish the retry of message {id} back to {:?}: {e}; \
+                 requeueing the original",
+                ctx.queue
+            );
+            SettleAction::Requeue
+        }
+    };
+    let _ = settle.send(Settle {
+        generation: d.generation,
+        tag: d.tag,
+        action,
+        started: true,
+    });
+}
+
+fn requeue(ctx: &Context, settle: &Sender<Settle>, d: &Delayed) {
+    if d.generation != ctx.generation.load(Ordering::SeqCst) {
+        return;
+    }
+    let _ = settle.send(Settle {
+        generation: d.generation,
+        tag: d.tag,
+        action: SettleAction::Requeue,
+        started: false,
+    });
+}
+
+/// How long a stop waits for room in the timer's input.
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(5);
