@@ -322,7 +322,10 @@ impl Envelope {
         );
         let optional = [
             (headers::CAUSATION, self.causation_id.as_deref()),
-            (headers::ORIGIN, self.origin.as_deref().or(origin)),
+            (
+                headers::ORIGIN,
+                self.origin.as_deref().filter(|o| !o.is_empty()).or(origin),
+            ),
             (headers::ERROR, self.error.as_deref()),
             (headers::CLAIM, self.claim.as_deref()),
         ];

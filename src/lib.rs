@@ -24,17 +24,19 @@
 //!   thread that reconnects with capped exponential backoff and jitter across several addresses
 //!   and re-declares the topology it was asked to declare ([`QueueSpec`], [`ExchangeSpec`],
 //!   [`Binding`]). Passwords never appear in `Debug`, `Display`, logs or errors.
-//! * [`Message`] and its [`Envelope`]: the reserved `x-acemq-` headers of the wire contract
-//!   ([`headers`]), validated before sending.
+//! * [`Message`] and its [`Envelope`]: the reserved `x-acemq-` headers of the family's wire
+//!   contract ([`headers`]), written with the family's names and AMQP types, read forgivingly,
+//!   validated before sending.
 //! * [`Codec`]: [`JsonCodec`] (default) and [`BytesCodec`], settable on the connection, a
 //!   publisher or a consumer.
 //! * [`Publisher`]: confirmed, mandatory publishing shared by many threads, with tickets for
 //!   batches and a bounded window.
 //! * [`Consumer`]: worker threads running a [`Handler`] that returns an [`Outcome`] (accept,
-//!   retry, reject, park, in progress); the retry ladder through `{queue}.retry.{rung}` TTL
-//!   queues ([`RetryPolicy`]), `{queue}.dlq` and `{queue}.parked`; recovery with the
-//!   connection; graceful shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose
-//!   handler may borrow local state.
+//!   retry, reject, park, in progress); the family's [`RetryPolicy`] — waits under 30 s held in
+//!   the consumer, longer ones on `{queue}.retry.{Ns|Nm|Nh}` rungs through `acemq.retry` —,
+//!   `{queue}.dlq` and `{queue}.parked` on `acemq.dlx`; recovery with the connection; graceful
+//!   shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose handler may borrow local
+//!   state.
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
@@ -51,7 +53,7 @@
 //! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers |
 //! | [`Ticket`] | yes | no need | — |
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
-//! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks) and `acemq-worker-N` |
+//! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks), `acemq-worker-N` and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
 //! | [`patterns::OutboxRelay`] | yes | yes | `acemq-outbox-relay` once started, and its publisher's `acemq-confirms` |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
@@ -74,13 +76,24 @@
 //!   caller's back.
 //! * A publish to an exchange that does not exist fails with [`Error::NotFound`]; other
 //!   publishes in flight on that channel fail retriably and the publisher opens a new channel.
-//! * Integers in headers are written as AMQP long-long and read from any integer width.
+//! * Application integers in headers are written as AMQP long-long (unless a copy re-sends a
+//!   header unchanged: then with the type it arrived with); the reserved ones as the family
+//!   writes them (32-bit, `x-acemq-first-seen` 64-bit). Every width is read.
+//! * Where the AceMQ libraries disagree with each other this crate follows the majority; the
+//!   README's "wire contract" table lists each point.
 //! * A server-named queue is not re-declared after recovery (it would get a new name).
 //! * Consumer tags are chosen by the broker: amiquip 0.4 sends none, so no tag prefix can be set.
-//! * A handler's `Err` is a retry, a [`FatalError`] a reject, a panic a retry (logged; the
-//!   worker survives). A retry after the last attempt goes to `{queue}.dlq` with
-//!   `x-acemq-error` = "gave up after N attempts: …". An explicit delay (`retry_after`,
-//!   `in_progress`) gets a rung of its own, declared on first use.
+//! * A handler's `Err` is a retry (`Error: …`), a [`FatalError`] a reject, a panic a retry
+//!   (`panic: …`; logged, the worker survives), a codec error returned by the handler a park
+//!   (`could not be decoded: …`). A retry after the last attempt goes to `{queue}.dlq` with
+//!   `x-acemq-error` = "exhausted N attempts: …".
+//! * An explicit delay (`retry_after`, `in_progress`) under the broker-wait threshold is held in
+//!   the consumer; at or over it, it goes to the policy's smallest rung at least as long (else
+//!   its longest); a policy with no rungs gets a rung of that exact length, declared on first
+//!   use. `in_progress` keeps the attempt and is never jittered.
+//! * A retry held in the consumer keeps its delivery unacknowledged (as the family's consumers
+//!   do) on the `acemq-retry-timer` thread, never on a worker; closing the consumer puts held
+//!   retries back on the queue unchanged (same attempt) rather than waiting them out.
 //! * A received message without `x-acemq-id` or `message_id` (another client's) gets a fresh id
 //!   on receipt; headers that cannot be sent back are dropped from its retry and dead-letter
 //!   copies, so it always reaches `{queue}.dlq` rather than being requeued for ever.

@@ -1,5 +1,5 @@
-//! The consumer runtime: an owner thread, worker threads, outcomes, the retry ladder, shutdown,
-//! and the scoped form.
+//! The consumer runtime: an owner thread, worker threads, a timer thread for retries waiting in
+//! the consumer, outcomes, the family's retry policy, shutdown, and the scoped form.
 //!
 //! # The path of a message
 //!
@@ -11,7 +11,10 @@
 //!    decides the [`Outcome`], publishes the copy that outcome needs — to
 //!    `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`, confirmed and mandatory — and
 //!    only then sends the settlement back. If the copy cannot be published, the original is
-//!    requeued: a crash or failure in between duplicates a message, it never loses one.
+//!    requeued: a crash or failure in between duplicates a message, it never loses one. A wait
+//!    under the broker-wait threshold goes instead to the **timer** thread (`timer.rs`), which
+//!    holds it (the delivery stays unacknowledged), publishes the copy to the queue when it is
+//!    due, and then sends the settlement.
 //! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
 //!
 //! After a reconnect the owner subscribes again on a new channel with a new generation.

@@ -11,22 +11,24 @@ use crate::error::BoxError;
 pub enum Outcome {
     /// Done: acknowledge it.
     Accept,
-    /// Try again later: a copy with `x-acemq-attempt` + 1 goes to the retry queue for `delay`
-    /// (the policy's ladder when `None`); after the last attempt it goes to `{queue}.dlq`.
+    /// Try again later: a copy with `x-acemq-attempt` + 1 comes back after `delay` (the
+    /// policy's wait when `None`) — held in the consumer under the broker-wait threshold, on a
+    /// rung at or over it; after the last attempt (or past the age limit) it goes to
+    /// `{queue}.dlq`.
     Retry {
-        /// How long to wait; `None` uses the retry policy's ladder.
+        /// How long to wait; `None` uses the retry policy's schedule.
         delay: Option<Duration>,
         /// Why (written to `x-acemq-error`).
         reason: String,
     },
     /// It can never succeed: a copy goes to `{queue}.dlq` with the reason.
     Reject {
-        /// Why (written to `x-acemq-error`).
+        /// Why (written to `x-acemq-error` as `the handler rejected it: {reason}`).
         reason: String,
     },
     /// Set it aside for a person: a copy goes to `{queue}.parked` with the reason.
     Park {
-        /// Why (written to `x-acemq-error`).
+        /// Why (written to `x-acemq-error` as `the handler parked it: {reason}`).
         reason: String,
     },
     /// Someone else is working on it: put it back after `delay` with its attempt unchanged. It is
@@ -38,7 +40,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// [`Outcome::Retry`] on the policy's ladder.
+    /// [`Outcome::Retry`] after the policy's wait.
     pub fn retry(reason: impl Into<String>) -> Outcome {
         Outcome::Retry {
             delay: None,
@@ -86,7 +88,7 @@ impl Outcome {
 }
 
 /// An error that retrying cannot fix: a handler returning it (as the `Err` of its result)
-/// rejects the message to `{queue}.dlq` at once, without spending the retry ladder.
+/// rejects the message to `{queue}.dlq` at once, without spending the retry policy.
 #[derive(Debug)]
 pub struct FatalError(pub BoxError);
 

@@ -11,7 +11,7 @@
 //!
 //! When the handler does not accept — an `Err`, a panic, or any other outcome — the claim is
 //! **given back** (`forget`) before the outcome is returned, so the retry really runs and the
-//! retry ladder and dead-letter queue are reached as without the wrapper.
+//! retry policy and dead-letter queue are reached as without the wrapper.
 //!
 //! A store with only `first_time` (no claims) works too, but cannot tell work in progress from
 //! work done: a redelivery while the first delivery is still running is taken for a duplicate.

@@ -5,6 +5,7 @@
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
 pub mod proxy;
+pub mod raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
