@@ -59,6 +59,30 @@ pub mod headers {
     pub const ROUTE_POSITION: &str = "x-acemq-route-position";
     /// The run id of a declared route (long string).
     pub const ROUTE_ID: &str = "x-acemq-route-id";
+
+    // Headers the family's patterns write *outside* the reserved prefix, so that they reach
+    // the application's handlers (an `x-acemq-` name a reader does not know is dropped).
+
+    /// Request/reply: where the reply goes (also the AMQP `reply_to` property).
+    pub const REPLY_TO: &str = "acemq-reply-to";
+    /// Request/reply: a responder's failure text on an empty reply.
+    pub const REPLY_ERROR: &str = "acemq-error";
+    /// Routing slip, JSON form.
+    pub const ROUTING_SLIP: &str = "acemq-routing-slip";
+    /// Replay: the queue a message was replayed from.
+    pub const REPLAYED_FROM: &str = "acemq-replayed-from";
+    /// Replay: when (an RFC 3339 instant).
+    pub const REPLAYED_AT: &str = "acemq-replayed-at";
+    /// Replay: how many times (integer).
+    pub const REPLAY_COUNT: &str = "acemq-replay-count";
+    /// Scheduler: the exchange to deliver to when due.
+    pub const SCHEDULE_EXCHANGE: &str = "x-schedule-exchange";
+    /// Scheduler: the routing key to deliver with when due.
+    pub const SCHEDULE_ROUTING_KEY: &str = "x-schedule-routing-key";
+    /// Scheduler: when it is due (epoch milliseconds, integer).
+    pub const SCHEDULE_DUE_AT: &str = "x-schedule-due-at";
+    /// Scheduler: the content type to deliver with.
+    pub const SCHEDULE_CONTENT_TYPE: &str = "x-schedule-content-type";
 }
 
 /// The longest AMQP short string: routing keys, ids, header names, property strings.
@@ -773,11 +797,7 @@ impl Message {
     ) -> Message {
         let (envelope, id_assigned) = Envelope::read(&all, message_id, routing_key);
         // The family strips the namespace case-sensitively on read.
-        let reserved: Vec<String> = all
-            .keys()
-            .filter(|k| k.starts_with(headers::RESERVED_PREFIX))
-            .cloned()
-            .collect();
+        let reserved: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
         let mut engine_headers = BTreeMap::new();
         for k in reserved {
             if let Some(v) = all.remove(&k) {
@@ -816,13 +836,11 @@ fn wire_value(received: Option<&FieldTable>, name: &str, value: &HeaderValue) ->
 /// Reserved headers the engine keeps beside the envelope, on the message and its copies.
 const ENGINE_HEADERS: [&str; 3] = [headers::ROUTE, headers::ROUTE_POSITION, headers::ROUTE_ID];
 
-/// True for a name in the reserved namespace. The family matches the prefix case-sensitively;
-/// this crate also refuses other spellings from applications (`X-AceMQ-…`), so nothing it sends
-/// can be mistaken for a reserved header by a case-insensitive reader.
+/// True for a name in the reserved namespace: a case-sensitive prefix match, as in every AceMQ
+/// library (`X-AceMQ-Tenant` is an application header there, so it is one here too, and a copy
+/// of a message carrying it keeps it).
 fn is_reserved(name: &str) -> bool {
-    name.len() >= headers::RESERVED_PREFIX.len()
-        && name.as_bytes()[..headers::RESERVED_PREFIX.len()]
-            .eq_ignore_ascii_case(headers::RESERVED_PREFIX.as_bytes())
+    name.starts_with(headers::RESERVED_PREFIX)
 }
 
 fn check_header_name(name: &str) -> Result<()> {
@@ -930,10 +948,15 @@ mod tests {
     }
 
     #[test]
-    fn reserved_prefix_is_refused_in_any_case() {
-        let m = Message::new("x").header("X-AceMQ-id", "forged");
+    fn the_reserved_prefix_is_refused_and_matched_case_sensitively() {
+        let m = Message::new("x").header("x-acemq-id", "forged");
         let e = m.validate().unwrap_err();
         assert!(e.to_string().contains("reserved"), "{e}");
+        // The family's prefix match is case-sensitive: another spelling is the application's.
+        assert!(Message::new("x")
+            .header("X-AceMQ-Tenant", "t")
+            .validate()
+            .is_ok());
     }
 
     #[test]

@@ -316,6 +316,18 @@ fn what_the_family_writes_our_consumer_reads() {
         {
             assert!(m.headers.contains_key(h.as_str().unwrap()), "{name}: {h}");
         }
+        if name == "pattern headers are application headers" {
+            // The constants later patterns write with are the fixture's names.
+            for h in [
+                headers::REPLY_TO,
+                headers::ROUTING_SLIP,
+                headers::REPLAYED_FROM,
+                headers::REPLAYED_AT,
+                headers::REPLAY_COUNT,
+            ] {
+                assert!(m.headers.contains_key(h), "{name}: {h}");
+            }
+        }
     }
     raw.close();
 }
@@ -350,6 +362,8 @@ fn a_foreign_message_round_trips_through_retry_and_dead_letter_unchanged_in_name
     table.insert("x-bytes".into(), AmqpValue::ByteArray(b"raw".to_vec()));
     table.insert("x-small".into(), AmqpValue::ShortInt(7));
     table.insert("x-flag".into(), AmqpValue::Boolean(true));
+    // Not reserved: the family's prefix match is case-sensitive.
+    table.insert("X-AceMQ-Tenant".into(), text("acme"));
     let props = AmqpProperties::default()
         .with_headers(table.clone())
         .with_message_id("11111111-2222-3333-4444-555555555555".into())
@@ -736,4 +750,59 @@ fn retry_names_and_policy_schedules_match_the_fixture() {
             want["how"]
         );
     }
+}
+
+/// A retry held in the consumer when the connection drops: its delivery is the broker's again
+/// (redelivered, same attempt), and the held copy from before the cut is dropped, not published
+/// — the message is tried a second time exactly once.
+#[test]
+fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_once() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("held-cut"), &[]);
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(300)),
+    );
+    let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
+    let s = seen.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_secs(2))),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            s.lock().unwrap().push(m.envelope.attempt);
+            if m.envelope.attempt == 1 {
+                Err("later".into())
+            } else {
+                Ok(Outcome::Accept)
+            }
+        })
+        .unwrap();
+    direct
+        .publisher()
+        .unwrap()
+        .publish("", &q, Message::new("x"))
+        .unwrap();
+    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 1));
+    proxy.cut_all();
+    assert!(
+        eventually(WAIT, || conn.generation() == Some(2)),
+        "reconnected"
+    );
+    assert!(eventually(WAIT, || seen.lock().unwrap().contains(&2)));
+    consumer.close().unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen.iter().filter(|a| **a == 2).count(),
+        1,
+        "one second attempt: {seen:?}"
+    );
+    assert_eq!(direct.queue_info(&q).unwrap().message_count, 0, "{seen:?}");
 }
