@@ -611,15 +611,24 @@ fn mark_returned(shared: &Shared, epoch: u64, r: Return) {
     if state.epoch != epoch {
         return;
     }
+    // The same message may be pending more than once (one id, several routing keys): a return
+    // belongs to the earliest pending publish of that id to that exchange and routing key (the
+    // broker returns in publish order, before the ack of the same message).
     let id = r.properties.message_id().clone().unwrap_or_default();
-    if let Some(p) = state
-        .pending
-        .values_mut()
-        .find(|p| p.returned.is_none() && p.message_id == id)
-    {
+    if let Some(p) = state.pending.values_mut().find(|p| {
+        p.returned.is_none()
+            && p.message_id == id
+            && p.exchange == r.exchange
+            && p.routing_key == r.routing_key
+    }) {
         p.returned = Some((r.reply_code, r.reply_text));
     } else {
-        log::warn!("acemq: a return for message {id:?} matched no pending publish");
+        log::warn!(
+            "acemq: a return for message {id:?} to {:?} with routing key {:?} matched no \
+             pending publish",
+            r.exchange,
+            r.routing_key
+        );
     }
 }
 

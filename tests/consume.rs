@@ -653,3 +653,53 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
         Some("yes")
     );
 }
+
+/// A message published with a per-message TTL and then dead-lettered or parked: the copy in
+/// `.dlq` / `.parked` carries no expiration (as RabbitMQ strips it when it dead-letters), so it
+/// does not silently expire out of the dead-letter queue.
+#[test]
+fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("no-expiry"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(|m: &Message| {
+            Ok(if m.body == b"park" {
+                Outcome::park("needs a person")
+            } else {
+                Outcome::reject("no such customer")
+            })
+        })
+        .unwrap();
+    let p = conn.publisher().unwrap();
+    for body in ["reject", "park"] {
+        p.publish(
+            "",
+            &q,
+            Message::new(body).expiration(Duration::from_secs(600)),
+        )
+        .unwrap();
+    }
+    let (mut dead, mut parked) = (None, None);
+    assert!(eventually(WAIT, || {
+        dead = dead
+            .take()
+            .or_else(|| conn.get(&dead_letter_queue(&q)).unwrap());
+        parked = parked
+            .take()
+            .or_else(|| conn.get(&parked_queue(&q)).unwrap());
+        dead.is_some() && parked.is_some()
+    }));
+    consumer.close().unwrap();
+    for copy in [dead.unwrap(), parked.unwrap()] {
+        assert_eq!(copy.expiration_ms, None, "{:?}", copy.envelope.error);
+        assert_eq!(
+            copy.properties.as_ref().unwrap().expiration(),
+            &None,
+            "no expiration on the wire"
+        );
+    }
+}

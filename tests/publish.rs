@@ -245,3 +245,28 @@ fn publishing_on_a_closed_connection_fails_at_once() {
         .unwrap_err();
     assert!(matches!(e, Error::Closed { .. }), "{e:?}");
 }
+
+/// The same message (one id) published to two routing keys, the second unroutable: each caller
+/// hears about its own publish — the first is confirmed, the second is refused as unroutable —
+/// not the first told "unroutable" and the second "ok" for a message the broker dropped.
+#[test]
+fn one_message_to_two_routing_keys_the_second_unroutable_answers_each_caller_truly() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let x = clean.exchange(&unique("two-keys-x"));
+    let q = clean.queue(&unique("two-keys-q"));
+    conn.declare_exchange(&ExchangeSpec::new(&x, ExchangeKind::Direct))
+        .unwrap();
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    conn.bind_queue(&q, &x, "routed").unwrap();
+    let publisher = conn.publisher().unwrap();
+    for _ in 0..20 {
+        let m = Message::new("same message, two keys");
+        let routed = publisher.publish_deferred(&x, "routed", m.clone()).unwrap();
+        let dropped = publisher.publish_deferred(&x, "nobody", m).unwrap();
+        assert!(routed.wait().is_ok(), "the routed publish is confirmed");
+        let e = dropped.wait().unwrap_err();
+        assert!(e.is_unroutable(), "the unroutable one is refused: {e}");
+    }
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 20);
+}

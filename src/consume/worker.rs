@@ -198,10 +198,13 @@ fn wait_then_copy(
     })
 }
 
-/// A dead-letter or parked copy: same attempt, `x-acemq-error` set.
+/// A dead-letter or parked copy: same attempt, `x-acemq-error` set, and no per-message
+/// expiration (RabbitMQ strips it when it dead-letters; kept, the copy would silently expire out
+/// of `.dlq`).
 fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
     let mut copy = copy_of(message);
     copy.envelope.error = Some(error);
+    copy.expiration_ms = None;
     publish(ctx, queue, copy)?;
     Ok(Step::Now(SettleAction::Ack))
 }
