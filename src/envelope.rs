@@ -361,12 +361,13 @@ impl Envelope {
     }
 
     /// Reads the envelope from received headers, the AMQP `message_id` and the routing key it
-    /// arrived on, applying every default. The flag is true when the id was made up here
-    /// (neither `x-acemq-id` nor `message_id` was there).
+    /// arrived on, applying every default; `fallback_id` gives the id when neither `x-acemq-id`
+    /// nor `message_id` is there (the flag is then true).
     fn read(
         table: &BTreeMap<String, HeaderValue>,
         message_id: Option<&str>,
         routing_key: &str,
+        fallback_id: &dyn Fn() -> String,
     ) -> (Envelope, bool) {
         let text = |name: &str| table.get(name).and_then(read_text);
         let int = |name: &str| table.get(name).and_then(read_int);
@@ -380,7 +381,7 @@ impl Envelope {
             .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string))
         {
             Some(id) => (id, false),
-            None => (new_id(), true),
+            None => (fallback_id(), true),
         };
         let envelope = Envelope {
             message_type: Some(text(headers::TYPE).unwrap_or_else(|| routing_key.to_string()))
@@ -681,6 +682,20 @@ impl Message {
     }
 
     #[doc(hidden)]
+    pub fn from_raw_delivery_for_tests(d: &amiquip::Delivery) -> Message {
+        Message::from_delivery(
+            d.body.clone(),
+            d.properties.clone(),
+            Received {
+                exchange: d.exchange.clone(),
+                routing_key: d.routing_key.clone(),
+                redelivered: d.redelivered,
+                delivery_tag: d.delivery_tag(),
+            },
+        )
+    }
+
+    #[doc(hidden)]
     pub fn to_properties_for_bench(&self, routing_key: &str, origin: &str) -> AmqpProperties {
         self.to_properties(routing_key, Some(origin))
     }
@@ -767,11 +782,13 @@ impl Message {
                     .collect()
             })
             .unwrap_or_default();
+        let derive = || derived_id(&received, &props, &body);
         let mut m = Message::from_headers(
-            body,
+            body.clone(),
             all,
             props.message_id().as_deref(),
             &received.routing_key,
+            &derive,
         );
         m.content_type = props.content_type().clone();
         m.reply_to = props.reply_to().clone();
@@ -794,8 +811,9 @@ impl Message {
         mut all: BTreeMap<String, HeaderValue>,
         message_id: Option<&str>,
         routing_key: &str,
+        fallback_id: &dyn Fn() -> String,
     ) -> Message {
-        let (envelope, id_assigned) = Envelope::read(&all, message_id, routing_key);
+        let (envelope, id_assigned) = Envelope::read(&all, message_id, routing_key, fallback_id);
         // The family strips the namespace case-sensitively on read.
         let reserved: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
         let mut engine_headers = BTreeMap::new();
@@ -813,6 +831,77 @@ impl Message {
         m.id_assigned = id_assigned;
         m
     }
+}
+
+/// The id of a delivery that carries neither `x-acemq-id` nor `message_id`: derived from what
+/// the broker redelivers unchanged (exchange, routing key, properties, body), so every delivery
+/// of the message reads with the same id and an idempotent consumer recognises a redelivery.
+/// Two such messages identical in all of these are, by this rule, one message. The form is a
+/// UUID (version 8, "custom"), as the family's readers expect an id to look.
+fn derived_id(received: &Received, props: &AmqpProperties, body: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(received.exchange.as_bytes());
+    field(received.routing_key.as_bytes());
+    // Every property the broker keeps, in a fixed order; headers in the table's sorted order,
+    // without those the broker adds or changes on redelivery or dead-lettering (a quorum queue
+    // counts deliveries in `x-delivery-count`).
+    let kept: Vec<_> = props
+        .headers()
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !is_broker_header(k))
+        .collect();
+    field(format!("{kept:?}").as_bytes());
+    for text in [
+        props.content_type(),
+        props.content_encoding(),
+        props.correlation_id(),
+        props.reply_to(),
+        props.expiration(),
+        props.type_(),
+        props.user_id(),
+        props.app_id(),
+        props.cluster_id(),
+    ] {
+        field(text.as_deref().unwrap_or("\u{0}").as_bytes());
+    }
+    field(
+        format!(
+            "{:?}{:?}{:?}",
+            props.delivery_mode(),
+            props.priority(),
+            props.timestamp()
+        )
+        .as_bytes(),
+    );
+    field(body);
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Headers RabbitMQ adds or rewrites on a message it redelivers or dead-letters.
+fn is_broker_header(name: &str) -> bool {
+    name == "x-delivery-count"
+        || name.starts_with("x-death")
+        || name.starts_with("x-first-death-")
+        || name.starts_with("x-last-death-")
 }
 
 /// The AMQP value to send for header `name`: the value as it was received when it is unchanged

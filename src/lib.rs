@@ -94,9 +94,13 @@
 //! * A retry held in the consumer keeps its delivery unacknowledged (as the family's consumers
 //!   do) on the `acemq-retry-timer` thread, never on a worker; closing the consumer puts held
 //!   retries back on the queue unchanged (same attempt) rather than waiting them out.
-//! * A received message without `x-acemq-id` or `message_id` (another client's) gets a fresh id
-//!   on receipt; headers that cannot be sent back are dropped from its retry and dead-letter
-//!   copies, so it always reaches `{queue}.dlq` rather than being requeued for ever.
+//! * A received message without `x-acemq-id` or `message_id` (another client's) gets an id
+//!   derived from what the broker redelivers unchanged (exchange, routing key, properties but
+//!   the broker's own delivery-count and death headers, body), so every delivery of it reads
+//!   with the same id and an idempotent consumer recognises a redelivery. Consequence: two
+//!   such messages identical in all of these are one message. Headers that cannot be sent back
+//!   are dropped from its retry and dead-letter copies, so it always reaches `{queue}.dlq`
+//!   rather than being requeued for ever.
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a

@@ -184,7 +184,13 @@ pub(crate) fn to_message(r: &OutboxRecord) -> Message {
         .iter()
         .map(|(k, v)| (k.clone(), from_json(v)))
         .collect();
-    let mut m = Message::from_headers(r.body.clone(), all, None, &r.routing_key);
+    let mut m = Message::from_headers(
+        r.body.clone(),
+        all,
+        None,
+        &r.routing_key,
+        &crate::envelope::new_id,
+    );
     if !r.headers.contains_key(headers::FIRST_SEEN) {
         m.envelope.first_seen_ms = r.created_ms;
     }

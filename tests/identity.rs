@@ -1,0 +1,139 @@
+//! Message identity across redeliveries: a message from outside the family with neither
+//! `x-acemq-id` nor `message_id` must read with the same id every time the broker delivers it,
+//! or an idempotent consumer applies it twice.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use support::proxy::FaultProxy;
+use support::raw::Raw;
+use support::{connect, connect_with, eventually, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// An id-less foreign message whose handler ran (effect applied, receipt confirmed) but whose
+/// ack was lost with the connection is redelivered: it must read with the same id, so the
+/// idempotent wrapper recognises the duplicate and the effect is applied once.
+#[test]
+fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("id-less"), &[]);
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let raw = Raw::open();
+    let mut headers = FieldTable::new();
+    headers.insert("tenant".into(), AmqpValue::LongString("acme".into()));
+    raw.publish(
+        "",
+        &q,
+        b"{\"order\":\"o-1\"}",
+        AmqpProperties::default()
+            .with_headers(headers)
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2),
+    );
+    raw.close();
+
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(300)),
+    );
+    let effects: Arc<Mutex<Vec<String>>> = Arc::default();
+    let ids: Arc<Mutex<Vec<String>>> = Arc::default();
+    let cut = Arc::new(AtomicBool::new(false));
+    let (e, i, c) = (effects.clone(), ids.clone(), cut.clone());
+    let handler = idempotent(
+        InMemoryIdempotencyStore::new(Duration::from_secs(600)),
+        move |m: &Message| {
+            e.lock().unwrap().push(m.id().to_string());
+            // The first run finishes only once its connection is gone: its ack is lost.
+            let deadline = std::time::Instant::now() + WAIT;
+            while !c.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            Ok(Outcome::Accept)
+        },
+    );
+    let i2 = i.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(move |m: &Message| {
+            i2.lock().unwrap().push(m.id().to_string());
+            acemq_amqp::Handler::handle(&handler, m)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || effects.lock().unwrap().len() == 1));
+    proxy.cut_all();
+    cut.store(true, Ordering::SeqCst);
+    assert!(
+        eventually(WAIT, || conn.generation() == Some(2)),
+        "reconnected"
+    );
+    assert!(
+        eventually(WAIT, || ids.lock().unwrap().len() == 2),
+        "redelivered after the lost ack"
+    );
+    assert!(eventually(WAIT, || direct
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0
+        && consumer.in_flight() == 0));
+    consumer.close().unwrap();
+    let ids = ids.lock().unwrap().clone();
+    assert_eq!(ids[0], ids[1], "the same id on both deliveries");
+    assert_eq!(
+        effects.lock().unwrap().len(),
+        1,
+        "the duplicate was absorbed, the effect applied once"
+    );
+}
+
+/// Two deliveries of one id-less message read with one id; two different id-less messages read
+/// with different ids.
+#[test]
+fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("derived-id"));
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let raw = Raw::open();
+    for body in [&b"a"[..], b"b"] {
+        raw.publish("", &q, body, AmqpProperties::default());
+    }
+    // Read both, put them back (nack with requeue, as a crash would), read the first again.
+    let get = || {
+        raw.channel
+            .basic_get(q.as_str(), false)
+            .unwrap()
+            .unwrap()
+            .delivery
+    };
+    let (a, b) = (get(), get());
+    let first = acemq_amqp::Message::from_raw_delivery_for_tests(&a);
+    let second = acemq_amqp::Message::from_raw_delivery_for_tests(&b);
+    a.nack(&raw.channel, true).unwrap();
+    b.nack(&raw.channel, true).unwrap();
+    let again = get();
+    assert!(again.redelivered);
+    let first_again = acemq_amqp::Message::from_raw_delivery_for_tests(&again);
+    again.ack(&raw.channel).unwrap();
+    assert_ne!(first.id(), second.id(), "different messages, different ids");
+    assert_eq!(
+        first.id(),
+        first_again.id(),
+        "the same message, the same id"
+    );
+    assert_eq!(first.envelope.correlation_id.as_deref(), Some(first.id()));
+    raw.close();
+}
