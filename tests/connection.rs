@@ -260,3 +260,47 @@ fn recovers_from_a_silent_peer_through_missed_heartbeats() {
     publisher.publish("", &q, Message::new("after")).unwrap();
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 2);
 }
+
+/// `close()` while the supervisor is in the middle of a reconnect attempt that then fails: the
+/// connection stays closed (not "recovering" for ever), so a consumer on it ends and
+/// `RunningConsumer::wait()` returns instead of hanging.
+#[test]
+fn close_during_an_outage_is_final_and_a_consumer_on_it_ends() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.queue(&unique("close-outage"));
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .connect_timeout(Duration::from_secs(3))
+            .operation_timeout(Duration::from_secs(2))
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(100)),
+    );
+    let consumer = conn
+        .consumer(&q, acemq_amqp::ConsumerOptions::new())
+        .unwrap()
+        .start(|_: &Message| Ok(acemq_amqp::Outcome::Accept))
+        .unwrap();
+    proxy.hang(true);
+    proxy.cut_all();
+    assert!(
+        eventually(Duration::from_secs(20), || proxy.hung() >= 1),
+        "a reconnect attempt is under way"
+    );
+    // Closed while that attempt waits for its timeout; it fails after the close.
+    let _ = conn.close();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(consumer.wait());
+    });
+    let ended = rx.recv_timeout(Duration::from_secs(30));
+    assert!(ended.is_ok(), "the consumer never ended after close()");
+    let after = conn.queue_info(&q);
+    assert!(
+        matches!(after, Err(Error::Closed { .. })),
+        "the connection stays closed: {after:?}"
+    );
+}

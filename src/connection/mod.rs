@@ -571,9 +571,16 @@ fn supervise(
                         attempt,
                     );
                     let reason = e.to_string();
-                    *shared.state.lock() = LinkState::Down {
-                        last_error: reason.clone(),
-                    };
+                    {
+                        let mut state = shared.state.lock();
+                        if matches!(*state, LinkState::Closed) {
+                            // Closed while this attempt was under way: closed it stays.
+                            return;
+                        }
+                        *state = LinkState::Down {
+                            last_error: reason.clone(),
+                        };
+                    }
                     drop(shared);
                     observer.connection(&ConnectionEvent::ReconnectFailed {
                         attempt,

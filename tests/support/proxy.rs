@@ -16,6 +16,10 @@ struct Inner {
     /// One flag per connection so far: set, that connection stops forwarding (a silent peer).
     stalls: Mutex<Vec<Arc<AtomicBool>>>,
     refusing: AtomicBool,
+    /// While set, new connections are accepted and then left silent (a broker that never
+    /// answers the handshake).
+    hanging: AtomicBool,
+    hung: AtomicUsize,
     stopped: AtomicBool,
     accepted: AtomicUsize,
 }
@@ -29,6 +33,8 @@ impl FaultProxy {
             sockets: Mutex::new(Vec::new()),
             stalls: Mutex::new(Vec::new()),
             refusing: AtomicBool::new(false),
+            hanging: AtomicBool::new(false),
+            hung: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
             accepted: AtomicUsize::new(0),
         });
@@ -42,6 +48,11 @@ impl FaultProxy {
                 let Ok(client) = client else { continue };
                 if i.refusing.load(Ordering::SeqCst) {
                     let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                if i.hanging.load(Ordering::SeqCst) {
+                    i.hung.fetch_add(1, Ordering::SeqCst);
+                    i.sockets.lock().unwrap().push(client);
                     continue;
                 }
                 let Ok(server) = TcpStream::connect(&upstream) else {
@@ -92,6 +103,17 @@ impl FaultProxy {
     /// While true, new connections are closed at once.
     pub fn refuse(&self, refusing: bool) {
         self.inner.refusing.store(refusing, Ordering::SeqCst);
+    }
+
+    /// While true, new connections are accepted and then never answered: a connect waits for
+    /// its timeout.
+    pub fn hang(&self, hanging: bool) {
+        self.inner.hanging.store(hanging, Ordering::SeqCst);
+    }
+
+    /// Connections left hanging so far.
+    pub fn hung(&self) -> usize {
+        self.inner.hung.load(Ordering::SeqCst)
     }
 
     /// Connections accepted so far.
