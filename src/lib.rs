@@ -89,8 +89,8 @@
 //!   `x-acemq-error` = "exhausted N attempts: …".
 //! * An explicit delay (`retry_after`, `in_progress`) under the broker-wait threshold is held in
 //!   the consumer; at or over it, it goes to the policy's smallest rung at least as long (else
-//!   its longest); a policy with no rungs gets a rung of that exact length, declared on first
-//!   use. `in_progress` keeps the attempt and is never jittered.
+//!   its longest); with a policy that has no rungs it is held in the consumer too. No queue is
+//!   ever declared for one delay. `in_progress` keeps the attempt and is never jittered.
 //! * A retry held in the consumer keeps its delivery unacknowledged (as the family's consumers
 //!   do) on the `acemq-retry-timer` thread, never on a worker; closing the consumer puts held
 //!   retries back on the queue unchanged (same attempt) rather than waiting them out.

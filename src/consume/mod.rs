@@ -36,14 +36,13 @@ pub use retry::{
     DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
 };
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::Mutex;
 
 use crate::codec::Codec;
 use crate::connection::Connection;
@@ -201,8 +200,6 @@ pub(crate) struct Context {
     pub(crate) prefetch: u16,
     pub(crate) exclusive: bool,
     pub(crate) arguments: BTreeMap<String, HeaderValue>,
-    pub(crate) declare: bool,
-    pub(crate) declared_rungs: Mutex<HashSet<String>>,
     pub(crate) shutdown_timeout: Duration,
     /// The current subscription's generation; jobs from older ones are skipped.
     pub(crate) generation: AtomicU64,
@@ -298,16 +295,6 @@ impl Connection {
         let publisher = self.publisher_with(
             PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
         )?;
-        let declared = if options.declare {
-            options
-                .retry
-                .broker_rungs()
-                .iter()
-                .map(|d| retry_queue(queue, *d))
-                .collect()
-        } else {
-            HashSet::new()
-        };
         let flag = Arc::new(AtomicBool::new(false));
         let (tx, stop_rx) = crossbeam_channel::bounded(1);
         let ctx = Arc::new(Context {
@@ -320,8 +307,6 @@ impl Connection {
             prefetch: options.prefetch,
             exclusive: options.exclusive,
             arguments: options.arguments,
-            declare: options.declare,
-            declared_rungs: Mutex::new(declared),
             shutdown_timeout: options.shutdown_timeout,
             generation: AtomicU64::new(0),
             stopping: AtomicBool::new(false),

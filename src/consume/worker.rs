@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::outcome::{decide, Handler, Verdict};
-use super::retry::{dead_letter_queue, declare_rung, parked_queue, retry_queue, NextWait};
+use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
 use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
 use crate::envelope::{now_ms, Message};
@@ -162,9 +162,13 @@ fn wait_then_copy(
 ) -> Result<Step> {
     let mut copy = copy_of(message);
     copy.envelope.attempt = attempt;
-    if ctx.policy.waits_in_broker(wait) {
-        let rung = ctx.policy.rung_for(wait).unwrap_or(wait);
-        let queue = ensure_rung(ctx, rung)?;
+    // A broker wait goes to one of the policy's rungs (declared with the consumer); a policy with
+    // none holds it in the consumer: no queue is ever declared for one delay.
+    if let Some(rung) = Some(wait)
+        .filter(|w| ctx.policy.waits_in_broker(*w))
+        .and_then(|w| ctx.policy.rung_for(w))
+    {
+        let queue = retry_queue(&ctx.queue, rung);
         match publish(ctx, &queue, copy.clone()) {
             Ok(()) => return Ok(Step::Now(SettleAction::Ack)),
             Err(Error::Unroutable { .. }) => {
@@ -207,19 +211,6 @@ fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> 
     copy.expiration_ms = None;
     publish(ctx, queue, copy)?;
     Ok(Step::Now(SettleAction::Ack))
-}
-
-/// The rung queue for `delay`, declared on first use when the consumer declares its topology.
-fn ensure_rung(ctx: &Context, delay: Duration) -> Result<String> {
-    let name = retry_queue(&ctx.queue, delay);
-    if ctx.declare {
-        let mut declared = ctx.declared_rungs.lock();
-        if !declared.contains(&name) {
-            declare_rung(&ctx.connection, &ctx.queue, delay)?;
-            declared.insert(name.clone());
-        }
-    }
-    Ok(name)
 }
 
 /// What every copy is: the envelope regenerated from the original's (id, type, version,
