@@ -246,8 +246,11 @@ fn what_the_family_writes_our_consumer_reads() {
     }
     let got: Arc<Mutex<BTreeMap<i64, Message>>> = Arc::default();
     let g = got.clone();
+    // Enough attempts for the cases that arrive at attempt 5 (a message past the policy's last
+    // attempt is dead-lettered unhandled).
+    let policy = RetryPolicy::fixed(10, Duration::from_secs(1));
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new())
+        .consumer(&q, ConsumerOptions::new().retry(policy))
         .unwrap()
         .start(move |m: &Message| {
             let i = m.headers["case"].as_i64().unwrap();
@@ -868,4 +871,47 @@ fn a_hundred_distinct_explicit_delays_declare_no_new_queue() {
             "{rung} was declared"
         );
     }
+}
+
+/// A foreign message that arrives with `x-acemq-attempt` already past the policy's limit is
+/// dead-lettered without running the handler.
+#[test]
+fn a_message_arriving_past_its_last_attempt_is_dead_lettered_unhandled() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("past-limit"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let raw = Raw::open();
+    let mut table = FieldTable::new();
+    table.insert(headers::ID.into(), text("past-limit-1"));
+    table.insert(headers::ATTEMPT.into(), AmqpValue::LongInt(9));
+    raw.publish("", &q, b"{}", AmqpProperties::default().with_headers(table));
+    raw.close();
+    let calls = Arc::new(Mutex::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_millis(10))),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            *c.lock().unwrap() += 1;
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = conn.get(&dead_letter_queue(&q)).unwrap();
+        dead.is_some()
+    }));
+    consumer.close().unwrap();
+    assert_eq!(*calls.lock().unwrap(), 0, "the handler never ran");
+    let dead = dead.unwrap();
+    assert_eq!(dead.id(), "past-limit-1");
+    assert_eq!(dead.envelope.attempt, 9);
+    assert_eq!(
+        dead.envelope.error.as_deref(),
+        Some("exhausted 3 attempts: it arrived at attempt 9")
+    );
 }

@@ -42,17 +42,27 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             });
             continue;
         }
-        let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
-        let handler_duration = started.elapsed();
-        if result.is_err() {
-            log::error!(
-                "acemq: handler panicked on message {} from {:?}; it will be retried",
-                job.message.id(),
-                ctx.queue
-            );
-        }
-        let verdict = decide(result);
+        let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
+        let (verdict, handler_duration) = if attempt > limit {
+            // Another client sent it already past this policy's last attempt: it can never be
+            // retried here, so it goes to `.dlq` without running the handler.
+            let plural = if limit == 1 { "" } else { "s" };
+            let error =
+                format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+            (Verdict::DeadLetter { error }, Duration::ZERO)
+        } else {
+            let started = Instant::now();
+            let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+            let handler_duration = started.elapsed();
+            if result.is_err() {
+                log::error!(
+                    "acemq: handler panicked on message {} from {:?}; it will be retried",
+                    job.message.id(),
+                    ctx.queue
+                );
+            }
+            (decide(result), handler_duration)
+        };
         let step = carry_out(ctx, &job.message, &verdict).unwrap_or_else(|e| {
             log::error!(
                 "acemq: could not publish the {} copy of message {} from {:?}: {e}; \
