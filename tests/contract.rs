@@ -369,6 +369,18 @@ fn a_foreign_message_round_trips_through_retry_and_dead_letter_unchanged_in_name
     table.insert("x-flag".into(), AmqpValue::Boolean(true));
     // Not reserved: the family's prefix match is case-sensitive.
     table.insert("X-AceMQ-Tenant".into(), text("acme"));
+    // Types the envelope does not model go back as they came, not widened or made lossy.
+    table.insert(
+        "x-decimal".into(),
+        AmqpValue::DecimalValue(amq_protocol_types::DecimalValue {
+            scale: 2,
+            value: 12345,
+        }),
+    );
+    table.insert("x-tiny".into(), AmqpValue::ShortShortInt(-3));
+    table.insert("x-u32".into(), AmqpValue::LongUInt(7));
+    table.insert("x-f32".into(), AmqpValue::Float(1.5));
+    table.insert("x-when".into(), AmqpValue::Timestamp(1_767_323_045));
     let props = AmqpProperties::default()
         .with_headers(table.clone())
         .with_message_id("11111111-2222-3333-4444-555555555555".into())
@@ -914,4 +926,39 @@ fn a_message_arriving_past_its_last_attempt_is_dead_lettered_unhandled() {
         dead.envelope.error.as_deref(),
         Some("exhausted 3 attempts: it arrived at attempt 9")
     );
+}
+
+/// A foreign message without `x-acemq-first-seen` reads as first seen on receipt, and its copies
+/// say so (not 1970).
+#[test]
+fn a_foreign_message_without_first_seen_is_first_seen_on_receipt_and_its_copy_says_so() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("no-first-seen"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let raw = Raw::open();
+    let before = now_ms();
+    raw.publish("", &q, b"{}", AmqpProperties::default());
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::reject("no")))
+        .unwrap();
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = raw.get(&dead_letter_queue(&q));
+        dead.is_some()
+    }));
+    consumer.close().unwrap();
+    let after = now_ms();
+    let (props, _, _) = dead.unwrap();
+    let first_seen = props.headers().as_ref().unwrap()[headers::FIRST_SEEN].clone();
+    let AmqpValue::LongLongInt(ms) = first_seen else {
+        panic!("first-seen is a 64-bit integer: {first_seen:?}")
+    };
+    assert!(
+        (before..=after).contains(&ms),
+        "{ms} not in {before}..={after}"
+    );
+    raw.close();
 }
