@@ -782,6 +782,17 @@ impl Message {
                     .collect()
             })
             .unwrap_or_default();
+        if looks_truncated(&all) {
+            log::warn!(
+                "acemq: a message on {:?} (message_id {:?}) carries reserved headers but no {}: \
+                 its header table was probably cut short (amiquip drops a long-string header \
+                 that is not UTF-8 and every header after it); its identity falls back to \
+                 message_id",
+                received.routing_key,
+                props.message_id(),
+                headers::ID
+            );
+        }
         let derive = || derived_id(&received, &props, &body);
         let mut m = Message::from_headers(
             body.clone(),
@@ -894,6 +905,12 @@ fn derived_id(received: &Received, props: &AmqpProperties, body: &[u8]) -> Strin
         &hex[16..20],
         &hex[20..32]
     )
+}
+
+/// True when a table carries some reserved headers but not `x-acemq-id`, which every family
+/// writer writes: the sign that amiquip cut the table short at a non-UTF-8 long string.
+fn looks_truncated(table: &BTreeMap<String, HeaderValue>) -> bool {
+    !table.contains_key(headers::ID) && table.keys().any(|k| is_reserved(k))
 }
 
 /// Headers RabbitMQ adds or rewrites on a message it redelivers or dead-letters.
@@ -1026,6 +1043,19 @@ pub fn new_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_with_reserved_headers_but_no_id_looks_truncated() {
+        let mut t = BTreeMap::new();
+        assert!(
+            !looks_truncated(&t),
+            "a foreign message with no reserved headers"
+        );
+        t.insert(headers::ATTEMPT.to_string(), HeaderValue::Int(1));
+        assert!(looks_truncated(&t));
+        t.insert(headers::ID.to_string(), HeaderValue::from("i"));
+        assert!(!looks_truncated(&t));
+    }
 
     #[test]
     fn ids_are_unique_and_uuid_shaped() {

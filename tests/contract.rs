@@ -962,3 +962,55 @@ fn a_foreign_message_without_first_seen_is_first_seen_on_receipt_and_its_copy_sa
     );
     raw.close();
 }
+
+/// A foreign publisher sends a long-string header that is not UTF-8: amiquip drops it and every
+/// header after it, the envelope's id among them. The identity falls back to `message_id` (and
+/// the truncation is logged at warn), so the message keeps its id.
+#[test]
+fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("non-utf8"), &[]);
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    proxy.mangle(
+        b"ZZ-NOT-UTF8-ZZ",
+        b"\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe",
+    );
+    // A foreign writer through the mangling proxy: amiquip writes the table in name order, so
+    // the attempt comes before the broken correlation and the id after it.
+    let mut raw_conn = amiquip::Connection::insecure_open(&proxy.url()).unwrap();
+    let channel = raw_conn.open_channel(None).unwrap();
+    let mut table = FieldTable::new();
+    table.insert(headers::ATTEMPT.into(), AmqpValue::LongInt(1));
+    table.insert(headers::CORRELATION.into(), text("ZZ-NOT-UTF8-ZZ"));
+    table.insert(headers::ID.into(), text("hdr-id"));
+    table.insert("zz-tenant".into(), text("acme"));
+    channel
+        .basic_publish(
+            "",
+            amiquip::Publish {
+                body: b"{}",
+                routing_key: q.clone(),
+                mandatory: false,
+                immediate: false,
+                properties: AmqpProperties::default()
+                    .with_headers(table)
+                    .with_message_id("prop-id".into()),
+            },
+        )
+        .unwrap();
+    let _ = raw_conn.close();
+    let mut got = None;
+    assert!(eventually(WAIT, || {
+        got = direct.get(&q).unwrap();
+        got.is_some()
+    }));
+    let m = got.unwrap();
+    assert!(
+        !m.headers.contains_key("zz-tenant"),
+        "amiquip truncated the table (the premise of this test)"
+    );
+    assert_eq!(m.id(), "prop-id", "the identity falls back to message_id");
+    assert_eq!(m.envelope.attempt, 1);
+}

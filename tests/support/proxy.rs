@@ -20,6 +20,8 @@ struct Inner {
     /// answers the handshake).
     hanging: AtomicBool,
     hung: AtomicUsize,
+    /// Client-to-broker byte rewrites (same length), applied to every read.
+    mangles: Mutex<Vec<(Vec<u8>, Vec<u8>)>>,
     stopped: AtomicBool,
     accepted: AtomicUsize,
 }
@@ -35,6 +37,7 @@ impl FaultProxy {
             refusing: AtomicBool::new(false),
             hanging: AtomicBool::new(false),
             hung: AtomicUsize::new(0),
+            mangles: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
             accepted: AtomicUsize::new(0),
         });
@@ -73,8 +76,9 @@ impl FaultProxy {
                     client.try_clone().unwrap(),
                     server.try_clone().unwrap(),
                     stall.clone(),
+                    Some(i.clone()),
                 );
-                pump(server, client, stall);
+                pump(server, client, stall, None);
             }
         });
         FaultProxy { addr, inner }
@@ -116,6 +120,18 @@ impl FaultProxy {
         self.inner.hung.load(Ordering::SeqCst)
     }
 
+    /// From now on, bytes the client sends that contain `from` reach the broker with `to` in
+    /// its place (same length, so frames stay well formed): a way to send what no Rust client
+    /// would, such as a long-string header that is not UTF-8.
+    pub fn mangle(&self, from: &[u8], to: &[u8]) {
+        assert_eq!(from.len(), to.len(), "a mangle keeps the length");
+        self.inner
+            .mangles
+            .lock()
+            .unwrap()
+            .push((from.to_vec(), to.to_vec()));
+    }
+
     /// Connections accepted so far.
     pub fn accepted(&self) -> usize {
         self.inner.accepted.load(Ordering::SeqCst)
@@ -130,7 +146,12 @@ impl Drop for FaultProxy {
     }
 }
 
-fn pump(mut from: TcpStream, mut to: TcpStream, stall: Arc<AtomicBool>) {
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    stall: Arc<AtomicBool>,
+    mangle: Option<Arc<Inner>>,
+) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         loop {
@@ -140,6 +161,15 @@ fn pump(mut from: TcpStream, mut to: TcpStream, stall: Arc<AtomicBool>) {
                     // Swallow what arrives: the other side hears nothing, not even heartbeats.
                 }
                 Ok(n) => {
+                    if let Some(inner) = &mangle {
+                        for (from, to) in inner.mangles.lock().unwrap().iter() {
+                            let data = &mut buf[..n];
+                            if let Some(at) = data.windows(from.len()).position(|w| w == &from[..])
+                            {
+                                data[at..at + to.len()].copy_from_slice(to);
+                            }
+                        }
+                    }
                     if to.write_all(&buf[..n]).is_err() {
                         break;
                     }
