@@ -703,3 +703,67 @@ fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration() {
         );
     }
 }
+
+#[derive(Default)]
+struct CopyFailures(Mutex<Vec<String>>);
+impl Observer for CopyFailures {
+    fn settled(&self, s: &Settlement<'_>) {
+        if s.outcome == "copy_failed" {
+            self.0
+                .lock()
+                .unwrap()
+                .push(s.error.unwrap_or_default().to_string());
+        }
+    }
+}
+
+/// The `.dlq` is deleted under a running consumer: the reject copy cannot be published. The
+/// original is put back after a growing pause — not at once, round and round — each failure is
+/// reported to the observer, and once the `.dlq` exists again the message reaches it.
+#[test]
+fn a_copy_that_cannot_be_published_backs_off_instead_of_spinning() {
+    let observer = Arc::new(CopyFailures::default());
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(observer.clone()),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("spin"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::reject("no such customer"))
+        })
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    conn.delete_queue(&dlq).unwrap();
+    conn.publisher()
+        .unwrap()
+        .publish("", &q, Message::new("x"))
+        .unwrap();
+    // Three seconds of a hot loop would be thousands of runs; with back-off, a handful.
+    let started = Instant::now();
+    assert!(eventually(WAIT, || calls.load(Ordering::SeqCst) >= 1));
+    while started.elapsed() < Duration::from_secs(3) {
+        std::thread::yield_now();
+    }
+    let runs = calls.load(Ordering::SeqCst);
+    assert!(runs <= 5, "ran {runs} times in 3 s: a hot loop");
+    let failures = observer.0.lock().unwrap().clone();
+    assert!(!failures.is_empty(), "the observer heard about it");
+    assert!(failures[0].contains("unroutable"), "{failures:?}");
+    // The dead-letter queue is back: the message gets there.
+    conn.declare_queue(&QueueSpec::new(&dlq).classic()).unwrap();
+    assert!(eventually(Duration::from_secs(40), || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
+    consumer.close().unwrap();
+}

@@ -201,6 +201,8 @@ pub(crate) struct Context {
     pub(crate) exclusive: bool,
     pub(crate) arguments: BTreeMap<String, HeaderValue>,
     pub(crate) shutdown_timeout: Duration,
+    /// Copies that could not be published, per message id, for the back-off.
+    pub(crate) copy_failures: worker::CopyFailures,
     /// The current subscription's generation; jobs from older ones are skipped.
     pub(crate) generation: AtomicU64,
     /// Set when closing: workers requeue what they have not started.
@@ -308,6 +310,7 @@ impl Connection {
             exclusive: options.exclusive,
             arguments: options.arguments,
             shutdown_timeout: options.shutdown_timeout,
+            copy_failures: worker::CopyFailures::default(),
             generation: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             stop_flag: flag.clone(),

@@ -22,12 +22,14 @@ use super::worker::publish;
 use super::{Context, Settle, SettleAction};
 use crate::envelope::Message;
 
-/// A retry waiting in the consumer.
+/// A retry waiting in the consumer, or an original waiting to be put back.
 pub(crate) struct Delayed {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
     pub(crate) due: Instant,
-    pub(crate) copy: Message,
+    /// The copy to publish to the queue when due; `None`: put the original back (a copy that
+    /// could not be published backs off here rather than spinning).
+    pub(crate) copy: Option<Message>,
 }
 
 /// What the timer thread receives.
@@ -109,22 +111,27 @@ pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settl
 fn fire(ctx: &Context, settle: &Sender<Settle>, d: Box<Delayed>) {
     if d.generation != ctx.generation.load(Ordering::SeqCst) {
         log::debug!(
-            "acemq: dropping the held retry of message {} from before a reconnect (it is \
+            "acemq: dropping a held delivery (tag {}) from before a reconnect (it is \
              redelivered)",
-            d.copy.id()
+            d.tag
         );
         return;
     }
-    let id = d.copy.id().to_string();
-    let action = match publish(ctx, &ctx.queue, d.copy) {
-        Ok(()) => SettleAction::Ack,
-        Err(e) => {
-            log::error!(
-                "acemq: could not publish the retry of message {id} back to {:?}: {e}; \
-                 requeueing the original",
-                ctx.queue
-            );
-            SettleAction::Requeue
+    let action = match d.copy {
+        None => SettleAction::Requeue,
+        Some(copy) => {
+            let id = copy.id().to_string();
+            match publish(ctx, &ctx.queue, copy) {
+                Ok(()) => SettleAction::Ack,
+                Err(e) => {
+                    log::error!(
+                        "acemq: could not publish the retry of message {id} back to {:?}: {e}; \
+                         requeueing the original",
+                        ctx.queue
+                    );
+                    SettleAction::Requeue
+                }
+            }
         }
     };
     let _ = settle.send(Settle {

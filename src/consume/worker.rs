@@ -63,23 +63,44 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             }
             (decide(result), handler_duration)
         };
-        let step = carry_out(ctx, &job.message, &verdict).unwrap_or_else(|e| {
-            log::error!(
-                "acemq: could not publish the {} copy of message {} from {:?}: {e}; \
-                 requeueing the original",
-                verdict.label(),
-                job.message.id(),
-                ctx.queue
-            );
-            Step::Now(SettleAction::Requeue)
-        });
+        let (step, copy_error) = match carry_out(ctx, &job.message, &verdict) {
+            Ok(step) => {
+                ctx.copy_failures.succeeded(job.message.id());
+                (step, None)
+            }
+            Err(e) => {
+                // Put back after a pause that grows with each failure of this message here, so
+                // that a copy that cannot be published (its queue deleted, …) never spins.
+                let failures = ctx.copy_failures.failed(job.message.id());
+                let pause = copy_failure_pause(failures);
+                let text = format!(
+                    "could not publish the {} copy (failure {failures} here): {e}",
+                    verdict.label()
+                );
+                log::error!(
+                    "acemq: message {} from {:?}: {text}; the original goes back to the queue \
+                     in {pause:?}",
+                    job.message.id(),
+                    ctx.queue
+                );
+                let step = Step::Later {
+                    due: Instant::now() + pause,
+                    copy: None,
+                };
+                (step, Some(text))
+            }
+        };
         ctx.observer.settled(&Settlement {
             queue: &ctx.queue,
-            outcome: verdict.label(),
+            outcome: if copy_error.is_some() {
+                "copy_failed"
+            } else {
+                verdict.label()
+            },
             attempt: job.message.envelope.attempt,
             handler_duration,
             message_id: job.message.id(),
-            error: verdict.error(),
+            error: copy_error.as_deref().or(verdict.error()),
         });
         match step {
             Step::Now(action) => {
@@ -95,7 +116,7 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
                     generation: job.generation,
                     tag: job.tag,
                     due,
-                    copy: *copy,
+                    copy: copy.map(|c| *c),
                 });
                 if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
                     // The timer is gone (the consumer is ending): put the original back.
@@ -118,8 +139,11 @@ enum Step {
     /// Settle it now.
     Now(SettleAction),
     /// Hold it, unacknowledged; at `due` the timer publishes `copy` to the queue itself and then
-    /// acknowledges it.
-    Later { due: Instant, copy: Box<Message> },
+    /// acknowledges it, or with no copy puts it back on the queue.
+    Later {
+        due: Instant,
+        copy: Option<Box<Message>>,
+    },
 }
 
 /// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
@@ -194,7 +218,7 @@ fn wait_then_copy(
         }
         return Ok(Step::Later {
             due: Instant::now() + wait,
-            copy: Box::new(copy),
+            copy: Some(Box::new(copy)),
         });
     }
     let wait = if jitter {
@@ -208,7 +232,7 @@ fn wait_then_copy(
     }
     Ok(Step::Later {
         due: Instant::now() + wait,
-        copy: Box::new(copy),
+        copy: Some(Box::new(copy)),
     })
 }
 
@@ -246,6 +270,41 @@ pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<(
         copy.drop_invalid_headers();
     }
     ctx.publisher.publish("", queue, copy)
+}
+
+/// The pause before an original whose copy failed goes back: 1 s, doubling with each failure
+/// of the same message here, at most 30 s, ±20 %.
+fn copy_failure_pause(failures: u32) -> Duration {
+    let base = Duration::from_secs(1) * 2u32.saturating_pow(failures.saturating_sub(1).min(5));
+    let base = base.min(Duration::from_secs(30));
+    let unit = (crate::envelope::random_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    base.mul_f64(0.8 + 0.4 * unit)
+}
+
+/// Copy failures per message id on this consumer, for the back-off; bounded (forgotten
+/// wholesale past its capacity, which only shortens some pauses).
+#[derive(Default)]
+pub(crate) struct CopyFailures(parking_lot::Mutex<std::collections::HashMap<String, u32>>);
+
+impl CopyFailures {
+    const CAPACITY: usize = 10_000;
+
+    fn failed(&self, id: &str) -> u32 {
+        let mut map = self.0.lock();
+        if map.len() >= Self::CAPACITY && !map.contains_key(id) {
+            map.clear();
+        }
+        let n = map.entry(id.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    fn succeeded(&self, id: &str) {
+        let mut map = self.0.lock();
+        if !map.is_empty() {
+            map.remove(id);
+        }
+    }
 }
 
 /// A duration the way Go prints one (`30s`, `2m0s`, `6h0m0s`, `1.5s`): the family's three
