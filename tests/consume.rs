@@ -767,3 +767,62 @@ fn a_copy_that_cannot_be_published_backs_off_instead_of_spinning() {
         == 1));
     consumer.close().unwrap();
 }
+
+/// After a reconnect, jobs from the old channel still wait in the hand-off to the workers while
+/// every worker runs a long handler: the owner must not block handing over the redelivered
+/// ones, so a close still answers (abandoning the long handler at the shutdown timeout).
+#[test]
+fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("stale-jobs"), &[]);
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&direct, &q, 8, true);
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(200)),
+    );
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (g, s) = (gate.clone(), started.clone());
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .concurrency(1)
+                .prefetch(4)
+                .shutdown_timeout(Duration::from_secs(1)),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1));
+    assert!(eventually(WAIT, || consumer.in_flight() == 4));
+    proxy.cut_all();
+    assert!(
+        eventually(WAIT, || conn.generation() == Some(2)),
+        "reconnected"
+    );
+    // The broker redelivers up to the prefetch on the new channel.
+    assert!(eventually(WAIT, || consumer.in_flight() >= 1));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(consumer.close());
+    });
+    let closed = rx.recv_timeout(Duration::from_secs(15));
+    gate.store(true, Ordering::SeqCst);
+    assert!(
+        closed.is_ok(),
+        "close() did not answer: the owner is blocked"
+    );
+}

@@ -459,9 +459,11 @@ fn run_on<H: Handler + Sync + ?Sized>(
                 .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle, timer))
                 .map_err(spawn_error)?;
         }
-        drop(jobs_rx);
         drop(settle_tx);
-        let result = owner::run(ctx, &jobs_tx, &settle_rx, stop_rx, &timer_tx, started);
+        let result = owner::run(
+            ctx, &jobs_tx, &jobs_rx, &settle_rx, stop_rx, &timer_tx, started,
+        );
+        drop(jobs_rx);
         drop(jobs_tx);
         let _ = timer_tx.send_timeout(timer::TimerMsg::Stop, timer::STOP_TIMEOUT);
         drop(timer_tx);

@@ -38,6 +38,7 @@ struct Slot {
 pub(crate) fn run(
     ctx: &Context,
     jobs: &Sender<Job>,
+    stale: &Receiver<Job>,
     settles: &Receiver<Settle>,
     stop: &Receiver<()>,
     timer: &Sender<TimerMsg>,
@@ -61,6 +62,16 @@ pub(crate) fn run(
         };
         generation += 1;
         ctx.generation.store(generation, Ordering::SeqCst);
+        // Jobs from the old channel still waiting for a worker would be skipped anyway; drop
+        // them now, so that the hand-off has room for the redeliveries and never blocks this
+        // thread (the broker sends at most `prefetch` unsettled on the new channel).
+        let dropped = stale.try_iter().count();
+        if dropped > 0 {
+            log::debug!(
+                "acemq: dropped {dropped} jobs on {:?} from before the reconnect",
+                ctx.queue
+            );
+        }
         let channel = match subscribe_channel(ctx, &link) {
             Ok(c) => c,
             Err(e) if started.is_some() || !e.is_retriable() => return fail(&mut started, e),
