@@ -2,12 +2,15 @@
 
 mod support;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{
-    consume_with, AmqpQueue, Batcher, CounterIncrement, CounterStore, Report, StopHandle,
+    consume_with, AmqpQueue, ApplyBatch, Batcher, CounterIncrement, CounterStore,
+    Message as AckMessage, Receipt, Report, StopHandle,
 };
-use acemq_amqp::{Message, QueueSpec};
+use acemq_amqp::{Error, Message, QueueSpec};
 use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -127,4 +130,152 @@ fn a_rolled_back_delivery_is_never_covered_by_a_multiple_ack_and_returns_on_clos
     let back = conn.get(&q).unwrap().unwrap();
     let inc = CounterIncrement::from_payload(&back.body).unwrap();
     assert_eq!(inc.counter, "not_allowed");
+}
+
+/// A store in front of the counters that rolls back its first batch and holds its second on the
+/// worker until released, so that a run can be stopped with deliveries rolled back, deliveries
+/// taken by the batcher, and deliveries prefetched but not yet taken.
+struct RollBackThenHold<'a> {
+    counters: &'a CounterStore,
+    batches: AtomicUsize,
+    rolled_back: AtomicUsize,
+    holding: AtomicBool,
+    release: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl ApplyBatch for RollBackThenHold<'_> {
+    fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
+        match self.batches.fetch_add(1, Ordering::SeqCst) {
+            0 => {
+                self.rolled_back.fetch_add(messages.len(), Ordering::SeqCst);
+                return Err(Error::Handler {
+                    source: "the first batch rolls back".into(),
+                });
+            }
+            1 => {
+                let release = self.release.lock().unwrap().take().unwrap();
+                self.holding.store(true, Ordering::SeqCst);
+                // Released by the test (or by its end): never waits past the deadline.
+                let _ = release.recv_timeout(WAIT);
+            }
+            _ => {}
+        }
+        self.counters.apply_batch(messages)
+    }
+}
+
+#[test]
+fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() {
+    const N: u32 = 40;
+    const PREFETCH: u16 = 20;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("ack-amqp-rerun"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let counters = counters(&dir);
+    let (release, gate) = mpsc::channel();
+    let store = RollBackThenHold {
+        counters: &counters,
+        batches: AtomicUsize::new(0),
+        rolled_back: AtomicUsize::new(0),
+        holding: AtomicBool::new(false),
+        release: Mutex::new(Some(gate)),
+    };
+    let publisher = conn.publisher().unwrap();
+    for _ in 0..N {
+        let m = Message::new(CounterIncrement::new("page_views", 1).payload());
+        publisher.publish("", &q, m).unwrap();
+    }
+    let batcher = |stop: &StopHandle| {
+        Batcher::builder()
+            .batch_size(4)
+            .max_pending(8)
+            .poll_interval(Duration::from_millis(20))
+            .stop_handle(stop.clone())
+            .build()
+            .unwrap()
+    };
+    let (first_stop, second_stop) = (StopHandle::new(), StopHandle::new());
+    let (first, second, all_applied) = std::thread::scope(|s| {
+        let running = s.spawn(|| {
+            // Two runs, one after the other, on one queue (one channel).
+            let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+            let first = consume_with(
+                queue.source().unwrap(),
+                &store,
+                queue.acknowledger(),
+                &batcher(&first_stop),
+            );
+            let second = consume_with(
+                queue.source().unwrap(),
+                &store,
+                queue.acknowledger(),
+                &batcher(&second_stop),
+            );
+            queue.close().unwrap();
+            (first, second)
+        });
+        // The first run has rolled back its first batch and holds its second, and the broker
+        // has sent the whole prefetch. Of those 20 deliveries the batcher takes at most 8 and
+        // the rolled-back batch is at most 4: the rest are prefetched and not taken.
+        let first_in_place = eventually(WAIT, || {
+            store.holding.load(Ordering::SeqCst)
+                && conn.queue_info(&q).unwrap().message_count == N - u32::from(PREFETCH)
+        });
+        first_stop.stop();
+        release.send(()).ok();
+        // The second run goes until every message's effect has been applied.
+        let all_applied = first_in_place
+            && eventually(WAIT, || {
+                counters.receipt_count().unwrap() == u64::from(N)
+                    && conn.queue_info(&q).unwrap().message_count == 0
+            });
+        second_stop.stop();
+        let (first, second) = running.join().unwrap();
+        assert!(first_in_place, "the first run never held its second batch");
+        (first.unwrap(), second.unwrap(), all_applied)
+    });
+    assert!(store.rolled_back.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        first.failed,
+        store.rolled_back.load(Ordering::SeqCst) as u64
+    );
+    assert_eq!(
+        (
+            counters.value("page_views").unwrap(),
+            counters.receipt_count().unwrap()
+        ),
+        (i64::from(N), u64::from(N)),
+        "every message's effect applied exactly once (first run {first:?}, second {second:?})"
+    );
+    assert!(all_applied);
+    assert_eq!(
+        first.acknowledged + second.acknowledged,
+        u64::from(N),
+        "each delivery acknowledged once, after its effect"
+    );
+    assert_eq!(first.replayed + second.replayed, 0);
+    // Only now that all were applied: nothing is left on the queue.
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+}
+
+#[test]
+fn a_queue_gives_one_source_at_a_time() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("ack-amqp-one-source"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let queue = AmqpQueue::open(&conn, &q, 4).unwrap();
+    let first = queue.source().unwrap();
+    // Two consumers on one channel: a `multiple` could cover the other's untaken deliveries.
+    assert!(matches!(queue.source(), Err(Error::InvalidArgument { .. })));
+    drop(first);
+    let second = queue.source().unwrap();
+    drop(second);
+    queue.close().unwrap();
 }

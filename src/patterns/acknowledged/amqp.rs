@@ -23,17 +23,45 @@
 //!   same on every redelivery; a message with neither gets `{queue}/sha256:{hex of the body}`.
 //!   [`AmqpQueue::identifier`] sets another scope.
 //! * Token: the delivery itself (its tag, on this queue's channel). A redelivery has a new tag.
-//! * A committed batch is acknowledged with one `basic.ack` `multiple` when no delivery of a
-//!   failed batch lies below it on the channel; otherwise each delivery on its own, so a
-//!   `multiple` never covers a delivery that was rolled back.
-//! * A rolled-back batch's deliveries stay unacknowledged (as the recipe says); they go back to
-//!   the queue when the source closes its channel.
+//! * A committed batch is acknowledged with one `basic.ack` `multiple` when every unsettled
+//!   delivery at or below its highest tag on the channel belongs to it; otherwise each delivery
+//!   on its own, so a `multiple` never covers a delivery whose effect was not committed.
+//! * A rolled-back batch's deliveries stay unacknowledged while the run goes on (as the recipe
+//!   says; requeueing them at once would spin a message that always fails). They go back to the
+//!   queue when the run's source closes (below).
 //! * The source does not recover a dropped connection: it reports it as an error, the recipe
 //!   stops (draining and closing), and the caller starts again — the receipts make that safe.
 //!
 //! Prefetch bounds what the broker sends ahead; set it at least to `max_pending + 1` so that
-//! the batcher is never starved.
+//! the batcher is never starved. Rolled-back deliveries count against it until the run ends.
+//!
+//! # Runs: what is unsettled belongs to the queue
+//!
+//! Delivery tags, and so what a `basic.ack` `multiple` covers, belong to the channel, and the
+//! channel belongs to the [`AmqpQueue`]; [`AmqpQueue::source`] and [`AmqpQueue::acknowledger`]
+//! are views borrowed from it, and one queue may serve one run after another. So the queue,
+//! not the acknowledger, keeps the set of *unsettled* deliveries: those its sources handed out
+//! and nobody has acknowledged or given back. Every run's acknowledger consults that one set
+//! before it sends a `multiple`, and a run's end gives back what it leaves:
+//!
+//! * At most one source is open on a queue at a time ([`AmqpQueue::source`] refuses a second):
+//!   with two consumers on one channel, a `multiple` could cover a delivery of the other one
+//!   that has not even been taken yet.
+//! * Closing the source (which [`consume`](super::consume) always does, and which `Drop` does
+//!   too) cancels the consumer, waits for the deliveries already on their way, and then
+//!   requeues every delivery still unsettled on the channel with one `basic.nack` (`requeue`,
+//!   `multiple`, delivery tag 0): rolled-back batches, deliveries prefetched but not taken,
+//!   and those the recipe dropped without applying after a failed acknowledgement. The broker
+//!   redelivers them to the next run (or to any other consumer of the queue), where they are
+//!   applied, or found done and acknowledged as replays.
+//!
+//! The alternative, a single-use source that owns the channel and closes it at the end of a
+//! run, would give the same guarantee at the price of a new channel per run and an API that
+//! no longer lets the source and the acknowledger borrow one queue; and the floor would still
+//! have to be kept per channel, not per acknowledger.
 
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
@@ -47,16 +75,30 @@ use crate::error::{Error, Result};
 type IdentifierFn = Box<dyn Fn(&str, &crate::Message) -> String + Send + Sync>;
 
 /// One of our queues, on a channel of its own with a prefetch, for the acknowledged consumer.
+///
+/// Delivery tags and what a `multiple` acknowledgement covers belong to the channel, so the
+/// queue, not an acknowledger, keeps the deliveries its sources handed out and nobody has
+/// settled yet, across runs: every acknowledger of the queue sends a `multiple` only when all
+/// of them up to its tag are its batch's. One [`source`](Self::source) is open at a time, and
+/// closing it requeues whatever its run left unacknowledged (rolled back, prefetched but not
+/// taken), so a later run can never acknowledge it without its effect. `Send`, not `Sync`: its
+/// sources and acknowledgers borrow it on one thread.
 pub struct AmqpQueue {
     channel: Channel,
     queue: String,
     identifier: Option<IdentifierFn>,
+    /// Tags handed out by a source of this queue and neither acknowledged nor given back.
+    unsettled: RefCell<BTreeSet<u64>>,
+    /// Whether a source is open (consuming) on the channel.
+    source_open: Cell<bool>,
 }
 
 impl std::fmt::Debug for AmqpQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpQueue")
             .field("queue", &self.queue)
+            .field("unsettled", &self.unsettled.borrow().len())
+            .field("source_open", &self.source_open.get())
             .finish()
     }
 }
@@ -82,6 +124,8 @@ impl AmqpQueue {
             channel,
             queue: queue.to_string(),
             identifier: None,
+            unsettled: RefCell::new(BTreeSet::new()),
+            source_open: Cell::new(false),
         })
     }
 
@@ -95,28 +139,38 @@ impl AmqpQueue {
         self
     }
 
-    /// Subscribes and returns the source of deliveries.
+    /// Subscribes and returns the source of deliveries for one run.
+    ///
+    /// Closing the source (or dropping it) requeues every delivery of the run that was not
+    /// acknowledged; then the queue can give another source for the next run.
     ///
     /// # Errors
     ///
+    /// [`Error::InvalidArgument`] while another source of this queue is open;
     /// [`Error::NotFound`] when the queue is gone; other AMQP errors.
     pub fn source(&self) -> Result<AmqpSource<'_>> {
+        if self.source_open.get() {
+            return Err(Error::invalid(format!(
+                "a source of {:?} is already open on this channel; close it before taking \
+                 another",
+                self.queue
+            )));
+        }
         let consumer = self
             .channel
             .basic_consume(self.queue.clone(), AmqpConsumerOptions::default())
             .map_err(|e| Error::amqp(format!("consuming from {:?}", self.queue), e))?;
+        self.source_open.set(true);
         Ok(AmqpSource {
             queue: self,
             consumer: Some(consumer),
         })
     }
 
-    /// The acknowledgements, on this queue's channel.
+    /// The acknowledgements, on this queue's channel. Any number may exist; they share the
+    /// queue's record of unsettled deliveries.
     pub fn acknowledger(&self) -> AmqpAcknowledge<'_> {
-        AmqpAcknowledge {
-            channel: &self.channel,
-            lowest_failed: None,
-        }
+        AmqpAcknowledge { queue: self }
     }
 
     /// Closes the channel; unacknowledged deliveries go back to the queue.
@@ -204,6 +258,7 @@ impl Source for AmqpSource<'_> {
         };
         match msg {
             ConsumerMessage::Delivery(mut d) => {
+                self.queue.unsettled.borrow_mut().insert(d.delivery_tag());
                 let message = crate::Message::take_delivery(&mut d);
                 let identifier = self.queue.identify(&message);
                 Ok(Polled::Item(Delivery::new(
@@ -222,12 +277,36 @@ impl Source for AmqpSource<'_> {
     }
 
     fn close(&mut self) -> Result<()> {
-        if let Some(consumer) = self.consumer.take() {
-            // Deliveries still on their way stay unacknowledged: they return to the queue when
-            // the channel closes.
-            crate::consume::owner::cancel_and_drain(&self.queue.queue, &consumer, drop);
+        let Some(consumer) = self.consumer.take() else {
+            return Ok(());
+        };
+        // After the cancel, wait for the deliveries already on their way: none may arrive
+        // after the requeue below, or it would stay unsettled on the channel.
+        let mut drained = 0_u64;
+        crate::consume::owner::cancel_and_drain(&self.queue.queue, &consumer, |_| drained += 1);
+        drop(consumer);
+        let queue = self.queue;
+        let left = std::mem::take(&mut *queue.unsettled.borrow_mut()).len();
+        queue.source_open.set(false);
+        if left == 0 && drained == 0 {
+            return Ok(());
         }
-        Ok(())
+        // The run is over: whatever it did not acknowledge (rolled back, prefetched but not
+        // taken, dropped after a failed acknowledgement) is the broker's again, so that no
+        // `multiple` of a later run can cover it.
+        log::debug!(
+            "acemq: requeueing {left} unacknowledged and {drained} untaken deliveries of {:?}",
+            queue.queue
+        );
+        queue.channel.nack_all(true).map_err(|e| {
+            Error::amqp(
+                format!(
+                    "requeueing the unacknowledged deliveries of {:?}",
+                    queue.queue
+                ),
+                e,
+            )
+        })
     }
 }
 
@@ -247,15 +326,15 @@ impl Drop for AmqpSource<'_> {
 
 /// Acknowledges deliveries of an [`AmqpQueue`] on its channel.
 pub struct AmqpAcknowledge<'a> {
-    channel: &'a Channel,
-    /// The lowest tag of a rolled-back delivery left unacknowledged: no `multiple` reaches it.
-    lowest_failed: Option<u64>,
+    /// The queue: its channel, and its record of unsettled deliveries (shared by every run).
+    queue: &'a AmqpQueue,
 }
 
 impl std::fmt::Debug for AmqpAcknowledge<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AmqpAcknowledge")
-            .field("lowest_failed", &self.lowest_failed)
+            .field("queue", &self.queue.queue)
+            .field("unsettled", &self.queue.unsettled.borrow().len())
             .finish()
     }
 }
@@ -264,42 +343,61 @@ impl AmqpAcknowledge<'_> {
     fn ack(&self, d: &Delivery<AmqpToken>, multiple: bool) -> Result<()> {
         let delivery = d.acknowledgement_token.delivery.clone();
         let r = if multiple {
-            delivery.ack_multiple(self.channel)
+            delivery.ack_multiple(&self.queue.channel)
         } else {
-            delivery.ack(self.channel)
+            delivery.ack(&self.queue.channel)
         };
         r.map_err(|e| Error::amqp("acknowledging a delivery", e))
+    }
+
+    fn settled(&self, d: &Delivery<AmqpToken>) {
+        let tag = d.acknowledgement_token.delivery_tag();
+        self.queue.unsettled.borrow_mut().remove(&tag);
     }
 }
 
 impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
     fn acknowledge(&mut self, delivery: &Delivery<AmqpToken>) -> Result<()> {
-        self.ack(delivery, false)
+        self.ack(delivery, false)?;
+        self.settled(delivery);
+        Ok(())
     }
 
     fn acknowledge_batch(&mut self, deliveries: &[Delivery<AmqpToken>]) -> Result<()> {
-        let Some(last) = deliveries.last() else {
+        let tags: BTreeSet<u64> = deliveries
+            .iter()
+            .map(|d| d.acknowledgement_token.delivery_tag())
+            .collect();
+        let Some(&highest) = tags.last() else {
             return Ok(());
         };
-        // Batches are acknowledged in the order their deliveries were taken, so everything
-        // below this batch on the channel is settled, except rolled-back deliveries.
-        if self.lowest_failed.is_none() {
-            return self.ack(last, true);
+        // A `multiple` up to `highest` covers every unsettled delivery below it on the
+        // channel, from this run or an earlier one: only when all of them are this batch's.
+        let covers_only_this_batch = self
+            .queue
+            .unsettled
+            .borrow()
+            .range(..=highest)
+            .all(|t| tags.contains(t));
+        match deliveries
+            .iter()
+            .find(|d| d.acknowledgement_token.delivery_tag() == highest)
+        {
+            Some(top) if covers_only_this_batch => {
+                self.ack(top, true)?;
+                deliveries.iter().for_each(|d| self.settled(d));
+                Ok(())
+            }
+            _ => deliveries.iter().try_for_each(|d| self.acknowledge(d)),
         }
-        deliveries.iter().try_for_each(|d| self.ack(d, false))
     }
 
     fn failed(&mut self, deliveries: &[Delivery<AmqpToken>], error: &Error) -> Result<()> {
-        if let Some(lowest) = deliveries
-            .iter()
-            .map(|d| d.acknowledgement_token.delivery_tag())
-            .min()
-        {
-            self.lowest_failed = Some(self.lowest_failed.map_or(lowest, |l| l.min(lowest)));
-        }
+        // They stay unsettled on the queue, so no `multiple` reaches them, until the run's
+        // source closes and requeues them.
         log::warn!(
             "acemq: a batch of {} deliveries was rolled back ({error}); they stay \
-             unacknowledged until the channel closes",
+             unacknowledged until the source closes and requeues them",
             deliveries.len()
         );
         Ok(())

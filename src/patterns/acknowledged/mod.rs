@@ -130,6 +130,11 @@
 //!   [`Acknowledge::acknowledge`] for each.
 //! * The source and the acknowledgement run on the caller's thread and need not be `Send`;
 //!   only the items (`Delivery<T>` with `T: Send`) cross to the worker thread.
+//! * A run leaves deliveries unacknowledged (rolled back, or taken from the broker but not
+//!   applied). Whatever owns the broker's session must keep them out of the next run's
+//!   `multiple` acknowledgements and give them back. [`AmqpQueue`] does both: the unsettled
+//!   deliveries belong to the queue (its channel), not to one acknowledger, it gives one
+//!   source at a time, and closing a source requeues what its run left.
 
 mod amqp;
 mod batcher;
@@ -276,8 +281,9 @@ pub trait Acknowledge<T> {
     /// first error. A broker adapter may acknowledge them at once (AMQP: `basic.ack` with
     /// `multiple`). Beware that the deliveries of a failed batch stay unacknowledged: a
     /// `multiple` acknowledgement must not cover their tags (nor those of deliveries still
-    /// being applied), so use it only up to a tag below which nothing else is outstanding on
-    /// that channel, and acknowledge the rest singly.
+    /// being applied, nor those an earlier run on the same channel left unacknowledged), so use
+    /// it only up to a tag below which nothing else is outstanding on that channel, and
+    /// acknowledge the rest singly.
     ///
     /// # Errors
     ///
