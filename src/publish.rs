@@ -19,7 +19,15 @@
 //! caller did not choose).
 //!
 //! The number of unconfirmed publishes is bounded by [`PublisherOptions::window`]: a caller
-//! beyond it waits for room.
+//! beyond it waits for room. The bytes unconfirmed on one connection, all its publishers
+//! together, are bounded too ([`ConnectionOptions::max_unconfirmed_bytes`], 8 MiB by default),
+//! below the point where amiquip's I/O thread stops taking frames (it blocks the publishing
+//! thread, without a timeout, once it buffers 16 MiB for a broker that stopped reading — a
+//! memory alarm, a stalled socket). So a publish never blocks inside amiquip: when the broker
+//! stops reading, callers wait for room with their deadline and get [`Error::Timeout`] on time,
+//! and confirms, [`Publisher::close`] and [`Publisher::in_flight`] stay responsive.
+//!
+//! [`ConnectionOptions::max_unconfirmed_bytes`]: crate::ConnectionOptions::max_unconfirmed_bytes
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -161,6 +169,8 @@ struct Current {
 }
 
 struct Pending {
+    /// Released (dropped) when the publish is answered or failed.
+    _bytes: Option<Reservation>,
     message_id: String,
     exchange: String,
     routing_key: String,
@@ -175,6 +185,55 @@ enum Control {
         returns: Receiver<Return>,
     },
     Stop,
+}
+
+/// The unconfirmed bytes of one connection, shared by its publishers.
+#[derive(Debug)]
+pub(crate) struct ByteBudget {
+    used: Mutex<usize>,
+    freed: Condvar,
+    max: usize,
+}
+
+impl ByteBudget {
+    pub(crate) fn new(max: usize) -> Arc<ByteBudget> {
+        Arc::new(ByteBudget {
+            used: Mutex::new(0),
+            freed: Condvar::new(),
+            max,
+        })
+    }
+
+    /// Takes `bytes` (a message larger than the whole budget goes alone), waiting for room up
+    /// to `deadline`.
+    fn reserve(self: &Arc<Self>, bytes: usize, deadline: Instant) -> Option<Reservation> {
+        let mut used = self.used.lock();
+        while *used > 0 && used.saturating_add(bytes) > self.max {
+            if self.freed.wait_until(&mut used, deadline).timed_out() {
+                return None;
+            }
+        }
+        *used += bytes;
+        Some(Reservation {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes taken from a [`ByteBudget`], given back when dropped.
+#[derive(Debug)]
+struct Reservation {
+    budget: Arc<ByteBudget>,
+    bytes: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut used = self.budget.used.lock();
+        *used = used.saturating_sub(self.bytes);
+        self.budget.freed.notify_all();
+    }
 }
 
 /// The answer to one publish, to wait for later.
@@ -341,6 +400,17 @@ impl Publisher {
         let deadline = Instant::now() + timeout;
         let shared = &self.inner.shared;
         let (tx, rx) = crossbeam_channel::bounded(1);
+        // The body and a generous allowance for the frame and header overhead.
+        let size = message.body.len().saturating_add(4096);
+        let Some(reservation) = self.inner.connection.budget().reserve(size, deadline) else {
+            return Err(Error::Timeout {
+                what: "room among the connection's unconfirmed bytes (the broker is not \
+                       taking them: blocked, or a stalled connection)"
+                    .into(),
+                after: timeout,
+            });
+        };
+        let mut reservation = Some(reservation);
         let mut state = shared.state.lock();
         loop {
             if state.closed {
@@ -377,6 +447,7 @@ impl Publisher {
                     state.pending.insert(
                         tag,
                         Pending {
+                            _bytes: reservation.take(),
                             message_id: message.envelope.id.clone(),
                             exchange: exchange.to_string(),
                             routing_key: routing_key.to_string(),

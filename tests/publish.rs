@@ -270,3 +270,54 @@ fn one_message_to_two_routing_keys_the_second_unroutable_answers_each_caller_tru
     }
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 20);
 }
+
+/// The broker stops reading (a stalled socket; the same happens under a broker memory alarm):
+/// every publish still answers within its timeout — none blocks inside amiquip — and the
+/// publisher's bookkeeping (`Debug`, close) stays responsive.
+#[test]
+fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.queue(&unique("stalled-publish"));
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    let conn = support::connect_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(proxy.url())
+            .heartbeat(Duration::from_secs(60)),
+    );
+    let timeout = Duration::from_secs(2);
+    let publisher = conn
+        .publisher_with(PublisherOptions::new().timeout(timeout))
+        .unwrap();
+    publisher.publish("", &q, Message::new("warm-up")).unwrap();
+    proxy.freeze_all();
+    let body = vec![b'x'; 1 << 20];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let p = publisher.clone();
+    let q2 = q.clone();
+    std::thread::spawn(move || {
+        // 40 MiB: more than amiquip buffers before it stops taking frames (16 MiB).
+        for _ in 0..40 {
+            let started = std::time::Instant::now();
+            let result = p.publish_deferred("", &q2, Message::new(body.clone()));
+            let _ = tx.send((started.elapsed(), result.is_ok()));
+        }
+    });
+    for i in 0..40 {
+        let (took, _) = rx
+            .recv_timeout(timeout + Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("publish {i} did not answer: blocked inside amiquip"));
+        assert!(
+            took < timeout + Duration::from_secs(5),
+            "publish {i} took {took:?}"
+        );
+    }
+    let _ = format!("{publisher:?}");
+    assert!(
+        publisher.in_flight() > 0,
+        "answered within the timeout, still unconfirmed"
+    );
+    // Let the frozen connection go, so that closing it does not wait for heartbeats.
+    proxy.cut_all();
+}

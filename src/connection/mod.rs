@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(crate) options: ConnectionOptions,
     /// `service@host`, stamped as `x-acemq-origin` on what this connection publishes.
     pub(crate) origin: String,
+    /// The bytes its publishers have handed over and not yet had answered.
+    pub(crate) budget: Arc<crate::publish::ByteBudget>,
     addresses: Vec<Address>,
     state: Mutex<LinkState>,
     changed: Condvar,
@@ -150,6 +152,7 @@ impl Connection {
         });
         let shared = Arc::new(Shared {
             origin: options.origin(),
+            budget: crate::publish::ByteBudget::new(options.max_unconfirmed_bytes),
             options,
             addresses,
             state: Mutex::new(LinkState::Up(link.clone())),
@@ -270,6 +273,10 @@ impl Connection {
     /// connection that carry no origin of their own.
     pub fn origin(&self) -> &str {
         &self.shared.origin
+    }
+
+    pub(crate) fn budget(&self) -> &Arc<crate::publish::ByteBudget> {
+        &self.shared.budget
     }
 
     pub(crate) fn observer(&self) -> &Arc<dyn Observer> {
@@ -422,7 +429,7 @@ impl Drop for HandshakeLogGuard {
 
 #[cfg(not(feature = "tls"))]
 fn open_stream(
-    _options: &ConnectionOptions,
+    ours: &ConnectionOptions,
     _address: &Address,
     stream: mio::net::TcpStream,
     options: amiquip::ConnectionOptions<Auth>,
@@ -430,7 +437,7 @@ fn open_stream(
     Ok(amiquip::Connection::insecure_open_stream(
         stream,
         options,
-        ConnectionTuning::default(),
+        tuning(ours),
     )?)
 }
 
@@ -452,15 +459,22 @@ fn open_stream(
             &address.host,
             stream,
             options,
-            ConnectionTuning::default(),
+            tuning(ours),
         )?)
     } else {
         Ok(amiquip::Connection::insecure_open_stream(
             stream,
             options,
-            ConnectionTuning::default(),
+            tuning(ours),
         )?)
     }
+}
+
+/// amiquip's tuning: its I/O thread keeps taking frames (never blocking a publishing thread) up
+/// to well above what this connection's publishers may leave unconfirmed.
+fn tuning(ours: &ConnectionOptions) -> ConnectionTuning {
+    let high_water = (16usize << 20).max(ours.max_unconfirmed_bytes.saturating_mul(2));
+    ConnectionTuning::default().buffered_writes_high_water(high_water)
 }
 
 /// The capped exponential backoff with jitter for reconnect attempt `attempt` (from 1): a delay

@@ -167,6 +167,7 @@ pub struct ConnectionOptions {
     pub(crate) operation_timeout: Duration,
     pub(crate) name: Option<String>,
     pub(crate) service: String,
+    pub(crate) max_unconfirmed_bytes: usize,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
@@ -185,6 +186,7 @@ impl Default for ConnectionOptions {
             operation_timeout: Duration::from_secs(30),
             name: None,
             service: "acemq".into(),
+            max_unconfirmed_bytes: 8 << 20,
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
             #[cfg(feature = "tls")]
@@ -279,6 +281,16 @@ impl ConnectionOptions {
         self
     }
 
+    /// The most bytes this connection's publishers together may have handed over without an
+    /// answer from the broker; a publish beyond it waits for room (up to its timeout). It keeps
+    /// every publish out of amiquip's blocking path when the broker stops reading (a memory
+    /// alarm, a stalled socket): amiquip's buffer is sized at twice this, at least 16 MiB. A
+    /// single larger message goes alone. Defaults to 8 MiB.
+    pub fn max_unconfirmed_bytes(mut self, bytes: usize) -> Self {
+        self.max_unconfirmed_bytes = bytes;
+        self
+    }
+
     /// `{service}@{host}`: what [`service`](Self::service) stamps as `x-acemq-origin`.
     pub fn origin(&self) -> String {
         let host = gethostname::gethostname();
@@ -314,6 +326,9 @@ impl ConnectionOptions {
     pub(crate) fn validate(&self) -> Result<Vec<Address>> {
         if self.urls.is_empty() {
             return Err(Error::invalid("no broker address given"));
+        }
+        if self.max_unconfirmed_bytes == 0 {
+            return Err(Error::invalid("max_unconfirmed_bytes must be at least 1"));
         }
         if self.service.is_empty() {
             return Err(Error::invalid(

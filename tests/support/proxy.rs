@@ -15,6 +15,9 @@ struct Inner {
     sockets: Mutex<Vec<TcpStream>>,
     /// One flag per connection so far: set, that connection stops forwarding (a silent peer).
     stalls: Mutex<Vec<Arc<AtomicBool>>>,
+    /// One flag per connection so far: set, the proxy stops reading from the client at all, so
+    /// the client's socket backs up (a broker that stops reading, as under a memory alarm).
+    freezes: Mutex<Vec<Arc<AtomicBool>>>,
     refusing: AtomicBool,
     /// While set, new connections are accepted and then left silent (a broker that never
     /// answers the handshake).
@@ -34,6 +37,7 @@ impl FaultProxy {
         let inner = Arc::new(Inner {
             sockets: Mutex::new(Vec::new()),
             stalls: Mutex::new(Vec::new()),
+            freezes: Mutex::new(Vec::new()),
             refusing: AtomicBool::new(false),
             hanging: AtomicBool::new(false),
             hung: AtomicUsize::new(0),
@@ -72,11 +76,13 @@ impl FaultProxy {
                 }
                 let stall = Arc::new(AtomicBool::new(false));
                 i.stalls.lock().unwrap().push(stall.clone());
+                let freeze = Arc::new(AtomicBool::new(false));
+                i.freezes.lock().unwrap().push(freeze.clone());
                 pump(
                     client.try_clone().unwrap(),
                     server.try_clone().unwrap(),
                     stall.clone(),
-                    Some(i.clone()),
+                    Some((i.clone(), freeze)),
                 );
                 pump(server, client, stall, None);
             }
@@ -101,6 +107,14 @@ impl FaultProxy {
     pub fn stall_all(&self) {
         for s in self.inner.stalls.lock().unwrap().iter() {
             s.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Every connection so far stops being read from the client side: what the client writes
+    /// piles up in its own socket buffers until it cannot write any more.
+    pub fn freeze_all(&self) {
+        for f in self.inner.freezes.lock().unwrap().iter() {
+            f.store(true, Ordering::SeqCst);
         }
     }
 
@@ -150,18 +164,23 @@ fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     stall: Arc<AtomicBool>,
-    mangle: Option<Arc<Inner>>,
+    client_side: Option<(Arc<Inner>, Arc<AtomicBool>)>,
 ) {
     std::thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         loop {
+            if let Some((inner, freeze)) = &client_side {
+                while freeze.load(Ordering::SeqCst) && !inner.stopped.load(Ordering::SeqCst) {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
             match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(_) if stall.load(Ordering::SeqCst) => {
                     // Swallow what arrives: the other side hears nothing, not even heartbeats.
                 }
                 Ok(n) => {
-                    if let Some(inner) = &mangle {
+                    if let Some((inner, _)) = &client_side {
                         for (from, to) in inner.mangles.lock().unwrap().iter() {
                             let data = &mut buf[..n];
                             if let Some(at) = data.windows(from.len()).position(|w| w == &from[..])
