@@ -123,8 +123,9 @@ pub trait OutboxStore: Send + Sync {
     }
 
     /// Ends this store's lease on records it was offered but did not publish (the connection
-    /// dropped), without counting an attempt, so that they are offered again at once. Defaults
-    /// to doing nothing: the leases then run out by themselves.
+    /// dropped, the batch stopped short of them, the store failed mid-sweep), without counting
+    /// an attempt, so that they are offered again at once. Defaults to doing nothing: the
+    /// leases then run out by themselves.
     ///
     /// # Errors
     ///
