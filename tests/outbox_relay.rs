@@ -644,6 +644,41 @@ fn a_started_relay_that_cannot_delete_gives_back_the_batch_it_leased() {
     b.close().unwrap();
 }
 
+#[test]
+fn record_tells_the_message_id_the_relayed_message_carries() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-record-id"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(&db, 10);
+    let relay = OutboxRelay::new(&conn, same_table(&db, &store));
+    let encoded = record(&conn, "", &q, &serde_json::json!({"order_id": "o-2"})).unwrap();
+    let fresh = encoded
+        .message_id()
+        .expect("record stamps an id")
+        .to_string();
+    let own = record_message("", &q, &Message::new("o-3").with_id("order-o-3")).unwrap();
+    assert_eq!(own.message_id(), Some("order-o-3"));
+    db.in_tx(true, |tx| {
+        store.add(tx, &encoded).unwrap();
+        store.add(tx, &own).unwrap();
+    });
+    assert_eq!(relay.sweep().unwrap(), 2);
+    let raw = support::raw::Raw::open();
+    for expected in [fresh.as_str(), "order-o-3"] {
+        let (props, _, _) = raw.get(&q).expect("relayed");
+        assert_eq!(props.message_id().as_deref(), Some(expected));
+        let headers = props.headers().as_ref().expect("headers");
+        assert_eq!(
+            headers.get("x-acemq-id"),
+            Some(&support::raw::text(expected))
+        );
+    }
+    raw.close();
+    relay.close().unwrap();
+}
+
 on_both!(
     rollback_publishes_nothing_and_commit_publishes_once,
     an_unroutable_record_retires_and_then_the_queue_behind_it_moves,

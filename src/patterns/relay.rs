@@ -54,7 +54,8 @@ use crate::publish::{Publisher, PublisherOptions};
 
 /// Encodes `payload` there and then into an outbox record: bytes, content type and the
 /// envelope headers (a fresh `x-acemq-id` that stays the same however often the relay
-/// publishes it). A record so made survives a deploy that changes the payload's type.
+/// publishes it, told by [`NewOutboxRecord::message_id`] so a business row can point at its
+/// message). A record so made survives a deploy that changes the payload's type.
 ///
 /// `codec` is a [`Codec`](crate::Codec), a [`Connection`] (its default codec) or a
 /// [`Publisher`].
@@ -76,7 +77,7 @@ pub fn record<T: Serialize + ?Sized>(
 }
 
 /// An outbox record of a message built by hand (its id, type, correlation and headers are
-/// kept).
+/// kept; [`NewOutboxRecord::message_id`] is the message's id).
 ///
 /// # Errors
 ///
