@@ -5,14 +5,15 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::OutboxEvent;
-use acemq_amqp::patterns::{record, OutboxRelay, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::{record, record_message, OutboxRelay, OutboxStore, SqlOutboxStore};
+use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, JsonCodec, Message, Observer, Outcome, QueueSpec,
+    ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Observer, Outcome, QueueSpec,
 };
-use support::db::{self, Db};
+use support::db::{self, Backend, Db};
 use support::proxy::FaultProxy;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
@@ -296,7 +297,394 @@ fn a_started_relay_reports_published_lag_and_backlog() {
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 250);
 }
 
+/// The rows of an outbox table, by id: (id, attempts, last_error).
+fn rows(db: &Db, table: &str) -> Vec<(i64, i64, Option<String>)> {
+    db.connect()
+        .query(
+            &format!("SELECT id, attempts, last_error FROM {table} ORDER BY id"),
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r[0].as_i64().unwrap(),
+                r[1].as_i64().unwrap(),
+                r[2].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// Takes every message waiting on `q`; returns their bodies as text, in order.
+fn drain(conn: &acemq_amqp::Connection, q: &str) -> Vec<String> {
+    std::iter::from_fn(|| conn.get(q).unwrap())
+        .map(|m| String::from_utf8(m.body).unwrap())
+        .collect()
+}
+
+/// Adds a record of a text message on its own committed transaction; returns its id.
+fn add_text(db: &Db, store: &SqlOutboxStore, exchange: &str, routing_key: &str, body: &str) -> i64 {
+    let r = record_message(exchange, routing_key, &Message::new(body.to_string())).unwrap();
+    db.in_tx(true, |tx| store.add(tx, &r).unwrap())
+}
+
+/// A queue that refuses (nacks) every publish: full at length 0, rejecting when full.
+fn nacking_queue(conn: &acemq_amqp::Connection, clean: &mut Cleanup) -> String {
+    let full = clean.queue(&unique("outbox-nack-full"));
+    conn.declare_queue(
+        &QueueSpec::new(&full)
+            .classic()
+            .max_length(0)
+            .argument("x-overflow", "reject-publish"),
+    )
+    .unwrap();
+    full
+}
+
+fn a_nacked_record_is_counted_retires_and_keeps_its_place(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-nack-ok"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let full = nacking_queue(&conn, &mut clean);
+    let store = outbox(db, 3);
+    let table = store.table().to_string();
+    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let refused = add_text(db, &store, "", &full, "r1");
+    add_text(db, &store, "", &q, "r2");
+    // Sweep 1: r1 is nacked, and that counts; r2 went out in the same pipelined window
+    // (documented).
+    let e = relay.sweep().unwrap_err();
+    assert!(matches!(e, Error::Nacked { .. }), "{e:?}");
+    assert_eq!(
+        rows(db, &table)[0].1,
+        1,
+        "the nack is counted against r1: {:?}",
+        rows(db, &table)
+    );
+    add_text(db, &store, "", &q, "r3");
+    // Sweeps 2 and 3: r1 goes alone and is nacked again; nothing behind it moves.
+    for _ in 0..2 {
+        let e = relay.sweep().unwrap_err();
+        assert!(matches!(e, Error::Nacked { .. }), "{e:?}");
+        assert_eq!(
+            conn.queue_info(&q).unwrap().message_count,
+            1,
+            "r3 waits behind r1"
+        );
+    }
+    let retired = store.retired().unwrap();
+    assert_eq!(retired.len(), 1, "{:?}", rows(db, &table));
+    assert_eq!(retired[0].id, refused);
+    assert_eq!(retired[0].attempts, 3);
+    assert!(retired[0].last_error.as_deref().unwrap().contains("nacked"));
+    // r1 retired: the queue behind it moves.
+    assert_eq!(relay.sweep().unwrap(), 1);
+    assert_eq!(drain(&conn, &q), ["r2", "r3"]);
+    assert_eq!(conn.queue_info(&full).unwrap().message_count, 0);
+    relay.close().unwrap();
+}
+
+fn a_record_that_failed_before_is_not_overtaken_when_it_is_not_first(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-not-first"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let full = nacking_queue(&conn, &mut clean);
+    let store = outbox(db, 10);
+    let table = store.table().to_string();
+    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    add_text(db, &store, "", &q, "r0");
+    let refused = add_text(db, &store, "", &full, "r1");
+    add_text(db, &store, "", &q, "r2");
+    // r1 was nacked in an earlier sweep (counted) while r0, ahead of it, was only held up by
+    // a lost connection (not counted).
+    db.connect()
+        .execute(
+            &format!("UPDATE {table} SET attempts = 1 WHERE id = {refused}"),
+            &[],
+        )
+        .unwrap();
+    // r0 goes out and the batch stops short of r1; r1 then goes alone, and r2 waits behind it.
+    let first = relay.sweep();
+    assert_eq!(drain(&conn, &q), ["r0"], "r2 overtook r1 ({first:?})");
+    assert_eq!(first.unwrap(), 1);
+    let e = relay.sweep().unwrap_err();
+    assert!(matches!(e, Error::Nacked { .. }), "{e:?}");
+    assert!(drain(&conn, &q).is_empty(), "r2 overtook r1");
+    let attempts: Vec<i64> = rows(db, &table).iter().map(|r| r.1).collect();
+    assert_eq!(attempts, [2, 0], "r1 counted twice, r2 never tried");
+    relay.close().unwrap();
+}
+
+fn a_missing_exchange_is_counted_against_its_record_not_the_records_lost_with_the_channel(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-404"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let missing = unique("outbox-no-such-exchange");
+    let store = outbox(db, 2);
+    let table = store.table().to_string();
+    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    for i in 1..=5 {
+        add_text(db, &store, "", &q, &format!("r{i}"));
+    }
+    let lost = add_text(db, &store, &missing, "k", "r6");
+    // The broker closes the channel over r6 (404): r6 fails with NotFound, and whatever
+    // confirms of r1..r5 were still outstanding are lost with the channel (ConnectionLost).
+    let e = relay.sweep().unwrap_err();
+    for (id, attempts, error) in rows(db, &table) {
+        if id == lost {
+            assert_eq!(attempts, 1, "r6's own failure is counted ({e:?})");
+            assert!(error.as_deref().unwrap().contains("not found"), "{error:?}");
+        } else {
+            assert_eq!(attempts, 0, "record {id} charged with the channel's loss");
+        }
+    }
+    assert!(matches!(e, Error::NotFound { .. }), "{e:?}");
+    add_text(db, &store, "", &q, "r7");
+    // r6 goes alone, ahead of r7, until it retires (max_attempts 2).
+    let mut arrived = drain(&conn, &q);
+    let mut sweeps = 0;
+    while store.retired().unwrap().is_empty() {
+        sweeps += 1;
+        assert!(sweeps <= 4, "r6 never retired: {:?}", rows(db, &table));
+        let _ = relay.sweep();
+        arrived.extend(drain(&conn, &q));
+        assert!(!arrived.contains(&"r7".to_string()), "r7 overtook r6");
+    }
+    assert_eq!(store.retired().unwrap()[0].id, lost);
+    relay.sweep().unwrap();
+    arrived.extend(drain(&conn, &q));
+    // What the lost channel may have delivered unconfirmed comes again: keep first arrivals.
+    let mut seen = HashSet::new();
+    arrived.retain(|b| seen.insert(b.clone()));
+    assert_eq!(arrived, ["r1", "r2", "r3", "r4", "r5", "r7"]);
+    relay.close().unwrap();
+}
+
+/// The relay's lease in the tests of leases given back: long, so that waiting it out shows.
+const LEASE: Duration = Duration::from_secs(30);
+/// How soon a record given back must go out: far below the lease.
+const PROMPTLY: Duration = Duration::from_secs(10);
+
+/// The database refuses a statement on an outbox table until this is dropped (a trigger), as
+/// a failing disk or a constraint would. On PostgreSQL each refusal is counted in a sequence.
+struct Refusal<'a> {
+    db: &'a Db,
+    table: String,
+    name: String,
+}
+
+impl<'a> Refusal<'a> {
+    /// `event`: `DELETE` or `UPDATE OF attempts`.
+    fn new(db: &'a Db, table: &str, event: &str) -> Refusal<'a> {
+        let name = format!("{table}_refuse");
+        let mut c = db.connect();
+        let statements = match db.backend {
+            Backend::Sqlite => vec![format!(
+                "CREATE TRIGGER {name} BEFORE {event} ON {table} \
+                 BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+            )],
+            Backend::Postgres => vec![
+                format!("CREATE SEQUENCE {name}_count"),
+                format!(
+                    "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $f$ BEGIN \
+                     PERFORM nextval('{name}_count'); RAISE EXCEPTION 'refused by the test'; \
+                     END $f$"
+                ),
+                format!(
+                    "CREATE TRIGGER {name} BEFORE {event} ON {table} \
+                     FOR EACH ROW EXECUTE FUNCTION {name}()"
+                ),
+            ],
+        };
+        let refusal = Refusal {
+            db,
+            table: table.to_string(),
+            name,
+        };
+        for s in statements {
+            c.execute(&s, &[]).unwrap();
+        }
+        refusal
+    }
+
+    /// How many statements were refused so far (PostgreSQL only).
+    fn count(&self) -> i64 {
+        assert_eq!(self.db.backend, Backend::Postgres);
+        let rows = self
+            .db
+            .connect()
+            .query(
+                &format!(
+                    "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {}_count",
+                    self.name
+                ),
+                &[],
+            )
+            .unwrap();
+        rows[0][0].as_i64().unwrap()
+    }
+}
+
+impl Drop for Refusal<'_> {
+    fn drop(&mut self) {
+        let (name, table) = (&self.name, &self.table);
+        let mut c = self.db.connect();
+        let statements = match self.db.backend {
+            Backend::Sqlite => vec![format!("DROP TRIGGER IF EXISTS {name}")],
+            Backend::Postgres => vec![
+                format!("DROP TRIGGER IF EXISTS {name} ON {table}"),
+                format!("DROP FUNCTION IF EXISTS {name}()"),
+                format!("DROP SEQUENCE IF EXISTS {name}_count"),
+            ],
+        };
+        for s in statements {
+            if let Err(e) = c.execute(&s, &[]) {
+                eprintln!("could not drop the test's refusal: {s}: {e}");
+            }
+        }
+    }
+}
+
+/// A relay's store on `first`'s table with the long test lease.
+fn leasing_store(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
+    SqlOutboxStore::builder(db.factory())
+        .table(first.table())
+        .max_attempts(first.max_attempts())
+        .lease(LEASE)
+        .build()
+        .unwrap()
+}
+
+/// A sweep publishes r2 and finds r1 unroutable, and then the database refuses `event`:
+/// r1 must be offered again at once, not after the lease.
+fn the_record_not_published_is_offered_again_at_once(db: &Db, event: &str) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-gives-back"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    // Declared later: until then r1 is unroutable.
+    let later = clean.queue(&unique("outbox-later"));
+    let store = outbox(db, 10);
+    let relay = OutboxRelay::new(&conn, leasing_store(db, &store));
+    let r1 = add_text(db, &store, "", &later, "r1");
+    add_text(db, &store, "", &q, "r2");
+    let refusal = Refusal::new(db, store.table(), event);
+    let e = relay.sweep().unwrap_err();
+    assert!(matches!(e, Error::Sql { .. }), "{e:?}");
+    drop(refusal);
+    conn.declare_queue(&QueueSpec::new(&later)).unwrap();
+    let start = Instant::now();
+    let went_out = eventually(PROMPTLY, || {
+        let _ = relay.sweep();
+        conn.queue_info(&later).unwrap().message_count == 1
+    });
+    assert!(
+        went_out,
+        "record {r1} still held {:?} after the failed sweep (lease {LEASE:?}): {:?}",
+        start.elapsed(),
+        rows(db, store.table())
+    );
+    assert_eq!(drain(&conn, &later), ["r1"]);
+    relay.close().unwrap();
+}
+
+fn a_sweep_that_cannot_delete_what_it_published_gives_the_rest_back_at_once(db: &Db) {
+    the_record_not_published_is_offered_again_at_once(db, "DELETE");
+}
+
+fn a_sweep_that_cannot_count_a_failure_gives_the_record_back_at_once(db: &Db) {
+    the_record_not_published_is_offered_again_at_once(db, "UPDATE OF attempts");
+}
+
+#[test]
+fn a_started_relay_that_cannot_delete_gives_back_the_batch_it_leased() {
+    let db = Db::postgres();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-pump-gives-back"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(&db, 10);
+    let table = store.table().to_string();
+    add_text(&db, &store, "", &q, "r0");
+    let r1 = add_text(&db, &store, "", &q, "r1");
+    // r1 failed once before (a nack, say): it goes alone, after the relay's pending deletes.
+    db.connect()
+        .execute(
+            &format!("UPDATE {table} SET attempts = 1 WHERE id = $1"),
+            &[Value::Integer(r1)],
+        )
+        .unwrap();
+    let refusal = Refusal::new(&db, &table, "DELETE");
+    let a = OutboxRelay::new(&conn, leasing_store(&db, &store))
+        .batch(1)
+        .interval(Duration::from_millis(50));
+    a.start().unwrap();
+    // r0 goes out (and r1 is leased behind it); deleting r0 is refused, so r1 cannot go.
+    assert!(eventually(WAIT, || refusal.count() >= 1));
+    a.close().unwrap();
+    drop(refusal);
+    // Another relay takes r1 at once, not after the lease.
+    let b = OutboxRelay::new(&conn, leasing_store(&db, &store));
+    let start = Instant::now();
+    let went_out = eventually(PROMPTLY, || {
+        let _ = b.sweep();
+        conn.queue_info(&q).unwrap().message_count == 2
+    });
+    assert!(
+        went_out,
+        "record {r1} still held {:?} after the failed sweep (lease {LEASE:?}): {:?}",
+        start.elapsed(),
+        rows(&db, &table)
+    );
+    assert_eq!(drain(&conn, &q), ["r0", "r1"]);
+    b.close().unwrap();
+}
+
+#[test]
+fn record_tells_the_message_id_the_relayed_message_carries() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-record-id"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(&db, 10);
+    let relay = OutboxRelay::new(&conn, same_table(&db, &store));
+    let encoded = record(&conn, "", &q, &serde_json::json!({"order_id": "o-2"})).unwrap();
+    let fresh = encoded
+        .message_id()
+        .expect("record stamps an id")
+        .to_string();
+    let own = record_message("", &q, &Message::new("o-3").with_id("order-o-3")).unwrap();
+    assert_eq!(own.message_id(), Some("order-o-3"));
+    db.in_tx(true, |tx| {
+        store.add(tx, &encoded).unwrap();
+        store.add(tx, &own).unwrap();
+    });
+    assert_eq!(relay.sweep().unwrap(), 2);
+    let raw = support::raw::Raw::open();
+    for expected in [fresh.as_str(), "order-o-3"] {
+        let (props, _, _) = raw.get(&q).expect("relayed");
+        assert_eq!(props.message_id().as_deref(), Some(expected));
+        let headers = props.headers().as_ref().expect("headers");
+        assert_eq!(
+            headers.get("x-acemq-id"),
+            Some(&support::raw::text(expected))
+        );
+    }
+    raw.close();
+    relay.close().unwrap();
+}
+
 on_both!(
     rollback_publishes_nothing_and_commit_publishes_once,
     an_unroutable_record_retires_and_then_the_queue_behind_it_moves,
+    a_nacked_record_is_counted_retires_and_keeps_its_place,
+    a_record_that_failed_before_is_not_overtaken_when_it_is_not_first,
+    a_missing_exchange_is_counted_against_its_record_not_the_records_lost_with_the_channel,
+    a_sweep_that_cannot_delete_what_it_published_gives_the_rest_back_at_once,
+    a_sweep_that_cannot_count_a_failure_gives_the_record_back_at_once,
 );

@@ -51,6 +51,20 @@ pub struct NewOutboxRecord {
     pub headers: serde_json::Map<String, serde_json::Value>,
 }
 
+impl NewOutboxRecord {
+    /// The message id the relay publishes this record with, as `x-acemq-id` and as the AMQP
+    /// `message_id`, the same however often it is published: store it beside the business row
+    /// to point at its message. Always there on a record made by
+    /// [`record`](crate::patterns::record) or [`record_message`](crate::patterns::record_message);
+    /// `None` on one built by hand without an `x-acemq-id` header.
+    pub fn message_id(&self) -> Option<&str> {
+        self.headers
+            .get(crate::envelope::headers::ID)
+            .and_then(serde_json::Value::as_str)
+            .filter(|id| !id.is_empty())
+    }
+}
+
 /// A record in the outbox.
 #[derive(Clone, Debug, PartialEq)]
 pub struct OutboxRecord {
@@ -123,8 +137,9 @@ pub trait OutboxStore: Send + Sync {
     }
 
     /// Ends this store's lease on records it was offered but did not publish (the connection
-    /// dropped), without counting an attempt, so that they are offered again at once. Defaults
-    /// to doing nothing: the leases then run out by themselves.
+    /// dropped, the batch stopped short of them, the store failed mid-sweep), without counting
+    /// an attempt, so that they are offered again at once. Defaults to doing nothing: the
+    /// leases then run out by themselves.
     ///
     /// # Errors
     ///

@@ -15,13 +15,19 @@
 //!   second one).
 //! * **Order**: records are offered oldest first and published in that order. A batch is
 //!   pipelined (all of it handed to the broker, then the confirms awaited). When a record fails
-//!   (unroutable, nacked, no such exchange) the failure is counted against it and the sweep
-//!   stops there; the next sweep publishes that record **alone** before anything behind it, so
-//!   the queue behind a failing record waits until it goes out or retires at `max_attempts` —
-//!   except records of the very batch in which it first failed that the broker had already
-//!   confirmed (sending them again would duplicate them). Use `batch(1)` for strict order.
-//! * A dropped connection is not the record's fault: nothing is counted, the leases are ended,
-//!   and the records go out after recovery.
+//!   through its own fault (unroutable, nacked, no such exchange) the failure is counted against
+//!   it; a record that failed before is published **alone**, at the head of a sweep, before
+//!   anything behind it (a batch stops short of it), so the queue behind a failing record waits
+//!   until it goes out or retires at `max_attempts` — except records of the very batch in which
+//!   it first failed that the broker had already confirmed (sending them again would duplicate
+//!   them). Use `batch(1)` for strict order.
+//! * What is not the record's fault is not counted: a dropped connection, a channel the broker
+//!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
+//!   that timed out. Those records' leases are ended and they go out after recovery.
+//! * **Leases are given back** on every path: a record the relay leased and did not publish is
+//!   offered again at once (to this relay or another), not after the lease ran out, also when
+//!   the store fails mid-sweep (deleting what went out, counting a failure). A record that went
+//!   out but could not be deleted stays leased and is published again after the lease.
 //!
 //! # Threads
 //!
@@ -48,7 +54,8 @@ use crate::publish::{Publisher, PublisherOptions};
 
 /// Encodes `payload` there and then into an outbox record: bytes, content type and the
 /// envelope headers (a fresh `x-acemq-id` that stays the same however often the relay
-/// publishes it). A record so made survives a deploy that changes the payload's type.
+/// publishes it, told by [`NewOutboxRecord::message_id`] so a business row can point at its
+/// message). A record so made survives a deploy that changes the payload's type.
 ///
 /// `codec` is a [`Codec`](crate::Codec), a [`Connection`] (its default codec) or a
 /// [`Publisher`].
@@ -70,7 +77,7 @@ pub fn record<T: Serialize + ?Sized>(
 }
 
 /// An outbox record of a message built by hand (its id, type, correlation and headers are
-/// kept).
+/// kept; [`NewOutboxRecord::message_id`] is the message's id).
 ///
 /// # Errors
 ///
@@ -217,8 +224,25 @@ struct HandedOver {
     confirmed: Vec<usize>,
     /// Pipelined publishes awaiting their confirm.
     tickets: Vec<(usize, crate::publish::Ticket)>,
-    /// The first record that failed, and why.
-    failure: Option<(usize, Error)>,
+    /// The records that failed, and why.
+    failures: Vec<(usize, Error)>,
+    /// Every record of the batch was handed over (none held back behind a failure).
+    whole_batch: bool,
+}
+
+/// Whether a failed publish is the record's own fault, counted against it: the broker refused
+/// (nacked) or could not route this message, or its exchange does not exist. A lost connection
+/// or channel, a timeout or a closed publisher says nothing about the record.
+fn counts_against_record(e: &Error) -> bool {
+    match e {
+        Error::Nacked { .. } => true,
+        Error::Closed { .. } => false,
+        e => !e.is_retriable(),
+    }
+}
+
+fn ids(records: &[OutboxRecord]) -> Vec<i64> {
+    records.iter().map(|r| r.id).collect()
 }
 
 struct Running {
@@ -345,10 +369,7 @@ impl OutboxRelay {
                             log::warn!("acemq: deleting published outbox records: {e}");
                         }
                         if let Some(leased) = next.take() {
-                            let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
-                            if let Err(e) = core.store.unlease(&ids) {
-                                log::warn!("acemq: ending outbox leases: {e}");
-                            }
+                            core.give_back(&leased);
                         }
                         return;
                     }
@@ -366,8 +387,9 @@ impl OutboxRelay {
     ///
     /// # Errors
     ///
-    /// The error of the first record that failed (for example [`Error::Unroutable`]), or of the
-    /// store or connection; the records not published stay in the outbox.
+    /// The store's error, else the error of the first record that failed through its own fault
+    /// (for example [`Error::Unroutable`] or [`Error::Nacked`]), else the connection's; the
+    /// records not published stay in the outbox and their leases are ended.
     pub fn sweep(&self) -> Result<usize> {
         self.core.sweep()
     }
@@ -437,7 +459,7 @@ impl Core {
         }
         let mut handed = self.hand_over(&publisher, &records);
         let published = self.await_confirms(&records, &mut handed);
-        self.finish(&records, published, handed.failure)
+        self.finish(&records, published, handed.failures)
     }
 
     /// The started relay's loop: like [`sweep`](Self::sweep), but while a batch's confirms are
@@ -456,29 +478,33 @@ impl Core {
         };
         if records.is_empty() || records[0].attempts > 0 {
             // Nothing to overlap with, or a failed record that must go alone first.
-            self.flush(to_delete)?;
+            if let Err(e) = self.flush(to_delete) {
+                self.give_back(&records);
+                return Err(e);
+            }
             if records.is_empty() {
                 return Ok(0);
             }
             let mut handed = self.hand_over(&publisher, &records);
             let published = self.await_confirms(&records, &mut handed);
-            return self.finish(&records, published, handed.failure);
+            return self.finish(&records, published, handed.failures);
         }
         let mut handed = self.hand_over(&publisher, &records);
         let overlap = self.flush(to_delete).and_then(|()| {
-            if handed.failure.is_none() && records.len() == self.batch {
+            if handed.whole_batch && records.len() == self.batch {
                 *next = Some(self.store.pending(self.batch)?);
             }
             Ok(())
         });
         let published = self.await_confirms(&records, &mut handed);
-        if handed.failure.is_some() || overlap.is_err() {
-            if let Some(leased) = next.take() {
-                let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
-                self.store.unlease(&ids)?;
-            }
-            let n = self.finish(&records, published, handed.failure)?;
+        if published.len() < records.len() || overlap.is_err() {
+            let gave_back = match next.take() {
+                Some(leased) => self.store.unlease(&ids(&leased)),
+                None => Ok(()),
+            };
+            let n = self.finish(&records, published, handed.failures)?;
             overlap?;
+            gave_back?;
             return Ok(n);
         }
         let n = published.len();
@@ -496,12 +522,14 @@ impl Core {
     }
 
     /// Hands the batch to the publisher: a record that failed before goes alone and is awaited
-    /// first; the rest are pipelined.
+    /// first; the rest are pipelined, up to the next record that failed before (it goes alone at
+    /// the head of a later sweep, so nothing behind it overtakes it).
     fn hand_over(&self, publisher: &Publisher, records: &[OutboxRecord]) -> HandedOver {
         let mut handed = HandedOver {
             confirmed: Vec::new(),
             tickets: Vec::new(),
-            failure: None,
+            failures: Vec::new(),
+            whole_batch: false,
         };
         let mut next = 0;
         while next < records.len() && records[next].attempts > 0 {
@@ -512,20 +540,24 @@ impl Core {
                     next += 1;
                 }
                 Err(e) => {
-                    handed.failure = Some((next, e));
+                    handed.failures.push((next, e));
                     return handed;
                 }
             }
         }
         for (i, r) in records.iter().enumerate().skip(next) {
+            if r.attempts > 0 {
+                return handed;
+            }
             match publisher.publish_deferred(&r.exchange, &r.routing_key, to_message(r)) {
                 Ok(t) => handed.tickets.push((i, t)),
                 Err(e) => {
-                    handed.failure = Some((i, e));
-                    break;
+                    handed.failures.push((i, e));
+                    return handed;
                 }
             }
         }
+        handed.whole_batch = true;
         handed
     }
 
@@ -542,56 +574,78 @@ impl Core {
                     self.published(&records[i]);
                     published.push(records[i].id);
                 }
-                Err(e) => {
-                    let earlier = handed.failure.as_ref().is_some_and(|(at, _)| *at < i);
-                    if !earlier {
-                        handed.failure = Some((i, e));
-                    }
-                }
+                Err(e) => handed.failures.push((i, e)),
             }
         }
         published
     }
 
-    /// Deletes what went out, then deals with the first failure: counted against its record
-    /// unless the connection dropped; every lease left is ended.
+    /// Deletes what went out, counts each failure that was its record's own fault (which ends
+    /// that record's lease) and ends every other lease of the batch, carrying on past a store
+    /// error so that no record the relay did not publish is left leased. Returns the store's
+    /// first error, else the first failure counted, else the first failure.
     fn finish(
         &self,
         records: &[OutboxRecord],
         published: Vec<i64>,
-        failure: Option<(usize, Error)>,
+        mut failures: Vec<(usize, Error)>,
     ) -> Result<usize> {
         // Delete what went out before anything else: a failure below must not lose that.
-        if !published.is_empty() {
-            self.store.mark_published_many(&published)?;
-        }
-        let Some((at, e)) = failure else {
-            return Ok(published.len());
-        };
-        let r = &records[at];
-        if e.is_retriable() {
-            log::warn!(
-                "acemq: outbox record {} not published ({e}); it stays in the outbox",
-                r.id
-            );
+        let mut store_error = if published.is_empty() {
+            None
         } else {
+            self.store.mark_published_many(&published).err()
+        };
+        failures.sort_by_key(|(at, _)| *at);
+        let (mut counted, mut first_counted, mut first_other) = (Vec::new(), None, None);
+        for (at, e) in failures {
+            let r = &records[at];
+            if !counts_against_record(&e) {
+                log::warn!(
+                    "acemq: outbox record {} not published ({e}); it stays in the outbox",
+                    r.id
+                );
+                first_other = first_other.or(Some(e));
+                continue;
+            }
             let error = e.to_string();
-            self.store.record_failure(r.id, &error)?;
-            self.observer.outbox(&OutboxEvent::Failed {
-                id: r.id,
-                attempts: r.attempts + 1,
-                error: &error,
-            });
+            match self.store.record_failure(r.id, &error) {
+                Ok(()) => {
+                    counted.push(r.id);
+                    self.observer.outbox(&OutboxEvent::Failed {
+                        id: r.id,
+                        attempts: r.attempts + 1,
+                        error: &error,
+                    });
+                }
+                Err(se) => store_error = store_error.or(Some(se)),
+            }
+            first_counted = first_counted.or(Some(e));
         }
-        let unpublished: Vec<i64> = records
-            .iter()
-            .map(|x| x.id)
-            .filter(|id| !published.contains(id) && (*id != r.id || e.is_retriable()))
+        let unpublished: Vec<i64> = ids(records)
+            .into_iter()
+            .filter(|id| !published.contains(id) && !counted.contains(id))
             .collect();
         if !unpublished.is_empty() {
-            self.store.unlease(&unpublished)?;
+            if let Err(e) = self.store.unlease(&unpublished) {
+                store_error = store_error.or(Some(e));
+            }
         }
-        Err(e)
+        match store_error.or(first_counted).or(first_other) {
+            Some(e) => Err(e),
+            None => Ok(published.len()),
+        }
+    }
+
+    /// Ends the leases on records the relay will not publish now, when it is giving up on an
+    /// error of its own (which it reports): a failure to do so is only logged.
+    fn give_back(&self, records: &[OutboxRecord]) {
+        if records.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.unlease(&ids(records)) {
+            log::warn!("acemq: ending outbox leases: {e}");
+        }
     }
 
     fn published(&self, r: &OutboxRecord) {
