@@ -688,3 +688,44 @@ on_both!(
     a_sweep_that_cannot_delete_what_it_published_gives_the_rest_back_at_once,
     a_sweep_that_cannot_count_a_failure_gives_the_record_back_at_once,
 );
+
+/// Records that failed before go out one at a time at the head of a sweep, each waiting for its
+/// confirm. When the broker stops answering, a sweep must end well inside the records' lease —
+/// otherwise the lease runs out mid-sweep and a second relay publishes the same records too.
+#[test]
+fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answering() {
+    let db = Db::sqlite();
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.queue(&unique("outbox-bounded"));
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let lease = Duration::from_secs(4);
+    let store = outbox(&db, 10);
+    let relay_store = SqlOutboxStore::builder(db.factory())
+        .table(store.table())
+        .max_attempts(10)
+        .lease(lease)
+        .build()
+        .unwrap();
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(ConnectionOptions::new().address(proxy.url()));
+    let relay = OutboxRelay::new(&conn, relay_store);
+    // Warm up: the relay's publisher and channel exist before the broker stops answering.
+    add_text(&db, &store, "", &q, "warm-up");
+    assert_eq!(relay.sweep().unwrap(), 1);
+    for body in ["r1", "r2", "r3"] {
+        add_text(&db, &store, "", &q, body);
+    }
+    for r in store.pending(10).unwrap() {
+        store.record_failure(r.id, "failed before").unwrap();
+    }
+    proxy.freeze_all();
+    let started = Instant::now();
+    let _ = relay.sweep();
+    let took = started.elapsed();
+    proxy.cut_all();
+    assert!(
+        took < lease,
+        "the sweep held its records {took:?}, past their {lease:?} lease"
+    );
+}

@@ -149,6 +149,13 @@ pub trait OutboxStore: Send + Sync {
         Ok(())
     }
 
+    /// How long a record [`pending`](Self::pending) returns stays leased. The relay keeps each
+    /// sweep well inside it (half of it), so that a lease never runs out while this relay is
+    /// still publishing the record and another relay takes it too. Defaults to 30 s.
+    fn lease(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+
     /// How many records wait to be published (retired ones excluded) and when the oldest of
     /// them was added.
     ///
@@ -268,6 +275,10 @@ impl fmt::Debug for InMemoryOutboxStore {
 }
 
 impl OutboxStore for InMemoryOutboxStore {
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
         let now = Instant::now();
         let mut state = self.state.lock();
@@ -703,6 +714,10 @@ mod sql_store {
     }
 
     impl OutboxStore for SqlOutboxStore {
+        fn lease(&self) -> Duration {
+            self.lease
+        }
+
         fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
             if limit == 0 {
                 return Ok(Vec::new());

@@ -38,7 +38,7 @@
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -428,10 +428,13 @@ impl Core {
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
+        // Each wait of a publish (room, recovery, its confirm) is a third of the lease at most.
+        let timeout =
+            (self.store.lease() / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
         let p = self.connection.publisher_with(
             PublisherOptions::new()
                 .window(self.batch.max(16))
-                .timeout(Duration::from_secs(10)),
+                .timeout(timeout),
         )?;
         *slot = Some(p.clone());
         Ok(p)
@@ -457,9 +460,17 @@ impl Core {
         if records.is_empty() {
             return Ok(0);
         }
-        let mut handed = self.hand_over(&publisher, &records);
-        let published = self.await_confirms(&records, &mut handed);
+        let deadline = self.sweep_deadline();
+        let mut handed = self.hand_over(&publisher, &records, deadline);
+        let published = self.await_confirms(&records, &mut handed, deadline);
         self.finish(&records, published, handed.failures)
+    }
+
+    /// When publishing a just-leased batch must be over: half the lease from now, so that the
+    /// lease never runs out while this relay still publishes (another relay would then publish
+    /// the same records too).
+    fn sweep_deadline(&self) -> Instant {
+        Instant::now() + self.store.lease() / 2
     }
 
     /// The started relay's loop: like [`sweep`](Self::sweep), but while a batch's confirms are
@@ -485,18 +496,20 @@ impl Core {
             if records.is_empty() {
                 return Ok(0);
             }
-            let mut handed = self.hand_over(&publisher, &records);
-            let published = self.await_confirms(&records, &mut handed);
+            let deadline = self.sweep_deadline();
+            let mut handed = self.hand_over(&publisher, &records, deadline);
+            let published = self.await_confirms(&records, &mut handed, deadline);
             return self.finish(&records, published, handed.failures);
         }
-        let mut handed = self.hand_over(&publisher, &records);
+        let deadline = self.sweep_deadline();
+        let mut handed = self.hand_over(&publisher, &records, deadline);
         let overlap = self.flush(to_delete).and_then(|()| {
             if handed.whole_batch && records.len() == self.batch {
                 *next = Some(self.store.pending(self.batch)?);
             }
             Ok(())
         });
-        let published = self.await_confirms(&records, &mut handed);
+        let published = self.await_confirms(&records, &mut handed, deadline);
         if published.len() < records.len() || overlap.is_err() {
             let gave_back = match next.take() {
                 Some(leased) => self.store.unlease(&ids(&leased)),
@@ -524,7 +537,12 @@ impl Core {
     /// Hands the batch to the publisher: a record that failed before goes alone and is awaited
     /// first; the rest are pipelined, up to the next record that failed before (it goes alone at
     /// the head of a later sweep, so nothing behind it overtakes it).
-    fn hand_over(&self, publisher: &Publisher, records: &[OutboxRecord]) -> HandedOver {
+    fn hand_over(
+        &self,
+        publisher: &Publisher,
+        records: &[OutboxRecord],
+        deadline: Instant,
+    ) -> HandedOver {
         let mut handed = HandedOver {
             confirmed: Vec::new(),
             tickets: Vec::new(),
@@ -534,7 +552,15 @@ impl Core {
         let mut next = 0;
         while next < records.len() && records[next].attempts > 0 {
             let r = &records[next];
-            match publisher.publish(&r.exchange, &r.routing_key, to_message(r)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                // Out of time in this sweep: the rest is given back, still in order.
+                return handed;
+            }
+            let sent = publisher
+                .publish_deferred(&r.exchange, &r.routing_key, to_message(r))
+                .and_then(|t| t.wait_timeout(left));
+            match sent {
                 Ok(()) => {
                     handed.confirmed.push(next);
                     next += 1;
@@ -562,14 +588,20 @@ impl Core {
     }
 
     /// Waits for the confirms; returns the ids the broker took, in order.
-    fn await_confirms(&self, records: &[OutboxRecord], handed: &mut HandedOver) -> Vec<i64> {
+    fn await_confirms(
+        &self,
+        records: &[OutboxRecord],
+        handed: &mut HandedOver,
+        deadline: Instant,
+    ) -> Vec<i64> {
         let mut published = Vec::with_capacity(records.len());
         for i in std::mem::take(&mut handed.confirmed) {
             self.published(&records[i]);
             published.push(records[i].id);
         }
         for (i, ticket) in std::mem::take(&mut handed.tickets) {
-            match ticket.wait() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ticket.wait_timeout(left) {
                 Ok(()) => {
                     self.published(&records[i]);
                     published.push(records[i].id);
