@@ -115,7 +115,7 @@ where
     let (idem_rate, _) = rate(2, |n| {
         let key = format!("key-{n}");
         match idem.claim(&key)? {
-            Claim::Claimed => idem.confirm(&key),
+            Claim::Claimed(token) => idem.confirm(&key, &token),
             other => Err(Error::InvalidArgument {
                 reason: format!("fresh key {key} claimed as {other:?}"),
             }),

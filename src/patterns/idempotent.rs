@@ -10,8 +10,10 @@
 //!   [`Outcome::InProgress`] so it comes back later without spending an attempt.
 //!
 //! When the handler does not accept — an `Err`, a panic, or any other outcome — the claim is
-//! **given back** (`forget`) before the outcome is returned, so the retry really runs and the
-//! retry policy and dead-letter queue are reached as without the wrapper.
+//! **given back** ([`release`](IdempotencyStore::release), fenced by the claim's token) before
+//! the outcome is returned, so the retry really runs and the retry policy and dead-letter queue
+//! are reached as without the wrapper. A worker whose lease ran out mid-handler and was taken
+//! over gives back nothing of its successor's, and a receipt is never given back.
 //!
 //! A store with only `first_time` (no claims) works too, but cannot tell work in progress from
 //! work done: a redelivery while the first delivery is still running is taken for a duplicate.
@@ -37,7 +39,7 @@ use std::time::Duration;
 use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
 use crate::error::BoxError;
-use crate::patterns::{Claim, IdempotencyStore};
+use crate::patterns::{Claim, ClaimToken, IdempotencyStore};
 
 type KeyFn = Box<dyn Fn(&Message) -> Result<String, BoxError> + Send + Sync>;
 
@@ -121,7 +123,7 @@ where
         let claim = if self.store.supports_claims() {
             self.store.claim(&key)?
         } else if self.store.first_time(&key)? {
-            Claim::Claimed
+            Claim::Claimed(ClaimToken::new())
         } else {
             Claim::Duplicate
         };
@@ -131,17 +133,23 @@ where
                 Ok(Outcome::Accept)
             }
             Claim::InProgress => Ok(Outcome::in_progress(self.in_progress_delay)),
-            Claim::Claimed => {
+            Claim::Claimed(token) => {
                 let result = catch_unwind(AssertUnwindSafe(|| self.handler.handle(m)));
                 if matches!(result, Ok(Ok(Outcome::Accept))) {
-                    if let Err(e) = self.store.confirm(&key) {
+                    if let Err(e) = self.store.confirm(&key, &token) {
                         // The effect is done; the claim expires by itself.
                         log::warn!("acemq: confirming {key:?} failed (the claim will expire): {e}");
                     }
                     return Ok(Outcome::Accept);
                 }
-                // Give the claim back before the retry is issued, so that the retry runs.
-                if let Err(e) = self.store.forget(&key) {
+                // Give the claim back before the retry is issued, so that the retry runs. For a
+                // store without claims this forgets the key (`first_time` recorded it as done).
+                let given_back = if self.store.supports_claims() {
+                    self.store.release(&key, &token)
+                } else {
+                    self.store.forget(&key)
+                };
+                if let Err(e) = given_back {
                     log::warn!("acemq: giving back the claim on {key:?} failed: {e}");
                 }
                 match result {
@@ -254,7 +262,7 @@ mod transactional {
                     rollback(conn);
                     Ok(Outcome::in_progress(self.in_progress_delay))
                 }
-                Claim::Claimed => {
+                Claim::Claimed(token) => {
                     let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut *conn)));
                     if !matches!(result, Ok(Ok(Outcome::Accept))) {
                         // The claim and the work vanish together.
@@ -264,7 +272,7 @@ mod transactional {
                             Err(panic) => resume_unwind(panic),
                         };
                     }
-                    if let Err(e) = self.store.confirm_in(conn, &key) {
+                    if let Err(e) = self.store.confirm_in(conn, &key, &token) {
                         rollback(conn);
                         return Err(e.into());
                     }

@@ -282,7 +282,7 @@ pub fn check_identifier(name: &str) -> Result<()> {
 /// A table to create, with its name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Table {
-    /// An idempotency table (`key`, `state`, `deadline_ms`).
+    /// An idempotency table (`key`, `state`, `deadline_ms`, `token`: the holder of a claim).
     Idempotency(String),
     /// An outbox table.
     Outbox(String),
@@ -332,7 +332,8 @@ impl Table {
                     "CREATE TABLE IF NOT EXISTS {t} (\n    \
                      key TEXT PRIMARY KEY,\n    \
                      state TEXT NOT NULL CHECK (state IN ('CLAIMED', 'CONFIRMED')),\n    \
-                     deadline_ms BIGINT NOT NULL\n)"
+                     deadline_ms BIGINT NOT NULL,\n    \
+                     token TEXT\n)"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {t}_deadline ON {t} (deadline_ms)"),
             ],
@@ -686,6 +687,7 @@ mod tests {
                 assert!(ddl.contains(&format!("CREATE TABLE IF NOT EXISTS {t} (")));
             }
             assert!(ddl.contains("deadline_ms BIGINT"));
+            assert!(ddl.contains("token TEXT"));
         }
         assert!(schema_ddl(Dialect::Postgres).contains("BYTEA"));
         assert!(schema_ddl(Dialect::Sqlite).contains("BLOB"));
