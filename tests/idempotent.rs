@@ -10,7 +10,7 @@ use acemq_amqp::observe::Settlement;
 use acemq_amqp::patterns::{
     idempotent, idempotent_tx, record, IdempotencyStore, SqlIdempotencyStore, SqlOutboxStore,
 };
-use acemq_amqp::sql::{Pool, Sql, Value};
+use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Observer, Outcome, QueueSpec,
     RetryPolicy,
@@ -639,6 +639,78 @@ on_both!(
     crash_after_commit_before_ack_records_the_next_message_once,
 );
 
+/// A PostgreSQL pool of `size` whose connections carry a unique `application_name`, returned
+/// with it, so that a test can kill exactly its own connections.
+fn pg_pool(
+    size: u32,
+    test_on_check_out: bool,
+) -> (
+    r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>,
+    String,
+) {
+    let app = format!("acemq_{}", unique("pool").replace('.', "_"));
+    let config: postgres::Config = format!("{} application_name={app}", db::PG_URL)
+        .parse()
+        .unwrap();
+    let pool = r2d2::Pool::builder()
+        .max_size(size)
+        .test_on_check_out(test_on_check_out)
+        .build(PostgresConnectionManager::new(config, postgres::NoTls))
+        .unwrap();
+    (pool, app)
+}
+
+/// Kills the server side of every connection named `app`, as a restart of the server does;
+/// returns how many.
+fn kill_connections(db: &Db, app: &str) -> usize {
+    db.connect()
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[Value::Text(app.to_string())],
+        )
+        .unwrap()
+        .len()
+}
+
+/// Publishes one message to a consumer running `handler` (five attempts) and returns how the
+/// consumer settled it once it was accepted or dead-lettered.
+fn settle_one(
+    conn: &acemq_amqp::Connection,
+    settled: &Settled,
+    q: &str,
+    handler: impl Handler + Send + Sync + 'static,
+) -> Vec<(String, u32)> {
+    let consumer = conn
+        .consumer(
+            q,
+            ConsumerOptions::new().retry(
+                RetryPolicy::exponential(5, Duration::from_millis(100), Duration::from_millis(200))
+                    .jitter(0.0),
+            ),
+        )
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    conn.publisher()
+        .unwrap()
+        .publish("", q, Message::new("after the restart"))
+        .unwrap();
+    let dlq = acemq_amqp::dead_letter_queue(q);
+    assert!(
+        eventually(WAIT, || settled.count("accept") >= 1
+            || conn.queue_info(&dlq).unwrap().message_count >= 1),
+        "settled: {:?}",
+        settled.all()
+    );
+    consumer.close().unwrap();
+    assert_eq!(
+        conn.queue_info(&dlq).unwrap().message_count,
+        0,
+        "nothing dead-lettered"
+    );
+    settled.all()
+}
+
 /// A database restart kills the pool's idle connections: a message handled afterwards must not
 /// pay a delivery attempt for each dead connection (it never ran), let alone be dead-lettered.
 #[test]
@@ -650,70 +722,56 @@ fn a_database_restart_costs_no_delivery_attempt() {
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let effects = effects_table(&db);
     let store = Arc::new(store(&db, Duration::from_secs(30)));
-    let app = format!("acemq_restart_{}", std::process::id());
-    let url = format!("{} application_name={app}", db::PG_URL);
-    let pool = Pool::new(8, move || {
-        postgres::Client::connect(&url, postgres::NoTls).map_err(|e| acemq_amqp::Error::Sql {
-            context: "connecting".into(),
-            source: e.into(),
-        })
-    });
-    // Eight idle connections in the pool...
-    let held: Vec<_> = (0..8).map(|_| pool.get().unwrap()).collect();
-    drop(held);
-    // ...all killed, as a restart of the server does.
-    let killed = db
-        .connect()
-        .query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-            &[Value::Text(app.clone())],
-        )
-        .unwrap();
-    assert_eq!(killed.len(), 8);
-    let checkout = pool.clone();
+    // Eight idle connections in the pool, all killed.
+    let (pool, app) = pg_pool(8, true);
+    assert_eq!(pool.state().idle_connections, 8);
+    assert_eq!(kill_connections(&db, &app), 8);
     let effects2 = effects.clone();
     let handler = idempotent_tx(
         store,
-        move || checkout.get(),
+        checkout(&pool),
         move |m: &Message, tx: &mut dyn Sql| {
             record_effect(tx, &effects2, m.id())?;
             Ok(Outcome::Accept)
         },
     );
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential(5, Duration::from_millis(100), Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
-        .unwrap()
-        .start(handler)
-        .unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("after the restart"))
-        .unwrap();
-    assert!(
-        eventually(WAIT, || settled.count("accept") + settled.count("reject")
-            >= 1),
-        "settled: {:?}",
-        settled.all()
-    );
-    consumer.close().unwrap();
     assert_eq!(
-        settled.all(),
+        settle_one(&conn, &settled, &q, handler),
         vec![("accept".to_string(), 1)],
         "handled at its first attempt"
     );
     assert_eq!(db.count(&effects), 1);
-    assert_eq!(
-        conn.queue_info(&acemq_amqp::dead_letter_queue(&q))
-            .unwrap()
-            .message_count,
-        0
+}
+
+/// A pool that does not test connections on checkout hands out a dead one: its `BEGIN` fails
+/// before the handler ran, and the step is retried on a fresh connection without spending the
+/// message's attempt.
+#[test]
+fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
+    let db = Db::postgres();
+    let (conn, settled) = observed();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-pg-begin"), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(&db);
+    let store = Arc::new(store(&db, Duration::from_secs(30)));
+    let (pool, app) = pg_pool(1, false);
+    assert_eq!(kill_connections(&db, &app), 1);
+    let effects2 = effects.clone();
+    let handler = idempotent_tx(
+        store,
+        checkout(&pool),
+        move |m: &Message, tx: &mut dyn Sql| {
+            record_effect(tx, &effects2, m.id())?;
+            Ok(Outcome::Accept)
+        },
     );
+    assert_eq!(
+        settle_one(&conn, &settled, &q, handler),
+        vec![("accept".to_string(), 1)],
+        "handled at its first attempt"
+    );
+    assert_eq!(db.count(&effects), 1);
 }
 
 on_both!(

@@ -222,6 +222,39 @@ mod transactional {
         }
     }
 
+    /// How many connections one message may try at `BEGIN` before its handler runs.
+    const BEGIN_TRIES: usize = 3;
+
+    /// A connection from `connect` with a transaction begun on it. A connection that fails at
+    /// `BEGIN` (one the server killed, say in a restart, that a pool handed out) is dropped
+    /// and the step retried on another, up to [`BEGIN_TRIES`] connections, so that it does not
+    /// cost the message a delivery attempt: the handler has not run. A failing checkout is
+    /// returned at once (a pool has already waited its checkout timeout).
+    fn connect_and_begin<F, C>(connect: &F) -> crate::Result<C>
+    where
+        F: Fn() -> crate::Result<C>,
+        C: Sql,
+    {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut conn = connect()?;
+            // SQLite: take the write lock now, so two deliveries of one key serialise instead
+            // of failing on the lock upgrade.
+            let begin = match conn.dialect() {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            };
+            match conn.execute(begin, &[]) {
+                Ok(_) => return Ok(conn),
+                Err(e) if tries < BEGIN_TRIES => {
+                    log::warn!("acemq: BEGIN failed, trying another connection: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     fn rollback(conn: &mut dyn Sql) {
         if let Err(e) = conn.execute("ROLLBACK", &[]) {
             log::warn!("acemq: rollback failed: {e}");
@@ -236,15 +269,8 @@ mod transactional {
     {
         fn handle(&self, m: &Message) -> HandlerResult {
             let key = key_of(&self.key, m)?;
-            let mut conn = (self.connect)()?;
+            let mut conn = connect_and_begin(&self.connect)?;
             let conn: &mut dyn Sql = &mut conn;
-            // SQLite: take the write lock now, so two deliveries of one key serialise instead
-            // of failing on the lock upgrade.
-            let begin = match conn.dialect() {
-                Dialect::Sqlite => "BEGIN IMMEDIATE",
-                Dialect::Postgres => "BEGIN",
-            };
-            conn.execute(begin, &[])?;
             let claim = match self.store.claim_in(conn, &key) {
                 Ok(c) => c,
                 Err(e) => {
