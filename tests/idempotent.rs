@@ -207,13 +207,41 @@ impl Observer for ExitAfterCommit {
     }
 }
 
+/// `idempotent_tx` on this backend's driver: its handler gets a `rusqlite::Transaction` or a
+/// `postgres::Transaction` and hands it to `work` as `&mut dyn Sql`.
+fn on_driver_tx(
+    backend: Backend,
+    sqlite_path: &std::path::Path,
+    store: Arc<SqlIdempotencyStore>,
+    work: impl Fn(&Message, &mut dyn Sql) -> acemq_amqp::HandlerResult + Send + Sync + 'static,
+) -> impl Handler + Send + Sync + 'static {
+    let handler: Box<dyn Handler + Send + Sync> = match backend {
+        Backend::Sqlite => {
+            let path = sqlite_path.to_path_buf();
+            Box::new(idempotent_tx(
+                store,
+                move || db::sqlite_open(&path),
+                move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+            ))
+        }
+        Backend::Postgres => Box::new(idempotent_tx(
+            store,
+            db::pg_connect,
+            move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+        )),
+    };
+    move |m: &Message| handler.handle(m)
+}
+
+/// The crash tests' handler: the effect, and with an outbox the next message recorded.
 fn tx_handler(
-    db_factory: impl Fn() -> acemq_amqp::Result<db::Conn> + Send + Sync + 'static,
+    backend: Backend,
+    sqlite_path: &std::path::Path,
     store: Arc<SqlIdempotencyStore>,
     effects: String,
     outbox: Option<Arc<SqlOutboxStore>>,
 ) -> impl Handler + Send + Sync + 'static {
-    idempotent_tx(store, db_factory, move |m: &Message, tx: &mut dyn Sql| {
+    on_driver_tx(backend, sqlite_path, store, move |m, tx| {
         record_effect(tx, &effects, m.id())?;
         if let Some(outbox) = &outbox {
             let next = record(
@@ -255,9 +283,10 @@ fn crash_child() {
         std::env::var("ACEMQ_CRASH_IDEM").unwrap(),
         std::env::var("ACEMQ_CRASH_EFFECTS").unwrap(),
     );
+    let sqlite = path.clone();
     let factory = move || -> acemq_amqp::Result<db::Conn> {
         Ok(match backend {
-            Backend::Sqlite => Box::new(db::sqlite_open(&path)?),
+            Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
             Backend::Postgres => Box::new(db::pg_connect()?),
         })
     };
@@ -278,7 +307,7 @@ fn crash_child() {
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().declare(false).prefetch(1))
         .unwrap()
-        .start(tx_handler(factory, store, effects, outbox))
+        .start(tx_handler(backend, &path, store, effects, outbox))
         .unwrap();
     std::thread::sleep(Duration::from_secs(30));
     drop(consumer);
@@ -358,7 +387,13 @@ fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
     // Restart: both are redelivered; the committed one is acknowledged without its effect.
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let inner = tx_handler(db.factory(), store, effects.clone(), outbox.clone());
+    let inner = tx_handler(
+        db.backend,
+        db.sqlite_path(),
+        store,
+        effects.clone(),
+        outbox.clone(),
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()
@@ -406,7 +441,7 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let a = attempts.clone();
     let effects2 = effects.clone();
-    let handler = idempotent_tx(store, db.factory(), move |m: &Message, tx: &mut dyn Sql| {
+    let handler = on_driver_tx(db.backend, db.sqlite_path(), store, move |m, tx| {
         record_effect(tx, &effects2, m.id())?;
         if a.fetch_add(1, Ordering::SeqCst) == 0 {
             return Err("the work failed after writing".into());
@@ -580,18 +615,45 @@ fn consume_then_record_in_one_transaction(db: &Db) {
     );
     outbox.create_table().unwrap();
     let store = Arc::new(store(db, Duration::from_secs(30)));
-    let (ob, effects2) = (outbox.clone(), effects.clone());
-    let handler = idempotent_tx(store, db.factory(), move |m: &Message, tx: &mut dyn Sql| {
-        record_effect(tx, &effects2, m.id())?;
-        let next = record(
+    let next = |m: &Message| {
+        record(
             &JsonCodec,
             "",
             "next",
             &serde_json::json!({"after": m.id()}),
-        )?;
-        ob.add(tx, &next)?;
-        Ok(Outcome::Accept)
-    });
+        )
+    };
+    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
+    let ob = outbox.clone();
+    // The business write with the driver's own API, the outbox record on the same transaction.
+    let handler: Box<dyn Handler + Send + Sync> = match db.backend {
+        Backend::Sqlite => {
+            let path = db.sqlite_path().to_path_buf();
+            let insert = insert.replace('$', "?");
+            Box::new(idempotent_tx(
+                store,
+                move || db::sqlite_open(&path),
+                move |m: &Message, tx: &mut rusqlite::Transaction<'_>| {
+                    // As `&Connection`: with `acemq_amqp::sql::Sql` in scope (as in this
+                    // file), `tx.execute` on a `&mut rusqlite::Transaction` is `Sql::execute`.
+                    let conn: &rusqlite::Connection = tx;
+                    conn.execute(&insert, [m.id()])?;
+                    ob.add(tx, &next(m)?)?;
+                    Ok(Outcome::Accept)
+                },
+            ))
+        }
+        Backend::Postgres => Box::new(idempotent_tx(
+            store,
+            db::pg_connect,
+            move |m: &Message, tx: &mut postgres::Transaction<'_>| {
+                tx.execute(&insert, &[&m.id()])?;
+                ob.add(tx, &next(m)?)?;
+                Ok(Outcome::Accept)
+            },
+        )),
+    };
+    let handler = move |m: &Message| handler.handle(m);
     let consumer = conn
         .consumer(
             &q,
@@ -726,12 +788,12 @@ fn a_database_restart_costs_no_delivery_attempt() {
     let (pool, app) = pg_pool(8, true);
     assert_eq!(pool.state().idle_connections, 8);
     assert_eq!(kill_connections(&db, &app), 8);
-    let effects2 = effects.clone();
+    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
     let handler = idempotent_tx(
         store,
         checkout(&pool),
-        move |m: &Message, tx: &mut dyn Sql| {
-            record_effect(tx, &effects2, m.id())?;
+        move |m: &Message, tx: &mut postgres::Transaction<'_>| {
+            tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
     );
@@ -757,12 +819,12 @@ fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
     let store = Arc::new(store(&db, Duration::from_secs(30)));
     let (pool, app) = pg_pool(1, false);
     assert_eq!(kill_connections(&db, &app), 1);
-    let effects2 = effects.clone();
+    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
     let handler = idempotent_tx(
         store,
         checkout(&pool),
-        move |m: &Message, tx: &mut dyn Sql| {
-            record_effect(tx, &effects2, m.id())?;
+        move |m: &Message, tx: &mut postgres::Transaction<'_>| {
+            tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
     );

@@ -26,9 +26,12 @@
 //!
 //! # The transactional form
 //!
-//! [`idempotent_tx`] opens a database transaction, claims the key **on it**, runs the handler
-//! with the same transaction, confirms the receipt on it and commits; the message is
-//! acknowledged only after the commit. So the receipt commits if and only if the work does:
+//! [`idempotent_tx`] opens a database transaction (the driver's own: `rusqlite::Transaction`,
+//! `postgres::Transaction`), claims the key **on it**, runs the handler with the same
+//! transaction, confirms the receipt on it and commits; the message is acknowledged only after
+//! the commit. The handler can record the messages it causes in the outbox on that transaction
+//! ([`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add)): they are published by the
+//! relay if and only if the work commits. So the receipt commits if and only if the work does:
 //! a crash between the commit and the acknowledgement leads to a redelivery that finds the
 //! receipt and is acknowledged without running the effect again. Effects **outside** the
 //! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
@@ -168,15 +171,54 @@ pub use self::transactional::{idempotent_tx, IdempotentTx};
 mod transactional {
     use super::*;
     use crate::patterns::SqlIdempotencyStore;
-    use crate::sql::{Dialect, Sql};
+    use crate::sql::{SqlTransaction, Transactional};
     use std::sync::Arc;
 
     /// The transactional idempotent consumer: claim, effect and receipt in one database
     /// transaction, committed before the message is acknowledged. See the
     /// [module docs](super).
     ///
-    /// `connect` opens (or checks out) a connection for each message; `handler` does its work on
-    /// the transaction it is given and returns an outcome: only [`Outcome::Accept`] commits.
+    /// `connect` opens (or checks out) a connection for each message: a
+    /// `rusqlite::Connection`, a `postgres::Client`, or an r2d2 checkout of either
+    /// ([`sql::checkout`](crate::sql::checkout)). The handler runs on **the driver's own
+    /// transaction** (`rusqlite::Transaction`, `postgres::Transaction`; see
+    /// [`Transactional`]), so it writes its business SQL with the driver's API, and passes the
+    /// same transaction to the stores that write on the caller's transaction, such as
+    /// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add) to record the next
+    /// message. Only [`Outcome::Accept`] commits; anything else rolls back, claim included.
+    ///
+    /// A connection that fails at `BEGIN`, before the handler ran, is replaced by another (up
+    /// to three) without spending the message's delivery attempt.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// use std::sync::Arc;
+    /// use acemq_amqp::patterns::{idempotent_tx, record, SqlIdempotencyStore, SqlOutboxStore};
+    /// use acemq_amqp::sql::{checkout, PostgresConnectionManager};
+    /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
+    ///
+    /// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;
+    /// let pool = r2d2::Pool::new(PostgresConnectionManager::new(config, postgres::NoTls))?;
+    /// let receipts = Arc::new(SqlIdempotencyStore::builder(checkout(&pool)).build()?);
+    /// let outbox = SqlOutboxStore::builder(checkout(&pool)).build()?;
+    /// let handler = idempotent_tx(
+    ///     receipts,
+    ///     checkout(&pool),
+    ///     move |m: &Message, tx: &mut postgres::Transaction<'_>| {
+    ///         let order: serde_json::Value = m.payload()?;
+    ///         let id = order["id"].as_str().unwrap_or_default();
+    ///         tx.execute("UPDATE orders SET paid = true WHERE id = $1", &[&id])?;
+    ///         outbox.add(tx, &record(&JsonCodec, "shop", "order.paid", &order)?)?;
+    ///         Ok(Outcome::Accept)
+    ///     },
+    /// );
+    /// let connection = Connection::open("amqp://127.0.0.1")?;
+    /// let consumer = connection.consume("payments", handler)?;
+    /// # consumer.close()?; Ok(()) }
+    /// # #[cfg(not(feature = "postgres"))]
+    /// # fn main() {}
+    /// ```
     pub fn idempotent_tx<F, C, H>(
         store: Arc<SqlIdempotencyStore>,
         connect: F,
@@ -184,8 +226,8 @@ mod transactional {
     ) -> IdempotentTx<F, H>
     where
         F: Fn() -> crate::Result<C> + Send + Sync,
-        C: Sql,
-        H: Fn(&Message, &mut dyn Sql) -> HandlerResult + Send + Sync,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult + Send + Sync,
     {
         IdempotentTx {
             store,
@@ -225,38 +267,8 @@ mod transactional {
     /// How many connections one message may try at `BEGIN` before its handler runs.
     const BEGIN_TRIES: usize = 3;
 
-    /// A connection from `connect` with a transaction begun on it. A connection that fails at
-    /// `BEGIN` (one the server killed, say in a restart, that a pool handed out) is dropped
-    /// and the step retried on another, up to [`BEGIN_TRIES`] connections, so that it does not
-    /// cost the message a delivery attempt: the handler has not run. A failing checkout is
-    /// returned at once (a pool has already waited its checkout timeout).
-    fn connect_and_begin<F, C>(connect: &F) -> crate::Result<C>
-    where
-        F: Fn() -> crate::Result<C>,
-        C: Sql,
-    {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let mut conn = connect()?;
-            // SQLite: take the write lock now, so two deliveries of one key serialise instead
-            // of failing on the lock upgrade.
-            let begin = match conn.dialect() {
-                Dialect::Sqlite => "BEGIN IMMEDIATE",
-                Dialect::Postgres => "BEGIN",
-            };
-            match conn.execute(begin, &[]) {
-                Ok(_) => return Ok(conn),
-                Err(e) if tries < BEGIN_TRIES => {
-                    log::warn!("acemq: BEGIN failed, trying another connection: {e}");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn rollback(conn: &mut dyn Sql) {
-        if let Err(e) = conn.execute("ROLLBACK", &[]) {
+    fn rollback<T: SqlTransaction>(tx: T) {
+        if let Err(e) = tx.rollback() {
             log::warn!("acemq: rollback failed: {e}");
         }
     }
@@ -264,45 +276,70 @@ mod transactional {
     impl<F, C, H> Handler for IdempotentTx<F, H>
     where
         F: Fn() -> crate::Result<C>,
-        C: Sql,
-        H: Fn(&Message, &mut dyn Sql) -> HandlerResult,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
     {
         fn handle(&self, m: &Message) -> HandlerResult {
             let key = key_of(&self.key, m)?;
-            let mut conn = connect_and_begin(&self.connect)?;
-            let conn: &mut dyn Sql = &mut conn;
-            let claim = match self.store.claim_in(conn, &key) {
+            // A connection that fails at BEGIN (one the server killed, say in a restart, that
+            // a pool handed out) is dropped and the step retried on another, so that it does
+            // not cost the message a delivery attempt: the handler has not run. A failing
+            // checkout is returned at once (a pool has already waited its checkout timeout).
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let mut conn = (self.connect)()?;
+                let begun = conn.begin();
+                match begun {
+                    Ok(tx) => return self.run(m, &key, tx),
+                    Err(e) if tries < BEGIN_TRIES => {
+                        log::warn!("acemq: BEGIN failed, trying another connection: {e}");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+
+    impl<F, H> IdempotentTx<F, H> {
+        /// Claim, handler, receipt and commit on `tx`.
+        fn run<T>(&self, m: &Message, key: &str, mut tx: T) -> HandlerResult
+        where
+            T: SqlTransaction,
+            H: Fn(&Message, &mut T) -> HandlerResult,
+        {
+            let claim = match self.store.claim_in(&mut tx, key) {
                 Ok(c) => c,
                 Err(e) => {
-                    rollback(conn);
+                    rollback(tx);
                     return Err(e.into());
                 }
             };
             match claim {
                 Claim::Duplicate => {
-                    rollback(conn);
+                    rollback(tx);
                     log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
                     Ok(Outcome::Accept)
                 }
                 Claim::InProgress => {
-                    rollback(conn);
+                    rollback(tx);
                     Ok(Outcome::in_progress(self.in_progress_delay))
                 }
                 Claim::Claimed(token) => {
-                    let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut *conn)));
+                    let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut tx)));
                     if !matches!(result, Ok(Ok(Outcome::Accept))) {
                         // The claim and the work vanish together.
-                        rollback(conn);
+                        rollback(tx);
                         return match result {
                             Ok(r) => r,
                             Err(panic) => resume_unwind(panic),
                         };
                     }
-                    if let Err(e) = self.store.confirm_in(conn, &key, &token) {
-                        rollback(conn);
+                    if let Err(e) = self.store.confirm_in(&mut tx, key, &token) {
+                        rollback(tx);
                         return Err(e.into());
                     }
-                    conn.execute("COMMIT", &[])?;
+                    tx.commit()?;
                     Ok(Outcome::Accept)
                 }
             }

@@ -251,6 +251,59 @@ impl<T: Sql + ?Sized> Sql for Box<T> {
     }
 }
 
+/// A connection that begins transactions of its driver's own type.
+///
+/// Implemented for `rusqlite::Connection` (its transaction is `rusqlite::Transaction`, begun
+/// with `BEGIN IMMEDIATE` so that it holds the write lock from its first statement),
+/// `postgres::Client` (`postgres::Transaction`) and an r2d2 [`PooledConnection`] of either.
+/// [`idempotent_tx`](crate::patterns::idempotent_tx) runs its handler on such a transaction,
+/// so the handler writes its business SQL with the driver's own API and can pass the same
+/// transaction to the stores (`&mut dyn Sql`), for example to
+/// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add).
+///
+/// A method-name note for rusqlite: with [`Sql`] imported, `tx.execute(…)` on a
+/// `&mut rusqlite::Transaction` calls [`Sql::execute`] (a method of the transaction itself is
+/// found before rusqlite's `Connection::execute`, which it reaches through `Deref`). Handler
+/// code that does not import `Sql`, or that calls through a `&rusqlite::Connection`
+/// (`let conn: &rusqlite::Connection = tx;`), gets rusqlite's. `postgres::Transaction` has its
+/// own `execute`, which always wins.
+///
+/// [`PooledConnection`]: r2d2::PooledConnection
+pub trait Transactional {
+    /// The driver's transaction type.
+    type Transaction<'c>: SqlTransaction
+    where
+        Self: 'c;
+
+    /// Begins a transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source.
+    fn begin(&mut self) -> Result<Self::Transaction<'_>>;
+}
+
+/// A driver's transaction: [`Sql`], and the two ways it ends. Dropping it rolls it back.
+pub trait SqlTransaction: Sql {
+    /// Commits the transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source; the transaction is then over.
+    fn commit(self) -> Result<()>
+    where
+        Self: Sized;
+
+    /// Rolls the transaction back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source; the transaction is then over.
+    fn rollback(self) -> Result<()>
+    where
+        Self: Sized;
+}
+
 /// The longest identifier accepted, in bytes (PostgreSQL's limit).
 pub const MAX_IDENTIFIER_LEN: usize = 63;
 

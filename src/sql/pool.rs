@@ -7,7 +7,8 @@
 //!
 //! - [`SqliteManager`], an [`r2d2::ManageConnection`] for `rusqlite` (feature `sqlite`); for
 //!   PostgreSQL use [`PostgresConnectionManager`] from `r2d2_postgres` (feature `postgres`);
-//! - [`Sql`] for [`r2d2::PooledConnection`], so a checkout is a connection like any other;
+//! - [`Sql`] and [`Transactional`] for [`r2d2::PooledConnection`], so a checkout is a
+//!   connection like any other;
 //! - [`checkout`], a connections factory over a pool for the stores' builders and
 //!   [`idempotent_tx`](crate::patterns::idempotent_tx);
 //! - `From<r2d2::Error>` for [`Error`], so `pool.get()?` works in a factory of your own.
@@ -33,7 +34,7 @@
 
 use r2d2::{ManageConnection, Pool, PooledConnection};
 
-use super::{Dialect, Sql, Value};
+use super::{Dialect, Sql, Transactional, Value};
 use crate::error::{Error, Result};
 
 #[cfg(feature = "postgres")]
@@ -75,6 +76,18 @@ where
     }
     fn in_transaction(&self) -> Option<bool> {
         (**self).in_transaction()
+    }
+}
+
+impl<M> Transactional for PooledConnection<M>
+where
+    M: ManageConnection,
+    M::Connection: Transactional,
+{
+    type Transaction<'c> = <M::Connection as Transactional>::Transaction<'c>;
+
+    fn begin(&mut self) -> Result<Self::Transaction<'_>> {
+        (**self).begin()
     }
 }
 
