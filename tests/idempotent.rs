@@ -695,7 +695,86 @@ fn consume_then_record_in_one_transaction(db: &Db) {
     );
 }
 
+/// Records the duplicates an idempotent wrapper reports.
+#[derive(Clone, Default)]
+struct Duplicates(Arc<Mutex<Vec<(String, u64)>>>);
+impl Observer for Duplicates {
+    fn duplicate(&self, d: &acemq_amqp::observe::Duplicate<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((d.key.to_string(), d.duplicates));
+    }
+}
+
+/// Publishes one message twice to a consumer running `handler`; waits until both are accepted.
+fn deliver_twice(q: &str, handler: impl Handler + Send + Sync + 'static) -> Message {
+    let (conn, settled) = observed();
+    let consumer = conn
+        .consumer(q, ConsumerOptions::new())
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    let publisher = conn.publisher().unwrap();
+    let message = Message::new("charge");
+    publisher.publish("", q, message.clone()).unwrap();
+    assert!(eventually(WAIT, || settled.count("accept") == 1));
+    publisher.publish("", q, message.clone()).unwrap();
+    assert!(eventually(WAIT, || settled.count("accept") == 2));
+    consumer.close().unwrap();
+    assert_eq!(settled.all().len(), 2, "{:?}", settled.all());
+    message
+}
+
+/// A duplicate absorbed by an idempotent wrapper settles exactly like a real run (accept); the
+/// wrapper reports it to its observer and counts it, in the plain and the transactional form.
+fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let (plain_q, tx_q) = (
+        clean.consumed_queue(&unique("idem-dup-seen"), &rungs()),
+        clean.consumed_queue(&unique("idem-dup-seen-tx"), &rungs()),
+    );
+    for q in [&plain_q, &tx_q] {
+        conn.declare_queue(&QueueSpec::new(q)).unwrap();
+    }
+    let store = Arc::new(store(db, Duration::from_secs(30)));
+
+    let seen = Duplicates::default();
+    let plain = idempotent(store.clone(), |_: &Message| Ok(Outcome::Accept)).observer(seen.clone());
+    let count = plain.duplicates();
+    let message = deliver_twice(&plain_q, plain);
+    assert_eq!(*seen.0.lock().unwrap(), vec![(message.id().to_string(), 1)]);
+    assert_eq!(count.get(), 1);
+
+    let seen = Duplicates::default();
+    let path = db.sqlite_path().to_path_buf();
+    let (count, message) = match db.backend {
+        Backend::Sqlite => {
+            let h = idempotent_tx(
+                store,
+                move || db::sqlite_open(&path),
+                |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
+            )
+            .observer(seen.clone());
+            (h.duplicates(), deliver_twice(&tx_q, h))
+        }
+        Backend::Postgres => {
+            let h = idempotent_tx(
+                store,
+                db::pg_connect,
+                |_: &Message, _: &mut postgres::Transaction<'_>| Ok(Outcome::Accept),
+            )
+            .observer(seen.clone());
+            (h.duplicates(), deliver_twice(&tx_q, h))
+        }
+    };
+    assert_eq!(*seen.0.lock().unwrap(), vec![(message.id().to_string(), 1)]);
+    assert_eq!(count.get(), 1);
+}
+
 on_both!(
+    a_duplicate_absorbed_is_reported_and_counted,
     a_lease_taken_over_mid_handler_keeps_the_first_receipt,
     consume_then_record_in_one_transaction,
     crash_after_commit_before_ack_records_the_next_message_once,

@@ -764,3 +764,30 @@ fn fingerprint_vectors() {
         );
     }
 }
+
+/// A connections factory written with `?` on driver calls: the driver's error becomes
+/// `Error::Sql` with it as the source.
+#[test]
+fn driver_errors_convert_into_error_sql() {
+    fn sqlite() -> acemq_amqp::Result<rusqlite::Connection> {
+        let conn = rusqlite::Connection::open_in_memory()?;
+        conn.execute_batch("NOT SQL")?;
+        Ok(conn)
+    }
+    fn pg() -> acemq_amqp::Result<postgres::Client> {
+        let mut client = db::pg_connect()?;
+        client.batch_execute("NOT SQL")?;
+        Ok(client)
+    }
+    match sqlite().map(drop).unwrap_err() {
+        Error::Sql { source, .. } => assert!(source.downcast_ref::<rusqlite::Error>().is_some()),
+        other => panic!("{other:?}"),
+    }
+    match pg().map(drop).unwrap_err() {
+        Error::Sql { source, .. } => {
+            let e = source.downcast_ref::<postgres::Error>().unwrap();
+            assert!(e.as_db_error().is_some(), "{e:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

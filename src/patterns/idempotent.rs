@@ -5,7 +5,9 @@
 //!
 //! * first time ([`Claim::Claimed`]) → the handler runs; on accept the claim is confirmed;
 //! * duplicate ([`Claim::Duplicate`]: confirmed before) → accepted without running the
-//!   handler — a duplicate is not an alarm;
+//!   handler — a duplicate is not an alarm, and settles exactly like a real run; the wrapper
+//!   counts it ([`Idempotent::duplicates`]) and reports it to its observer
+//!   ([`Observer::duplicate`], set with [`Idempotent::observer`]);
 //! * in progress ([`Claim::InProgress`]: claimed by someone whose lease still holds) →
 //!   [`Outcome::InProgress`] so it comes back later without spending an attempt.
 //!
@@ -37,14 +39,58 @@
 //! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
 use crate::error::BoxError;
+use crate::observe::{Duplicate, LogObserver, Observer};
 use crate::patterns::{Claim, ClaimToken, IdempotencyStore};
 
 type KeyFn = Box<dyn Fn(&Message) -> Result<String, BoxError> + Send + Sync>;
+
+/// The number of duplicates an idempotent wrapper absorbed, shared with it: take it with
+/// [`Idempotent::duplicates`] before the wrapper moves into a consumer.
+#[derive(Clone, Debug, Default)]
+pub struct DuplicateCount(Arc<AtomicU64>);
+
+impl DuplicateCount {
+    /// Duplicates absorbed so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What the wrappers keep to report duplicates.
+struct Duplicates {
+    observer: Arc<dyn Observer>,
+    count: DuplicateCount,
+}
+
+impl Default for Duplicates {
+    fn default() -> Self {
+        Duplicates {
+            observer: Arc::new(LogObserver),
+            count: DuplicateCount::default(),
+        }
+    }
+}
+
+impl Duplicates {
+    /// Counts and reports a duplicate of `key`; the outcome is an accept, as for a real run.
+    fn absorbed(&self, key: &str, m: &Message) -> HandlerResult {
+        let duplicates = self.count.0.fetch_add(1, Ordering::Relaxed) + 1;
+        self.observer.duplicate(&Duplicate {
+            key,
+            message_id: m.id(),
+            attempt: m.envelope.attempt,
+            duplicates,
+        });
+        Ok(Outcome::Accept)
+    }
+}
 
 /// Wraps `handler` so that each key's effect is applied once. See the [module docs](self).
 ///
@@ -71,6 +117,7 @@ where
         handler,
         key: None,
         in_progress_delay: Duration::from_secs(5),
+        duplicates: Duplicates::default(),
     }
 }
 
@@ -80,6 +127,7 @@ pub struct Idempotent<S, H> {
     handler: H,
     key: Option<KeyFn>,
     in_progress_delay: Duration,
+    duplicates: Duplicates,
 }
 
 impl<S, H> Idempotent<S, H> {
@@ -97,6 +145,19 @@ impl<S, H> Idempotent<S, H> {
     pub fn in_progress_delay(mut self, delay: Duration) -> Self {
         self.in_progress_delay = delay;
         self
+    }
+
+    /// Where absorbed duplicates are reported ([`Observer::duplicate`]); give it the observer
+    /// the connection has. Defaults to [`LogObserver`] (a debug line).
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.duplicates.observer = Arc::new(observer);
+        self
+    }
+
+    /// The count of duplicates this wrapper absorbed (a shared handle: it goes on counting
+    /// after the wrapper moved into a consumer).
+    pub fn duplicates(&self) -> DuplicateCount {
+        self.duplicates.count.clone()
     }
 }
 
@@ -131,10 +192,7 @@ where
             Claim::Duplicate
         };
         match claim {
-            Claim::Duplicate => {
-                log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
-                Ok(Outcome::Accept)
-            }
+            Claim::Duplicate => self.duplicates.absorbed(&key, m),
             Claim::InProgress => Ok(Outcome::in_progress(self.in_progress_delay)),
             Claim::Claimed(token) => {
                 let result = catch_unwind(AssertUnwindSafe(|| self.handler.handle(m)));
@@ -172,7 +230,6 @@ mod transactional {
     use super::*;
     use crate::patterns::SqlIdempotencyStore;
     use crate::sql::{SqlTransaction, Transactional};
-    use std::sync::Arc;
 
     /// The transactional idempotent consumer: claim, effect and receipt in one database
     /// transaction, committed before the message is acknowledged. See the
@@ -235,6 +292,7 @@ mod transactional {
             handler,
             key: None,
             in_progress_delay: Duration::from_secs(5),
+            duplicates: Duplicates::default(),
         }
     }
 
@@ -245,6 +303,7 @@ mod transactional {
         handler: H,
         key: Option<KeyFn>,
         in_progress_delay: Duration,
+        duplicates: Duplicates,
     }
 
     impl<F, H> IdempotentTx<F, H> {
@@ -261,6 +320,18 @@ mod transactional {
         pub fn in_progress_delay(mut self, delay: Duration) -> Self {
             self.in_progress_delay = delay;
             self
+        }
+
+        /// Where absorbed duplicates are reported ([`Observer::duplicate`]). Defaults to
+        /// [`LogObserver`].
+        pub fn observer(mut self, observer: impl Observer) -> Self {
+            self.duplicates.observer = Arc::new(observer);
+            self
+        }
+
+        /// The count of duplicates this wrapper absorbed (a shared handle).
+        pub fn duplicates(&self) -> DuplicateCount {
+            self.duplicates.count.clone()
         }
     }
 
@@ -318,8 +389,7 @@ mod transactional {
             match claim {
                 Claim::Duplicate => {
                     rollback(tx);
-                    log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
-                    Ok(Outcome::Accept)
+                    self.duplicates.absorbed(key, m)
                 }
                 Claim::InProgress => {
                     rollback(tx);
