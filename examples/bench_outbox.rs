@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::{idempotent, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore};
-use acemq_amqp::sql::{Pool, Sql};
+use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::Observer;
 use acemq_amqp::{
     Connection, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec, Result,
@@ -111,6 +111,21 @@ fn sqlite_open(
     }
 }
 
+/// The same connections as `sqlite_open`, from an r2d2 pool of `size`.
+fn sqlite_pool(
+    path: &std::path::Path,
+    synchronous: &'static str,
+    size: u32,
+) -> Result<r2d2::Pool<SqliteManager>> {
+    let manager = SqliteManager::file(path).init(move |c| {
+        c.busy_timeout(Duration::from_secs(30))?;
+        c.execute_batch(&format!(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous={synchronous};"
+        ))
+    });
+    Ok(r2d2::Pool::builder().max_size(size).build(manager)?)
+}
+
 fn idempotent_rate(
     connection: &Connection,
     queue: &str,
@@ -119,8 +134,8 @@ fn idempotent_rate(
     sync: &'static str,
     table: &str,
 ) -> Result<f64> {
-    let pool = Pool::new(8, sqlite_open(path, sync));
-    let store = SqlIdempotencyStore::builder(move || pool.get())
+    let pool = sqlite_pool(path, sync, 8)?;
+    let store = SqlIdempotencyStore::builder(checkout(&pool))
         .table(table)
         .build()?;
     store.create_table()?;
@@ -172,10 +187,9 @@ fn main() -> Result<()> {
     // Outbox relay: SQLite (WAL, synchronous=FULL) and PostgreSQL, batch 100.
     let sqlite = sqlite_open(&path, "FULL");
     // Stores take connections from a pool, as a service would.
-    let sqlite_pool = Pool::new(4, sqlite.clone());
+    let sqlite_pool = sqlite_pool(&path, "FULL", 4)?;
     let sqlite_store = || {
-        let pool = sqlite_pool.clone();
-        SqlOutboxStore::builder(move || pool.get())
+        SqlOutboxStore::builder(checkout(&sqlite_pool))
             .table("bench_outbox")
             .build()
     };
@@ -186,10 +200,12 @@ fn main() -> Result<()> {
             source: e.into(),
         })
     };
-    let pg_pool = Pool::new(4, pg);
+    let pg_config: postgres::Config = PG_URL.parse()?;
+    let pg_pool = r2d2::Pool::builder()
+        .max_size(4)
+        .build(PostgresConnectionManager::new(pg_config, postgres::NoTls))?;
     let pg_store = || {
-        let pool = pg_pool.clone();
-        SqlOutboxStore::builder(move || pool.get())
+        SqlOutboxStore::builder(checkout(&pg_pool))
             .table(pg_table.clone())
             .build()
     };

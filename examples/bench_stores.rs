@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use acemq_amqp::patterns::{
     Claim, IdempotencyStore, NewOutboxRecord, OutboxStore, SqlIdempotencyStore, SqlOutboxStore,
 };
-use acemq_amqp::sql::{Pool, Sql, Value};
+use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager, Value};
 use acemq_amqp::{Error, Result};
 
 fn phase_secs() -> Duration {
@@ -70,18 +70,22 @@ fn report(db: &str, f: &Figures) {
     );
 }
 
-fn run_stores<C, B>(pool: Pool<C>, raw_table: &str, tag: &str, mut begin_add: B) -> Result<Figures>
+fn run_stores<M, B>(
+    pool: r2d2::Pool<M>,
+    raw_table: &str,
+    tag: &str,
+    mut begin_add: B,
+) -> Result<Figures>
 where
-    C: Sql + Send + 'static,
-    B: FnMut(&mut C, &SqlOutboxStore, &NewOutboxRecord) -> Result<i64>,
+    M: r2d2::ManageConnection,
+    M::Connection: Sql,
+    B: FnMut(&mut M::Connection, &SqlOutboxStore, &NewOutboxRecord) -> Result<i64>,
 {
-    let p = pool.clone();
-    let idem = SqlIdempotencyStore::builder(move || p.get())
+    let idem = SqlIdempotencyStore::builder(checkout(&pool))
         .table(format!("bench_idem_{tag}"))
         .build()?;
     idem.create_table()?;
-    let p = pool.clone();
-    let outbox = SqlOutboxStore::builder(move || p.get())
+    let outbox = SqlOutboxStore::builder(checkout(&pool))
         .table(format!("bench_outbox_{tag}"))
         .build()?;
     outbox.create_table()?;
@@ -115,7 +119,7 @@ where
     let (idem_rate, _) = rate(2, |n| {
         let key = format!("key-{n}");
         match idem.claim(&key)? {
-            Claim::Claimed => idem.confirm(&key),
+            Claim::Claimed(token) => idem.confirm(&key, &token),
             other => Err(Error::InvalidArgument {
                 reason: format!("fresh key {key} claimed as {other:?}"),
             }),
@@ -125,7 +129,7 @@ where
     let (outbox_rate, _) = rate(3, |n| {
         let id = {
             let mut conn = pool.get()?;
-            begin_add(&mut conn, &outbox, &record(n))?
+            begin_add(&mut *conn, &outbox, &record(n))?
         };
         let got = outbox.pending(1)?;
         match got.first() {
@@ -151,21 +155,12 @@ fn sqlite() -> Result<Figures> {
         source: e,
     })?;
     let path = dir.path().join("bench.db");
-    let open = move || -> Result<rusqlite::Connection> {
-        let conn = rusqlite::Connection::open(&path).map_err(|e| Error::Sql {
-            context: "opening".into(),
-            source: e.into(),
-        })?;
+    let manager = SqliteManager::file(&path).init(|conn| {
         conn.execute_batch(
             "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=10000;",
         )
-        .map_err(|e| Error::Sql {
-            context: "pragmas".into(),
-            source: e.into(),
-        })?;
-        Ok(conn)
-    };
-    let pool = Pool::new(4, open);
+    });
+    let pool = r2d2::Pool::builder().max_size(4).build(manager)?;
     pool.get()?
         .execute("CREATE TABLE bench_raw (k TEXT PRIMARY KEY, v BIGINT)", &[])?;
     {
@@ -195,16 +190,13 @@ fn sqlite() -> Result<Figures> {
 fn postgres() -> Result<Figures> {
     let url = std::env::var("PG_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".to_owned());
-    let connect_url = url.clone();
-    let pool = Pool::new(4, move || {
-        postgres::Client::connect(&connect_url, postgres::NoTls).map_err(|e| Error::Sql {
-            context: format!("connecting to {connect_url}"),
-            source: e.into(),
-        })
-    });
+    let config: postgres::Config = url.parse()?;
+    let pool = r2d2::Pool::builder()
+        .max_size(4)
+        .build(PostgresConnectionManager::new(config, postgres::NoTls))?;
     let tag = format!("pg{}", std::process::id());
     let raw_table = format!("bench_raw_{tag}");
-    let drop_all = |pool: &Pool<postgres::Client>| -> Result<()> {
+    let drop_all = |pool: &r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>| -> Result<()> {
         let mut c = pool.get()?;
         for t in [
             raw_table.clone(),

@@ -5,10 +5,12 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{idempotent, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore};
+use acemq_amqp::patterns::{
+    idempotent_tx, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore,
+};
 use acemq_amqp::{
-    dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, Message, Outcome,
-    QueueSpec, Result, RetryPolicy,
+    dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
+    Outcome, QueueSpec, Result, RetryPolicy,
 };
 
 fn main() -> Result<()> {
@@ -99,80 +101,95 @@ fn main() -> Result<()> {
     }
 
     // The outbox: the order and its event commit together; the relay publishes the event after
-    // the commit; an idempotent consumer applies it once, however often it arrives.
+    // the commit; a transactional idempotent consumer handles it once, however often it
+    // arrives, and records the next event on the same transaction.
     let dir = tempfile::tempdir().map_err(|e| acemq_amqp::Error::Io {
         context: "making a temporary directory".into(),
         source: e,
     })?;
     let path = dir.path().join("shop.db");
-    let open = move || {
-        rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
-            context: "opening shop.db".into(),
-            source: e.into(),
-        })
-    };
-    let sql_err = |e: rusqlite::Error| acemq_amqp::Error::Sql {
-        context: "the shop's own statements".into(),
-        source: e.into(),
-    };
-    let mut shop = open.clone()()?;
+    let open = move || Ok(rusqlite::Connection::open(&path)?);
+    let mut shop: rusqlite::Connection = open()?;
     shop.execute_batch(
-        "PRAGMA journal_mode=WAL; CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)",
-    )
-    .map_err(sql_err)?;
-    let outbox = SqlOutboxStore::builder(open.clone()).build()?;
+        "PRAGMA journal_mode=WAL; \
+         CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER, shipped INTEGER DEFAULT 0)",
+    )?;
+    let outbox = std::sync::Arc::new(SqlOutboxStore::builder(open.clone()).build()?);
     outbox.create_table()?;
-    let receipts = SqlIdempotencyStore::builder(open.clone()).build()?;
+    let receipts = std::sync::Arc::new(SqlIdempotencyStore::builder(open.clone()).build()?);
     receipts.create_table()?;
 
     let shipping = format!("tour.shipping.{run}");
+    let shipped_events = format!("tour.shipped.{run}");
     connection.declare_queue(&QueueSpec::new(&shipping))?;
+    connection.declare_queue(&QueueSpec::new(&shipped_events))?;
     let event = record(
         &connection,
         "",
         &shipping,
         &serde_json::json!({"order_id": "o-2"}),
     )?;
-    let tx = shop.transaction().map_err(sql_err)?;
-    tx.execute("INSERT INTO orders (id, total) VALUES ('o-2', 1999)", [])
-        .map_err(sql_err)?;
-    let mut tx = tx;
+    let mut tx = shop.transaction()?;
+    tx.execute("INSERT INTO orders (id, total) VALUES ('o-2', 1999)", [])?;
     outbox.add(&mut tx, &event)?;
-    tx.commit().map_err(sql_err)?;
+    tx.commit()?;
     println!("order o-2 and its event committed together");
 
-    let relay = OutboxRelay::new(&connection, SqlOutboxStore::builder(open).build()?);
+    let relay = OutboxRelay::new(&connection, SqlOutboxStore::builder(open.clone()).build()?);
     println!("relay published {} record(s)", relay.sweep()?);
 
-    let shipped = std::sync::Arc::new(AtomicU32::new(0));
     let seen = std::sync::Arc::new(AtomicU32::new(0));
-    let (s, n) = (shipped.clone(), seen.clone());
-    let once = idempotent(receipts, move |m: &Message| {
-        let order: serde_json::Value = m.payload()?;
-        println!("  shipping order {}", order["order_id"]);
-        s.fetch_add(1, Ordering::SeqCst);
-        Ok(Outcome::Accept)
-    });
+    let n = seen.clone();
+    let (next_outbox, next_queue) = (outbox.clone(), shipped_events.clone());
+    // The handler gets the driver's own transaction: the shop's SQL is written with rusqlite's
+    // API, and the same transaction carries the next event and the receipt.
+    let ship = idempotent_tx(
+        receipts,
+        open,
+        move |m: &Message, tx: &mut rusqlite::Transaction<'_>| {
+            let order: serde_json::Value = m.payload()?;
+            let id = order["order_id"].as_str().unwrap_or_default();
+            println!("  shipping order {id}");
+            tx.execute(
+                "UPDATE orders SET shipped = shipped + 1 WHERE id = ?1",
+                [id],
+            )?;
+            let shipped = serde_json::json!({"order_id": id});
+            next_outbox.add(tx, &record(&JsonCodec, "", &next_queue, &shipped)?)?;
+            Ok(Outcome::Accept)
+        },
+    );
     let consumer = connection.consume(&shipping, move |m: &Message| {
+        let outcome = acemq_amqp::Handler::handle(&ship, m);
         n.fetch_add(1, Ordering::SeqCst);
-        acemq_amqp::Handler::handle(&once, m)
+        outcome
     })?;
     wait_until(|| seen.load(Ordering::SeqCst) == 1);
     // The same event a second time (as after a relay crash between confirm and delete).
-    let mut tx = shop.transaction().map_err(sql_err)?;
+    let mut tx = shop.transaction()?;
     outbox.add(&mut tx, &event)?;
-    tx.commit().map_err(sql_err)?;
-    relay.sweep()?;
+    tx.commit()?;
+    println!(
+        "relay published {} record(s): the event again, and the order.shipped event",
+        relay.sweep()?
+    );
     wait_until(|| seen.load(Ordering::SeqCst) == 2);
     consumer.close()?;
-    relay.close()?;
+    let shipped: i64 = shop.query_row("SELECT shipped FROM orders WHERE id = 'o-2'", [], |r| {
+        r.get(0)
+    })?;
     println!(
-        "delivered {} times, shipped {} time(s): the second delivery was ignored",
+        "delivered {} times, shipped {shipped} time(s): the second delivery was ignored",
         seen.load(Ordering::SeqCst),
-        shipped.load(Ordering::SeqCst)
     );
+    println!(
+        "relay published {} record(s): the ignored delivery recorded nothing",
+        relay.sweep()?
+    );
+    relay.close()?;
 
     publisher.close()?;
+    connection.delete_queue(&shipped_events)?;
     for q in [&shipping, &flaky, &doomed] {
         for suffix in ["", ".dlq", ".parked"] {
             connection.delete_queue(&format!("{q}{suffix}"))?;

@@ -212,6 +212,24 @@ impl Error {
     }
 }
 
+#[cfg(feature = "sqlite")]
+impl From<rusqlite::Error> for Error {
+    /// [`Error::Sql`] with the driver's error as its source, for a connections factory or
+    /// handler written with `?`.
+    fn from(e: rusqlite::Error) -> Error {
+        Error::sql("calling SQLite", e)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<postgres::Error> for Error {
+    /// [`Error::Sql`] with the driver's error as its source, for a connections factory or
+    /// handler written with `?`.
+    fn from(e: postgres::Error) -> Error {
+        Error::sql("calling PostgreSQL", e)
+    }
+}
+
 fn amqp_is_retriable(e: &amiquip::Error) -> bool {
     matches!(
         e,

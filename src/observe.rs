@@ -110,6 +110,28 @@ pub trait Observer: Send + Sync + 'static {
     fn outbox(&self, event: &OutboxEvent<'_>) {
         LogObserver.outbox(event)
     }
+
+    /// An idempotent wrapper absorbed a duplicate: it accepted a message whose key was already
+    /// confirmed, without running the handler. The consumer settles it as `accept`, like a real
+    /// run; this event is how an operator sees duplicates being absorbed. Reported by the
+    /// wrappers given this observer ([`Idempotent::observer`](crate::patterns::Idempotent::observer)).
+    fn duplicate(&self, duplicate: &Duplicate<'_>) {
+        LogObserver.duplicate(duplicate)
+    }
+}
+
+/// A duplicate absorbed by an idempotent wrapper (see [`Observer::duplicate`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Duplicate<'a> {
+    /// The idempotency key.
+    pub key: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+    /// The delivery's attempt.
+    pub attempt: u32,
+    /// Duplicates absorbed by this wrapper so far, this one included.
+    pub duplicates: u64,
 }
 
 /// What an outbox relay did.
@@ -217,6 +239,17 @@ impl Observer for LogObserver {
         }
     }
 
+    fn duplicate(&self, d: &Duplicate<'_>) {
+        log::debug!(
+            "acemq: message {} (attempt {}) is a duplicate of key {:?}: accepted without running \
+             the handler ({} duplicate(s) absorbed)",
+            d.message_id,
+            d.attempt,
+            d.key,
+            d.duplicates
+        );
+    }
+
     fn settled(&self, s: &Settlement<'_>) {
         match s.error {
             Some(error) => log::debug!(
@@ -251,5 +284,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn outbox(&self, event: &OutboxEvent<'_>) {
         self.as_ref().outbox(event)
+    }
+    fn duplicate(&self, duplicate: &Duplicate<'_>) {
+        self.as_ref().duplicate(duplicate)
     }
 }

@@ -5,8 +5,8 @@ use std::thread;
 use std::time::Duration;
 
 use acemq_amqp::patterns::{
-    Claim, IdempotencyStore, InMemoryIdempotencyStore, InMemoryOutboxStore, InMemorySchemaRegistry,
-    NewOutboxRecord, OutboxStore, SchemaRegistry,
+    Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore, InMemoryOutboxStore,
+    InMemorySchemaRegistry, NewOutboxRecord, OutboxStore, SchemaRegistry,
 };
 use acemq_amqp::Error;
 
@@ -14,11 +14,11 @@ use acemq_amqp::Error;
 fn idempotency_claims_ttl_and_race() {
     let store = Arc::new(InMemoryIdempotencyStore::new(Duration::from_millis(200)));
     assert!(store.supports_claims());
-    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    assert!(store.claim("a").unwrap().is_claimed());
     assert_eq!(store.claim("a").unwrap(), Claim::InProgress);
     thread::sleep(Duration::from_millis(300));
-    assert_eq!(store.claim("a").unwrap(), Claim::Claimed); // lease taken over
-    store.confirm("a").unwrap();
+    let taken = store.claim("a").unwrap(); // lease taken over
+    store.confirm("a", taken.token().unwrap()).unwrap();
     assert_eq!(store.claim("a").unwrap(), Claim::Duplicate);
     store.forget("a").unwrap();
     assert!(store.first_time("a").unwrap());
@@ -40,9 +40,49 @@ fn idempotency_claims_ttl_and_race() {
     let claimed = handles
         .into_iter()
         .map(|h| h.join().unwrap())
-        .filter(|c| *c == Claim::Claimed)
+        .filter(Claim::is_claimed)
         .count();
     assert_eq!(claimed, 1);
+}
+
+/// Waits (with a deadline) until a claim of `key` takes the lease over; returns its token.
+fn take_over(store: &InMemoryIdempotencyStore, key: &str) -> ClaimToken {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Claim::Claimed(token) = store.claim(key).unwrap() {
+            return token;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never ran out"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn taken_over_claim_keeps_the_first_holders_receipt_in_memory() {
+    let store = InMemoryIdempotencyStore::new(Duration::from_secs(1));
+    let a = take_over(&store, "k"); // A: a new key, claimed at once
+    let b = take_over(&store, "k"); // B, once A's lease ran out
+    store.confirm("k", &a).unwrap(); // A finished
+    store.release("k", &b).unwrap(); // B failed
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
+}
+
+#[test]
+fn stale_holder_cannot_forget_the_new_holders_claim_in_memory() {
+    let store = InMemoryIdempotencyStore::new(Duration::from_secs(1));
+    let a = take_over(&store, "k"); // A
+    let b = take_over(&store, "k"); // B
+    store.release("k", &a).unwrap(); // A failed
+    assert_eq!(
+        store.claim("k").unwrap(),
+        Claim::InProgress,
+        "B still holds it"
+    );
+    store.confirm("k", &b).unwrap();
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
 }
 
 #[test]

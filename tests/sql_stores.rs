@@ -9,7 +9,7 @@ use std::thread;
 use std::time::Duration;
 
 use acemq_amqp::patterns::{
-    fingerprint, Claim, IdempotencyStore, NewOutboxRecord, OutboxStore, SchemaRegistry,
+    fingerprint, Claim, ClaimToken, IdempotencyStore, NewOutboxRecord, OutboxStore, SchemaRegistry,
     SqlIdempotencyStore, SqlOutboxStore, SqlSchemaRegistry,
 };
 use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
@@ -238,27 +238,38 @@ fn database_error_has_source(db: &Db) {
 // ---------------------------------------------------------------------------------------------
 // Idempotency
 
+fn claimed(c: Claim) -> ClaimToken {
+    match c {
+        Claim::Claimed(token) => token,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
 fn idem_round_trip(db: &Db) {
     let (store, _) = idem(db);
     assert!(store.supports_claims());
-    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    let a = claimed(store.claim("a").unwrap());
     assert_eq!(store.claim("a").unwrap(), Claim::InProgress);
-    store.confirm("a").unwrap();
+    store.confirm("a", &a).unwrap();
     assert_eq!(store.claim("a").unwrap(), Claim::Duplicate);
     assert!(!store.first_time("a").unwrap());
-    // forget lets the next claim run
+    // release never deletes a receipt
+    store.release("a", &a).unwrap();
+    assert_eq!(store.claim("a").unwrap(), Claim::Duplicate);
+    // forget (an operator's, by key alone) lets the next claim run
     store.forget("a").unwrap();
-    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
-    // forget of an in-progress claim, too (the work failed)
-    store.forget("a").unwrap();
-    assert_eq!(store.claim("a").unwrap(), Claim::Claimed);
+    let a2 = claimed(store.claim("a").unwrap());
+    assert_ne!(a, a2, "each claim has its own token");
+    // release of the holder's in-progress claim (the work failed) lets the next claim run
+    store.release("a", &a2).unwrap();
+    assert!(store.claim("a").unwrap().is_claimed());
     // first_time records and answers
     assert!(store.first_time("b").unwrap());
     assert!(!store.first_time("b").unwrap());
     assert_eq!(store.claim("b").unwrap(), Claim::Duplicate);
     // keys are independent
-    assert_eq!(store.claim("c").unwrap(), Claim::Claimed);
-    assert_eq!(store.claim("d").unwrap(), Claim::Claimed);
+    assert!(store.claim("c").unwrap().is_claimed());
+    assert!(store.claim("d").unwrap().is_claimed());
 }
 
 fn idem_claim_race(db: &Db) {
@@ -278,11 +289,11 @@ fn idem_claim_race(db: &Db) {
             })
             .collect();
         let outcomes: Vec<Claim> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        let claimed = outcomes.iter().filter(|c| **c == Claim::Claimed).count();
+        let claimed = outcomes.iter().filter(|c| c.is_claimed()).count();
         assert_eq!(claimed, 1, "{outcomes:?}");
         assert!(outcomes
             .iter()
-            .all(|c| matches!(c, Claim::Claimed | Claim::InProgress)));
+            .all(|c| matches!(c, Claim::Claimed(_) | Claim::InProgress)));
     }
 }
 
@@ -303,7 +314,7 @@ fn idem_claim_race_on_transactions(db: &Db) {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(
-        outcomes.iter().filter(|c| **c == Claim::Claimed).count(),
+        outcomes.iter().filter(|c| c.is_claimed()).count(),
         1,
         "{outcomes:?}"
     );
@@ -318,15 +329,69 @@ fn idem_lease_take_over(db: &Db) {
         .build()
         .unwrap();
     store.create_table().unwrap();
-    assert_eq!(store.claim("k").unwrap(), Claim::Claimed);
+    assert!(store.claim("k").unwrap().is_claimed());
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
     thread::sleep(Duration::from_millis(400));
     // The first worker is presumed dead: exactly one of two racing claims takes over.
-    assert_eq!(store.claim("k").unwrap(), Claim::Claimed);
+    let second = claimed(store.claim("k").unwrap());
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
-    store.confirm("k").unwrap();
+    store.confirm("k", &second).unwrap();
     thread::sleep(Duration::from_millis(400));
     // A confirmation is not a lease: it holds for the retention (24 h by default).
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
+}
+
+fn fenced_store(db: &Db) -> SqlIdempotencyStore {
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(db.table("fence"))
+        .claim_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    store
+}
+
+/// A's lease runs out mid-handler, B takes the key over, A confirms, B fails and gives its claim
+/// back: A's receipt survives, so the next delivery is a duplicate.
+fn idem_taken_over_claim_keeps_the_first_holders_receipt(db: &Db) {
+    let store = fenced_store(db);
+    let a = claimed(store.claim("k").unwrap());
+    // B: in progress while A's lease holds, then taken over.
+    let mut b = None;
+    assert!(support::eventually(Duration::from_secs(20), || {
+        b = store.claim("k").unwrap().token().cloned();
+        b.is_some()
+    }));
+    let b = b.unwrap();
+    assert_ne!(a, b);
+    store.confirm("k", &a).unwrap(); // A finished its work
+    store.release("k", &b).unwrap(); // B failed
+    assert_eq!(
+        store.claim("k").unwrap(),
+        Claim::Duplicate,
+        "A's receipt survived B's failure"
+    );
+    // B finishing after all changes nothing either.
+    store.confirm("k", &b).unwrap();
+    assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
+}
+
+/// A's lease runs out, B takes the key over, A fails: A's give-back must not delete B's claim.
+fn idem_stale_holder_cannot_forget_the_new_holders_claim(db: &Db) {
+    let store = fenced_store(db);
+    let a = claimed(store.claim("k").unwrap());
+    let mut b = None;
+    assert!(support::eventually(Duration::from_secs(20), || {
+        b = store.claim("k").unwrap().token().cloned();
+        b.is_some()
+    }));
+    store.release("k", &a).unwrap(); // A failed
+    assert_eq!(
+        store.claim("k").unwrap(),
+        Claim::InProgress,
+        "B still holds the key"
+    );
+    store.confirm("k", &b.unwrap()).unwrap();
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
 }
 
@@ -340,14 +405,14 @@ fn idem_retention_and_purge(db: &Db) {
         .unwrap();
     store.create_table().unwrap();
     assert!(store.first_time("old").unwrap());
-    assert_eq!(store.claim("live").unwrap(), Claim::Claimed);
+    assert!(store.claim("live").unwrap().is_claimed());
     thread::sleep(Duration::from_millis(400));
     assert!(store.first_time("new").unwrap());
     assert_eq!(db.count(&table), 3);
     // Past retention "old" is gone for purge, and counts as new for claims.
     assert_eq!(store.purge_expired().unwrap(), 1);
     assert_eq!(db.count(&table), 2);
-    assert_eq!(store.claim("old").unwrap(), Claim::Claimed);
+    assert!(store.claim("old").unwrap().is_claimed());
     assert_eq!(store.claim("live").unwrap(), Claim::InProgress);
     assert!(!store.first_time("new").unwrap());
 }
@@ -357,20 +422,20 @@ fn idem_transactional(db: &Db) {
     // Rolled back: neither claim nor receipt survives.
     let inside = db.in_tx(false, |tx| {
         let c = store.claim_in(tx, "k").unwrap();
-        store.confirm_in(tx, "k").unwrap();
+        store.confirm_in(tx, "k", c.token().unwrap()).unwrap();
         c
     });
-    assert_eq!(inside, Claim::Claimed);
+    assert!(inside.is_claimed());
     assert_eq!(db.count(&table), 0);
     // Committed: the receipt commits with the work.
     db.in_tx(true, |tx| {
-        assert_eq!(store.claim_in(tx, "k").unwrap(), Claim::Claimed);
+        let token = claimed(store.claim_in(tx, "k").unwrap());
         tx.execute(
             &format!("CREATE TABLE {} (x BIGINT)", db.table("work")),
             &[],
         )
         .unwrap();
-        store.confirm_in(tx, "k").unwrap();
+        store.confirm_in(tx, "k", &token).unwrap();
     });
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
     db.in_tx(true, |tx| {
@@ -668,6 +733,8 @@ on_both!(
     idem_claim_race_on_transactions,
     idem_lease_take_over,
     idem_retention_and_purge,
+    idem_taken_over_claim_keeps_the_first_holders_receipt,
+    idem_stale_holder_cannot_forget_the_new_holders_claim,
     idem_transactional,
     outbox_rollback_then_commit,
     outbox_refuses_autocommit,
@@ -695,5 +762,32 @@ fn fingerprint_vectors() {
             case["sha256"].as_str().unwrap(),
             "{def:?}"
         );
+    }
+}
+
+/// A connections factory written with `?` on driver calls: the driver's error becomes
+/// `Error::Sql` with it as the source.
+#[test]
+fn driver_errors_convert_into_error_sql() {
+    fn sqlite() -> acemq_amqp::Result<rusqlite::Connection> {
+        let conn = rusqlite::Connection::open_in_memory()?;
+        conn.execute_batch("NOT SQL")?;
+        Ok(conn)
+    }
+    fn pg() -> acemq_amqp::Result<postgres::Client> {
+        let mut client = db::pg_connect()?;
+        client.batch_execute("NOT SQL")?;
+        Ok(client)
+    }
+    match sqlite().map(drop).unwrap_err() {
+        Error::Sql { source, .. } => assert!(source.downcast_ref::<rusqlite::Error>().is_some()),
+        other => panic!("{other:?}"),
+    }
+    match pg().map(drop).unwrap_err() {
+        Error::Sql { source, .. } => {
+            let e = source.downcast_ref::<postgres::Error>().unwrap();
+            assert!(e.as_db_error().is_some(), "{e:?}");
+        }
+        other => panic!("{other:?}"),
     }
 }

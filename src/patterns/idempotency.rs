@@ -5,17 +5,28 @@
 //! [`IdempotencyStore::first_time`] answers "have I seen this key?" and records it in one step.
 //! A store that [supports claims](IdempotencyStore::supports_claims) offers the safer two-step
 //! form: [`claim`](IdempotencyStore::claim) before the work, [`confirm`](IdempotencyStore::confirm)
-//! after it, [`forget`](IdempotencyStore::forget) when the work failed and should run again.
+//! after it, [`release`](IdempotencyStore::release) when the work failed and should run again.
 //!
 //! - A claim is a **lease**: it holds for `claim_timeout`. While it holds, other claims of the
 //!   same key get [`Claim::InProgress`]; once its deadline has passed, the next claim takes it
 //!   over and gets [`Claim::Claimed`] (the first worker is presumed dead).
+//! - A claim is **fenced**: [`Claim::Claimed`] carries a fresh [`ClaimToken`], written with the
+//!   claim. `release` deletes the claim only while that token still holds it, so a worker whose
+//!   lease was taken over cannot give back its successor's claim, and a confirmed key is never
+//!   deleted by `release`. `confirm` turns the holder's claim into a receipt; a holder whose
+//!   lease was taken over still records the receipt when it confirms (its work *is* done, and a
+//!   receipt is what stops the key from running a third time), with a warning in the log.
 //! - A confirmed key is a **receipt**: claims get [`Claim::Duplicate`] until `retention` has
 //!   passed; after that the key counts as new again, whether or not it was purged.
 //! - In [`SqlIdempotencyStore`] the insert *is* the claim: one `INSERT … ON CONFLICT DO UPDATE …
 //!   WHERE deadline_ms <= now` statement, atomic by the primary key across threads, processes
-//!   and hosts. Nothing on the message path deletes rows; [`SqlIdempotencyStore::purge_expired`]
-//!   does.
+//!   and hosts. Nothing on the message path deletes a receipt: `release` deletes only the
+//!   caller's own claim (`WHERE key = ? AND state = 'CLAIMED' AND token = ?`),
+//!   [`SqlIdempotencyStore::purge_expired`] deletes what has expired, and
+//!   [`forget`](IdempotencyStore::forget) (by key alone, whatever its state) is for operators.
+//!
+//! The table has a `token` column (since 0.1: tables created before it need
+//! `ALTER TABLE acemq_idempotency ADD COLUMN token TEXT`).
 //! - [`SqlIdempotencyStore::claim_in`] and [`SqlIdempotencyStore::confirm_in`] run on the
 //!   caller's transaction so the receipt commits (or rolls back) with the work. On PostgreSQL a
 //!   second claim of a key whose claim is not yet committed waits for that transaction. On
@@ -40,14 +51,61 @@ use crate::error::{Error, Result};
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
 
 /// The outcome of [`IdempotencyStore::claim`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Claim {
-    /// The caller holds the key now: do the work, then confirm (or forget on failure).
-    Claimed,
+    /// The caller holds the key now, fenced by this token: do the work, then
+    /// [`confirm`](IdempotencyStore::confirm) it (or [`release`](IdempotencyStore::release) it
+    /// on failure) with the token.
+    Claimed(ClaimToken),
     /// Another worker holds an unexpired claim on the key: the work may be under way.
     InProgress,
     /// The key was confirmed (within the retention period): the work is done.
     Duplicate,
+}
+
+impl Claim {
+    /// True for [`Claim::Claimed`].
+    pub fn is_claimed(&self) -> bool {
+        matches!(self, Claim::Claimed(_))
+    }
+
+    /// The token of a [`Claim::Claimed`].
+    pub fn token(&self) -> Option<&ClaimToken> {
+        match self {
+            Claim::Claimed(token) => Some(token),
+            _ => None,
+        }
+    }
+}
+
+/// Who holds a claim: a fresh random value written with the claim, which `confirm` and
+/// `release` must present (see the [module docs](self)).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ClaimToken(String);
+
+impl ClaimToken {
+    /// A fresh token (122 random bits, as text).
+    pub fn new() -> ClaimToken {
+        ClaimToken(crate::envelope::new_id())
+    }
+
+    /// The token as text, as stored in the `token` column.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for ClaimToken {
+    /// A fresh token.
+    fn default() -> Self {
+        ClaimToken::new()
+    }
+}
+
+impl fmt::Debug for ClaimToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ClaimToken").field(&self.0).finish()
+    }
 }
 
 /// Records which message keys were handled.
@@ -61,7 +119,11 @@ pub trait IdempotencyStore: Send + Sync {
     /// A store error, such as [`Error::Sql`].
     fn first_time(&self, key: &str) -> Result<bool>;
 
-    /// Forgets `key`, claimed or confirmed, so that the next claim of it runs.
+    /// Forgets `key` by its name alone, claimed or confirmed, so that the next claim of it runs.
+    ///
+    /// Not fenced: it deletes a receipt, or a claim someone else holds. It is for operators and
+    /// for stores without claims; the message path of a store with claims uses
+    /// [`release`](Self::release).
     ///
     /// # Errors
     ///
@@ -70,28 +132,44 @@ pub trait IdempotencyStore: Send + Sync {
 
     /// Claims `key` for processing.
     ///
-    /// The default, for stores that only have `first_time`, answers [`Claim::Claimed`] when
-    /// `first_time` is true and [`Claim::Duplicate`] otherwise.
+    /// The default, for stores that only have `first_time`, answers [`Claim::Claimed`] (with a
+    /// fresh token the store does not keep) when `first_time` is true and [`Claim::Duplicate`]
+    /// otherwise.
     ///
     /// # Errors
     ///
     /// A store error, such as [`Error::Sql`].
     fn claim(&self, key: &str) -> Result<Claim> {
         Ok(if self.first_time(key)? {
-            Claim::Claimed
+            Claim::Claimed(ClaimToken::new())
         } else {
             Claim::Duplicate
         })
     }
 
-    /// Confirms a claimed `key`: the work is done. The default does nothing.
+    /// Confirms the claim `token` holds on `key`: the work is done, the key becomes a receipt.
+    /// If the claim was taken over (or has expired) meanwhile the receipt is recorded all the
+    /// same. The default does nothing.
     ///
     /// # Errors
     ///
     /// A store error, such as [`Error::Sql`].
-    fn confirm(&self, key: &str) -> Result<()> {
-        let _ = key;
+    fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        let _ = (key, token);
         Ok(())
+    }
+
+    /// Gives back the claim `token` holds on `key` (the work failed and should run again).
+    /// Does nothing when the key is confirmed or claimed under another token.
+    ///
+    /// The default, for stores without claims, is [`forget`](Self::forget).
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        let _ = token;
+        self.forget(key)
     }
 
     /// True when `claim` and `confirm` are real (a lease and a receipt), false when they are
@@ -111,8 +189,11 @@ impl<T: IdempotencyStore + ?Sized> IdempotencyStore for Arc<T> {
     fn claim(&self, key: &str) -> Result<Claim> {
         (**self).claim(key)
     }
-    fn confirm(&self, key: &str) -> Result<()> {
-        (**self).confirm(key)
+    fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        (**self).confirm(key, token)
+    }
+    fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        (**self).release(key, token)
     }
     fn supports_claims(&self) -> bool {
         (**self).supports_claims()
@@ -142,6 +223,8 @@ struct Entries {
 struct Entry {
     confirmed: bool,
     deadline: Instant,
+    /// The holder of a claim; `None` for a receipt.
+    token: Option<ClaimToken>,
 }
 
 impl InMemoryIdempotencyStore {
@@ -178,31 +261,27 @@ impl InMemoryIdempotencyStore {
     }
 
     /// Inserts or takes over `key` unless a live entry holds it; returns the live entry's state.
-    fn take(&self, key: &str, confirmed: bool) -> Option<bool> {
+    fn take(&self, key: &str, token: Option<&ClaimToken>) -> Option<bool> {
         let now = Instant::now();
         let deadline = now + self.ttl;
+        let fresh = Entry {
+            confirmed: token.is_none(),
+            deadline,
+            token: token.cloned(),
+        };
         let mut entries = self.entries.lock();
         if let Some(e) = entries.map.get_mut(key) {
             if e.deadline > now {
                 return Some(e.confirmed);
             }
-            *e = Entry {
-                confirmed,
-                deadline,
-            };
+            *e = fresh;
             return None;
         }
         entries.inserts += 1;
         if entries.inserts.is_multiple_of(1024) {
             entries.map.retain(|_, e| e.deadline > now);
         }
-        entries.map.insert(
-            key.to_owned(),
-            Entry {
-                confirmed,
-                deadline,
-            },
-        );
+        entries.map.insert(key.to_owned(), fresh);
         None
     }
 }
@@ -225,7 +304,7 @@ impl fmt::Debug for InMemoryIdempotencyStore {
 
 impl IdempotencyStore for InMemoryIdempotencyStore {
     fn first_time(&self, key: &str) -> Result<bool> {
-        Ok(self.take(key, true).is_none())
+        Ok(self.take(key, None).is_none())
     }
 
     fn forget(&self, key: &str) -> Result<()> {
@@ -234,22 +313,43 @@ impl IdempotencyStore for InMemoryIdempotencyStore {
     }
 
     fn claim(&self, key: &str) -> Result<Claim> {
-        Ok(match self.take(key, false) {
-            None => Claim::Claimed,
+        let token = ClaimToken::new();
+        Ok(match self.take(key, Some(&token)) {
+            None => Claim::Claimed(token),
             Some(true) => Claim::Duplicate,
             Some(false) => Claim::InProgress,
         })
     }
 
-    fn confirm(&self, key: &str) -> Result<()> {
-        let deadline = Instant::now() + self.ttl;
-        self.entries.lock().map.insert(
-            key.to_owned(),
-            Entry {
-                confirmed: true,
-                deadline,
-            },
-        );
+    fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        let now = Instant::now();
+        let mut entries = self.entries.lock();
+        let receipt = Entry {
+            confirmed: true,
+            deadline: now + self.ttl,
+            token: None,
+        };
+        if let Some(e) = entries.map.get(key) {
+            if !e.confirmed && e.deadline > now && e.token.as_ref() != Some(token) {
+                log::warn!(
+                    "acemq: the claim on {key:?} was taken over before it was confirmed; \
+                     recording the receipt (the work may have run twice)"
+                );
+            }
+        }
+        entries.map.insert(key.to_owned(), receipt);
+        Ok(())
+    }
+
+    fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+        let mut entries = self.entries.lock();
+        if entries
+            .map
+            .get(key)
+            .is_some_and(|e| !e.confirmed && e.token.as_ref() == Some(token))
+        {
+            entries.map.remove(key);
+        }
         Ok(())
     }
 
@@ -279,6 +379,7 @@ mod sql_store {
         confirm: String,
         confirm_claimed: String,
         state: String,
+        release: String,
         forget: String,
         purge: String,
     }
@@ -289,24 +390,33 @@ mod sql_store {
                 Dialect::Postgres => s,
                 Dialect::Sqlite => s.replace('$', "?"),
             };
-            let upsert = |state: &str, condition: &str| {
+            // $1 key, $2 deadline, then the statement's own.
+            let upsert = |state: &str, token: &str, condition: &str| {
                 p(format!(
-                    "INSERT INTO {t} (key, state, deadline_ms) VALUES ($1, '{state}', $2) \
+                    "INSERT INTO {t} (key, state, deadline_ms, token) \
+                     VALUES ($1, '{state}', $2, {token}) \
                      ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
-                     deadline_ms = excluded.deadline_ms{condition}"
+                     deadline_ms = excluded.deadline_ms, token = excluded.token{condition}"
                 ))
             };
             let expired = format!(" WHERE {t}.deadline_ms <= $3");
             Statements {
-                claim: upsert(CLAIMED, &expired),
-                first_time: upsert(CONFIRMED, &expired),
-                confirm: upsert(CONFIRMED, ""),
-                // The common case: the key was claimed. A plain update is cheaper than an upsert
-                // (no speculative insert); the upsert covers a confirm without a claim.
+                // $3 now, $4 the claim's token
+                claim: upsert(CLAIMED, "$4", &expired),
+                first_time: upsert(CONFIRMED, "NULL", &expired),
+                confirm: upsert(CONFIRMED, "NULL", ""),
+                // The holder's confirm, fenced by its token ($3). When it changes nothing (the
+                // claim was taken over, or expired and was purged) the upsert records the
+                // receipt all the same: the work is done.
                 confirm_claimed: p(format!(
-                    "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = $2 WHERE key = $1"
+                    "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = $2, token = NULL \
+                     WHERE key = $1 AND state = '{CLAIMED}' AND token = $3"
                 )),
                 state: p(format!("SELECT state FROM {t} WHERE key = $1")),
+                // Fenced: only the holder's own claim, never a receipt.
+                release: p(format!(
+                    "DELETE FROM {t} WHERE key = $1 AND state = '{CLAIMED}' AND token = $2"
+                )),
                 forget: p(format!("DELETE FROM {t} WHERE key = $1")),
                 purge: p(format!("DELETE FROM {t} WHERE deadline_ms <= $1")),
             }
@@ -339,8 +449,11 @@ mod sql_store {
     /// .build()?;
     /// store.create_table()?;
     /// # store.forget("order-1")?;
-    /// assert_eq!(store.claim("order-1")?, Claim::Claimed);
-    /// store.confirm("order-1")?;
+    /// let Claim::Claimed(token) = store.claim("order-1")? else {
+    ///     panic!("order-1 is new");
+    /// };
+    /// // … the work …
+    /// store.confirm("order-1", &token)?;
     /// assert_eq!(store.claim("order-1")?, Claim::Duplicate);
     /// # Ok(())
     /// # }
@@ -498,8 +611,8 @@ mod sql_store {
         /// # Errors
         ///
         /// [`Error::Sql`] if the statement fails.
-        pub fn confirm_in(&self, tx: &mut dyn Sql, key: &str) -> Result<()> {
-            self.confirm_on(tx, key)
+        pub fn confirm_in(&self, tx: &mut dyn Sql, key: &str, token: &ClaimToken) -> Result<()> {
+            self.confirm_on(tx, key, token)
         }
 
         fn statements(&self, conn: &dyn Sql) -> &Statements {
@@ -518,18 +631,20 @@ mod sql_store {
             let lease = sql::duration_ms(self.claim_timeout);
             // The row may be deleted (forget, purge) between the failed upsert and the read:
             // then try again.
+            let token = ClaimToken::new();
             for _ in 0..8 {
                 let now = sql::now_ms();
                 let params = [
                     Value::Text(key.to_owned()),
                     Value::Integer(now.saturating_add(lease)),
                     Value::Integer(now),
+                    Value::Text(token.as_str().to_owned()),
                 ];
                 let changed = conn
                     .execute(&s.claim, &params)
                     .map_err(|e| self.context(e, "claiming a key"))?;
                 if changed > 0 {
-                    return Ok(Claim::Claimed);
+                    return Ok(Claim::Claimed(token));
                 }
                 let rows = conn
                     .query(&s.state, &params[..1])
@@ -545,15 +660,25 @@ mod sql_store {
             Ok(Claim::InProgress)
         }
 
-        fn confirm_on(&self, conn: &mut dyn Sql, key: &str) -> Result<()> {
+        fn confirm_on(&self, conn: &mut dyn Sql, key: &str, token: &ClaimToken) -> Result<()> {
             let s = self.statements(conn);
             let deadline = sql::now_ms().saturating_add(sql::duration_ms(self.retention));
-            let params = [Value::Text(key.to_owned()), Value::Integer(deadline)];
+            let params = [
+                Value::Text(key.to_owned()),
+                Value::Integer(deadline),
+                Value::Text(token.as_str().to_owned()),
+            ];
             let updated = conn
                 .execute(&s.confirm_claimed, &params)
                 .map_err(|e| self.context(e, "confirming a key"))?;
             if updated == 0 {
-                conn.execute(&s.confirm, &params)
+                log::warn!(
+                    "acemq: the claim on {key:?} in table {} was no longer held by its token \
+                     (taken over after its lease ran out, or expired) when it was confirmed; \
+                     recording the receipt (the work may have run twice)",
+                    self.table
+                );
+                conn.execute(&s.confirm, &params[..2])
                     .map_err(|e| self.context(e, "confirming a key"))?;
             }
             Ok(())
@@ -591,9 +716,23 @@ mod sql_store {
             self.claim_on(&mut *conn, key)
         }
 
-        fn confirm(&self, key: &str) -> Result<()> {
+        fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
             let mut conn = (self.connect)()?;
-            self.confirm_on(&mut *conn, key)
+            self.confirm_on(&mut *conn, key, token)
+        }
+
+        fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            conn.execute(
+                &s.release,
+                &[
+                    Value::Text(key.to_owned()),
+                    Value::Text(token.as_str().to_owned()),
+                ],
+            )
+            .map_err(|e| self.context(e, "releasing a claim"))?;
+            Ok(())
         }
 
         fn supports_claims(&self) -> bool {

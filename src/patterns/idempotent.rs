@@ -5,13 +5,17 @@
 //!
 //! * first time ([`Claim::Claimed`]) → the handler runs; on accept the claim is confirmed;
 //! * duplicate ([`Claim::Duplicate`]: confirmed before) → accepted without running the
-//!   handler — a duplicate is not an alarm;
+//!   handler — a duplicate is not an alarm, and settles exactly like a real run; the wrapper
+//!   counts it ([`Idempotent::duplicates`]) and reports it to its observer
+//!   ([`Observer::duplicate`], set with [`Idempotent::observer`]);
 //! * in progress ([`Claim::InProgress`]: claimed by someone whose lease still holds) →
 //!   [`Outcome::InProgress`] so it comes back later without spending an attempt.
 //!
 //! When the handler does not accept — an `Err`, a panic, or any other outcome — the claim is
-//! **given back** (`forget`) before the outcome is returned, so the retry really runs and the
-//! retry policy and dead-letter queue are reached as without the wrapper.
+//! **given back** ([`release`](IdempotencyStore::release), fenced by the claim's token) before
+//! the outcome is returned, so the retry really runs and the retry policy and dead-letter queue
+//! are reached as without the wrapper. A worker whose lease ran out mid-handler and was taken
+//! over gives back nothing of its successor's, and a receipt is never given back.
 //!
 //! A store with only `first_time` (no claims) works too, but cannot tell work in progress from
 //! work done: a redelivery while the first delivery is still running is taken for a duplicate.
@@ -24,22 +28,69 @@
 //!
 //! # The transactional form
 //!
-//! [`idempotent_tx`] opens a database transaction, claims the key **on it**, runs the handler
-//! with the same transaction, confirms the receipt on it and commits; the message is
-//! acknowledged only after the commit. So the receipt commits if and only if the work does:
+//! [`idempotent_tx`] opens a database transaction (the driver's own: `rusqlite::Transaction`,
+//! `postgres::Transaction`), claims the key **on it**, runs the handler with the same
+//! transaction, confirms the receipt on it and commits; the message is acknowledged only after
+//! the commit. The handler can record the messages it causes in the outbox on that transaction
+//! ([`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add)): they are published by the
+//! relay if and only if the work commits. So the receipt commits if and only if the work does:
 //! a crash between the commit and the acknowledgement leads to a redelivery that finds the
 //! receipt and is acknowledged without running the effect again. Effects **outside** the
 //! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
 use crate::error::BoxError;
-use crate::patterns::{Claim, IdempotencyStore};
+use crate::observe::{Duplicate, LogObserver, Observer};
+use crate::patterns::{Claim, ClaimToken, IdempotencyStore};
 
 type KeyFn = Box<dyn Fn(&Message) -> Result<String, BoxError> + Send + Sync>;
+
+/// The number of duplicates an idempotent wrapper absorbed, shared with it: take it with
+/// [`Idempotent::duplicates`] before the wrapper moves into a consumer.
+#[derive(Clone, Debug, Default)]
+pub struct DuplicateCount(Arc<AtomicU64>);
+
+impl DuplicateCount {
+    /// Duplicates absorbed so far.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What the wrappers keep to report duplicates.
+struct Duplicates {
+    observer: Arc<dyn Observer>,
+    count: DuplicateCount,
+}
+
+impl Default for Duplicates {
+    fn default() -> Self {
+        Duplicates {
+            observer: Arc::new(LogObserver),
+            count: DuplicateCount::default(),
+        }
+    }
+}
+
+impl Duplicates {
+    /// Counts and reports a duplicate of `key`; the outcome is an accept, as for a real run.
+    fn absorbed(&self, key: &str, m: &Message) -> HandlerResult {
+        let duplicates = self.count.0.fetch_add(1, Ordering::Relaxed) + 1;
+        self.observer.duplicate(&Duplicate {
+            key,
+            message_id: m.id(),
+            attempt: m.envelope.attempt,
+            duplicates,
+        });
+        Ok(Outcome::Accept)
+    }
+}
 
 /// Wraps `handler` so that each key's effect is applied once. See the [module docs](self).
 ///
@@ -66,6 +117,7 @@ where
         handler,
         key: None,
         in_progress_delay: Duration::from_secs(5),
+        duplicates: Duplicates::default(),
     }
 }
 
@@ -75,6 +127,7 @@ pub struct Idempotent<S, H> {
     handler: H,
     key: Option<KeyFn>,
     in_progress_delay: Duration,
+    duplicates: Duplicates,
 }
 
 impl<S, H> Idempotent<S, H> {
@@ -92,6 +145,19 @@ impl<S, H> Idempotent<S, H> {
     pub fn in_progress_delay(mut self, delay: Duration) -> Self {
         self.in_progress_delay = delay;
         self
+    }
+
+    /// Where absorbed duplicates are reported ([`Observer::duplicate`]); give it the observer
+    /// the connection has. Defaults to [`LogObserver`] (a debug line).
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.duplicates.observer = Arc::new(observer);
+        self
+    }
+
+    /// The count of duplicates this wrapper absorbed (a shared handle: it goes on counting
+    /// after the wrapper moved into a consumer).
+    pub fn duplicates(&self) -> DuplicateCount {
+        self.duplicates.count.clone()
     }
 }
 
@@ -121,27 +187,30 @@ where
         let claim = if self.store.supports_claims() {
             self.store.claim(&key)?
         } else if self.store.first_time(&key)? {
-            Claim::Claimed
+            Claim::Claimed(ClaimToken::new())
         } else {
             Claim::Duplicate
         };
         match claim {
-            Claim::Duplicate => {
-                log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
-                Ok(Outcome::Accept)
-            }
+            Claim::Duplicate => self.duplicates.absorbed(&key, m),
             Claim::InProgress => Ok(Outcome::in_progress(self.in_progress_delay)),
-            Claim::Claimed => {
+            Claim::Claimed(token) => {
                 let result = catch_unwind(AssertUnwindSafe(|| self.handler.handle(m)));
                 if matches!(result, Ok(Ok(Outcome::Accept))) {
-                    if let Err(e) = self.store.confirm(&key) {
+                    if let Err(e) = self.store.confirm(&key, &token) {
                         // The effect is done; the claim expires by itself.
                         log::warn!("acemq: confirming {key:?} failed (the claim will expire): {e}");
                     }
                     return Ok(Outcome::Accept);
                 }
-                // Give the claim back before the retry is issued, so that the retry runs.
-                if let Err(e) = self.store.forget(&key) {
+                // Give the claim back before the retry is issued, so that the retry runs. For a
+                // store without claims this forgets the key (`first_time` recorded it as done).
+                let given_back = if self.store.supports_claims() {
+                    self.store.release(&key, &token)
+                } else {
+                    self.store.forget(&key)
+                };
+                if let Err(e) = given_back {
                     log::warn!("acemq: giving back the claim on {key:?} failed: {e}");
                 }
                 match result {
@@ -160,15 +229,53 @@ pub use self::transactional::{idempotent_tx, IdempotentTx};
 mod transactional {
     use super::*;
     use crate::patterns::SqlIdempotencyStore;
-    use crate::sql::{Dialect, Sql};
-    use std::sync::Arc;
+    use crate::sql::{SqlTransaction, Transactional};
 
     /// The transactional idempotent consumer: claim, effect and receipt in one database
     /// transaction, committed before the message is acknowledged. See the
     /// [module docs](super).
     ///
-    /// `connect` opens (or checks out) a connection for each message; `handler` does its work on
-    /// the transaction it is given and returns an outcome: only [`Outcome::Accept`] commits.
+    /// `connect` opens (or checks out) a connection for each message: a
+    /// `rusqlite::Connection`, a `postgres::Client`, or an r2d2 checkout of either
+    /// ([`sql::checkout`](crate::sql::checkout)). The handler runs on **the driver's own
+    /// transaction** (`rusqlite::Transaction`, `postgres::Transaction`; see
+    /// [`Transactional`]), so it writes its business SQL with the driver's API, and passes the
+    /// same transaction to the stores that write on the caller's transaction, such as
+    /// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add) to record the next
+    /// message. Only [`Outcome::Accept`] commits; anything else rolls back, claim included.
+    ///
+    /// A connection that fails at `BEGIN`, before the handler ran, is replaced by another (up
+    /// to three) without spending the message's delivery attempt.
+    ///
+    /// ```no_run
+    /// # #[cfg(feature = "postgres")]
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// use std::sync::Arc;
+    /// use acemq_amqp::patterns::{idempotent_tx, record, SqlIdempotencyStore, SqlOutboxStore};
+    /// use acemq_amqp::sql::{checkout, PostgresConnectionManager};
+    /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
+    ///
+    /// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;
+    /// let pool = r2d2::Pool::new(PostgresConnectionManager::new(config, postgres::NoTls))?;
+    /// let receipts = Arc::new(SqlIdempotencyStore::builder(checkout(&pool)).build()?);
+    /// let outbox = SqlOutboxStore::builder(checkout(&pool)).build()?;
+    /// let handler = idempotent_tx(
+    ///     receipts,
+    ///     checkout(&pool),
+    ///     move |m: &Message, tx: &mut postgres::Transaction<'_>| {
+    ///         let order: serde_json::Value = m.payload()?;
+    ///         let id = order["id"].as_str().unwrap_or_default();
+    ///         tx.execute("UPDATE orders SET paid = true WHERE id = $1", &[&id])?;
+    ///         outbox.add(tx, &record(&JsonCodec, "shop", "order.paid", &order)?)?;
+    ///         Ok(Outcome::Accept)
+    ///     },
+    /// );
+    /// let connection = Connection::open("amqp://127.0.0.1")?;
+    /// let consumer = connection.consume("payments", handler)?;
+    /// # consumer.close()?; Ok(()) }
+    /// # #[cfg(not(feature = "postgres"))]
+    /// # fn main() {}
+    /// ```
     pub fn idempotent_tx<F, C, H>(
         store: Arc<SqlIdempotencyStore>,
         connect: F,
@@ -176,8 +283,8 @@ mod transactional {
     ) -> IdempotentTx<F, H>
     where
         F: Fn() -> crate::Result<C> + Send + Sync,
-        C: Sql,
-        H: Fn(&Message, &mut dyn Sql) -> HandlerResult + Send + Sync,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult + Send + Sync,
     {
         IdempotentTx {
             store,
@@ -185,6 +292,7 @@ mod transactional {
             handler,
             key: None,
             in_progress_delay: Duration::from_secs(5),
+            duplicates: Duplicates::default(),
         }
     }
 
@@ -195,6 +303,7 @@ mod transactional {
         handler: H,
         key: Option<KeyFn>,
         in_progress_delay: Duration,
+        duplicates: Duplicates,
     }
 
     impl<F, H> IdempotentTx<F, H> {
@@ -212,10 +321,25 @@ mod transactional {
             self.in_progress_delay = delay;
             self
         }
+
+        /// Where absorbed duplicates are reported ([`Observer::duplicate`]). Defaults to
+        /// [`LogObserver`].
+        pub fn observer(mut self, observer: impl Observer) -> Self {
+            self.duplicates.observer = Arc::new(observer);
+            self
+        }
+
+        /// The count of duplicates this wrapper absorbed (a shared handle).
+        pub fn duplicates(&self) -> DuplicateCount {
+            self.duplicates.count.clone()
+        }
     }
 
-    fn rollback(conn: &mut dyn Sql) {
-        if let Err(e) = conn.execute("ROLLBACK", &[]) {
+    /// How many connections one message may try at `BEGIN` before its handler runs.
+    const BEGIN_TRIES: usize = 3;
+
+    fn rollback<T: SqlTransaction>(tx: T) {
+        if let Err(e) = tx.rollback() {
             log::warn!("acemq: rollback failed: {e}");
         }
     }
@@ -223,52 +347,69 @@ mod transactional {
     impl<F, C, H> Handler for IdempotentTx<F, H>
     where
         F: Fn() -> crate::Result<C>,
-        C: Sql,
-        H: Fn(&Message, &mut dyn Sql) -> HandlerResult,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
     {
         fn handle(&self, m: &Message) -> HandlerResult {
             let key = key_of(&self.key, m)?;
-            let mut conn = (self.connect)()?;
-            let conn: &mut dyn Sql = &mut conn;
-            // SQLite: take the write lock now, so two deliveries of one key serialise instead
-            // of failing on the lock upgrade.
-            let begin = match conn.dialect() {
-                Dialect::Sqlite => "BEGIN IMMEDIATE",
-                Dialect::Postgres => "BEGIN",
-            };
-            conn.execute(begin, &[])?;
-            let claim = match self.store.claim_in(conn, &key) {
+            // A connection that fails at BEGIN (one the server killed, say in a restart, that
+            // a pool handed out) is dropped and the step retried on another, so that it does
+            // not cost the message a delivery attempt: the handler has not run. A failing
+            // checkout is returned at once (a pool has already waited its checkout timeout).
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let mut conn = (self.connect)()?;
+                let begun = conn.begin();
+                match begun {
+                    Ok(tx) => return self.run(m, &key, tx),
+                    Err(e) if tries < BEGIN_TRIES => {
+                        log::warn!("acemq: BEGIN failed, trying another connection: {e}");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+
+    impl<F, H> IdempotentTx<F, H> {
+        /// Claim, handler, receipt and commit on `tx`.
+        fn run<T>(&self, m: &Message, key: &str, mut tx: T) -> HandlerResult
+        where
+            T: SqlTransaction,
+            H: Fn(&Message, &mut T) -> HandlerResult,
+        {
+            let claim = match self.store.claim_in(&mut tx, key) {
                 Ok(c) => c,
                 Err(e) => {
-                    rollback(conn);
+                    rollback(tx);
                     return Err(e.into());
                 }
             };
             match claim {
                 Claim::Duplicate => {
-                    rollback(conn);
-                    log::debug!("acemq: {key:?} was handled before; accepting the duplicate");
-                    Ok(Outcome::Accept)
+                    rollback(tx);
+                    self.duplicates.absorbed(key, m)
                 }
                 Claim::InProgress => {
-                    rollback(conn);
+                    rollback(tx);
                     Ok(Outcome::in_progress(self.in_progress_delay))
                 }
-                Claim::Claimed => {
-                    let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut *conn)));
+                Claim::Claimed(token) => {
+                    let result = catch_unwind(AssertUnwindSafe(|| (self.handler)(m, &mut tx)));
                     if !matches!(result, Ok(Ok(Outcome::Accept))) {
                         // The claim and the work vanish together.
-                        rollback(conn);
+                        rollback(tx);
                         return match result {
                             Ok(r) => r,
                             Err(panic) => resume_unwind(panic),
                         };
                     }
-                    if let Err(e) = self.store.confirm_in(conn, &key) {
-                        rollback(conn);
+                    if let Err(e) = self.store.confirm_in(&mut tx, key, &token) {
+                        rollback(tx);
                         return Err(e.into());
                     }
-                    conn.execute("COMMIT", &[])?;
+                    tx.commit()?;
                     Ok(Outcome::Accept)
                 }
             }

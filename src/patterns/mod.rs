@@ -9,10 +9,10 @@ pub mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};
-pub use idempotency::{Claim, IdempotencyStore, InMemoryIdempotencyStore};
+pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
-pub use idempotent::{idempotent, Idempotent};
+pub use idempotent::{idempotent, DuplicateCount, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotent::{idempotent_tx, IdempotentTx};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};

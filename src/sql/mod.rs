@@ -26,9 +26,10 @@
 //! A store does its own work (a claim, a lease, a registration) on a connection it gets from a
 //! *connections factory*: a closure `Fn() -> Result<C>` with `C: Sql`, called once for each of
 //! the store's operations, the connection dropped at the end of it. A closure that opens a new
-//! connection each time works; a pool checkout such as [`Pool::get`] is faster. Work that must
-//! commit with the caller's own (outbox `add`, transactional idempotency) takes the caller's
-//! transaction as `&mut dyn Sql` instead.
+//! connection each time works; an [`r2d2`] pool checkout ([`checkout`], with [`SqliteManager`]
+//! or `r2d2_postgres`'s [`PostgresConnectionManager`]) is faster and replaces connections the
+//! server killed. Work that must commit with the caller's own (outbox `add`, transactional
+//! idempotency) takes the caller's transaction as `&mut dyn Sql` instead.
 //!
 //! # Tables
 //!
@@ -39,15 +40,23 @@
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
+mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+pub use pool::checkout;
+#[cfg(feature = "postgres")]
+pub use pool::PostgresConnectionManager;
+#[cfg(feature = "sqlite")]
+pub use pool::SqliteManager;
+/// The r2d2 this crate implements [`Sql`] for (`r2d2::PooledConnection`).
+pub use r2d2;
 
 /// The default name of the idempotency table.
 pub const DEFAULT_IDEMPOTENCY_TABLE: &str = "acemq_idempotency";
@@ -242,6 +251,59 @@ impl<T: Sql + ?Sized> Sql for Box<T> {
     }
 }
 
+/// A connection that begins transactions of its driver's own type.
+///
+/// Implemented for `rusqlite::Connection` (its transaction is `rusqlite::Transaction`, begun
+/// with `BEGIN IMMEDIATE` so that it holds the write lock from its first statement),
+/// `postgres::Client` (`postgres::Transaction`) and an r2d2 [`PooledConnection`] of either.
+/// [`idempotent_tx`](crate::patterns::idempotent_tx) runs its handler on such a transaction,
+/// so the handler writes its business SQL with the driver's own API and can pass the same
+/// transaction to the stores (`&mut dyn Sql`), for example to
+/// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add).
+///
+/// A method-name note for rusqlite: with [`Sql`] imported, `tx.execute(…)` on a
+/// `&mut rusqlite::Transaction` calls [`Sql::execute`] (a method of the transaction itself is
+/// found before rusqlite's `Connection::execute`, which it reaches through `Deref`). Handler
+/// code that does not import `Sql`, or that calls through a `&rusqlite::Connection`
+/// (`let conn: &rusqlite::Connection = tx;`), gets rusqlite's. `postgres::Transaction` has its
+/// own `execute`, which always wins.
+///
+/// [`PooledConnection`]: r2d2::PooledConnection
+pub trait Transactional {
+    /// The driver's transaction type.
+    type Transaction<'c>: SqlTransaction
+    where
+        Self: 'c;
+
+    /// Begins a transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source.
+    fn begin(&mut self) -> Result<Self::Transaction<'_>>;
+}
+
+/// A driver's transaction: [`Sql`], and the two ways it ends. Dropping it rolls it back.
+pub trait SqlTransaction: Sql {
+    /// Commits the transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source; the transaction is then over.
+    fn commit(self) -> Result<()>
+    where
+        Self: Sized;
+
+    /// Rolls the transaction back.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] with the driver's error as its source; the transaction is then over.
+    fn rollback(self) -> Result<()>
+    where
+        Self: Sized;
+}
+
 /// The longest identifier accepted, in bytes (PostgreSQL's limit).
 pub const MAX_IDENTIFIER_LEN: usize = 63;
 
@@ -282,7 +344,7 @@ pub fn check_identifier(name: &str) -> Result<()> {
 /// A table to create, with its name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Table {
-    /// An idempotency table (`key`, `state`, `deadline_ms`).
+    /// An idempotency table (`key`, `state`, `deadline_ms`, `token`: the holder of a claim).
     Idempotency(String),
     /// An outbox table.
     Outbox(String),
@@ -332,7 +394,8 @@ impl Table {
                     "CREATE TABLE IF NOT EXISTS {t} (\n    \
                      key TEXT PRIMARY KEY,\n    \
                      state TEXT NOT NULL CHECK (state IN ('CLAIMED', 'CONFIRMED')),\n    \
-                     deadline_ms BIGINT NOT NULL\n)"
+                     deadline_ms BIGINT NOT NULL,\n    \
+                     token TEXT\n)"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {t}_deadline ON {t} (deadline_ms)"),
             ],
@@ -499,165 +562,6 @@ fn unexpected(i: usize, wanted: &str, got: Option<&Value>) -> Error {
     )
 }
 
-/// A minimal connection pool: a connections factory that reuses idle connections.
-///
-/// [`Pool::get`] hands out an idle connection or opens a new one with the factory; dropping the
-/// [`Pooled`] guard gives the connection back (up to `max_idle` are kept). It never blocks
-/// waiting for a connection and does not check a connection's health: a connection that
-/// returned an error is dropped rather than given back. `Clone` shares the pool.
-///
-/// # Example
-///
-/// ```
-/// # #[cfg(feature = "sqlite")]
-/// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::sql::Pool;
-/// use acemq_amqp::patterns::SqlIdempotencyStore;
-/// let dir = std::env::temp_dir().join(format!("acemq-doc-{}.db", std::process::id()));
-/// let pool = Pool::new(4, move || {
-///     rusqlite::Connection::open(&dir).map_err(|e| acemq_amqp::Error::Sql {
-///         context: "opening".into(),
-///         source: e.into(),
-///     })
-/// });
-/// let checkout = pool.clone();
-/// let store = SqlIdempotencyStore::builder(move || checkout.get()).build()?;
-/// store.create_table()?;
-/// # Ok(())
-/// # }
-/// # #[cfg(not(feature = "sqlite"))]
-/// # fn main() {}
-/// ```
-pub struct Pool<C> {
-    inner: Arc<PoolInner<C>>,
-}
-
-struct PoolInner<C> {
-    idle: Mutex<Vec<C>>,
-    max_idle: usize,
-    open: Box<dyn Fn() -> Result<C> + Send + Sync>,
-}
-
-impl<C> Clone for Pool<C> {
-    fn clone(&self) -> Self {
-        Pool {
-            inner: Arc::clone(&self.inner),
-        }
-    }
-}
-
-impl<C> fmt::Debug for Pool<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Pool")
-            .field("idle", &self.inner.idle.lock().len())
-            .field("max_idle", &self.inner.max_idle)
-            .finish()
-    }
-}
-
-impl<C: Sql + Send + 'static> Pool<C> {
-    /// A pool that opens connections with `open` and keeps up to `max_idle` idle ones.
-    pub fn new<F>(max_idle: usize, open: F) -> Pool<C>
-    where
-        F: Fn() -> Result<C> + Send + Sync + 'static,
-    {
-        Pool {
-            inner: Arc::new(PoolInner {
-                idle: Mutex::new(Vec::new()),
-                max_idle,
-                open: Box::new(open),
-            }),
-        }
-    }
-
-    /// An idle connection, or a new one.
-    ///
-    /// # Errors
-    ///
-    /// Whatever the factory returns when it has to open a connection.
-    pub fn get(&self) -> Result<Pooled<C>> {
-        let idle = self.inner.idle.lock().pop();
-        let conn = match idle {
-            Some(c) => c,
-            None => (self.inner.open)()?,
-        };
-        Ok(Pooled {
-            conn: Some(conn),
-            pool: Arc::clone(&self.inner),
-            broken: false,
-        })
-    }
-}
-
-/// A connection checked out of a [`Pool`]; given back when dropped.
-pub struct Pooled<C> {
-    conn: Option<C>,
-    pool: Arc<PoolInner<C>>,
-    broken: bool,
-}
-
-impl<C> Pooled<C> {
-    fn conn(&self) -> &C {
-        match &self.conn {
-            Some(c) => c,
-            // `conn` is `Some` until drop.
-            None => unreachable!("pooled connection used after drop"),
-        }
-    }
-
-    fn conn_mut(&mut self) -> &mut C {
-        match &mut self.conn {
-            Some(c) => c,
-            None => unreachable!("pooled connection used after drop"),
-        }
-    }
-}
-
-impl<C> std::ops::Deref for Pooled<C> {
-    type Target = C;
-    fn deref(&self) -> &C {
-        self.conn()
-    }
-}
-
-impl<C> std::ops::DerefMut for Pooled<C> {
-    fn deref_mut(&mut self) -> &mut C {
-        self.conn_mut()
-    }
-}
-
-impl<C: Sql> Sql for Pooled<C> {
-    fn dialect(&self) -> Dialect {
-        self.conn().dialect()
-    }
-    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
-        let r = self.conn_mut().execute(sql, params);
-        self.broken |= r.is_err();
-        r
-    }
-    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
-        let r = self.conn_mut().query(sql, params);
-        self.broken |= r.is_err();
-        r
-    }
-    fn in_transaction(&self) -> Option<bool> {
-        self.conn().in_transaction()
-    }
-}
-
-impl<C> Drop for Pooled<C> {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            if !self.broken {
-                let mut idle = self.pool.idle.lock();
-                if idle.len() < self.pool.max_idle {
-                    idle.push(conn);
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -686,6 +590,7 @@ mod tests {
                 assert!(ddl.contains(&format!("CREATE TABLE IF NOT EXISTS {t} (")));
             }
             assert!(ddl.contains("deadline_ms BIGINT"));
+            assert!(ddl.contains("token TEXT"));
         }
         assert!(schema_ddl(Dialect::Postgres).contains("BYTEA"));
         assert!(schema_ddl(Dialect::Sqlite).contains("BLOB"));

@@ -8,7 +8,7 @@
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Row, Statement, Transaction};
 
-use super::{Dialect, Sql, Value};
+use super::{Dialect, Sql, SqlTransaction, Transactional, Value};
 use crate::error::{Error, Result};
 
 /// The part of the postgres client API both `Client` and `Transaction` offer.
@@ -224,7 +224,8 @@ impl Sql for Client {
         query(self, sql, params)
     }
     /// `Some(false)`: a `Client` runs each statement in its own transaction. (A transaction
-    /// begun with a raw `BEGIN` is not tracked; use `Client::transaction`.)
+    /// begun with a raw `BEGIN` is not tracked; use `Client::transaction`, or
+    /// [`Transactional::begin`].)
     fn in_transaction(&self) -> Option<bool> {
         Some(false)
     }
@@ -242,5 +243,23 @@ impl Sql for Transaction<'_> {
     }
     fn in_transaction(&self) -> Option<bool> {
         Some(true)
+    }
+}
+
+impl Transactional for Client {
+    type Transaction<'c> = Transaction<'c>;
+
+    fn begin(&mut self) -> Result<Transaction<'_>> {
+        self.transaction()
+            .map_err(|e| Error::sql("beginning a transaction", e))
+    }
+}
+
+impl SqlTransaction for Transaction<'_> {
+    fn commit(self) -> Result<()> {
+        Transaction::commit(self).map_err(|e| Error::sql("committing a transaction", e))
+    }
+    fn rollback(self) -> Result<()> {
+        Transaction::rollback(self).map_err(|e| Error::sql("rolling back a transaction", e))
     }
 }

@@ -4,9 +4,9 @@
 //! parsed once per connection.
 
 use rusqlite::types::{ToSqlOutput, ValueRef};
-use rusqlite::{Connection, Transaction};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::{Dialect, Sql, Value};
+use super::{Dialect, Sql, SqlTransaction, Transactional, Value};
 use crate::error::{Error, Result};
 
 impl rusqlite::ToSql for Value {
@@ -89,5 +89,25 @@ impl Sql for Transaction<'_> {
     }
     fn in_transaction(&self) -> Option<bool> {
         Some(true)
+    }
+}
+
+impl Transactional for Connection {
+    type Transaction<'c> = Transaction<'c>;
+
+    /// `BEGIN IMMEDIATE`: the transaction holds the write lock from its first statement, so
+    /// two transactions claiming one key serialise instead of failing on the lock upgrade.
+    fn begin(&mut self) -> Result<Transaction<'_>> {
+        self.transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| Error::sql("beginning a transaction", e))
+    }
+}
+
+impl SqlTransaction for Transaction<'_> {
+    fn commit(self) -> Result<()> {
+        Transaction::commit(self).map_err(|e| Error::sql("committing a transaction", e))
+    }
+    fn rollback(self) -> Result<()> {
+        Transaction::rollback(self).map_err(|e| Error::sql("rolling back a transaction", e))
     }
 }
