@@ -137,3 +137,50 @@ fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
     assert_eq!(first.envelope.correlation_id.as_deref(), Some(first.id()));
     raw.close();
 }
+
+/// With ids derived for id-less messages, a message always has an identity; what can still be
+/// empty is the key a `.key(…)` function computes — refused clearly, to `.dlq`, never run.
+#[test]
+fn an_empty_idempotency_key_from_a_key_function_is_refused_clearly() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("empty-key"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    let handler = idempotent(
+        InMemoryIdempotencyStore::new(Duration::from_secs(60)),
+        move |_: &Message| {
+            r.store(true, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        },
+    )
+    .key(|m: &Message| {
+        Ok(m.headers
+            .get("order-id")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string())
+    });
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    conn.publisher()
+        .unwrap()
+        .publish("", &q, Message::new("no order id"))
+        .unwrap();
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = conn.get(&acemq_amqp::dead_letter_queue(&q)).unwrap();
+        dead.is_some()
+    }));
+    consumer.close().unwrap();
+    assert!(!ran.load(Ordering::SeqCst), "the handler never ran");
+    let error = dead.unwrap().envelope.error.unwrap();
+    assert!(
+        error.contains("the key function returned an empty idempotency key"),
+        "{error}"
+    );
+}

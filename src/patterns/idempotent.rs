@@ -162,19 +162,25 @@ impl<S, H> Idempotent<S, H> {
 }
 
 /// The key of a message, or the outcome that ends it (no usable key).
+///
+/// Without a key function the key is the message id, which is never empty: a message without
+/// `x-acemq-id` and `message_id` reads with an id derived from the delivery, the same on every
+/// redelivery. A key function can still return an empty key: that message can never be
+/// deduplicated, so it is refused (fatal, to `.dlq`) without running the handler.
 fn key_of(key: &Option<KeyFn>, m: &Message) -> Result<String, BoxError> {
-    let k = match key {
+    match key {
         Some(f) => {
-            f(m).map_err(|e| FatalError::new(format!("cannot compute the idempotency key: {e}")))?
+            let k = f(m)
+                .map_err(|e| FatalError::new(format!("cannot compute the idempotency key: {e}")))?;
+            if k.is_empty() {
+                return Err(Box::new(FatalError::new(
+                    "the key function returned an empty idempotency key",
+                )));
+            }
+            Ok(k)
         }
-        None => m.id().to_string(),
-    };
-    if k.is_empty() {
-        return Err(Box::new(FatalError::new(
-            "the message has no idempotency key (no x-acemq-id and no message_id)",
-        )));
+        None => Ok(m.id().to_string()),
     }
-    Ok(k)
 }
 
 impl<S, H> Handler for Idempotent<S, H>

@@ -53,7 +53,7 @@ where
 /// recorded outcome of each replay (after checking its payload's SHA-256), runs the effect for
 /// each new message and writes its receipt, and commits. Any error rolls the whole batch back.
 /// The connection is dropped at the end of the call; give a factory that opens one (or a
-/// [`Pool`](crate::sql::Pool) checkout).
+/// r2d2 pool checkout, see [`crate::sql`]).
 ///
 /// The receipt table is `(identifier TEXT PRIMARY KEY, payload_sha256 TEXT, outcome TEXT,
 /// created_ms BIGINT)`. If two consumers apply the same new identity at once, the second
