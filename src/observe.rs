@@ -272,6 +272,58 @@ impl Observer for LogObserver {
     }
 }
 
+/// Wraps the application's observer so that a panic in it is caught and logged, never taking an
+/// engine thread (a consumer's worker, the confirm thread, the supervisor) down with it. The
+/// first panic is logged at error, later ones at debug.
+pub(crate) struct Guarded {
+    inner: std::sync::Arc<dyn Observer>,
+    panicked: std::sync::atomic::AtomicBool,
+}
+
+impl Guarded {
+    pub(crate) fn wrap(inner: impl Observer) -> std::sync::Arc<dyn Observer> {
+        std::sync::Arc::new(Guarded {
+            inner: std::sync::Arc::new(inner),
+            panicked: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn guard(&self, event: &str, f: impl FnOnce(&dyn Observer)) {
+        let inner = self.inner.as_ref();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(inner))).is_err() {
+            if self
+                .panicked
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                log::debug!("acemq: the observer panicked again on a {event} event");
+            } else {
+                log::error!(
+                    "acemq: the observer panicked on a {event} event; the panic was caught and \
+                     the engine goes on (later panics are logged at debug)"
+                );
+            }
+        }
+    }
+}
+
+impl Observer for Guarded {
+    fn connection(&self, event: &ConnectionEvent<'_>) {
+        self.guard("connection", |o| o.connection(event))
+    }
+    fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        self.guard("published", |o| o.published(exchange, outcome))
+    }
+    fn settled(&self, settlement: &Settlement<'_>) {
+        self.guard("settled", |o| o.settled(settlement))
+    }
+    fn outbox(&self, event: &OutboxEvent<'_>) {
+        self.guard("outbox", |o| o.outbox(event))
+    }
+    fn duplicate(&self, duplicate: &Duplicate<'_>) {
+        self.guard("duplicate", |o| o.duplicate(duplicate))
+    }
+}
+
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     fn connection(&self, event: &ConnectionEvent<'_>) {
         self.as_ref().connection(event)

@@ -826,3 +826,43 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
         "close() did not answer: the owner is blocked"
     );
 }
+
+struct PanickingObserver;
+impl Observer for PanickingObserver {
+    fn settled(&self, _: &Settlement<'_>) {
+        panic!("a bug in the application's observer");
+    }
+}
+
+/// An observer that panics must not take the consumer's threads with it: every message is still
+/// handled and acknowledged (the panic is caught and logged).
+#[test]
+fn a_panicking_observer_does_not_kill_the_workers() {
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(PanickingObserver),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("observer-panic"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(4))
+        .unwrap()
+        .start(move |_: &Message| {
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    publish_n(&conn, &q, 20, false);
+    assert!(
+        eventually(WAIT, || handled.load(Ordering::SeqCst) == 20),
+        "handled {} of 20",
+        handled.load(Ordering::SeqCst)
+    );
+    assert!(eventually(WAIT, || consumer.in_flight() == 0));
+    consumer.close().unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}

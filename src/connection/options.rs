@@ -306,10 +306,11 @@ impl ConnectionOptions {
         self
     }
 
-    /// The observer of this connection and everything on it. Defaults to
+    /// The observer of this connection and everything on it. A panic in it is caught and
+    /// logged (at error the first time); the engine's threads go on. Defaults to
     /// [`LogObserver`].
     pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.observer = Arc::new(observer);
+        self.observer = crate::observe::Guarded::wrap(observer);
         self
     }
 

@@ -150,7 +150,7 @@ impl<S, H> Idempotent<S, H> {
     /// Where absorbed duplicates are reported ([`Observer::duplicate`]); give it the observer
     /// the connection has. Defaults to [`LogObserver`] (a debug line).
     pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.duplicates.observer = Arc::new(observer);
+        self.duplicates.observer = crate::observe::Guarded::wrap(observer);
         self
     }
 
@@ -331,7 +331,7 @@ mod transactional {
         /// Where absorbed duplicates are reported ([`Observer::duplicate`]). Defaults to
         /// [`LogObserver`].
         pub fn observer(mut self, observer: impl Observer) -> Self {
-            self.duplicates.observer = Arc::new(observer);
+            self.duplicates.observer = crate::observe::Guarded::wrap(observer);
             self
         }
 
