@@ -26,14 +26,24 @@
 //! * A committed batch is acknowledged with one `basic.ack` `multiple` when every unsettled
 //!   delivery at or below its highest tag on the channel belongs to it; otherwise each delivery
 //!   on its own, so a `multiple` never covers a delivery whose effect was not committed.
-//! * A rolled-back batch's deliveries stay unacknowledged while the run goes on (as the recipe
-//!   says; requeueing them at once would spin a message that always fails). They go back to the
-//!   queue when the run's source closes (below).
+//! * A rolled-back batch's deliveries are **requeued after a backoff** (below): held
+//!   unacknowledged for a while, then given back one by one with `basic.nack` (`requeue`, not
+//!   `multiple`), so the broker redelivers them and they are applied then, or found done.
 //! * The source does not recover a dropped connection: it reports it as an error, the recipe
 //!   stops (draining and closing), and the caller starts again — the receipts make that safe.
 //!
 //! Prefetch bounds what the broker sends ahead; set it at least to `max_pending + 1` so that
-//! the batcher is never starved. Rolled-back deliveries count against it until the run ends.
+//! the batcher is never starved. Rolled-back deliveries count against it while they wait for
+//! their requeue, never longer.
+//!
+//! # Rolled-back deliveries: requeued after a backoff
+//!
+//! Described in the public module docs (`acknowledged`, "Rolled-back deliveries over AMQP"):
+//! [`AmqpAcknowledge`]'s [`failed`](Acknowledge::failed) holds each delivery of a rolled-back
+//! batch for a backoff that grows with consecutive failures (of its identity, and of the
+//! queue's batches), jittered between ½ and 1 of it; the source's `poll` requeues the due
+//! ones, each with a `basic.nack` of its own tag, and never waits past the next one. Until
+//! then they stay in the queue's unsettled set, so no `multiple` covers them.
 //!
 //! # Runs: what is unsettled belongs to the queue
 //!
@@ -61,8 +71,8 @@
 //! have to be kept per channel, not per acknowledger.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
 use sha2::{Digest, Sha256};
@@ -74,14 +84,96 @@ use crate::error::{Error, Result};
 
 type IdentifierFn = Box<dyn Fn(&str, &crate::Message) -> String + Send + Sync>;
 
+/// The first requeue backoff of a rolled-back delivery, by default.
+const DEFAULT_REQUEUE_FIRST: Duration = Duration::from_millis(200);
+/// The longest requeue backoff, by default.
+const DEFAULT_REQUEUE_MAX: Duration = Duration::from_secs(30);
+/// The longest requeue backoff accepted: a held delivery takes a prefetch slot meanwhile.
+const LONGEST_REQUEUE_MAX: Duration = Duration::from_secs(3600);
+/// The most message identities whose consecutive failures are remembered.
+const MAX_TRACKED_FAILURES: usize = 4096;
+
+/// A rolled-back delivery waiting for its requeue.
+struct Held {
+    due: Instant,
+    delivery: amiquip::Delivery,
+}
+
+/// Consecutive failures of one message identity.
+struct Failures {
+    count: u32,
+    last: Instant,
+}
+
+/// The rolled-back deliveries of a queue and what their backoff grows with.
+struct Requeues {
+    first: Duration,
+    max: Duration,
+    /// Held deliveries (at most the prefetch), each with its requeue time.
+    held: Vec<Held>,
+    /// Failures per identity since it was last committed (bounded by `MAX_TRACKED_FAILURES`).
+    failures: HashMap<String, Failures>,
+    /// Failed batches since the last committed one.
+    failed_batches: u32,
+}
+
+impl Requeues {
+    /// Counts a failure of `identifier` and returns its consecutive failures.
+    fn count_failure(&mut self, identifier: &str, now: Instant) -> u32 {
+        if let Some(f) = self.failures.get_mut(identifier) {
+            f.count = f.count.saturating_add(1);
+            f.last = now;
+            return f.count;
+        }
+        if self.failures.len() >= MAX_TRACKED_FAILURES {
+            let oldest = self
+                .failures
+                .iter()
+                .min_by_key(|(_, f)| f.last)
+                .map(|(k, _)| k.clone());
+            if let Some(oldest) = oldest {
+                self.failures.remove(&oldest);
+            }
+        }
+        self.failures.insert(
+            identifier.to_string(),
+            Failures {
+                count: 1,
+                last: now,
+            },
+        );
+        1
+    }
+
+    /// The backoff after `failures` consecutive failures: `first × 2^(failures-1)`, capped at
+    /// `max`, times a random factor in [½, 1).
+    fn backoff(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(31);
+        let wait = self.first.saturating_mul(1 << doublings).min(self.max);
+        let unit = (crate::envelope::random_u64() >> 11) as f64 / (1_u64 << 53) as f64;
+        wait.mul_f64(0.5 + unit / 2.0)
+    }
+
+    /// The deliveries due by `now`, taken out of the held ones.
+    fn take_due(&mut self, now: Instant) -> Vec<Held> {
+        let (due, waiting) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.due <= now);
+        self.held = waiting;
+        due
+    }
+}
+
 /// One of our queues, on a channel of its own with a prefetch, for the acknowledged consumer.
 ///
 /// Delivery tags and what a `multiple` acknowledgement covers belong to the channel, so the
 /// queue, not an acknowledger, keeps the deliveries its sources handed out and nobody has
 /// settled yet, across runs: every acknowledger of the queue sends a `multiple` only when all
-/// of them up to its tag are its batch's. One [`source`](Self::source) is open at a time, and
-/// closing it requeues whatever its run left unacknowledged (rolled back, prefetched but not
-/// taken), so a later run can never acknowledge it without its effect. `Send`, not `Sync`: its
+/// of them up to its tag are its batch's. A rolled-back delivery is requeued after a backoff
+/// ([`requeue_backoff`](Self::requeue_backoff)), so failed batches never fill the prefetch for
+/// good. One [`source`](Self::source) is open at a time, and closing it requeues whatever its
+/// run left unacknowledged (rolled back, prefetched but not taken), so a later run can never
+/// acknowledge it without its effect. `Send`, not `Sync`: its
 /// sources and acknowledgers borrow it on one thread.
 pub struct AmqpQueue {
     channel: Channel,
@@ -91,6 +183,8 @@ pub struct AmqpQueue {
     unsettled: RefCell<BTreeSet<u64>>,
     /// Whether a source is open (consuming) on the channel.
     source_open: Cell<bool>,
+    /// Rolled-back deliveries waiting for their requeue, and the backoff's counts.
+    requeues: RefCell<Requeues>,
 }
 
 impl std::fmt::Debug for AmqpQueue {
@@ -99,6 +193,7 @@ impl std::fmt::Debug for AmqpQueue {
             .field("queue", &self.queue)
             .field("unsettled", &self.unsettled.borrow().len())
             .field("source_open", &self.source_open.get())
+            .field("held", &self.requeues.borrow().held.len())
             .finish()
     }
 }
@@ -126,7 +221,47 @@ impl AmqpQueue {
             identifier: None,
             unsettled: RefCell::new(BTreeSet::new()),
             source_open: Cell::new(false),
+            requeues: RefCell::new(Requeues {
+                first: DEFAULT_REQUEUE_FIRST,
+                max: DEFAULT_REQUEUE_MAX,
+                held: Vec::new(),
+                failures: HashMap::new(),
+                failed_batches: 0,
+            }),
         })
+    }
+
+    /// Sets how long a rolled-back delivery is held before it is requeued: `first` after one
+    /// consecutive failure, doubling with each further one up to `max`, each wait multiplied
+    /// by a random factor between ½ and 1 (see the [module docs](super)). Defaults to 200 ms
+    /// and 30 s.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] if `first` is shorter than 1 ms, `max` shorter than `first`,
+    /// or `max` longer than an hour (a held delivery takes a prefetch slot meanwhile).
+    pub fn requeue_backoff(self, first: Duration, max: Duration) -> Result<Self> {
+        if first < Duration::from_millis(1) {
+            return Err(Error::invalid(
+                "the first requeue backoff must be at least 1 ms",
+            ));
+        }
+        if max > LONGEST_REQUEUE_MAX {
+            return Err(Error::invalid(
+                "the longest requeue backoff must be at most 1 h",
+            ));
+        }
+        if max < first {
+            return Err(Error::invalid(
+                "the longest requeue backoff must not be shorter than the first",
+            ));
+        }
+        {
+            let mut requeues = self.requeues.borrow_mut();
+            requeues.first = first;
+            requeues.max = max;
+        }
+        Ok(self)
     }
 
     /// Scopes identities another way: `f(queue, message)` must give the same string for every
@@ -239,6 +374,22 @@ impl Source for AmqpSource<'_> {
         let Some(consumer) = &self.consumer else {
             return Ok(Polled::End);
         };
+        // Requeue the rolled-back deliveries whose backoff is over, and wait no longer than
+        // until the next one is due.
+        let now = Instant::now();
+        self.requeue_due(now)?;
+        let next_due = self
+            .queue
+            .requeues
+            .borrow()
+            .held
+            .iter()
+            .map(|h| h.due)
+            .min();
+        let timeout = match next_due {
+            Some(due) => timeout.min(due.saturating_duration_since(now)),
+            None => timeout,
+        };
         let msg = if timeout.is_zero() {
             match consumer.receiver().try_recv() {
                 Ok(m) => m,
@@ -286,6 +437,8 @@ impl Source for AmqpSource<'_> {
         crate::consume::owner::cancel_and_drain(&self.queue.queue, &consumer, |_| drained += 1);
         drop(consumer);
         let queue = self.queue;
+        // The held deliveries are unsettled too: the requeue below gives them back.
+        queue.requeues.borrow_mut().held.clear();
         let left = std::mem::take(&mut *queue.unsettled.borrow_mut()).len();
         queue.source_open.set(false);
         if left == 0 && drained == 0 {
@@ -311,6 +464,25 @@ impl Source for AmqpSource<'_> {
 }
 
 impl AmqpSource<'_> {
+    /// Requeues, each with its own `basic.nack`, the held deliveries due by `now`.
+    fn requeue_due(&self, now: Instant) -> Result<()> {
+        let queue = self.queue;
+        let mut due = queue.requeues.borrow_mut().take_due(now).into_iter();
+        while let Some(held) = due.next() {
+            let tag = held.delivery.delivery_tag();
+            if let Err(e) = held.delivery.nack(&queue.channel, true) {
+                // Still unsettled: closing the source gives them back with the rest.
+                queue.requeues.borrow_mut().held.extend(due);
+                return Err(Error::amqp(
+                    format!("requeueing a rolled-back delivery of {:?}", queue.queue),
+                    e,
+                ));
+            }
+            queue.unsettled.borrow_mut().remove(&tag);
+        }
+        Ok(())
+    }
+
     fn lost(&self, why: &str) -> Error {
         Error::ConnectionLost {
             context: format!("consuming from {:?} ({why})", self.queue.queue),
@@ -353,6 +525,12 @@ impl AmqpAcknowledge<'_> {
     fn settled(&self, d: &Delivery<AmqpToken>) {
         let tag = d.acknowledgement_token.delivery_tag();
         self.queue.unsettled.borrow_mut().remove(&tag);
+        // Committed: its failures, and the queue's run of failed batches, are over.
+        let mut requeues = self.queue.requeues.borrow_mut();
+        requeues.failed_batches = 0;
+        if !requeues.failures.is_empty() {
+            requeues.failures.remove(&d.message.identifier);
+        }
     }
 }
 
@@ -392,13 +570,36 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
         }
     }
 
+    /// Holds the deliveries for a backoff that grows with consecutive failures; the source
+    /// requeues each when its backoff is over (see the [module docs](super)). They stay
+    /// unsettled until then, so no `multiple` acknowledgement covers them.
     fn failed(&mut self, deliveries: &[Delivery<AmqpToken>], error: &Error) -> Result<()> {
-        // They stay unsettled on the queue, so no `multiple` reaches them, until the run's
-        // source closes and requeues them.
+        let now = Instant::now();
+        let unsettled = self.queue.unsettled.borrow();
+        let mut requeues = self.queue.requeues.borrow_mut();
+        requeues.failed_batches = requeues.failed_batches.saturating_add(1);
+        let mut longest = Duration::ZERO;
+        for d in deliveries {
+            let delivery = &d.acknowledgement_token.delivery;
+            // Already settled (given back when a source closed): nothing to hold.
+            if !unsettled.contains(&delivery.delivery_tag()) {
+                continue;
+            }
+            let failures = requeues
+                .count_failure(&d.message.identifier, now)
+                .max(requeues.failed_batches);
+            let wait = requeues.backoff(failures);
+            longest = longest.max(wait);
+            requeues.held.push(Held {
+                due: now + wait,
+                delivery: delivery.clone(),
+            });
+        }
         log::warn!(
-            "acemq: a batch of {} deliveries was rolled back ({error}); they stay \
-             unacknowledged until the source closes and requeues them",
-            deliveries.len()
+            "acemq: a batch of {} deliveries of {:?} was rolled back ({error}); they are \
+             requeued within {longest:?}",
+            deliveries.len(),
+            self.queue.queue
         );
         Ok(())
     }

@@ -81,8 +81,10 @@
 //! a different payload, an effect that refuses an item (a bad counter name, an unauthorised
 //! counter, an overflow), or any database error rolls back the **whole batch**: none of its
 //! effects or receipts stay. Earlier batches stay committed. The deliveries of a failed batch are
-//! counted in [`Report::failed`], passed to [`Acknowledge::failed`] (which by default does
-//! nothing) and left **unacknowledged**; consumption goes on with the next batch.
+//! counted in [`Report::failed`], passed to [`Acknowledge::failed`] and not acknowledged;
+//! consumption goes on with the next batch. What becomes of them is the acknowledgement's
+//! choice (by default nothing: they wait for the broker to take them back); over AMQP they are
+//! requeued after a backoff (see *Rolled-back deliveries over AMQP* below).
 //!
 //! # Crash and cancellation boundaries
 //!
@@ -135,6 +137,45 @@
 //!   `multiple` acknowledgements and give them back. [`AmqpQueue`] does both: the unsettled
 //!   deliveries belong to the queue (its channel), not to one acknowledger, it gives one
 //!   source at a time, and closing a source requeues what its run left.
+//! * A rolled-back delivery must not stay unacknowledged for the rest of the run: the broker's
+//!   prefetch counts it, and once failed batches fill the prefetch nothing more is delivered
+//!   and the run idles for ever. [`AmqpQueue`] requeues it after a backoff (below).
+//!
+//! # Rolled-back deliveries over AMQP: requeued after a backoff
+//!
+//! [`AmqpQueue`]'s acknowledger holds each delivery of a rolled-back batch for a backoff, and
+//! its source requeues it (`basic.nack` with `requeue`, for that delivery's tag only) the next
+//! time it is polled after the backoff; a poll never waits past the earliest requeue. The
+//! broker then redelivers the message, to this run or to any consumer of the queue, where it is
+//! applied, or found done and acknowledged as a replay.
+//!
+//! * **The backoff** grows with *consecutive* failures: the larger of the failures of the
+//!   message's identity since it last committed and the queue's failed batches since its last
+//!   committed batch (so it grows for a message that always fails, and for every message while
+//!   the database is down). After `n` of them it is `first × 2^(n-1)`, capped at `max`
+//!   ([`AmqpQueue::requeue_backoff`]; 200 ms and 30 s by default), times a random factor
+//!   between ½ and 1. The random factor brings the deliveries of one failed batch back at
+//!   different times, so that a message is not batched again and again with the one that made
+//!   its batch fail. A committed batch resets the counts of its identities and the queue's.
+//!   The failure counts of at most 4096 identities are kept, with the queue, across runs.
+//! * **Nothing spins.** A message that always fails comes back ever more slowly, and once the
+//!   backoff is capped at most once every `max / 2`; every failure is counted in
+//!   [`Report::failed`] (a message that failed three times counts three) and logged. This
+//!   consumer has no dead-letter queue of its own: a message that can never be applied keeps
+//!   coming back at that pace until it is removed, or until the queue's own dead-lettering
+//!   (a delivery limit on a quorum queue) takes it.
+//! * **No `multiple` covers a held delivery.** It stays in the queue's unsettled set until its
+//!   requeue, so the acknowledgement of a later batch covers it neither with nor without
+//!   `multiple`. A run that ends first (stopped, or on an error) gives the held deliveries back
+//!   with the rest of what it left unacknowledged.
+//!
+//! Why not the alternatives: holding rolled-back deliveries until the run ends (the earlier
+//! behaviour) stops a failing message from looping, but two failed batches can exhaust the
+//! prefetch and the run never ends (issue 11, case 6). Requeueing at once would spin a message
+//! that always fails. Ending the run with an error would turn a passing database outage into a
+//! stopped consumer that its caller must restart, with the same backoff decision moved to every
+//! caller; a backoff on the rolled-back deliveries keeps the run going, and a run can still be
+//! stopped at any time with its [`StopHandle`].
 
 mod amqp;
 mod batcher;
@@ -295,7 +336,10 @@ pub trait Acknowledge<T> {
     /// Told about the deliveries of a batch that was rolled back, with the reason.
     ///
     /// Defaults to doing nothing: the deliveries stay unacknowledged and the broker redelivers
-    /// them when the consumer's channel closes. An adapter may reject them instead.
+    /// them when the consumer's channel closes. A broker adapter should give them back before
+    /// that, after a backoff: held unacknowledged, they count against the consumer's prefetch,
+    /// and a few failed batches can fill it and starve the run. [`AmqpQueue`]'s acknowledger
+    /// requeues them after a growing backoff (see the [module docs](self)).
     ///
     /// # Errors
     ///
@@ -322,7 +366,8 @@ pub struct Report {
     pub acknowledged: u64,
     /// Of those, replays of an identity already done: acknowledged without running the effect.
     pub replayed: u64,
-    /// Deliveries whose batch was rolled back, left unacknowledged.
+    /// Deliveries whose batch was rolled back (not acknowledged). A delivery that is
+    /// redelivered and fails again is counted again.
     pub failed: u64,
 }
 
@@ -395,7 +440,7 @@ where
                 Err(e) => {
                     log::warn!(
                         "acknowledged consumer: a batch of {n} deliveries was rolled back and \
-                         left unacknowledged: {e}"
+                         not acknowledged: {e}"
                     );
                     report.failed += n;
                     acknowledge.failed(&deliveries, &e)?;
