@@ -262,7 +262,8 @@ impl From<Vec<u8>> for HeaderValue {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
     /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`. On a
-    /// received message without `x-acemq-id` and `message_id`, a fresh id.
+    /// received message without `x-acemq-id` and `message_id`, an id derived from the delivery
+    /// (exchange, routing key, properties, body), the same on every redelivery.
     pub id: String,
     /// Message type, e.g. `order.placed`. When not set, the routing key it is published with
     /// (`message` when that is empty).
@@ -362,13 +363,13 @@ impl Envelope {
 
     /// Reads the envelope from received headers, the AMQP `message_id` and the routing key it
     /// arrived on, applying every default; `fallback_id` gives the id when neither `x-acemq-id`
-    /// nor `message_id` is there (the flag is then true).
+    /// nor `message_id` is there.
     fn read(
         table: &BTreeMap<String, HeaderValue>,
         message_id: Option<&str>,
         routing_key: &str,
         fallback_id: &dyn Fn() -> String,
-    ) -> (Envelope, bool) {
+    ) -> Envelope {
         let text = |name: &str| table.get(name).and_then(read_text);
         let int = |name: &str| table.get(name).and_then(read_int);
         let counter = |name: &str| {
@@ -377,13 +378,10 @@ impl Envelope {
                 .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
                 .unwrap_or(1)
         };
-        let (id, assigned) = match text(headers::ID)
+        let id = text(headers::ID)
             .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string))
-        {
-            Some(id) => (id, false),
-            None => (fallback_id(), true),
-        };
-        let envelope = Envelope {
+            .unwrap_or_else(fallback_id);
+        Envelope {
             message_type: Some(text(headers::TYPE).unwrap_or_else(|| routing_key.to_string()))
                 .filter(|t| !t.is_empty()),
             version: counter(headers::VERSION),
@@ -395,8 +393,7 @@ impl Envelope {
             error: text(headers::ERROR),
             claim: text(headers::CLAIM),
             id,
-        };
-        (envelope, assigned)
+        }
     }
 }
 
@@ -485,9 +482,6 @@ pub struct Message {
     /// AMQP type it arrived with (a 32-bit integer stays 32-bit, a byte-array string stays a
     /// byte array).
     pub(crate) received_headers: Option<std::sync::Arc<FieldTable>>,
-    /// True when the id was made up on receipt: the message carried neither `x-acemq-id` nor
-    /// `message_id`, so a redelivery gets another one.
-    pub(crate) id_assigned: bool,
 }
 
 impl Message {
@@ -508,7 +502,6 @@ impl Message {
             engine_headers: BTreeMap::new(),
             codec: None,
             received_headers: None,
-            id_assigned: false,
         }
     }
 
@@ -824,7 +817,7 @@ impl Message {
         routing_key: &str,
         fallback_id: &dyn Fn() -> String,
     ) -> Message {
-        let (envelope, id_assigned) = Envelope::read(&all, message_id, routing_key, fallback_id);
+        let envelope = Envelope::read(&all, message_id, routing_key, fallback_id);
         // The family strips the namespace case-sensitively on read.
         let reserved: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
         let mut engine_headers = BTreeMap::new();
@@ -839,7 +832,6 @@ impl Message {
         m.envelope = envelope;
         m.headers = all;
         m.engine_headers = engine_headers;
-        m.id_assigned = id_assigned;
         m
     }
 }

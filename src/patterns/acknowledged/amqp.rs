@@ -19,8 +19,9 @@
 //!
 //! # How it maps
 //!
-//! * Identity: `{queue}/{x-acemq-id}` (the AMQP `message_id` when the header is absent), the
-//!   same on every redelivery; a message with neither gets `{queue}/sha256:{hex of the body}`.
+//! * Identity: `{queue}/{message id}`: the `x-acemq-id`, else the AMQP `message_id`, else the
+//!   id the crate derives from the delivery (see [`Envelope::id`](crate::Envelope::id)) — the
+//!   same on every redelivery.
 //!   [`AmqpQueue::identifier`] sets another scope.
 //! * Token: the delivery itself (its tag, on this queue's channel). A redelivery has a new tag.
 //! * A committed batch is acknowledged with one `basic.ack` `multiple` when every unsettled
@@ -75,7 +76,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
-use sha2::{Digest, Sha256};
 
 use super::{Acknowledge, Delivery, Message, Polled, Source};
 use crate::connection::Connection;
@@ -323,15 +323,7 @@ impl AmqpQueue {
         if let Some(f) = &self.identifier {
             return f(&self.queue, m);
         }
-        let id = Some(m.envelope.id.clone()).filter(|_| !m.id_assigned);
-        match id {
-            Some(id) => format!("{}/{id}", self.queue),
-            None => {
-                let hash = Sha256::digest(&m.body);
-                let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-                format!("{}/sha256:{hex}", self.queue)
-            }
-        }
+        format!("{}/{}", self.queue, m.envelope.id)
     }
 }
 
