@@ -503,27 +503,12 @@ fn supervise(
     mut blocked: Receiver<ConnectionBlockedNotification>,
 ) {
     loop {
-        // Watch the live link until it drops or we are told to close.
-        let observer = match weak.upgrade() {
-            Some(s) => s.options.observer.clone(),
-            None => return,
+        let Some(observer) = weak.upgrade().map(|s| s.options.observer.clone()) else {
+            return;
         };
-        loop {
-            select! {
-                recv(blocked) -> note => match note {
-                    Ok(ConnectionBlockedNotification::Blocked(reason)) => {
-                        observer.connection(&ConnectionEvent::Blocked { reason: &reason })
-                    }
-                    Ok(ConnectionBlockedNotification::Unblocked) => {
-                        observer.connection(&ConnectionEvent::Unblocked)
-                    }
-                    Err(_) => break,
-                },
-                recv(control) -> _ => {
-                    close_link(&link);
-                    return;
-                }
-            }
+        if let Watched::Closing = watch(&control, &blocked, observer.as_ref()) {
+            close_link(&link);
+            return;
         }
         // The I/O thread has ended: close to learn why.
         let reason = match link.amqp.lock().take() {
@@ -533,78 +518,123 @@ fn supervise(
             },
             None => "closed".to_string(),
         };
-        {
-            let Some(shared) = weak.upgrade() else { return };
-            let mut state = shared.state.lock();
-            if matches!(*state, LinkState::Closed) {
-                return;
-            }
-            *state = LinkState::Down {
-                last_error: reason.clone(),
-            };
+        match weak.upgrade() {
+            Some(shared) if set_down(&shared, &reason) => {}
+            _ => return,
         }
         observer.connection(&ConnectionEvent::Lost {
             address: &link.address,
             reason: &reason,
         });
-        let generation = link.generation + 1;
-        // Reconnect until it works or we are closed.
-        let mut attempt = 0u32;
-        loop {
-            let Some(shared) = weak.upgrade() else { return };
-            match connect_any(&shared.options, &shared.addresses) {
-                Ok((amqp, b, address)) => {
-                    let new = Arc::new(Link {
-                        generation,
-                        address: address.to_string(),
-                        amqp: Mutex::new(Some(amqp)),
-                    });
-                    topology::redeclare(&shared, &new);
-                    let mut state = shared.state.lock();
-                    if matches!(*state, LinkState::Closed) {
-                        drop(state);
-                        close_link(&new);
-                        return;
-                    }
-                    *state = LinkState::Up(new.clone());
-                    shared.changed.notify_all();
-                    drop(state);
-                    observer.connection(&ConnectionEvent::Connected {
-                        address: &new.address,
-                        generation,
-                    });
-                    link = new;
-                    blocked = b;
-                    break;
+        match reconnect(&weak, &control, link.generation + 1, observer.as_ref()) {
+            Some((new, b)) => {
+                link = new;
+                blocked = b;
+            }
+            None => return,
+        }
+    }
+}
+
+/// How watching a live link ended.
+enum Watched {
+    /// The I/O thread ended (the connection dropped).
+    Dropped,
+    /// [`Connection::close`] was called.
+    Closing,
+}
+
+/// Watches a live link, reporting the broker's blocked/unblocked notices, until its I/O thread
+/// ends or the connection is closed.
+fn watch(
+    control: &Receiver<Control>,
+    blocked: &Receiver<ConnectionBlockedNotification>,
+    observer: &dyn Observer,
+) -> Watched {
+    loop {
+        select! {
+            recv(blocked) -> note => match note {
+                Ok(ConnectionBlockedNotification::Blocked(reason)) => {
+                    observer.connection(&ConnectionEvent::Blocked { reason: &reason })
                 }
-                Err(e) => {
-                    attempt += 1;
-                    let delay = backoff(
-                        shared.options.backoff_min,
-                        shared.options.backoff_max,
-                        attempt,
-                    );
-                    let reason = e.to_string();
-                    {
-                        let mut state = shared.state.lock();
-                        if matches!(*state, LinkState::Closed) {
-                            // Closed while this attempt was under way: closed it stays.
-                            return;
-                        }
-                        *state = LinkState::Down {
-                            last_error: reason.clone(),
-                        };
-                    }
-                    drop(shared);
-                    observer.connection(&ConnectionEvent::ReconnectFailed {
-                        attempt,
-                        reason: &reason,
-                        retry_in: delay,
-                    });
-                    match control.recv_timeout(delay) {
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                        _ => return,
-                    }
+                Ok(ConnectionBlockedNotification::Unblocked) => {
+                    observer.connection(&ConnectionEvent::Unblocked)
+                }
+                Err(_) => return Watched::Dropped,
+            },
+            recv(control) -> _ => return Watched::Closing,
+        }
+    }
+}
+
+/// Marks the connection down with `reason`, unless it was closed meanwhile: a closed connection
+/// stays closed (the one place this state is written while recovering). False when closed.
+fn set_down(shared: &Shared, reason: &str) -> bool {
+    let mut state = shared.state.lock();
+    if matches!(*state, LinkState::Closed) {
+        return false;
+    }
+    *state = LinkState::Down {
+        last_error: reason.to_string(),
+    };
+    true
+}
+
+/// Reconnects with capped exponential backoff until it works (the new link, topology
+/// re-declared, and its blocked notices) or the connection is closed or dropped (`None`).
+fn reconnect(
+    weak: &Weak<Shared>,
+    control: &Receiver<Control>,
+    generation: u64,
+    observer: &dyn Observer,
+) -> Option<(Arc<Link>, Receiver<ConnectionBlockedNotification>)> {
+    let mut attempt = 0u32;
+    loop {
+        let shared = weak.upgrade()?;
+        match connect_any(&shared.options, &shared.addresses) {
+            Ok((amqp, blocked, address)) => {
+                let new = Arc::new(Link {
+                    generation,
+                    address: address.to_string(),
+                    amqp: Mutex::new(Some(amqp)),
+                });
+                topology::redeclare(&shared, &new);
+                let mut state = shared.state.lock();
+                if matches!(*state, LinkState::Closed) {
+                    drop(state);
+                    close_link(&new);
+                    return None;
+                }
+                *state = LinkState::Up(new.clone());
+                shared.changed.notify_all();
+                drop(state);
+                observer.connection(&ConnectionEvent::Connected {
+                    address: &new.address,
+                    generation,
+                });
+                return Some((new, blocked));
+            }
+            Err(e) => {
+                attempt += 1;
+                let delay = backoff(
+                    shared.options.backoff_min,
+                    shared.options.backoff_max,
+                    attempt,
+                );
+                let reason = e.to_string();
+                // Closed while this attempt was under way: closed it stays.
+                if !set_down(&shared, &reason) {
+                    return None;
+                }
+                drop(shared);
+                observer.connection(&ConnectionEvent::ReconnectFailed {
+                    attempt,
+                    reason: &reason,
+                    retry_in: delay,
+                });
+                match control.recv_timeout(delay) {
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                    _ => return None,
                 }
             }
         }
