@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use amiquip::{Confirm, Publish, Return};
 use crossbeam_channel::{never, select, Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 
 use crate::codec::Codec;
@@ -394,23 +394,48 @@ impl Publisher {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
-        let origin = Some(self.inner.connection.origin());
-        let mut properties = Some(message.to_properties(routing_key, origin));
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
-        let shared = &self.inner.shared;
+        let bytes = self.reserve_bytes(&message, deadline)?;
         let (tx, rx) = crossbeam_channel::bounded(1);
+        let pending = Pending {
+            _bytes: Some(bytes),
+            message_id: message.envelope.id.clone(),
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            returned: None,
+            reply: tx,
+        };
+        self.hand_over(exchange, routing_key, &message, pending, deadline)?;
+        Ok(Ticket {
+            reply: rx,
+            message_id: message.envelope.id,
+            deadline,
+            timeout,
+        })
+    }
+
+    /// Reserves the message's bytes among the connection's unconfirmed bytes, waiting for room
+    /// up to `deadline`.
+    fn reserve_bytes(&self, message: &Message, deadline: Instant) -> Result<Reservation> {
         // The body and a generous allowance for the frame and header overhead.
         let size = message.body.len().saturating_add(4096);
-        let Some(reservation) = self.inner.connection.budget().reserve(size, deadline) else {
-            return Err(Error::Timeout {
+        self.inner
+            .connection
+            .budget()
+            .reserve(size, deadline)
+            .ok_or_else(|| Error::Timeout {
                 what: "room among the connection's unconfirmed bytes (the broker is not \
                        taking them: blocked, or a stalled connection)"
                     .into(),
-                after: timeout,
-            });
-        };
-        let mut reservation = Some(reservation);
+                after: self.inner.options.timeout,
+            })
+    }
+
+    /// Waits (up to `deadline`) for room in the window and for a channel, opening one when
+    /// there is none; returns the locked state with a current channel.
+    fn room_and_channel(&self, deadline: Instant) -> Result<MutexGuard<'_, State>> {
+        let shared = &self.inner.shared;
         let mut state = shared.state.lock();
         loop {
             if state.closed {
@@ -420,15 +445,40 @@ impl Publisher {
                 if shared.room.wait_until(&mut state, deadline).timed_out() {
                     return Err(Error::Timeout {
                         what: "room in the publisher's window".into(),
-                        after: timeout,
+                        after: self.inner.options.timeout,
                     });
                 }
                 continue;
             }
-            let Some(current) = state.current.as_mut() else {
+            if state.current.is_none() {
                 drop(state);
                 self.open_channel(deadline)?;
                 state = shared.state.lock();
+                continue;
+            }
+            return Ok(state);
+        }
+    }
+
+    /// Numbers the message, hands its frames to amiquip and records it as pending. When the
+    /// channel turns out to be gone (nothing was handed over), fails what was in flight on it
+    /// and either reports (the broker closed the channel over this publish: a missing exchange)
+    /// or tries again on a new channel until `deadline`.
+    fn hand_over(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Message,
+        pending: Pending,
+        deadline: Instant,
+    ) -> Result<()> {
+        let shared = &self.inner.shared;
+        let origin = Some(self.inner.connection.origin());
+        let mut properties = Some(message.to_properties(routing_key, origin));
+        let mut pending = Some(pending);
+        loop {
+            let mut state = self.room_and_channel(deadline)?;
+            let Some(current) = state.current.as_mut() else {
                 continue;
             };
             let tag = current.next_tag;
@@ -444,28 +494,12 @@ impl Publisher {
             match current.channel.basic_publish(exchange, publish) {
                 Ok(()) => {
                     current.next_tag += 1;
-                    state.pending.insert(
-                        tag,
-                        Pending {
-                            _bytes: reservation.take(),
-                            message_id: message.envelope.id.clone(),
-                            exchange: exchange.to_string(),
-                            routing_key: routing_key.to_string(),
-                            returned: None,
-                            reply: tx,
-                        },
-                    );
-                    return Ok(Ticket {
-                        reply: rx,
-                        message_id: message.envelope.id,
-                        deadline,
-                        timeout,
-                    });
+                    if let Some(p) = pending.take() {
+                        state.pending.insert(tag, p);
+                    }
+                    return Ok(());
                 }
                 Err(e) => {
-                    // Nothing was handed over: the channel is gone. Fail what was in flight on
-                    // it, and either report (the broker closed the channel over this publish)
-                    // or wait for a new channel and try again.
                     let broken = state.current.take();
                     let failure = channel_failure(broken, e);
                     fail_all(&mut state, &shared.observer, |p| {
