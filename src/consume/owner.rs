@@ -16,6 +16,9 @@ use crossbeam_channel::{select, Receiver, Sender};
 
 use super::timer::TimerMsg;
 use super::{CloseReport, Context, Job, Settle, SettleAction};
+use std::sync::Arc;
+
+use crate::connection::Link;
 use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::Settlement;
@@ -46,53 +49,29 @@ pub(crate) fn run(
 ) -> Result<CloseReport> {
     let mut generation = 0u64;
     loop {
-        let link = loop {
-            if ctx.stop_requested() {
-                return Ok(CloseReport::default());
-            }
-            match ctx.connection.link(Duration::from_millis(250)) {
-                Ok(link) => break link,
-                Err(e @ Error::Closed { .. }) => return fail(&mut started, e),
-                Err(e) => {
-                    if started.is_some() {
-                        return fail(&mut started, e);
-                    }
-                }
-            }
+        // Before the first subscription any error is the caller's; after it, only a closed
+        // connection or a refusal that retrying cannot fix ends the consumer.
+        let first = started.is_some();
+        let link = match wait_for_link(ctx, first) {
+            Ok(Some(link)) => link,
+            Ok(None) => return Ok(CloseReport::default()),
+            Err(e) => return fail(&mut started, e),
         };
         generation += 1;
-        ctx.generation.store(generation, Ordering::SeqCst);
-        // Jobs from the old channel still waiting for a worker would be skipped anyway; drop
-        // them now, so that the hand-off has room for the redeliveries and never blocks this
-        // thread (the broker sends at most `prefetch` unsettled on the new channel).
-        let dropped = stale.try_iter().count();
-        if dropped > 0 {
-            log::debug!(
-                "acemq: dropped {dropped} jobs on {:?} from before the reconnect",
-                ctx.queue
-            );
-        }
+        begin_generation(ctx, generation, stale);
         let channel = match subscribe_channel(ctx, &link) {
             Ok(c) => c,
-            Err(e) if started.is_some() || !e.is_retriable() => return fail(&mut started, e),
+            Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
             Err(e) => {
                 log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
                 std::thread::sleep(Duration::from_millis(200));
                 continue;
             }
         };
-        let options = AmqpConsumerOptions {
-            exclusive: ctx.exclusive,
-            arguments: crate::connection::to_table(&ctx.arguments),
-            ..AmqpConsumerOptions::default()
-        };
-        let consumer = match channel.basic_consume(ctx.queue.clone(), options) {
+        let consumer = match consume_on(ctx, &channel) {
             Ok(c) => c,
+            Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
             Err(e) => {
-                let e = consume_error(&ctx.queue, e);
-                if started.is_some() || !e.is_retriable() {
-                    return fail(&mut started, e);
-                }
                 log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
                 continue;
             }
@@ -112,32 +91,83 @@ pub(crate) fn run(
             stop,
             timer,
         );
-        if !matches!(end, Ok(End::Stop(_))) {
-            // Stop already cancelled it; see `cancel_and_drain` for why this must run.
-            cancel_and_drain(&ctx.queue, &consumer, drop);
-        }
-        drop(consumer);
+        end_subscription(ctx, &end, consumer, inflight.len());
         match end {
             Ok(End::Stop(report)) => {
                 let _ = channel.close();
-                ctx.in_flight.store(0, Ordering::SeqCst);
                 return Ok(report);
             }
-            Ok(End::Lost(why)) => {
-                log::warn!(
-                    "acemq: consumer of {:?} lost its channel ({why}); {} unsettled deliveries \
-                     will be redelivered; resubscribing",
-                    ctx.queue,
-                    inflight.len()
-                );
-                ctx.in_flight.store(0, Ordering::SeqCst);
-            }
+            Ok(End::Lost(_)) => {}
             Err(e) => {
                 let _ = channel.close();
-                ctx.in_flight.store(0, Ordering::SeqCst);
                 return Err(e);
             }
         }
+    }
+}
+
+/// Waits for a live link; `None` when stop was asked meanwhile. While recovering it waits on;
+/// before the first subscription (`first`) any error is returned, after it only `Closed`.
+fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
+    loop {
+        if ctx.stop_requested() {
+            return Ok(None);
+        }
+        match ctx.connection.link(Duration::from_millis(250)) {
+            Ok(link) => return Ok(Some(link)),
+            Err(e @ Error::Closed { .. }) => return Err(e),
+            Err(e) if first => return Err(e),
+            Err(_) => {}
+        }
+    }
+}
+
+/// A new subscription: its generation makes workers skip and the owner drop what belongs to the
+/// old channel. Jobs from the old channel still waiting for a worker are dropped now, so that
+/// the hand-off has room for the redeliveries and never blocks this thread (the broker sends at
+/// most `prefetch` unsettled on the new channel).
+fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
+    ctx.generation.store(generation, Ordering::SeqCst);
+    let dropped = stale.try_iter().count();
+    if dropped > 0 {
+        log::debug!(
+            "acemq: dropped {dropped} jobs on {:?} from before the reconnect",
+            ctx.queue
+        );
+    }
+}
+
+/// `basic.consume` on the queue with the consumer's options.
+fn consume_on<'c>(ctx: &Context, channel: &'c Channel) -> Result<amiquip::Consumer<'c>> {
+    let options = AmqpConsumerOptions {
+        exclusive: ctx.exclusive,
+        arguments: crate::connection::to_table(&ctx.arguments),
+        ..AmqpConsumerOptions::default()
+    };
+    channel
+        .basic_consume(ctx.queue.clone(), options)
+        .map_err(|e| consume_error(&ctx.queue, e))
+}
+
+/// Ends one subscription: cancels the amiquip consumer (unless stop already did) and says why.
+fn end_subscription(
+    ctx: &Context,
+    end: &Result<End>,
+    consumer: amiquip::Consumer<'_>,
+    unsettled: usize,
+) {
+    if !matches!(end, Ok(End::Stop(_))) {
+        // Stop already cancelled it; see `cancel_and_drain` for why this must run.
+        cancel_and_drain(&ctx.queue, &consumer, drop);
+    }
+    drop(consumer);
+    ctx.in_flight.store(0, Ordering::SeqCst);
+    if let Ok(End::Lost(why)) = end {
+        log::warn!(
+            "acemq: consumer of {:?} lost its channel ({why}); {unsettled} unsettled deliveries \
+             will be redelivered; resubscribing",
+            ctx.queue,
+        );
     }
 }
 
@@ -151,7 +181,7 @@ fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result<CloseRepor
     }
 }
 
-fn subscribe_channel(ctx: &Context, link: &crate::connection::Link) -> Result<Channel> {
+fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
     let channel = link.open_channel()?;
     channel
         .qos(0, ctx.prefetch, false)
