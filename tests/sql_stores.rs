@@ -8,6 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
+use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message as AckMessage};
 use acemq_amqp::patterns::{
     fingerprint, Claim, ClaimToken, IdempotencyStore, NewOutboxRecord, OutboxStore, SchemaRegistry,
     SqlIdempotencyStore, SqlOutboxStore, SqlSchemaRegistry,
@@ -743,6 +744,7 @@ on_both!(
     outbox_lease_expiry_reoffers,
     registry_round_trip,
     registry_concurrent_agree,
+    dialect_now_is_the_database_clock_in_ms,
 );
 
 #[test]
@@ -790,4 +792,293 @@ fn driver_errors_convert_into_error_sql() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clock skew (issue 11, case 11): a host's clock does not decide a lease on PostgreSQL.
+//
+// A child process (this test binary again, `clock_skew_child`) runs under libfaketime with its
+// clock shifted and takes a claim, a receipt or an outbox lease; the parent, on the real clock,
+// then checks that the database's clock decided the deadline.
+
+const CHILD_CLOCK: &str = "acemq-skew-child-clock-ms=";
+/// How far the child's clock is shifted: ten minutes, far more than any lease used here.
+const SKEW_MS: i64 = 10 * 60 * 1000;
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Runs `clock_skew_child` with `role` under `faketime`, its clock shifted by `offset_ms`, and
+/// checks that the child's clock really was shifted. Fails (never skips) without `faketime`.
+fn run_with_clock(offset_ms: i64, role: &str, table: &str, lease: Duration) {
+    let before = epoch_ms();
+    let spawned = std::process::Command::new("faketime")
+        // -m: the multi-threaded library; the monotonic clock (Instant) stays true.
+        .args(["-m", "--exclude-monotonic", "-f"])
+        .arg(format!("{:+}s", offset_ms / 1000))
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "clock_skew_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ACEMQ_SKEW_ROLE", role)
+        .env("ACEMQ_SKEW_TABLE", table)
+        .env("ACEMQ_SKEW_LEASE_MS", lease.as_millis().to_string())
+        .output();
+    let out = match spawned {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+            "the clock skew tests need libfaketime's `faketime` command, which is not \
+             installed: `apt-get install faketime` (scripts/test installs it)"
+        ),
+        Err(e) => panic!("cannot run faketime: {e}"),
+    };
+    let after = epoch_ms();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the child ({role}, clock {offset_ms:+} ms) failed:\n{stdout}\n{stderr}"
+    );
+    let child_ms: i64 = stdout
+        .split(CHILD_CLOCK)
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("the child did not report its clock:\n{stdout}\n{stderr}"));
+    assert!(
+        child_ms >= before + offset_ms - 1000 && child_ms <= after + offset_ms + 1000,
+        "faketime did not shift the child's clock by {offset_ms} ms: child {child_ms}, \
+         parent {before}..{after}"
+    );
+}
+
+/// Runs in a child process under faketime (see `run_with_clock`).
+#[test]
+#[ignore = "run as a child process under faketime by the clock skew tests"]
+fn clock_skew_child() {
+    let Ok(role) = std::env::var("ACEMQ_SKEW_ROLE") else {
+        return;
+    };
+    let table = std::env::var("ACEMQ_SKEW_TABLE").unwrap();
+    let lease = Duration::from_millis(
+        std::env::var("ACEMQ_SKEW_LEASE_MS")
+            .unwrap()
+            .parse()
+            .unwrap(),
+    );
+    println!("{CHILD_CLOCK}{}", epoch_ms());
+    match role.as_str() {
+        "idempotency" => {
+            let store = SqlIdempotencyStore::builder(db::pg_connect)
+                .table(&table)
+                .claim_timeout(lease)
+                .retention(lease)
+                .build()
+                .unwrap();
+            assert!(store.claim("live").unwrap().is_claimed());
+            let token = claimed(store.claim("done").unwrap());
+            store.confirm("done", &token).unwrap();
+            assert!(store.first_time("seen").unwrap());
+        }
+        "outbox" => {
+            let store = SqlOutboxStore::builder(db::pg_connect)
+                .table(&table)
+                .lease(lease)
+                .build()
+                .unwrap();
+            assert_eq!(
+                store.pending(10).unwrap().len(),
+                1,
+                "the child leases the record"
+            );
+        }
+        "receipts" => {
+            let store = BatchStore::builder(db::pg_connect, |_: &mut dyn Sql, _: &AckMessage| {
+                Ok("done".to_string())
+            })
+            .table(&table)
+            .build()
+            .unwrap();
+            let m = AckMessage::new("skew/1", b"{}".to_vec());
+            assert!(!store.apply_batch(&[&m]).unwrap()[0].is_replay());
+        }
+        other => panic!("unknown role {other:?}"),
+    }
+}
+
+/// `Dialect::now_ms_sql` reads the database's clock in epoch ms (here on this host's clock).
+fn dialect_now_is_the_database_clock_in_ms(db: &Db) {
+    let mut conn = db.connect();
+    let d = conn.dialect();
+    let before = epoch_ms();
+    let rows = conn
+        .query(&format!("SELECT {}", d.now_ms_sql()), &[])
+        .unwrap();
+    let after = epoch_ms();
+    let now = rows[0][0].as_i64().expect("an integer");
+    assert!(
+        now >= before - 1000 && now <= after + 1000,
+        "{d}: {before} <= {now} <= {after}"
+    );
+}
+
+/// For each row of `table`, how many ms `column` lies ahead of the database's clock.
+fn ahead_of_database_clock(db: &Db, table: &str, column: &str) -> Vec<i64> {
+    db.connect()
+        .query(
+            &format!(
+                "SELECT {column} - (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT \
+                 FROM {table}"
+            ),
+            &[],
+        )
+        .unwrap()
+        .into_iter()
+        .map(|r| r[0].as_i64().unwrap())
+        .collect()
+}
+
+fn skew_idempotency_store(db: &Db, table: &str, lease: Duration) -> SqlIdempotencyStore {
+    let store = SqlIdempotencyStore::builder(db.factory())
+        .table(table)
+        .claim_timeout(lease)
+        .retention(lease)
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    store
+}
+
+/// A host whose clock runs ten minutes behind claims with a 30 s lease: its claim and its
+/// receipts hold by the database's clock, so a host on the right time cannot take them over.
+#[test]
+fn idem_claims_from_a_clock_behind_hold_by_the_database_clock() {
+    let db = Db::postgres();
+    let table = db.table("skew_idem_behind");
+    let lease = Duration::from_secs(30);
+    let store = skew_idempotency_store(&db, &table, lease);
+    run_with_clock(-SKEW_MS, "idempotency", &table, lease);
+    assert_eq!(
+        store.claim("live").unwrap(),
+        Claim::InProgress,
+        "the slow host's claim is live by the database's clock"
+    );
+    assert_eq!(store.claim("done").unwrap(), Claim::Duplicate);
+    assert!(!store.first_time("seen").unwrap());
+    assert_eq!(store.purge_expired().unwrap(), 0, "nothing has expired");
+    for ahead in ahead_of_database_clock(&db, &table, "deadline_ms") {
+        assert!(ahead > 0 && ahead <= 30_000, "deadline {ahead} ms ahead");
+    }
+}
+
+/// A host whose clock runs ten minutes ahead claims with a 1 s lease: the claim and receipts
+/// expire 1 s later by the database's clock, not ten minutes later.
+#[test]
+fn idem_claims_from_a_clock_ahead_expire_by_the_database_clock() {
+    let db = Db::postgres();
+    let table = db.table("skew_idem_ahead");
+    let lease = Duration::from_secs(1);
+    let store = skew_idempotency_store(&db, &table, lease);
+    run_with_clock(SKEW_MS, "idempotency", &table, lease);
+    for ahead in ahead_of_database_clock(&db, &table, "deadline_ms") {
+        assert!(
+            ahead <= 1_000,
+            "deadline {ahead} ms ahead, the lease is 1000 ms"
+        );
+    }
+    let mut purged = 0;
+    assert!(
+        support::eventually(Duration::from_secs(20), || {
+            purged += store.purge_expired().unwrap();
+            purged == 3
+        }),
+        "the fast host's claim and receipts expire after their 1 s (purged {purged})"
+    );
+    assert!(store.claim("live").unwrap().is_claimed());
+    assert!(store.claim("done").unwrap().is_claimed());
+}
+
+fn skew_outbox(db: &Db, table: &str, lease: Duration) -> (SqlOutboxStore, i64) {
+    let store = SqlOutboxStore::builder(db.factory())
+        .table(table)
+        .lease(lease)
+        .build()
+        .unwrap();
+    store.create_table().unwrap();
+    let id = db.in_tx(true, |tx| store.add(tx, &record(1)).unwrap());
+    (store, id)
+}
+
+/// A relay whose clock runs ten minutes behind leases a record for 30 s: another relay is not
+/// offered it while the lease holds by the database's clock.
+#[test]
+fn outbox_leases_from_a_clock_behind_hold_by_the_database_clock() {
+    let db = Db::postgres();
+    let table = db.table("skew_ob_behind");
+    let lease = Duration::from_secs(30);
+    let (store, _) = skew_outbox(&db, &table, lease);
+    run_with_clock(-SKEW_MS, "outbox", &table, lease);
+    assert!(
+        store.pending(10).unwrap().is_empty(),
+        "the slow relay's lease holds by the database's clock"
+    );
+    for ahead in ahead_of_database_clock(&db, &table, "lease_until_ms") {
+        assert!(ahead > 0 && ahead <= 30_000, "lease ends {ahead} ms ahead");
+    }
+}
+
+/// A relay whose clock runs ten minutes ahead leases a record for 1 s: another relay is offered
+/// it 1 s later by the database's clock, not ten minutes later.
+#[test]
+fn outbox_leases_from_a_clock_ahead_expire_by_the_database_clock() {
+    let db = Db::postgres();
+    let table = db.table("skew_ob_ahead");
+    let lease = Duration::from_secs(1);
+    let (store, id) = skew_outbox(&db, &table, lease);
+    run_with_clock(SKEW_MS, "outbox", &table, lease);
+    for ahead in ahead_of_database_clock(&db, &table, "lease_until_ms") {
+        assert!(
+            ahead <= 1_000,
+            "lease ends {ahead} ms ahead, the lease is 1000 ms"
+        );
+    }
+    let mut got = Vec::new();
+    assert!(
+        support::eventually(Duration::from_secs(20), || {
+            got = store.pending(10).unwrap();
+            !got.is_empty()
+        }),
+        "the fast relay's lease runs out after its 1 s"
+    );
+    assert_eq!(got.iter().map(|r| r.id).collect::<Vec<_>>(), vec![id]);
+}
+
+/// Receipts written by a host whose clock runs ten minutes behind are dated by the database's
+/// clock: purging those older than five minutes keeps them.
+#[test]
+fn batch_receipts_from_a_clock_behind_are_dated_by_the_database_clock() {
+    let db = Db::postgres();
+    let table = db.table("skew_receipts");
+    let store = BatchStore::builder(db.factory(), |_: &mut dyn Sql, _: &AckMessage| {
+        Ok("done".to_string())
+    })
+    .table(&table)
+    .build()
+    .unwrap();
+    store.create_table().unwrap();
+    run_with_clock(-SKEW_MS, "receipts", &table, Duration::from_secs(1));
+    assert_eq!(
+        store.purge(Duration::from_secs(5 * 60)).unwrap(),
+        0,
+        "the receipt was written just now by the database's clock"
+    );
+    assert_eq!(store.receipt("skew/1").unwrap().as_deref(), Some("done"));
 }

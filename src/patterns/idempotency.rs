@@ -19,7 +19,8 @@
 //! - A confirmed key is a **receipt**: claims get [`Claim::Duplicate`] until `retention` has
 //!   passed; after that the key counts as new again, whether or not it was purged.
 //! - In [`SqlIdempotencyStore`] the insert *is* the claim: one `INSERT … ON CONFLICT DO UPDATE …
-//!   WHERE deadline_ms <= now` statement, atomic by the primary key across threads, processes
+//!   WHERE deadline_ms <= now` statement (`now` being the database's clock, see
+//!   [Clocks](#clocks)), atomic by the primary key across threads, processes
 //!   and hosts. Nothing on the message path deletes a receipt: `release` deletes only the
 //!   caller's own claim (`WHERE key = ? AND state = 'CLAIMED' AND token = ?`),
 //!   [`SqlIdempotencyStore::purge_expired`] deletes what has expired, and
@@ -32,6 +33,20 @@
 //!   second claim of a key whose claim is not yet committed waits for that transaction. On
 //!   SQLite begin such a transaction with `BEGIN IMMEDIATE` (`TransactionBehavior::Immediate`)
 //!   so the claim does not fail with `SQLITE_BUSY` when it upgrades a read to a write.
+//!
+//! # Clocks
+//!
+//! In [`SqlIdempotencyStore`] **the database's clock decides** every deadline: a claim's
+//! `deadline_ms` is written as the database's now plus `claim_timeout` (a receipt's as its now
+//! plus `retention`), and "has it expired" compares it with the database's now, in the same
+//! statement ([`Dialect::now_ms_sql`](crate::sql::Dialect::now_ms_sql)). The clocks of the
+//! hosts running the store may disagree by any amount: a host whose clock runs behind cannot
+//! take over a live claim, nor write one that is already expired, and a host whose clock runs
+//! ahead does not hold a claim longer than its lease. On PostgreSQL that is the server's clock
+//! (`clock_timestamp()`); SQLite runs in the process, so there it is the host's own clock,
+//! which the processes sharing a database file share. A claim can still outlive its holder's
+//! work if the holder's process stalls for longer than `claim_timeout`: that is what the token
+//! fences.
 //!
 //! [`InMemoryIdempotencyStore`] keeps keys in a map for one process; it is for tests and
 //! examples, **not for production**: it forgets everything on restart and does not coordinate
@@ -390,27 +405,29 @@ mod sql_store {
                 Dialect::Postgres => s,
                 Dialect::Sqlite => s.replace('$', "?"),
             };
-            // $1 key, $2 deadline, then the statement's own.
+            // Every deadline is written, and compared, with the database's clock.
+            let now = dialect.now_ms_sql();
+            // $1 key, $2 the lease or retention in ms, then the statement's own.
             let upsert = |state: &str, token: &str, condition: &str| {
                 p(format!(
                     "INSERT INTO {t} (key, state, deadline_ms, token) \
-                     VALUES ($1, '{state}', $2, {token}) \
+                     VALUES ($1, '{state}', {now} + $2, {token}) \
                      ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
                      deadline_ms = excluded.deadline_ms, token = excluded.token{condition}"
                 ))
             };
-            let expired = format!(" WHERE {t}.deadline_ms <= $3");
+            let expired = format!(" WHERE {t}.deadline_ms <= {now}");
             Statements {
-                // $3 now, $4 the claim's token
-                claim: upsert(CLAIMED, "$4", &expired),
+                // $3 the claim's token
+                claim: upsert(CLAIMED, "$3", &expired),
                 first_time: upsert(CONFIRMED, "NULL", &expired),
                 confirm: upsert(CONFIRMED, "NULL", ""),
                 // The holder's confirm, fenced by its token ($3). When it changes nothing (the
                 // claim was taken over, or expired and was purged) the upsert records the
                 // receipt all the same: the work is done.
                 confirm_claimed: p(format!(
-                    "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = $2, token = NULL \
-                     WHERE key = $1 AND state = '{CLAIMED}' AND token = $3"
+                    "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $2, \
+                     token = NULL WHERE key = $1 AND state = '{CLAIMED}' AND token = $3"
                 )),
                 state: p(format!("SELECT state FROM {t} WHERE key = $1")),
                 // Fenced: only the holder's own claim, never a receipt.
@@ -418,7 +435,7 @@ mod sql_store {
                     "DELETE FROM {t} WHERE key = $1 AND state = '{CLAIMED}' AND token = $2"
                 )),
                 forget: p(format!("DELETE FROM {t} WHERE key = $1")),
-                purge: p(format!("DELETE FROM {t} WHERE deadline_ms <= $1")),
+                purge: format!("DELETE FROM {t} WHERE deadline_ms <= {now}"),
             }
         }
     }
@@ -591,7 +608,7 @@ mod sql_store {
         pub fn purge_expired(&self) -> Result<u64> {
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
-            conn.execute(&s.purge, &[Value::Integer(sql::now_ms())])
+            conn.execute(&s.purge, &[])
                 .map_err(|e| self.context(e, "purging expired keys"))
         }
 
@@ -632,14 +649,12 @@ mod sql_store {
             // The row may be deleted (forget, purge) between the failed upsert and the read:
             // then try again.
             let token = ClaimToken::new();
+            let params = [
+                Value::Text(key.to_owned()),
+                Value::Integer(lease),
+                Value::Text(token.as_str().to_owned()),
+            ];
             for _ in 0..8 {
-                let now = sql::now_ms();
-                let params = [
-                    Value::Text(key.to_owned()),
-                    Value::Integer(now.saturating_add(lease)),
-                    Value::Integer(now),
-                    Value::Text(token.as_str().to_owned()),
-                ];
                 let changed = conn
                     .execute(&s.claim, &params)
                     .map_err(|e| self.context(e, "claiming a key"))?;
@@ -662,10 +677,9 @@ mod sql_store {
 
         fn confirm_on(&self, conn: &mut dyn Sql, key: &str, token: &ClaimToken) -> Result<()> {
             let s = self.statements(conn);
-            let deadline = sql::now_ms().saturating_add(sql::duration_ms(self.retention));
             let params = [
                 Value::Text(key.to_owned()),
-                Value::Integer(deadline),
+                Value::Integer(sql::duration_ms(self.retention)),
                 Value::Text(token.as_str().to_owned()),
             ];
             let updated = conn
@@ -689,14 +703,12 @@ mod sql_store {
         fn first_time(&self, key: &str) -> Result<bool> {
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
-            let now = sql::now_ms();
             let changed = conn
                 .execute(
                     &s.first_time,
                     &[
                         Value::Text(key.to_owned()),
-                        Value::Integer(now.saturating_add(sql::duration_ms(self.retention))),
-                        Value::Integer(now),
+                        Value::Integer(sql::duration_ms(self.retention)),
                     ],
                 )
                 .map_err(|e| self.context(e, "recording a key"))?;

@@ -18,6 +18,15 @@
 //!   lease so the record is offered again. After `max_attempts` failures (default 10) the record
 //!   is **retired**: kept, no longer offered by `pending`, listed by [`OutboxStore::retired`],
 //!   and put back in play by [`OutboxStore::release`], which resets its attempts.
+//! - **The database's clock decides leases**: `pending` writes `lease_until_ms` as the
+//!   database's now plus `lease` and offers only records whose lease ended by the database's
+//!   now, in one statement ([`Dialect::now_ms_sql`](crate::sql::Dialect::now_ms_sql)). The
+//!   relays' hosts may disagree about the time by any amount: a relay whose clock runs behind
+//!   cannot take another's live lease (nor write a lease that already ended), one whose clock
+//!   runs ahead does not hold a lease longer than `lease`. On PostgreSQL that is the server's
+//!   clock (`clock_timestamp()`); on SQLite, which runs in the process, it is the host's own,
+//!   shared by the processes on one database file. `created_ms` (the outbox lag, the
+//!   message's `x-acemq-first-seen`) is still the adding host's clock: it decides no lease.
 //! - The relay publishes at least once: a relay that published and died before
 //!   `mark_published`, or whose lease ran out mid-publish, leads to a second publish.
 //!
@@ -394,18 +403,20 @@ mod sql_store {
                 Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
                 Dialect::Sqlite => "",
             };
+            // Leases are written, and compared, with the database's clock.
+            let now = dialect.now_ms_sql();
             Statements {
                 add: p(format!(
                     "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
                      created_ms, attempts, lease_until_ms) \
                      VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
                 )),
-                // $1 owner, $2 lease deadline, $3 max attempts, $4 now, $5 limit
+                // $1 owner, $2 lease in ms, $3 max attempts, $4 limit
                 pending: p(format!(
-                    "UPDATE {t} SET lease_owner = $1, lease_until_ms = $2 WHERE id IN (\
-                     SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= $4 \
-                     ORDER BY id LIMIT $5{lock}) \
-                     AND attempts < $3 AND lease_until_ms <= $4 RETURNING {COLUMNS}"
+                    "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id IN (\
+                     SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
+                     ORDER BY id LIMIT $4{lock}) \
+                     AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
                 )),
                 delete: p(format!("DELETE FROM {t} WHERE id = $1")),
                 failure: p(format!(
@@ -724,15 +735,13 @@ mod sql_store {
             }
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
-            let now = sql::now_ms();
             let rows = conn
                 .query(
                     &s.pending,
                     &[
                         Value::Text(self.owner.clone()),
-                        Value::Integer(now.saturating_add(sql::duration_ms(self.lease))),
+                        Value::Integer(sql::duration_ms(self.lease)),
                         Value::Integer(i64::from(self.max_attempts)),
-                        Value::Integer(now),
                         Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
                     ],
                 )

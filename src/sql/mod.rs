@@ -164,6 +164,29 @@ impl Dialect {
         }
     }
 
+    /// An SQL expression for the database's clock, now, in milliseconds since the Unix epoch
+    /// (a `BIGINT`).
+    ///
+    /// The stores write and compare every lease, claim and retention deadline with it, so
+    /// that the database's clock decides them and the clocks of the hosts running the stores
+    /// may disagree (see [`SqlIdempotencyStore`] and [`SqlOutboxStore`]).
+    ///
+    /// - PostgreSQL: `(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT`, the server's
+    ///   clock when the expression is evaluated (not the start of the transaction, as `now()`
+    ///   would be: a claim made on a long transaction still gets its whole lease).
+    /// - SQLite: `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`. SQLite runs in
+    ///   the process, so this is the client's clock; the processes sharing a database file run
+    ///   on one host and share its clock.
+    ///
+    /// [`SqlIdempotencyStore`]: crate::patterns::SqlIdempotencyStore
+    /// [`SqlOutboxStore`]: crate::patterns::SqlOutboxStore
+    pub fn now_ms_sql(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+            Dialect::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        }
+    }
+
     /// The column type of an auto-incrementing 64-bit primary key.
     fn serial_key(self) -> &'static str {
         match self {
@@ -503,9 +526,14 @@ pub(crate) fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A duration in whole milliseconds, saturating.
+/// The longest duration [`duration_ms`] returns: half of `i64::MAX` ms, so that the database's
+/// clock plus or minus it cannot overflow a `BIGINT`.
+const MAX_DURATION_MS: i64 = i64::MAX / 2;
+
+/// A duration in whole milliseconds, saturating at [`MAX_DURATION_MS`] (about 146 million
+/// years), so that `now ± duration` in SQL cannot overflow.
 pub(crate) fn duration_ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.as_millis()).map_or(MAX_DURATION_MS, |ms| ms.min(MAX_DURATION_MS))
 }
 
 /// A type-erased connections factory, as the stores keep it.
@@ -580,6 +608,38 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn durations_leave_room_for_the_clock() {
+        assert_eq!(duration_ms(std::time::Duration::from_millis(1500)), 1500);
+        let longest = duration_ms(std::time::Duration::MAX);
+        assert!(longest.checked_add(now_ms()).is_some());
+        assert!(now_ms().checked_sub(longest).is_some());
+        // The stores turn `$N` into `?N` for SQLite in whole statements, this expression included.
+        for d in [Dialect::Sqlite, Dialect::Postgres] {
+            assert!(!d.now_ms_sql().contains(['$', '?']), "{d}");
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_now_is_the_epoch_in_ms() {
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap_or_else(|e| panic!("{e}"));
+        let before = now_ms();
+        let rows = Sql::query(
+            &mut conn,
+            &format!("SELECT {}", Dialect::Sqlite.now_ms_sql()),
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let after = now_ms();
+        let db = rows[0][0].as_i64().unwrap_or_default();
+        // julianday('now') has millisecond precision; allow for the rounding of the double.
+        assert!(
+            db >= before - 2 && db <= after + 2,
+            "{before} <= {db} <= {after}"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub const DEFAULT_RECEIPTS_TABLE: &str = "acemq_receipts";
 
 /// Identities looked up per query.
 const LOOKUP_CHUNK: usize = 500;
-/// Receipts written per statement (four parameters each).
+/// Receipts written per statement (three parameters each).
 const INSERT_CHUNK: usize = 200;
 
 /// The effect of one new message, run inside the batch's transaction.
@@ -238,14 +238,15 @@ impl<E: Effect> BatchStore<E> {
     pub fn purge(&self, older_than: Duration) -> Result<u64> {
         let mut conn = (self.connect)()?;
         let d = conn.dialect();
-        let cutoff = sql::now_ms().saturating_sub(sql::duration_ms(older_than));
+        // The database's clock, which also dated the receipts.
         conn.execute(
             &format!(
-                "DELETE FROM {} WHERE created_ms < {}",
+                "DELETE FROM {} WHERE created_ms < {} - {}",
                 self.table,
+                d.now_ms_sql(),
                 d.placeholder(1)
             ),
-            &[cutoff.into()],
+            &[sql::duration_ms(older_than).into()],
         )
         .map_err(|e| sql::rewrap(e, || format!("purging receipts from {}", self.table)))
     }
@@ -312,28 +313,27 @@ impl<E: Effect> BatchStore<E> {
                 "the transaction ended during the effect (a database error was swallowed?)",
             ));
         }
-        let now = sql::now_ms();
+        // Dated by the database's clock, as `purge` compares them.
+        let now = d.now_ms_sql();
         for chunk in new.chunks(INSERT_CHUNK) {
             let mut statement = format!(
                 "INSERT INTO {t} (identifier, payload_sha256, outcome, created_ms) VALUES "
             );
-            let mut params = Vec::with_capacity(chunk.len() * 4);
+            let mut params = Vec::with_capacity(chunk.len() * 3);
             for (i, (id, sha, outcome)) in chunk.iter().enumerate() {
                 if i > 0 {
                     statement.push_str(", ");
                 }
-                let n = i * 4;
+                let n = i * 3;
                 statement.push_str(&format!(
-                    "({}, {}, {}, {})",
+                    "({}, {}, {}, {now})",
                     d.placeholder(n + 1),
                     d.placeholder(n + 2),
                     d.placeholder(n + 3),
-                    d.placeholder(n + 4)
                 ));
                 params.push(Value::from(*id));
                 params.push(Value::from(sha.as_str()));
                 params.push(Value::from(outcome.as_str()));
-                params.push(Value::Integer(now));
             }
             tx.execute(&statement, &params)
                 .map_err(|e| sql::rewrap(e, || format!("writing receipts to {t}")))?;
