@@ -149,8 +149,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when trying again later may succeed: the connection dropped, an answer timed out, or
-    /// the broker nacked a publish.
+    /// True when trying the same operation again later may succeed as it is: the connection
+    /// dropped, an answer timed out, or the broker nacked a publish (a full queue, say).
+    ///
+    /// Whose fault a failure is, is a separate question: see
+    /// [`is_message_fault`](Self::is_message_fault). A nack is both.
     pub fn is_retriable(&self) -> bool {
         matches!(
             self,
@@ -159,6 +162,49 @@ impl Error {
                 | Error::Timeout { .. }
                 | Error::Nacked { .. }
         ) || matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
+    }
+
+    /// True when the failure is about this message or operation — the broker refused it
+    /// (nacked, unroutable, no such exchange or queue, a conflicting declaration) or it was
+    /// invalid — rather than the connection's (dropped, timed out, closed). The outbox relay
+    /// counts exactly these failures against a record, so a record the broker keeps refusing
+    /// retires while a connection outage costs nothing.
+    pub fn is_message_fault(&self) -> bool {
+        !matches!(
+            self,
+            Error::ConnectionLost { .. }
+                | Error::Connect { .. }
+                | Error::Timeout { .. }
+                | Error::Closed { .. }
+        ) && !matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
+    }
+
+    /// An amiquip error from `doing` on the `kind` named `name`, with the broker's refusals
+    /// named: 404 is [`Error::NotFound`], 406 [`Error::TopologyConflict`]; everything else keeps
+    /// its context. The one place these codes are read.
+    pub(crate) fn from_amqp_on(
+        kind: &'static str,
+        name: &str,
+        doing: &str,
+        e: amiquip::Error,
+    ) -> Error {
+        match e {
+            amiquip::Error::ServerClosedChannel {
+                code: 404, message, ..
+            } => Error::NotFound {
+                kind,
+                name: name.to_string(),
+                reason: message,
+            },
+            amiquip::Error::ServerClosedChannel {
+                code: 406, message, ..
+            } => Error::TopologyConflict {
+                kind,
+                name: name.to_string(),
+                reason: message,
+            },
+            e => Error::amqp(format!("{doing} {kind} {name:?}"), e),
+        }
     }
 
     /// True when a mandatory publish was returned as unroutable.

@@ -866,3 +866,45 @@ fn a_panicking_observer_does_not_kill_the_workers() {
     consumer.close().unwrap();
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
 }
+
+/// Closing while one long handler runs and three deliveries wait behind it: the report counts
+/// one abandoned (started, still running at the deadline) and three requeued (never started).
+#[test]
+fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("close-report"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (g, s) = (gate.clone(), started.clone());
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .concurrency(1)
+                .prefetch(4)
+                .shutdown_timeout(Duration::from_millis(500)),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    publish_n(&conn, &q, 4, true);
+    assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1
+        && consumer.in_flight() == 4));
+    let report = consumer.close().unwrap();
+    gate.store(true, Ordering::SeqCst);
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "the others never started"
+    );
+    assert_eq!((report.abandoned, report.requeued), (1, 3), "{report:?}");
+}

@@ -241,16 +241,9 @@ impl Connection {
     pub fn get(&self, queue: &str) -> Result<Option<crate::Message>> {
         crate::envelope::check_name("queue", queue, false)?;
         let (channel, _link) = self.open_channel()?;
-        let got = channel.basic_get(queue, false).map_err(|e| match e {
-            amiquip::Error::ServerClosedChannel {
-                code: 404, message, ..
-            } => Error::NotFound {
-                kind: "queue",
-                name: queue.to_string(),
-                reason: message,
-            },
-            e => Error::amqp(format!("getting from queue {queue:?}"), e),
-        })?;
+        let got = channel
+            .basic_get(queue, false)
+            .map_err(|e| Error::from_amqp_on("queue", queue, "getting from", e))?;
         let Some(got) = got else {
             let _ = channel.close();
             return Ok(None);

@@ -340,23 +340,7 @@ pub(crate) fn to_table(args: &BTreeMap<String, HeaderValue>) -> FieldTable {
 }
 
 fn map_err(kind: &'static str, name: &str, doing: &str, e: amiquip::Error) -> Error {
-    match e {
-        amiquip::Error::ServerClosedChannel {
-            code: 406, message, ..
-        } => Error::TopologyConflict {
-            kind,
-            name: name.to_string(),
-            reason: message,
-        },
-        amiquip::Error::ServerClosedChannel {
-            code: 404, message, ..
-        } => Error::NotFound {
-            kind,
-            name: name.to_string(),
-            reason: message,
-        },
-        e => Error::amqp(format!("{doing} {kind} {name:?}"), e),
-    }
+    Error::from_amqp_on(kind, name, doing, e)
 }
 
 fn declare_exchange_on(channel: &Channel, spec: &ExchangeSpec) -> Result<()> {

@@ -162,10 +162,12 @@ impl ConsumerOptions {
 pub struct CloseReport {
     /// Handlers that were running when the close began and finished in time (settled).
     pub finished: usize,
-    /// Deliveries received but not started, put back on the queue.
+    /// Deliveries received whose handler never started (on their way, waiting for a worker, or
+    /// a retry held in the consumer), put back on the queue.
     pub requeued: usize,
-    /// Handlers still running at the deadline: not settled by us; the broker requeues their
-    /// messages when the channel closes.
+    /// Handlers started and still running at the deadline (also one on a delivery from before a
+    /// reconnect): not settled by us, not waited for; the broker requeues their messages when
+    /// the channel closes.
     pub abandoned: usize,
 }
 
@@ -205,16 +207,18 @@ pub(crate) struct Context {
     pub(crate) copy_failures: worker::CopyFailures,
     /// The current subscription's generation; jobs from older ones are skipped.
     pub(crate) generation: AtomicU64,
-    /// Set when closing: workers requeue what they have not started.
-    pub(crate) stopping: AtomicBool,
-    pub(crate) stop_flag: Arc<AtomicBool>,
+    /// Set by a [`StopHandle`] (or by the owner when the broker cancels the consumer): the owner
+    /// shuts down and workers requeue what they have not started.
+    pub(crate) stopping: Arc<AtomicBool>,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) max_in_flight: AtomicUsize,
+    /// Handlers running now, of any generation.
+    pub(crate) running: AtomicUsize,
 }
 
 impl Context {
     pub(crate) fn stop_requested(&self) -> bool {
-        self.stop_flag.load(Ordering::SeqCst)
+        self.stopping.load(Ordering::SeqCst)
     }
 }
 
@@ -312,10 +316,10 @@ impl Connection {
             shutdown_timeout: options.shutdown_timeout,
             copy_failures: worker::CopyFailures::default(),
             generation: AtomicU64::new(0),
-            stopping: AtomicBool::new(false),
-            stop_flag: flag.clone(),
+            stopping: flag.clone(),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
         });
         Ok(Consumer {
             ctx,

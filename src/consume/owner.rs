@@ -47,6 +47,13 @@ pub(crate) fn run(
     timer: &Sender<TimerMsg>,
     mut started: Option<Sender<Result<()>>>,
 ) -> Result<CloseReport> {
+    let lines = Lines {
+        jobs,
+        queued: stale,
+        settles,
+        stop,
+        timer,
+    };
     let mut generation = 0u64;
     loop {
         // Before the first subscription any error is the caller's; after it, only a closed
@@ -80,17 +87,7 @@ pub(crate) fn run(
             let _ = tx.send(Ok(()));
         }
         let mut inflight: BTreeMap<u64, Slot> = BTreeMap::new();
-        let end = serve(
-            ctx,
-            generation,
-            &channel,
-            &consumer,
-            &mut inflight,
-            jobs,
-            settles,
-            stop,
-            timer,
-        );
+        let end = serve(ctx, generation, &channel, &consumer, &mut inflight, &lines);
         end_subscription(ctx, &end, consumer, inflight.len());
         match end {
             Ok(End::Stop(report)) => {
@@ -190,38 +187,37 @@ fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
 }
 
 fn consume_error(queue: &str, e: amiquip::Error) -> Error {
-    match e {
-        amiquip::Error::ServerClosedChannel {
-            code: 404, message, ..
-        } => Error::NotFound {
-            kind: "queue",
-            name: queue.to_string(),
-            reason: message,
-        },
-        amiquip::Error::ServerClosedChannel { code, message, .. } => Error::Amqp {
-            context: format!("consuming from {queue:?} ({code} {message})"),
-            source: Box::new(amiquip::Error::ServerClosedChannel {
-                channel_id: 0,
-                code,
-                message: message.clone(),
-            }),
-        },
-        e => Error::amqp(format!("consuming from {queue:?}"), e),
-    }
+    Error::from_amqp_on("queue", queue, "consuming from", e)
 }
 
-#[allow(clippy::too_many_arguments)] // the owner's whole world, passed once
+/// The channels the owner thread talks through.
+pub(crate) struct Lines<'a> {
+    /// To the workers.
+    pub(crate) jobs: &'a Sender<Job>,
+    /// The same hand-off, read by the owner only to take back jobs no worker has started.
+    pub(crate) queued: &'a Receiver<Job>,
+    /// From the workers and the timer.
+    pub(crate) settles: &'a Receiver<Settle>,
+    /// From a [`StopHandle`](super::StopHandle).
+    pub(crate) stop: &'a Receiver<()>,
+    /// To the timer thread.
+    pub(crate) timer: &'a Sender<TimerMsg>,
+}
+
 fn serve(
     ctx: &Context,
     generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
     inflight: &mut BTreeMap<u64, Slot>,
-    jobs: &Sender<Job>,
-    settles: &Receiver<Settle>,
-    stop: &Receiver<()>,
-    timer: &Sender<TimerMsg>,
+    lines: &Lines<'_>,
 ) -> Result<End> {
+    let Lines {
+        jobs,
+        settles,
+        stop,
+        ..
+    } = *lines;
     let mut report = CloseReport::default();
     loop {
         select! {
@@ -232,7 +228,7 @@ fn serve(
                 Ok(ConsumerMessage::ServerCancelled) => {
                     // The queue was deleted (or the broker cancelled us): finish what is running
                     // and end with a clear error.
-                    shutdown(ctx, generation, channel, consumer, inflight, settles, timer, &mut report);
+                    shutdown(ctx, generation, channel, consumer, inflight, lines, &mut report);
                     return Err(Error::Cancelled { queue: ctx.queue.clone() });
                 }
                 Ok(ConsumerMessage::ServerClosedChannel(e)) => return Ok(End::Lost(e.to_string())),
@@ -249,7 +245,7 @@ fn serve(
                 }
             },
             recv(stop) -> _ => {
-                shutdown(ctx, generation, channel, consumer, inflight, settles, timer, &mut report);
+                shutdown(ctx, generation, channel, consumer, inflight, lines, &mut report);
                 return Ok(End::Stop(report));
             },
         }
@@ -384,28 +380,41 @@ pub(crate) fn cancel_and_drain(
     }
 }
 
-/// Stop: cancel, requeue what was delivered but not started and the retries held by the timer,
-/// let running handlers finish up to the deadline and settle them.
-#[allow(clippy::too_many_arguments)] // the owner's whole world, passed once
+/// Stop: cancel, requeue what was delivered but not started (on its way, waiting in the
+/// hand-off, or held by the timer), let running handlers finish up to the deadline and settle
+/// them. What is still running then is `abandoned`; what never started is `requeued`.
 fn shutdown(
     ctx: &Context,
     generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
     inflight: &mut BTreeMap<u64, Slot>,
-    settles: &Receiver<Settle>,
-    timer: &Sender<TimerMsg>,
+    lines: &Lines<'_>,
     report: &mut CloseReport,
 ) {
+    let settles = lines.settles;
     ctx.stopping.store(true, Ordering::SeqCst);
     // Held retries go back to the queue unchanged; the timer answers on `settles`.
-    let _ = timer.send_timeout(TimerMsg::Stop, super::timer::STOP_TIMEOUT);
+    let _ = lines
+        .timer
+        .send_timeout(TimerMsg::Stop, super::timer::STOP_TIMEOUT);
     // Deliveries that were on their way before the cancel: back to the queue.
     cancel_and_drain(&ctx.queue, consumer, |d| {
         if d.nack(channel, true).is_ok() {
             report.requeued += 1;
         }
     });
+    // Jobs no worker has taken yet: back to the queue now, not counted as running.
+    for job in lines.queued.try_iter() {
+        if job.generation != generation {
+            continue;
+        }
+        if let Some(slot) = inflight.remove(&job.tag) {
+            if slot.delivery.nack(channel, true).is_ok() {
+                report.requeued += 1;
+            }
+        }
+    }
     let deadline = Instant::now() + ctx.shutdown_timeout;
     while !inflight.is_empty() {
         match settles.recv_deadline(deadline) {
@@ -425,7 +434,9 @@ fn shutdown(
             Err(_) => break,
         }
     }
-    report.abandoned = inflight.len();
+    // Every handler still running (also one on a delivery from before a reconnect, which is
+    // not among this subscription's deliveries): closing does not wait for it.
+    report.abandoned = ctx.running.load(Ordering::SeqCst);
     if report.abandoned > 0 {
         log::warn!(
             "acemq: {} deliveries on {:?} were still being handled after {:?}; the broker \

@@ -33,7 +33,7 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             );
             continue;
         }
-        if ctx.stopping.load(Ordering::SeqCst) {
+        if ctx.stop_requested() {
             let _ = settle.send(Settle {
                 generation: job.generation,
                 tag: job.tag,
@@ -52,7 +52,9 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             (Verdict::DeadLetter { error }, Duration::ZERO)
         } else {
             let started = Instant::now();
+            ctx.running.fetch_add(1, Ordering::SeqCst);
             let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+            ctx.running.fetch_sub(1, Ordering::SeqCst);
             let handler_duration = started.elapsed();
             if result.is_err() {
                 log::error!(

@@ -241,7 +241,7 @@ impl InMemoryOutboxStore {
             body: record.body.clone(),
             content_type: record.content_type.clone(),
             headers: record.headers.clone(),
-            created_ms: now_ms(),
+            created_ms: crate::envelope::now_ms(),
             attempts: 0,
             last_error: None,
         };
@@ -258,13 +258,6 @@ impl InMemoryOutboxStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl Default for InMemoryOutboxStore {
@@ -568,7 +561,7 @@ mod sql_store {
                 return Err(Error::invalid("the outbox lease must be at least 1 ms"));
             }
             let n = OWNERS.fetch_add(1, Ordering::Relaxed);
-            let owner = format!("{}-{}-{}", std::process::id(), n, now_ms());
+            let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
             Ok(SqlOutboxStore {
                 sqlite: Statements::new(&self.table, Dialect::Sqlite),
                 postgres: Statements::new(&self.table, Dialect::Postgres),

@@ -234,11 +234,7 @@ struct HandedOver {
 /// (nacked) or could not route this message, or its exchange does not exist. A lost connection
 /// or channel, a timeout or a closed publisher says nothing about the record.
 fn counts_against_record(e: &Error) -> bool {
-    match e {
-        Error::Nacked { .. } => true,
-        Error::Closed { .. } => false,
-        e => !e.is_retriable(),
-    }
+    e.is_message_fault()
 }
 
 fn ids(records: &[OutboxRecord]) -> Vec<i64> {

@@ -38,7 +38,6 @@
 //! names reach SQL by concatenation, so every name is checked by [`check_identifier`] first.
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use std::sync::Arc;
 
@@ -518,13 +517,7 @@ pub(crate) fn rewrap(e: Error, context: impl FnOnce() -> String) -> Error {
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub(crate) use crate::envelope::now_ms;
 
 /// The longest duration [`duration_ms`] returns: half of `i64::MAX` ms, so that the database's
 /// clock plus or minus it cannot overflow a `BIGINT`.
