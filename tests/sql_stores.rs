@@ -401,13 +401,19 @@ fn idem_retention_and_purge(db: &Db) {
     let store = SqlIdempotencyStore::builder(db.factory())
         .table(&table)
         .claim_timeout(Duration::from_secs(60))
-        .retention(Duration::from_millis(300))
+        .retention(Duration::from_secs(3))
         .build()
         .unwrap();
     store.create_table().unwrap();
     assert!(store.first_time("old").unwrap());
     assert!(store.claim("live").unwrap().is_claimed());
-    thread::sleep(Duration::from_millis(400));
+    // Time itself is what this test is about: "old" must be past its retention, and "new"
+    // (written next) must still be inside its own 3 s when the purge runs, however busy the
+    // machine is between the two.
+    let written = std::time::Instant::now();
+    while written.elapsed() < Duration::from_millis(3100) {
+        thread::sleep(Duration::from_millis(50));
+    }
     assert!(store.first_time("new").unwrap());
     assert_eq!(db.count(&table), 3);
     // Past retention "old" is gone for purge, and counts as new for claims.

@@ -401,10 +401,7 @@ mod sql_store {
 
     impl Statements {
         fn new(t: &str, dialect: Dialect) -> Statements {
-            let p = |s: String| match dialect {
-                Dialect::Postgres => s,
-                Dialect::Sqlite => s.replace('$', "?"),
-            };
+            let p = |s: String| dialect.placeholders(&s);
             // Every deadline is written, and compared, with the database's clock.
             let now = dialect.now_ms_sql();
             // $1 key, $2 the lease or retention in ms, then the statement's own.
@@ -482,8 +479,7 @@ mod sql_store {
         table: String,
         claim_timeout: Duration,
         retention: Duration,
-        sqlite: Statements,
-        postgres: Statements,
+        statements: sql::PerDialect<Statements>,
     }
 
     /// Builds a [`SqlIdempotencyStore`].
@@ -527,8 +523,7 @@ mod sql_store {
                 ));
             }
             Ok(SqlIdempotencyStore {
-                sqlite: Statements::new(&self.table, Dialect::Sqlite),
-                postgres: Statements::new(&self.table, Dialect::Postgres),
+                statements: sql::PerDialect::new(),
                 connect: self.connect,
                 table: self.table,
                 claim_timeout: self.claim_timeout,
@@ -633,10 +628,8 @@ mod sql_store {
         }
 
         fn statements(&self, conn: &dyn Sql) -> &Statements {
-            match conn.dialect() {
-                Dialect::Sqlite => &self.sqlite,
-                Dialect::Postgres => &self.postgres,
-            }
+            self.statements
+                .get(conn.dialect(), |d| Statements::new(&self.table, d))
         }
 
         fn context(&self, e: Error, what: &str) -> Error {

@@ -388,10 +388,7 @@ mod sql_store {
 
     impl Statements {
         fn new(t: &str, dialect: Dialect) -> Statements {
-            let p = |s: String| match dialect {
-                Dialect::Postgres => s,
-                Dialect::Sqlite => s.replace('$', "?"),
-            };
+            let p = |s: String| dialect.placeholders(&s);
             let lock = match dialect {
                 Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
                 Dialect::Sqlite => "",
@@ -515,8 +512,7 @@ mod sql_store {
         max_attempts: u32,
         lease: Duration,
         owner: String,
-        sqlite: Statements,
-        postgres: Statements,
+        statements: sql::PerDialect<Statements>,
     }
 
     /// Builds a [`SqlOutboxStore`].
@@ -563,8 +559,7 @@ mod sql_store {
             let n = OWNERS.fetch_add(1, Ordering::Relaxed);
             let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
             Ok(SqlOutboxStore {
-                sqlite: Statements::new(&self.table, Dialect::Sqlite),
-                postgres: Statements::new(&self.table, Dialect::Postgres),
+                statements: sql::PerDialect::new(),
                 connect: self.connect,
                 table: self.table,
                 max_attempts: self.max_attempts,
@@ -675,10 +670,8 @@ mod sql_store {
         }
 
         fn statements(&self, conn: &dyn Sql) -> &Statements {
-            match conn.dialect() {
-                Dialect::Sqlite => &self.sqlite,
-                Dialect::Postgres => &self.postgres,
-            }
+            self.statements
+                .get(conn.dialect(), |d| Statements::new(&self.table, d))
         }
 
         fn context(&self, e: Error, what: &str) -> Error {

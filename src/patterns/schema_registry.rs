@@ -231,10 +231,7 @@ mod sql_store {
 
     impl Statements {
         fn new(t: &str, dialect: Dialect) -> Statements {
-            let p = |s: String| match dialect {
-                Dialect::Postgres => s,
-                Dialect::Sqlite => s.replace('$', "?"),
-            };
+            let p = |s: String| dialect.placeholders(&s);
             Statements {
                 by_fingerprint: p(format!(
                     "SELECT {COLUMNS} FROM {t} WHERE subject = $1 AND fingerprint = $2"
@@ -266,8 +263,7 @@ mod sql_store {
     pub struct SqlSchemaRegistry {
         connect: Connect,
         table: String,
-        sqlite: Statements,
-        postgres: Statements,
+        statements: sql::PerDialect<Statements>,
     }
 
     /// Builds a [`SqlSchemaRegistry`].
@@ -291,8 +287,7 @@ mod sql_store {
         pub fn build(self) -> Result<SqlSchemaRegistry> {
             sql::check_identifier(&self.table)?;
             Ok(SqlSchemaRegistry {
-                sqlite: Statements::new(&self.table, Dialect::Sqlite),
-                postgres: Statements::new(&self.table, Dialect::Postgres),
+                statements: sql::PerDialect::new(),
                 connect: self.connect,
                 table: self.table,
             })
@@ -355,10 +350,8 @@ mod sql_store {
         }
 
         fn statements(&self, conn: &dyn Sql) -> &Statements {
-            match conn.dialect() {
-                Dialect::Sqlite => &self.sqlite,
-                Dialect::Postgres => &self.postgres,
-            }
+            self.statements
+                .get(conn.dialect(), |d| Statements::new(&self.table, d))
         }
 
         fn context(&self, e: Error, what: &str) -> Error {

@@ -163,6 +163,16 @@ impl Dialect {
         }
     }
 
+    /// `sql` written with PostgreSQL's numbered placeholders (`$1`, `$2`, …) in this dialect: as
+    /// it is on PostgreSQL, with SQLite's numbered form (`?1`, `?2`, …) on SQLite. The stores
+    /// write each statement once, this way.
+    pub fn placeholders(self, sql: &str) -> String {
+        match self {
+            Dialect::Postgres => sql.to_string(),
+            Dialect::Sqlite => sql.replace('$', "?"),
+        }
+    }
+
     /// An SQL expression for the database's clock, now, in milliseconds since the Unix epoch
     /// (a `BIGINT`).
     ///
@@ -581,6 +591,31 @@ fn unexpected(i: usize, wanted: &str, got: Option<&Value>) -> Error {
         format!("reading column {i}"),
         format!("expected {wanted}, found {got:?}"),
     )
+}
+
+/// A store's statements, built for a dialect the first time one of its connections of that
+/// dialect is used (a store sees one dialect in practice, so it builds one set).
+pub(crate) struct PerDialect<T> {
+    sqlite: std::sync::OnceLock<T>,
+    postgres: std::sync::OnceLock<T>,
+}
+
+impl<T> PerDialect<T> {
+    pub(crate) fn new() -> PerDialect<T> {
+        PerDialect {
+            sqlite: std::sync::OnceLock::new(),
+            postgres: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The statements for `dialect`, built by `build` on first use.
+    pub(crate) fn get(&self, dialect: Dialect, build: impl FnOnce(Dialect) -> T) -> &T {
+        let cell = match dialect {
+            Dialect::Sqlite => &self.sqlite,
+            Dialect::Postgres => &self.postgres,
+        };
+        cell.get_or_init(|| build(dialect))
+    }
 }
 
 #[cfg(test)]
