@@ -1,0 +1,191 @@
+//! The transactional outbox, store part: records written with the business data, published
+//! later by a relay.
+//!
+//! # Guarantees
+//!
+//! - [`SqlOutboxStore::add`] inserts on **the caller's transaction** and never commits, rolls
+//!   back or opens one of its own: the record exists exactly when the caller's work commits. On a
+//!   connection in autocommit mode (a `rusqlite::Connection` outside `BEGIN`, a
+//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`].
+//! - [`OutboxStore::pending`] returns records in insertion order (by `id`) and **leases** them
+//!   to this store instance for `lease` (default 30 s): until the lease runs out no other
+//!   `SqlOutboxStore` on the same table (another relay thread, process or host) is offered them.
+//!   On PostgreSQL the lease is taken with `FOR UPDATE SKIP LOCKED` and a lease deadline; on
+//!   SQLite with one conditional `UPDATE … RETURNING` under the database's write lock. A relay
+//!   that dies simply lets its leases expire.
+//! - [`OutboxStore::mark_published`] deletes the record (call it after the broker's confirm);
+//!   [`OutboxStore::record_failure`] counts a failed attempt, keeps the error text, and ends the
+//!   lease so the record is offered again. After `max_attempts` failures (default 10) the record
+//!   is **retired**: kept, no longer offered by `pending`, listed by [`OutboxStore::retired`],
+//!   and put back in play by [`OutboxStore::release`], which resets its attempts.
+//! - **The database's clock decides leases**: `pending` writes `lease_until_ms` as the
+//!   database's now plus `lease` and offers only records whose lease ended by the database's
+//!   now, in one statement ([`Dialect::now_ms_sql`](crate::sql::Dialect::now_ms_sql)). The
+//!   relays' hosts may disagree about the time by any amount: a relay whose clock runs behind
+//!   cannot take another's live lease (nor write a lease that already ended), one whose clock
+//!   runs ahead does not hold a lease longer than `lease`. On PostgreSQL that is the server's
+//!   clock (`clock_timestamp()`); on SQLite, which runs in the process, it is the host's own,
+//!   shared by the processes on one database file. `created_ms` (the outbox lag, the
+//!   message's `x-acemq-first-seen`) is still the adding host's clock: it decides no lease.
+//! - The relay publishes at least once: a relay that published and died before
+//!   `mark_published`, or whose lease ran out mid-publish, leads to a second publish.
+//!
+//! [`InMemoryOutboxStore`] follows the same rules in one process; it is for tests, **not for
+//! production** (it is not transactional with anything and forgets everything on restart).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+mod memory;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
+
+pub use memory::InMemoryOutboxStore;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use sql::{SqlOutboxStore, SqlOutboxStoreBuilder};
+
+/// A message to put in the outbox.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NewOutboxRecord {
+    /// The exchange to publish to (`""` for the default exchange).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// The body's content type, e.g. `application/json`.
+    pub content_type: String,
+    /// AMQP headers, stored as JSON text in the `headers` column.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+}
+
+impl NewOutboxRecord {
+    /// The message id the relay publishes this record with, as `x-acemq-id` and as the AMQP
+    /// `message_id`, the same however often it is published: store it beside the business row
+    /// to point at its message. Always there on a record made by
+    /// [`record`](crate::patterns::record) or [`record_message`](crate::patterns::record_message);
+    /// `None` on one built by hand without an `x-acemq-id` header.
+    pub fn message_id(&self) -> Option<&str> {
+        self.headers
+            .get(crate::envelope::headers::ID)
+            .and_then(serde_json::Value::as_str)
+            .filter(|id| !id.is_empty())
+    }
+}
+
+/// A record in the outbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutboxRecord {
+    /// The record's id, increasing in insertion order.
+    pub id: i64,
+    /// The exchange to publish to.
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// The message body.
+    pub body: Vec<u8>,
+    /// The body's content type.
+    pub content_type: String,
+    /// AMQP headers.
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// When the record was added, in epoch milliseconds (the outbox lag is measured from here).
+    pub created_ms: i64,
+    /// Failed publish attempts so far.
+    pub attempts: i64,
+    /// The last failure's error text.
+    pub last_error: Option<String>,
+}
+
+/// The relay's view of an outbox: what to publish, and what became of it.
+pub trait OutboxStore: Send + Sync {
+    /// Up to `limit` records to publish, oldest first, leased to this store so that no other
+    /// relay is offered them while the lease holds. Retired records are not offered.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>>;
+
+    /// The record was published and confirmed: delete it. An unknown id is not an error.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn mark_published(&self, id: i64) -> Result<()>;
+
+    /// Publishing the record failed: count the attempt, keep `error`, end the lease.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn record_failure(&self, id: i64, error: &str) -> Result<()>;
+
+    /// The records that reached `max_attempts`, oldest first.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn retired(&self) -> Result<Vec<OutboxRecord>>;
+
+    /// Puts a (retired) record back in play: resets its attempts and lease.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn release(&self, id: i64) -> Result<()>;
+
+    /// Deletes several published records at once (one commit). Defaults to
+    /// [`mark_published`](Self::mark_published) for each.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
+        ids.iter().try_for_each(|id| self.mark_published(*id))
+    }
+
+    /// Ends this store's lease on records it was offered but did not publish (the connection
+    /// dropped, the batch stopped short of them, the store failed mid-sweep), without counting
+    /// an attempt, so that they are offered again at once. Defaults to doing nothing: the
+    /// leases then run out by themselves.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn unlease(&self, ids: &[i64]) -> Result<()> {
+        let _ = ids;
+        Ok(())
+    }
+
+    /// How long a record [`pending`](Self::pending) returns stays leased. The relay keeps each
+    /// sweep well inside it (half of it), so that a lease never runs out while this relay is
+    /// still publishing the record and another relay takes it too. Defaults to 30 s.
+    fn lease(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+
+    /// How many records wait to be published (retired ones excluded) and when the oldest of
+    /// them was added.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn stats(&self) -> Result<OutboxStats>;
+}
+
+/// The backlog of an outbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Records waiting to be published (not retired).
+    pub pending: u64,
+    /// `created_ms` of the oldest of them.
+    pub oldest_created_ms: Option<i64>,
+}
+
+fn headers_json(headers: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
+    serde_json::to_string(headers).map_err(|e| Error::Codec {
+        content_type: "application/json".into(),
+        source: e.into(),
+    })
+}

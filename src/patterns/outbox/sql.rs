@@ -1,0 +1,446 @@
+//! The outbox on SQLite or PostgreSQL.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
+use crate::error::{Error, Result};
+use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
+
+const COLUMNS: &str =
+    "id, exchange, routing_key, body, content_type, headers, created_ms, attempts, last_error";
+
+#[derive(Debug)]
+struct Statements {
+    add: String,
+    pending: String,
+    delete: String,
+    failure: String,
+    retired: String,
+    release: String,
+    stats: String,
+    dialect: Dialect,
+    table: String,
+}
+
+impl Statements {
+    fn new(t: &str, dialect: Dialect) -> Statements {
+        let p = |s: String| dialect.placeholders(&s);
+        let lock = match dialect {
+            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+            Dialect::Sqlite => "",
+        };
+        // Leases are written, and compared, with the database's clock.
+        let now = dialect.now_ms_sql();
+        Statements {
+            add: p(format!(
+                "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
+                 created_ms, attempts, lease_until_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
+            )),
+            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit
+            pending: p(format!(
+                "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id IN (\
+                 SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
+                 ORDER BY id LIMIT $4{lock}) \
+                 AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
+            )),
+            delete: p(format!("DELETE FROM {t} WHERE id = $1")),
+            failure: p(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
+                 lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
+            )),
+            retired: p(format!(
+                "SELECT {COLUMNS} FROM {t} WHERE attempts >= $1 ORDER BY id"
+            )),
+            release: p(format!(
+                "UPDATE {t} SET attempts = 0, lease_owner = NULL, lease_until_ms = 0 \
+                 WHERE id = $1"
+            )),
+            stats: p(format!(
+                "SELECT COUNT(*), MIN(created_ms) FROM {t} WHERE attempts < $1"
+            )),
+            dialect,
+            table: t.to_owned(),
+        }
+    }
+
+    /// `… WHERE id IN ($2, $3, …)` for `n` ids after `first` other parameters.
+    fn ids_in(&self, first: usize, n: usize) -> String {
+        (first + 1..=first + n)
+            .map(|i| self.dialect.placeholder(i))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    fn delete_many(&self, n: usize) -> String {
+        format!(
+            "DELETE FROM {} WHERE id IN ({})",
+            self.table,
+            self.ids_in(0, n)
+        )
+    }
+
+    fn unlease_many(&self, n: usize) -> String {
+        format!(
+            "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
+             WHERE lease_owner = {} AND id IN ({})",
+            self.table,
+            self.dialect.placeholder(1),
+            self.ids_in(1, n)
+        )
+    }
+}
+
+static OWNERS: AtomicU64 = AtomicU64::new(0);
+
+/// An outbox in a SQL table (SQLite or PostgreSQL).
+///
+/// See the [module docs](super) for the transaction and lease rules. `add` runs on the
+/// caller's transaction; every other operation gets a connection from the connections
+/// factory given to [`builder`](Self::builder), one per call, in autocommit mode.
+///
+/// Each instance has its own lease owner id: two instances on one table are two relays.
+///
+/// # Example
+///
+/// ```
+/// # #[cfg(feature = "sqlite")]
+/// # fn main() -> acemq_amqp::Result<()> {
+/// use acemq_amqp::patterns::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+/// let path = std::env::temp_dir().join(format!("acemq-outbox-{}.db", std::process::id()));
+/// let open = move || {
+///     rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
+///         context: "opening".into(),
+///         source: e.into(),
+///     })
+/// };
+/// let mut conn = open()?;
+/// let outbox = SqlOutboxStore::builder(open).table("doc_outbox").build()?;
+/// outbox.create_table()?;
+///
+/// let mut tx = conn.transaction().map_err(|e| acemq_amqp::Error::Sql {
+///     context: "begin".into(),
+///     source: e.into(),
+/// })?;
+/// // … the business write on `tx` …
+/// let id = outbox.add(&mut tx, &NewOutboxRecord {
+///     exchange: "orders".into(),
+///     routing_key: "order.created".into(),
+///     body: br#"{"id":1}"#.to_vec(),
+///     content_type: "application/json".into(),
+///     ..Default::default()
+/// })?;
+/// tx.commit().map_err(|e| acemq_amqp::Error::Sql { context: "commit".into(), source: e.into() })?;
+///
+/// for record in outbox.pending(100)? {
+///     // publish with confirms, then:
+///     outbox.mark_published(record.id)?;
+/// }
+/// # let _ = id;
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "sqlite"))]
+/// # fn main() {}
+/// ```
+pub struct SqlOutboxStore {
+    connect: Connect,
+    table: String,
+    max_attempts: u32,
+    lease: Duration,
+    owner: String,
+    statements: sql::PerDialect<Statements>,
+}
+
+/// Builds a [`SqlOutboxStore`].
+pub struct SqlOutboxStoreBuilder {
+    connect: Connect,
+    table: String,
+    max_attempts: u32,
+    lease: Duration,
+}
+
+impl SqlOutboxStoreBuilder {
+    /// The table's name, a plain identifier. Defaults to `acemq_outbox`.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// Failed attempts after which a record is retired. Defaults to 10.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// How long `pending` leases the records it returns. Defaults to 30 s.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Checks the settings and builds the store. Does not touch the database.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a table name that is not a plain identifier,
+    /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms.
+    pub fn build(self) -> Result<SqlOutboxStore> {
+        sql::check_identifier(&self.table)?;
+        if self.max_attempts == 0 {
+            return Err(Error::invalid("max_attempts must be at least 1"));
+        }
+        if self.lease.as_millis() == 0 {
+            return Err(Error::invalid("the outbox lease must be at least 1 ms"));
+        }
+        let n = OWNERS.fetch_add(1, Ordering::Relaxed);
+        let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
+        Ok(SqlOutboxStore {
+            statements: sql::PerDialect::new(),
+            connect: self.connect,
+            table: self.table,
+            max_attempts: self.max_attempts,
+            lease: self.lease,
+            owner,
+        })
+    }
+}
+
+impl fmt::Debug for SqlOutboxStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlOutboxStoreBuilder")
+            .field("table", &self.table)
+            .field("max_attempts", &self.max_attempts)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for SqlOutboxStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlOutboxStore")
+            .field("table", &self.table)
+            .field("max_attempts", &self.max_attempts)
+            .field("lease", &self.lease)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqlOutboxStore {
+    /// A builder using `connect` as the connections factory for the store's own operations
+    /// (`pending`, `mark_published`, …): called once per operation.
+    pub fn builder<F, C>(connect: F) -> SqlOutboxStoreBuilder
+    where
+        F: Fn() -> Result<C> + Send + Sync + 'static,
+        C: Sql + 'static,
+    {
+        SqlOutboxStoreBuilder {
+            connect: sql::erase(connect),
+            table: sql::DEFAULT_OUTBOX_TABLE.to_owned(),
+            max_attempts: 10,
+            lease: Duration::from_secs(30),
+        }
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Failed attempts after which a record is retired.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// This instance's lease owner id.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Creates the table if it does not exist (development and tests).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Sql`] if the statements fail.
+    pub fn create_table(&self) -> Result<()> {
+        let mut conn = (self.connect)()?;
+        sql::create_schema(&mut *conn, &[Table::Outbox(self.table.clone())])
+    }
+
+    /// Inserts `record` on the caller's transaction and returns its id. Never commits,
+    /// rolls back or begins anything: the record becomes visible when `tx` commits.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when `tx` is a connection in autocommit mode (no open
+    /// transaction), [`Error::Sql`] if the insert fails.
+    pub fn add(&self, tx: &mut dyn Sql, record: &NewOutboxRecord) -> Result<i64> {
+        if tx.in_transaction() == Some(false) {
+            return Err(Error::invalid(format!(
+                "outbox add on table {} needs the caller's open transaction, \
+                 got a connection in autocommit mode",
+                self.table
+            )));
+        }
+        let s = self.statements(tx);
+        let rows = tx
+            .query(
+                &s.add,
+                &[
+                    Value::Text(record.exchange.clone()),
+                    Value::Text(record.routing_key.clone()),
+                    Value::Bytes(record.body.clone()),
+                    Value::Text(record.content_type.clone()),
+                    Value::Text(headers_json(&record.headers)?),
+                    Value::Integer(sql::now_ms()),
+                ],
+            )
+            .map_err(|e| self.context(e, "adding a record"))?;
+        match rows.first() {
+            Some(row) => sql::col_i64(row, 0),
+            None => Err(Error::sql(
+                format!("adding a record to table {}", self.table),
+                "the insert returned no id",
+            )),
+        }
+    }
+
+    fn statements(&self, conn: &dyn Sql) -> &Statements {
+        self.statements
+            .get(conn.dialect(), |d| Statements::new(&self.table, d))
+    }
+
+    fn context(&self, e: Error, what: &str) -> Error {
+        sql::rewrap(e, || format!("{what} in table {}", self.table))
+    }
+
+    fn by_id(&self, what: &str, pick: fn(&Statements) -> &str, params: &[Value]) -> Result<()> {
+        let mut conn = (self.connect)()?;
+        let s = self.statements(&*conn);
+        conn.execute(pick(s), params)
+            .map_err(|e| self.context(e, what))?;
+        Ok(())
+    }
+}
+
+fn record(row: &[Value]) -> Result<OutboxRecord> {
+    let headers = sql::col_text(row, 5)?;
+    let headers = if headers.is_empty() {
+        serde_json::Map::new()
+    } else {
+        serde_json::from_str(&headers).map_err(|e| Error::Codec {
+            content_type: "application/json".into(),
+            source: e.into(),
+        })?
+    };
+    Ok(OutboxRecord {
+        id: sql::col_i64(row, 0)?,
+        exchange: sql::col_text(row, 1)?,
+        routing_key: sql::col_text(row, 2)?,
+        body: sql::col_bytes(row, 3)?,
+        content_type: sql::col_text(row, 4)?,
+        headers,
+        created_ms: sql::col_i64(row, 6)?,
+        attempts: sql::col_i64(row, 7)?,
+        last_error: sql::col_opt_text(row, 8)?,
+    })
+}
+
+impl OutboxStore for SqlOutboxStore {
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut conn = (self.connect)()?;
+        let s = self.statements(&*conn);
+        let rows = conn
+            .query(
+                &s.pending,
+                &[
+                    Value::Text(self.owner.clone()),
+                    Value::Integer(sql::duration_ms(self.lease)),
+                    Value::Integer(i64::from(self.max_attempts)),
+                    Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+                ],
+            )
+            .map_err(|e| self.context(e, "leasing pending records"))?;
+        let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
+        records.sort_by_key(|r| r.id);
+        Ok(records)
+    }
+
+    fn mark_published(&self, id: i64) -> Result<()> {
+        self.by_id(
+            "deleting a published record",
+            |s| &s.delete,
+            &[Value::Integer(id)],
+        )
+    }
+
+    fn record_failure(&self, id: i64, error: &str) -> Result<()> {
+        self.by_id(
+            "recording a failure",
+            |s| &s.failure,
+            &[Value::Integer(id), Value::Text(error.to_owned())],
+        )
+    }
+
+    fn retired(&self) -> Result<Vec<OutboxRecord>> {
+        let mut conn = (self.connect)()?;
+        let s = self.statements(&*conn);
+        let rows = conn
+            .query(&s.retired, &[Value::Integer(i64::from(self.max_attempts))])
+            .map_err(|e| self.context(e, "listing retired records"))?;
+        rows.iter().map(|r| record(r)).collect()
+    }
+
+    fn release(&self, id: i64) -> Result<()> {
+        self.by_id("releasing a record", |s| &s.release, &[Value::Integer(id)])
+    }
+
+    fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(500) {
+            let mut conn = (self.connect)()?;
+            let sql = self.statements(&*conn).delete_many(chunk.len());
+            let params: Vec<Value> = chunk.iter().map(|id| Value::Integer(*id)).collect();
+            conn.execute(&sql, &params)
+                .map_err(|e| self.context(e, "deleting published records"))?;
+        }
+        Ok(())
+    }
+
+    fn unlease(&self, ids: &[i64]) -> Result<()> {
+        for chunk in ids.chunks(500) {
+            let mut conn = (self.connect)()?;
+            let sql = self.statements(&*conn).unlease_many(chunk.len());
+            let mut params = vec![Value::Text(self.owner.clone())];
+            params.extend(chunk.iter().map(|id| Value::Integer(*id)));
+            conn.execute(&sql, &params)
+                .map_err(|e| self.context(e, "ending leases"))?;
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> Result<OutboxStats> {
+        let mut conn = (self.connect)()?;
+        let s = self.statements(&*conn);
+        let rows = conn
+            .query(&s.stats, &[Value::Integer(i64::from(self.max_attempts))])
+            .map_err(|e| self.context(e, "counting pending records"))?;
+        let row = rows.first().map(Vec::as_slice).unwrap_or(&[]);
+        Ok(OutboxStats {
+            pending: row
+                .first()
+                .and_then(Value::as_i64)
+                .and_then(|n| u64::try_from(n).ok())
+                .unwrap_or(0),
+            oldest_created_ms: row.get(1).and_then(Value::as_i64),
+        })
+    }
+}
