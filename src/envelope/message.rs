@@ -256,6 +256,9 @@ impl Message {
         Ok(())
     }
 
+    /// Not for applications (feature `internals`): reads an amiquip delivery as a consumer
+    /// would, for this crate's own tests.
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub fn from_raw_delivery_for_tests(d: &amiquip::Delivery) -> Message {
         Message::from_delivery(
@@ -270,6 +273,9 @@ impl Message {
         )
     }
 
+    /// Not for applications (feature `internals`): the properties a publish would carry, for
+    /// this crate's benchmarks to give raw amiquip the same headers.
+    #[cfg(feature = "internals")]
     #[doc(hidden)]
     pub fn to_properties_for_bench(&self, routing_key: &str, origin: &str) -> AmqpProperties {
         self.to_properties(routing_key, Some(origin))
