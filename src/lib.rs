@@ -55,7 +55,8 @@
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks), `acemq-worker-N` and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
-//! | [`patterns::OutboxRelay`] | yes | yes | `acemq-outbox-relay` once started, and its publisher's `acemq-confirms` |
+//! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
+//! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
