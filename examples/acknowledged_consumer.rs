@@ -1,23 +1,85 @@
 //! The acknowledged consumer without a broker: counters on a temporary SQLite file.
 //!
 //! ```text
-//! cargo run --example acknowledged_consumer
+//! cargo run --example acknowledged_consumer            # the database is deleted at the end
+//! cargo run --example acknowledged_consumer -- --keep  # the database is kept, its path printed
 //! ```
 //!
 //! Feeds the consumer a stream of counter increments in which some messages are delivered twice
 //! (with new delivery tokens, as a broker does after a lost acknowledgement) and one batch holds
-//! a message for a counter the store does not allow. Prints the report and the counters.
+//! a message for a counter the store does not allow. Prints, in words, what became of the
+//! deliveries: which were applied, which were replays, which batch was rolled back and why, and
+//! what is left unacknowledged.
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, CounterIncrement, CounterStore, Delivery, IterSource,
+    consume, Acknowledge, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 
+/// The largest batch: the deliveries applied in one transaction.
+const BATCH_SIZE: usize = 32;
+/// The counters this store lets messages change.
+const ALLOWED: [&str; 2] = ["page_views", "signups"];
+
+/// Stands in for a broker's acknowledgements: records what was acknowledged, and which batches
+/// were rolled back and why (a broker adapter would requeue those deliveries after a backoff).
+/// Borrows its records, because `consume` takes the acknowledger by value.
+struct Acknowledgements<'a> {
+    acknowledged: &'a mut Vec<u64>,
+    rolled_back: &'a mut Vec<RolledBack>,
+}
+
+/// One rolled-back batch: the tokens of its deliveries, the store's reason, and the messages in
+/// it that ask for a counter the store does not allow (identifier, counter).
+struct RolledBack {
+    tokens: Vec<u64>,
+    reason: String,
+    refused: Vec<(String, String)>,
+}
+
+impl Acknowledge<u64> for Acknowledgements<'_> {
+    fn acknowledge(&mut self, delivery: &Delivery<u64>) -> acemq_amqp::Result<()> {
+        // A broker adapter would acknowledge `delivery.acknowledgement_token` here.
+        self.acknowledged.push(delivery.acknowledgement_token);
+        Ok(())
+    }
+
+    fn failed(
+        &mut self,
+        deliveries: &[Delivery<u64>],
+        error: &acemq_amqp::Error,
+    ) -> acemq_amqp::Result<()> {
+        let refused = deliveries
+            .iter()
+            .filter_map(|d| {
+                let increment = CounterIncrement::from_payload(&d.message.payload).ok()?;
+                (!ALLOWED.contains(&increment.counter.as_str()))
+                    .then(|| (d.message.identifier.clone(), increment.counter))
+            })
+            .collect();
+        self.rolled_back.push(RolledBack {
+            tokens: deliveries.iter().map(|d| d.acknowledgement_token).collect(),
+            reason: error.to_string(),
+            refused,
+        });
+        Ok(())
+    }
+}
+
+/// "deliveries 129 to 160" for a contiguous run of tokens, else the list.
+fn describe_tokens(tokens: &[u64]) -> String {
+    match (tokens.first(), tokens.last()) {
+        (Some(first), Some(last)) if last - first + 1 == tokens.len() as u64 => {
+            format!("deliveries {first} to {last}")
+        }
+        _ => format!("deliveries {tokens:?}"),
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let keep = std::env::args().skip(1).any(|a| a == "--keep");
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("counters.db");
-    let store = CounterStore::builder(&path)
-        .allow(["page_views", "signups"])
-        .build()?;
+    let store = CounterStore::builder(&path).allow(ALLOWED).build()?;
     store.create_tables()?;
 
     let mut deliveries = Vec::new();
@@ -58,27 +120,84 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let delivered = deliveries.len();
-    let mut acknowledged_tokens = Vec::new();
-    let report = consume(
-        IterSource::new(deliveries),
-        &store,
-        |d: &Delivery<u64>| {
-            // A broker adapter would ack `d.acknowledgement_token` here.
-            acknowledged_tokens.push(d.acknowledgement_token);
-            Ok(())
-        },
-        32,
-        64,
-    )?;
+    let (mut acknowledged, mut rolled_back) = (Vec::new(), Vec::new());
+    let acks = Acknowledgements {
+        acknowledged: &mut acknowledged,
+        rolled_back: &mut rolled_back,
+    };
+    let options = ConsumeOptions::new()
+        .batch_size(BATCH_SIZE)
+        .max_pending(2 * BATCH_SIZE);
+    let report = consume(IterSource::new(deliveries), &store, acks, options)?;
+    assert_eq!(acknowledged.len() as u64, report.acknowledged);
 
-    println!("database:     {}", path.display());
-    println!("delivered:    {delivered}");
-    println!("acknowledged: {}", report.acknowledged);
-    println!("replayed:     {}", report.replayed);
-    println!("failed:       {} (left unacknowledged)", report.failed);
-    println!("page_views:   {}", store.value("page_views")?);
-    println!("signups:      {}", store.value("signups")?);
-    println!("receipts:     {}", store.receipt_count()?);
-    assert_eq!(acknowledged_tokens.len() as u64, report.acknowledged);
+    let applied = report.acknowledged - report.replayed;
+    println!(
+        "{delivered} deliveries of counter increments, applied in batches of up to {BATCH_SIZE} \
+         (one database transaction per batch):"
+    );
+    println!(
+        "- {} acknowledged: their batch committed, and only then was each acknowledged.",
+        report.acknowledged
+    );
+    println!(
+        "  - {applied} were new: the increment and the message's receipt were committed together."
+    );
+    println!(
+        "  - {} were replays of messages already applied (same identity, same payload, new \
+         delivery token, as after a lost acknowledgement): acknowledged again, counted once.",
+        report.replayed
+    );
+    println!(
+        "- {} failed and were left unacknowledged: each was rolled back with its batch, so \
+         none of that batch's increments or receipts were kept.",
+        report.failed
+    );
+    for batch in &rolled_back {
+        println!(
+            "  - The batch of {} ({} deliveries) was rolled back: {}.",
+            describe_tokens(&batch.tokens),
+            batch.tokens.len(),
+            batch.reason
+        );
+        for (identifier, counter) in &batch.refused {
+            println!(
+                "    Message {identifier:?} in it asks to change counter {counter:?}, which this \
+                 store does not allow (it allows only {}). The other {} deliveries were valid, but a batch \
+                 commits all or nothing, so they were rolled back with it.",
+                ALLOWED.join(" and "),
+                batch.tokens.len() - batch.refused.len()
+            );
+        }
+    }
+    if report.failed > 0 {
+        println!(
+            "  Left unacknowledged means the consumer never told the source it was done with \
+             them: a broker keeps such deliveries and delivers them again (over RabbitMQ, \
+             AmqpQueue requeues them after a backoff), where the valid ones are applied and the \
+             refused one fails again. This demo's source is a list, so nothing comes back here."
+        );
+    }
+    println!("Counters now:");
+    println!("  page_views: {}", store.value("page_views")?);
+    println!("  signups:    {}", store.value("signups")?);
+    println!(
+        "  receipts:   {} (one per message applied)",
+        store.receipt_count()?
+    );
+    drop(store);
+    if keep {
+        let kept = dir.keep();
+        println!(
+            "The database is kept at {} (delete the directory when done).",
+            kept.join("counters.db").display()
+        );
+    } else {
+        drop(dir);
+        println!(
+            "The database was a temporary SQLite file and has been deleted; run with `-- --keep` \
+             to keep it."
+        );
+    }
     Ok(())
 }

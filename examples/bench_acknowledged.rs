@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, CounterIncrement, CounterStore, Delivery, IterSource,
+    consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 
 #[path = "common/mod.rs"]
@@ -61,8 +61,9 @@ fn recipe_rate(dir: &std::path::Path, batch: usize, n: usize) -> Res<f64> {
             acked += 1;
             Ok(())
         },
-        batch,
-        batch * 2,
+        ConsumeOptions::new()
+            .batch_size(batch)
+            .max_pending(batch * 2),
     )?;
     let elapsed = start.elapsed().as_secs_f64();
     assert_eq!(report.acknowledged, n as u64);

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::OutboxEvent;
-use acemq_amqp::patterns::{idempotent, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore};
+use acemq_amqp::patterns::{
+    idempotent, record, OutboxRelay, OutboxRelayOptions, SqlIdempotencyStore, SqlOutboxStore,
+};
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::Observer;
 use acemq_amqp::{
@@ -73,11 +75,12 @@ fn relay_rate(store: SqlOutboxStore, n: usize) -> Result<f64> {
         .address("amqp://guest:guest@127.0.0.1:5672/")
         .observer(counter.clone())
         .open()?;
-    let relay = OutboxRelay::new(&connection, store)
-        .batch(100)
+    let options = OutboxRelayOptions::new()
+        .batch_size(100)
         .interval(Duration::from_millis(5));
+    let relay = OutboxRelay::new(&connection, store, options)?;
     let start = Instant::now();
-    relay.start()?;
+    let relay = relay.start()?;
     while counter.0.load(Ordering::Relaxed) < n {
         std::thread::sleep(Duration::from_micros(200));
     }

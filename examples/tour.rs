@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{
-    idempotent_tx, record, OutboxRelay, SqlIdempotencyStore, SqlOutboxStore,
+    idempotent_tx, record, OutboxRelay, OutboxRelayOptions, SqlIdempotencyStore, SqlOutboxStore,
 };
 use acemq_amqp::{
     dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
@@ -135,7 +135,12 @@ fn main() -> Result<()> {
     tx.commit()?;
     println!("order o-2 and its event committed together");
 
-    let relay = OutboxRelay::new(&connection, SqlOutboxStore::builder(open.clone()).build()?);
+    // Not started: this tour sweeps by hand, between its steps.
+    let relay = OutboxRelay::new(
+        &connection,
+        SqlOutboxStore::builder(open.clone()).build()?,
+        OutboxRelayOptions::new(),
+    )?;
     println!("relay published {} record(s)", relay.sweep()?);
 
     let seen = std::sync::Arc::new(AtomicU32::new(0));

@@ -276,6 +276,19 @@ impl From<postgres::Error> for Error {
     }
 }
 
+/// The text of a caught panic's payload: the message of `panic!("…")` (a `&str` or a
+/// `String`), else a placeholder. One wording for every place that turns a panic into an error
+/// (a handler's retry reason, a failed batch of the acknowledged consumer).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s
+    } else {
+        "a non-string payload"
+    }
+}
+
 fn amqp_is_retriable(e: &amiquip::Error) -> bool {
     matches!(
         e,
@@ -362,6 +375,17 @@ impl StdError for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn panic_messages_read_str_and_string_payloads() {
+        let caught = |f: fn()| std::panic::catch_unwind(f).unwrap_err();
+        let literal = caught(|| panic!("oops"));
+        let formatted = caught(|| panic!("oops {}", 2));
+        let other = caught(|| std::panic::panic_any(7_u8));
+        assert_eq!(panic_message(&*literal), "oops");
+        assert_eq!(panic_message(&*formatted), "oops 2");
+        assert_eq!(panic_message(&*other), "a non-string payload");
+    }
 
     #[test]
     fn sources_are_chained() {

@@ -42,6 +42,33 @@
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   and the broker-neutral acknowledged consumer.
 //!
+//! ## Life cycle
+//!
+//! One rule for everything that runs threads, so that the patterns still to come (requester,
+//! responder, consumer group, scheduler, stream reader) follow the ones here:
+//!
+//! 1. **Configure.** An options value (`XxxOptions`: `Default`, named setters whose docs say
+//!    "Defaults to …", every time a `Duration`) is given when the thing is made, which checks
+//!    it and returns `Err` rather than panicking. Nothing runs yet, and the options cannot
+//!    change afterwards: there is no setter to be ignored later.
+//! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
+//!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::OutboxRelay::start`] →
+//!    [`patterns::RunningRelay`]. Starting twice cannot be written.
+//! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
+//!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::RunningRelay::close`] →
+//!    [`patterns::RelayReport`], or the error. Its `Drop` does the same best-effort: it
+//!    **blocks** until the threads are joined (within the handle's own deadline, documented on
+//!    it) and logs the errors instead of returning them.
+//!
+//! Stopping from another thread goes through a cloneable stop handle ([`StopHandle`]). The
+//! cloneable handles that many threads share, [`Connection`] and [`Publisher`], close with
+//! `close(&self)`: closing one clone closes it for all, the others then fail with
+//! [`Error::Closed`], and closing twice is harmless. What runs on the caller's thread
+//! ([`Consumer::run`], [`patterns::acknowledged::consume`]) ends when it returns and has
+//! nothing to close. A configured value that was never started holds no thread of its own
+//! (an [`patterns::OutboxRelay`] that was swept by hand holds a publisher, which its
+//! `close(self)`, or its `Drop`, closes).
+//!
 //! ## Threads
 //!
 //! Every thread this crate starts is named `acemq-…` and ends when its owner is closed or
@@ -55,7 +82,8 @@
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks), `acemq-worker-N` and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
-//! | [`patterns::OutboxRelay`] | yes | yes | `acemq-outbox-relay` once started, and its publisher's `acemq-confirms` |
+//! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
+//! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most

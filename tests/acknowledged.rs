@@ -11,9 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, CounterIncrement,
-    CounterStore, Delivery, Effect, IterSource, Message, Polled, Receipt, Report, Source,
-    StopHandle,
+    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, ConsumeOptions,
+    CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled, Receipt, Report,
+    Source, StopHandle,
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{Error, Result};
@@ -37,6 +37,11 @@ fn counter_store_at(path: &std::path::Path) -> CounterStore {
 
 fn inc(id: &str, counter: &str, by: i64) -> Message {
     CounterIncrement::new(counter, by).message(id)
+}
+
+/// `consume`'s options: batches of up to `n`, at most `2n` deliveries pending.
+fn batches_of(n: usize) -> ConsumeOptions {
+    ConsumeOptions::new().batch_size(n).max_pending(2 * n)
 }
 
 /// Deliveries of `messages` with tokens `first_token`, `first_token + 1`, …
@@ -166,8 +171,7 @@ fn the_same_message_twice_changes_the_counter_once_and_is_acknowledged_twice() {
                 acked.push(d.acknowledgement_token);
                 Ok(())
             },
-            batch_size,
-            2 * batch_size,
+            batches_of(batch_size),
         )
         .unwrap();
         assert_eq!(r, report(2, 1, 0), "batch size {batch_size}");
@@ -210,8 +214,7 @@ fn crash_child() {
         IterSource::new(deliveries(&crash_messages(), 1)),
         &store,
         |_: &Delivery<u64>| -> Result<()> { std::process::exit(CRASH_EXIT) },
-        2,
-        4,
+        batches_of(2),
     );
     panic!("the child should have exited in its first acknowledgement");
 }
@@ -245,7 +248,7 @@ fn a_crash_after_commit_before_ack_is_replayed_on_restart_without_repeating_effe
     // The broker redelivers both with fresh tokens.
     let (source, stats) = TestSource::new(deliveries(&crash_messages(), 100));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let r = consume(source, &store, recorder(&stats, &acked), 2, 4).unwrap();
+    let r = consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap();
     assert_eq!(r, report(2, 2, 0));
     assert_eq!(*acked.lock(), [100, 101]);
     assert_eq!(store.value("orders").unwrap(), 3, "an effect was repeated");
@@ -271,7 +274,7 @@ fn rollback_case(store: &CounterStore, tag: &str, bad: Message) {
     ];
     let (source, stats) = TestSource::new(deliveries(&messages, 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let r = consume(source, store, recorder(&stats, &acked), 2, 4).unwrap();
+    let r = consume(source, store, recorder(&stats, &acked), batches_of(2)).unwrap();
     assert_eq!(r, report(4, 0, 2));
     assert_eq!(
         *acked.lock(),
@@ -377,8 +380,7 @@ fn an_acknowledgement_failure_propagates_and_leaves_the_rest_unacknowledged() {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        2,
-        4,
+        batches_of(2),
     )
     .unwrap_err();
     assert!(err.to_string().contains("broker gone"), "{err}");
@@ -401,8 +403,7 @@ fn an_acknowledgement_failure_propagates_and_leaves_the_rest_unacknowledged() {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        4,
-        8,
+        batches_of(4),
     )
     .unwrap();
     assert_eq!(r, report(20, committed, 0));
@@ -453,8 +454,7 @@ fn a_batch_acknowledger_gets_each_committed_batch_in_order() {
         IterSource::new(deliveries(&messages, 1)),
         &store,
         Wrap(&mut acker),
-        3,
-        6,
+        batches_of(3),
     )
     .unwrap();
     assert_eq!(r, report(6, 0, 3));
@@ -471,7 +471,13 @@ fn a_batch_acknowledger_gets_each_committed_batch_in_order() {
         .map(|i| inc(&format!("multi2/{i}"), "hits", 1))
         .collect();
     let (source, stats) = TestSource::new(deliveries(&more, 1));
-    let err = consume(source, &store, Wrap(&mut acker), 3, 3).unwrap_err();
+    let err = consume(
+        source,
+        &store,
+        Wrap(&mut acker),
+        ConsumeOptions::new().batch_size(3).max_pending(3),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("broker gone"));
     assert_eq!(acker.batches, [vec![1, 2, 3]]);
     assert_eq!(stats.lock().closed, 1);
@@ -537,8 +543,9 @@ fn intake_is_bounded_by_max_pending() {
             source,
             &recording,
             recorder(&stats, &acked),
-            batch_size,
-            max_pending,
+            ConsumeOptions::new()
+                .batch_size(batch_size)
+                .max_pending(max_pending),
         )
         .unwrap();
         assert_eq!(r, report(300, 0, 0));
@@ -574,7 +581,7 @@ fn a_source_error_drains_accepted_work_closes_the_source_and_propagates() {
     let (mut source, stats) = TestSource::new(deliveries(&messages, 1));
     source.fail_at = Some(7);
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let err = consume(source, &store, recorder(&stats, &acked), 4, 8).unwrap_err();
+    let err = consume(source, &store, recorder(&stats, &acked), batches_of(4)).unwrap_err();
     assert!(err.to_string().contains("source broke"), "{err}");
     // Everything taken before the error was applied and acknowledged.
     assert_eq!(*acked.lock(), (1..=7).collect::<Vec<_>>());
@@ -595,8 +602,7 @@ fn a_panicking_acknowledgement_still_closes_the_source() {
             source,
             &store,
             |_: &Delivery<u64>| -> Result<()> { panic!("acknowledgement panicked") },
-            2,
-            4,
+            batches_of(2),
         )
     }));
     assert!(panicked.is_err());
@@ -622,7 +628,13 @@ fn a_panicking_effect_fails_its_batch_only() {
     ];
     let (source, stats) = TestSource::new(deliveries(&messages, 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let r = consume(source, &Panicky(&store), recorder(&stats, &acked), 1, 2).unwrap();
+    let r = consume(
+        source,
+        &Panicky(&store),
+        recorder(&stats, &acked),
+        batches_of(1),
+    )
+    .unwrap();
     assert_eq!(r, report(2, 0, 1));
     assert_eq!(*acked.lock(), [1, 3]);
     assert_eq!(stats.lock().closed, 1);
@@ -634,7 +646,7 @@ fn the_source_is_closed_when_it_ends_and_when_every_batch_fails() {
     // Ends normally.
     let (source, stats) = TestSource::new(deliveries(&[inc("c/1", "hits", 1)], 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    consume(source, &store, recorder(&stats, &acked), 4, 8).unwrap();
+    consume(source, &store, recorder(&stats, &acked), batches_of(4)).unwrap();
     let s = stats.lock();
     assert_eq!((s.closed, s.misuse), (1, 0));
     drop(s);
@@ -643,22 +655,68 @@ fn the_source_is_closed_when_it_ends_and_when_every_batch_fails() {
         .map(|i| inc(&format!("c/bad/{i}"), "bad name", 1))
         .collect();
     let (source, stats) = TestSource::new(deliveries(&bad, 1));
-    let r = consume(source, &store, recorder(&stats, &acked), 2, 4).unwrap();
+    let r = consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap();
     assert_eq!(r, report(0, 0, 5));
     assert_eq!(stats.lock().closed, 1);
     // Empty source.
     let (source, stats) = TestSource::new(Vec::new());
     assert_eq!(
-        consume(source, &store, recorder(&stats, &acked), 2, 4).unwrap(),
+        consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap(),
         Report::default()
     );
     assert_eq!(stats.lock().closed, 1);
-    // Invalid arguments: the source is dropped unpolled.
-    let (source, _) = TestSource::new(Vec::new());
-    assert!(matches!(
-        consume(source, &store, recorder(&stats, &acked), 0, 4),
-        Err(Error::InvalidArgument { .. })
-    ));
+    // Invalid options (a zero batch size or intake bound) are errors, not panics; the source
+    // is dropped unpolled.
+    for options in [
+        ConsumeOptions::new().batch_size(0).max_pending(4),
+        ConsumeOptions::new().batch_size(0),
+        ConsumeOptions::new().batch_size(2).max_pending(0),
+    ] {
+        let (source, unpolled) = TestSource::new(Vec::new());
+        let result = consume(source, &store, recorder(&stats, &acked), options);
+        assert!(
+            matches!(result, Err(Error::InvalidArgument { .. })),
+            "{options:?}: {result:?}"
+        );
+        assert_eq!(unpolled.lock().polled, 0);
+    }
+}
+
+#[test]
+fn consume_options_default_to_batches_of_32_with_twice_that_pending() {
+    /// Acknowledges whole batches, recording their sizes, and counts them as settled.
+    struct Sizes {
+        stats: Arc<Mutex<Stats>>,
+        sizes: Vec<usize>,
+    }
+    impl Acknowledge<u64> for Sizes {
+        fn acknowledge(&mut self, d: &Delivery<u64>) -> Result<()> {
+            self.acknowledge_batch(std::slice::from_ref(d))
+        }
+        fn acknowledge_batch(&mut self, deliveries: &[Delivery<u64>]) -> Result<()> {
+            self.sizes.push(deliveries.len());
+            self.stats.lock().settled += deliveries.len();
+            Ok(())
+        }
+    }
+    let (_dir, store) = counter_store();
+    let messages: Vec<Message> = (0..100)
+        .map(|i| inc(&format!("defaults/{i}"), "hits", 1))
+        .collect();
+    let (source, stats) = TestSource::new(deliveries(&messages, 1));
+    let mut sizes = Sizes {
+        stats: Arc::clone(&stats),
+        sizes: Vec::new(),
+    };
+    let r = consume(source, &store, Wrap(&mut sizes), ConsumeOptions::default()).unwrap();
+    assert_eq!(r, report(100, 0, 0));
+    // Every item is ready at once, so the first batch fills up to the default batch size.
+    assert_eq!(sizes.sizes.first(), Some(&32), "{:?}", sizes.sizes);
+    assert!(sizes.sizes.iter().all(|n| *n <= 32), "{:?}", sizes.sizes);
+    // The default intake bound: twice the batch size.
+    let s = stats.lock();
+    assert!(s.max_ahead <= 64, "{s:?}");
+    assert_eq!(s.closed, 1);
 }
 
 #[test]
@@ -904,8 +962,7 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        2,
-        4,
+        batches_of(2),
     )
     .unwrap();
     assert_eq!(r, report(5, 1, 2));
@@ -1004,8 +1061,7 @@ fn concurrent_consumers_of_one_counter_file_apply_each_identity_once() {
                     IterSource::new(deliveries(messages, first_token)),
                     &store,
                     |_: &Delivery<u64>| Ok(()),
-                    16,
-                    32,
+                    batches_of(16),
                 )
                 .unwrap();
                 failed.fetch_add(r.failed as usize, Ordering::Relaxed);

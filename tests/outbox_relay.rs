@@ -8,7 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::OutboxEvent;
-use acemq_amqp::patterns::{record, record_message, OutboxRelay, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::{
+    record, record_message, OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats,
+    OutboxStore, SqlOutboxStore,
+};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Observer, Outcome, QueueSpec,
@@ -45,7 +48,7 @@ fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let store = outbox(db, 10);
     let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
 
     let rec = record(&conn, "", &q, &serde_json::json!({"order_id": "o-1"})).unwrap();
     db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
@@ -78,7 +81,7 @@ fn an_unroutable_record_retires_and_then_the_queue_behind_it_moves(db: &Db) {
     let q = clean.queue(&unique("outbox-order"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let store = outbox(db, 3);
-    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     let add = |rk: &str, body: &str| {
         let m = Message::new(body.to_string());
         let r = acemq_amqp::patterns::record_message("", rk, &m).unwrap();
@@ -181,10 +184,13 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(300)),
     );
-    let relay = OutboxRelay::new(&conn, same_table(&db, &store))
-        .batch(20)
+    let options = OutboxRelayOptions::new()
+        .batch_size(20)
         .interval(Duration::from_millis(20));
-    relay.start().unwrap();
+    let relay = OutboxRelay::new(&conn, same_table(&db, &store), options)
+        .unwrap()
+        .start()
+        .unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() >= 200));
     proxy.cut_all();
     assert!(
@@ -217,14 +223,13 @@ fn two_relays_on_one_postgres_table_publish_each_record_once() {
     let table = store.table().to_string();
     let ids = add_many(&db, &store, &q, 2_000);
     let (consumer, seen) = collector(&conn, &q);
-    let a = OutboxRelay::new(&conn, same_table(&db, &store))
-        .batch(50)
+    let options = OutboxRelayOptions::new()
+        .batch_size(50)
         .interval(Duration::from_millis(10));
-    let b = OutboxRelay::new(&conn, same_table(&db, &store))
-        .batch(50)
-        .interval(Duration::from_millis(10));
-    a.start().unwrap();
-    b.start().unwrap();
+    let a = OutboxRelay::new(&conn, same_table(&db, &store), options.clone()).unwrap();
+    let b = OutboxRelay::new(&conn, same_table(&db, &store), options).unwrap();
+    let a = a.start().unwrap();
+    let b = b.start().unwrap();
     assert!(eventually(Duration::from_secs(60), || db.count(&table) == 0));
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 2_000));
     std::thread::sleep(Duration::from_millis(300));
@@ -275,17 +280,21 @@ fn a_started_relay_reports_published_lag_and_backlog() {
     let store = outbox(&db, 10);
     add_many(&db, &store, &q, 250);
     std::thread::sleep(Duration::from_millis(50));
-    let relay = OutboxRelay::new(&conn, same_table(&db, &store))
-        .batch(100)
+    let options = OutboxRelayOptions::new()
+        .batch_size(100)
         .interval(Duration::from_millis(50));
-    relay.start().unwrap();
-    relay.start().unwrap(); // a second start is a no-op, not a second sweeper
+    // `start` consumes the relay: a second sweeper cannot be started by mistake.
+    let relay = OutboxRelay::new(&conn, same_table(&db, &store), options)
+        .unwrap()
+        .start()
+        .unwrap();
     assert!(eventually(WAIT, || recorder
         .published
         .load(Ordering::SeqCst)
         == 250));
     assert!(eventually(WAIT, || recorder.backlog.lock().unwrap().last() == Some(&0)));
-    relay.close().unwrap();
+    let report = relay.close().unwrap();
+    assert_eq!(report.published, 250, "{report:?}");
     // What must hold however the sweeps interleave with the test: the backlog never exceeds
     // what was recorded, only shrinks, and ends empty.
     let backlog = recorder.backlog.lock().unwrap().clone();
@@ -350,7 +359,7 @@ fn a_nacked_record_is_counted_retires_and_keeps_its_place(db: &Db) {
     let full = nacking_queue(&conn, &mut clean);
     let store = outbox(db, 3);
     let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     let refused = add_text(db, &store, "", &full, "r1");
     add_text(db, &store, "", &q, "r2");
     // Sweep 1: r1 is nacked, and that counts; r2 went out in the same pipelined window
@@ -394,7 +403,7 @@ fn a_record_that_failed_before_is_not_overtaken_when_it_is_not_first(db: &Db) {
     let full = nacking_queue(&conn, &mut clean);
     let store = outbox(db, 10);
     let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     add_text(db, &store, "", &q, "r0");
     let refused = add_text(db, &store, "", &full, "r1");
     add_text(db, &store, "", &q, "r2");
@@ -426,7 +435,7 @@ fn a_missing_exchange_is_counted_against_its_record_not_the_records_lost_with_th
     let missing = unique("outbox-no-such-exchange");
     let store = outbox(db, 2);
     let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store));
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     for i in 1..=5 {
         add_text(db, &store, "", &q, &format!("r{i}"));
     }
@@ -569,7 +578,8 @@ fn the_record_not_published_is_offered_again_at_once(db: &Db, event: &str) {
     // Declared later: until then r1 is unroutable.
     let later = clean.queue(&unique("outbox-later"));
     let store = outbox(db, 10);
-    let relay = OutboxRelay::new(&conn, leasing_store(db, &store));
+    let relay =
+        OutboxRelay::new(&conn, leasing_store(db, &store), OutboxRelayOptions::new()).unwrap();
     let r1 = add_text(db, &store, "", &later, "r1");
     add_text(db, &store, "", &q, "r2");
     let refusal = Refusal::new(db, store.table(), event);
@@ -619,16 +629,19 @@ fn a_started_relay_that_cannot_delete_gives_back_the_batch_it_leased() {
         )
         .unwrap();
     let refusal = Refusal::new(&db, &table, "DELETE");
-    let a = OutboxRelay::new(&conn, leasing_store(&db, &store))
-        .batch(1)
+    let options = OutboxRelayOptions::new()
+        .batch_size(1)
         .interval(Duration::from_millis(50));
-    a.start().unwrap();
+    let a = OutboxRelay::new(&conn, leasing_store(&db, &store), options)
+        .unwrap()
+        .start()
+        .unwrap();
     // r0 goes out (and r1 is leased behind it); deleting r0 is refused, so r1 cannot go.
     assert!(eventually(WAIT, || refusal.count() >= 1));
     a.close().unwrap();
     drop(refusal);
     // Another relay takes r1 at once, not after the lease.
-    let b = OutboxRelay::new(&conn, leasing_store(&db, &store));
+    let b = OutboxRelay::new(&conn, leasing_store(&db, &store), OutboxRelayOptions::new()).unwrap();
     let start = Instant::now();
     let went_out = eventually(PROMPTLY, || {
         let _ = b.sweep();
@@ -652,7 +665,8 @@ fn record_tells_the_message_id_the_relayed_message_carries() {
     let q = clean.queue(&unique("outbox-record-id"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let store = outbox(&db, 10);
-    let relay = OutboxRelay::new(&conn, same_table(&db, &store));
+    let relay =
+        OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
     let encoded = record(&conn, "", &q, &serde_json::json!({"order_id": "o-2"})).unwrap();
     let fresh = encoded
         .message_id()
@@ -709,7 +723,7 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
         .unwrap();
     let proxy = FaultProxy::start("127.0.0.1:5672");
     let conn = connect_with(ConnectionOptions::new().address(proxy.url()));
-    let relay = OutboxRelay::new(&conn, relay_store);
+    let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();
     // Warm up: the relay's publisher and channel exist before the broker stops answering.
     add_text(&db, &store, "", &q, "warm-up");
     assert_eq!(relay.sweep().unwrap(), 1);
@@ -728,4 +742,146 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
         took < lease,
         "the sweep held its records {took:?}, past their {lease:?} lease"
     );
+}
+
+/// A store that remembers the `limit` of every `pending` call: the batch size the relay used.
+struct Watched {
+    inner: SqlOutboxStore,
+    limits: Arc<Mutex<Vec<usize>>>,
+}
+
+impl OutboxStore for Watched {
+    fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.limits.lock().unwrap().push(limit);
+        self.inner.pending(limit)
+    }
+    fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.mark_published(id)
+    }
+    fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
+        self.inner.record_failure(id, error)
+    }
+    fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.inner.retired()
+    }
+    fn release(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.release(id)
+    }
+    fn mark_published_many(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.inner.mark_published_many(ids)
+    }
+    fn unlease(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.inner.unlease(ids)
+    }
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+    fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
+        self.inner.stats()
+    }
+}
+
+/// The options a relay is made with are the ones its thread sweeps with. (Before
+/// `OutboxRelayOptions`, `relay.start(); let relay = relay.batch(7);` compiled and was silently
+/// ignored — this test, written that way, saw the thread lease `[100]`; now options can only be
+/// given before the relay exists.)
+#[test]
+fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-options"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(&db, 10);
+    let table = store.table().to_string();
+    add_many(&db, &store, &q, 20);
+    let limits = Arc::new(Mutex::new(Vec::new()));
+    let watched = Watched {
+        inner: same_table(&db, &store),
+        limits: Arc::clone(&limits),
+    };
+    let options = OutboxRelayOptions::new()
+        .batch_size(7)
+        .interval(Duration::from_millis(20));
+    let relay = OutboxRelay::new(&conn, watched, options.clone()).unwrap();
+    let running = relay.start().unwrap();
+    assert_eq!(running.options(), &options);
+    assert!(
+        eventually(WAIT, || db.count(&table) == 0),
+        "{} records left",
+        db.count(&table)
+    );
+    // An on-demand sweep of the running relay uses the same options, and finds nothing left.
+    assert_eq!(running.sweep().unwrap(), 0);
+    let report = running.close().unwrap();
+    assert_eq!(
+        Arc::strong_count(&limits),
+        1,
+        "close left the thread running"
+    );
+    assert_eq!(report.published, 20, "{report:?}");
+    assert_eq!(report.failed_sweeps, 0, "{report:?}");
+    // At most 7 a sweep: at least 3 sweeps for the 20 records, and the one on demand.
+    assert!(report.sweeps >= 4, "{report:?}");
+    let limits = limits.lock().unwrap();
+    assert!(
+        !limits.is_empty() && limits.iter().all(|l| *l == 7),
+        "the relay leased with limits {limits:?}, not the batch size of 7 it was given"
+    );
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 20);
+}
+
+/// Dropping a running relay is its close, best-effort: when `drop` returns, the thread has been
+/// joined (nothing holds the store any more) and what went out has been deleted.
+#[test]
+fn dropping_a_running_relay_joins_its_thread_and_deletes_what_went_out() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-drop"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(&db, 10);
+    let table = store.table().to_string();
+    add_many(&db, &store, &q, 20);
+    let limits = Arc::new(Mutex::new(Vec::new()));
+    let watched = Watched {
+        inner: same_table(&db, &store),
+        limits: Arc::clone(&limits),
+    };
+    let options = OutboxRelayOptions::new()
+        .batch_size(7)
+        .interval(Duration::from_millis(20));
+    let running = OutboxRelay::new(&conn, watched, options)
+        .unwrap()
+        .start()
+        .unwrap();
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 20));
+    drop(running);
+    assert_eq!(
+        Arc::strong_count(&limits),
+        1,
+        "the relay's thread (or its store) outlived the drop"
+    );
+    assert_eq!(db.count(&table), 0, "published records left in the outbox");
+}
+
+#[test]
+fn a_relay_refuses_a_zero_batch_size_or_interval() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let store = outbox(&db, 10);
+    for options in [
+        OutboxRelayOptions::new().batch_size(0),
+        OutboxRelayOptions::new().interval(Duration::ZERO),
+    ] {
+        let made = OutboxRelay::new(&conn, same_table(&db, &store), options.clone());
+        assert!(
+            matches!(made, Err(Error::InvalidArgument { .. })),
+            "{options:?}: {made:?}"
+        );
+    }
 }

@@ -22,6 +22,8 @@ fn handles_are_send_and_sync() {
 #[test]
 fn stores_and_the_relay_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::OutboxRelay>();
+    send_sync::<acemq_amqp::patterns::RunningRelay>();
+    send_sync::<acemq_amqp::patterns::OutboxRelayOptions>();
     send_sync::<acemq_amqp::patterns::SqlOutboxStore>();
     send_sync::<acemq_amqp::patterns::SqlIdempotencyStore>();
     send_sync::<acemq_amqp::patterns::SqlSchemaRegistry>();

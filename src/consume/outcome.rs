@@ -4,7 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::envelope::Message;
-use crate::error::BoxError;
+use crate::error::{panic_message, BoxError};
 
 /// What to do with a message once its handler has run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -214,17 +214,10 @@ pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
                 why: format!("Error: {e}"),
             }
         }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string payload".into());
-            Verdict::Retry {
-                delay: None,
-                why: format!("panic: {what}"),
-            }
-        }
+        Err(panic) => Verdict::Retry {
+            delay: None,
+            why: format!("panic: {}", panic_message(&*panic)),
+        },
     }
 }
 

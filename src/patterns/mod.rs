@@ -18,7 +18,9 @@ pub use idempotent::{idempotent_tx, IdempotentTx};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
-pub use relay::{record, record_message, OutboxRelay};
+pub use relay::{
+    record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
+};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};

@@ -20,7 +20,7 @@
 //!   anything behind it (a batch stops short of it), so the queue behind a failing record waits
 //!   until it goes out or retires at `max_attempts` — except records of the very batch in which
 //!   it first failed that the broker had already confirmed (sending them again would duplicate
-//!   them). Use `batch(1)` for strict order.
+//!   them). Use [`OutboxRelayOptions::batch_size`]`(1)` for strict order.
 //! * What is not the record's fault is not counted: a dropped connection, a channel the broker
 //!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
 //!   that timed out. Those records' leases are ended and they go out after recovery.
@@ -29,18 +29,34 @@
 //!   the store fails mid-sweep (deleting what went out, counting a failure). A record that went
 //!   out but could not be deleted stays leased and is published again after the lease.
 //!
-//! # Threads
+//! # Life cycle and threads
 //!
-//! [`OutboxRelay::start`] runs one sweeper thread (`acemq-outbox-relay`): it sweeps, and when a
-//! sweep finds less than a full batch it waits `interval` (or until [`close`](OutboxRelay::close)).
-//! [`OutboxRelay::sweep`] may be called from any thread at any time; sweeps of one relay never
-//! overlap. Two relays (threads or processes) on one table are kept apart by the store's leases.
+//! The crate's rule (see the crate docs, "Life cycle"): configure, then start, then close.
+//!
+//! 1. [`OutboxRelay::new`] takes the connection, the store and [`OutboxRelayOptions`] (interval,
+//!    batch size), checks the options and starts nothing. The options are fixed from then on:
+//!    there is no setter on a relay, so none can be ignored.
+//! 2. [`OutboxRelay::start`] consumes the relay and returns a [`RunningRelay`] with one sweeper
+//!    thread (`acemq-outbox-relay`): it sweeps, and when a sweep finds less than a full batch
+//!    it waits the interval (or until it is closed).
+//! 3. [`RunningRelay::close`] stops the thread after its current sweep, deletes what went out,
+//!    gives back what it had leased, joins the thread, closes the relay's publisher and returns
+//!    a [`RelayReport`]. Dropping a [`RunningRelay`] does the same best-effort (blocking; errors
+//!    are logged).
+//!
+//! `sweep()` publishes one batch on the caller's thread, on a relay that was never started
+//! ([`OutboxRelay::sweep`]: tests, a service that flushes at the end of each request) or on a
+//! running one ([`RunningRelay::sweep`]); it may be called from any thread at any time, and
+//! sweeps of one relay never overlap. [`OutboxRelay::close`] closes the publisher of a relay
+//! that was never started. Two relays (threads or processes) on one table are kept apart by the
+//! store's leases.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -207,15 +223,95 @@ pub(crate) fn to_message(r: &OutboxRecord) -> Message {
     m
 }
 
+/// Options for an [`OutboxRelay`], fixed when it is made ([`OutboxRelay::new`]).
+///
+/// ```
+/// use acemq_amqp::patterns::OutboxRelayOptions;
+/// use std::time::Duration;
+/// let options = OutboxRelayOptions::new()
+///     .interval(Duration::from_millis(200))
+///     .batch_size(50);
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxRelayOptions {
+    interval: Duration,
+    batch_size: usize,
+}
+
+impl Default for OutboxRelayOptions {
+    fn default() -> Self {
+        OutboxRelayOptions {
+            interval: Duration::from_millis(500),
+            batch_size: 100,
+        }
+    }
+}
+
+impl OutboxRelayOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long a started relay waits after a sweep that found less than a full batch before
+    /// it sweeps again (a sweep that found a full batch is followed by the next one at once).
+    /// Defaults to 500 ms; must not be zero (the relay would query an empty outbox without
+    /// pause).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval;
+        self
+    }
+
+    /// The most records one sweep leases and publishes (pipelined, then the confirms awaited).
+    /// `1` publishes strictly in order, one confirm at a time. Defaults to 100; must be at
+    /// least 1.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.batch_size == 0 {
+            return Err(Error::invalid(
+                "the outbox relay's batch_size must be at least 1",
+            ));
+        }
+        if self.interval.is_zero() {
+            return Err(Error::invalid(
+                "the outbox relay's interval must not be zero: it would query an empty outbox \
+                 without pause",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a started relay did, from [`OutboxRelay::start`] to [`RunningRelay::close`]: sweeps of
+/// its thread and those through [`RunningRelay::sweep`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Sweeps run, empty ones included.
+    pub sweeps: u64,
+    /// Of those, sweeps that ended with an error (logged, or returned by
+    /// [`RunningRelay::sweep`]); their unpublished records stayed in the outbox.
+    pub failed_sweeps: u64,
+    /// Records the broker confirmed. A record whose delete failed afterwards is published
+    /// again after its lease and then counted again.
+    pub published: u64,
+}
+
 struct Core {
     connection: Connection,
     store: Arc<dyn OutboxStore>,
-    interval: Duration,
-    batch: usize,
+    options: OutboxRelayOptions,
     publisher: Mutex<Option<Publisher>>,
     /// Sweeps of one relay never overlap.
     sweeping: Mutex<()>,
     observer: Arc<dyn Observer>,
+    sweeps: AtomicU64,
+    failed_sweeps: AtomicU64,
+    published: AtomicU64,
 }
 
 /// A batch handed to the publisher.
@@ -241,17 +337,13 @@ fn ids(records: &[OutboxRecord]) -> Vec<i64> {
     records.iter().map(|r| r.id).collect()
 }
 
-struct Running {
-    stop: Sender<()>,
-    thread: JoinHandle<()>,
-}
-
-/// Publishes an outbox's records. See the [module docs](self).
+/// Publishes an outbox's records: configured, not running. [`sweep`](Self::sweep) it on the
+/// caller's thread, or [`start`](Self::start) it. See the [module docs](self).
 ///
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::{OutboxRelay, SqlOutboxStore};
+/// use acemq_amqp::patterns::{OutboxRelay, OutboxRelayOptions, SqlOutboxStore};
 /// use acemq_amqp::Connection;
 /// use std::time::Duration;
 /// let connection = Connection::open("amqp://127.0.0.1")?;
@@ -260,126 +352,64 @@ struct Running {
 ///         .map_err(|e| acemq_amqp::Error::Sql { context: "opening".into(), source: e.into() })
 /// })
 /// .build()?;
-/// let relay = OutboxRelay::new(&connection, store)
+/// let options = OutboxRelayOptions::new()
 ///     .interval(Duration::from_millis(200))
-///     .batch(100);
-/// relay.start()?;
+///     .batch_size(100);
+/// let running = OutboxRelay::new(&connection, store, options)?.start()?;
 /// // … the service runs; records added on its transactions go out …
-/// relay.close()?;
+/// let report = running.close()?;
+/// println!("published {} record(s)", report.published);
 /// # Ok(()) }
 /// # #[cfg(not(feature = "sqlite"))]
 /// # fn main() {}
 /// ```
 pub struct OutboxRelay {
     core: Arc<Core>,
-    running: Mutex<Option<Running>>,
 }
 
 impl std::fmt::Debug for OutboxRelay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxRelay")
-            .field("interval", &self.core.interval)
-            .field("batch", &self.core.batch)
-            .field("running", &self.running.lock().is_some())
+            .field("options", &self.core.options)
             .finish()
     }
 }
 
 impl OutboxRelay {
-    /// A relay publishing `store`'s records on `connection`. Nothing runs until
-    /// [`start`](Self::start) or [`sweep`](Self::sweep).
-    pub fn new(connection: &Connection, store: impl OutboxStore + 'static) -> OutboxRelay {
-        OutboxRelay {
-            core: Arc::new(Core {
-                connection: connection.clone(),
-                store: Arc::new(store),
-                interval: Duration::from_millis(500),
-                batch: 100,
-                publisher: Mutex::new(None),
-                sweeping: Mutex::new(()),
-                observer: connection.observer().clone(),
-            }),
-            running: Mutex::new(None),
-        }
-    }
-
-    /// How long a started relay waits after a sweep that found less than a full batch.
-    /// Defaults to 500 ms. Set it before [`start`](Self::start).
-    pub fn interval(mut self, interval: Duration) -> Self {
-        if let Some(core) = Arc::get_mut(&mut self.core) {
-            core.interval = interval;
-        }
-        self
-    }
-
-    /// The most records one sweep publishes (pipelined). Defaults to 100; at least 1. Set it
-    /// before [`start`](Self::start).
-    pub fn batch(mut self, batch: usize) -> Self {
-        if let Some(core) = Arc::get_mut(&mut self.core) {
-            core.batch = batch.max(1);
-        }
-        self
-    }
-
-    /// Starts the sweeper thread. A second `start` while it runs does nothing.
+    /// A relay publishing `store`'s records on `connection` with these options. Nothing runs
+    /// until [`start`](Self::start) or [`sweep`](Self::sweep); the relay's publisher is opened
+    /// by its first sweep.
     ///
     /// # Errors
     ///
-    /// [`Error::Io`] when the thread cannot be spawned.
-    pub fn start(&self) -> Result<()> {
-        let mut running = self.running.lock();
-        if running.is_some() {
-            return Ok(());
-        }
-        let (stop, stop_rx) = crossbeam_channel::bounded::<()>(1);
-        let core = self.core.clone();
-        let thread = std::thread::Builder::new()
-            .name("acemq-outbox-relay".into())
-            .spawn(move || {
-                let (mut next, mut to_delete) = (None, Vec::new());
-                let mut reported = std::time::Instant::now();
-                loop {
-                    let full = match core.pump(&mut next, &mut to_delete) {
-                        Ok(n) => n >= core.batch,
-                        Err(e) => {
-                            log::warn!("acemq: outbox sweep failed: {e}");
-                            false
-                        }
-                    };
-                    if !full {
-                        if let Err(e) = core.flush(&mut to_delete) {
-                            log::warn!("acemq: deleting published outbox records: {e}");
-                        }
-                    }
-                    if !full || reported.elapsed() >= core.interval {
-                        core.report_backlog();
-                        reported = std::time::Instant::now();
-                    }
-                    let wait = if full { Duration::ZERO } else { core.interval };
-                    if !matches!(
-                        stop_rx.recv_timeout(wait),
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout)
-                    ) {
-                        // Stopping: delete what went out, give back what was leased.
-                        if let Err(e) = core.flush(&mut to_delete) {
-                            log::warn!("acemq: deleting published outbox records: {e}");
-                        }
-                        if let Some(leased) = next.take() {
-                            core.give_back(&leased);
-                        }
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::Io {
-                context: "spawning the outbox relay thread".into(),
-                source: e,
-            })?;
-        *running = Some(Running { stop, thread });
-        Ok(())
+    /// [`Error::InvalidArgument`] when a batch size or interval is zero.
+    pub fn new(
+        connection: &Connection,
+        store: impl OutboxStore + 'static,
+        options: OutboxRelayOptions,
+    ) -> Result<OutboxRelay> {
+        options.validate()?;
+        Ok(OutboxRelay {
+            core: Arc::new(Core {
+                connection: connection.clone(),
+                store: Arc::new(store),
+                options,
+                publisher: Mutex::new(None),
+                sweeping: Mutex::new(()),
+                observer: connection.observer().clone(),
+                sweeps: AtomicU64::new(0),
+                failed_sweeps: AtomicU64::new(0),
+                published: AtomicU64::new(0),
+            }),
+        })
     }
 
-    /// Publishes one batch now and returns how many records went out.
+    /// The options it was made with (and runs with).
+    pub fn options(&self) -> &OutboxRelayOptions {
+        &self.core.options
+    }
+
+    /// Publishes one batch now, on the caller's thread, and returns how many records went out.
     ///
     /// # Errors
     ///
@@ -390,35 +420,197 @@ impl OutboxRelay {
         self.core.sweep()
     }
 
-    /// Stops the sweeper thread (after its current sweep) and closes the relay's publisher.
-    /// The relay can be started again.
+    /// Starts the sweeper thread (`acemq-outbox-relay`) and returns the running relay. The
+    /// report of its [`close`](RunningRelay::close) counts from here.
     ///
     /// # Errors
     ///
-    /// The publisher's close error.
-    pub fn close(&self) -> Result<()> {
-        if let Some(r) = self.running.lock().take() {
-            let _ = r.stop.send(());
-            if r.thread.join().is_err() {
+    /// [`Error::Io`] when the thread cannot be spawned (the relay is then dropped, and its
+    /// publisher closed).
+    pub fn start(self) -> Result<RunningRelay> {
+        let core = self.core;
+        for counter in [&core.sweeps, &core.failed_sweeps, &core.published] {
+            counter.store(0, Ordering::SeqCst);
+        }
+        let (stop, stop_rx) = crossbeam_channel::bounded::<()>(1);
+        let sweeper = Arc::clone(&core);
+        let thread = std::thread::Builder::new()
+            .name("acemq-outbox-relay".into())
+            .spawn(move || sweeper.run(&stop_rx))
+            .map_err(|e| Error::Io {
+                context: "spawning the outbox relay thread".into(),
+                source: e,
+            })?;
+        Ok(RunningRelay {
+            core,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Closes the relay's publisher, if a sweep opened one. Dropping the relay does the same,
+    /// logging the error.
+    ///
+    /// # Errors
+    ///
+    /// The publisher's close error (for example [`Error::Timeout`] for confirms still awaited).
+    pub fn close(self) -> Result<()> {
+        self.core.close_publisher()
+    }
+}
+
+/// A started [`OutboxRelay`]: its sweeper thread runs until [`close`](Self::close).
+///
+/// Dropping it closes it best-effort: it **blocks** until the thread's current sweep ends (a
+/// sweep publishes for at most half the store's lease, then runs its database statements), the
+/// thread has deleted what went out and given back what it had leased, and the publisher is
+/// closed (waiting up to its timeout for confirms still awaited); errors are logged, not
+/// returned. Call [`close`](Self::close) to see them and the [`RelayReport`].
+pub struct RunningRelay {
+    core: Arc<Core>,
+    stop: Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for RunningRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningRelay")
+            .field("options", &self.core.options)
+            .field("report", &self.core.report())
+            .finish()
+    }
+}
+
+impl RunningRelay {
+    /// The options it runs with.
+    pub fn options(&self) -> &OutboxRelayOptions {
+        &self.core.options
+    }
+
+    /// Publishes one batch now, on the caller's thread, between the thread's sweeps (they never
+    /// overlap), and returns how many records went out: for an end-of-request flush, or a test
+    /// that cannot wait for the interval. As [`OutboxRelay::sweep`].
+    ///
+    /// # Errors
+    ///
+    /// As [`OutboxRelay::sweep`].
+    pub fn sweep(&self) -> Result<usize> {
+        self.core.sweep()
+    }
+
+    /// Stops the sweeper thread after its current sweep (it then deletes what went out and
+    /// gives back what it had leased), joins it, closes the relay's publisher and reports what
+    /// the relay did since it started.
+    ///
+    /// # Errors
+    ///
+    /// The publisher's close error (for example [`Error::Timeout`] for confirms still awaited).
+    /// A failure of the thread's last deletes is logged, as during the run: those records are
+    /// published again after their lease.
+    pub fn close(mut self) -> Result<RelayReport> {
+        self.stop_thread();
+        self.core.close_publisher()?;
+        Ok(self.core.report())
+    }
+
+    fn stop_thread(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = self.stop.send(());
+            if thread.join().is_err() {
                 log::error!("acemq: the outbox relay thread panicked");
             }
-        }
-        match self.core.publisher.lock().take() {
-            Some(p) => p.close(),
-            None => Ok(()),
         }
     }
 }
 
-impl Drop for OutboxRelay {
+impl Drop for RunningRelay {
     fn drop(&mut self) {
-        if let Err(e) = self.close() {
+        if self.thread.is_some() {
+            self.stop_thread();
+            if let Err(e) = self.core.close_publisher() {
+                log::warn!("acemq: closing the outbox relay: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Core {
+    /// A relay dropped without `close` (never started, or its start failed) closes its
+    /// publisher here.
+    fn drop(&mut self) {
+        if let Err(e) = self.close_publisher() {
             log::warn!("acemq: closing the outbox relay: {e}");
         }
     }
 }
 
 impl Core {
+    /// The sweeper thread: sweeps, and after a sweep that found less than a full batch waits
+    /// the interval or until told to stop; stopping, it deletes what went out and gives back
+    /// what it leased ahead.
+    fn run(&self, stop: &Receiver<()>) {
+        let (mut next, mut to_delete) = (None, Vec::new());
+        let mut reported = Instant::now();
+        loop {
+            let full = match self.pump(&mut next, &mut to_delete) {
+                Ok(n) => n >= self.options.batch_size,
+                Err(e) => {
+                    log::warn!("acemq: outbox sweep failed: {e}");
+                    false
+                }
+            };
+            if !full {
+                if let Err(e) = self.flush(&mut to_delete) {
+                    log::warn!("acemq: deleting published outbox records: {e}");
+                }
+            }
+            if !full || reported.elapsed() >= self.options.interval {
+                self.report_backlog();
+                reported = Instant::now();
+            }
+            let wait = if full {
+                Duration::ZERO
+            } else {
+                self.options.interval
+            };
+            if !matches!(stop.recv_timeout(wait), Err(RecvTimeoutError::Timeout)) {
+                // Stopping: delete what went out, give back what was leased.
+                if let Err(e) = self.flush(&mut to_delete) {
+                    log::warn!("acemq: deleting published outbox records: {e}");
+                }
+                if let Some(leased) = next.take() {
+                    self.give_back(&leased);
+                }
+                return;
+            }
+        }
+    }
+
+    /// Counts a sweep (of the thread or on demand) for the [`RelayReport`].
+    fn count_sweep(&self, result: Result<usize>) -> Result<usize> {
+        self.sweeps.fetch_add(1, Ordering::SeqCst);
+        if result.is_err() {
+            self.failed_sweeps.fetch_add(1, Ordering::SeqCst);
+        }
+        result
+    }
+
+    fn report(&self) -> RelayReport {
+        RelayReport {
+            sweeps: self.sweeps.load(Ordering::SeqCst),
+            failed_sweeps: self.failed_sweeps.load(Ordering::SeqCst),
+            published: self.published.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Closes the publisher a sweep opened, if any; the next sweep would open a new one.
+    fn close_publisher(&self) -> Result<()> {
+        match self.publisher.lock().take() {
+            Some(p) => p.close(),
+            None => Ok(()),
+        }
+    }
+
     fn publisher(&self) -> Result<Publisher> {
         let mut slot = self.publisher.lock();
         if let Some(p) = slot.as_ref() {
@@ -429,7 +621,7 @@ impl Core {
             (self.store.lease() / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
         let p = self.connection.publisher_with(
             PublisherOptions::new()
-                .window(self.batch.max(16))
+                .window(self.options.batch_size.max(16))
                 .timeout(timeout),
         )?;
         *slot = Some(p.clone());
@@ -450,9 +642,14 @@ impl Core {
 
     /// One batch, on demand: lease, publish, delete.
     fn sweep(&self) -> Result<usize> {
+        let result = self.sweep_once();
+        self.count_sweep(result)
+    }
+
+    fn sweep_once(&self) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let publisher = self.publisher()?;
-        let records = self.store.pending(self.batch)?;
+        let records = self.store.pending(self.options.batch_size)?;
         if records.is_empty() {
             return Ok(0);
         }
@@ -477,11 +674,20 @@ impl Core {
         next: &mut Option<Vec<OutboxRecord>>,
         to_delete: &mut Vec<i64>,
     ) -> Result<usize> {
+        let result = self.pump_once(next, to_delete);
+        self.count_sweep(result)
+    }
+
+    fn pump_once(
+        &self,
+        next: &mut Option<Vec<OutboxRecord>>,
+        to_delete: &mut Vec<i64>,
+    ) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let publisher = self.publisher()?;
         let records = match next.take() {
             Some(r) => r,
-            None => self.store.pending(self.batch)?,
+            None => self.store.pending(self.options.batch_size)?,
         };
         if records.is_empty() || records[0].attempts > 0 {
             // Nothing to overlap with, or a failed record that must go alone first.
@@ -500,8 +706,9 @@ impl Core {
         let deadline = self.sweep_deadline();
         let mut handed = self.hand_over(&publisher, &records, deadline);
         let overlap = self.flush(to_delete).and_then(|()| {
-            if handed.whole_batch && records.len() == self.batch {
-                *next = Some(self.store.pending(self.batch)?);
+            let batch_size = self.options.batch_size;
+            if handed.whole_batch && records.len() == batch_size {
+                *next = Some(self.store.pending(batch_size)?);
             }
             Ok(())
         });
@@ -677,6 +884,7 @@ impl Core {
     }
 
     fn published(&self, r: &OutboxRecord) {
+        self.published.fetch_add(1, Ordering::SeqCst);
         let lag = Duration::from_millis(
             u64::try_from(now_ms().saturating_sub(r.created_ms)).unwrap_or(0),
         );

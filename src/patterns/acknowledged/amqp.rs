@@ -4,13 +4,14 @@
 //! ```no_run
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
-//! use acemq_amqp::patterns::acknowledged::{consume, AmqpQueue, CounterStore};
+//! use acemq_amqp::patterns::acknowledged::{consume, AmqpQueue, ConsumeOptions, CounterStore};
 //! use acemq_amqp::Connection;
 //! let connection = Connection::open("amqp://127.0.0.1")?;
 //! let store = CounterStore::builder("counters.db").build()?;
 //! store.create_tables()?;
 //! let queue = AmqpQueue::open(&connection, "page-views", 64)?;
-//! let report = consume(queue.source()?, &store, queue.acknowledger(), 32, 64)?;
+//! let options = ConsumeOptions::new().batch_size(32).max_pending(64);
+//! let report = consume(queue.source()?, &store, queue.acknowledger(), options)?;
 //! println!("{report:?}");
 //! # Ok(()) }
 //! # #[cfg(not(feature = "sqlite"))]

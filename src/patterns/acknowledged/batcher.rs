@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 
 /// What [`Source::poll`] found.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -365,6 +365,8 @@ impl Batcher {
         }
     }
 
+    /// One run: starts the worker, then repeats *hand back what the worker finished → notice a
+    /// stop → take the [next step](Run::next_step)* until the run is over.
     fn drive<'scope, 'env, S, O, W, Y>(
         &self,
         scope: &'scope Scope<'scope, 'env>,
@@ -382,8 +384,43 @@ impl Batcher {
         if self.stop.is_stopped() {
             return Ok(());
         }
-        let (to_worker, batches) = bounded::<Vec<S::Item>>(1);
-        let (done_tx, done) = bounded::<Done<S::Item, O>>(2);
+        let mut run = self.start_worker(scope, work, on_batch)?;
+        loop {
+            run.hand_back_finished();
+            if self.stop.is_stopped() {
+                run.intake_open = false;
+            }
+            match run.next_step() {
+                Step::Dispatch => run.dispatch()?,
+                Step::WaitForWorker => run.wait()?,
+                Step::Poll { timeout } => {
+                    let polled = source.source.poll(timeout);
+                    run.take(polled)?;
+                }
+                Step::Finished => break,
+            }
+        }
+        // Dropping `run` closes the worker's channel; the scope joins the worker.
+        match run.error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Spawns the worker thread (`acemq-ack-worker`) in `scope` and returns the caller's side.
+    fn start_worker<'scope, 'env, 'y, I, O, W, Y>(
+        &self,
+        scope: &'scope Scope<'scope, 'env>,
+        work: W,
+        on_batch: &'y mut Y,
+    ) -> Result<Run<'y, I, O, Y>>
+    where
+        I: Send + 'scope,
+        O: Send + 'scope,
+        W: FnMut(&[I]) -> Result<Vec<O>> + Send + 'scope,
+    {
+        let (to_worker, batches) = bounded::<Vec<I>>(1);
+        let (done_tx, done) = bounded::<Done<I, O>>(2);
         std::thread::Builder::new()
             .name("acemq-ack-worker".into())
             .spawn_scoped(scope, move || worker(batches, done_tx, work))
@@ -391,90 +428,47 @@ impl Batcher {
                 context: "starting the batch worker thread".into(),
                 source,
             })?;
-        let mut run = Run {
+        Ok(Run {
             on_batch,
             to_worker,
             done,
+            batch_size: self.batch_size,
+            max_pending: self.max_pending,
+            poll_interval: self.poll_interval,
             current: Vec::with_capacity(self.batch_size.min(self.max_pending)),
             pending: 0,
             in_flight: 0,
             intake_open: true,
             handing_back: true,
             error: None,
-        };
-        loop {
-            // Hand back whatever the worker has finished.
-            while let Ok(finished) = run.done.try_recv() {
-                run.finish(finished);
-            }
-            if run.intake_open && self.stop.is_stopped() {
-                run.intake_open = false;
-            }
-            if !run.handing_back {
-                // After a callback failure nothing more is applied or handed back.
-                run.current.clear();
-            }
-            let can_dispatch = run.in_flight < 2;
-            let full = run.current.len() >= self.batch_size;
-            if !run.current.is_empty() && can_dispatch && (full || !run.intake_open) {
-                run.dispatch()?;
-                continue;
-            }
-            if !run.intake_open {
-                if run.in_flight == 0 && run.current.is_empty() {
-                    break;
-                }
-                run.wait(self.poll_interval)?;
-                continue;
-            }
-            if run.pending >= self.max_pending || full {
-                if !run.current.is_empty() && can_dispatch {
-                    run.dispatch()?;
-                } else {
-                    run.wait(self.poll_interval)?;
-                }
-                continue;
-            }
-            let idle_worker = run.in_flight == 0;
-            let timeout = if run.current.is_empty() && idle_worker {
-                self.poll_interval
-            } else {
-                Duration::ZERO
-            };
-            match source.source.poll(timeout) {
-                Ok(Polled::Item(item)) => {
-                    run.current.push(item);
-                    run.pending += 1;
-                }
-                Ok(Polled::Idle) => {
-                    if idle_worker {
-                        if !run.current.is_empty() {
-                            run.dispatch()?;
-                        }
-                    } else {
-                        run.wait(self.poll_interval)?;
-                    }
-                }
-                Ok(Polled::End) => run.intake_open = false,
-                Err(e) => {
-                    run.intake_open = false;
-                    run.fail(e);
-                }
-            }
-        }
-        // Dropping `run` closes the worker's channel; the scope joins it.
-        match run.error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        })
     }
 }
+
+/// What a run does next, decided from its state alone by [`Run::next_step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Send the batch being formed to the worker.
+    Dispatch,
+    /// Wait (up to the poll interval) for the worker to finish a batch.
+    WaitForWorker,
+    /// Ask the source for an item, waiting at most `timeout`.
+    Poll { timeout: Duration },
+    /// Intake closed, nothing with the worker, nothing being formed: the run is over.
+    Finished,
+}
+
+/// The most batches with the worker at a time: one running, one queued behind it.
+const MAX_IN_FLIGHT: usize = 2;
 
 /// The caller's side of one run.
 struct Run<'y, I, O, Y> {
     on_batch: &'y mut Y,
     to_worker: Sender<Vec<I>>,
     done: Receiver<Done<I, O>>,
+    batch_size: usize,
+    max_pending: usize,
+    poll_interval: Duration,
     /// The batch being formed.
     current: Vec<I>,
     /// Items taken from the source and not yet handed back (or dropped).
@@ -493,6 +487,73 @@ impl<I, O, Y> Run<'_, I, O, Y>
 where
     Y: FnMut(Vec<I>, Result<Vec<O>>) -> Result<()>,
 {
+    /// What to do next:
+    ///
+    /// 1. a batch that is full, or the last one once intake has closed, goes to the worker if
+    ///    it has room;
+    /// 2. once intake has closed, wait for the worker until it has nothing left;
+    /// 3. at the intake bound (or with a full batch the worker has no room for), dispatch what
+    ///    is being formed if the worker has room, else wait for it;
+    /// 4. otherwise poll the source: waiting up to the poll interval when there is nothing else
+    ///    to do, without waiting while a batch is being formed or the worker is busy.
+    fn next_step(&self) -> Step {
+        let worker_has_room = self.in_flight < MAX_IN_FLIGHT;
+        let forming = !self.current.is_empty();
+        let full = self.current.len() >= self.batch_size;
+        if forming && worker_has_room && (full || !self.intake_open) {
+            return Step::Dispatch;
+        }
+        if !self.intake_open {
+            return if self.in_flight == 0 && !forming {
+                Step::Finished
+            } else {
+                Step::WaitForWorker
+            };
+        }
+        if self.pending >= self.max_pending || full {
+            return if forming && worker_has_room {
+                Step::Dispatch
+            } else {
+                Step::WaitForWorker
+            };
+        }
+        let timeout = if !forming && self.worker_idle() {
+            self.poll_interval
+        } else {
+            Duration::ZERO
+        };
+        Step::Poll { timeout }
+    }
+
+    fn worker_idle(&self) -> bool {
+        self.in_flight == 0
+    }
+
+    /// Takes what the source answered: an item joins the batch being formed; `Idle` sends a
+    /// partial batch to an idle worker (so batches stay small when traffic is light) or else
+    /// waits for the busy one; `End` or an error closes the intake (the error is kept).
+    fn take(&mut self, polled: Result<Polled<I>>) -> Result<()> {
+        match polled {
+            Ok(Polled::Item(item)) => {
+                self.current.push(item);
+                self.pending += 1;
+            }
+            Ok(Polled::Idle) if self.worker_idle() => {
+                if !self.current.is_empty() {
+                    self.dispatch()?;
+                }
+            }
+            Ok(Polled::Idle) => self.wait()?,
+            Ok(Polled::End) => self.intake_open = false,
+            Err(e) => {
+                self.intake_open = false;
+                self.fail(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the batch being formed to the worker.
     fn dispatch(&mut self) -> Result<()> {
         let batch = std::mem::take(&mut self.current);
         self.to_worker.send(batch).map_err(|_| Error::Closed {
@@ -502,12 +563,19 @@ where
         Ok(())
     }
 
-    /// Waits up to `timeout` for a finished batch, and hands it back.
-    fn wait(&mut self, timeout: Duration) -> Result<()> {
+    /// Hands back every batch the worker has finished, without waiting.
+    fn hand_back_finished(&mut self) {
+        while let Ok(finished) = self.done.try_recv() {
+            self.finish(finished);
+        }
+    }
+
+    /// Waits up to the poll interval for a finished batch, and hands it back.
+    fn wait(&mut self) -> Result<()> {
         if self.in_flight == 0 {
             return Ok(());
         }
-        match self.done.recv_timeout(timeout) {
+        match self.done.recv_timeout(self.poll_interval) {
             Ok(finished) => {
                 self.finish(finished);
                 Ok(())
@@ -520,6 +588,8 @@ where
         }
     }
 
+    /// Hands one finished batch to the callback. When the callback fails, intake closes and
+    /// nothing more is handed back or dispatched: the batch being formed is dropped unapplied.
     fn finish(&mut self, (items, outcomes): Done<I, O>) {
         self.in_flight = self.in_flight.saturating_sub(1);
         let n = items.len();
@@ -527,6 +597,7 @@ where
             if let Err(e) = (self.on_batch)(items, outcomes) {
                 self.handing_back = false;
                 self.intake_open = false;
+                self.current.clear();
                 self.fail(e);
             }
         }
@@ -562,16 +633,6 @@ where
         if done.send((batch, outcomes)).is_err() {
             break;
         }
-    }
-}
-
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s
-    } else {
-        "a non-string panic payload"
     }
 }
 

@@ -12,7 +12,7 @@
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
 //! use acemq_amqp::patterns::acknowledged::{
-//!     consume, CounterIncrement, CounterStore, Delivery, IterSource,
+//!     consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 //! };
 //! let dir = std::env::temp_dir().join(format!("acemq-ack-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).map_err(|e| acemq_amqp::Error::Io {
@@ -28,10 +28,12 @@
 //!     Delivery::new(hit, 2_u64),
 //! ]);
 //! let mut acked = Vec::new();
-//! let report = consume(source, &store, |d: &Delivery<u64>| {
+//! let acknowledge = |d: &Delivery<u64>| {
 //!     acked.push(d.acknowledgement_token);
 //!     Ok(())
-//! }, 32, 64)?;
+//! };
+//! let options = ConsumeOptions::new().batch_size(32).max_pending(64);
+//! let report = consume(source, &store, acknowledge, options)?;
 //! assert_eq!((report.acknowledged, report.replayed, report.failed), (2, 1, 0));
 //! assert_eq!(acked, [1, 2]);
 //! assert_eq!(store.value("page_views")?, 1);
@@ -41,6 +43,33 @@
 //! # #[cfg(not(feature = "sqlite"))]
 //! # fn main() {}
 //! ```
+//!
+//! # Names shared with the crate root
+//!
+//! This module keeps the recipe's own names, [`Message`], [`Delivery`], [`StopHandle`] and
+//! [`consume`], though the crate root has types and a module of the same names. They are
+//! different things; import this module's by path (`acknowledged::Message`) where both are in
+//! scope.
+//!
+//! * [`Message`] here is broker-neutral: an `identifier` (the business identity the receipt is
+//!   kept under) and the payload bytes (whose SHA-256 the receipt records). The crate root's
+//!   [`crate::Message`] is an AMQP message: body, properties and the family's `x-acemq-`
+//!   envelope. Over AMQP, [`AmqpQueue`] makes one of these from each received
+//!   [`crate::Message`]: the identifier `{queue}/{message id}`, the payload its body.
+//! * [`Delivery`] here is a [`Message`] with the token that acknowledges one delivery attempt.
+//!   The crate root has no `Delivery`: its consumer hands a handler a `&crate::Message` and
+//!   settles the delivery itself. Over AMQP the token is an [`AmqpToken`], which holds
+//!   amiquip's `Delivery`.
+//! * [`StopHandle`] here stops a [`Batcher`] (and so [`consume_with`]); the crate root's
+//!   [`crate::StopHandle`] stops a [`crate::Consumer`] or [`crate::RunningConsumer`]. Both
+//!   are `Clone + Send + Sync` and return at once; neither stops the other's kind, and
+//!   stopping this one is final for its batcher (later runs return as soon as they start).
+//! * [`consume`] here is a function: it applies batches in one transaction each, acknowledges
+//!   after the commit, runs on the caller's thread until the source ends or is stopped, and
+//!   returns a [`Report`]. The crate root's [`consume`](mod@crate::consume) is the module of
+//!   the AMQP consumer runtime, and [`Connection::consume`](crate::Connection::consume) starts
+//!   one: a handler per message on worker threads, settled by its [`Outcome`](crate::Outcome)
+//!   (retry, dead-letter, park).
 //!
 //! # Messages, identities and tokens
 //!
@@ -70,7 +99,8 @@
 //!   ([`BatchStore::apply_batch_in`] runs on the caller's transaction).
 //! * [`CounterStore`] (SQLite): the demonstration effect, a named counter incremented by each
 //!   message, on a file-backed database in WAL mode with `synchronous=FULL`.
-//! * [`consume`] / [`consume_with`]: the recipe; returns a [`Report`].
+//! * [`consume`] (with [`ConsumeOptions`]: `batch_size`, `max_pending`) / [`consume_with`]
+//!   (with a configured [`Batcher`]): the recipe; returns a [`Report`].
 //!
 //! # One batch, one transaction
 //!
@@ -371,25 +401,82 @@ pub struct Report {
     pub failed: u64,
 }
 
-/// Consumes `source` until it ends: applies its deliveries in batches of up to `batch_size`
-/// through `store`, and acknowledges each delivery after its batch committed.
+/// How [`consume`] batches: the largest batch and the intake bound.
 ///
-/// At most `max_pending` deliveries are taken from the source and not yet acknowledged (or
-/// failed). The source is closed before this returns, on every path. See the
-/// [module docs](self) for what happens on failures and crashes; to stop it from another
-/// thread use [`consume_with`] and a [`Batcher`]'s [`StopHandle`].
+/// ```
+/// use acemq_amqp::patterns::acknowledged::ConsumeOptions;
+/// let options = ConsumeOptions::new().batch_size(32).max_pending(64);
+/// # let _ = options;
+/// ```
+///
+/// For a poll interval or a stop handle, configure a [`Batcher`] and use [`consume_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConsumeOptions {
+    batch_size: usize,
+    max_pending: Option<usize>,
+}
+
+impl Default for ConsumeOptions {
+    fn default() -> Self {
+        ConsumeOptions {
+            batch_size: 32,
+            max_pending: None,
+        }
+    }
+}
+
+impl ConsumeOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The largest batch: the most deliveries applied in one transaction. Defaults to 32; must
+    /// be at least 1.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size;
+        self
+    }
+
+    /// The most deliveries taken from the source and not yet acknowledged (or failed).
+    /// Defaults to twice the batch size; must be at least 1. Over AMQP, give the queue a
+    /// prefetch of at least this plus one ([`AmqpQueue::open`]).
+    pub fn max_pending(mut self, max_pending: usize) -> Self {
+        self.max_pending = Some(max_pending);
+        self
+    }
+
+    /// The batcher these options describe.
+    fn batcher(&self) -> Result<Batcher> {
+        let builder = Batcher::builder().batch_size(self.batch_size);
+        match self.max_pending {
+            Some(n) => builder.max_pending(n),
+            None => builder,
+        }
+        .build()
+    }
+}
+
+/// Consumes `source` until it ends: applies its deliveries in batches of up to
+/// [`batch_size`](ConsumeOptions::batch_size) through `store`, and acknowledges each delivery
+/// after its batch committed.
+///
+/// At most [`max_pending`](ConsumeOptions::max_pending) deliveries are taken from the source and
+/// not yet acknowledged (or failed). The source is closed before this returns, on every path
+/// but an invalid option (then it is dropped unpolled). See the [module docs](self) for what
+/// happens on failures and crashes; to stop it from another thread use [`consume_with`] and a
+/// [`Batcher`]'s [`StopHandle`].
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] if `batch_size` or `max_pending` is zero; otherwise the first
+/// [`Error::InvalidArgument`] if the batch size or `max_pending` is zero; otherwise the first
 /// error of the source, of an acknowledgement, or of closing the source. A batch that fails in
 /// the store is not an error of `consume`: it is counted in [`Report::failed`].
 pub fn consume<S, T, St, A>(
     source: S,
     store: &St,
     acknowledge: A,
-    batch_size: usize,
-    max_pending: usize,
+    options: ConsumeOptions,
 ) -> Result<Report>
 where
     S: Source<Item = Delivery<T>>,
@@ -397,7 +484,7 @@ where
     St: ApplyBatch + ?Sized,
     A: Acknowledge<T>,
 {
-    let batcher = Batcher::new(batch_size, max_pending)?;
+    let batcher = options.batcher()?;
     consume_with(source, store, acknowledge, &batcher)
 }
 
