@@ -75,7 +75,14 @@ fn describe_tokens(tokens: &[u64]) -> String {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+#[path = "common/fail.rs"]
+mod fail;
+
+fn main() {
+    fail::run(demo);
+}
+
+fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let keep = std::env::args().skip(1).any(|a| a == "--keep");
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("counters.db");

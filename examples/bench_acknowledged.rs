@@ -71,7 +71,14 @@ fn recipe_rate(dir: &std::path::Path, batch: usize, n: usize) -> Res<f64> {
     Ok(n as f64 / elapsed)
 }
 
-fn main() -> Res<()> {
+#[path = "common/fail.rs"]
+mod fail;
+
+fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> Res<()> {
     // On the project's disk, not a tmpfs: the point is the fsync.
     let dir = tempfile::tempdir_in(std::env::current_dir()?)?;
     let raw = raw_commit_rate(dir.path(), "raw-before.db", Duration::from_secs(2))?;

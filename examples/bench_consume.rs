@@ -47,15 +47,22 @@ fn ours(conn: &Connection, queue: &str, n: usize, concurrency: usize) -> Duratio
     end - start
 }
 
+#[path = "common/fail.rs"]
+mod fail;
+
 fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> acemq_amqp::Result<()> {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(50_000);
-    let conn =
-        Connection::open("amqp://guest:guest@127.0.0.1:5672/").expect("RabbitMQ at 127.0.0.1:5672");
+    let conn = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
     let queue = format!("bench.consume.{}", std::process::id());
-    conn.declare_queue(&QueueSpec::new(&queue)).unwrap();
+    conn.declare_queue(&QueueSpec::new(&queue).classic())
+        .unwrap();
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let (mut r, mut o1, mut o8) = (0f64, 0f64, 0f64);
     for _ in 0..3 {
@@ -84,4 +91,5 @@ fn main() {
     );
     conn.delete_queue(&queue).unwrap();
     conn.close().unwrap();
+    Ok(())
 }

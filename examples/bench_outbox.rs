@@ -171,7 +171,14 @@ fn fill_queue(connection: &Connection, queue: &str, n: usize) -> Result<()> {
     common::fill_queue(connection, queue, n, |_| vec![b'x'; 200])
 }
 
-fn main() -> Result<()> {
+#[path = "common/fail.rs"]
+mod fail;
+
+fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> Result<()> {
     let n: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -179,7 +186,7 @@ fn main() -> Result<()> {
     let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
     let run = std::process::id();
     let queue = format!("bench.outbox.{run}");
-    connection.declare_queue(&QueueSpec::new(&queue))?;
+    connection.declare_queue(&QueueSpec::new(&queue).classic())?;
     let dir = tempfile::tempdir().map_err(|e| Error::Io {
         context: "tempdir".into(),
         source: e,

@@ -60,15 +60,22 @@ fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
+#[path = "common/fail.rs"]
+mod fail;
+
 fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> acemq_amqp::Result<()> {
     let scale: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
-    let conn =
-        Connection::open("amqp://guest:guest@127.0.0.1:5672/").expect("RabbitMQ at 127.0.0.1:5672");
+    let conn = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
     let queue = format!("bench.publish.{}", std::process::id());
-    conn.declare_queue(&QueueSpec::new(&queue)).unwrap();
+    conn.declare_queue(&QueueSpec::new(&queue).classic())
+        .unwrap();
     println!(
         "200-byte persistent messages to a durable classic queue; best of 3 alternating rounds"
     );
@@ -100,4 +107,5 @@ fn main() {
     }
     conn.delete_queue(&queue).unwrap();
     conn.close().unwrap();
+    Ok(())
 }

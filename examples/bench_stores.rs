@@ -227,7 +227,14 @@ fn postgres() -> Result<Figures> {
     figures
 }
 
-fn main() -> Result<()> {
+#[path = "common/fail.rs"]
+mod fail;
+
+fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> Result<()> {
     println!("phase length {:?}", phase_secs());
     let s = sqlite()?;
     report("sqlite (WAL, synchronous=FULL)", &s);

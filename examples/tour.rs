@@ -13,7 +13,14 @@ use acemq_amqp::{
     Outcome, QueueSpec, Result, RetryPolicy,
 };
 
-fn main() -> Result<()> {
+#[path = "common/fail.rs"]
+mod fail;
+
+fn main() {
+    fail::run(tour);
+}
+
+fn tour() -> Result<()> {
     let url = std::env::var("ACEMQ_AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into());
     let connection = Connection::open(&url)?;
