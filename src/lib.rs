@@ -40,12 +40,12 @@
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   and the broker-neutral acknowledged consumer.
+//!   the consumer group, and the broker-neutral acknowledged consumer.
 //!
 //! ## Life cycle
 //!
 //! One rule for everything that runs threads, so that the patterns still to come (requester,
-//! responder, consumer group, scheduler, stream reader) follow the ones here:
+//! responder, scheduler, stream reader) follow the ones here:
 //!
 //! 1. **Configure.** An options value (`XxxOptions`: `Default`, named setters whose docs say
 //!    "Defaults to …", every time a `Duration`) is given when the thing is made, which checks
@@ -53,10 +53,14 @@
 //!    change afterwards: there is no setter to be ignored later.
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
 //!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::OutboxRelay::start`] →
-//!    [`patterns::RunningRelay`]. Starting twice cannot be written.
+//!    [`patterns::RunningRelay`]. Starting twice cannot be written. A
+//!    [`patterns::ConsumerGroup`] is configured and started in one call
+//!    ([`patterns::ConsumerGroup::start_with`], which checks its options first) and is itself the
+//!    running handle.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
 //!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::RunningRelay::close`] →
-//!    [`patterns::RelayReport`], or the error. Its `Drop` does the same best-effort: it
+//!    [`patterns::RelayReport`], [`patterns::ConsumerGroup::close`] → the members'
+//!    [`CloseReport`]s summed, or the error. Its `Drop` does the same best-effort: it
 //!    **blocks** until the threads are joined (within the handle's own deadline, documented on
 //!    it) and logs the errors instead of returning them.
 //!
@@ -84,6 +88,7 @@
 //! | [`StopHandle`] | yes | yes | — |
 //! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
 //! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
+//! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most

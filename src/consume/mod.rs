@@ -62,6 +62,9 @@ pub struct ConsumerOptions {
     exclusive: bool,
     arguments: BTreeMap<String, HeaderValue>,
     shutdown_timeout: Duration,
+    /// Set by a [`ConsumerGroup`](crate::patterns::ConsumerGroup) for its members: a suffix of
+    /// the thread names (`acemq-consumer-3`) and a tag in log lines.
+    label: Option<String>,
 }
 
 impl Default for ConsumerOptions {
@@ -75,6 +78,7 @@ impl Default for ConsumerOptions {
             exclusive: false,
             arguments: BTreeMap::new(),
             shutdown_timeout: Duration::from_secs(30),
+            label: None,
         }
     }
 }
@@ -125,7 +129,8 @@ impl ConsumerOptions {
         self
     }
 
-    /// Ask to be the queue's only consumer. Defaults to false.
+    /// Ask to be the queue's only consumer. Defaults to false. RabbitMQ 3.10 honours it on
+    /// classic queues only: on a quorum queue it is accepted and ignored.
     pub fn exclusive(mut self, exclusive: bool) -> Self {
         self.exclusive = exclusive;
         self
@@ -143,7 +148,18 @@ impl ConsumerOptions {
         self
     }
 
-    fn validate(&self, queue: &str) -> Result<()> {
+    /// Names this consumer's threads and log lines after `label` (a group member's number).
+    pub(crate) fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Whether the failure topology is declared when the consumer is made.
+    pub(crate) fn declares(&self) -> bool {
+        self.declare
+    }
+
+    pub(crate) fn validate(&self, queue: &str) -> Result<()> {
         check_name("queue", queue, false)?;
         if self.prefetch == 0 {
             return Err(Error::invalid(
@@ -214,11 +230,29 @@ pub(crate) struct Context {
     pub(crate) max_in_flight: AtomicUsize,
     /// Handlers running now, of any generation.
     pub(crate) running: AtomicUsize,
+    /// A group member's number: a suffix of the thread names and a tag in log lines.
+    pub(crate) label: Option<String>,
 }
 
 impl Context {
     pub(crate) fn stop_requested(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// How log lines name this consumer: `"orders"`, or `"orders" (consumer 3)` in a group.
+    pub(crate) fn who(&self) -> String {
+        match &self.label {
+            Some(label) => format!("{:?} (consumer {label})", self.queue),
+            None => format!("{:?}", self.queue),
+        }
+    }
+
+    /// A thread name: `base`, or `base-{label}` in a group.
+    pub(crate) fn thread_name(&self, base: &str) -> String {
+        match &self.label {
+            Some(label) => format!("{base}-{label}"),
+            None => base.to_string(),
+        }
     }
 }
 
@@ -320,6 +354,7 @@ impl Connection {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            label: options.label,
         });
         Ok(Consumer {
             ctx,
@@ -388,7 +423,7 @@ impl Consumer {
         let stop_rx = self.stop_rx.clone();
         let concurrency = self.concurrency;
         let thread = std::thread::Builder::new()
-            .name("acemq-consumer".into())
+            .name(ctx.thread_name("acemq-consumer"))
             .spawn(move || {
                 // The report goes out on `done_tx` as soon as the owner is done; this returns
                 // after every worker has ended.
@@ -399,7 +434,7 @@ impl Consumer {
                     &stop_rx,
                     Some((started_tx, done_tx)),
                 ) {
-                    log::error!("acemq: consumer of {:?} could not start: {e}", ctx.queue);
+                    log::error!("acemq: consumer of {} could not start: {e}", ctx.who());
                 }
             })
             .map_err(|e| Error::Io {
@@ -453,13 +488,16 @@ fn run_on<H: Handler + Sync + ?Sized>(
         };
         let settle = settle_tx.clone();
         std::thread::Builder::new()
-            .name("acemq-retry-timer".into())
+            .name(ctx.thread_name("acemq-retry-timer"))
             .spawn_scoped(s, move || timer::run(ctx, timer_rx, settle))
             .map_err(spawn_error)?;
         for i in 0..concurrency {
             let (jobs, settle, timer) = (jobs_rx.clone(), settle_tx.clone(), timer_tx.clone());
             std::thread::Builder::new()
-                .name(format!("acemq-worker-{i}"))
+                .name(match &ctx.label {
+                    Some(label) => format!("acemq-worker-{label}-{i}"),
+                    None => format!("acemq-worker-{i}"),
+                })
                 .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle, timer))
                 .map_err(spawn_error)?;
         }
@@ -560,8 +598,8 @@ impl Drop for RunningConsumer {
             self.consumer.stop.stop();
             if let Err(e) = self.finish() {
                 log::warn!(
-                    "acemq: consumer of {:?} ended with: {e}",
-                    self.consumer.ctx.queue
+                    "acemq: consumer of {} ended with: {e}",
+                    self.consumer.ctx.who()
                 );
             }
         }

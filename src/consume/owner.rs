@@ -70,7 +70,7 @@ pub(crate) fn run(
             Ok(c) => c,
             Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
             Err(e) => {
-                log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
+                log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
                 std::thread::sleep(Duration::from_millis(200));
                 continue;
             }
@@ -79,7 +79,7 @@ pub(crate) fn run(
             Ok(c) => c,
             Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
             Err(e) => {
-                log::warn!("acemq: resubscribing to {:?} failed: {e}", ctx.queue);
+                log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
                 continue;
             }
         };
@@ -161,9 +161,9 @@ fn end_subscription(
     ctx.in_flight.store(0, Ordering::SeqCst);
     if let Ok(End::Lost(why)) = end {
         log::warn!(
-            "acemq: consumer of {:?} lost its channel ({why}); {unsettled} unsettled deliveries \
+            "acemq: consumer of {} lost its channel ({why}); {unsettled} unsettled deliveries \
              will be redelivered; resubscribing",
-            ctx.queue,
+            ctx.who(),
         );
     }
 }
@@ -427,7 +427,7 @@ fn shutdown(
                     }
                 }
                 if let Err(e) = settle(ctx, generation, channel, inflight, batch, report) {
-                    log::warn!("acemq: settling while closing {:?}: {e}", ctx.queue);
+                    log::warn!("acemq: settling while closing {}: {e}", ctx.who());
                     break;
                 }
             }
@@ -439,10 +439,10 @@ fn shutdown(
     report.abandoned = ctx.running.load(Ordering::SeqCst);
     if report.abandoned > 0 {
         log::warn!(
-            "acemq: {} deliveries on {:?} were still being handled after {:?}; the broker \
+            "acemq: {} deliveries on {} were still being handled after {:?}; the broker \
              requeues them when the channel closes",
             report.abandoned,
-            ctx.queue,
+            ctx.who(),
             ctx.shutdown_timeout
         );
     }

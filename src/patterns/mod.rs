@@ -1,6 +1,7 @@
 //! The family's patterns, one module each.
 
 pub mod acknowledged;
+pub mod consumer_group;
 pub mod idempotency;
 pub mod idempotent;
 pub mod outbox;
@@ -9,6 +10,7 @@ pub mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};
+pub use consumer_group::ConsumerGroup;
 pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
