@@ -272,6 +272,11 @@ impl Ticket {
         self.wait_deadline(Instant::now() + timeout)
     }
 
+    /// Where the answer arrives, for a caller that waits on it beside something else.
+    pub(crate) fn receiver(&self) -> &Receiver<Result<()>> {
+        &self.reply
+    }
+
     /// The answer if it has come, without waiting.
     pub fn try_wait(&self) -> Option<Result<()>> {
         self.reply.try_recv().ok()
