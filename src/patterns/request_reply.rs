@@ -198,7 +198,12 @@ impl Requester {
     /// [`Error::InvalidName`]; declaring or consuming the reply queue can fail
     /// ([`Error::ConnectionLost`], [`Error::Closed`], [`Error::TopologyConflict`]).
     pub fn open(connection: &Connection, exchange: &str, routing_key: &str) -> Result<Requester> {
-        Self::open_with(connection, exchange, routing_key, RequesterOptions::default())
+        Self::open_with(
+            connection,
+            exchange,
+            routing_key,
+            RequesterOptions::default(),
+        )
     }
 
     /// A requester with these options.
@@ -309,7 +314,12 @@ impl Requester {
         result
     }
 
-    fn round_trip(&self, mut message: Message, start: Instant, timeout: Duration) -> Result<Message> {
+    fn round_trip(
+        &self,
+        mut message: Message,
+        start: Instant,
+        timeout: Duration,
+    ) -> Result<Message> {
         let inner = &*self.inner;
         let deadline = start + timeout;
         let correlation = new_id();
@@ -317,20 +327,22 @@ impl Requester {
         message.validate()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let queue = inner.register(&correlation, tx, deadline, timeout)?;
-        message
-            .headers
-            .insert(headers::REPLY_TO.to_string(), HeaderValue::Text(queue.clone()));
+        message.headers.insert(
+            headers::REPLY_TO.to_string(),
+            HeaderValue::Text(queue.clone()),
+        );
         message.reply_to = Some(queue);
-        let ticket = match inner
-            .publisher
-            .publish_deferred(&inner.exchange, &inner.routing_key, message)
-        {
-            Ok(t) => t,
-            Err(e) => {
-                inner.forget(&correlation);
-                return Err(e);
-            }
-        };
+        let ticket =
+            match inner
+                .publisher
+                .publish_deferred(&inner.exchange, &inner.routing_key, message)
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    inner.forget(&correlation);
+                    return Err(e);
+                }
+            };
         // Wait for the reply, and meanwhile for the confirm: a refused request fails at once.
         let mut confirm: Option<&Receiver<Result<()>>> = Some(ticket.receiver());
         loop {
@@ -413,7 +425,8 @@ impl Requester {
         if thread.join().is_err() {
             log::error!("acemq: the requester thread panicked");
         }
-        self.inner.close_state(|| Error::Closed { what: "requester" });
+        self.inner
+            .close_state(|| Error::Closed { what: "requester" });
         self.inner.publisher.close()
     }
 }
@@ -858,7 +871,10 @@ mod tests {
     #[test]
     fn the_header_comes_before_the_property() {
         let m = Message::new("x")
-            .header(headers::REPLY_TO, HeaderValue::Bytes(b"from-header".to_vec()))
+            .header(
+                headers::REPLY_TO,
+                HeaderValue::Bytes(b"from-header".to_vec()),
+            )
             .reply_to("from-property");
         assert_eq!(reply_address(&m).as_deref(), Some("from-header"));
         let m = Message::new("x").reply_to("from-property");
