@@ -47,12 +47,15 @@ fn text(v: Option<&AmqpValue>) -> Option<String> {
     }
 }
 
+/// What the responder saw of a request: header address, property address, correlation.
+type Seen = (Option<String>, Option<String>, Option<String>);
+
 #[test]
 fn a_request_gets_its_reply_with_the_family_wire() {
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-round-trip");
-    let seen: Arc<Mutex<Vec<(Option<String>, Option<String>, Option<String>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let s = seen.clone();
     let responder = serve(&connection, &q, move |m: &Message| {
         let header = m
