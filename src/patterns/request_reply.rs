@@ -36,9 +36,10 @@
 //!   channel looked up in a map of waiting calls — the only lock, never held across a network
 //!   call.
 //! * the `acemq-confirms` thread of its [`Publisher`]. Requests are published mandatory with
-//!   confirms, but a call does not wait for the confirm before it waits for the reply: it waits
-//!   on both at once, so an unroutable request (no responder's queue) fails at once with
-//!   [`Error::Unroutable`] while a routed one costs one round trip.
+//!   confirms, but a call does not wait for the confirm: it waits for its reply, and the confirm
+//!   thread wakes it only if the broker refuses the request, so an unroutable request (no
+//!   responder's queue) fails at once with [`Error::Unroutable`] while a routed one costs one
+//!   round trip and one wake-up.
 //!
 //! A call blocks only the thread that made it. [`Responder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
@@ -332,61 +333,59 @@ impl Requester {
             HeaderValue::Text(queue.clone()),
         );
         message.reply_to = Some(queue);
-        let ticket =
-            match inner
-                .publisher
-                .publish_deferred(&inner.exchange, &inner.routing_key, message)
-            {
-                Ok(t) => t,
-                Err(e) => {
-                    inner.forget(&correlation);
-                    return Err(e);
-                }
-            };
-        // Wait for the reply, and meanwhile for the confirm: a refused request fails at once.
-        let mut confirm: Option<&Receiver<Result<()>>> = Some(ticket.receiver());
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let reply = match confirm {
-                Some(c) => select! {
-                    recv(rx) -> r => Some(r),
-                    recv(c) -> answer => {
-                        match answer {
-                            Ok(Err(e)) => {
-                                inner.forget(&correlation);
-                                return Err(e);
-                            }
-                            // Confirmed, or the publisher closed under it: the reply decides.
-                            Ok(Ok(())) | Err(_) => confirm = None,
-                        }
-                        continue;
-                    },
-                    default(left) => None,
-                },
-                None => rx.recv_timeout(left).ok().map(Ok),
-            };
-            return match reply {
-                Some(Ok(Ok(reply))) => answer(reply),
-                Some(Ok(Err(e))) => Err(e),
-                Some(Err(_)) => Err(Error::Closed { what: "requester" }),
-                None => {
-                    if inner.forget(&correlation) {
-                        inner.timed_out.fetch_add(1, Ordering::Relaxed);
-                        Err(Error::RequestTimeout {
-                            routing_key: inner.routing_key.clone(),
-                            correlation_id: correlation,
-                            after: timeout,
-                        })
-                    } else {
-                        // The reply (or the news of a lost connection) won the race.
-                        match rx.try_recv() {
-                            Ok(Ok(reply)) => answer(reply),
-                            Ok(Err(e)) => Err(e),
-                            Err(_) => Err(Error::Closed { what: "requester" }),
-                        }
+        // The confirm thread answers on `refused` only when the broker refuses the request
+        // (unroutable, nacked, connection lost): a confirmed request wakes nobody, and the
+        // sender kept here means the channel never reports itself disconnected.
+        let (refuse, refused) = crossbeam_channel::bounded(1);
+        if let Err(e) = inner.publisher.publish_failures_to(
+            &inner.exchange,
+            &inner.routing_key,
+            &message,
+            refuse.clone(),
+        ) {
+            inner.forget(&correlation);
+            return Err(e);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let reply = select! {
+            recv(rx) -> r => Some(r),
+            recv(refused) -> refusal => {
+                let e = match refusal {
+                    Ok(Err(e)) => e,
+                    _ => Error::Closed { what: "requester" },
+                };
+                // A reply may have raced the refusal (a lost connection after it was routed).
+                if !inner.forget(&correlation) {
+                    if let Ok(Ok(reply)) = rx.try_recv() {
+                        return answer(reply);
                     }
                 }
-            };
+                return Err(e);
+            },
+            default(left) => None,
+        };
+        drop(refuse);
+        match reply {
+            Some(Ok(Ok(reply))) => answer(reply),
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(_)) => Err(Error::Closed { what: "requester" }),
+            None => {
+                if inner.forget(&correlation) {
+                    inner.timed_out.fetch_add(1, Ordering::Relaxed);
+                    Err(Error::RequestTimeout {
+                        routing_key: inner.routing_key.clone(),
+                        correlation_id: correlation,
+                        after: timeout,
+                    })
+                } else {
+                    // The reply (or the news of a lost connection) won the race.
+                    match rx.try_recv() {
+                        Ok(Ok(reply)) => answer(reply),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(Error::Closed { what: "requester" }),
+                    }
+                }
+            }
         }
     }
 
