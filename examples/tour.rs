@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{
-    idempotent_tx, record, OutboxRelay, OutboxRelayOptions, SqlIdempotencyStore, SqlOutboxStore,
+    idempotent_tx, record, serve, OutboxRelay, OutboxRelayOptions, Requester, SqlIdempotencyStore,
+    SqlOutboxStore,
 };
 use acemq_amqp::{
     dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
@@ -200,9 +201,28 @@ fn tour() -> Result<()> {
     );
     relay.close()?;
 
+    // Request/reply: a responder answers price requests on threads of its own; the caller's
+    // thread blocks in `ask` until its reply (paired by x-acemq-correlation) comes back.
+    let prices = format!("tour.prices.{run}");
+    connection.declare_queue(&QueueSpec::new(&prices).classic())?;
+    let responder = serve(&connection, &prices, |request: &Message| {
+        let sku: serde_json::Value = request.payload()?;
+        let price = serde_json::json!({"sku": sku["sku"], "price_cents": 1250});
+        Message::encode(&JsonCodec, &price).map_err(acemq_amqp::BoxError::from)
+    })?;
+    let requester = Requester::open(&connection, "", &prices)?;
+    let question = Message::encode(&JsonCodec, &serde_json::json!({"sku": "sku-42"}))?;
+    let answer: serde_json::Value = requester.ask(question)?.payload()?;
+    println!(
+        "price request answered: {answer} (responder answered {})",
+        responder.answered()
+    );
+    requester.close()?;
+    responder.close()?;
+
     publisher.close()?;
     connection.delete_queue(&shipped_events)?;
-    for q in [&shipping, &flaky, &doomed] {
+    for q in [&shipping, &flaky, &doomed, &prices] {
         for suffix in ["", ".dlq", ".parked"] {
             connection.delete_queue(&format!("{q}{suffix}"))?;
         }

@@ -146,6 +146,21 @@ pub enum Error {
         /// The handler's error.
         source: BoxError,
     },
+    /// A responder answered a request with a failure (the reply's `acemq-error` header).
+    Responder {
+        /// The responder's error text.
+        message: String,
+    },
+    /// No reply to a request arrived in time. Retriable, but the request may still be handled
+    /// (and its reply, arriving late, is dropped and counted as unmatched).
+    RequestTimeout {
+        /// Where the request was sent.
+        routing_key: String,
+        /// The request's correlation id (`x-acemq-correlation`).
+        correlation_id: String,
+        /// How long was waited.
+        after: Duration,
+    },
 }
 
 impl Error {
@@ -160,6 +175,7 @@ impl Error {
             Error::ConnectionLost { .. }
                 | Error::Connect { .. }
                 | Error::Timeout { .. }
+                | Error::RequestTimeout { .. }
                 | Error::Nacked { .. }
         ) || matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
     }
@@ -175,6 +191,7 @@ impl Error {
             Error::ConnectionLost { .. }
                 | Error::Connect { .. }
                 | Error::Timeout { .. }
+                | Error::RequestTimeout { .. }
                 | Error::Closed { .. }
         ) && !matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
     }
@@ -214,7 +231,7 @@ impl Error {
 
     /// True when a wait timed out.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { .. })
+        matches!(self, Error::Timeout { .. } | Error::RequestTimeout { .. })
     }
 
     /// True when a declaration conflicted with the broker's existing topology.
@@ -354,6 +371,15 @@ impl fmt::Display for Error {
                 "the broker cancelled the consumer of queue {queue:?} (was the queue deleted?)"
             ),
             Error::Handler { source } => write!(f, "handler failed: {source}"),
+            Error::Responder { message } => write!(f, "the responder failed: {message}"),
+            Error::RequestTimeout {
+                routing_key,
+                correlation_id,
+                after,
+            } => write!(
+                f,
+                "no reply to request {correlation_id:?} sent to {routing_key:?} within {after:?}"
+            ),
         }
     }
 }

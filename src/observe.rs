@@ -12,7 +12,8 @@ pub mod metrics {
     pub const CONSUME_TOTAL: &str = "acemq.consume.total";
     /// Counter, labels `exchange` and `outcome` (confirmed, nacked, unroutable, failed).
     pub const PUBLISH_TOTAL: &str = "acemq.publish.total";
-    /// Histogram of request/reply round trips.
+    /// Histogram of request/reply round trips, label `outcome` (replied, responder_failed,
+    /// timed_out, failed).
     pub const REQUEST_DURATION: &str = "acemq.request.duration";
     /// Counter, label `outcome` (published, failed, retired).
     pub const OUTBOX_TOTAL: &str = "acemq.outbox.total";
@@ -118,6 +119,51 @@ pub trait Observer: Send + Sync + 'static {
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         LogObserver.duplicate(duplicate)
     }
+
+    /// A request/reply round trip ended ([`metrics::REQUEST_DURATION`]), reported by a
+    /// [`Requester`](crate::patterns::Requester) on the calling thread.
+    fn request(&self, event: &RequestEvent<'_>) {
+        LogObserver.request(event)
+    }
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// A reply came.
+    Replied,
+    /// A reply came carrying the responder's failure (`acemq-error`).
+    ResponderFailed,
+    /// No reply in time.
+    TimedOut,
+    /// The request could not be sent or the connection dropped under it.
+    Failed,
+}
+
+impl RequestOutcome {
+    /// The `outcome` label of [`metrics::REQUEST_DURATION`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestOutcome::Replied => "replied",
+            RequestOutcome::ResponderFailed => "responder_failed",
+            RequestOutcome::TimedOut => "timed_out",
+            RequestOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// One request/reply round trip (see [`Observer::request`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RequestEvent<'a> {
+    /// The exchange the request was published to.
+    pub exchange: &'a str,
+    /// Its routing key.
+    pub routing_key: &'a str,
+    /// From the call to its end (publish, wait, reply).
+    pub duration: Duration,
+    /// How it ended.
+    pub outcome: RequestOutcome,
 }
 
 /// A duplicate absorbed by an idempotent wrapper (see [`Observer::duplicate`]).
@@ -250,6 +296,16 @@ impl Observer for LogObserver {
         );
     }
 
+    fn request(&self, e: &RequestEvent<'_>) {
+        log::trace!(
+            "{}{{routing_key={:?},outcome={}}} {:?}",
+            metrics::REQUEST_DURATION,
+            e.routing_key,
+            e.outcome.as_str(),
+            e.duration
+        );
+    }
+
     fn settled(&self, s: &Settlement<'_>) {
         match s.error {
             Some(error) => log::debug!(
@@ -322,6 +378,9 @@ impl Observer for Guarded {
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         self.guard("duplicate", |o| o.duplicate(duplicate))
     }
+    fn request(&self, event: &RequestEvent<'_>) {
+        self.guard("request", |o| o.request(event))
+    }
 }
 
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
@@ -339,5 +398,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         self.as_ref().duplicate(duplicate)
+    }
+    fn request(&self, event: &RequestEvent<'_>) {
+        self.as_ref().request(event)
     }
 }

@@ -19,7 +19,7 @@ mod options;
 mod topology;
 
 pub use options::{Address, ConnectionOptions};
-pub(crate) use topology::to_table;
+pub(crate) use topology::{declare_queue_on, to_table};
 pub use topology::{Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec};
 
 use std::net::{SocketAddr, ToSocketAddrs};

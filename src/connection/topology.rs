@@ -363,7 +363,7 @@ fn declare_exchange_on(channel: &Channel, spec: &ExchangeSpec) -> Result<()> {
         .map_err(|e| map_err("exchange", &spec.name, "declaring", e))
 }
 
-fn declare_queue_on(channel: &Channel, spec: &QueueSpec) -> Result<QueueInfo> {
+pub(crate) fn declare_queue_on(channel: &Channel, spec: &QueueSpec) -> Result<QueueInfo> {
     let q = channel
         .queue_declare(spec.name.clone(), spec.options())
         .map_err(|e| map_err("queue", &spec.name, "declaring", e))?;

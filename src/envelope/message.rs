@@ -66,6 +66,34 @@ pub struct Message {
     pub(crate) received_headers: Option<std::sync::Arc<FieldTable>>,
 }
 
+impl From<Vec<u8>> for Message {
+    /// [`Message::new`] with these bytes.
+    fn from(body: Vec<u8>) -> Message {
+        Message::new(body)
+    }
+}
+
+impl From<&[u8]> for Message {
+    /// [`Message::new`] with a copy of these bytes.
+    fn from(body: &[u8]) -> Message {
+        Message::new(body)
+    }
+}
+
+impl From<&str> for Message {
+    /// [`Message::new`] with these UTF-8 bytes.
+    fn from(body: &str) -> Message {
+        Message::new(body)
+    }
+}
+
+impl From<String> for Message {
+    /// [`Message::new`] with these UTF-8 bytes.
+    fn from(body: String) -> Message {
+        Message::new(body)
+    }
+}
+
 impl Message {
     /// A message with these bytes as its body and a fresh envelope.
     pub fn new(body: impl Into<Vec<u8>>) -> Message {

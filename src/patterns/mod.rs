@@ -6,6 +6,7 @@ pub mod idempotency;
 pub mod idempotent;
 pub mod outbox;
 pub mod relay;
+pub mod request_reply;
 pub mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -23,6 +24,7 @@ pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };
+pub use request_reply::{serve, serve_with, Requester, RequesterOptions, Responder};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};

@@ -1,0 +1,423 @@
+//! Request/reply on the real broker: the requester, the responder, the wire between them and
+//! recovery from a connection cut.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq_amqp::patterns::{serve, serve_with, Requester, RequesterOptions, Responder};
+use acemq_amqp::{
+    headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, QueueSpec,
+};
+use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+
+use support::proxy::FaultProxy;
+use support::raw::Raw;
+use support::{connect, connect_with, eventually, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A request queue (classic, for speed) with the responder's `.dlq` / `.parked` cleaned up.
+fn request_queue(connection: &Connection, clean: &mut Cleanup, prefix: &str) -> String {
+    let q = clean.consumed_queue(&unique(prefix), &[]);
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .expect("declare the request queue");
+    q
+}
+
+fn echo(connection: &Connection, queue: &str, workers: usize) -> Responder {
+    serve_with(
+        connection,
+        queue,
+        ConsumerOptions::new().concurrency(workers),
+        |m: &Message| Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body))),
+    )
+    .expect("serve")
+}
+
+fn text(v: Option<&AmqpValue>) -> Option<String> {
+    match v? {
+        AmqpValue::LongString(s) => Some(s.clone()),
+        AmqpValue::ByteArray(b) => String::from_utf8(b.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// What the responder saw of a request: header address, property address, correlation.
+type Seen = (Option<String>, Option<String>, Option<String>);
+
+#[test]
+fn a_request_gets_its_reply_with_the_family_wire() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-round-trip");
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let s = seen.clone();
+    let responder = serve(&connection, &q, move |m: &Message| {
+        let header = m
+            .headers
+            .get(headers::REPLY_TO)
+            .and_then(|v| v.as_str().map(String::from));
+        s.lock().unwrap().push((
+            header,
+            m.reply_to.clone(),
+            m.envelope.correlation_id.clone(),
+        ));
+        Ok::<_, BoxError>(Message::new(format!(
+            "pong:{}",
+            String::from_utf8_lossy(&m.body)
+        )))
+    })
+    .expect("serve");
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let reply_queue = requester.reply_queue().expect("a reply queue");
+    assert!(reply_queue.starts_with("acemq-reply-"), "{reply_queue}");
+    let info = connection
+        .queue_info(&reply_queue)
+        .expect("the reply queue exists");
+    assert_eq!(info.consumer_count, 1);
+
+    let request = Message::new("ping").with_id(unique("request-id"));
+    let request_id = request.id().to_string();
+    let started = Instant::now();
+    let reply = requester.ask(request).expect("a reply");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(reply.body, b"pong:ping");
+    assert_eq!(
+        reply.envelope.causation_id.as_deref(),
+        Some(request_id.as_str())
+    );
+    let (header, property, correlation) = seen.lock().unwrap()[0].clone();
+    assert_eq!(header.as_deref(), Some(reply_queue.as_str()));
+    assert_eq!(property.as_deref(), Some(reply_queue.as_str()));
+    let correlation = correlation.expect("a correlation id");
+    assert_ne!(correlation, request_id, "a fresh correlation per request");
+    assert_eq!(reply.envelope.correlation_id, Some(correlation));
+    // Each request gets a fresh correlation.
+    requester.ask("again").expect("a second reply");
+    let second = seen.lock().unwrap()[1].2.clone();
+    assert_ne!(second, seen.lock().unwrap()[0].2);
+    assert_eq!(responder.answered(), 2);
+    assert_eq!(requester.unmatched(), 0);
+    requester.close().expect("close the requester");
+    // Transient, auto-delete: gone with its consumer.
+    assert!(eventually(WAIT, || connection
+        .queue_info(&reply_queue)
+        .is_err()));
+    responder.close().expect("close the responder");
+}
+
+#[test]
+fn sixteen_threads_asking_through_one_requester_each_get_their_own_answer() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-threads");
+    let responder = echo(&connection, &q, 4);
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    std::thread::scope(|s| {
+        for t in 0..16 {
+            let requester = &requester;
+            s.spawn(move || {
+                for i in 0..50 {
+                    let question = format!("t{t}-q{i}");
+                    let reply = requester
+                        .ask_timeout(question.clone(), WAIT)
+                        .expect("a reply");
+                    assert_eq!(reply.body, format!("answer:{question}").into_bytes());
+                }
+            });
+        }
+    });
+    assert_eq!(responder.answered(), 16 * 50);
+    assert_eq!(requester.unmatched(), 0);
+    assert_eq!(requester.timed_out(), 0);
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+#[test]
+fn a_responder_error_arrives_as_error_responder_well_inside_the_timeout() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-error");
+    let responder = serve(&connection, &q, |_: &Message| {
+        Err::<Vec<u8>, BoxError>("no such sku: sku-9".into())
+    })
+    .expect("serve");
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let started = Instant::now();
+    match requester.ask_timeout("sku-9", Duration::from_secs(20)) {
+        Err(Error::Responder { message }) => assert_eq!(message, "no such sku: sku-9"),
+        other => panic!("expected Error::Responder, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    // The request was answered, not dead-lettered.
+    assert_eq!(responder.answered(), 1);
+    assert_eq!(requester.timed_out(), 0);
+    assert!(connection
+        .get(&acemq_amqp::dead_letter_queue(&q))
+        .unwrap()
+        .is_none());
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+#[test]
+fn a_timed_out_request_fails_and_its_late_reply_is_counted_unmatched() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-timeout");
+    let (release, gate) = crossbeam_channel::bounded::<()>(1);
+    let responder = serve(&connection, &q, move |_: &Message| {
+        let _ = gate.recv_timeout(WAIT);
+        Ok::<_, BoxError>("late")
+    })
+    .expect("serve");
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let started = Instant::now();
+    match requester.ask_timeout("slow", Duration::from_millis(300)) {
+        Err(e @ Error::RequestTimeout { .. }) => {
+            assert!(e.is_timeout() && e.is_retriable(), "{e}")
+        }
+        other => panic!("expected Error::RequestTimeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(requester.timed_out(), 1);
+    assert_eq!(requester.unmatched(), 0);
+    release.send(()).unwrap();
+    assert!(eventually(WAIT, || requester.unmatched() == 1));
+    assert!(eventually(WAIT, || responder.answered() == 1));
+    // The requester goes on working after a late reply.
+    release.send(()).unwrap();
+    assert_eq!(requester.ask("next").expect("a reply").body, b"late");
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+/// A request from a plain AMQP client (raw amiquip) with its reply address in one place only.
+fn raw_request(raw: &Raw, queue: &str, correlation: &str, id: &str, reply: Reply<'_>) {
+    let mut table = FieldTable::new();
+    table.insert(
+        headers::CORRELATION.to_string(),
+        AmqpValue::LongString(correlation.to_string()),
+    );
+    table.insert(
+        headers::ID.to_string(),
+        AmqpValue::LongString(id.to_string()),
+    );
+    let mut props = AmqpProperties::default().with_message_id(id.to_string());
+    match reply {
+        Reply::Property(q) => props = props.with_reply_to(q.to_string()),
+        Reply::HeaderBytes(q) => {
+            table.insert(
+                headers::REPLY_TO.to_string(),
+                AmqpValue::ByteArray(q.as_bytes().to_vec()),
+            );
+        }
+        Reply::Nowhere => {}
+    }
+    raw.publish("", queue, b"question", props.with_headers(table));
+}
+
+enum Reply<'a> {
+    Property(&'a str),
+    HeaderBytes(&'a str),
+    Nowhere,
+}
+
+#[test]
+fn requests_with_only_the_property_or_only_the_header_are_both_answered() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-address");
+    let replies = clean.queue(&unique("rr-address-replies"));
+    connection
+        .declare_queue(&QueueSpec::new(&replies).classic())
+        .unwrap();
+    let responder = echo(&connection, &q, 1);
+    let raw = Raw::open();
+    let id_p = unique("by-property");
+    let id_h = unique("by-header");
+    raw_request(&raw, &q, "corr-property", &id_p, Reply::Property(&replies));
+    raw_request(&raw, &q, "corr-header", &id_h, Reply::HeaderBytes(&replies));
+    let mut got: BTreeMap<String, (String, Vec<u8>)> = BTreeMap::new();
+    assert!(eventually(WAIT, || {
+        while let Some((props, _, body)) = raw.get(&replies) {
+            let h = props.headers().clone().unwrap_or_default();
+            let correlation = text(h.get(headers::CORRELATION)).unwrap_or_default();
+            let causation = text(h.get(headers::CAUSATION)).unwrap_or_default();
+            got.insert(correlation, (causation, body));
+        }
+        got.len() == 2
+    }));
+    assert_eq!(
+        got["corr-property"],
+        (id_p.clone(), b"answer:question".to_vec())
+    );
+    assert_eq!(
+        got["corr-header"],
+        (id_h.clone(), b"answer:question".to_vec())
+    );
+    assert_eq!(responder.answered(), 2);
+    assert_eq!(responder.unanswerable(), 0);
+    raw.close();
+    responder.close().unwrap();
+}
+
+#[test]
+fn a_request_without_a_reply_address_is_counted_unanswerable_and_dead_lettered() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-unanswerable");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let responder = serve(&connection, &q, move |_: &Message| {
+        r.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, BoxError>("never")
+    })
+    .expect("serve");
+    let raw = Raw::open();
+    let id = unique("nowhere");
+    raw_request(&raw, &q, "corr-nowhere", &id, Reply::Nowhere);
+    assert!(eventually(WAIT, || responder.unanswerable() == 1));
+    let mut dead = None;
+    assert!(eventually(WAIT, || {
+        dead = connection.get(&acemq_amqp::dead_letter_queue(&q)).unwrap();
+        dead.is_some()
+    }));
+    let dead = dead.unwrap();
+    assert_eq!(dead.id(), id);
+    assert_eq!(dead.envelope.attempt, 1, "never retried");
+    let error = dead.envelope.error.clone().unwrap_or_default();
+    assert!(error.contains("reply address"), "{error}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler never ran");
+    assert_eq!(responder.answered(), 0);
+    assert_eq!(responder.unanswerable(), 1);
+    raw.close();
+    responder.close().unwrap();
+}
+
+#[test]
+fn answered_already_counts_a_reply_when_the_caller_holds_it() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-answered");
+    let responder = echo(&connection, &q, 1);
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    for i in 1..=20u64 {
+        requester.ask(format!("{i}")).expect("a reply");
+        assert_eq!(responder.answered(), i);
+    }
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+#[test]
+fn a_named_reply_queue_is_durable_and_kept() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-named");
+    let replies = clean.queue(&unique("rr-named-replies"));
+    let responder = echo(&connection, &q, 1);
+    let requester = Requester::open_with(
+        &connection,
+        "",
+        &q,
+        RequesterOptions::new().reply_queue(&replies),
+    )
+    .expect("requester");
+    assert_eq!(requester.reply_queue().as_deref(), Some(replies.as_str()));
+    assert_eq!(requester.ask("x").unwrap().body, b"answer:x");
+    requester.close().unwrap();
+    assert!(connection.queue_info(&replies).is_ok(), "kept after close");
+    responder.close().unwrap();
+}
+
+#[test]
+fn an_unroutable_request_fails_at_once() {
+    let connection = connect();
+    let requester =
+        Requester::open(&connection, "", &unique("rr-nobody-listens")).expect("requester");
+    let started = Instant::now();
+    let e = requester
+        .ask_timeout("x", Duration::from_secs(20))
+        .unwrap_err();
+    assert!(e.is_unroutable(), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    requester.close().unwrap();
+}
+
+#[test]
+fn requester_and_responder_survive_a_connection_cut() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = request_queue(&direct, &mut clean, "rr-cut");
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let connection = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(300)),
+    );
+    let (release, gate) = crossbeam_channel::bounded::<()>(0);
+    let blocked = Arc::new(AtomicUsize::new(0));
+    let b = blocked.clone();
+    let responder = serve_with(
+        &connection,
+        &q,
+        ConsumerOptions::new().concurrency(4),
+        move |m: &Message| {
+            if m.body == b"block" {
+                b.fetch_add(1, Ordering::SeqCst);
+                // Ends when the sender is dropped.
+                let _ = gate.recv_timeout(WAIT);
+            }
+            Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
+        },
+    )
+    .expect("serve");
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    assert_eq!(requester.ask("before").unwrap().body, b"answer:before");
+    let first_queue = requester.reply_queue().unwrap();
+
+    std::thread::scope(|s| {
+        let waiting = s.spawn(|| {
+            let started = Instant::now();
+            (requester.ask_timeout("block", WAIT), started.elapsed())
+        });
+        assert!(eventually(WAIT, || blocked.load(Ordering::SeqCst) >= 1));
+        proxy.cut_all();
+        let (result, took) = waiting.join().unwrap();
+        let e = result.expect_err("the call waiting at the cut fails");
+        assert!(e.is_connection_lost() && e.is_retriable(), "{e}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+    });
+    drop(release);
+
+    // After recovery: a new reply queue, and both sides work again.
+    let reply = requester
+        .ask_timeout("after", WAIT)
+        .expect("a reply after the cut");
+    assert_eq!(reply.body, b"answer:after");
+    let second_queue = requester.reply_queue().unwrap();
+    assert_ne!(first_queue, second_queue);
+    for i in 0..10 {
+        let q = format!("again-{i}");
+        assert_eq!(
+            requester.ask_timeout(q.clone(), WAIT).unwrap().body,
+            format!("answer:{q}").into_bytes()
+        );
+    }
+    requester.close().unwrap();
+    responder.close().unwrap();
+    let _ = connection.close();
+}
