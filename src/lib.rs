@@ -139,7 +139,7 @@
 //!   rather than being requeued for ever.
 //! * A copy that cannot be published (its queue deleted, the broker refusing it) puts the
 //!   original back after a pause of 1 s doubling per failure of that message on this consumer
-//!   (at most 30 s, ±20 %), never at once; each failure is logged at error and reported to the
+//!   (at most 30 s, drawn between half and all of it), never at once; each failure is logged at error and reported to the
 //!   observer as outcome `copy_failed`.
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.

@@ -477,15 +477,8 @@ pub(crate) fn backoff(min: Duration, max: Duration, attempt: u32) -> Duration {
     let full = exp.min(max);
     let half = full / 2;
     let jitter_ns = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-    let r = random_u64() % jitter_ns.max(1);
+    let r = crate::envelope::random_u64() % jitter_ns.max(1);
     half + Duration::from_nanos(r)
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(Instant::now().elapsed().as_nanos());
-    h.finish()
 }
 
 /// The supervisor thread's body: watch, recover, repeat.

@@ -255,7 +255,10 @@ fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> 
 pub(crate) fn copy_of(original: &Message) -> Message {
     let mut copy = original.clone();
     copy.received = None;
-    copy.properties = None;
+    if let Some(props) = copy.properties.take() {
+        // Keep the received table (and only it) for the headers' AMQP types.
+        copy.received_headers = props.headers().clone().map(std::sync::Arc::new);
+    }
     copy
 }
 
@@ -275,12 +278,10 @@ pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<(
 }
 
 /// The pause before an original whose copy failed goes back: 1 s, doubling with each failure
-/// of the same message here, at most 30 s, ±20 %.
+/// of the same message here, at most 30 s, drawn between half and all of that (the
+/// connection's reconnect back-off).
 fn copy_failure_pause(failures: u32) -> Duration {
-    let base = Duration::from_secs(1) * 2u32.saturating_pow(failures.saturating_sub(1).min(5));
-    let base = base.min(Duration::from_secs(30));
-    let unit = (crate::envelope::random_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    base.mul_f64(0.8 + 0.4 * unit)
+    crate::connection::backoff(Duration::from_secs(1), Duration::from_secs(30), failures)
 }
 
 /// Copy failures per message id on this consumer, for the back-off; bounded (forgotten

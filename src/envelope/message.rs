@@ -60,9 +60,8 @@ pub struct Message {
     pub(crate) engine_headers: BTreeMap<String, HeaderValue>,
     /// The codec of the consumer that received it, for [`Message::payload`].
     pub(crate) codec: Option<std::sync::Arc<dyn Codec>>,
-    /// The header table as received, so that a copy re-sends each unchanged header with the
-    /// AMQP type it arrived with (a 32-bit integer stays 32-bit, a byte-array string stays a
-    /// byte array).
+    /// The header table as received, kept by a copy that no longer carries the received
+    /// `properties` (see [`Message::received_table`]).
     pub(crate) received_headers: Option<std::sync::Arc<FieldTable>>,
 }
 
@@ -329,10 +328,19 @@ impl Message {
             .retain(|name, value| check_header_name(name).is_ok() && value.validate(name).is_ok());
     }
 
+    /// The header table as received (in the received `properties`, or kept by a copy), so that
+    /// re-sending an unchanged header keeps the AMQP type it arrived with (a 32-bit integer stays
+    /// 32-bit, a byte-array string stays a byte array). Nothing is copied per delivery for this.
+    fn received_table(&self) -> Option<&FieldTable> {
+        self.received_headers
+            .as_deref()
+            .or_else(|| self.properties.as_ref().and_then(|p| p.headers().as_ref()))
+    }
+
     /// The AMQP properties to publish with `routing_key` (call [`validate`](Self::validate)
     /// first); `origin` is written when the envelope has none of its own.
     pub(crate) fn to_properties(&self, routing_key: &str, origin: Option<&str>) -> AmqpProperties {
-        let received = self.received_headers.as_deref();
+        let received = self.received_table();
         let mut table = FieldTable::new();
         for (k, v) in self.headers.iter().chain(&self.engine_headers) {
             table.insert(k.clone(), wire_value(received, k, v));
@@ -382,8 +390,8 @@ impl Message {
         props: AmqpProperties,
         received: Received,
     ) -> Message {
-        let raw = props.headers().clone();
-        let all: BTreeMap<String, HeaderValue> = raw
+        let all: BTreeMap<String, HeaderValue> = props
+            .headers()
             .as_ref()
             .map(|t| {
                 t.iter()
@@ -402,14 +410,17 @@ impl Message {
                 headers::ID
             );
         }
+        // The body is moved in after reading the envelope: only an id-less message (derived
+        // id) needs to look at it, and nothing is copied per delivery.
         let derive = || derived_id(&received, &props, &body);
         let mut m = Message::from_headers(
-            body.clone(),
+            Vec::new(),
             all,
             props.message_id().as_deref(),
             &received.routing_key,
             &derive,
         );
+        m.body = body;
         m.content_type = props.content_type().clone();
         m.reply_to = props.reply_to().clone();
         m.amqp_correlation_id = props.correlation_id().clone();
@@ -418,7 +429,6 @@ impl Message {
         m.persistent = props.delivery_mode() == &Some(2);
         m.received = Some(received);
         m.properties = Some(props);
-        m.received_headers = raw.map(std::sync::Arc::new);
         m
     }
 

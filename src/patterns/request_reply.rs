@@ -651,6 +651,7 @@ fn reply_loop(inner: &Inner, stop: &Receiver<()>, started: Sender<Result<()>>) {
 /// same best-effort.
 pub struct Responder {
     running: Option<crate::RunningConsumer>,
+    stop: StopHandle,
     publisher: Publisher,
     counters: Arc<Counters>,
 }
@@ -693,10 +694,7 @@ impl Responder {
 
     /// A handle that stops the responder's consumer from any thread.
     pub fn stop_handle(&self) -> StopHandle {
-        self.running
-            .as_ref()
-            .map(|r| r.stop_handle())
-            .expect("a responder holds its consumer until closed")
+        self.stop.clone()
     }
 
     /// Stops taking requests, lets running handlers finish and publish their replies (up to
@@ -780,6 +778,7 @@ where
         }
     };
     Ok(Responder {
+        stop: running.stop_handle(),
         running: Some(running),
         publisher,
         counters,

@@ -149,10 +149,7 @@ impl Requeues {
     /// The backoff after `failures` consecutive failures: `first × 2^(failures-1)`, capped at
     /// `max`, times a random factor in [½, 1).
     fn backoff(&self, failures: u32) -> Duration {
-        let doublings = failures.saturating_sub(1).min(31);
-        let wait = self.first.saturating_mul(1 << doublings).min(self.max);
-        let unit = (crate::envelope::random_u64() >> 11) as f64 / (1_u64 << 53) as f64;
-        wait.mul_f64(0.5 + unit / 2.0)
+        crate::connection::backoff(self.first, self.max, failures)
     }
 
     /// The deliveries due by `now`, taken out of the held ones.
