@@ -183,8 +183,11 @@ fn bench() -> acemq_amqp::Result<()> {
     }
     let stop = Arc::new(AtomicBool::new(false));
     let raw_thread = raw_responder(raw_q.clone(), stop.clone());
+    // The responder on a connection of its own, as it would be in another service (and as the
+    // raw responder is).
+    let server = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
     let responder = serve_with(
-        &conn,
+        &server,
         &our_q,
         ConsumerOptions::new().concurrency(8).declare(false),
         |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]),
@@ -231,6 +234,7 @@ fn bench() -> acemq_amqp::Result<()> {
     );
     requester.close()?;
     responder.close()?;
+    server.close()?;
     stop.store(true, Ordering::SeqCst);
     raw_thread.join().expect("raw responder");
     for q in [&raw_q, &our_q] {

@@ -176,9 +176,6 @@ struct Pending {
     routing_key: String,
     returned: Option<(u16, String)>,
     reply: Sender<Result<()>>,
-    /// Answer only a failure (the caller waits on `reply` beside something else and need not be
-    /// woken by a confirm).
-    failures_only: bool,
 }
 
 enum Control {
@@ -394,54 +391,28 @@ impl Publisher {
         routing_key: &str,
         message: Message,
     ) -> Result<Ticket> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let timeout = self.inner.options.timeout;
-        let deadline = Instant::now() + timeout;
-        self.publish_to(exchange, routing_key, &message, tx, false, deadline)?;
-        Ok(Ticket {
-            reply: rx,
-            message_id: message.envelope.id,
-            deadline,
-            timeout,
-        })
-    }
-
-    /// Hands the message over; its answer goes to `answer` — only a failure with
-    /// `failures_only` (a request waiting for its reply need not be woken by the confirm).
-    pub(crate) fn publish_failures_to(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        message: &Message,
-        answer: Sender<Result<()>>,
-    ) -> Result<()> {
-        let deadline = Instant::now() + self.inner.options.timeout;
-        self.publish_to(exchange, routing_key, message, answer, true, deadline)
-    }
-
-    fn publish_to(
-        &self,
-        exchange: &str,
-        routing_key: &str,
-        message: &Message,
-        answer: Sender<Result<()>>,
-        failures_only: bool,
-        deadline: Instant,
-    ) -> Result<()> {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
-        let bytes = self.reserve_bytes(message, deadline)?;
+        let timeout = self.inner.options.timeout;
+        let deadline = Instant::now() + timeout;
+        let bytes = self.reserve_bytes(&message, deadline)?;
+        let (tx, rx) = crossbeam_channel::bounded(1);
         let pending = Pending {
             _bytes: Some(bytes),
             message_id: message.envelope.id.clone(),
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
             returned: None,
-            reply: answer,
-            failures_only,
+            reply: tx,
         };
-        self.hand_over(exchange, routing_key, message, pending, deadline)
+        self.hand_over(exchange, routing_key, &message, pending, deadline)?;
+        Ok(Ticket {
+            reply: rx,
+            message_id: message.envelope.id,
+            deadline,
+            timeout,
+        })
     }
 
     /// Reserves the message's bytes among the connection's unconfirmed bytes, waiting for room
@@ -806,8 +777,6 @@ fn resolve(shared: &Shared, epoch: u64, confirm: Confirm) {
             ),
         };
         shared.observer.published(&p.exchange, outcome);
-        if !(p.failures_only && result.is_ok()) {
-            let _ = p.reply.send(result);
-        }
+        let _ = p.reply.send(result);
     }
 }

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ConsumerGroup;
-use acemq_amqp::{ConsumerOptions, Error, Message, Outcome, QueueSpec};
-use support::{connect, eventually, publish_n, unique, Cleanup};
+use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
+use support::{amqp_url, connect, connect_with, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -105,6 +105,80 @@ fn a_group_whose_second_consumer_fails_to_start_closes_the_first_and_returns_the
         10,
         "every message is either handled and acknowledged or back on the queue"
     );
+}
+
+/// A connection allowed at most `channels` channels at once.
+fn connect_allowing(channels: u16) -> acemq_amqp::Connection {
+    connect_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .channel_max(channels),
+    )
+}
+
+#[test]
+fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_returns_the_error() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("group-third"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let options = ConsumerOptions::new().prefetch(4).declare(false);
+    let accept = |_: &Message| -> acemq_amqp::HandlerResult { Ok(Outcome::Accept) };
+    // The fewest channels a connection needs to run a group of two (found by trying, on a fresh
+    // connection each time, so nothing here assumes how many channels a member holds). On such
+    // a connection members 1 and 2 start and member 3 finds no channel left: the broker-agreed
+    // channel limit refuses exactly the third.
+    let budget = (1..=32u16)
+        .find(|&channels| {
+            let limited = connect_allowing(channels);
+            let started = ConsumerGroup::start_with(&limited, &q, 2, options.clone(), accept);
+            let fits = started.map(|group| group.close().unwrap()).is_ok();
+            limited.close().unwrap();
+            fits
+        })
+        .expect("a group of two starts within 32 channels");
+
+    publish_n(&conn, &q, 20, false);
+    let limited = connect_allowing(budget);
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let result = ConsumerGroup::start_with(&limited, &q, 3, options, move |_: &Message| {
+        h.fetch_add(1, Ordering::SeqCst);
+        Ok(Outcome::Accept)
+    });
+    let error = result.expect_err("the third member has no channel to consume on");
+    assert!(
+        error.to_string().contains("no more channel ids"),
+        "member 3's error comes back as it is: {error}"
+    );
+    // Members 1 and 2 were closed before the error came back: nobody holds the queue or its
+    // messages, and the connection is still usable.
+    let info = conn.queue_info(&q).unwrap();
+    assert_eq!(info.consumer_count, 0, "members 1 and 2 were closed");
+    assert_eq!(
+        info.message_count as usize + handled.load(Ordering::SeqCst),
+        20,
+        "every message is either handled and acknowledged or back on the queue"
+    );
+    assert!(
+        limited.is_connected(),
+        "a refused channel does not cost the connection"
+    );
+    let group = ConsumerGroup::start_with(
+        &limited,
+        &q,
+        2,
+        ConsumerOptions::new().prefetch(4).declare(false),
+        |_: &Message| Ok(Outcome::Accept),
+    )
+    .expect("the same connection still runs a group of two");
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    group.close().unwrap();
+    limited.close().unwrap();
 }
 
 #[test]

@@ -376,6 +376,7 @@ fn connect_one(
         })
         .virtual_host(address.vhost.clone())
         .heartbeat(heartbeat)
+        .channel_max(options.channel_max)
         .connection_timeout(Some(options.connect_timeout))
         .information(options.name.clone());
     let mut conn = {

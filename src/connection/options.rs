@@ -162,6 +162,7 @@ pub struct ConnectionOptions {
     pub(crate) urls: Vec<String>,
     pub(crate) heartbeat: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) channel_max: u16,
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) operation_timeout: Duration,
@@ -181,6 +182,7 @@ impl Default for ConnectionOptions {
             urls: Vec::new(),
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
+            channel_max: 0,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(30),
@@ -209,6 +211,7 @@ impl fmt::Debug for ConnectionOptions {
             .field("addresses", &addresses)
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
+            .field("channel_max", &self.channel_max)
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)
             .field("operation_timeout", &self.operation_timeout)
@@ -236,6 +239,17 @@ impl ConnectionOptions {
     /// zero disables it (not recommended: a dead peer then goes unnoticed).
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = heartbeat;
+        self
+    }
+
+    /// The most channels this connection may have open at once: the lower of this and the
+    /// broker's own limit (RabbitMQ's default is 2047) is agreed in the handshake. Defaults to 0,
+    /// which means the broker's limit. A [`Publisher`](crate::Publisher) holds a channel while
+    /// connected, a running consumer one for its deliveries and its copy publisher's; opening
+    /// one past the limit fails with an [`Error::Amqp`](crate::Error::Amqp) saying "no more
+    /// channel ids are available", and the connection stays up.
+    pub fn channel_max(mut self, channel_max: u16) -> Self {
+        self.channel_max = channel_max;
         self
     }
 

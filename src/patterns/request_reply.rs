@@ -26,24 +26,34 @@
 //! # Threads
 //!
 //! [`Requester`] is `Send + Sync`: share it by reference (scoped threads) or in an `Arc`, and
-//! ask from as many threads at once as you like; each call gets exactly its own answer. Behind
-//! it run two threads:
+//! ask from as many threads at once as you like; each call gets exactly its own answer.
 //!
+//! * A call publishes its request itself (on the requester's request channel, under a lock held
+//!   only for the hand-over to amiquip) and then **reads the reply queue itself**: every waiting
+//!   call listens both on its own one-slot channel and on the reply consumer's receiver. A call
+//!   that receives its own reply returns it at once (no thread in between); one that receives
+//!   another call's reply hands it to that call's slot (looked up in a map of waiting calls —
+//!   the only lock, never held across a network call). So a round trip costs the same thread
+//!   hand-offs as a hand-written amiquip client.
 //! * `acemq-requester` owns the amiquip channel that consumes the reply queue (amiquip's
-//!   consumer cannot leave the thread that made it). It consumes without acknowledgements (a
-//!   reply is tiny and only ever comes for a request this requester sent, so what amiquip
-//!   buffers is bounded by the calls made) and hands each reply to its call through a one-slot
-//!   channel looked up in a map of waiting calls — the only lock, never held across a network
-//!   call.
-//! * the `acemq-confirms` thread of its [`Publisher`]. Requests are published mandatory with
-//!   confirms, but a call does not wait for the confirm: it waits for its reply, and the confirm
-//!   thread wakes it only if the broker refuses the request, so an unroutable request (no
-//!   responder's queue) fails at once with [`Error::Unroutable`] while a routed one costs one
-//!   round trip and one wake-up.
+//!   consumer cannot leave the thread that made it) and (re)declares it on each connection. It
+//!   listens for the broker's returns of unroutable requests (each fails its call at once with
+//!   [`Error::Unroutable`]) and for the end of the reply consumer; while no call waits it reads
+//!   the replies itself every 100 ms (a late reply is counted and dropped).
+//!
+//! Requests are published `mandatory` **without** publisher confirms: a call waits for its
+//! reply, which can only come after the broker routed the request, so a confirm would add a
+//! broker round trip and a thread wake-up to every call and tell it nothing the reply does not.
+//! An unroutable request comes back as a return; a request the broker loses (a rare internal
+//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. The reply
+//! consumer takes replies without acknowledgements (a reply is tiny and only comes for a request
+//! this requester sent), and at most [`RequesterOptions::window`] calls wait at once, so what
+//! amiquip buffers is bounded by the calls made.
 //!
 //! A call blocks only the thread that made it. [`Responder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
-//! `acemq-worker-N`, `acemq-retry-timer`) with a publisher of its own for the replies.
+//! `acemq-worker-N`, `acemq-retry-timer`) with a confirming publisher of its own for the replies
+//! (a request is acknowledged only once its reply is confirmed, or known unroutable).
 //!
 //! # Recovery
 //!
@@ -79,16 +89,16 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use amiquip::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
-use crossbeam_channel::{select, Receiver, Sender};
+use amiquip::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Publish, Return};
+use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
-use crate::connection::{declare_queue_on, Connection, QueueSpec};
+use crate::connection::{declare_queue_on, Connection, Link, QueueSpec};
 use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Outcome};
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, RequestEvent, RequestOutcome};
-use crate::publish::{Publisher, PublisherOptions};
+use crate::publish::Publisher;
 use crate::StopHandle;
 
 /// How long [`Requester::ask`] waits for a reply unless told otherwise: 30 s.
@@ -96,6 +106,9 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The prefix of a requester's own reply queue: `acemq-reply-<id>`.
 pub const REPLY_QUEUE_PREFIX: &str = "acemq-reply-";
+
+/// While no call waits, `acemq-requester` reads the reply queue itself this often.
+const IDLE_READ: Duration = Duration::from_millis(100);
 
 /// Options for a [`Requester`].
 #[derive(Clone, Debug)]
@@ -135,8 +148,8 @@ impl RequesterOptions {
         self
     }
 
-    /// The most requests whose publish confirm is outstanding at once (the requester's
-    /// publisher window). Defaults to 1024.
+    /// The most calls waiting for their replies at once; a call beyond that waits (within its
+    /// own timeout) for one of them to finish. Defaults to 1024.
     pub fn window(mut self, window: usize) -> Self {
         self.window = window;
         self
@@ -146,11 +159,23 @@ impl RequesterOptions {
 /// What a call waits for: its reply, or why none will come.
 type ReplySlot = Sender<Result<Message>>;
 
-/// The reply queue and the calls waiting on it, under one lock so that a call never registers
+/// One reply queue on one connection, and what a call needs from it: the channel requests are
+/// published on and the receiver the replies arrive on. Each call holds a clone.
+#[derive(Clone)]
+struct Session {
+    /// Counts sessions, so a report about an old one is not taken for the live one.
+    number: u64,
+    queue: String,
+    /// Taken out and closed by `acemq-requester` when the session ends.
+    requests: Arc<Mutex<Option<amiquip::Channel>>>,
+    replies: Receiver<ConsumerMessage>,
+}
+
+/// The live session and the calls waiting on it, under one lock so that a call never registers
 /// on a queue that is already gone.
 struct State {
-    /// The live reply queue, `None` while (re)connecting.
-    queue: Option<String>,
+    /// `None` while (re)connecting.
+    session: Option<Session>,
     pending: HashMap<String, ReplySlot>,
     /// Set when the requester or its connection is closed.
     closed: bool,
@@ -158,13 +183,15 @@ struct State {
 
 struct Inner {
     connection: Connection,
-    publisher: Publisher,
     exchange: String,
     routing_key: String,
     options: RequesterOptions,
     observer: Arc<dyn Observer>,
     state: Mutex<State>,
+    /// Signalled when a session is installed, a call leaves, or the requester closes.
     ready: Condvar,
+    /// A call saw the reply consumer of this session end: `acemq-requester` replaces it.
+    ended: Sender<u64>,
     stopping: AtomicBool,
     timed_out: AtomicU64,
     unmatched: AtomicU64,
@@ -229,24 +256,20 @@ impl Requester {
         if options.window == 0 {
             return Err(Error::invalid("the requester's window must be at least 1"));
         }
-        let publisher = connection.publisher_with(
-            PublisherOptions::new()
-                .window(options.window)
-                .mandatory(true),
-        )?;
+        let (ended, ended_rx) = crossbeam_channel::bounded(1);
         let inner = Arc::new(Inner {
             connection: connection.clone(),
-            publisher,
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
             options,
             observer: connection.observer().clone(),
             state: Mutex::new(State {
-                queue: None,
+                session: None,
                 pending: HashMap::new(),
                 closed: false,
             }),
             ready: Condvar::new(),
+            ended,
             stopping: AtomicBool::new(false),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
@@ -256,7 +279,7 @@ impl Requester {
         let thread_inner = inner.clone();
         let thread = std::thread::Builder::new()
             .name("acemq-requester".into())
-            .spawn(move || reply_loop(&thread_inner, &stop_rx, started_tx))
+            .spawn(move || reply_loop(&thread_inner, &stop_rx, &ended_rx, started_tx))
             .map_err(|e| Error::Io {
                 context: "spawning the requester thread".into(),
                 source: e,
@@ -266,7 +289,6 @@ impl Requester {
             .unwrap_or(Err(Error::Closed { what: "requester" }));
         if let Err(e) = started {
             let _ = thread.join();
-            let _ = inner.publisher.close();
             return Err(e);
         }
         Ok(Requester {
@@ -294,9 +316,9 @@ impl Requester {
     /// [`Error::Responder`] when the responder answered with a failure;
     /// [`Error::RequestTimeout`] when no reply came in time (it is counted in
     /// [`timed_out`](Self::timed_out); a late reply is dropped); [`Error::Unroutable`] at once
-    /// when no queue takes the request; [`Error::ConnectionLost`] (retriable) when the
-    /// connection dropped while waiting, or did not come back in time; [`Error::Closed`];
-    /// validation errors before anything is sent.
+    /// when no queue takes the request; [`Error::NotFound`] when the exchange does not exist;
+    /// [`Error::ConnectionLost`] (retriable) when the connection dropped while waiting, or did
+    /// not come back in time; [`Error::Closed`]; validation errors before anything is sent.
     pub fn ask_timeout(&self, request: impl Into<Message>, timeout: Duration) -> Result<Message> {
         let start = Instant::now();
         let result = self.round_trip(request.into(), start, timeout);
@@ -327,63 +349,72 @@ impl Requester {
         message.envelope.correlation_id = Some(correlation.clone());
         message.validate()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
-        let queue = inner.register(&correlation, tx, deadline, timeout)?;
+        let session = inner.register(&correlation, tx, deadline, timeout)?;
         message.headers.insert(
             headers::REPLY_TO.to_string(),
-            HeaderValue::Text(queue.clone()),
+            HeaderValue::Text(session.queue.clone()),
         );
-        message.reply_to = Some(queue);
-        // The confirm thread answers on `refused` only when the broker refuses the request
-        // (unroutable, nacked, connection lost): a confirmed request wakes nobody, and the
-        // sender kept here means the channel never reports itself disconnected.
-        let (refuse, refused) = crossbeam_channel::bounded(1);
-        if let Err(e) = inner.publisher.publish_failures_to(
-            &inner.exchange,
-            &inner.routing_key,
-            &message,
-            refuse.clone(),
-        ) {
-            inner.forget(&correlation);
-            return Err(e);
-        }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let reply = select! {
-            recv(rx) -> r => Some(r),
-            recv(refused) -> refusal => {
-                let e = match refusal {
-                    Ok(Err(e)) => e,
-                    _ => Error::Closed { what: "requester" },
-                };
-                // A reply may have raced the refusal (a lost connection after it was routed).
-                if !inner.forget(&correlation) {
-                    if let Ok(Ok(reply)) = rx.try_recv() {
-                        return answer(reply);
-                    }
-                }
-                return Err(e);
-            },
-            default(left) => None,
+        message.reply_to = Some(session.queue.clone());
+        let publish = Publish {
+            body: &message.body,
+            routing_key: inner.routing_key.clone(),
+            mandatory: true,
+            immediate: false,
+            properties: message.to_properties(&inner.routing_key, Some(inner.connection.origin())),
         };
-        drop(refuse);
-        match reply {
-            Some(Ok(Ok(reply))) => answer(reply),
-            Some(Ok(Err(e))) => Err(e),
-            Some(Err(_)) => Err(Error::Closed { what: "requester" }),
-            None => {
-                if inner.forget(&correlation) {
-                    inner.timed_out.fetch_add(1, Ordering::Relaxed);
-                    Err(Error::RequestTimeout {
-                        routing_key: inner.routing_key.clone(),
-                        correlation_id: correlation,
-                        after: timeout,
-                    })
-                } else {
-                    // The reply (or the news of a lost connection) won the race.
-                    match rx.try_recv() {
+        let published = match session.requests.lock().as_ref() {
+            Some(channel) => channel
+                .basic_publish(inner.exchange.as_str(), publish)
+                .map_err(|e| Error::amqp("publishing a request", e)),
+            None => Err(Error::ConnectionLost {
+                context: "publishing a request (the requester is reconnecting)".into(),
+            }),
+        };
+        if let Err(e) = published {
+            if inner.forget(&correlation) {
+                return Err(e);
+            }
+            // `acemq-requester` already answered the call (the channel closed under it).
+        }
+        // Wait on our own slot and, meanwhile, read the reply queue: the reply usually comes
+        // straight to this thread.
+        let mut replies = session.replies;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            select! {
+                recv(rx) -> r => {
+                    return match r {
                         Ok(Ok(reply)) => answer(reply),
                         Ok(Err(e)) => Err(e),
                         Err(_) => Err(Error::Closed { what: "requester" }),
+                    };
+                }
+                recv(replies) -> msg => match msg {
+                    Ok(ConsumerMessage::Delivery(mut d)) => {
+                        inner.deliver(Message::take_delivery(&mut d));
                     }
+                    // The reply consumer ended (connection lost, queue deleted, closing):
+                    // `acemq-requester` answers every waiting call; wait for that.
+                    _ => {
+                        let _ = inner.ended.try_send(session.number);
+                        replies = never();
+                    }
+                },
+                default(left) => {
+                    if inner.forget(&correlation) {
+                        inner.timed_out.fetch_add(1, Ordering::Relaxed);
+                        return Err(Error::RequestTimeout {
+                            routing_key: inner.routing_key.clone(),
+                            correlation_id: correlation,
+                            after: timeout,
+                        });
+                    }
+                    // The reply (or the news of a lost connection) won the race.
+                    return match rx.try_recv() {
+                        Ok(Ok(reply)) => answer(reply),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(Error::Closed { what: "requester" }),
+                    };
                 }
             }
         }
@@ -401,23 +432,29 @@ impl Requester {
 
     /// The reply queue in use now; `None` while the connection recovers.
     pub fn reply_queue(&self) -> Option<String> {
-        self.inner.state.lock().queue.clone()
+        self.inner
+            .state
+            .lock()
+            .session
+            .as_ref()
+            .map(|s| s.queue.clone())
     }
 
-    /// Stops consuming replies (calls still waiting fail with [`Error::Closed`]), joins the
-    /// requester's thread and closes its publisher. A transient reply queue is deleted by the
-    /// broker once its consumer is gone.
+    /// Stops consuming replies (calls still waiting fail with [`Error::Closed`]) and joins the
+    /// requester's thread. A transient reply queue is deleted by the broker once its consumer
+    /// is gone.
     ///
     /// # Errors
     ///
-    /// Closing the publisher can fail.
+    /// None today; the `Result` leaves room for closing that can fail.
     pub fn close(mut self) -> Result<()> {
-        self.shut()
+        self.shut();
+        Ok(())
     }
 
-    fn shut(&mut self) -> Result<()> {
+    fn shut(&mut self) {
         let Some(thread) = self.thread.take() else {
-            return Ok(());
+            return;
         };
         self.inner.stopping.store(true, Ordering::SeqCst);
         let _ = self.stop.try_send(());
@@ -426,15 +463,12 @@ impl Requester {
         }
         self.inner
             .close_state(|| Error::Closed { what: "requester" });
-        self.inner.publisher.close()
     }
 }
 
 impl Drop for Requester {
     fn drop(&mut self) {
-        if let Err(e) = self.shut() {
-            log::warn!("acemq: closing a requester: {e}");
-        }
+        self.shut();
     }
 }
 
@@ -457,28 +491,39 @@ fn header_text(v: &HeaderValue) -> Option<String> {
 }
 
 impl Inner {
-    /// Registers a call on the live reply queue (waiting for one while recovering) and returns
-    /// the queue.
+    /// Registers a call on the live session (waiting for one while recovering, and for room
+    /// among the waiting calls) and returns the session.
     fn register(
         &self,
         correlation: &str,
         tx: ReplySlot,
         deadline: Instant,
         timeout: Duration,
-    ) -> Result<String> {
+    ) -> Result<Session> {
         let mut state = self.state.lock();
         loop {
             if state.closed {
                 return Err(Error::Closed { what: "requester" });
             }
-            if let Some(q) = &state.queue {
-                let q = q.clone();
+            let room = state.pending.len() < self.options.window;
+            if let (Some(session), true) = (&state.session, room) {
+                let session = session.clone();
                 state.pending.insert(correlation.to_string(), tx);
-                return Ok(q);
+                return Ok(session);
             }
             if self.ready.wait_until(&mut state, deadline).timed_out() {
-                return Err(Error::ConnectionLost {
-                    context: format!("waiting {timeout:?} for the requester's reply queue"),
+                return Err(if state.session.is_none() {
+                    Error::ConnectionLost {
+                        context: format!("waiting {timeout:?} for the requester's reply queue"),
+                    }
+                } else {
+                    Error::Timeout {
+                        what: format!(
+                            "room among the requester's {} waiting calls",
+                            self.options.window
+                        ),
+                        after: timeout,
+                    }
                 });
             }
         }
@@ -486,7 +531,16 @@ impl Inner {
 
     /// Forgets a call; true if it was still waiting.
     fn forget(&self, correlation: &str) -> bool {
-        self.state.lock().pending.remove(correlation).is_some()
+        let removed = self.state.lock().pending.remove(correlation);
+        self.left(removed)
+    }
+
+    /// A call left the map: its slot, if it was there; a call waiting for room may go on.
+    fn left(&self, slot: Option<ReplySlot>) -> bool {
+        if slot.is_some() {
+            self.ready.notify_one();
+        }
+        slot.is_some()
     }
 
     /// A reply arrived: to its call, or counted and dropped.
@@ -496,6 +550,7 @@ impl Inner {
         match slot {
             Some(tx) => {
                 let _ = tx.try_send(Ok(reply));
+                self.left(Some(tx));
             }
             None => {
                 self.unmatched.fetch_add(1, Ordering::Relaxed);
@@ -508,22 +563,67 @@ impl Inner {
         }
     }
 
-    /// The reply queue is gone: every waiting call fails with `error`.
-    fn lose_queue(&self, error: impl Fn() -> Error) {
+    /// The broker returned a request as unroutable: its call fails at once.
+    fn returned(&self, r: Return) {
+        let correlation = r
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.get(headers::CORRELATION))
+            .and_then(|v| header_text(&HeaderValue::from_amqp(v)))
+            .unwrap_or_default();
+        let slot = self.state.lock().pending.remove(&correlation);
+        match slot {
+            Some(tx) => {
+                let _ = tx.try_send(Err(Error::Unroutable {
+                    exchange: r.exchange,
+                    routing_key: r.routing_key,
+                    message_id: r.properties.message_id().clone().unwrap_or_default(),
+                    reply_code: r.reply_code,
+                    reply_text: r.reply_text,
+                }));
+                self.left(Some(tx));
+            }
+            None => log::debug!(
+                "acemq: a returned request with correlation {correlation:?} matches no waiting \
+                 call; dropped"
+            ),
+        }
+    }
+
+    /// While no call waits, reads what reached the reply queue (late replies). False when the
+    /// reply consumer has ended.
+    fn read_idle(&self, replies: &Receiver<ConsumerMessage>) -> bool {
+        loop {
+            if !self.state.lock().pending.is_empty() {
+                return true; // the calls read it
+            }
+            match replies.try_recv() {
+                Ok(ConsumerMessage::Delivery(mut d)) => {
+                    self.deliver(Message::take_delivery(&mut d))
+                }
+                Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
+                Err(crossbeam_channel::TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    /// The session is gone: every waiting call fails with `error`.
+    fn lose_session(&self, error: impl Fn() -> Error) {
         let pending: Vec<ReplySlot> = {
             let mut state = self.state.lock();
-            state.queue = None;
+            state.session = None;
             state.pending.drain().map(|(_, tx)| tx).collect()
         };
         for tx in pending {
             let _ = tx.try_send(Err(error()));
         }
+        self.ready.notify_all();
     }
 
     fn close_state(&self, error: impl Fn() -> Error) {
         self.state.lock().closed = true;
-        self.lose_queue(error);
-        self.ready.notify_all();
+        self.lose_session(error);
     }
 
     fn reply_spec(&self) -> QueueSpec {
@@ -538,9 +638,24 @@ impl Inner {
     }
 }
 
-/// The `acemq-requester` thread: (re)declares and consumes the reply queue on each connection
-/// and hands replies to their calls.
-fn reply_loop(inner: &Inner, stop: &Receiver<()>, started: Sender<Result<()>>) {
+/// How a session ended.
+enum Ended {
+    /// The requester is closing.
+    Stopped,
+    /// The reply consumer ended (the connection dropped, the queue was deleted).
+    Replies,
+    /// The broker closed the request channel (a publish to a missing exchange), with its reason.
+    Requests(Option<(u16, String)>),
+}
+
+/// The `acemq-requester` thread: (re)declares and consumes the reply queue on each connection,
+/// opens the request channel beside it, and fails calls whose requests come back unroutable.
+fn reply_loop(
+    inner: &Inner,
+    stop: &Receiver<()>,
+    ended: &Receiver<u64>,
+    started: Sender<Result<()>>,
+) {
     let mut started = Some(started);
     let fail_start = |started: &mut Option<Sender<Result<()>>>, e: Error| {
         if let Some(tx) = started.take() {
@@ -550,6 +665,7 @@ fn reply_loop(inner: &Inner, stop: &Receiver<()>, started: Sender<Result<()>>) {
             false
         }
     };
+    let mut number = 0u64;
     loop {
         if inner.stopping.load(Ordering::SeqCst) {
             return;
@@ -569,78 +685,132 @@ fn reply_loop(inner: &Inner, stop: &Receiver<()>, started: Sender<Result<()>>) {
                 continue;
             }
         };
-        let spec = inner.reply_spec();
-        let session = link.open_channel().and_then(|channel| {
-            declare_queue_on(&channel, &spec)?;
-            Ok(channel)
-        });
-        let channel = match session {
-            Ok(c) => c,
+        number += 1;
+        let how = match run_session(inner, &link, number, stop, ended, &mut started) {
+            Ok(how) => how,
             Err(e) => {
                 if fail_start(&mut started, e) {
                     return;
                 }
-                log::warn!("acemq: the requester could not declare its reply queue; retrying");
+                log::warn!("acemq: the requester could not set up its reply queue; retrying");
                 if stop.recv_timeout(Duration::from_millis(200)).is_ok() {
                     return;
                 }
                 continue;
             }
         };
-        let options = AmqpConsumerOptions {
-            no_ack: true,
-            exclusive: true,
-            ..AmqpConsumerOptions::default()
-        };
-        let consumer = match channel.basic_consume(spec.name.clone(), options) {
-            Ok(c) => c,
-            Err(e) => {
-                let e = Error::from_amqp_on("queue", &spec.name, "consuming from", e);
-                if fail_start(&mut started, e) {
-                    return;
-                }
-                // The channel closes when dropped at the end of this turn.
-                if stop.recv_timeout(Duration::from_millis(200)).is_ok() {
-                    return;
-                }
-                continue;
-            }
-        };
-        inner.state.lock().queue = Some(spec.name.clone());
-        inner.ready.notify_all();
-        if let Some(tx) = started.take() {
-            let _ = tx.send(Ok(()));
+        match how {
+            Ended::Stopped => return,
+            Ended::Replies => log::warn!(
+                "acemq: the requester lost its reply queue (connection lost or queue deleted); \
+                 declaring a new one"
+            ),
+            Ended::Requests(reason) => log::warn!(
+                "acemq: the broker closed the requester's request channel ({}); opening a new one",
+                reason.map_or_else(|| "no reason given".into(), |(c, t)| format!("{c} {t}"))
+            ),
         }
-        let stopped = loop {
-            select! {
-                recv(consumer.receiver()) -> msg => match msg {
-                    Ok(ConsumerMessage::Delivery(mut d)) => inner.deliver(Message::take_delivery(&mut d)),
-                    Ok(other) => {
-                        log::warn!("acemq: the requester's reply queue {:?} ended: {other:?}", spec.name);
-                        break false;
+    }
+}
+
+/// One session: declare and consume the reply queue, open the request channel, install them
+/// for the calls, then watch until the session ends.
+fn run_session(
+    inner: &Inner,
+    link: &Link,
+    number: u64,
+    stop: &Receiver<()>,
+    ended: &Receiver<u64>,
+    started: &mut Option<Sender<Result<()>>>,
+) -> Result<Ended> {
+    let spec = inner.reply_spec();
+    let channel = link.open_channel()?;
+    declare_queue_on(&channel, &spec)?;
+    let requests = link.open_channel()?;
+    let returns = requests
+        .listen_for_returns()
+        .map_err(|e| Error::amqp("listening for returned requests", e))?;
+    let options = AmqpConsumerOptions {
+        no_ack: true,
+        exclusive: true,
+        ..AmqpConsumerOptions::default()
+    };
+    let consumer = channel
+        .basic_consume(spec.name.clone(), options)
+        .map_err(|e| Error::from_amqp_on("queue", &spec.name, "consuming from", e))?;
+    let requests = Arc::new(Mutex::new(Some(requests)));
+    inner.state.lock().session = Some(Session {
+        number,
+        queue: spec.name.clone(),
+        requests: requests.clone(),
+        replies: consumer.receiver().clone(),
+    });
+    inner.ready.notify_all();
+    if let Some(tx) = started.take() {
+        let _ = tx.send(Ok(()));
+    }
+    let how = loop {
+        select! {
+            recv(stop) -> _ => break Ended::Stopped,
+            recv(returns) -> r => match r {
+                Ok(r) => inner.returned(r),
+                Err(_) => break Ended::Requests(closed_reason(&requests)),
+            },
+            recv(ended) -> n => {
+                if n == Ok(number) {
+                    break Ended::Replies;
+                }
+            },
+            default(IDLE_READ) => {
+                if !inner.read_idle(consumer.receiver()) {
+                    break Ended::Replies;
+                }
+            },
+        }
+    };
+    match &how {
+        Ended::Stopped => {}
+        Ended::Replies => inner.lose_session(|| Error::ConnectionLost {
+            context: "waiting for a reply (the reply queue went with the connection)".into(),
+        }),
+        Ended::Requests(reason) => {
+            let exchange = &inner.exchange;
+            inner.lose_session(|| match reason {
+                Some((404, text)) if text.contains(&format!("exchange '{exchange}'")) => {
+                    Error::NotFound {
+                        kind: "exchange",
+                        name: exchange.clone(),
+                        reason: text.clone(),
                     }
-                    Err(_) => break false,
+                }
+                Some((code, text)) => Error::ConnectionLost {
+                    context: format!(
+                        "waiting for a reply: the broker closed the request channel ({code} {text})"
+                    ),
                 },
-                recv(stop) -> _ => break true,
-            }
-        };
-        if !stopped {
-            inner.lose_queue(|| Error::ConnectionLost {
-                context: "waiting for a reply (the reply queue went with the connection)".into(),
+                None => Error::ConnectionLost {
+                    context: "waiting for a reply: the request channel closed".into(),
+                },
             });
         }
-        crate::consume::owner::cancel_and_drain(&spec.name, &consumer, |mut d| {
-            inner.deliver(Message::take_delivery(&mut d))
-        });
-        drop(consumer);
-        let _ = channel.close();
-        if stopped {
-            return;
-        }
-        log::warn!(
-            "acemq: the requester lost its reply queue {:?}; declaring a new one",
-            spec.name
-        );
+    }
+    crate::consume::owner::cancel_and_drain(&spec.name, &consumer, |mut d| {
+        inner.deliver(Message::take_delivery(&mut d))
+    });
+    drop(consumer);
+    let _ = channel.close();
+    if let Some(requests) = requests.lock().take() {
+        let _ = requests.close();
+    }
+    Ok(how)
+}
+
+/// The broker's reason for closing the request channel: amiquip reports it on the channel's
+/// next call.
+fn closed_reason(requests: &Mutex<Option<amiquip::Channel>>) -> Option<(u16, String)> {
+    match requests.lock().take()?.close() {
+        Err(amiquip::Error::ServerClosedChannel { code, message, .. }) => Some((code, message)),
+        _ => None,
     }
 }
 
