@@ -255,7 +255,11 @@ fn replay_slip_and_saga(
             return Ok(Outcome::reject("the tax table is missing"));
         }
         b.fetch_add(1, Ordering::SeqCst);
-        println!("billed {} (replayed from {:?})", m.id(), m.headers.get("acemq-replayed-from"));
+        println!(
+            "billed {} (replayed from {:?})",
+            m.id(),
+            m.headers.get("acemq-replayed-from")
+        );
         Ok(Outcome::Accept)
     })?;
     publisher.publish("", &billing, Message::new(r#"{"order_id":"o-3"}"#))?;

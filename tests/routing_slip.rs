@@ -102,7 +102,9 @@ fn a_three_step_json_slip_visits_each_stop_in_order() {
     for q in &names {
         assert_eq!(conn.queue_info(q).unwrap().message_count, 0);
         assert_eq!(
-            conn.queue_info(&dead_letter_queue(q)).unwrap().message_count,
+            conn.queue_info(&dead_letter_queue(q))
+                .unwrap()
+                .message_count,
             0
         );
     }
@@ -148,7 +150,9 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
         .collect();
     let slip = route_of(&pipeline, &steps).unwrap();
     let run_id = slip.route_id().unwrap().to_string();
-    start(&publisher, slip, Message::new("order")).send().unwrap();
+    start(&publisher, slip, Message::new("order"))
+        .send()
+        .unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
     for c in consumers {
         c.close().unwrap();
@@ -161,7 +165,11 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
             route,
             Some(HeaderValue::Text("validate,enrich,dispatch".into()))
         );
-        assert_eq!(position, Some(HeaderValue::Int(i as i64)), "0-based position");
+        assert_eq!(
+            position,
+            Some(HeaderValue::Int(i as i64)),
+            "0-based position"
+        );
         assert_eq!(id, Some(HeaderValue::Text(run_id.clone())), "one run id");
         assert!(!json, "written back in the form it was read");
     }
@@ -176,7 +184,10 @@ fn the_declared_form_is_refused_for_a_slip_it_cannot_say() {
         .form(SlipForm::StepNames)
         .send()
         .unwrap_err();
-    assert!(matches!(e, acemq_amqp::Error::InvalidArgument { .. }), "{e}");
+    assert!(
+        matches!(e, acemq_amqp::Error::InvalidArgument { .. }),
+        "{e}"
+    );
 }
 
 #[test]
@@ -195,10 +206,7 @@ fn a_literal_json_slip_written_by_another_library_is_followed() {
     );
     let mut table = FieldTable::new();
     table.insert("x-acemq-id".into(), AmqpValue::LongString("py-1".into()));
-    table.insert(
-        headers::ROUTING_SLIP.into(),
-        AmqpValue::LongString(literal),
-    );
+    table.insert(headers::ROUTING_SLIP.into(), AmqpValue::LongString(literal));
     let raw = Raw::open();
     raw.publish(
         "",
@@ -220,13 +228,23 @@ fn a_literal_json_slip_written_by_another_library_is_followed() {
     assert_eq!(slip.form(), SlipForm::Json);
     let done: Vec<_> = slip.done().iter().map(|s| s.to_string()).collect();
     assert_eq!(done, ["intake", "first"]);
-    assert!(slip.done()[1].completed_at.as_deref().unwrap().ends_with('Z'));
+    assert!(slip.done()[1]
+        .completed_at
+        .as_deref()
+        .unwrap()
+        .ends_with('Z'));
     assert_eq!(slip.next().unwrap().routing_key, names[1]);
     // The header is the family's JSON shape, readable by any library.
-    let json = next.headers[headers::ROUTING_SLIP].as_str().unwrap().to_string();
+    let json = next.headers[headers::ROUTING_SLIP]
+        .as_str()
+        .unwrap()
+        .to_string();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["steps"][0]["routingKey"], names[1].as_str());
-    assert_eq!(v["done"][0]["completedAt"], "2026-01-02T03:04:05.123456+00:00");
+    assert_eq!(
+        v["done"][0]["completedAt"],
+        "2026-01-02T03:04:05.123456+00:00"
+    );
 }
 
 #[test]
@@ -239,7 +257,10 @@ fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))))
+        .consumer(
+            &q,
+            ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))),
+        )
         .unwrap()
         .start(follow_slip(&publisher, move |_: &Message| {
             r.fetch_add(1, Ordering::SeqCst);
@@ -247,13 +268,21 @@ fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
         }))
         .unwrap();
     publisher
-        .publish("", &q, Message::new("x").header(headers::ROUTING_SLIP, "{not json"))
+        .publish(
+            "",
+            &q,
+            Message::new("x").header(headers::ROUTING_SLIP, "{not json"),
+        )
         .unwrap();
     publisher
         .publish("", &q, Message::new("no slip at all"))
         .unwrap();
     let dlq = dead_letter_queue(&q);
-    assert!(eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 2));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 2));
     consumer.close().unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), 0, "the step never ran");
     for _ in 0..2 {
@@ -274,7 +303,8 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let publisher = conn.publisher().unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
-    let policy = RetryPolicy::exponential(50, Duration::from_millis(50), Duration::from_millis(200));
+    let policy =
+        RetryPolicy::exponential(50, Duration::from_millis(50), Duration::from_millis(200));
     let consumer = conn
         .consumer(&first, ConsumerOptions::new().retry(policy))
         .unwrap()
@@ -291,16 +321,26 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
         eventually(WAIT, || ran.load(Ordering::SeqCst) >= 2),
         "the step ran again after its hop was unroutable"
     );
-    conn.declare_queue(&QueueSpec::new(&second).classic()).unwrap();
-    assert!(eventually(WAIT, || conn.queue_info(&second).unwrap().message_count == 1));
+    conn.declare_queue(&QueueSpec::new(&second).classic())
+        .unwrap();
+    assert!(eventually(WAIT, || conn
+        .queue_info(&second)
+        .unwrap()
+        .message_count
+        == 1));
     consumer.close().unwrap();
     assert_eq!(conn.queue_info(&first).unwrap().message_count, 0);
     assert_eq!(
-        conn.queue_info(&dead_letter_queue(&first)).unwrap().message_count,
+        conn.queue_info(&dead_letter_queue(&first))
+            .unwrap()
+            .message_count,
         0
     );
     let arrived = conn.get(&second).unwrap().unwrap();
-    assert!(arrived.envelope.attempt == 1, "a fresh message at the next stop");
+    assert!(
+        arrived.envelope.attempt == 1,
+        "a fresh message at the next stop"
+    );
 }
 
 #[test]
@@ -340,9 +380,15 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
         .collect();
     let slip = route_of(&pipeline, &steps).unwrap();
     let run_id = slip.route_id().unwrap().to_string();
-    start(&publisher, slip, Message::new("order")).send().unwrap();
+    start(&publisher, slip, Message::new("order"))
+        .send()
+        .unwrap();
     let dlq = dead_letter_queue(&names[1]);
-    assert!(eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 1));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
     fixed.store(true, Ordering::SeqCst);
 
     let report = replay(&conn, &dlq).run().unwrap();

@@ -102,7 +102,10 @@ fn a_failing_compensation_is_unresolved_and_the_others_still_run() {
     let s = saga(&[("a", true), ("b", true), ("c", true), ("d", true)]);
     let i = input(Some(("d", "err")), &["b"]);
     let r = s.run(&i);
-    assert_eq!(i.log.take(), ["do:a", "do:b", "do:c", "undo:c", "undo:b", "undo:a"]);
+    assert_eq!(
+        i.log.take(),
+        ["do:a", "do:b", "do:c", "undo:c", "undo:b", "undo:a"]
+    );
     assert_eq!(r.compensated(), ["c", "a"]);
     assert!(r.has_unresolved());
     assert_eq!(r.unresolved().len(), 1);
@@ -144,7 +147,10 @@ fn a_panicking_compensation_is_unresolved_and_the_others_still_run() {
         .error
         .to_string()
         .starts_with("panic: the compensation of panicky panicked"));
-    assert_eq!(i.log.take(), ["do:a", "do:panicky", "undo:panicky", "undo:a"]);
+    assert_eq!(
+        i.log.take(),
+        ["do:a", "do:panicky", "undo:panicky", "undo:a"]
+    );
 }
 
 #[test]

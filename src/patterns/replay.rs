@@ -686,7 +686,10 @@ mod tests {
     #[test]
     fn destinations_follow_what_the_message_says() {
         let ours = received(&[
-            (headers::ORIGINAL_EXCHANGE, HeaderValue::Text("orders".into())),
+            (
+                headers::ORIGINAL_EXCHANGE,
+                HeaderValue::Text("orders".into()),
+            ),
             (
                 headers::ORIGINAL_ROUTING_KEY,
                 HeaderValue::Text("order.placed".into()),
@@ -711,10 +714,7 @@ mod tests {
             (headers::ORIGINAL_ROUTING_KEY, HeaderValue::Text("o".into())),
             (headers::ORIGINAL_QUEUE, HeaderValue::Text("o".into())),
         ]);
-        assert_eq!(
-            d(&direct, None, None).unwrap(),
-            ("".into(), "o".into())
-        );
+        assert_eq!(d(&direct, None, None).unwrap(), ("".into(), "o".into()));
         let bare = received(&[]);
         assert_eq!(d(&bare, None, None).unwrap(), ("".into(), "o".into()));
         assert!(destination(&bare, "elsewhere", None, None).is_err());
@@ -732,7 +732,10 @@ mod tests {
         let m = received(&[
             ("x-first-death-queue", HeaderValue::Text("work".into())),
             ("x-first-death-exchange", HeaderValue::Text("jobs".into())),
-            ("x-death", HeaderValue::Array(vec![HeaderValue::Table(death)])),
+            (
+                "x-death",
+                HeaderValue::Array(vec![HeaderValue::Table(death)]),
+            ),
         ]);
         assert_eq!(
             destination(&m, "dead", None, None).unwrap(),

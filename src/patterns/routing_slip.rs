@@ -269,7 +269,9 @@ impl RoutingSlip {
     /// [`FatalError`] when `json` is not a slip.
     pub fn from_json(json: &str) -> Result<RoutingSlip, FatalError> {
         let wire: WireSlip = serde_json::from_str(json).map_err(|e| {
-            FatalError::new(format!("the routing slip cannot be read ({e}): {json:.200}"))
+            FatalError::new(format!(
+                "the routing slip cannot be read ({e}): {json:.200}"
+            ))
         })?;
         Ok(RoutingSlip {
             steps: wire
@@ -439,9 +441,9 @@ pub fn slip_from(message: &Message) -> Result<Option<RoutingSlip>, FatalError> {
             }
         };
         if !text.is_empty() {
-            return RoutingSlip::from_json(&text).map(Some).map_err(|e| {
-                FatalError::new(format!("message {}: {e}", message.id()))
-            });
+            return RoutingSlip::from_json(&text)
+                .map(Some)
+                .map_err(|e| FatalError::new(format!("message {}: {e}", message.id())));
         }
     }
     let text = |name: &str| match message.engine_headers.get(name) {
