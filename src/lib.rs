@@ -41,7 +41,7 @@
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
-//!   broker-neutral acknowledged consumer, dead-letter replay ([`patterns::replay`]), routing
+//!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]) and sagas
 //!   ([`patterns::Saga`]).
 //!

@@ -252,7 +252,7 @@ fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = unique("slip-bad");
-    queues(&conn, &mut clean, &[q.clone()]);
+    queues(&conn, &mut clean, std::slice::from_ref(&q));
     let publisher = conn.publisher().unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
@@ -299,7 +299,7 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let mut clean = Cleanup::new(&conn);
     let first = unique("slip-unroutable-1");
     let second = clean.queue(&unique("slip-unroutable-2"));
-    queues(&conn, &mut clean, &[first.clone()]);
+    queues(&conn, &mut clean, std::slice::from_ref(&first));
     let publisher = conn.publisher().unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();

@@ -458,7 +458,7 @@ impl Pass<'_, '_> {
                 }
             }
             let every = self.replay.progress_every;
-            if every > 0 && self.read % every == 0 {
+            if every > 0 && self.read.is_multiple_of(every) {
                 self.report.elapsed = self.started.elapsed();
                 self.observer.replay(&ReplayEvent {
                     report: self.report,
