@@ -258,7 +258,9 @@ fn replay_slip_and_saga(
         println!(
             "billed {} (replayed from {:?})",
             m.id(),
-            m.headers.get("acemq-replayed-from")
+            m.headers
+                .get("acemq-replayed-from")
+                .and_then(|v| v.as_str())
         );
         Ok(Outcome::Accept)
     })?;
