@@ -106,7 +106,6 @@ impl<I> Saga<I> {
     where
         E1: Into<BoxError>,
         E2: Into<BoxError>,
-        I: 'static,
     {
         self.steps.push(SagaStep {
             name: name.into(),
@@ -125,7 +124,6 @@ impl<I> Saga<I> {
     ) -> Saga<I>
     where
         E: Into<BoxError>,
-        I: 'static,
     {
         self.steps.push(SagaStep {
             name: name.into(),
