@@ -30,7 +30,9 @@
 //!   RFC 3339 in UTC with whole seconds (`2026-11-30T14:12:36Z`, as the Go library writes it;
 //!   every library reads it), `acemq-replay-count` = the previous count (read forgivingly: any
 //!   integer width or decimal text; missing → 0) plus one. The id, correlation, causation, type,
-//!   first-seen time, body, content type and every other header stay as they were.
+//!   first-seen time, body, content type and every other header stay as they were (a header
+//!   another client wrote that cannot be sent back, such as a non-finite float, is dropped
+//!   rather than leaving the message stuck).
 //! * **Restart** (default on): attempt back to 1 and `x-acemq-error` cleared, so a message that
 //!   died on its last attempt gets a full set of attempts again. `restart(false)` keeps both.
 //! * **Where a message goes.** Exchange: [`Replay::exchange`], else the exchange the message
@@ -49,8 +51,7 @@
 //! # How a pass reads: `basic.get` and a window
 //!
 //! A pass reads the source queue with `basic.get` on a channel of its own, one message at a
-//! time (a read costs one round trip, a move one confirm: about a thousand messages a second on
-//! a local broker). `basic.get` tells "empty" apart from "nothing yet", so a pass ends exactly
+//! time (a read costs one round trip, a move one publisher confirm; moves are not pipelined). `basic.get` tells "empty" apart from "nothing yet", so a pass ends exactly
 //! when there is nothing left to offer: [`Stopped::Drained`]. Messages the filter declines are
 //! **held unacknowledged until the pass ends, then returned all at once** (one `basic.nack`,
 //! `multiple`, requeue), so they stay on the source queue in their original order; returning
