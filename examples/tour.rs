@@ -220,6 +220,8 @@ fn tour() -> Result<()> {
     requester.close()?;
     responder.close()?;
 
+    replay_slip_and_saga(&connection, &publisher, run)?;
+
     publisher.close()?;
     connection.delete_queue(&shipped_events)?;
     for q in [&shipping, &flaky, &doomed, &prices] {
@@ -230,6 +232,111 @@ fn tour() -> Result<()> {
     connection.delete_queue(&queue)?;
     connection.delete_exchange(&exchange)?;
     connection.close()
+}
+
+/// Dead-letter replay, a two-step routing slip and a saga with a compensation.
+fn replay_slip_and_saga(
+    connection: &Connection,
+    publisher: &acemq_amqp::Publisher,
+    run: u32,
+) -> Result<()> {
+    use acemq_amqp::patterns::{follow_slip, replay, start, RoutingSlip, Saga};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    // A failed order: the handler has a bug, so the order ends up in the dead-letter queue.
+    let billing = format!("tour.billing.{run}");
+    connection.declare_queue(&QueueSpec::new(&billing).classic())?;
+    let fixed = Arc::new(AtomicBool::new(false));
+    let billed = Arc::new(AtomicU32::new(0));
+    let (f, b) = (fixed.clone(), billed.clone());
+    let consumer = connection.consume(&billing, move |m: &Message| {
+        if !f.load(Ordering::SeqCst) {
+            return Ok(Outcome::reject("the tax table is missing"));
+        }
+        b.fetch_add(1, Ordering::SeqCst);
+        println!(
+            "billed {} (replayed from {:?})",
+            m.id(),
+            m.headers
+                .get("acemq-replayed-from")
+                .and_then(|v| v.as_str())
+        );
+        Ok(Outcome::Accept)
+    })?;
+    publisher.publish("", &billing, Message::new(r#"{"order_id":"o-3"}"#))?;
+    let dlq = dead_letter_queue(&billing);
+    wait_until(|| {
+        connection
+            .queue_info(&dlq)
+            .is_ok_and(|i| i.message_count == 1)
+    });
+    // The "fix" is deployed; the dead letter goes back where it came from, attempt 1 again.
+    fixed.store(true, Ordering::SeqCst);
+    let report = replay(connection, &dlq).run()?;
+    println!("replayed {}: {report}", dlq);
+    wait_until(|| billed.load(Ordering::SeqCst) == 1);
+    consumer.close()?;
+
+    // A two-step routing slip: pack, then ship; the itinerary travels with the message.
+    let (pack, ship) = (format!("tour.pack.{run}"), format!("tour.ship.{run}"));
+    connection.declare_queue(&QueueSpec::new(&pack).classic())?;
+    connection.declare_queue(&QueueSpec::new(&ship).classic())?;
+    let shipped = Arc::new(AtomicU32::new(0));
+    let packer = connection.consume(
+        &pack,
+        follow_slip(publisher, |m: &Message| {
+            let mut body = m.body.clone();
+            body.extend_from_slice(b" [packed]");
+            Ok(Some(Message::new(body)))
+        }),
+    )?;
+    let s = shipped.clone();
+    let shipper = connection.consume(
+        &ship,
+        follow_slip(publisher, move |m: &Message| {
+            println!("shipping: {}", String::from_utf8_lossy(&m.body));
+            s.fetch_add(1, Ordering::SeqCst);
+            Ok(None)
+        }),
+    )?;
+    let slip = RoutingSlip::new()
+        .then("", &pack, "pack")
+        .then("", &ship, "ship");
+    start(publisher, slip, Message::new("order o-4")).send()?;
+    wait_until(|| shipped.load(Ordering::SeqCst) == 1);
+    packer.close()?;
+    shipper.close()?;
+
+    // A saga: reserve stock, then charge the card; the charge fails, so the reservation is
+    // compensated. No broker involved: the report says what happened.
+    let saga = Saga::new("place-order")
+        .step(
+            "reserve-stock",
+            |order: &&str| -> std::result::Result<(), String> {
+                println!("reserved stock for {order}");
+                Ok(())
+            },
+            |order: &&str| -> std::result::Result<(), String> {
+                println!("released the stock reserved for {order}");
+                Ok(())
+            },
+        )
+        .step(
+            "charge-card",
+            |order: &&str| -> std::result::Result<(), String> {
+                Err(format!("card declined for {order}"))
+            },
+            |_: &&str| -> std::result::Result<(), String> { Ok(()) },
+        );
+    println!("{}", saga.run(&"o-5"));
+
+    for q in [&billing, &pack, &ship] {
+        for suffix in ["", ".dlq", ".parked"] {
+            connection.delete_queue(&format!("{q}{suffix}"))?;
+        }
+    }
+    Ok(())
 }
 
 fn wait_until(mut f: impl FnMut() -> bool) {

@@ -161,6 +161,14 @@ pub enum Error {
         /// How long was waited.
         after: Duration,
     },
+    /// A dead-letter replay pass stopped on a failure; what it had done by then is in `report`
+    /// (the message being moved and every held one are back on the source queue).
+    Replay {
+        /// What the pass did before it stopped.
+        report: Box<crate::patterns::replay::ReplayReport>,
+        /// Why it stopped.
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -380,6 +388,11 @@ impl fmt::Display for Error {
                 f,
                 "no reply to request {correlation_id:?} sent to {routing_key:?} within {after:?}"
             ),
+            Error::Replay { report, source } => write!(
+                f,
+                "the replay of {:?} stopped after it {report}: {source}",
+                report.queue
+            ),
         }
     }
 }
@@ -393,6 +406,7 @@ impl StdError for Error {
             | Error::Handler { source } => Some(source.as_ref()),
             Error::Amqp { source, .. } => Some(source.as_ref()),
             Error::Io { source, .. } => Some(source),
+            Error::Replay { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

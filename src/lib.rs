@@ -40,8 +40,10 @@
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]) and the
-//!   broker-neutral acknowledged consumer.
+//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
+//!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
+//!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]) and sagas
+//!   ([`patterns::Saga`]).
 //!
 //! ## Life cycle
 //!
@@ -93,6 +95,9 @@
 //! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, hands each reply to its call) and its publisher's `acemq-confirms`; a call blocks only its own thread |
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
+//! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
+//! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
+//! | [`patterns::Saga`] | yes | yes | none: runs on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
 //! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy

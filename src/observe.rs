@@ -125,6 +125,23 @@ pub trait Observer: Send + Sync + 'static {
     fn request(&self, event: &RequestEvent<'_>) {
         LogObserver.request(event)
     }
+
+    /// A dead-letter replay pass made progress (every
+    /// [`progress_every`](crate::patterns::Replay::progress_every) messages read) or ended
+    /// (`finished`), reported on the thread running it.
+    fn replay(&self, event: &ReplayEvent<'_>) {
+        LogObserver.replay(event)
+    }
+}
+
+/// Progress of a dead-letter replay pass (see [`Observer::replay`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ReplayEvent<'a> {
+    /// The report so far (its `stopped` means something only when `finished`).
+    pub report: &'a crate::patterns::ReplayReport,
+    /// True for the last event of the pass.
+    pub finished: bool,
 }
 
 /// How a request ended.
@@ -306,6 +323,19 @@ impl Observer for LogObserver {
         );
     }
 
+    fn replay(&self, e: &ReplayEvent<'_>) {
+        if e.finished {
+            log::debug!("acemq: replay of {:?} ended: {}", e.report.queue, e.report);
+        } else {
+            log::debug!(
+                "acemq: replaying {:?}: moved {}, skipped {} so far",
+                e.report.queue,
+                e.report.moved,
+                e.report.skipped
+            );
+        }
+    }
+
     fn settled(&self, s: &Settlement<'_>) {
         match s.error {
             Some(error) => log::debug!(
@@ -381,6 +411,9 @@ impl Observer for Guarded {
     fn request(&self, event: &RequestEvent<'_>) {
         self.guard("request", |o| o.request(event))
     }
+    fn replay(&self, event: &ReplayEvent<'_>) {
+        self.guard("replay", |o| o.replay(event))
+    }
 }
 
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
@@ -401,5 +434,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn request(&self, event: &RequestEvent<'_>) {
         self.as_ref().request(event)
+    }
+    fn replay(&self, event: &ReplayEvent<'_>) {
+        self.as_ref().replay(event)
     }
 }

@@ -339,8 +339,10 @@ fn what_the_family_writes_our_consumer_reads() {
 
 /// A foreign message with family-typed headers (32-bit integers, byte-array strings, a declared
 /// route) goes through a retry held in the consumer and on to `.dlq`: the dead-letter copy has
-/// every header the original had, same names, same AMQP types — only the attempt moved and the
-/// error was added. No header gained, none lost, none renamed, no type changed.
+/// every header the original had, same names, same AMQP types — only the attempt moved, the
+/// error was added, and where the message was first going (`acemq-original-exchange`,
+/// `-routing-key`, `-queue`, for a replay) was recorded. No other header gained, none lost, none
+/// renamed, no type changed.
 #[test]
 fn a_foreign_message_round_trips_through_retry_and_dead_letter_unchanged_in_name_and_type() {
     let conn = connect();
@@ -415,9 +417,13 @@ fn a_foreign_message_round_trips_through_retry_and_dead_letter_unchanged_in_name
         headers::ERROR.into(),
         text("exhausted 2 attempts: Error: the warehouse is not answering"),
     );
+    // Recorded by the first (retry) copy, kept by the dead-letter copy.
+    expected.insert(headers::ORIGINAL_EXCHANGE.into(), text(""));
+    expected.insert(headers::ORIGINAL_ROUTING_KEY.into(), text(&q));
+    expected.insert(headers::ORIGINAL_QUEUE.into(), text(&q));
     assert_eq!(
         copy, expected,
-        "the copy is the original, attempt and error aside"
+        "the copy is the original, attempt, error and the replay's origin aside"
     );
     raw.close();
 }

@@ -28,3 +28,14 @@ fn stores_and_the_relay_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::SqlIdempotencyStore>();
     send_sync::<acemq_amqp::patterns::SqlSchemaRegistry>();
 }
+
+#[test]
+fn replay_reports_slips_and_sagas_are_send_and_sync() {
+    type Step =
+        fn(&acemq_amqp::Message) -> Result<Option<acemq_amqp::Message>, acemq_amqp::BoxError>;
+    send_sync::<acemq_amqp::patterns::ReplayReport>();
+    send_sync::<acemq_amqp::patterns::RoutingSlip>();
+    send_sync::<acemq_amqp::patterns::FollowSlip<Step>>();
+    send_sync::<acemq_amqp::patterns::Saga<String>>();
+    send_sync::<acemq_amqp::patterns::SagaReport>();
+}

@@ -197,6 +197,7 @@ fn wait_then_copy(
     jitter: bool,
 ) -> Result<Step> {
     let mut copy = copy_of(message);
+    stamp_origin(&mut copy, message, &ctx.queue);
     copy.envelope.attempt = attempt;
     // A broker wait goes to one of the policy's rungs (declared with the consumer); a policy with
     // none holds it in the consumer: no queue is ever declared for one delay.
@@ -243,6 +244,7 @@ fn wait_then_copy(
 /// of `.dlq`).
 fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
     let mut copy = copy_of(message);
+    stamp_origin(&mut copy, message, &ctx.queue);
     copy.envelope.error = Some(error);
     copy.expiration_ms = None;
     publish(ctx, queue, copy)?;
@@ -260,6 +262,27 @@ pub(crate) fn copy_of(original: &Message) -> Message {
         copy.received_headers = props.headers().clone().map(std::sync::Arc::new);
     }
     copy
+}
+
+/// Records on a copy where its original was going — the exchange and routing key it arrived
+/// with and the queue consumed — unless an earlier copy recorded it already, so that a replay
+/// from `.dlq` can send it back there (`patterns::replay`).
+fn stamp_origin(copy: &mut Message, original: &Message, queue: &str) {
+    use crate::envelope::{headers, HeaderValue};
+    if copy.headers.contains_key(headers::ORIGINAL_QUEUE) {
+        return;
+    }
+    let Some(received) = &original.received else {
+        return;
+    };
+    for (name, value) in [
+        (headers::ORIGINAL_EXCHANGE, &received.exchange),
+        (headers::ORIGINAL_ROUTING_KEY, &received.routing_key),
+        (headers::ORIGINAL_QUEUE, &queue.to_string()),
+    ] {
+        copy.headers
+            .insert(name.to_string(), HeaderValue::Text(value.clone()));
+    }
 }
 
 /// Publishes a copy to `queue` through the default exchange, confirmed and mandatory.

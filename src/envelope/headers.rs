@@ -57,3 +57,10 @@ pub const SCHEDULE_ROUTING_KEY: &str = "x-schedule-routing-key";
 pub const SCHEDULE_DUE_AT: &str = "x-schedule-due-at";
 /// Scheduler: the content type to deliver with.
 pub const SCHEDULE_CONTENT_TYPE: &str = "x-schedule-content-type";
+/// Replay: the exchange a message was first published to, written by this crate's consumer on
+/// its retry, dead-letter and parked copies when not there yet (empty: the default exchange).
+pub const ORIGINAL_EXCHANGE: &str = "acemq-original-exchange";
+/// Replay: the routing key a message was first published with (see [`ORIGINAL_EXCHANGE`]).
+pub const ORIGINAL_ROUTING_KEY: &str = "acemq-original-routing-key";
+/// Replay: the queue a message was first consumed from (see [`ORIGINAL_EXCHANGE`]).
+pub const ORIGINAL_QUEUE: &str = "acemq-original-queue";

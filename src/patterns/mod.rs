@@ -6,7 +6,10 @@ pub mod idempotency;
 pub mod idempotent;
 pub mod outbox;
 pub mod relay;
+pub mod replay;
 pub mod request_reply;
+pub mod routing_slip;
+pub mod saga;
 pub mod schema_registry;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -24,7 +27,13 @@ pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };
+pub use replay::{replay, Replay, ReplayReport, Stopped};
 pub use request_reply::{serve, serve_with, Requester, RequesterOptions, Responder};
+pub use routing_slip::{
+    follow_slip, route_of, route_queue, slip_from, start, FollowSlip, RoutingSlip, SlipForm,
+    SlipStart, SlipStep,
+};
+pub use saga::{Saga, SagaReport, StepFailure};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};

@@ -1,0 +1,403 @@
+//! Routing slips on the real broker: a three-step route in each wire form, a literal JSON slip as
+//! another library writes it, a malformed slip, an unroutable next stop, and a slip resumed after
+//! dead-letter and replay.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::patterns::{
+    follow_slip, replay, route_of, route_queue, slip_from, start, RoutingSlip, SlipForm,
+};
+use acemq_amqp::{
+    dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, ExchangeSpec, FatalError,
+    HeaderValue, Message, QueueSpec, RetryPolicy, RunningConsumer,
+};
+use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use support::raw::Raw;
+use support::{connect, eventually, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// What a step saw: its name, the message id, correlation, causation, body.
+type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>, Vec<u8>)>>>;
+
+fn record(seen: &Seen, name: &str, m: &Message) {
+    seen.lock().unwrap().push((
+        name.to_string(),
+        m.id().to_string(),
+        m.envelope.correlation_id.clone().unwrap_or_default(),
+        m.envelope.causation_id.clone(),
+        m.body.clone(),
+    ));
+}
+
+/// Queues (classic, with `.dlq`/`.parked` cleaned up).
+fn queues(conn: &Connection, clean: &mut Cleanup, names: &[String]) {
+    for q in names {
+        clean.consumed_queue(q, &[]);
+        conn.declare_queue(&QueueSpec::new(q).classic()).unwrap();
+    }
+}
+
+/// A step consumer on `queue` that records what it saw and appends `+name` to the body.
+fn step(
+    conn: &Connection,
+    publisher: &acemq_amqp::Publisher,
+    queue: &str,
+    name: &str,
+    seen: &Seen,
+    pipeline: Option<&str>,
+) -> RunningConsumer {
+    let (seen, name2) = (seen.clone(), name.to_string());
+    let handler = follow_slip(publisher, move |m: &Message| {
+        record(&seen, &name2, m);
+        let mut body = m.body.clone();
+        body.extend_from_slice(format!("+{name2}").as_bytes());
+        Ok::<_, BoxError>(Some(Message::new(body)))
+    });
+    let handler = match pipeline {
+        Some(p) => handler.pipeline(p),
+        None => handler,
+    };
+    conn.consumer(queue, ConsumerOptions::new().no_retry())
+        .unwrap()
+        .start(handler)
+        .unwrap()
+}
+
+#[test]
+fn a_three_step_json_slip_visits_each_stop_in_order() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let names: Vec<String> = (0..3).map(|i| unique(&format!("slip-json-{i}"))).collect();
+    queues(&conn, &mut clean, &names);
+    let publisher = conn.publisher().unwrap();
+    let seen: Seen = Arc::default();
+    let consumers: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .zip(&names)
+        .map(|(n, q)| step(&conn, &publisher, q, n, &seen, None))
+        .collect();
+    let slip = RoutingSlip::new()
+        .then("", &names[0], "a")
+        .then("", &names[1], "b")
+        .then("", &names[2], "c");
+    let first = Message::new("order");
+    let first_id = first.id().to_string();
+    start(&publisher, slip, first).send().unwrap();
+    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
+    for c in consumers {
+        c.close().unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    let order: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(order, ["a", "b", "c"]);
+    assert!(seen.iter().all(|s| s.2 == first_id), "one correlation");
+    assert_eq!(seen[1].3.as_deref(), Some(seen[0].1.as_str()), "causation");
+    assert_eq!(seen[2].3.as_deref(), Some(seen[1].1.as_str()), "causation");
+    assert_eq!(seen[2].4, b"order+a+b", "each step's payload went on");
+    for q in &names {
+        assert_eq!(conn.queue_info(q).unwrap().message_count, 0);
+        assert_eq!(
+            conn.queue_info(&dead_letter_queue(q))
+                .unwrap()
+                .message_count,
+            0
+        );
+    }
+}
+
+#[test]
+fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let pipeline = clean.exchange(&unique("fulfilment"));
+    conn.declare_exchange(&ExchangeSpec::direct(&pipeline))
+        .unwrap();
+    let steps = ["validate", "enrich", "dispatch"];
+    let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
+    queues(&conn, &mut clean, &names);
+    for (s, q) in steps.iter().zip(&names) {
+        conn.bind_queue(q, &pipeline, s).unwrap();
+    }
+    let publisher = conn.publisher().unwrap();
+    let seen: Seen = Arc::default();
+    let routes = Arc::new(Mutex::new(Vec::new()));
+    let consumers: Vec<_> = steps
+        .iter()
+        .zip(&names)
+        .map(|(s, q)| {
+            let (seen, routes, name) = (seen.clone(), routes.clone(), s.to_string());
+            let handler = follow_slip(&publisher, move |m: &Message| {
+                record(&seen, &name, m);
+                routes.lock().unwrap().push((
+                    m.engine_header(headers::ROUTE).cloned(),
+                    m.engine_header(headers::ROUTE_POSITION).cloned(),
+                    m.engine_header(headers::ROUTE_ID).cloned(),
+                    m.headers.contains_key(headers::ROUTING_SLIP),
+                ));
+                Ok::<_, BoxError>(None)
+            })
+            .pipeline(pipeline.clone());
+            conn.consumer(q, ConsumerOptions::new().no_retry())
+                .unwrap()
+                .start(handler)
+                .unwrap()
+        })
+        .collect();
+    let slip = route_of(&pipeline, &steps).unwrap();
+    let run_id = slip.route_id().unwrap().to_string();
+    start(&publisher, slip, Message::new("order"))
+        .send()
+        .unwrap();
+    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
+    for c in consumers {
+        c.close().unwrap();
+    }
+    let order: Vec<String> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
+    assert_eq!(order, steps);
+    let routes = routes.lock().unwrap().clone();
+    for (i, (route, position, id, json)) in routes.into_iter().enumerate() {
+        assert_eq!(
+            route,
+            Some(HeaderValue::Text("validate,enrich,dispatch".into()))
+        );
+        assert_eq!(
+            position,
+            Some(HeaderValue::Int(i as i64)),
+            "0-based position"
+        );
+        assert_eq!(id, Some(HeaderValue::Text(run_id.clone())), "one run id");
+        assert!(!json, "written back in the form it was read");
+    }
+}
+
+#[test]
+fn the_declared_form_is_refused_for_a_slip_it_cannot_say() {
+    let conn = connect();
+    let publisher = conn.publisher().unwrap();
+    let two_exchanges = RoutingSlip::new().then("a", "s", "s").then("b", "t", "t");
+    let e = start(&publisher, two_exchanges, Message::new("x"))
+        .form(SlipForm::StepNames)
+        .send()
+        .unwrap_err();
+    assert!(
+        matches!(e, acemq_amqp::Error::InvalidArgument { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_literal_json_slip_written_by_another_library_is_followed() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let names: Vec<String> = (0..2).map(|i| unique(&format!("slip-lit-{i}"))).collect();
+    queues(&conn, &mut clean, &names);
+    let publisher = conn.publisher().unwrap();
+    let seen: Seen = Arc::default();
+    let consumer = step(&conn, &publisher, &names[0], "first", &seen, None);
+    // Exactly what Python's json.dumps writes (spaces after separators), with a done step.
+    let literal = format!(
+        r#"{{"steps": [{{"exchange": "", "routingKey": "{}", "name": "first"}}, {{"exchange": "", "routingKey": "{}", "name": "second"}}], "done": [{{"exchange": "", "routingKey": "intake", "name": "intake", "completedAt": "2026-01-02T03:04:05.123456+00:00"}}]}}"#,
+        names[0], names[1]
+    );
+    let mut table = FieldTable::new();
+    table.insert("x-acemq-id".into(), AmqpValue::LongString("py-1".into()));
+    table.insert(headers::ROUTING_SLIP.into(), AmqpValue::LongString(literal));
+    let raw = Raw::open();
+    raw.publish(
+        "",
+        &names[0],
+        b"{}",
+        AmqpProperties::default()
+            .with_message_id("py-1".into())
+            .with_content_type("application/json".into())
+            .with_headers(table),
+    );
+    assert!(eventually(WAIT, || {
+        conn.queue_info(&names[1]).unwrap().message_count == 1
+    }));
+    consumer.close().unwrap();
+    let next = conn.get(&names[1]).unwrap().unwrap();
+    assert_eq!(next.envelope.causation_id.as_deref(), Some("py-1"));
+    assert_eq!(next.envelope.correlation_id.as_deref(), Some("py-1"));
+    let slip = slip_from(&next).unwrap().unwrap();
+    assert_eq!(slip.form(), SlipForm::Json);
+    let done: Vec<_> = slip.done().iter().map(|s| s.to_string()).collect();
+    assert_eq!(done, ["intake", "first"]);
+    assert!(slip.done()[1]
+        .completed_at
+        .as_deref()
+        .unwrap()
+        .ends_with('Z'));
+    assert_eq!(slip.next().unwrap().routing_key, names[1]);
+    // The header is the family's JSON shape, readable by any library.
+    let json = next.headers[headers::ROUTING_SLIP]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["steps"][0]["routingKey"], names[1].as_str());
+    assert_eq!(
+        v["done"][0]["completedAt"],
+        "2026-01-02T03:04:05.123456+00:00"
+    );
+}
+
+#[test]
+fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = unique("slip-bad");
+    queues(&conn, &mut clean, std::slice::from_ref(&q));
+    let publisher = conn.publisher().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))),
+        )
+        .unwrap()
+        .start(follow_slip(&publisher, move |_: &Message| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, BoxError>(None)
+        }))
+        .unwrap();
+    publisher
+        .publish(
+            "",
+            &q,
+            Message::new("x").header(headers::ROUTING_SLIP, "{not json"),
+        )
+        .unwrap();
+    publisher
+        .publish("", &q, Message::new("no slip at all"))
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 2));
+    consumer.close().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the step never ran");
+    for _ in 0..2 {
+        let dead = conn.get(&dlq).unwrap().unwrap();
+        assert_eq!(dead.envelope.attempt, 1, "fatal: no retries spent");
+        let error = dead.envelope.error.unwrap();
+        assert!(error.contains("routing slip"), "{error}");
+    }
+}
+
+#[test]
+fn an_unroutable_next_stop_is_retried_until_it_exists() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let first = unique("slip-unroutable-1");
+    let second = clean.queue(&unique("slip-unroutable-2"));
+    queues(&conn, &mut clean, std::slice::from_ref(&first));
+    let publisher = conn.publisher().unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let policy =
+        RetryPolicy::exponential(50, Duration::from_millis(50), Duration::from_millis(200));
+    let consumer = conn
+        .consumer(&first, ConsumerOptions::new().retry(policy))
+        .unwrap()
+        .start(follow_slip(&publisher, move |_: &Message| {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, BoxError>(None)
+        }))
+        .unwrap();
+    let slip = RoutingSlip::new()
+        .then("", &first, "one")
+        .then("", &second, "two");
+    start(&publisher, slip, Message::new("x")).send().unwrap();
+    assert!(
+        eventually(WAIT, || ran.load(Ordering::SeqCst) >= 2),
+        "the step ran again after its hop was unroutable"
+    );
+    conn.declare_queue(&QueueSpec::new(&second).classic())
+        .unwrap();
+    assert!(eventually(WAIT, || conn
+        .queue_info(&second)
+        .unwrap()
+        .message_count
+        == 1));
+    consumer.close().unwrap();
+    assert_eq!(conn.queue_info(&first).unwrap().message_count, 0);
+    assert_eq!(
+        conn.queue_info(&dead_letter_queue(&first))
+            .unwrap()
+            .message_count,
+        0
+    );
+    let arrived = conn.get(&second).unwrap().unwrap();
+    assert!(
+        arrived.envelope.attempt == 1,
+        "a fresh message at the next stop"
+    );
+}
+
+#[test]
+fn a_dead_lettered_declared_route_resumes_after_replay() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let pipeline = clean.exchange(&unique("resume"));
+    conn.declare_exchange(&ExchangeSpec::direct(&pipeline))
+        .unwrap();
+    let steps = ["a", "b", "c"];
+    let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
+    queues(&conn, &mut clean, &names);
+    for (s, q) in steps.iter().zip(&names) {
+        conn.bind_queue(q, &pipeline, s).unwrap();
+    }
+    let publisher = conn.publisher().unwrap();
+    let fixed = Arc::new(AtomicBool::new(false));
+    let seen: Seen = Arc::default();
+    let consumers: Vec<_> = steps
+        .iter()
+        .zip(&names)
+        .map(|(s, q)| {
+            let (seen, fixed, name) = (seen.clone(), fixed.clone(), s.to_string());
+            let handler = follow_slip(&publisher, move |m: &Message| {
+                if name == "b" && !fixed.load(Ordering::SeqCst) {
+                    return Err(FatalError::new("the bug in b").into());
+                }
+                record(&seen, &name, m);
+                Ok(None)
+            })
+            .pipeline(pipeline.clone());
+            conn.consumer(q, ConsumerOptions::new().no_retry())
+                .unwrap()
+                .start(handler)
+                .unwrap()
+        })
+        .collect();
+    let slip = route_of(&pipeline, &steps).unwrap();
+    let run_id = slip.route_id().unwrap().to_string();
+    start(&publisher, slip, Message::new("order"))
+        .send()
+        .unwrap();
+    let dlq = dead_letter_queue(&names[1]);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
+    fixed.store(true, Ordering::SeqCst);
+
+    let report = replay(&conn, &dlq).run().unwrap();
+    assert_eq!(report.moved, 1);
+    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
+    for c in consumers {
+        c.close().unwrap();
+    }
+    let order: Vec<String> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
+    assert_eq!(order, ["a", "b", "c"], "b resumed after the replay, then c");
+    let _ = run_id;
+}
