@@ -204,7 +204,23 @@ pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
                     ),
                 };
             }
-            if let Some(crate::Error::Codec { .. }) = e.downcast_ref::<crate::Error>() {
+            if let Some(crate::Error::Codec { source, .. }) = e.downcast_ref::<crate::Error>() {
+                // A codec that could not read the body for good (a claim check whose payload
+                // is gone) says so with a `FatalError`: dead-lettered; one whose store failed
+                // (a crate `Error`) may succeed later: retried.
+                if let Some(fatal) = source.downcast_ref::<FatalError>() {
+                    return Verdict::DeadLetter {
+                        error: format!(
+                            "the handler reported an unprocessable message: FatalError: {fatal}"
+                        ),
+                    };
+                }
+                if source.downcast_ref::<crate::Error>().is_some() {
+                    return Verdict::Retry {
+                        delay: None,
+                        why: format!("Error: {e}"),
+                    };
+                }
                 return Verdict::Park {
                     error: format!("could not be decoded: {e}"),
                 };

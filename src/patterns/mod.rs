@@ -1,16 +1,23 @@
 //! The family's patterns, one module each.
 
 pub mod acknowledged;
+pub mod claim_check;
 pub mod consumer_group;
 pub mod idempotency;
 pub mod idempotent;
 pub mod outbox;
 pub mod relay;
 pub mod request_reply;
+pub mod scheduler;
 pub mod schema_registry;
+pub mod streams;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};
+pub use claim_check::{
+    claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
+    DEFAULT_CLAIM_CHECK_THRESHOLD,
+};
 pub use consumer_group::ConsumerGroup;
 pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -25,6 +32,14 @@ pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };
 pub use request_reply::{serve, serve_with, Requester, RequesterOptions, Responder};
+pub use scheduler::{
+    hop_plan, hop_plan_on, schedule_rungs, schedule_topology, ScheduleTopology, Scheduler,
+    SchedulerOptions, SCHEDULED_MESSAGE_TYPE, SCHEDULE_CONTROL_QUEUE, SCHEDULE_EXCHANGE,
+};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};
+pub use streams::{
+    declare_stream, from_first, read_stream, read_stream_with, stream, stream_offset_of, Offset,
+    StreamOptions, StreamReader, StreamRetention,
+};
