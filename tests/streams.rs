@@ -11,8 +11,9 @@ use acemq_amqp::patterns::{
     declare_stream, read_stream, read_stream_with, stream_offset_of, Offset, StreamOptions,
     StreamReader, StreamRetention,
 };
-use acemq_amqp::{Connection, Error, FatalError, Message, Outcome};
-use support::{connect, eventually, unique, Cleanup};
+use acemq_amqp::{Connection, ConnectionOptions, Error, FatalError, Message, Outcome};
+use support::proxy::FaultProxy;
+use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -242,4 +243,33 @@ fn a_zero_prefetch_is_refused_before_anything_is_sent() {
         ),
         "nothing was declared either"
     );
+}
+
+#[test]
+fn after_a_reconnect_a_reader_goes_on_where_it_was_not_from_its_first_offset() {
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let s = clean.consumed_queue(&unique("stream-resume"), &[]);
+    declare_stream(&direct, &s, StreamRetention::default()).unwrap();
+    publish(&direct, &s, &["0", "1", "2", "3", "4"]);
+    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(200)),
+    );
+    let (reader, seen) = recorder(&conn, &s, Offset::First);
+    wait_for(&seen, 5);
+    assert!(eventually(WAIT, || reader.position() == Some(5)));
+    proxy.cut_all();
+    assert!(
+        eventually(WAIT, || conn.generation() == Some(2)),
+        "reconnected"
+    );
+    publish(&direct, &s, &["5", "6"]);
+    wait_for(&seen, 7);
+    reader.close().unwrap();
+    // Not read from the first message again.
+    assert_eq!(bodies(&seen), ["0", "1", "2", "3", "4", "5", "6"]);
 }

@@ -88,9 +88,9 @@ pub fn schedule_rungs() -> Vec<Duration> {
 /// A rung's suffix: whole hours `Nh`, whole minutes `Nm`, else seconds `Ns`.
 fn rung_suffix(rung: Duration) -> String {
     let ms = rung.as_millis();
-    if ms % 3_600_000 == 0 {
+    if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
     } else {
         format!("{}s", ms / 1_000)

@@ -115,9 +115,9 @@ fn max_age_arg(age: Duration) -> String {
         secs += 1;
     }
     match secs {
-        s if s % 86_400 == 0 => format!("{}D", s / 86_400),
-        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
-        s if s % 60 == 0 => format!("{}m", s / 60),
+        s if s.is_multiple_of(86_400) => format!("{}D", s / 86_400),
+        s if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        s if s.is_multiple_of(60) => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
 }
@@ -144,25 +144,20 @@ pub fn declare_stream(
 }
 
 /// Where a stream reader starts.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Offset {
     /// The oldest message the stream still holds (retention may have discarded older ones).
     First,
     /// The last chunk the stream holds: roughly "the recent past", not one exact message.
     Last,
     /// What is published from now on. The default.
+    #[default]
     Next,
     /// An exact offset (a stored `x-stream-offset` + 1 resumes after it).
     At(u64),
     /// The first chunk holding messages published at or after this moment (second precision;
     /// RabbitMQ may start a little earlier, at the chunk's beginning).
     Since(OffsetDateTime),
-}
-
-impl Default for Offset {
-    fn default() -> Self {
-        Offset::Next
-    }
 }
 
 impl Offset {
