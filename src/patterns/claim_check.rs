@@ -15,7 +15,7 @@
 //!   delegate; anything else (too short, another version, another third byte, a body from a
 //!   publisher without this codec) goes to the delegate **whole and untouched**, so the codec
 //!   can be introduced on a live queue.
-//! * **Failures.** A key the store no longer holds is a [`FatalError`](crate::FatalError)
+//! * **Failures.** A key the store no longer holds is a [`FatalError`]
 //!   inside [`Error::Codec`]: a consumer dead-letters the message to `{queue}.dlq` (its store's
 //!   retention must outlast every queue, dead-letter queue and replay). A store that *fails*
 //!   (I/O) is an [`Error`] inside [`Error::Codec`]: the message is retried. A body that decodes

@@ -19,9 +19,11 @@
 //!   arguments fails [`Scheduler::open`] with [`Error::TopologyConflict`] and the connection
 //!   stays usable. No `.dlq` or `.parked` is declared for these shared names.
 //! * **Hops.** A message waits on the largest rung that does not overshoot what is left until
-//!   it is due; under the smallest rung (1 s) left, it is delivered. A 90 s delay hops `1m`,
-//!   `10s`, `10s`, `10s` ([`hop_plan`]); delivery is accurate to about the smallest rung plus
-//!   the hops' own time. Between rungs the message is envelope type `ScheduledMessage`,
+//!   it is due (by more than half the smallest rung: the slack that absorbs the hops' own
+//!   milliseconds); with less than half the smallest rung (0.5 s) left, it is delivered. A 90 s
+//!   delay hops `1m`, `10s`, `10s`, `10s` ([`hop_plan`]); a delivery lands within about half a
+//!   second of its due time plus the last hop's own time. (The Go library delivers once less
+//!   than a whole smallest rung is left, up to 1 s early; the wire is the same.) Between rungs the message is envelope type `ScheduledMessage`,
 //!   content type `application/octet-stream`, and carries the family's four headers
 //!   `x-schedule-exchange`, `x-schedule-routing-key`, `x-schedule-due-at` (epoch ms) and
 //!   `x-schedule-content-type`.
@@ -97,16 +99,23 @@ fn rung_suffix(rung: Duration) -> String {
     }
 }
 
-/// The rung that a message with `remaining` left waits on next — the largest not longer than
-/// `remaining` — or `None` when it is due (less than the smallest rung left). `rungs` is
-/// longest first.
+/// The rung that a message with `remaining` left waits on next, or `None` when it is due.
+/// `rungs` is longest first. The largest rung that does not overshoot by more than half the
+/// smallest rung; due when less than that half is left. The slack absorbs the time the hops
+/// themselves take: a 90 s delay really hops `1m, 10s, 10s, 10s` (without it, each hop's few
+/// milliseconds would turn the last `10s` into nine `1s` hops), and a delivery lands within half
+/// the smallest rung of its due time rather than up to a whole rung early.
 fn next_rung(rungs: &[Duration], remaining: Duration) -> Option<Duration> {
-    rungs.iter().copied().find(|r| *r <= remaining)
+    let slack = rungs.last().copied().unwrap_or_default() / 2;
+    if remaining < slack {
+        return None;
+    }
+    rungs.iter().copied().find(|r| *r <= remaining + slack)
 }
 
-/// The rungs a message scheduled `delay` ahead waits on, in order, if no time passed between
-/// hops (each hop takes a little longer in reality). On the family's ladder: 90 s →
-/// `[1m, 10s, 10s, 10s]`.
+/// The rungs a message scheduled `delay` ahead waits on, in order, if the hops took no time of
+/// their own. On the family's ladder: 90 s → `[1m, 10s, 10s, 10s]`, 4 h → four `1h`, 400 ms →
+/// none (delivered at once).
 pub fn hop_plan(delay: Duration) -> Vec<Duration> {
     hop_plan_on(&schedule_rungs(), delay)
 }
@@ -119,7 +128,7 @@ pub fn hop_plan_on(rungs: &[Duration], delay: Duration) -> Vec<Duration> {
     let mut remaining = delay;
     while let Some(rung) = next_rung(&sorted, remaining) {
         plan.push(rung);
-        remaining -= rung;
+        remaining = remaining.saturating_sub(rung);
     }
     plan
 }
@@ -655,16 +664,27 @@ mod tests {
     }
 
     #[test]
-    fn next_rung_is_the_largest_that_does_not_overshoot() {
+    fn next_rung_is_the_largest_that_does_not_overshoot_by_more_than_half_a_second() {
         let rungs = schedule_rungs();
-        assert_eq!(next_rung(&rungs, Duration::from_millis(999)), None);
-        assert_eq!(
-            next_rung(&rungs, Duration::from_millis(1_000)),
-            Some(Duration::from_secs(1))
-        );
-        assert_eq!(
-            next_rung(&rungs, Duration::from_secs(59)),
-            Some(Duration::from_secs(10))
-        );
+        let ms = Duration::from_millis;
+        assert_eq!(next_rung(&rungs, ms(499)), None);
+        assert_eq!(next_rung(&rungs, ms(500)), Some(ms(1_000)));
+        assert_eq!(next_rung(&rungs, ms(9_990)), Some(ms(10_000)));
+        assert_eq!(next_rung(&rungs, ms(9_400)), Some(ms(1_000)));
+        assert_eq!(next_rung(&rungs, ms(59_000)), Some(ms(10_000)));
+        assert_eq!(next_rung(&rungs, ms(59_600)), Some(ms(60_000)));
+    }
+
+    #[test]
+    fn a_90_s_delay_hops_as_planned_even_when_each_hop_takes_time() {
+        // Each hop 30 ms late, as a real broker round trip is.
+        let rungs = schedule_rungs();
+        let mut remaining = Duration::from_secs(90);
+        let mut hops = Vec::new();
+        while let Some(r) = next_rung(&rungs, remaining) {
+            hops.push(rung_suffix(r));
+            remaining = remaining.saturating_sub(r + Duration::from_millis(30));
+        }
+        assert_eq!(hops, ["1m", "10s", "10s", "10s"]);
     }
 }
