@@ -40,8 +40,10 @@
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]) and the
-//!   broker-neutral acknowledged consumer.
+//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
+//!   scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
+//!   ([`patterns::declare_stream`], [`patterns::read_stream`]), claim checks
+//!   ([`patterns::ClaimCheckCodec`]) and the broker-neutral acknowledged consumer.
 //!
 //! ## Life cycle
 //!
@@ -92,6 +94,8 @@
 //! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
 //! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, hands each reply to its call) and its publisher's `acemq-confirms`; a call blocks only its own thread |
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
+//! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
+//! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
@@ -152,6 +156,13 @@
 //! * amiquip drops a received non-UTF-8 `longstr` header and every header after it; nothing on
 //!   the receiving side can undo that, so this crate never sends one (binary goes as a byte
 //!   array) and refuses text that is not UTF-8 ([`HeaderValue::try_text`]).
+//! * A scheduled message keeps the id it was scheduled with on every hop and on delivery (in a
+//!   fresh `ScheduledMessage` envelope), so a duplicate after a crash is recognisable; its
+//!   application headers travel with it. A message is delivered within half the smallest rung
+//!   of its due time (the Go library: up to a whole rung early).
+//! * A stream handler's retry (or `Err`, or panic) is parked with [`Error::StreamRetry`]'s
+//!   text, as the Go library parks it; a stream reader re-subscribing after a reconnect starts
+//!   at the lowest offset it has not finished, not at its first offset again.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -28,3 +28,11 @@ fn stores_and_the_relay_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::SqlIdempotencyStore>();
     send_sync::<acemq_amqp::patterns::SqlSchemaRegistry>();
 }
+
+#[test]
+fn scheduler_streams_and_claim_checks_are_send_and_sync() {
+    send_sync::<acemq_amqp::patterns::Scheduler>();
+    send_sync::<acemq_amqp::patterns::StreamReader>();
+    send_sync::<acemq_amqp::patterns::ClaimCheckCodec>();
+    send_sync::<acemq_amqp::patterns::FilesystemClaimCheckStore>();
+}
