@@ -125,7 +125,9 @@
 //! * Consumer tags are chosen by the broker: amiquip 0.4 sends none, so no tag prefix can be set.
 //! * A handler's `Err` is a retry (`Error: …`), a [`FatalError`] a reject, a panic a retry
 //!   (`panic: …`; logged, the worker survives), a codec error returned by the handler a park
-//!   (`could not be decoded: …`). A retry after the last attempt goes to `{queue}.dlq` with
+//!   (`could not be decoded: …`) — unless the codec marked it: a [`FatalError`] inside it (a
+//!   claim check whose payload is gone) is a reject, a crate [`Error`] inside it (the claim-check
+//!   store failing) a retry. A retry after the last attempt goes to `{queue}.dlq` with
 //!   `x-acemq-error` = "exhausted N attempts: …".
 //! * An explicit delay (`retry_after`, `in_progress`) under the broker-wait threshold is held in
 //!   the consumer; at or over it, it goes to the policy's smallest rung at least as long (else
