@@ -221,6 +221,7 @@ fn tour() -> Result<()> {
     responder.close()?;
 
     replay_slip_and_saga(&connection, &publisher, run)?;
+    later_logs_and_large_documents(&connection, run)?;
 
     publisher.close()?;
     connection.delete_queue(&shipped_events)?;
@@ -336,6 +337,109 @@ fn replay_slip_and_saga(
             connection.delete_queue(&format!("{q}{suffix}"))?;
         }
     }
+    Ok(())
+}
+
+/// The scheduler (an invoice delivered 3 s later), a stream (an event log read twice) and a
+/// claim check (a 1 MiB document sent as a key to a file).
+fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<()> {
+    use acemq_amqp::patterns::{
+        claim_key_of, declare_stream, read_stream, stream_offset_of, ClaimCheckCodec,
+        FilesystemClaimCheckStore, Offset, Scheduler, StreamRetention,
+    };
+    use acemq_amqp::BytesCodec;
+    use std::sync::{Arc, Mutex};
+
+    // Scheduler: the invoice hops down the family's TTL ladder (acemq.schedule.1s here) and is
+    // delivered under a fresh envelope of type ScheduledMessage.
+    let invoices = format!("tour.invoices.{run}");
+    connection.declare_queue(&QueueSpec::new(&invoices).classic())?;
+    let scheduler = Scheduler::open(connection)?;
+    let invoice = Message::encode(&JsonCodec, &serde_json::json!({"invoice": "inv-9"}))?;
+    let asked = std::time::Instant::now();
+    scheduler.after(Duration::from_secs(3), "", &invoices, invoice)?;
+    let mut delivered = None;
+    wait_until(|| {
+        delivered = connection.get(&invoices).ok().flatten();
+        delivered.is_some()
+    });
+    if let Some(m) = delivered {
+        println!(
+            "invoice delivered {:.1} s after it was scheduled (type {:?}, {} hop(s))",
+            asked.elapsed().as_secs_f64(),
+            m.envelope.message_type,
+            scheduler.hops()
+        );
+    }
+    scheduler.close()?;
+
+    // Streams: an event log keeps its messages; two readers each read all of it.
+    let log = format!("tour.events.{run}");
+    declare_stream(
+        connection,
+        &log,
+        StreamRetention::default().max_age(Duration::from_secs(3600)),
+    )?;
+    let publisher = connection.publisher()?;
+    for event in ["signed-up", "ordered", "paid"] {
+        publisher.publish("", &log, Message::new(event))?;
+    }
+    publisher.close()?;
+    for reading in ["first", "second"] {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let s = seen.clone();
+        let reader = read_stream(connection, &log, Offset::First, move |m: &Message| {
+            let text = String::from_utf8_lossy(&m.body);
+            let at = stream_offset_of(m).unwrap_or_default();
+            s.lock().expect("seen").push(format!("{at}:{text}"));
+            Ok(Outcome::Accept)
+        })?;
+        wait_until(|| seen.lock().expect("seen").len() == 3);
+        reader.close()?;
+        println!(
+            "{reading} reading of the event log: {:?}",
+            seen.lock().expect("seen")
+        );
+    }
+
+    // Claim check: the 1 MiB document goes to a file; the broker carries `AC 01 01` + its key.
+    let dir = std::env::temp_dir().join(format!("acemq-tour-claims-{run}"));
+    let codec = ClaimCheckCodec::new(BytesCodec, FilesystemClaimCheckStore::new(&dir)?);
+    let documents = format!("tour.documents.{run}");
+    connection.declare_queue(&QueueSpec::new(&documents).classic())?;
+    let document: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let publisher = connection.publisher()?;
+    let message = Message::encode(&codec, &document)?;
+    println!(
+        "1 MiB document sent as a {}-byte body (key {:?})",
+        message.body.len(),
+        claim_key_of(&message.body).unwrap_or_default()
+    );
+    publisher.publish("", &documents, message)?;
+    publisher.close()?;
+    let mut received = None;
+    wait_until(|| {
+        received = connection.get(&documents).ok().flatten();
+        received.is_some()
+    });
+    if let Some(m) = received {
+        let back: Vec<u8> = m.decode(&codec)?;
+        println!(
+            "document read back from the store: {} bytes, equal: {}",
+            back.len(),
+            back == document
+        );
+    }
+
+    for q in [&invoices, &documents, &log] {
+        connection.delete_queue(q)?;
+    }
+    for q in [&log] {
+        for suffix in [".dlq", ".parked"] {
+            connection.delete_queue(&format!("{q}{suffix}"))?;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -4,7 +4,19 @@
 //! a publisher or a consumer. It works on `serde_json::Value`, the common shape every serde
 //! payload passes through; [`Message::encode`](crate::Message::encode) and
 //! [`Message::decode`](crate::Message::decode) give the typed front.
+//!
+//! # Bytes
+//!
+//! A byte payload never goes through `serde_json::Value` when the codec has a **bytes fast
+//! path** ([`Codec::encodes_bytes`]): a `Vec<u8>`, a byte slice or a string given to
+//! [`Message::encode`](crate::Message::encode) is captured as bytes (a 16 MiB `Vec<u8>` is not
+//! turned into sixteen million JSON numbers) and handed to [`Codec::encode_bytes`]; decoding
+//! reads [`Codec::decode_bytes`] and builds the `Vec<u8>` straight from it. [`BytesCodec`] has
+//! the fast path, and so does a [`ClaimCheckCodec`](crate::patterns::ClaimCheckCodec) over it.
+//! The result is the same bytes as the `Value` path gave; a codec without the fast path (all
+//! existing implementations: the new methods have defaults) is used exactly as before.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::DeserializeOwned;
@@ -21,6 +33,28 @@ pub trait Codec: Send + Sync + fmt::Debug {
     fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError>;
     /// Decodes a body.
     fn decode(&self, body: &[u8]) -> Result<Value, BoxError>;
+
+    /// True when this codec has a bytes fast path: [`encode_bytes`](Self::encode_bytes) and
+    /// [`decode_bytes`](Self::decode_bytes) then carry a byte payload without building a
+    /// `serde_json::Value`. Defaults to false.
+    fn encodes_bytes(&self) -> bool {
+        false
+    }
+
+    /// Encodes a byte payload (a `Vec<u8>`, a byte slice, or a string's UTF-8 bytes). Called
+    /// only when [`encodes_bytes`](Self::encodes_bytes) is true. Defaults to
+    /// [`encode`](Self::encode) of the bytes as a JSON array of numbers.
+    fn encode_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        self.encode(&Value::Array(bytes.into_iter().map(Value::from).collect()))
+    }
+
+    /// Decodes a body into the byte payload it carries. Called only when
+    /// [`encodes_bytes`](Self::encodes_bytes) is true. Defaults to [`decode`](Self::decode)
+    /// read as an array of numbers 0–255.
+    fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
+        let value = self.decode(body)?;
+        Ok(Cow::Owned(serde_json::from_value::<Vec<u8>>(value)?))
+    }
 }
 
 /// JSON through serde (`application/json`). The default codec.
@@ -67,6 +101,15 @@ impl Codec for BytesCodec {
     fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
         Ok(Value::Array(body.iter().map(|b| Value::from(*b)).collect()))
     }
+    fn encodes_bytes(&self) -> bool {
+        true
+    }
+    fn encode_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        Ok(bytes)
+    }
+    fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
+        Ok(Cow::Borrowed(body))
+    }
 }
 
 pub(crate) fn encode_with<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -> Result<Vec<u8>> {
@@ -74,6 +117,11 @@ pub(crate) fn encode_with<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -
         content_type: codec.content_type().to_string(),
         source,
     };
+    if codec.encodes_bytes() {
+        if let Some(bytes) = bytes::capture(value) {
+            return codec.encode_bytes(bytes).map_err(err);
+        }
+    }
     let value = serde_json::to_value(value).map_err(|e| err(e.into()))?;
     codec.encode(&value).map_err(err)
 }
@@ -83,6 +131,14 @@ pub(crate) fn decode_with<T: DeserializeOwned>(codec: &dyn Codec, body: &[u8]) -
         content_type: codec.content_type().to_string(),
         source,
     };
+    if codec.encodes_bytes() {
+        let bytes = codec.decode_bytes(body).map_err(err)?;
+        // The same numbers the `Value` path hands over, without building a `Value` per byte.
+        let seq = serde::de::value::SeqDeserializer::<_, serde::de::value::Error>::new(
+            bytes.iter().copied(),
+        );
+        return T::deserialize(seq).map_err(|e| err(e.into()));
+    }
     let value = codec.decode(body).map_err(err)?;
     serde_json::from_value(value).map_err(|e| err(e.into()))
 }
@@ -131,6 +187,47 @@ mod tests {
         )
         .is_err());
     }
+
+    /// A codec without the fast path: every payload goes through `Value`.
+    #[derive(Debug)]
+    struct Slow;
+    impl Codec for Slow {
+        fn content_type(&self) -> &str {
+            "application/octet-stream"
+        }
+        fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError> {
+            BytesCodec.encode(value)
+        }
+        fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
+            BytesCodec.decode(body)
+        }
+    }
+
+    #[test]
+    fn fast_path_gives_what_the_value_path_gives() {
+        let raw: Vec<u8> = (0..=255).collect();
+        for bytes in [
+            encode_with(&BytesCodec, &raw).unwrap(),
+            encode_with(&BytesCodec, raw.as_slice()).unwrap(),
+        ] {
+            assert_eq!(bytes, encode_with(&Slow, &raw).unwrap());
+        }
+        assert_eq!(
+            encode_with(&BytesCodec, "hé").unwrap(),
+            encode_with(&Slow, "hé").unwrap()
+        );
+        assert_eq!(decode_with::<Vec<u8>>(&BytesCodec, &raw).unwrap(), raw);
+        assert_eq!(
+            decode_with::<Value>(&BytesCodec, &raw).unwrap(),
+            decode_with::<Value>(&Slow, &raw).unwrap()
+        );
+        // Numbers out of range still refused, on either path.
+        assert!(encode_with(&BytesCodec, &vec![256u32]).is_err());
+        assert!(encode_with(&Slow, &vec![256u32]).is_err());
+        // The default methods of a codec without a fast path.
+        assert_eq!(Slow.encode_bytes(raw.clone()).unwrap(), raw);
+        assert_eq!(Slow.decode_bytes(&raw).unwrap().as_ref(), raw.as_slice());
+    }
 }
 
 /// Where a codec can come from: a [`Codec`] itself, a [`Connection`](crate::Connection) (its
@@ -172,4 +269,15 @@ impl<C: Codec + ?Sized> Codec for CodecRef<'_, C> {
     fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
         self.0.decode(body)
     }
+    fn encodes_bytes(&self) -> bool {
+        self.0.encodes_bytes()
+    }
+    fn encode_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        self.0.encode_bytes(bytes)
+    }
+    fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
+        self.0.decode_bytes(body)
+    }
 }
+
+mod bytes;

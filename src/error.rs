@@ -169,6 +169,19 @@ pub enum Error {
         /// Why it stopped.
         source: Box<Error>,
     },
+    /// A stream handler asked for a retry (or failed with an error, or panicked), which a
+    /// stream cannot do: republishing onto the stream would append a second copy to the log
+    /// for every reader. The message is parked on `{stream}.parked` with this text instead.
+    StreamRetry {
+        /// The stream.
+        stream: String,
+        /// Where in the stream the message sits (`x-stream-offset`), when the delivery said.
+        offset: Option<u64>,
+        /// The message's id.
+        message_id: String,
+        /// Why the handler wanted a retry.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -393,6 +406,23 @@ impl fmt::Display for Error {
                 "the replay of {:?} stopped after it {report}: {source}",
                 report.queue
             ),
+            Error::StreamRetry {
+                stream,
+                offset,
+                message_id,
+                reason,
+            } => {
+                let at = offset
+                    .map(|o| format!(" at offset {o}"))
+                    .unwrap_or_default();
+                write!(
+                    f,
+                    "a handler on stream {stream:?} asked to retry message {message_id:?}{at}, which a stream refuses: a retry would append a second copy to the log for every reader; it was parked on \"{stream}.parked\" instead. Choose one of: \
+                     park it (Outcome::park, to {stream}.parked), reject it (Outcome::reject, \
+                     to {stream}.dlq), or record its x-stream-offset, accept it and read from \
+                     that offset again later. The handler's reason: {reason}"
+                )
+            }
         }
     }
 }

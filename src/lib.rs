@@ -42,8 +42,10 @@
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
-//!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]) and sagas
-//!   ([`patterns::Saga`]).
+//!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]), sagas ([`patterns::Saga`]),
+//!   the scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
+//!   ([`patterns::declare_stream`], [`patterns::read_stream`]) and claim checks
+//!   ([`patterns::ClaimCheckCodec`]).
 //!
 //! ## Life cycle
 //!
@@ -94,6 +96,8 @@
 //! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
 //! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, hands each reply to its call) and its publisher's `acemq-confirms`; a call blocks only its own thread |
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
+//! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
+//! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
@@ -126,7 +130,9 @@
 //! * Consumer tags are chosen by the broker: amiquip 0.4 sends none, so no tag prefix can be set.
 //! * A handler's `Err` is a retry (`Error: …`), a [`FatalError`] a reject, a panic a retry
 //!   (`panic: …`; logged, the worker survives), a codec error returned by the handler a park
-//!   (`could not be decoded: …`). A retry after the last attempt goes to `{queue}.dlq` with
+//!   (`could not be decoded: …`) — unless the codec marked it: a [`FatalError`] inside it (a
+//!   claim check whose payload is gone) is a reject, a crate [`Error`] inside it (the claim-check
+//!   store failing) a retry. A retry after the last attempt goes to `{queue}.dlq` with
 //!   `x-acemq-error` = "exhausted N attempts: …".
 //! * An explicit delay (`retry_after`, `in_progress`) under the broker-wait threshold is held in
 //!   the consumer; at or over it, it goes to the policy's smallest rung at least as long (else
@@ -157,6 +163,13 @@
 //! * amiquip drops a received non-UTF-8 `longstr` header and every header after it; nothing on
 //!   the receiving side can undo that, so this crate never sends one (binary goes as a byte
 //!   array) and refuses text that is not UTF-8 ([`HeaderValue::try_text`]).
+//! * A scheduled message keeps the id it was scheduled with on every hop and on delivery (in a
+//!   fresh `ScheduledMessage` envelope), so a duplicate after a crash is recognisable; its
+//!   application headers travel with it. A message is delivered within half the smallest rung
+//!   of its due time (the Go library: up to a whole rung early).
+//! * A stream handler's retry (or `Err`, or panic) is parked with [`Error::StreamRetry`]'s
+//!   text, as the Go library parks it; a stream reader re-subscribing after a reconnect starts
+//!   at the lowest offset it has not finished, not at its first offset again.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -79,7 +79,7 @@ fn declares_quorum_and_stream_queues_and_bindings() {
         .unwrap();
     conn.declare_queue(&QueueSpec::new(&quorum).quorum())
         .unwrap();
-    conn.declare_queue(&QueueSpec::new(&stream).stream())
+    conn.declare_queue(&QueueSpec::stream(&stream, Default::default()))
         .unwrap();
     conn.bind_queue(&quorum, &x, "orders.*").unwrap();
     let p = conn.publisher().unwrap();

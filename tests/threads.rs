@@ -39,3 +39,11 @@ fn replay_reports_slips_and_sagas_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::Saga<String>>();
     send_sync::<acemq_amqp::patterns::SagaReport>();
 }
+
+#[test]
+fn scheduler_streams_and_claim_checks_are_send_and_sync() {
+    send_sync::<acemq_amqp::patterns::Scheduler>();
+    send_sync::<acemq_amqp::patterns::StreamReader>();
+    send_sync::<acemq_amqp::patterns::ClaimCheckCodec>();
+    send_sync::<acemq_amqp::patterns::FilesystemClaimCheckStore>();
+}

@@ -96,10 +96,16 @@ impl QueueSpec {
         self
     }
 
-    /// Makes it a stream.
-    pub fn stream(mut self) -> Self {
-        self.kind = Some(QueueKind::Stream);
-        self
+    /// A stream named `name` (durable, `x-queue-type: stream`) with this retention. **A
+    /// default [`StreamRetention`](crate::patterns::StreamRetention) keeps every message for
+    /// ever.** See [`patterns::streams`](crate::patterns::streams).
+    pub fn stream(
+        name: impl Into<String>,
+        retention: crate::patterns::streams::StreamRetention,
+    ) -> Self {
+        let mut spec = QueueSpec::new(name);
+        spec.kind = Some(QueueKind::Stream);
+        retention.apply(spec)
     }
 
     /// Dead-letters what the broker rejects or expires to `{name}.dlq` through `acemq.dlx`

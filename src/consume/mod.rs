@@ -27,6 +27,7 @@
 mod outcome;
 pub(crate) mod owner;
 mod retry;
+mod stream_cursor;
 mod timer;
 mod worker;
 
@@ -35,6 +36,7 @@ pub use retry::{
     dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy, DEAD_LETTER_EXCHANGE,
     DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
 };
+pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -65,6 +67,12 @@ pub struct ConsumerOptions {
     /// Set by a [`ConsumerGroup`](crate::patterns::ConsumerGroup) for its members: a suffix of
     /// the thread names (`acemq-consumer-3`) and a tag in log lines.
     label: Option<String>,
+    /// Set by a stream reader: where the reader is, for resuming after a reconnect; it also
+    /// turns off the attempt check (a stream never retries).
+    stream_cursor: Option<Arc<StreamCursor>>,
+    /// Set by patterns that decide every message themselves (the scheduler): a message that
+    /// arrives past the policy's last attempt still reaches the handler.
+    any_attempt: bool,
 }
 
 impl Default for ConsumerOptions {
@@ -79,6 +87,8 @@ impl Default for ConsumerOptions {
             arguments: BTreeMap::new(),
             shutdown_timeout: Duration::from_secs(30),
             label: None,
+            stream_cursor: None,
+            any_attempt: false,
         }
     }
 }
@@ -151,6 +161,19 @@ impl ConsumerOptions {
     /// Names this consumer's threads and log lines after `label` (a group member's number).
     pub(crate) fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
+        self
+    }
+
+    /// Makes this a stream reader's consumer, tracking its position in `cursor`.
+    pub(crate) fn stream_cursor(mut self, cursor: Arc<StreamCursor>) -> Self {
+        self.stream_cursor = Some(cursor);
+        self.any_attempt = true;
+        self
+    }
+
+    /// Hands every message to the handler, whatever its attempt.
+    pub(crate) fn any_attempt(mut self) -> Self {
+        self.any_attempt = true;
         self
     }
 
@@ -232,6 +255,10 @@ pub(crate) struct Context {
     pub(crate) running: AtomicUsize,
     /// A group member's number: a suffix of the thread names and a tag in log lines.
     pub(crate) label: Option<String>,
+    /// A stream reader's position (see [`ConsumerOptions::stream_cursor`]).
+    pub(crate) stream_cursor: Option<Arc<StreamCursor>>,
+    /// Every attempt reaches the handler (see [`ConsumerOptions::any_attempt`]).
+    pub(crate) any_attempt: bool,
 }
 
 impl Context {
@@ -355,6 +382,8 @@ impl Connection {
             max_in_flight: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             label: options.label,
+            stream_cursor: options.stream_cursor,
+            any_attempt: options.any_attempt,
         });
         Ok(Consumer {
             ctx,

@@ -182,7 +182,8 @@ impl Verdict {
 /// "the handler rejected it: …", its park "the handler parked it: …", a [`FatalError`] "the
 /// handler reported an unprocessable message: FatalError: …", a body that could not be decoded
 /// ([`Error::Codec`](crate::Error::Codec) returned by the handler) "could not be decoded: …"
-/// (parked); any other error (`Error: …`) or a panic (`panic: …`) is a retry.
+/// (parked) unless its source is a [`FatalError`] (dead-lettered, as above) or a crate `Error`
+/// (a failing claim-check store: retried); any other error (`Error: …`) or a panic (`panic: …`) is a retry.
 pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
     match result {
         Ok(Ok(outcome)) => match outcome {
@@ -204,7 +205,23 @@ pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
                     ),
                 };
             }
-            if let Some(crate::Error::Codec { .. }) = e.downcast_ref::<crate::Error>() {
+            if let Some(crate::Error::Codec { source, .. }) = e.downcast_ref::<crate::Error>() {
+                // A codec that could not read the body for good (a claim check whose payload
+                // is gone) says so with a `FatalError`: dead-lettered; one whose store failed
+                // (a crate `Error`) may succeed later: retried.
+                if let Some(fatal) = source.downcast_ref::<FatalError>() {
+                    return Verdict::DeadLetter {
+                        error: format!(
+                            "the handler reported an unprocessable message: FatalError: {fatal}"
+                        ),
+                    };
+                }
+                if source.downcast_ref::<crate::Error>().is_some() {
+                    return Verdict::Retry {
+                        delay: None,
+                        why: format!("Error: {e}"),
+                    };
+                }
                 return Verdict::Park {
                     error: format!("could not be decoded: {e}"),
                 };
@@ -244,6 +261,22 @@ mod tests {
         assert_eq!(v.error(), Some("the handler rejected it: no such customer"));
         let v = decide(Ok(Ok(Outcome::park("odd"))));
         assert_eq!(v.error(), Some("the handler parked it: odd"));
+        let codec = |source: crate::BoxError| -> HandlerResult {
+            Err(Box::new(crate::Error::Codec {
+                content_type: "application/octet-stream".into(),
+                source,
+            }))
+        };
+        assert_eq!(decide(Ok(codec("not json".into()))).label(), "park");
+        assert_eq!(
+            decide(Ok(codec(Box::new(FatalError::new("claim gone"))))).label(),
+            "reject"
+        );
+        let store_down = crate::Error::Io {
+            context: "reading a claim check".into(),
+            source: std::io::Error::other("disk"),
+        };
+        assert_eq!(decide(Ok(codec(Box::new(store_down)))).label(), "retry");
         let panic = std::panic::catch_unwind(|| -> HandlerResult { panic!("oops") });
         let v = decide(panic);
         assert_eq!(v.label(), "retry");

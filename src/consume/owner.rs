@@ -136,9 +136,18 @@ fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
 
 /// `basic.consume` on the queue with the consumer's options.
 fn consume_on<'c>(ctx: &Context, channel: &'c Channel) -> Result<amiquip::Consumer<'c>> {
+    let mut arguments = crate::connection::to_table(&ctx.arguments);
+    if let Some(next) = ctx.stream_cursor.as_ref().and_then(|c| c.resume_at()) {
+        // A stream reader subscribing again after a reconnect goes on where it was, not from
+        // the offset it first asked for.
+        arguments.insert(
+            "x-stream-offset".into(),
+            amiquip::AmqpValue::LongLongInt(i64::try_from(next).unwrap_or(i64::MAX)),
+        );
+    }
     let options = AmqpConsumerOptions {
         exclusive: ctx.exclusive,
-        arguments: crate::connection::to_table(&ctx.arguments),
+        arguments,
         ..AmqpConsumerOptions::default()
     };
     channel

@@ -43,7 +43,11 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             continue;
         }
         let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
-        let (verdict, handler_duration) = if attempt > limit {
+        let offset = ctx
+            .stream_cursor
+            .as_ref()
+            .and_then(|c| c.started(&job.message));
+        let (verdict, handler_duration) = if attempt > limit && !ctx.any_attempt {
             // Another client sent it already past this policy's last attempt: it can never be
             // retried here, so it goes to `.dlq` without running the handler.
             let plural = if limit == 1 { "" } else { "s" };
@@ -67,6 +71,10 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
         };
         let (step, copy_error) = match carry_out(ctx, &job.message, &verdict) {
             Ok(step) => {
+                if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
+                    // Handled and its copy (if any) confirmed: a resumed reader starts after it.
+                    cursor.finished(offset);
+                }
                 ctx.copy_failures.succeeded(job.message.id());
                 (step, None)
             }

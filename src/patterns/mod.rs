@@ -1,6 +1,7 @@
 //! The family's patterns, one module each.
 
 pub mod acknowledged;
+pub mod claim_check;
 pub mod consumer_group;
 pub mod idempotency;
 pub mod idempotent;
@@ -10,10 +11,16 @@ pub mod replay;
 pub mod request_reply;
 pub mod routing_slip;
 pub mod saga;
+pub mod scheduler;
 pub mod schema_registry;
+pub mod streams;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};
+pub use claim_check::{
+    claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
+    DEFAULT_CLAIM_CHECK_THRESHOLD,
+};
 pub use consumer_group::ConsumerGroup;
 pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -34,6 +41,14 @@ pub use routing_slip::{
     SlipStart, SlipStep,
 };
 pub use saga::{Saga, SagaReport, StepFailure};
+pub use scheduler::{
+    hop_plan, hop_plan_on, schedule_rungs, schedule_topology, ScheduleTopology, Scheduler,
+    SchedulerOptions, SCHEDULED_MESSAGE_TYPE, SCHEDULE_CONTROL_QUEUE, SCHEDULE_EXCHANGE,
+};
 pub use schema_registry::{fingerprint, InMemorySchemaRegistry, Schema, SchemaRegistry};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use schema_registry::{SqlSchemaRegistry, SqlSchemaRegistryBuilder};
+pub use streams::{
+    declare_stream, from_first, read_stream, read_stream_with, stream, stream_offset_of, Offset,
+    StreamOptions, StreamReader, StreamRetention,
+};

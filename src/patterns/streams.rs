@@ -1,0 +1,452 @@
+//! RabbitMQ streams: append-only logs read from a chosen position, over AMQP 0-9-1.
+//!
+//! A stream keeps its messages after they are read; every reader picks where it starts
+//! ([`Offset`]) and reads independently of the others. What this module promises:
+//!
+//! * [`declare_stream`] (or [`QueueSpec::stream`] / [`stream`] as topology) declares a durable
+//!   `x-queue-type: stream` queue with the given [`StreamRetention`]. **A stream is unbounded by
+//!   default: it keeps every message until the disk is full.** Set `max_age` or `max_bytes` on
+//!   anything that runs for long.
+//! * [`read_stream`] subscribes with the `x-stream-offset` argument, a prefetch (`basic.qos`,
+//!   default 10; RabbitMQ refuses a stream consumer without one, so 0 is refused here with
+//!   [`Error::InvalidArgument`] before anything is sent) and manual acknowledgements, on
+//!   threads of its own, one worker by default (messages are handled in stream order).
+//! * **Acknowledging advances the position; it removes nothing.** [`Outcome::Park`] and
+//!   [`Outcome::Reject`] (and a [`FatalError`](crate::FatalError)) publish a copy to
+//!   `{stream}.parked` / `{stream}.dlq` (declared by the reader, bound to `acemq.dlx`),
+//!   confirmed, and then acknowledge the original, which stays in the stream.
+//! * **A retry is refused**: [`Outcome::Retry`], [`Outcome::InProgress`], an `Err` from the
+//!   handler and a panic would all mean republishing onto the stream — a second copy in the log
+//!   for every reader, now and on every replay. None of them does: the message is parked on
+//!   `{stream}.parked` with the text of [`Error::StreamRetry`], which names the alternatives
+//!   (park, reject, or record the offset, accept, and come back to it), and the reader moves on.
+//! * **Offsets.** Every delivery carries the broker's `x-stream-offset` header
+//!   ([`stream_offset_of`]). After a reconnect the reader subscribes again from the lowest
+//!   offset it has not finished (so nothing is missed; a message may be handled twice), not
+//!   from the offset it was started with; before anything was read it uses that offset again.
+//! * **No server-side offset tracking.** RabbitMQ 3.10 tracks a named consumer's offset only
+//!   for the stream protocol (port 5552), not for AMQP 0-9-1, and amiquip cannot even name a
+//!   consumer (the broker chooses every tag). [`StreamOptions::consumer_name`] therefore only
+//!   names the reader's threads and log lines. To resume where a reader stopped, track the
+//!   offset yourself: in the handler, after the effect is committed, store
+//!   [`stream_offset_of`]`(message)` (in the same transaction as the effect, ideally); start the
+//!   next reader with [`Offset::At`]`(stored + 1)`. [`StreamReader::position`] gives the same
+//!   number for the reader as a whole.
+//! * **Depth.** [`Connection::queue_info`] on a stream reports a `message_count` of 0 whatever
+//!   it holds: RabbitMQ does not count a stream's messages as ready ones. Use `rabbitmqctl
+//!   list_queues name messages` (or the management API) to see a stream's size.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use time::OffsetDateTime;
+
+use crate::connection::{Connection, QueueInfo, QueueSpec};
+use crate::consume::{
+    CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer, StopHandle,
+    StreamCursor,
+};
+use crate::envelope::{HeaderValue, Message};
+use crate::error::{panic_message, Error, Result};
+
+/// How much of a stream to keep. **All `None` (the default) keeps everything for ever.**
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamRetention {
+    /// Messages older than this are discarded (`x-max-age`, written in whole seconds rounded
+    /// up, with the largest unit that divides it: `7D`, `2h`, `10m`, `90s`). Defaults to none.
+    pub max_age: Option<Duration>,
+    /// The oldest messages are discarded once the stream holds more bytes than this
+    /// (`x-max-length-bytes`). Defaults to none.
+    pub max_bytes: Option<u64>,
+    /// How large each segment file grows (`x-stream-max-segment-size-bytes`); retention
+    /// discards whole segments, so a large segment makes retention coarse. Defaults to the
+    /// broker's (500 MB).
+    pub segment_bytes: Option<u64>,
+}
+
+impl StreamRetention {
+    /// Keeps everything: the default, spelled out.
+    pub fn unbounded() -> Self {
+        StreamRetention::default()
+    }
+
+    /// Sets [`max_age`](Self::max_age).
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+
+    /// Sets [`max_bytes`](Self::max_bytes).
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets [`segment_bytes`](Self::segment_bytes).
+    pub fn segment_bytes(mut self, bytes: u64) -> Self {
+        self.segment_bytes = Some(bytes);
+        self
+    }
+
+    /// The queue arguments this retention declares.
+    pub(crate) fn apply(&self, mut spec: QueueSpec) -> QueueSpec {
+        if let Some(age) = self.max_age {
+            spec = spec.argument("x-max-age", max_age_arg(age));
+        }
+        if let Some(bytes) = self.max_bytes {
+            spec = spec.argument("x-max-length-bytes", clamp(bytes));
+        }
+        if let Some(bytes) = self.segment_bytes {
+            spec = spec.argument("x-stream-max-segment-size-bytes", clamp(bytes));
+        }
+        spec
+    }
+}
+
+fn clamp(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// RabbitMQ's `x-max-age` text: whole seconds (rounded up, at least 1) in the largest unit
+/// that divides them.
+fn max_age_arg(age: Duration) -> String {
+    let mut secs = age.as_secs();
+    if age.subsec_nanos() > 0 || secs == 0 {
+        secs += 1;
+    }
+    match secs {
+        s if s.is_multiple_of(86_400) => format!("{}D", s / 86_400),
+        s if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+        s if s.is_multiple_of(60) => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// A stream as topology: the same as [`QueueSpec::stream`].
+pub fn stream(name: impl Into<String>, retention: StreamRetention) -> QueueSpec {
+    QueueSpec::stream(name, retention)
+}
+
+/// Declares a stream (durable, `x-queue-type: stream`) with this retention, and remembers it
+/// for re-declaration after recovery. The message count it reports is always 0 (see the
+/// [module docs](self)).
+///
+/// # Errors
+///
+/// [`Error::TopologyConflict`] when a queue of that name exists with other settings (the
+/// connection keeps working).
+pub fn declare_stream(
+    connection: &Connection,
+    name: &str,
+    retention: StreamRetention,
+) -> Result<QueueInfo> {
+    connection.declare_queue(&QueueSpec::stream(name, retention))
+}
+
+/// Where a stream reader starts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Offset {
+    /// The oldest message the stream still holds (retention may have discarded older ones).
+    First,
+    /// The last chunk the stream holds: roughly "the recent past", not one exact message.
+    Last,
+    /// What is published from now on. The default.
+    #[default]
+    Next,
+    /// An exact offset (a stored `x-stream-offset` + 1 resumes after it).
+    At(u64),
+    /// The first chunk holding messages published at or after this moment (second precision;
+    /// RabbitMQ may start a little earlier, at the chunk's beginning).
+    Since(OffsetDateTime),
+}
+
+impl Offset {
+    /// The `x-stream-offset` argument.
+    fn argument(&self) -> HeaderValue {
+        match self {
+            Offset::First => HeaderValue::Text("first".into()),
+            Offset::Last => HeaderValue::Text("last".into()),
+            Offset::Next => HeaderValue::Text("next".into()),
+            Offset::At(n) => HeaderValue::Int(clamp(*n)),
+            Offset::Since(t) => {
+                HeaderValue::Timestamp(u64::try_from(t.unix_timestamp()).unwrap_or(0))
+            }
+        }
+    }
+}
+
+/// [`Offset::First`]: read the whole stream.
+pub fn from_first() -> Offset {
+    Offset::First
+}
+
+/// The offset RabbitMQ stamped on a stream delivery (`x-stream-offset`), in any integer width;
+/// `None` on a message that did not come from a stream.
+pub fn stream_offset_of(message: &Message) -> Option<u64> {
+    crate::consume::stream_offset_of(message)
+}
+
+/// Options for [`read_stream_with`].
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    offset: Offset,
+    prefetch: u16,
+    concurrency: usize,
+    consumer_name: Option<String>,
+    shutdown_timeout: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            offset: Offset::Next,
+            prefetch: 10,
+            concurrency: 1,
+            consumer_name: None,
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl StreamOptions {
+    /// Default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where to start. Defaults to [`Offset::Next`].
+    pub fn offset(mut self, offset: Offset) -> Self {
+        self.offset = offset;
+        self
+    }
+
+    /// The most unacknowledged deliveries at once (`basic.qos`); required by RabbitMQ for a
+    /// stream, so 0 is refused. Defaults to 10.
+    pub fn prefetch(mut self, prefetch: u16) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Worker threads. Defaults to 1: messages are handled in stream order.
+    pub fn concurrency(mut self, workers: usize) -> Self {
+        self.concurrency = workers;
+        self
+    }
+
+    /// Names the reader's threads and log lines. It does **not** make the broker track the
+    /// reader's offset: over AMQP 0-9-1 RabbitMQ does not (see the [module docs](self) for how
+    /// to track it yourself). Defaults to none.
+    pub fn consumer_name(mut self, name: impl Into<String>) -> Self {
+        self.consumer_name = Some(name.into());
+        self
+    }
+
+    /// How long closing waits for running handlers. Defaults to 30 s.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+}
+
+/// Reads `stream` from `offset` with default options (prefetch 10, one worker).
+///
+/// # Errors
+///
+/// As [`read_stream_with`].
+pub fn read_stream<H>(
+    connection: &Connection,
+    stream: &str,
+    offset: Offset,
+    handler: H,
+) -> Result<StreamReader>
+where
+    H: Handler + Send + Sync + 'static,
+{
+    read_stream_with(
+        connection,
+        stream,
+        StreamOptions::new().offset(offset),
+        handler,
+    )
+}
+
+/// Reads `stream` on threads of its own and returns once subscribed.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a prefetch or concurrency of 0 (before anything is sent);
+/// [`Error::NotFound`] when there is no such stream; declaring `{stream}.dlq` and
+/// `{stream}.parked` can fail with [`Error::TopologyConflict`].
+pub fn read_stream_with<H>(
+    connection: &Connection,
+    stream: &str,
+    options: StreamOptions,
+    handler: H,
+) -> Result<StreamReader>
+where
+    H: Handler + Send + Sync + 'static,
+{
+    if options.prefetch == 0 {
+        return Err(Error::invalid(format!(
+            "stream {stream:?}: a stream reader needs a prefetch of at least 1 (RabbitMQ \
+             refuses to deliver from a stream without basic.qos)"
+        )));
+    }
+    if options.concurrency == 0 {
+        return Err(Error::invalid(format!(
+            "stream {stream:?}: concurrency must be at least 1"
+        )));
+    }
+    let cursor = Arc::new(StreamCursor::default());
+    let mut consumer_options = ConsumerOptions::new()
+        .prefetch(options.prefetch)
+        .concurrency(options.concurrency)
+        .no_retry()
+        .argument("x-stream-offset", options.offset.argument())
+        .shutdown_timeout(options.shutdown_timeout)
+        .stream_cursor(cursor.clone());
+    if let Some(name) = &options.consumer_name {
+        consumer_options = consumer_options.label(name.clone());
+    }
+    let running = connection
+        .consumer(stream, consumer_options)?
+        .start(StreamHandler {
+            inner: handler,
+            stream: stream.to_string(),
+        })?;
+    Ok(StreamReader {
+        running,
+        cursor,
+        stream: stream.to_string(),
+    })
+}
+
+/// A stream reader running on its own threads. Dropping it closes it (blocking up to the
+/// shutdown timeout).
+#[derive(Debug)]
+pub struct StreamReader {
+    running: RunningConsumer,
+    cursor: Arc<StreamCursor>,
+    stream: String,
+}
+
+impl StreamReader {
+    /// The stream read.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
+    /// The offset a reader started now would begin at to miss nothing this one has not
+    /// finished: the lowest offset still being handled, else one past the last finished;
+    /// `None` before anything was read. Store it to resume with [`Offset::At`].
+    pub fn position(&self) -> Option<u64> {
+        self.cursor.resume_at()
+    }
+
+    /// A handle that stops the reader from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.running.stop_handle()
+    }
+
+    /// Stops the reader as [`RunningConsumer::close`] does.
+    ///
+    /// # Errors
+    ///
+    /// The error that ended the reader, if it ended on its own.
+    pub fn close(self) -> Result<CloseReport> {
+        self.running.close()
+    }
+}
+
+/// Runs a stream handler and turns whatever would republish onto the stream into a park with
+/// [`Error::StreamRetry`]'s text.
+struct StreamHandler<H> {
+    inner: H,
+    stream: String,
+}
+
+impl<H: Handler> StreamHandler<H> {
+    fn refuse(&self, message: &Message, reason: String) -> HandlerResult {
+        let refusal = Error::StreamRetry {
+            stream: self.stream.clone(),
+            offset: stream_offset_of(message),
+            message_id: message.id().to_string(),
+            reason,
+        };
+        log::warn!("acemq: {refusal}");
+        Ok(Outcome::park(refusal.to_string()))
+    }
+}
+
+impl<H: Handler> Handler for StreamHandler<H> {
+    fn handle(&self, message: &Message) -> HandlerResult {
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.inner.handle(message)));
+        match result {
+            Ok(Ok(Outcome::Retry { reason, .. })) => self.refuse(message, reason),
+            Ok(Ok(Outcome::InProgress { delay })) => {
+                self.refuse(message, format!("in progress, to come back in {delay:?}"))
+            }
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(e)) => {
+                // A reject (a `FatalError`) or a park (a body that cannot be decoded) passes;
+                // what the consumer would retry is refused.
+                if is_retry(&e) {
+                    self.refuse(message, format!("Error: {e}"))
+                } else {
+                    Err(e)
+                }
+            }
+            Err(panic) => {
+                log::error!(
+                    "acemq: a handler on stream {:?} panicked on message {}",
+                    self.stream,
+                    message.id()
+                );
+                self.refuse(message, format!("panic: {}", panic_message(&*panic)))
+            }
+        }
+    }
+}
+
+/// True when the consumer would retry a handler's `Err(e)` (rather than reject or park it).
+fn is_retry(e: &crate::error::BoxError) -> bool {
+    use crate::consume::FatalError;
+    if e.downcast_ref::<FatalError>().is_some() {
+        return false;
+    }
+    match e.downcast_ref::<Error>() {
+        Some(Error::Codec { source, .. }) => {
+            source.downcast_ref::<FatalError>().is_none()
+                && source.downcast_ref::<Error>().is_some()
+        }
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn max_age_is_written_in_the_largest_whole_unit() {
+        assert_eq!(max_age_arg(Duration::from_secs(7 * 86_400)), "7D");
+        assert_eq!(max_age_arg(Duration::from_secs(7_200)), "2h");
+        assert_eq!(max_age_arg(Duration::from_secs(600)), "10m");
+        assert_eq!(max_age_arg(Duration::from_secs(90)), "90s");
+        assert_eq!(max_age_arg(Duration::from_millis(1_500)), "2s");
+        assert_eq!(max_age_arg(Duration::ZERO), "1s");
+    }
+
+    #[test]
+    fn offsets_are_the_brokers_arguments() {
+        assert_eq!(Offset::First.argument(), HeaderValue::Text("first".into()));
+        assert_eq!(Offset::At(42).argument(), HeaderValue::Int(42));
+        let t = OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        assert_eq!(
+            Offset::Since(t).argument(),
+            HeaderValue::Timestamp(1_700_000_000)
+        );
+        assert_eq!(Offset::default(), Offset::Next);
+    }
+}

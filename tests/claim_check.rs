@@ -1,0 +1,326 @@
+//! Claim checks: every case of the family's vector (`fixtures/claim_check.json`), the
+//! threshold, the filesystem store's refused keys and atomic writes, a missing claim
+//! dead-lettered, and a 1 MiB payload through the real broker.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::patterns::{
+    claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
+};
+use acemq_amqp::{
+    BytesCodec, Codec, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec,
+};
+use serde_json::Value;
+use support::{connect, eventually, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn vector() -> Value {
+    serde_json::from_str(include_str!("fixtures/claim_check.json")).unwrap()
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// A store in memory that records what it was asked.
+#[derive(Debug, Default, Clone)]
+struct MemoryStore {
+    held: Arc<Mutex<HashMap<String, Vec<u8>>>>,
+    deleted: Arc<Mutex<usize>>,
+}
+
+impl ClaimCheckStore for MemoryStore {
+    fn put(&self, payload: &[u8]) -> acemq_amqp::Result<String> {
+        let key = format!("k/{}", acemq_amqp::new_id());
+        self.held
+            .lock()
+            .unwrap()
+            .insert(key.clone(), payload.to_vec());
+        Ok(key)
+    }
+    fn get(&self, key: &str) -> acemq_amqp::Result<Option<Vec<u8>>> {
+        Ok(self.held.lock().unwrap().get(key).cloned())
+    }
+    fn delete(&self, key: &str) -> acemq_amqp::Result<()> {
+        *self.deleted.lock().unwrap() += 1;
+        self.held.lock().unwrap().remove(key);
+        Ok(())
+    }
+}
+
+#[test]
+fn every_vector_case_decodes_as_the_family_says() {
+    let v = vector();
+    assert_eq!(
+        v["threshold_default_bytes"].as_u64().unwrap() as usize,
+        acemq_amqp::patterns::DEFAULT_CLAIM_CHECK_THRESHOLD
+    );
+    let store = MemoryStore::default();
+    let codec = ClaimCheckCodec::new(BytesCodec, store.clone());
+    let cases = v["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 7);
+    for case in cases {
+        let body = hex(case["body_hex"].as_str().unwrap());
+        let m = Message::new(body.clone());
+        match case["decodes_as"].as_str().unwrap() {
+            "inline" => {
+                let payload = hex(case["payload_hex"].as_str().unwrap());
+                assert!(!is_claim_check(&body), "{case}");
+                assert_eq!(claim_key_of(&body), None);
+                assert_eq!(m.decode::<Vec<u8>>(&codec).unwrap(), payload, "{case}");
+                // The JSON delegate reads the same inline bytes.
+                let json = ClaimCheckCodec::new(JsonCodec, store.clone());
+                assert_eq!(
+                    m.decode::<Value>(&json).unwrap(),
+                    serde_json::from_slice::<Value>(&payload).unwrap()
+                );
+            }
+            "claim" => {
+                let key = case["key"].as_str().unwrap();
+                assert!(is_claim_check(&body), "{case}");
+                assert_eq!(claim_key_of(&body), Some(key));
+                store
+                    .held
+                    .lock()
+                    .unwrap()
+                    .insert(key.to_string(), b"stored payload".to_vec());
+                assert_eq!(m.decode::<Vec<u8>>(&codec).unwrap(), b"stored payload");
+            }
+            "delegate" => {
+                assert!(!is_claim_check(&body), "{case}");
+                assert_eq!(claim_key_of(&body), None, "{case}");
+                // Handed to the delegate whole and untouched.
+                assert_eq!(m.decode::<Vec<u8>>(&codec).unwrap(), body, "{case}");
+            }
+            other => panic!("unknown case {other}"),
+        }
+    }
+    assert_eq!(*store.deleted.lock().unwrap(), 0, "the codec never deletes");
+}
+
+#[test]
+fn below_the_threshold_inline_at_or_above_it_stored_and_zero_offloads_everything() {
+    let store = MemoryStore::default();
+    let codec = ClaimCheckCodec::new(BytesCodec, store.clone()).threshold(8);
+    assert_eq!(codec.content_type(), "application/octet-stream");
+
+    let small = Message::encode(&codec, &vec![1u8; 7]).unwrap();
+    assert_eq!(small.body, [&[0xAC, 0x01, 0x00][..], &[1u8; 7]].concat());
+    assert_eq!(
+        small.content_type.as_deref(),
+        Some("application/octet-stream")
+    );
+    assert!(small.headers.is_empty(), "no header is written");
+    assert_eq!(
+        small.envelope.claim, None,
+        "x-acemq-claim is the application's"
+    );
+
+    let at = Message::encode(&codec, &vec![2u8; 8]).unwrap();
+    assert!(is_claim_check(&at.body));
+    let key = claim_key_of(&at.body).unwrap().to_string();
+    assert_eq!(at.body, [&[0xAC, 0x01, 0x01][..], key.as_bytes()].concat());
+    assert_eq!(store.held.lock().unwrap()[&key], vec![2u8; 8]);
+    assert_eq!(at.decode::<Vec<u8>>(&codec).unwrap(), vec![2u8; 8]);
+
+    let everything = ClaimCheckCodec::new(JsonCodec, store.clone()).threshold(0);
+    let m = Message::encode(&everything, &serde_json::json!({"a": 1})).unwrap();
+    assert!(is_claim_check(&m.body));
+    assert_eq!(m.content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        store.held.lock().unwrap()[claim_key_of(&m.body).unwrap()],
+        br#"{"a":1}"#
+    );
+    assert_eq!(
+        m.decode::<Value>(&everything).unwrap(),
+        serde_json::json!({"a": 1})
+    );
+    assert_eq!(*store.deleted.lock().unwrap(), 0, "the codec never deletes");
+}
+
+#[test]
+fn a_missing_claim_is_fatal_and_a_failing_store_is_not() {
+    let store = MemoryStore::default();
+    let codec = ClaimCheckCodec::new(BytesCodec, store);
+    let body = [&[0xAC, 0x01, 0x01][..], b"gone"].concat();
+    let err = Message::new(body).decode::<Vec<u8>>(&codec).unwrap_err();
+    let Error::Codec { source, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        source.downcast_ref::<acemq_amqp::FatalError>().is_some(),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("\"gone\" is not in the store"),
+        "{err}"
+    );
+
+    // A key the filesystem store refuses is an error of the store, not a missing claim.
+    let dir = tempfile::tempdir().unwrap();
+    let fs = ClaimCheckCodec::new(
+        BytesCodec,
+        FilesystemClaimCheckStore::new(dir.path()).unwrap(),
+    );
+    let body = [&[0xAC, 0x01, 0x01][..], b"../../etc/passwd"].concat();
+    let err = Message::new(body).decode::<Vec<u8>>(&fs).unwrap_err();
+    let Error::Codec { source, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<Error>(),
+            Some(Error::InvalidName { .. })
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_filesystem_store_refuses_every_key_that_could_leave_its_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path().join("claims")).unwrap();
+    let refused = vector()["filesystem_store_keys_refused"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_string())
+        .chain(["a\\b".to_string(), "a//b".to_string(), "./a".to_string()])
+        .collect::<Vec<_>>();
+    assert!(refused.len() >= 7);
+    for key in &refused {
+        for result in [
+            store.get(key).map(|_| ()),
+            store.delete(key),
+            store.path_of(key).map(|_| ()),
+        ] {
+            match result {
+                Err(Error::InvalidName { kind, .. }) => assert_eq!(kind, "claim-check key"),
+                other => panic!("key {key:?} was not refused: {other:?}"),
+            }
+        }
+    }
+    // Nothing was created outside the root.
+    let outside: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(outside.len(), 1, "only the root itself");
+}
+
+#[test]
+fn the_filesystem_store_writes_atomically_and_reads_keys_with_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
+    let key = store.put(b"payload").unwrap();
+    assert!(!key.is_empty());
+    assert_eq!(store.get(&key).unwrap().as_deref(), Some(&b"payload"[..]));
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec![key.clone()], "no temporary file left behind");
+    store.delete(&key).unwrap();
+    assert_eq!(store.get(&key).unwrap(), None);
+    store.delete(&key).unwrap(); // deleting a missing key is fine
+
+    // Another library's key with directories (the vector's).
+    std::fs::create_dir_all(dir.path().join("orders/2026")).unwrap();
+    std::fs::write(dir.path().join("orders/2026/abcd"), b"{}").unwrap();
+    assert_eq!(
+        store.get("orders/2026/abcd").unwrap().as_deref(),
+        Some(&b"{}"[..])
+    );
+}
+
+#[test]
+fn a_one_mib_payload_round_trips_through_the_broker_as_a_claim_check() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("claim-1mib"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
+    let codec = ClaimCheckCodec::new(BytesCodec, store);
+    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+
+    let publisher = conn.publisher().unwrap();
+    let m = Message::encode(&codec, &payload).unwrap();
+    assert!(m.body.len() < 100, "the broker carries the key only");
+    publisher.publish("", &q, m).unwrap();
+
+    let got = Arc::new(Mutex::new(None::<(Vec<u8>, Vec<u8>)>));
+    let g = got.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().codec(codec.clone()))
+        .unwrap()
+        .start(move |m: &Message| {
+            let decoded: Vec<u8> = m.payload()?;
+            *g.lock().unwrap() = Some((m.body.clone(), decoded));
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || got.lock().unwrap().is_some()));
+    consumer.close().unwrap();
+    let (body, decoded) = got.lock().unwrap().take().unwrap();
+    assert!(is_claim_check(&body));
+    assert_eq!(decoded, payload);
+    // The codec never deletes: the payload is still in the store.
+    let key = claim_key_of(&body).unwrap();
+    assert_eq!(codec.store().get(key).unwrap().unwrap(), payload);
+    publisher.close().unwrap();
+}
+
+#[test]
+fn a_message_whose_claim_is_gone_is_dead_lettered_with_the_reason() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("claim-gone"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
+    let codec = ClaimCheckCodec::new(BytesCodec, store).threshold(0);
+    let m = Message::encode(&codec, &vec![9u8; 10]).unwrap();
+    let key = claim_key_of(&m.body).unwrap().to_string();
+    codec.store().delete(&key).unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, m).unwrap();
+    publisher.close().unwrap();
+
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().codec(codec))
+        .unwrap()
+        .start(|m: &Message| {
+            let _: Vec<u8> = m.payload()?;
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .map(|i| i.message_count == 1)
+        .unwrap_or(false)));
+    consumer.close().unwrap();
+    let raw = support::raw::Raw::open();
+    let (props, _, body) = raw.get(&dlq).expect("the dead-lettered copy");
+    assert_eq!(
+        claim_key_of(&body),
+        Some(key.as_str()),
+        "the body as it was"
+    );
+    let error = props
+        .headers()
+        .as_ref()
+        .and_then(|h| h.get("x-acemq-error").cloned());
+    let text = format!("{error:?}");
+    assert!(
+        text.contains("FatalError") && text.contains("not in the store"),
+        "{text}"
+    );
+    raw.close();
+}
