@@ -30,6 +30,9 @@ pub(crate) struct Delayed {
     /// The copy to publish to the queue when due; `None`: put the original back (a copy that
     /// could not be published backs off here rather than spinning).
     pub(crate) copy: Option<Message>,
+    /// Hand `copy` back to the owner to run the handler again on the same delivery (a held
+    /// retry of an ordered message) instead of publishing it.
+    pub(crate) again: bool,
 }
 
 /// What the timer thread receives.
@@ -119,6 +122,7 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, d: Box<Delayed>) {
     }
     let action = match d.copy {
         None => SettleAction::Requeue,
+        Some(copy) if d.again => SettleAction::Again(Box::new(copy)),
         Some(copy) => {
             let id = copy.id().to_string();
             match publish(ctx, &ctx.queue, copy) {
