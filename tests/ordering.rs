@@ -289,7 +289,7 @@ fn retry_scenario(hold: bool) -> (Vec<(String, usize, u32)>, u32) {
     (seen, dead)
 }
 
-fn of_key<'a>(seen: &'a [(String, usize, u32)], key: &str) -> Vec<(usize, u32)> {
+fn of_key(seen: &[(String, usize, u32)], key: &str) -> Vec<(usize, u32)> {
     seen.iter()
         .filter(|(k, _, _)| k == key)
         .map(|(_, s, a)| (*s, *a))
