@@ -173,8 +173,8 @@ pub use connection::{
 };
 pub use consume::{
     dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
-    ConsumerOptions, FatalError, Handler, HandlerResult, Outcome, RetryPolicy, RunningConsumer,
-    StopHandle,
+    ConsumerOptions, FatalError, Handler, HandlerResult, OrderBy, Outcome, RetryPolicy,
+    RunningConsumer, StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,

@@ -412,7 +412,7 @@ impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
                 Ok(Outcome::retry(format!(
                     "acemq: handling message {} did not finish within {}",
                     m.id(),
-                    format_duration(*limit)
+                    go_duration(*limit)
                 )))
             }
         }
@@ -420,5 +420,19 @@ impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
 
     fn ordering(&self) -> Option<&OrderBy> {
         self.handler.ordering()
+    }
+}
+
+/// A duration as Go prints one (`50ms`, `10s`, `1m30s`), as the family's error texts do.
+fn go_duration(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        let micros = d.as_micros();
+        if micros % 1000 == 0 {
+            format!("{}ms", micros / 1000)
+        } else {
+            format!("{}ms", d.as_secs_f64() * 1000.0)
+        }
+    } else {
+        format_duration(d)
     }
 }
