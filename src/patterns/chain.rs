@@ -427,7 +427,7 @@ impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
 fn go_duration(d: Duration) -> String {
     if d < Duration::from_secs(1) {
         let micros = d.as_micros();
-        if micros % 1000 == 0 {
+        if micros.is_multiple_of(1000) {
             format!("{}ms", micros / 1000)
         } else {
             format!("{}ms", d.as_secs_f64() * 1000.0)
