@@ -40,8 +40,11 @@
 //! * [`observe`]: the [`Observer`] hook and the family's metric names.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]) and the
-//!   broker-neutral acknowledged consumer.
+//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
+//!   broker-neutral acknowledged consumer, ordered dispatch and partitions
+//!   ([`patterns::ordered`], [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain))
+//!   and pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
+//!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
 //!
 //! ## Life cycle
 //!
@@ -92,6 +95,7 @@
 //! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
 //! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, hands each reply to its call) and its publisher's `acemq-confirms`; a call blocks only its own thread |
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
+//! | [`patterns::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
@@ -141,6 +145,9 @@
 //!   original back after a pause of 1 s doubling per failure of that message on this consumer
 //!   (at most 30 s, drawn between half and all of it), never at once; each failure is logged at error and reported to the
 //!   observer as outcome `copy_failed`.
+//! * Ordered dispatch is done by the consumer's owner thread, not by a wrapper that blocks a
+//!   worker: a delivery whose key is busy waits there, unacknowledged, within the prefetch (see
+//!   [`patterns::ordering`]).
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a

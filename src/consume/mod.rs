@@ -17,6 +17,12 @@
 //!    due, and then sends the settlement.
 //! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
 //!
+//! An ordered handler ([`Handler::ordering`], set by [`ordered`](crate::patterns::ordered))
+//! makes the owner hold, in step 2, a delivery whose key is busy until the key is free; see
+//! [`patterns::ordering`](crate::patterns::ordering). With
+//! [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the delivery before
+//! step 3 and publishes no copy.
+//!
 //! After a reconnect the owner subscribes again on a new channel with a new generation.
 //! Deliveries from the old channel are never acknowledged on the new one (amiquip would
 //! panic): jobs not yet started are skipped and outcomes of running ones are dropped with a log
@@ -166,7 +172,7 @@ impl ConsumerOptions {
     ///
     /// Exactly once is not on offer end to end: no broker acknowledgement can be atomic with
     /// an effect elsewhere. At least once with an idempotent handler
-    /// ([`idempotent`](crate::patterns::idempotent)) makes duplicates harmless, which is what
+    /// ([`idempotent`](fn@crate::patterns::idempotent)) makes duplicates harmless, which is what
     /// most services want; at most once is for data cheaper to lose than to handle twice (a
     /// metrics sample).
     pub fn at_most_once(mut self) -> Self {

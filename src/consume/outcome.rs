@@ -125,7 +125,7 @@ pub trait Handler {
 
     /// The per-key ordering this handler asks the consumer running it for: `None` (the
     /// default) for none. Set by [`ordered`](crate::patterns::ordered); a wrapper around another
-    /// handler (the chain's, [`idempotent`](crate::patterns::idempotent)) passes on its inner
+    /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent)) passes on its inner
     /// handler's, so that the ordering holds wherever it sits in a chain. A handler written by
     /// hand around an ordered one should do the same, or the ordering is lost.
     fn ordering(&self) -> Option<&OrderBy> {

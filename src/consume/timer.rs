@@ -7,6 +7,9 @@
 //! tells the owner to acknowledge the original, or to requeue it if the copy could not be
 //! published. What is held is bounded by the prefetch (each entry is an unsettled delivery).
 //!
+//! A held retry of an ordered message with `hold_on_retry` (`again`) is not published: when due
+//! it goes back to the owner, which runs the handler again on the same delivery.
+//!
 //! Entries from before a reconnect are dropped when due: their deliveries are the broker's
 //! again. On close the owner sends [`TimerMsg::Stop`]: every entry still waiting is requeued
 //! unchanged (same attempt), as a family consumer's held delivery is when its channel closes.

@@ -30,7 +30,7 @@
 //! The list reads **outermost first**: the first layer sees the message first and the outcome
 //! last, so logging (outermost) records what the deadline and the idempotency guard decided.
 //! Each layer is also a plain [`Handler`] wrapper that works alone: [`Logged`],
-//! [`TimeLimited`] (made by a [`Deadline`]), [`idempotent`] and [`ordered`]. Every one of them
+//! [`TimeLimited`] (made by a [`Deadline`]), [`idempotent`](fn@idempotent) and [`ordered`]. Every one of them
 //! passes on the ordering of the handler it wraps ([`Handler::ordering`]), so `with_ordering`
 //! works wherever it sits in the list.
 //!
@@ -44,7 +44,7 @@
 //! it decided (a panic in it is passed on to the consumer, which retries it). One that overruns
 //! is settled **as a retry, on time** — retrying work that may have succeeded risks doing it
 //! twice, accepting work that may have failed loses it, and duplicates can be made harmless
-//! ([`idempotent`]) while a loss cannot — with the error
+//! ([`idempotent`](fn@idempotent)) while a loss cannot — with the error
 //! `acemq: handling message {id} did not finish within {limit}`.
 //!
 //! **The overrunning thread cannot be interrupted** (Rust has no way to stop a thread): it runs
@@ -154,7 +154,7 @@ pub fn with_timeout(limit: Duration) -> Layer {
     Deadline::new(limit).layer()
 }
 
-/// The idempotency layer: [`idempotent`] with `store`, keyed by message id.
+/// The idempotency layer: [`idempotent`](fn@idempotent) with `store`, keyed by message id.
 pub fn with_idempotency<S>(store: S) -> Layer
 where
     S: IdempotencyStore + 'static,

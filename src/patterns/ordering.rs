@@ -70,7 +70,7 @@
 //!   may come after later ones. After a reconnect the keys start free: a handler still running
 //!   on the old channel may overlap its key's redeliveries.
 //! * **What sees the key.** The consumer asks its handler ([`Handler::ordering`]); the wrappers
-//!   of this crate ([`chain`](crate::patterns::chain), [`idempotent`](crate::patterns::idempotent),
+//!   of this crate ([`chain`](fn@crate::patterns::chain), [`idempotent`](fn@crate::patterns::idempotent),
 //!   the chain's layers) pass it on from the handler they wrap. A closure that calls an ordered
 //!   handler hides it: no ordering then. A handler's `handle` called by hand is not ordered.
 //! * [`with_timeout`](crate::patterns::with_timeout) settles an overrun on time while the

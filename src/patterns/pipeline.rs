@@ -38,7 +38,7 @@
 //! * The next message's id is **derived** from the consumed message's id and the destination
 //!   for [`Next::Publish`], so a step that runs again (a retry, a redelivery after a crash
 //!   between the confirm and the ack) publishes the same id, and an
-//!   [`idempotent`](crate::patterns::idempotent) consumer of the next hop sees the duplicate for
+//!   [`idempotent`](fn@crate::patterns::idempotent) consumer of the next hop sees the duplicate for
 //!   what it is. A [`Next::Message`] keeps the id the step gave it.
 //!
 //! Since a failed publish runs the step again, **a step that changes anything (a database, an
