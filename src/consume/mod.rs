@@ -162,8 +162,11 @@ impl ConsumerOptions {
     /// outcome but accept) then loses the message: no retry copy, no dead letter; it is counted
     /// ([`RunningConsumer::lost`]) and reported to the observer as outcome `lost` (the default
     /// observer logs it at debug). A consumer killed while the handler runs does not get the
-    /// message again. Deliveries not yet taken by a worker are unacknowledged and go back to
-    /// the queue on close, as usual. Defaults to off: at least once.
+    /// message again, and neither does one whose handler is still running when closing gives up
+    /// waiting (counted `abandoned`). Deliveries not yet taken by a worker are unacknowledged
+    /// and go back to the queue on close, as usual. Each delivery costs one round trip between
+    /// the worker and the owner thread before its handler starts. Defaults to off: at least
+    /// once.
     ///
     /// | when the ack goes | guarantee | a failure or crash in the handler |
     /// |---|---|---|
