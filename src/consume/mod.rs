@@ -443,7 +443,9 @@ impl Consumer {
         self.ctx.in_flight.load(Ordering::SeqCst)
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch).
+    /// The most deliveries ever in flight at once (never above the prefetch; with
+    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
+    /// too, so up to prefetch + concurrency).
     pub fn max_in_flight(&self) -> usize {
         self.ctx.max_in_flight.load(Ordering::SeqCst)
     }
@@ -613,7 +615,9 @@ impl RunningConsumer {
         self.consumer.in_flight()
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch).
+    /// The most deliveries ever in flight at once (never above the prefetch; with
+    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
+    /// too, so up to prefetch + concurrency).
     pub fn max_in_flight(&self) -> usize {
         self.consumer.max_in_flight()
     }
