@@ -44,8 +44,11 @@
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]), sagas ([`patterns::Saga`]),
 //!   the scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
-//!   ([`patterns::declare_stream`], [`patterns::read_stream`]) and claim checks
-//!   ([`patterns::ClaimCheckCodec`]).
+//!   ([`patterns::declare_stream`], [`patterns::read_stream`]), claim checks
+//!   ([`patterns::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordered`],
+//!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
+//!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
+//!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
 //!
 //! ## Life cycle
 //!
@@ -98,6 +101,7 @@
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
 //! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
 //! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
+//! | [`patterns::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
@@ -152,6 +156,9 @@
 //!   original back after a pause of 1 s doubling per failure of that message on this consumer
 //!   (at most 30 s, drawn between half and all of it), never at once; each failure is logged at error and reported to the
 //!   observer as outcome `copy_failed`.
+//! * Ordered dispatch is done by the consumer's owner thread, not by a wrapper that blocks a
+//!   worker: a delivery whose key is busy waits there, unacknowledged, within the prefetch (see
+//!   [`patterns::ordering`]).
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a
@@ -191,8 +198,8 @@ pub use connection::{
 };
 pub use consume::{
     dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
-    ConsumerOptions, FatalError, Handler, HandlerResult, Outcome, RetryPolicy, RunningConsumer,
-    StopHandle,
+    ConsumerOptions, FatalError, Handler, HandlerResult, OrderBy, Outcome, RetryPolicy,
+    RunningConsumer, StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
