@@ -1,6 +1,6 @@
-//! A saga: reserve stock, charge the card, book the courier. The courier is fully booked, so
-//! the completed steps are compensated in reverse order (refund, then release). The report says
-//! what happened; nothing here needs a broker.
+//! A saga: reserve stock, charge the card, book the courier. For the second order the courier
+//! is fully booked, so its completed steps are compensated in reverse order (refund, then
+//! release). The report says what happened; nothing here needs a broker.
 //! Run: `cargo run --example intermediate_saga`.
 
 use acemq_amqp::patterns::Saga;
@@ -32,9 +32,14 @@ fn main() {
             },
         )
         .step_without_compensation("book-courier", |order: &&str| -> Step {
-            Err(format!("no courier free today for {order}"))
+            if *order == "o-2" {
+                return Err(format!("no courier free today for {order}"));
+            }
+            println!("  booked a courier for {order}");
+            Ok(())
         });
-    for order in ["o-1"] {
+    for order in ["o-1", "o-2"] {
+        println!("order {order}:");
         let report = saga.run(&order);
         println!("{report}");
         println!(
