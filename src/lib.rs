@@ -187,16 +187,18 @@ pub mod sql;
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
-    QueueKind, QueueSpec,
+    QueueKind, QueueSpec, TopologyDifference,
 };
 pub use consume::{
-    dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
-    ConsumerOptions, FatalError, Handler, HandlerResult, Outcome, RetryPolicy, RunningConsumer,
-    StopHandle,
+    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, CloseReport,
+    Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, Outcome,
+    RetryPolicy, RunningConsumer, StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
 pub use error::{BoxError, Error, Result};
+#[cfg(feature = "metrics")]
+pub use observe::MetricsObserver;
 pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};

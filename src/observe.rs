@@ -6,6 +6,14 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "metrics")]
+mod metrics_observer;
+#[cfg(feature = "metrics")]
+pub use metrics_observer::{
+    MetricsObserver, CONSUME_DURATION, DEAD_LETTERED_TOTAL, OUTBOX_OLDEST_AGE, OUTBOX_PENDING,
+    REQUEST_TOTAL, RETRIED_TOTAL,
+};
+
 /// The family's metric names.
 pub mod metrics {
     /// Counter, labels `queue` and `outcome` (accept, retry, reject, park, in_progress).

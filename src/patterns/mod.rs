@@ -6,6 +6,7 @@ pub mod consumer_group;
 pub mod idempotency;
 pub mod idempotent;
 pub mod outbox;
+pub mod peek;
 pub mod relay;
 pub mod replay;
 pub mod request_reply;
@@ -31,6 +32,7 @@ pub use idempotent::{idempotent_tx, IdempotentTx};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
+pub use peek::{peek, PEEK_MAX};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };
