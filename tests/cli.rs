@@ -156,6 +156,28 @@ fn peek_shows_envelopes_and_leaves_the_queue_exactly_as_it_was() {
 }
 
 #[test]
+fn peek_refuses_a_quorum_queue_unless_unordered() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&support::unique("cli.peek.quorum"));
+    connection
+        .declare_queue(&QueueSpec::new(&q).quorum())
+        .unwrap();
+    put(&connection, &q, vec![dead_letter(0, "e")]);
+    let out = acemq(&["peek", &q]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("quorum queue"), "{}", stderr(&out));
+    let out = acemq(&["--json", "peek", &q, "--unordered"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json_lines(&out).len(), 1);
+    // A quorum queue counts the returned message as ready a moment after the nack.
+    assert!(support::eventually(Duration::from_secs(5), || count(
+        &connection,
+        &q
+    ) == 1));
+}
+
+#[test]
 fn replay_dry_run_lists_and_moves_nothing_then_replay_moves_the_matching_ones() {
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);

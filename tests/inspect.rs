@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use acemq_amqp::patterns::{peek, PEEK_MAX};
+use acemq_amqp::patterns::{peek, peek_unordered, PEEK_MAX};
 use acemq_amqp::{Error, ExchangeKind, ExchangeSpec, Message, QueueSpec};
 use support::Cleanup;
 
@@ -67,6 +67,34 @@ fn peek_refuses_bad_limits_and_reports_a_missing_queue() {
         .publish("", &q, Message::new("x"))
         .unwrap();
     assert_eq!(peek(&connection, &q, 3).unwrap().len(), 1);
+}
+
+#[test]
+fn peek_refuses_a_quorum_queue_whose_order_it_cannot_keep_unless_asked() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&support::unique("peek.quorum"));
+    connection
+        .declare_queue(&QueueSpec::new(&q).quorum())
+        .unwrap();
+    let ids = support::publish_n(&connection, &q, 3, true);
+    match peek(&connection, &q, 2) {
+        Err(Error::InvalidArgument { reason }) => {
+            assert!(reason.contains("quorum"), "{reason}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Refused before anything was read: the head is still the first message.
+    let seen = peek_unordered(&connection, &q, 1).unwrap();
+    assert_eq!(seen[0].envelope.id, ids[0]);
+    // What the refusal is about: the message read went back behind the others.
+    assert!(support::eventually(Duration::from_secs(5), || {
+        peek_unordered(&connection, &q, 1).unwrap()[0].envelope.id == ids[1]
+    }));
+    // (A quorum queue counts a returned message as ready again a moment after the nack.)
+    assert!(support::eventually(Duration::from_secs(5), || {
+        connection.queue_info(&q).unwrap().message_count == 3
+    }));
 }
 
 #[test]

@@ -32,7 +32,7 @@ pub use idempotent::{idempotent_tx, IdempotentTx};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
-pub use peek::{peek, PEEK_MAX};
+pub use peek::{peek, peek_unordered, PEEK_MAX};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };

@@ -22,9 +22,14 @@
 //!   leaves is the broker's own `redelivered` flag on the next delivery of those messages.
 //!   A crash between the read and the return loses nothing either: the broker requeues what an
 //!   ended channel held.
-//! * **On a quorum queue** a requeue counts as a delivery: the broker raises `x-delivery-count`,
-//!   and a queue with a `delivery-limit` dead-letters a message that reaches it. Peek such a
-//!   queue knowingly.
+//! * **Classic queues only.** On a quorum queue a returned message goes back **behind** the
+//!   others (RabbitMQ 3.10, checked here: peek the head twice and the second peek shows the
+//!   next message) and the requeue counts as a delivery (`x-delivery-count` rises; a queue with
+//!   a `delivery-limit` dead-letters a message that reaches it); a stream cannot be read with
+//!   `basic.get`. So [`peek`] first asks the broker the queue's type (as
+//!   [`Connection::compare_queue`] does: a declaration the broker refuses or accepts, never a
+//!   change) and refuses anything but a classic queue with [`Error::InvalidArgument`].
+//!   [`peek_unordered`] reads a quorum queue anyway, for an operator who accepts both effects.
 //! * **Bounded.** At most `limit` messages are read and held here (`limit` at most
 //!   [`PEEK_MAX`]); a message another consumer takes meanwhile is simply not seen.
 //! * Messages are returned as [`Message`]s read forgivingly (the envelope with the family's
@@ -48,12 +53,57 @@ pub const PEEK_MAX: usize = 10_000;
 /// [`Error::ConnectionLost`] / [`Error::Amqp`] when the broker cannot be reached; in every case
 /// what was read goes back to the queue.
 pub fn peek(connection: &Connection, queue: &str, limit: usize) -> Result<Vec<Message>> {
+    check(queue, limit)?;
+    let kind = queue_type(connection, queue)?;
+    if kind != "classic" {
+        return Err(Error::invalid(format!(
+            "{queue:?} is a {kind} queue: a peek cannot put its messages back in their order \
+             (they would go to its tail, their x-delivery-count raised); peek_unordered reads \
+             it anyway"
+        )));
+    }
+    read_and_return(connection, queue, limit)
+}
+
+/// As [`peek`], on any queue `basic.get` can read, without the check that it is classic: on a
+/// quorum queue the messages read go back **behind the others** and their `x-delivery-count`
+/// rises (see the [module docs](self)).
+///
+/// # Errors
+///
+/// As [`peek`], less the refusal of a queue that is not classic.
+pub fn peek_unordered(connection: &Connection, queue: &str, limit: usize) -> Result<Vec<Message>> {
+    check(queue, limit)?;
+    read_and_return(connection, queue, limit)
+}
+
+fn check(queue: &str, limit: usize) -> Result<()> {
     check_name("queue", queue, false)?;
     if limit == 0 || limit > PEEK_MAX {
         return Err(Error::invalid(format!(
             "a peek reads between 1 and {PEEK_MAX} messages, not {limit}"
         )));
     }
+    Ok(())
+}
+
+/// `classic`, `quorum` or `stream`, as the broker has it (a [`NotFound`](Error::NotFound) for a
+/// missing queue).
+fn queue_type(connection: &Connection, queue: &str) -> Result<String> {
+    connection.queue_info(queue)?;
+    // Compared with a classic declaration (no `x-queue-type`), a queue of another type differs
+    // in `x-queue-type`; the other differences (durable, arguments) do not matter here.
+    let spec = crate::connection::QueueSpec::new(queue).classic();
+    let differences = connection.compare_queue(&spec)?;
+    Ok(differences
+        .into_iter()
+        .find(|d| d.what == "x-queue-type")
+        .map(|d| d.actual)
+        .filter(|t| t != "none")
+        .unwrap_or_else(|| "classic".to_string()))
+}
+
+fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result<Vec<Message>> {
     let (channel, _link) = connection.open_channel()?;
     channel
         .queue_declare_passive(queue)

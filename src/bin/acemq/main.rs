@@ -89,6 +89,10 @@ struct PeekArgs {
     /// How many messages to show, from the head of the queue.
     #[arg(long, default_value_t = 10, value_name = "N")]
     limit: usize,
+    /// Peeks a quorum queue too, accepting that the messages read go back behind the others
+    /// and their x-delivery-count rises (a classic queue keeps its order without it).
+    #[arg(long)]
+    unordered: bool,
 }
 
 #[derive(Args, Debug)]

@@ -178,7 +178,11 @@ fn run_replay(
 
 pub fn peek(url: &str, a: &PeekArgs, out: &mut Out) -> Outcome {
     let connection = connect(url)?;
-    let result = acemq_amqp::patterns::peek(&connection, &a.queue, a.limit);
+    let result = if a.unordered {
+        acemq_amqp::patterns::peek_unordered(&connection, &a.queue, a.limit)
+    } else {
+        acemq_amqp::patterns::peek(&connection, &a.queue, a.limit)
+    };
     let _ = connection.close();
     let messages =
         result.map_err(|e| Failure::from_error(&format!("cannot peek at {:?}", a.queue), e))?;
