@@ -37,7 +37,9 @@
 //!   `{queue}.dlq` and `{queue}.parked` on `acemq.dlx`; recovery with the connection; graceful
 //!   shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose handler may borrow local
 //!   state.
-//! * [`observe`]: the [`Observer`] hook and the family's metric names.
+//! * [`observe`]: the [`Observer`] hook and the family's metric names; with the `metrics`
+//!   feature, `observe::MetricsObserver` records them through the `metrics` crate facade for
+//!   any exporter (Prometheus and the like).
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
@@ -46,6 +48,19 @@
 //!   the scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
 //!   ([`patterns::declare_stream`], [`patterns::read_stream`]) and claim checks
 //!   ([`patterns::ClaimCheckCodec`]).
+//! * For operators: [`patterns::peek()`] (the head of a classic queue, left unchanged and in
+//!   order), [`Connection::compare_queue`] / [`Connection::compare_exchange`] (the broker's
+//!   queue or exchange against a spec, argument by argument, changing nothing) and
+//!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
+//!   command line built on them and the rest of this API (`src/bin/acemq/`, feature `cli`, on
+//!   by default: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
+//!
+//! ## Features
+//!
+//! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
+//! (`amqps://`), `cli` (default: the `acemq` binary, with clap, indicatif and both SQL back
+//! ends; `default-features = false` leaves them out of a library build), `metrics`
+//! (`observe::MetricsObserver` and the `metrics` crate).
 //!
 //! ## Life cycle
 //!
