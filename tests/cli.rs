@@ -606,4 +606,7 @@ fn usage_errors_are_exit_2() {
         "no --db"
     );
     assert_eq!(acemq(&["nonsense"]).status.code(), Some(2));
+    let out = acemq(&["outbox", "status", "--db", "mysql://somewhere"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("sqlite:PATH"), "{}", stderr(&out));
 }

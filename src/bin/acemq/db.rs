@@ -20,17 +20,22 @@ impl Db {
         if let Some(path) = url.strip_prefix("sqlite:") {
             let path = path.strip_prefix("//").unwrap_or(path);
             if path.is_empty() {
-                return Err(Failure::failed("--db sqlite: needs a path (sqlite:PATH)"));
+                return Err(Failure {
+                    code: 2,
+                    message: "--db sqlite: needs a path (sqlite:PATH)".into(),
+                });
             }
             return Ok(Db::Sqlite(PathBuf::from(path)));
         }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.contains('=') {
             return Ok(Db::Postgres(url.to_string()));
         }
-        Err(Failure::failed(
-            "--db takes sqlite:PATH or a PostgreSQL connection string (postgres://… or \
-             host=… user=… dbname=…)",
-        ))
+        Err(Failure {
+            code: 2,
+            message: "--db takes sqlite:PATH or a PostgreSQL connection string (postgres://… \
+                      or host=… user=… dbname=…)"
+                .into(),
+        })
     }
 
     fn describe(&self) -> String {
