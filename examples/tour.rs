@@ -223,6 +223,7 @@ fn tour() -> Result<()> {
     replay_slip_and_saga(&connection, &publisher, run)?;
     later_logs_and_large_documents(&connection, run)?;
     order_pipeline(&connection, run)?;
+    operator_tools(&connection, run)?;
 
     publisher.close()?;
     connection.delete_queue(&shipped_events)?;
@@ -541,4 +542,36 @@ fn wait_until(mut f: impl FnMut() -> bool) {
     while !f() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// What the `acemq` command line is built on: look at a queue without consuming it, and compare
+/// what the broker has with what the code declares, changing nothing.
+fn operator_tools(connection: &Connection, run: u32) -> Result<()> {
+    let queue = format!("tour.inspect.{run}");
+    connection.declare_queue(
+        &QueueSpec::new(&queue)
+            .classic()
+            .message_ttl(Duration::from_secs(5)),
+    )?;
+    let publisher = connection.publisher()?;
+    for n in 1..=3 {
+        publisher.publish("", &queue, Message::new(format!("parcel {n}")))?;
+    }
+    publisher.close()?;
+    let head = acemq_amqp::patterns::peek(connection, &queue, 2)?;
+    println!(
+        "peeked at the first {} message(s) of {queue} ({:?} first); it still holds {}",
+        head.len(),
+        String::from_utf8_lossy(&head[0].body),
+        connection.queue_info(&queue)?.message_count
+    );
+    let wanted = QueueSpec::new(&queue)
+        .classic()
+        .message_ttl(Duration::from_secs(60));
+    for difference in connection.compare_queue(&wanted)? {
+        println!("topology check: {difference}");
+    }
+    println!("(the same from a shell: acemq peek {queue}; acemq topology check --queue …)");
+    connection.delete_queue(&queue)?;
+    Ok(())
 }

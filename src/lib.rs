@@ -37,7 +37,9 @@
 //!   `{queue}.dlq` and `{queue}.parked` on `acemq.dlx`; recovery with the connection; graceful
 //!   shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose handler may borrow local
 //!   state.
-//! * [`observe`]: the [`Observer`] hook and the family's metric names.
+//! * [`observe`]: the [`Observer`] hook and the family's metric names; with the `metrics`
+//!   feature, `observe::MetricsObserver` records them through the `metrics` crate facade for
+//!   any exporter (Prometheus and the like).
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
@@ -49,6 +51,19 @@
 //!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
 //!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
 //!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
+//! * For operators: [`patterns::peek()`] (the head of a classic queue, left unchanged and in
+//!   order), [`Connection::compare_queue`] / [`Connection::compare_exchange`] (the broker's
+//!   queue or exchange against a spec, argument by argument, changing nothing) and
+//!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
+//!   command line built on them and the rest of this API (`src/bin/acemq/`, feature `cli`, on
+//!   by default: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
+//!
+//! ## Features
+//!
+//! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
+//! (`amqps://`), `cli` (default: the `acemq` binary, with clap, indicatif and both SQL back
+//! ends; `default-features = false` leaves them out of a library build), `metrics`
+//! (`observe::MetricsObserver` and the `metrics` crate).
 //!
 //! ## Life cycle
 //!
@@ -196,16 +211,18 @@ pub mod sql;
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
-    QueueKind, QueueSpec,
+    QueueKind, QueueSpec, TopologyDifference,
 };
 pub use consume::{
-    dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
-    ConsumerOptions, FatalError, Handler, HandlerResult, OrderBy, Outcome, RetryPolicy,
-    RunningConsumer, StopHandle,
+    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, CloseReport,
+    Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, OrderBy,
+    Outcome, RetryPolicy, RunningConsumer, StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
 pub use error::{BoxError, Error, Result};
+#[cfg(feature = "metrics")]
+pub use observe::MetricsObserver;
 pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};

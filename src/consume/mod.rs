@@ -39,8 +39,8 @@ mod worker;
 
 pub use outcome::{FatalError, Handler, HandlerResult, OrderBy, Outcome};
 pub use retry::{
-    dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy, DEAD_LETTER_EXCHANGE,
-    DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
+    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, FailureTopology,
+    RetryPolicy, DEAD_LETTER_EXCHANGE, DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
 };
 pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};
 pub(crate) use worker::format_duration;

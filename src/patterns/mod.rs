@@ -8,6 +8,7 @@ pub mod idempotency;
 pub mod idempotent;
 pub mod ordering;
 pub mod outbox;
+pub mod peek;
 pub mod pipeline;
 pub mod relay;
 pub mod replay;
@@ -41,6 +42,7 @@ pub use ordering::{
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
+pub use peek::{peek, peek_unordered, PEEK_MAX};
 pub use pipeline::{then, Next, Then, NOTHING};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
