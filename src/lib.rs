@@ -190,6 +190,8 @@ pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
