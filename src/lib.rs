@@ -49,6 +49,9 @@
 //!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
 //!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
 //!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
+//! * `testing` (feature `testing`, for your tests): a fault proxy that cuts, stalls or refuses
+//!   connections, unique test names, clean-up after a panicking test, `wait_until`, and
+//!   `received` to unit-test a handler without a broker; its guide is `docs/testing.md`.
 //!
 //! ## Life cycle
 //!
