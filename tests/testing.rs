@@ -75,7 +75,7 @@ fn a_cut_closes_every_connection_and_the_library_reconnects_through_the_proxy() 
     );
     let names = TestNames::current();
     let mut clean = Cleanup::new(amqp_url());
-    let q = clean.queue(names.queue("cut"));
+    let q = clean.queue(&names.queue("cut"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, Message::new("before")).unwrap();
@@ -141,7 +141,7 @@ fn a_stall_past_two_heartbeats_makes_the_library_reconnect() {
     );
     let names = TestNames::current();
     let mut clean = Cleanup::new(amqp_url());
-    let q = clean.queue(names.queue("stall"));
+    let q = clean.queue(&names.queue("stall"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let stalled_at = Instant::now();
     proxy.stall();
@@ -396,7 +396,7 @@ fn received_matches_what_a_consumer_hands_the_handler() {
     let conn = connect();
     let names = TestNames::current();
     let mut clean = Cleanup::new(amqp_url());
-    let q = clean.consumed_queue(names.queue("same"), &[]);
+    let q = clean.consumed_queue(&names.queue("same"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let sent = Message::new("{}")
         .with_id("m-same")
@@ -447,9 +447,9 @@ fn test_names_are_accepted_by_the_broker() {
     let names = TestNames::new("a::module::with spaces & symbols");
     let mut clean = Cleanup::new(amqp_url());
     let conn: Connection = connect();
-    let q = clean.consumed_queue(names.queue("orders/eu"), &[Duration::from_secs(30)]);
+    let q = clean.consumed_queue(&names.queue("orders/eu"), &[Duration::from_secs(30)]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let x = clean.exchange(names.exchange("events"));
+    let x = clean.exchange(&names.exchange("events"));
     conn.declare_exchange(&ExchangeSpec::new(&x, acemq_amqp::ExchangeKind::Topic))
         .unwrap();
     assert!(clean.queues().contains(&format!("{q}.dlq")));

@@ -24,7 +24,7 @@ type Action = Box<dyn FnOnce() + Send>;
 /// let url = "amqp://guest:guest@127.0.0.1:5672/";
 /// let names = TestNames::current();
 /// let mut cleanup = Cleanup::new(url);
-/// let queue = cleanup.queue(names.queue("orders"));
+/// let queue = cleanup.queue(&names.queue("orders"));
 /// let connection = Connection::open(url)?;
 /// connection.declare_queue(&QueueSpec::new(&queue))?;
 /// // … the test; `queue` is deleted when `cleanup` is dropped, even if this panics.
@@ -68,31 +68,28 @@ impl Cleanup {
     }
 
     /// Deletes queue `name` at the end; returns the name.
-    pub fn queue(&mut self, name: impl Into<String>) -> String {
-        let name = name.into();
-        self.queues.push(name.clone());
-        name
+    pub fn queue(&mut self, name: &str) -> String {
+        self.queues.push(name.to_string());
+        name.to_string()
     }
 
     /// Deletes consumed queue `name` at the end with what the consumer declares beside it:
     /// `{name}.dlq`, `{name}.parked` and the retry rung of each delay in `rungs`
     /// (`{name}.retry.{Ns|Nm|Nh}`; the policy's rung delays, none for a policy that holds
     /// every wait in the consumer). Returns the name.
-    pub fn consumed_queue(&mut self, name: impl Into<String>, rungs: &[Duration]) -> String {
-        let name = name.into();
+    pub fn consumed_queue(&mut self, name: &str, rungs: &[Duration]) -> String {
         for delay in rungs {
-            self.queues.push(crate::retry_queue(&name, *delay));
+            self.queues.push(crate::retry_queue(name, *delay));
         }
-        self.queues.push(crate::dead_letter_queue(&name));
-        self.queues.push(crate::parked_queue(&name));
+        self.queues.push(crate::dead_letter_queue(name));
+        self.queues.push(crate::parked_queue(name));
         self.queue(name)
     }
 
     /// Deletes exchange `name` at the end (after the queues); returns the name.
-    pub fn exchange(&mut self, name: impl Into<String>) -> String {
-        let name = name.into();
-        self.exchanges.push(name.clone());
-        name
+    pub fn exchange(&mut self, name: &str) -> String {
+        self.exchanges.push(name.to_string());
+        name.to_string()
     }
 
     /// Drops table `name` at the end (`DROP TABLE IF EXISTS`), on a connection `connect`
@@ -102,12 +99,12 @@ impl Cleanup {
     ///
     /// At once, when `name` is not a plain SQL identifier (it is concatenated into SQL).
     #[cfg(any(feature = "sqlite", feature = "postgres"))]
-    pub fn table<F, C>(&mut self, name: impl Into<String>, connect: F) -> String
+    pub fn table<F, C>(&mut self, name: &str, connect: F) -> String
     where
         F: FnOnce() -> crate::Result<C> + Send + 'static,
         C: crate::sql::Sql,
     {
-        let name = name.into();
+        let name = name.to_string();
         if let Err(e) = crate::sql::check_identifier(&name) {
             panic!("Cleanup::table: {e}");
         }

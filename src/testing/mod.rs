@@ -21,8 +21,8 @@
 //! * [`wait_until`]: waits for a condition with a deadline — the way to wait in a test; never
 //!   sleep for a guessed time.
 //!
-//! The guide, `docs/testing.md` in the repository (also below, as this module's
-//! [guide](guide)), shows them together: unit-testing a handler, a consumer inside
+//! The guide, `docs/testing.md` in the repository (also rendered here as the
+//! module `guide`), shows them together: unit-testing a handler, a consumer inside
 //! `std::thread::scope` whose handler borrows the test's locals, surviving a cut and a stall,
 //! exactly-once effects with [`idempotent_tx`](crate::patterns::idempotent_tx) across a cut.
 //!

@@ -34,7 +34,7 @@ pub const DEFAULT_ROUTING_KEY: &str = "test";
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// let charged = AtomicUsize::new(0);
-/// let handler = idempotent(InMemoryIdempotencyStore::new(), |m: &Message| {
+/// let handler = idempotent(InMemoryIdempotencyStore::default(), |m: &Message| {
 ///     assert_eq!(m.envelope.attempt, 1);
 ///     charged.fetch_add(1, Ordering::SeqCst);
 ///     Ok(Outcome::Accept)
