@@ -183,6 +183,8 @@
 //!   text, as the Go library parks it; a stream reader re-subscribing after a reconnect starts
 //!   at the lowest offset it has not finished, not at its first offset again.
 #![deny(missing_docs)]
+// On docs.rs (nightly, `--cfg docsrs`) every feature-gated item carries a badge naming its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod codec;
