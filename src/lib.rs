@@ -57,13 +57,17 @@
 //!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
 //!   command line built on them and the rest of this API (`src/bin/acemq/`, feature `cli`, on
 //!   by default: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
+//! * `testing` (feature `testing`, for your tests): a fault proxy that cuts, stalls or refuses
+//!   connections, unique test names, clean-up after a panicking test, `wait_until`, and
+//!   `received` to unit-test a handler without a broker; its guide is `docs/testing.md`.
 //!
 //! ## Features
 //!
 //! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
 //! (`amqps://`), `cli` (default: the `acemq` binary, with clap, indicatif and both SQL back
 //! ends; `default-features = false` leaves them out of a library build), `metrics`
-//! (`observe::MetricsObserver` and the `metrics` crate).
+//! (`observe::MetricsObserver` and the `metrics` crate), `testing` (the `acemq_amqp::testing` module, for
+//! your own tests).
 //!
 //! ## Life cycle
 //!
@@ -121,6 +125,8 @@
 //! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
 //! | [`patterns::Saga`] | yes | yes | none: runs on the caller's thread |
+//! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
+//! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
 //! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy
@@ -207,6 +213,8 @@ pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{

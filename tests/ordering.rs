@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::{by_header, ordered, partition, partitioned_routing_key};
+use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, ConnectionOptions, ConsumerOptions, Message, Outcome, PublisherOptions,
     QueueSpec, RetryPolicy,
 };
-use support::proxy::FaultProxy;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -409,7 +409,7 @@ fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("at-most-once-kill"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -438,7 +438,7 @@ fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
         .recv_timeout(WAIT)
         .expect("the handler of message 0 started");
     // Killed mid-handler: the connection is cut while the handler runs.
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"
