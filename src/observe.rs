@@ -238,6 +238,10 @@ pub enum OutboxEvent<'a> {
     Published {
         /// The record's id.
         id: i64,
+        /// The exchange it was published to.
+        exchange: &'a str,
+        /// Its routing key.
+        routing_key: &'a str,
         /// Commit to confirm.
         lag: Duration,
     },
@@ -321,7 +325,7 @@ impl Observer for LogObserver {
 
     fn outbox(&self, event: &OutboxEvent<'_>) {
         match event {
-            OutboxEvent::Published { id, lag } => {
+            OutboxEvent::Published { id, lag, .. } => {
                 log::trace!("acemq: outbox record {id} published, {lag:?} after its commit")
             }
             OutboxEvent::Failed {

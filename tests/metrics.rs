@@ -123,7 +123,8 @@ fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_requ
         &[&queue_label, "outcome=\"dead_lettered\""],
     );
     has("acemq_outbox_total", &["outcome=\"published\""]);
-    has("acemq_outbox_lag", &[]);
+    let routing_label = format!("routing_key=\"{q}\"");
+    has("acemq_outbox_lag", &["exchange=\"\"", &routing_label]);
     has(
         "acemq_request_duration",
         &["outcome=\"answered\"", "routing_key="],

@@ -39,7 +39,7 @@ pub const OUTBOX_OLDEST_AGE: &str = "acemq.outbox.oldest.age";
 /// | `acemq.request.duration` | histogram, seconds | `routing.key`, `outcome`: `answered`, `responder_failed`, `timed_out`, `failed` | a request/reply round trip |
 /// | `acemq.request.total` | counter | as above | |
 /// | `acemq.outbox.total` | counter | `outcome`: `published`, `failed` | a relayed record |
-/// | `acemq.outbox.lag` | histogram, seconds | — | a record's commit to its confirm |
+/// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key` (the family's) | a record's commit to its confirm |
 /// | `acemq.outbox.pending`, `acemq.outbox.oldest.age` | gauges (count, seconds) | — | after each sweep of a started relay |
 ///
 /// The consume outcomes are the family's words (Java, .NET and Python tag `acemq.consume.total`
@@ -152,9 +152,19 @@ impl Observer for MetricsObserver {
 
     fn outbox(&self, event: &OutboxEvent<'_>) {
         match event {
-            OutboxEvent::Published { lag, .. } => {
+            OutboxEvent::Published {
+                exchange,
+                routing_key,
+                lag,
+                ..
+            } => {
                 ::metrics::counter!(names::OUTBOX_TOTAL, "outcome" => "published").increment(1);
-                ::metrics::histogram!(names::OUTBOX_LAG).record(lag.as_secs_f64());
+                ::metrics::histogram!(
+                    names::OUTBOX_LAG,
+                    "exchange" => exchange.to_string(),
+                    "routing.key" => routing_key.to_string()
+                )
+                .record(lag.as_secs_f64());
             }
             OutboxEvent::Failed { .. } => {
                 ::metrics::counter!(names::OUTBOX_TOTAL, "outcome" => "failed").increment(1);

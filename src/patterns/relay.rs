@@ -888,7 +888,11 @@ impl Core {
         let lag = Duration::from_millis(
             u64::try_from(now_ms().saturating_sub(r.created_ms)).unwrap_or(0),
         );
-        self.observer
-            .outbox(&OutboxEvent::Published { id: r.id, lag });
+        self.observer.outbox(&OutboxEvent::Published {
+            id: r.id,
+            exchange: &r.exchange,
+            routing_key: &r.routing_key,
+            lag,
+        });
     }
 }
