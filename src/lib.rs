@@ -192,6 +192,7 @@ pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+pub mod trace;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
@@ -209,3 +210,4 @@ pub use envelope::{
 pub use error::{BoxError, Error, Result};
 pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};
+pub use trace::{TraceContext, TraceScope};

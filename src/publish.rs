@@ -244,6 +244,8 @@ pub struct Ticket {
     message_id: String,
     deadline: Instant,
     timeout: Duration,
+    /// The publish's span (feature `opentelemetry`), ended with the answer.
+    span: crate::trace::PublishSpan,
 }
 
 impl Ticket {
@@ -277,7 +279,13 @@ impl Ticket {
         self.reply.try_recv().ok()
     }
 
-    fn wait_deadline(self, deadline: Instant) -> Result<()> {
+    fn wait_deadline(mut self, deadline: Instant) -> Result<()> {
+        let result = self.answer(deadline);
+        self.span.end(result.as_ref().map(|_| ()));
+        result
+    }
+
+    fn answer(&self, deadline: Instant) -> Result<()> {
         match self.reply.recv_deadline(deadline) {
             Ok(r) => r,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout {
@@ -389,11 +397,12 @@ impl Publisher {
         &self,
         exchange: &str,
         routing_key: &str,
-        message: Message,
+        mut message: Message,
     ) -> Result<Ticket> {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
+        let mut span = crate::trace::stamp(&mut message, exchange, routing_key);
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = self.reserve_bytes(&message, deadline)?;
@@ -406,12 +415,16 @@ impl Publisher {
             returned: None,
             reply: tx,
         };
-        self.hand_over(exchange, routing_key, &message, pending, deadline)?;
+        if let Err(e) = self.hand_over(exchange, routing_key, &message, pending, deadline) {
+            span.end(Err(&e));
+            return Err(e);
+        }
         Ok(Ticket {
             reply: rx,
             message_id: message.envelope.id,
             deadline,
             timeout,
+            span,
         })
     }
 

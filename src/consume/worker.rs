@@ -46,6 +46,8 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             at_most_once(ctx, handler, job, &settle);
             continue;
         }
+        // The message's trace is current while its handler runs and its copy is published.
+        let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
         let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
         let offset = ctx
             .stream_cursor
@@ -105,13 +107,15 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
                 (step, Some(text))
             }
         };
+        let outcome = if copy_error.is_some() {
+            "copy_failed"
+        } else {
+            verdict.label()
+        };
+        trace.settled(outcome);
         ctx.observer.settled(&Settlement {
             queue: &ctx.queue,
-            outcome: if copy_error.is_some() {
-                "copy_failed"
-            } else {
-                verdict.label()
-            },
+            outcome,
             attempt: job.message.envelope.attempt,
             handler_duration,
             message_id: job.message.id(),
@@ -187,6 +191,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         );
         return;
     }
+    let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
     let started = Instant::now();
     ctx.running.fetch_add(1, Ordering::SeqCst);
     let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
@@ -204,6 +209,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     if error.is_some() {
         ctx.lost.fetch_add(1, Ordering::SeqCst);
     }
+    trace.settled(if error.is_some() { "lost" } else { "accept" });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
         outcome: if error.is_some() { "lost" } else { "accept" },
