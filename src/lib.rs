@@ -183,6 +183,7 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+pub mod codecs;
 pub mod connection;
 pub mod consume;
 mod envelope;
