@@ -148,7 +148,7 @@ fn keys_print_their_names_only_and_are_checked() {
     let key = EncryptionKey::new("2026-01", test_key()).unwrap();
     assert_eq!(format!("{key:?}"), "EncryptionKey(id=\"2026-01\")");
     let ring = Keyring::new(key)
-        .add(EncryptionKey::new("2026-02", generate_key()).unwrap())
+        .with_key(EncryptionKey::new("2026-02", generate_key()).unwrap())
         .use_key("2026-02")
         .unwrap();
     assert_eq!(ring.current().id(), "2026-02");

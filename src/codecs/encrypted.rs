@@ -145,7 +145,7 @@ pub fn key_to_base64(key: &[u8]) -> String {
 
 /// The keys a process reads with, and the one it writes with (the first added, unless
 /// [`use_key`](Self::use_key) says otherwise). Rotate by adding the new key everywhere first,
-/// then writing with it. `Debug` shows identifiers only.
+/// then writing with it ([`use_key`](Self::use_key)). `Debug` shows identifiers only.
 #[derive(Clone)]
 pub struct Keyring {
     keys: Vec<EncryptionKey>,
@@ -171,7 +171,7 @@ impl Keyring {
     }
 
     /// Adds a key to read with (replacing one of the same identifier), without writing with it.
-    pub fn add(mut self, key: EncryptionKey) -> Keyring {
+    pub fn with_key(mut self, key: EncryptionKey) -> Keyring {
         match self.keys.iter().position(|k| k.id == key.id) {
             Some(i) => self.keys[i] = key,
             None => self.keys.push(key),
