@@ -186,6 +186,7 @@ mod codec;
 pub mod codecs;
 pub mod connection;
 pub mod consume;
+pub mod credentials;
 mod envelope;
 mod error;
 pub mod observe;
@@ -205,6 +206,7 @@ pub use consume::{
     ConsumerOptions, FatalError, Handler, HandlerResult, OrderBy, Outcome, RetryPolicy,
     RunningConsumer, StopHandle,
 };
+pub use credentials::Credentials;
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };

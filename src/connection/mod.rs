@@ -369,11 +369,16 @@ fn connect_one(
     stream.set_nodelay(true)?;
     let stream = mio::net::TcpStream::from_stream(stream)?;
     let heartbeat = u16::try_from(options.heartbeat.as_secs()).unwrap_or(u16::MAX);
+    let (username, password) = match &options.credentials {
+        // Asked now, at each connect: a rotated secret is picked up by the next reconnect.
+        Some(source) => {
+            let c = source.credentials()?;
+            (c.username().to_string(), c.secret().to_string())
+        }
+        None => (address.user.clone(), address.password.clone()),
+    };
     let amqp_options = amiquip::ConnectionOptions::<Auth>::default()
-        .auth(Auth::Plain {
-            username: address.user.clone(),
-            password: address.password.clone(),
-        })
+        .auth(Auth::Plain { username, password })
         .virtual_host(address.vhost.clone())
         .heartbeat(heartbeat)
         .channel_max(options.channel_max)

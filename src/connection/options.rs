@@ -171,6 +171,8 @@ pub struct ConnectionOptions {
     pub(crate) max_unconfirmed_bytes: usize,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
+    pub(crate) credentials: Option<crate::credentials::SharedSource>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
     #[cfg(feature = "tls")]
     pub(crate) tls_roots: Vec<Vec<u8>>,
@@ -191,6 +193,7 @@ impl Default for ConnectionOptions {
             max_unconfirmed_bytes: 8 << 20,
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
+            credentials: None,
             #[cfg(feature = "tls")]
             tls_roots: Vec::new(),
         }
@@ -218,6 +221,10 @@ impl fmt::Debug for ConnectionOptions {
             .field("name", &self.name)
             .field("service", &self.service)
             .field("codec", &self.codec)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<source>"),
+            )
             .finish()
     }
 }
@@ -334,6 +341,14 @@ impl ConnectionOptions {
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
+        self
+    }
+
+    /// Takes the broker login from `source` (see [`credentials`](crate::credentials)), asked
+    /// each time a connection is made, instead of the addresses' user and password. Defaults
+    /// to the addresses' (`guest`/`guest` when they have none).
+    pub fn credentials(mut self, source: impl crate::credentials::CredentialsSource) -> Self {
+        self.credentials = Some(Arc::new(source));
         self
     }
 
