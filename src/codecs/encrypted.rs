@@ -401,7 +401,14 @@ impl Codec for EncryptedCodec {
         self.encrypt(&self.delegate.encode(value)?)
     }
     fn decode(&self, body: &[u8]) -> std::result::Result<Value, BoxError> {
-        self.delegate.decode(&self.decrypt(body)?)
+        let plain = self.decrypt(body)?;
+        self.delegate
+            .decode_typed(&plain, Some(self.delegate.content_type()))
+    }
+    /// Its own content type only, never a message with none: trying to decrypt plaintext
+    /// would report the wrong problem.
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        super::accepts_listed(content_type, &[ENCRYPTED_CONTENT_TYPE], "\u{0}")
     }
     fn encodes_bytes(&self) -> bool {
         self.delegate.encodes_bytes()
