@@ -246,6 +246,8 @@ pub struct Ticket {
     timeout: Duration,
     /// The publish's span (feature `opentelemetry`), ended with the answer.
     span: crate::trace::PublishSpan,
+    /// The connection's blocked state, to report a timeout while blocked as such.
+    blocked: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Ticket {
@@ -259,7 +261,7 @@ impl Ticket {
     /// # Errors
     ///
     /// [`Error::Nacked`], [`Error::Unroutable`], [`Error::ConnectionLost`] (retriable),
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`] ([`Error::Blocked`] when the broker is blocking publishing then).
     pub fn wait(self) -> Result<()> {
         let deadline = self.deadline;
         self.wait_deadline(deadline)
@@ -280,7 +282,9 @@ impl Ticket {
     }
 
     fn wait_deadline(mut self, deadline: Instant) -> Result<()> {
-        let result = self.answer(deadline);
+        let result = self
+            .answer(deadline)
+            .map_err(|e| blocked_or(&self.blocked, e));
         self.span.end(result.as_ref().map(|_| ()));
         result
     }
@@ -391,9 +395,26 @@ impl Publisher {
     ///
     /// # Errors
     ///
-    /// Validation errors, [`Error::Timeout`] waiting for room or recovery,
-    /// [`Error::ConnectionLost`], [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
+    /// Validation errors, [`Error::Timeout`] waiting for room or recovery ([`Error::Blocked`]
+    /// when the broker is blocking publishing then), [`Error::ConnectionLost`],
+    /// [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
     pub fn publish_deferred(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<Ticket> {
+        self.publish_deferred_inner(exchange, routing_key, message)
+            .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
+    }
+
+    /// True while the broker blocks publishing on this publisher's connection (see
+    /// [`Connection::is_blocked`](crate::Connection::is_blocked)).
+    pub fn is_blocked(&self) -> bool {
+        self.inner.connection.is_blocked()
+    }
+
+    fn publish_deferred_inner(
         &self,
         exchange: &str,
         routing_key: &str,
@@ -425,6 +446,7 @@ impl Publisher {
             deadline,
             timeout,
             span,
+            blocked: self.inner.connection.shared.blocked.clone(),
         })
     }
 
@@ -791,5 +813,16 @@ fn resolve(shared: &Shared, epoch: u64, confirm: Confirm) {
         };
         shared.observer.published(&p.exchange, outcome);
         let _ = p.reply.send(result);
+    }
+}
+
+/// A timeout while the broker blocks publishing is reported as [`Error::Blocked`].
+fn blocked_or(blocked: &parking_lot::Mutex<Option<String>>, e: Error) -> Error {
+    match e {
+        Error::Timeout { after, .. } => match blocked.lock().clone() {
+            Some(reason) => Error::Blocked { reason, after },
+            None => e,
+        },
+        e => e,
     }
 }

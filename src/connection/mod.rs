@@ -78,6 +78,9 @@ pub(crate) struct Shared {
     state: Mutex<LinkState>,
     changed: Condvar,
     pub(crate) topology: Mutex<Topology>,
+    /// What the broker said when it blocked publishing (`connection.blocked`), until it
+    /// unblocks or the link is replaced.
+    pub(crate) blocked: Arc<Mutex<Option<String>>>,
     control: Sender<Control>,
     supervisor: Mutex<Option<JoinHandle<()>>>,
 }
@@ -158,6 +161,7 @@ impl Connection {
             state: Mutex::new(LinkState::Up(link.clone())),
             changed: Condvar::new(),
             topology: Mutex::new(Topology::default()),
+            blocked: Arc::default(),
             control,
             supervisor: Mutex::new(None),
         });
@@ -216,6 +220,19 @@ impl Connection {
             LinkState::Up(link) => Some(link.generation),
             _ => None,
         }
+    }
+
+    /// True while the broker blocks publishing on this connection (`connection.blocked`: a
+    /// memory or disk alarm). Publishes wait meanwhile and, past their timeout, fail with
+    /// [`Error::Blocked`]; the observer hears of it as
+    /// [`ConnectionEvent::Blocked`](crate::observe::ConnectionEvent::Blocked) and `Unblocked`.
+    pub fn is_blocked(&self) -> bool {
+        self.shared.blocked.lock().is_some()
+    }
+
+    /// The broker's reason while it blocks publishing (e.g. `low on memory`).
+    pub fn blocked_reason(&self) -> Option<String> {
+        self.shared.blocked.lock().clone()
     }
 
     /// True while connected.
@@ -495,10 +512,16 @@ fn supervise(
     mut blocked: Receiver<ConnectionBlockedNotification>,
 ) {
     loop {
-        let Some(observer) = weak.upgrade().map(|s| s.options.observer.clone()) else {
+        let Some((observer, state)) = weak
+            .upgrade()
+            .map(|s| (s.options.observer.clone(), s.blocked.clone()))
+        else {
             return;
         };
-        if let Watched::Closing = watch(&control, &blocked, observer.as_ref()) {
+        let watched = watch(&control, &blocked, &state, observer.as_ref());
+        // A new link starts unblocked (the broker says again if the alarm holds).
+        *state.lock() = None;
+        if let Watched::Closing = watched {
             close_link(&link);
             return;
         }
@@ -541,15 +564,18 @@ enum Watched {
 fn watch(
     control: &Receiver<Control>,
     blocked: &Receiver<ConnectionBlockedNotification>,
+    state: &Mutex<Option<String>>,
     observer: &dyn Observer,
 ) -> Watched {
     loop {
         select! {
             recv(blocked) -> note => match note {
                 Ok(ConnectionBlockedNotification::Blocked(reason)) => {
+                    *state.lock() = Some(reason.clone());
                     observer.connection(&ConnectionEvent::Blocked { reason: &reason })
                 }
                 Ok(ConnectionBlockedNotification::Unblocked) => {
+                    *state.lock() = None;
                     observer.connection(&ConnectionEvent::Unblocked)
                 }
                 Err(_) => return Watched::Dropped,
