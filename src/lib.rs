@@ -189,6 +189,7 @@ pub mod consume;
 pub mod credentials;
 mod envelope;
 mod error;
+pub mod intercept;
 pub mod observe;
 pub mod patterns;
 pub mod publish;

@@ -404,6 +404,38 @@ impl Publisher {
         routing_key: &str,
         message: Message,
     ) -> Result<Ticket> {
+        let interceptors = &self.inner.connection.shared.options.publish_interceptors;
+        if interceptors.is_empty() {
+            return self.publish_unintercepted(exchange, routing_key, message);
+        }
+        let context = crate::intercept::PublishContext {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            message,
+        };
+        crate::intercept::run_publish(interceptors, context, &|c| {
+            self.publish_unintercepted(&c.exchange, &c.routing_key, c.message)
+        })
+    }
+
+    /// [`publish`](Self::publish) without the connection's publish interceptors: a consumer's
+    /// retry, dead-letter and parked copies.
+    pub(crate) fn publish_copy(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<()> {
+        self.publish_unintercepted(exchange, routing_key, message)?
+            .wait()
+    }
+
+    fn publish_unintercepted(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<Ticket> {
         self.publish_deferred_inner(exchange, routing_key, message)
             .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
     }

@@ -173,6 +173,10 @@ pub struct ConnectionOptions {
     pub(crate) observer: Arc<dyn Observer>,
     /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
     pub(crate) credentials: Option<crate::credentials::SharedSource>,
+    /// Run around every publish, outermost first.
+    pub(crate) publish_interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
+    /// Run around every handler, outermost first.
+    pub(crate) consume_interceptors: Vec<Arc<dyn crate::intercept::ConsumeInterceptor>>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
     #[cfg(feature = "tls")]
     pub(crate) tls_roots: Vec<Vec<u8>>,
@@ -194,6 +198,8 @@ impl Default for ConnectionOptions {
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
             credentials: None,
+            publish_interceptors: Vec::new(),
+            consume_interceptors: Vec::new(),
             #[cfg(feature = "tls")]
             tls_roots: Vec::new(),
         }
@@ -225,6 +231,8 @@ impl fmt::Debug for ConnectionOptions {
                 "credentials",
                 &self.credentials.as_ref().map(|_| "<source>"),
             )
+            .field("publish_interceptors", &self.publish_interceptors.len())
+            .field("consume_interceptors", &self.consume_interceptors.len())
             .finish()
     }
 }
@@ -341,6 +349,26 @@ impl ConnectionOptions {
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
+        self
+    }
+
+    /// Adds a publish interceptor, run around every publish of this connection's publishers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    pub fn intercept_publish(
+        mut self,
+        interceptor: impl crate::intercept::PublishInterceptor,
+    ) -> Self {
+        self.publish_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Adds a consume interceptor, run around every handler of this connection's consumers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    pub fn intercept_consume(
+        mut self,
+        interceptor: impl crate::intercept::ConsumeInterceptor,
+    ) -> Self {
+        self.consume_interceptors.push(Arc::new(interceptor));
         self
     }
 
