@@ -195,6 +195,9 @@ pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "test-ca")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-ca")))]
+pub mod test_ca;
 pub mod trace;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
