@@ -16,7 +16,7 @@
 //!
 //! # Publishing
 //!
-//! [`PublishInterceptor::publish`] runs inside [`Publisher::publish_deferred`]
+//! [`PublishInterceptor::publish`] runs inside [`Publisher::publish_deferred`](crate::Publisher::publish_deferred)
 //! (so also [`publish`](crate::Publisher::publish) and everything built on it: replies,
 //! pipeline steps, slips, the relay, the scheduler), before the message is validated and
 //! handed over. It may change the exchange, the routing key and the message (add headers, …),
@@ -30,7 +30,7 @@
 //! # Consuming
 //!
 //! [`ConsumeInterceptor::consume`] runs around the handler (and around its
-//! [`chain`](crate::patterns::chain) layers, which are part of the handler), on the worker
+//! [`chain`](fn@crate::patterns::chain) layers, which are part of the handler), on the worker
 //! thread, with the message's trace context current, inside the consumer's panic guard. What it
 //! returns is the handler's result: an error or a panic is treated as the handler's (retried,
 //! then dead-lettered), `Ok(outcome)` decides. It may hand `next` a different message (a

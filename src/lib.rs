@@ -49,6 +49,15 @@
 //!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
 //!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
 //!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
+//! * [`codecs`]: [`codecs::TextCodec`], [`codecs::CompositeCodec`] (read by content type, as the
+//!   family does) and, each behind its feature, the family's YAML, TOML, XML, Avro, Protobuf and
+//!   encrypted (AES-GCM) codecs.
+//! * [`trace`]: W3C trace context carried from consumed to published messages
+//!   ([`TraceContext`]); OpenTelemetry spans behind the `opentelemetry` feature.
+//! * [`intercept`]: publish and consume interceptors on a connection.
+//! * [`credentials`]: the broker login from the environment or a file; flow control
+//!   ([`Connection::is_blocked`], [`Error::Blocked`]); `test_ca` (feature `test-ca`): a
+//!   development certificate authority for TLS tests.
 //!
 //! ## Life cycle
 //!

@@ -23,7 +23,7 @@
 //!
 //! Decoding a body that is not this framing, one too short for a nonce and a tag, one naming a
 //! key not on the keyring, or one that does not authenticate fails with a
-//! [`FatalError`](crate::FatalError) inside [`Error::Codec`](crate::Error::Codec): a consumer
+//! [`FatalError`] inside [`Error::Codec`]: a consumer
 //! dead-letters it at once (the same bytes never decrypt on a later attempt). A wrong key and a
 //! tampered body give the **same** error text. No error, `Debug` output or log line contains a
 //! key or a plaintext: keys print their identifier only.
@@ -376,7 +376,7 @@ impl EncryptedCodec {
     ///
     /// # Errors
     ///
-    /// A [`FatalError`](crate::FatalError) as described in the [module docs](self).
+    /// A [`FatalError`] as described in the [module docs](self).
     pub fn decrypt(&self, body: &[u8]) -> std::result::Result<Vec<u8>, BoxError> {
         open(&self.keyring, body)
     }

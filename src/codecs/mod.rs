@@ -25,7 +25,7 @@
 //! [`CompositeCodec`] holds several codecs: the first one writes; on read, the candidates are
 //! the codecs that [accept](Codec::accepts) the message's content type (every codec when the
 //! message has none), tried in order, the first that reads the body winning; when none accepts,
-//! or every candidate fails, the error names them all (a [`FatalError`](crate::FatalError): a
+//! or every candidate fails, the error names them all (a [`FatalError`]: a
 //! consumer dead-letters it). [`Message::decode`](crate::Message::decode) and
 //! [`Message::payload`](crate::Message::payload) hand the message's content type to the codec
 //! ([`Codec::decode_typed`]). This is Python's `CompositeCodec`.
@@ -39,8 +39,8 @@
 //! `serde_json`'s `preserve_order`): a struct's fields come out alphabetically. The document is
 //! the same; where another library writes the fields in declaration order, the bytes differ.
 //!
-//! A body that cannot be read is a [`FatalError`](crate::FatalError) inside
-//! [`Error::Codec`](crate::Error::Codec), so a consumer dead-letters it at once.
+//! A body that cannot be read is a [`FatalError`] inside
+//! [`Error::Codec`], so a consumer dead-letters it at once.
 
 use std::borrow::Cow;
 use std::fmt;

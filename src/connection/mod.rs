@@ -225,7 +225,7 @@ impl Connection {
     /// True while the broker blocks publishing on this connection (`connection.blocked`: a
     /// memory or disk alarm). Publishes wait meanwhile and, past their timeout, fail with
     /// [`Error::Blocked`]; the observer hears of it as
-    /// [`ConnectionEvent::Blocked`](crate::observe::ConnectionEvent::Blocked) and `Unblocked`.
+    /// [`ConnectionEvent::Blocked`] and `Unblocked`.
     pub fn is_blocked(&self) -> bool {
         self.shared.blocked.lock().is_some()
     }
