@@ -55,6 +55,37 @@ pub trait Codec: Send + Sync + fmt::Debug {
         let value = self.decode(body)?;
         Ok(Cow::Owned(serde_json::from_value::<Vec<u8>>(value)?))
     }
+
+    /// True when this codec reads a message whose sender wrote `content_type` (`None`: the
+    /// sender set none), for picking a codec by content type
+    /// ([`CompositeCodec`](crate::codecs::CompositeCodec)). Defaults to: the same media type
+    /// as [`content_type`](Self::content_type), case and parameters ignored; never `None`.
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        content_type.is_some_and(|ct| same_media_type(ct, self.content_type()))
+    }
+
+    /// Decodes a body its sender said was `content_type` (`None`: not said). Defaults to
+    /// [`decode`](Self::decode); a codec that chooses by content type overrides it.
+    /// [`Message::decode`](crate::Message::decode) and
+    /// [`Message::payload`](crate::Message::payload) call this with the message's content type.
+    fn decode_typed(&self, body: &[u8], content_type: Option<&str>) -> Result<Value, BoxError> {
+        let _ = content_type;
+        self.decode(body)
+    }
+}
+
+/// The media type of a content type: lower case, without parameters (`; charset=…`).
+pub(crate) fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+fn same_media_type(a: &str, b: &str) -> bool {
+    media_type(a) == media_type(b)
 }
 
 /// JSON through serde (`application/json`). The default codec.
@@ -70,6 +101,19 @@ impl Codec for JsonCodec {
     }
     fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
         Ok(serde_json::from_slice(body)?)
+    }
+    /// `application/json*`, `text/json*`, any `+json` type, and no content type at all (JSON
+    /// is the family's default: Python `codec.py`).
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        match content_type.filter(|ct| !ct.is_empty()) {
+            None => true,
+            Some(ct) => {
+                let ct = ct.to_ascii_lowercase();
+                ct.starts_with("application/json")
+                    || ct.starts_with("text/json")
+                    || ct.contains("+json")
+            }
+        }
     }
 }
 
@@ -110,6 +154,11 @@ impl Codec for BytesCodec {
     fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
         Ok(Cow::Borrowed(body))
     }
+    /// Every content type (and none): put it last in a
+    /// [`CompositeCodec`](crate::codecs::CompositeCodec).
+    fn accepts(&self, _content_type: Option<&str>) -> bool {
+        true
+    }
 }
 
 pub(crate) fn encode_with<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -> Result<Vec<u8>> {
@@ -127,6 +176,15 @@ pub(crate) fn encode_with<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -
 }
 
 pub(crate) fn decode_with<T: DeserializeOwned>(codec: &dyn Codec, body: &[u8]) -> Result<T> {
+    decode_typed_with(codec, body, None)
+}
+
+/// [`decode_with`] for a body whose sender said it was `content_type`.
+pub(crate) fn decode_typed_with<T: DeserializeOwned>(
+    codec: &dyn Codec,
+    body: &[u8],
+    content_type: Option<&str>,
+) -> Result<T> {
     let err = |source: BoxError| Error::Codec {
         content_type: codec.content_type().to_string(),
         source,
@@ -139,7 +197,7 @@ pub(crate) fn decode_with<T: DeserializeOwned>(codec: &dyn Codec, body: &[u8]) -
         );
         return T::deserialize(seq).map_err(|e| err(e.into()));
     }
-    let value = codec.decode(body).map_err(err)?;
+    let value = codec.decode_typed(body, content_type).map_err(err)?;
     serde_json::from_value(value).map_err(|e| err(e.into()))
 }
 
@@ -277,6 +335,12 @@ impl<C: Codec + ?Sized> Codec for CodecRef<'_, C> {
     }
     fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
         self.0.decode_bytes(body)
+    }
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        self.0.accepts(content_type)
+    }
+    fn decode_typed(&self, body: &[u8], content_type: Option<&str>) -> Result<Value, BoxError> {
+        self.0.decode_typed(body, content_type)
     }
 }
 

@@ -182,6 +182,22 @@ pub enum Error {
         /// Why the handler wanted a retry.
         reason: String,
     },
+    /// The broker login could not be read from where it was configured to come from (an
+    /// environment variable unset, a credentials file missing, empty or without a username).
+    /// Never holds the secret.
+    Credentials {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The broker blocked publishing (`connection.blocked`: a memory or disk alarm) and the
+    /// publish could not go out within its timeout. Retriable: it goes through once the alarm
+    /// clears.
+    Blocked {
+        /// What the broker said.
+        reason: String,
+        /// How long was waited.
+        after: Duration,
+    },
 }
 
 impl Error {
@@ -198,6 +214,7 @@ impl Error {
                 | Error::Timeout { .. }
                 | Error::RequestTimeout { .. }
                 | Error::Nacked { .. }
+                | Error::Blocked { .. }
         ) || matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
     }
 
@@ -214,6 +231,8 @@ impl Error {
                 | Error::Timeout { .. }
                 | Error::RequestTimeout { .. }
                 | Error::Closed { .. }
+                | Error::Blocked { .. }
+                | Error::Credentials { .. }
         ) && !matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
     }
 
@@ -250,9 +269,13 @@ impl Error {
         matches!(self, Error::Unroutable { .. })
     }
 
-    /// True when a wait timed out.
+    /// True when a wait timed out (a publish held back by a blocked broker, [`Error::Blocked`],
+    /// included).
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::RequestTimeout { .. })
+        matches!(
+            self,
+            Error::Timeout { .. } | Error::RequestTimeout { .. } | Error::Blocked { .. }
+        )
     }
 
     /// True when a declaration conflicted with the broker's existing topology.
@@ -423,6 +446,11 @@ impl fmt::Display for Error {
                      that offset again later. The handler's reason: {reason}"
                 )
             }
+            Error::Credentials { reason } => write!(f, "no broker credentials: {reason}"),
+            Error::Blocked { reason, after } => write!(
+                f,
+                "the broker is blocking publishing ({reason}); not published within {after:?}"
+            ),
         }
     }
 }

@@ -60,6 +60,15 @@
 //! * `testing` (feature `testing`, for your tests): a fault proxy that cuts, stalls or refuses
 //!   connections, unique test names, clean-up after a panicking test, `wait_until`, and
 //!   `received` to unit-test a handler without a broker; its guide is `docs/testing.md`.
+//! * [`codecs`]: [`codecs::TextCodec`], [`codecs::CompositeCodec`] (read by content type, as the
+//!   family does) and, each behind its feature, the family's YAML, TOML, XML, Avro, Protobuf and
+//!   encrypted (AES-GCM) codecs.
+//! * [`trace`]: W3C trace context carried from consumed to published messages
+//!   ([`TraceContext`]); OpenTelemetry spans behind the `opentelemetry` feature.
+//! * [`intercept`]: publish and consume interceptors on a connection.
+//! * [`credentials`]: the broker login from the environment or a file; flow control
+//!   ([`Connection::is_blocked`], [`Error::Blocked`]); `test_ca` (feature `test-ca`): a
+//!   development certificate authority for TLS tests.
 //!
 //! ## Features
 //!
@@ -204,17 +213,24 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+pub mod codecs;
 pub mod connection;
 pub mod consume;
+pub mod credentials;
 mod envelope;
 mod error;
+pub mod intercept;
 pub mod observe;
 pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "test-ca")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-ca")))]
+pub mod test_ca;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
@@ -226,6 +242,7 @@ pub use consume::{
     Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, OrderBy,
     Outcome, RetryPolicy, RunningConsumer, StopHandle,
 };
+pub use credentials::Credentials;
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
@@ -234,3 +251,4 @@ pub use error::{BoxError, Error, Result};
 pub use observe::MetricsObserver;
 pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};
+pub use trace::{TraceContext, TraceScope};

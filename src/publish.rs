@@ -244,6 +244,10 @@ pub struct Ticket {
     message_id: String,
     deadline: Instant,
     timeout: Duration,
+    /// The publish's span (feature `opentelemetry`), ended with the answer.
+    span: crate::trace::PublishSpan,
+    /// The connection's blocked state, to report a timeout while blocked as such.
+    blocked: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Ticket {
@@ -257,7 +261,7 @@ impl Ticket {
     /// # Errors
     ///
     /// [`Error::Nacked`], [`Error::Unroutable`], [`Error::ConnectionLost`] (retriable),
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`] ([`Error::Blocked`] when the broker is blocking publishing then).
     pub fn wait(self) -> Result<()> {
         let deadline = self.deadline;
         self.wait_deadline(deadline)
@@ -277,7 +281,15 @@ impl Ticket {
         self.reply.try_recv().ok()
     }
 
-    fn wait_deadline(self, deadline: Instant) -> Result<()> {
+    fn wait_deadline(mut self, deadline: Instant) -> Result<()> {
+        let result = self
+            .answer(deadline)
+            .map_err(|e| blocked_or(&self.blocked, e));
+        self.span.end(result.as_ref().map(|_| ()));
+        result
+    }
+
+    fn answer(&self, deadline: Instant) -> Result<()> {
         match self.reply.recv_deadline(deadline) {
             Ok(r) => r,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout {
@@ -383,17 +395,67 @@ impl Publisher {
     ///
     /// # Errors
     ///
-    /// Validation errors, [`Error::Timeout`] waiting for room or recovery,
-    /// [`Error::ConnectionLost`], [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
+    /// Validation errors, [`Error::Timeout`] waiting for room or recovery ([`Error::Blocked`]
+    /// when the broker is blocking publishing then), [`Error::ConnectionLost`],
+    /// [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
     pub fn publish_deferred(
         &self,
         exchange: &str,
         routing_key: &str,
         message: Message,
     ) -> Result<Ticket> {
+        let interceptors = &self.inner.connection.shared.options.publish_interceptors;
+        if interceptors.is_empty() {
+            return self.publish_unintercepted(exchange, routing_key, message);
+        }
+        let context = crate::intercept::PublishContext {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            message,
+        };
+        crate::intercept::run_publish(interceptors, context, &|c| {
+            self.publish_unintercepted(&c.exchange, &c.routing_key, c.message)
+        })
+    }
+
+    /// [`publish`](Self::publish) without the connection's publish interceptors: a consumer's
+    /// retry, dead-letter and parked copies.
+    pub(crate) fn publish_copy(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<()> {
+        self.publish_unintercepted(exchange, routing_key, message)?
+            .wait()
+    }
+
+    fn publish_unintercepted(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<Ticket> {
+        self.publish_deferred_inner(exchange, routing_key, message)
+            .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
+    }
+
+    /// True while the broker blocks publishing on this publisher's connection (see
+    /// [`Connection::is_blocked`](crate::Connection::is_blocked)).
+    pub fn is_blocked(&self) -> bool {
+        self.inner.connection.is_blocked()
+    }
+
+    fn publish_deferred_inner(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mut message: Message,
+    ) -> Result<Ticket> {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
         message.validate()?;
+        let mut span = crate::trace::stamp(&mut message, exchange, routing_key);
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = self.reserve_bytes(&message, deadline)?;
@@ -406,12 +468,17 @@ impl Publisher {
             returned: None,
             reply: tx,
         };
-        self.hand_over(exchange, routing_key, &message, pending, deadline)?;
+        if let Err(e) = self.hand_over(exchange, routing_key, &message, pending, deadline) {
+            span.end(Err(&e));
+            return Err(e);
+        }
         Ok(Ticket {
             reply: rx,
             message_id: message.envelope.id,
             deadline,
             timeout,
+            span,
+            blocked: self.inner.connection.shared.blocked.clone(),
         })
     }
 
@@ -778,5 +845,16 @@ fn resolve(shared: &Shared, epoch: u64, confirm: Confirm) {
         };
         shared.observer.published(&p.exchange, outcome);
         let _ = p.reply.send(result);
+    }
+}
+
+/// A timeout while the broker blocks publishing is reported as [`Error::Blocked`].
+fn blocked_or(blocked: &parking_lot::Mutex<Option<String>>, e: Error) -> Error {
+    match e {
+        Error::Timeout { after, .. } => match blocked.lock().clone() {
+            Some(reason) => Error::Blocked { reason, after },
+            None => e,
+        },
+        e => e,
     }
 }

@@ -80,6 +80,9 @@ pub(crate) struct Shared {
     state: Mutex<LinkState>,
     changed: Condvar,
     pub(crate) topology: Mutex<Topology>,
+    /// What the broker said when it blocked publishing (`connection.blocked`), until it
+    /// unblocks or the link is replaced.
+    pub(crate) blocked: Arc<Mutex<Option<String>>>,
     control: Sender<Control>,
     supervisor: Mutex<Option<JoinHandle<()>>>,
 }
@@ -160,6 +163,7 @@ impl Connection {
             state: Mutex::new(LinkState::Up(link.clone())),
             changed: Condvar::new(),
             topology: Mutex::new(Topology::default()),
+            blocked: Arc::default(),
             control,
             supervisor: Mutex::new(None),
         });
@@ -218,6 +222,19 @@ impl Connection {
             LinkState::Up(link) => Some(link.generation),
             _ => None,
         }
+    }
+
+    /// True while the broker blocks publishing on this connection (`connection.blocked`: a
+    /// memory or disk alarm). Publishes wait meanwhile and, past their timeout, fail with
+    /// [`Error::Blocked`]; the observer hears of it as
+    /// [`ConnectionEvent::Blocked`] and `Unblocked`.
+    pub fn is_blocked(&self) -> bool {
+        self.shared.blocked.lock().is_some()
+    }
+
+    /// The broker's reason while it blocks publishing (e.g. `low on memory`).
+    pub fn blocked_reason(&self) -> Option<String> {
+        self.shared.blocked.lock().clone()
     }
 
     /// True while connected.
@@ -371,11 +388,16 @@ fn connect_one(
     stream.set_nodelay(true)?;
     let stream = mio::net::TcpStream::from_stream(stream)?;
     let heartbeat = u16::try_from(options.heartbeat.as_secs()).unwrap_or(u16::MAX);
+    let (username, password) = match &options.credentials {
+        // Asked now, at each connect: a rotated secret is picked up by the next reconnect.
+        Some(source) => {
+            let c = source.credentials()?;
+            (c.username().to_string(), c.secret().to_string())
+        }
+        None => (address.user.clone(), address.password.clone()),
+    };
     let amqp_options = amiquip::ConnectionOptions::<Auth>::default()
-        .auth(Auth::Plain {
-            username: address.user.clone(),
-            password: address.password.clone(),
-        })
+        .auth(Auth::Plain { username, password })
         .virtual_host(address.vhost.clone())
         .heartbeat(heartbeat)
         .channel_max(options.channel_max)
@@ -492,10 +514,16 @@ fn supervise(
     mut blocked: Receiver<ConnectionBlockedNotification>,
 ) {
     loop {
-        let Some(observer) = weak.upgrade().map(|s| s.options.observer.clone()) else {
+        let Some((observer, state)) = weak
+            .upgrade()
+            .map(|s| (s.options.observer.clone(), s.blocked.clone()))
+        else {
             return;
         };
-        if let Watched::Closing = watch(&control, &blocked, observer.as_ref()) {
+        let watched = watch(&control, &blocked, &state, observer.as_ref());
+        // A new link starts unblocked (the broker says again if the alarm holds).
+        *state.lock() = None;
+        if let Watched::Closing = watched {
             close_link(&link);
             return;
         }
@@ -538,15 +566,18 @@ enum Watched {
 fn watch(
     control: &Receiver<Control>,
     blocked: &Receiver<ConnectionBlockedNotification>,
+    state: &Mutex<Option<String>>,
     observer: &dyn Observer,
 ) -> Watched {
     loop {
         select! {
             recv(blocked) -> note => match note {
                 Ok(ConnectionBlockedNotification::Blocked(reason)) => {
+                    *state.lock() = Some(reason.clone());
                     observer.connection(&ConnectionEvent::Blocked { reason: &reason })
                 }
                 Ok(ConnectionBlockedNotification::Unblocked) => {
+                    *state.lock() = None;
                     observer.connection(&ConnectionEvent::Unblocked)
                 }
                 Err(_) => return Watched::Dropped,

@@ -171,6 +171,12 @@ pub struct ConnectionOptions {
     pub(crate) max_unconfirmed_bytes: usize,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
+    /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
+    pub(crate) credentials: Option<crate::credentials::SharedSource>,
+    /// Run around every publish, outermost first.
+    pub(crate) publish_interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
+    /// Run around every handler, outermost first.
+    pub(crate) consume_interceptors: Vec<Arc<dyn crate::intercept::ConsumeInterceptor>>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
     #[cfg(feature = "tls")]
     pub(crate) tls_roots: Vec<Vec<u8>>,
@@ -191,6 +197,9 @@ impl Default for ConnectionOptions {
             max_unconfirmed_bytes: 8 << 20,
             codec: Arc::new(JsonCodec),
             observer: Arc::new(LogObserver),
+            credentials: None,
+            publish_interceptors: Vec::new(),
+            consume_interceptors: Vec::new(),
             #[cfg(feature = "tls")]
             tls_roots: Vec::new(),
         }
@@ -218,6 +227,12 @@ impl fmt::Debug for ConnectionOptions {
             .field("name", &self.name)
             .field("service", &self.service)
             .field("codec", &self.codec)
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<source>"),
+            )
+            .field("publish_interceptors", &self.publish_interceptors.len())
+            .field("consume_interceptors", &self.consume_interceptors.len())
             .finish()
     }
 }
@@ -334,6 +349,34 @@ impl ConnectionOptions {
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
+        self
+    }
+
+    /// Adds a publish interceptor, run around every publish of this connection's publishers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    pub fn intercept_publish(
+        mut self,
+        interceptor: impl crate::intercept::PublishInterceptor,
+    ) -> Self {
+        self.publish_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Adds a consume interceptor, run around every handler of this connection's consumers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    pub fn intercept_consume(
+        mut self,
+        interceptor: impl crate::intercept::ConsumeInterceptor,
+    ) -> Self {
+        self.consume_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Takes the broker login from `source` (see [`credentials`](crate::credentials)), asked
+    /// each time a connection is made, instead of the addresses' user and password. Defaults
+    /// to the addresses' (`guest`/`guest` when they have none).
+    pub fn credentials(mut self, source: impl crate::credentials::CredentialsSource) -> Self {
+        self.credentials = Some(Arc::new(source));
         self
     }
 

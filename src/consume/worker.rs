@@ -46,6 +46,9 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             at_most_once(ctx, handler, job, &settle);
             continue;
         }
+        // The message's trace is current while its handler runs and its copy is published.
+        let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
+        let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
         let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
         let offset = ctx
             .stream_cursor
@@ -61,7 +64,9 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
         } else {
             let started = Instant::now();
             ctx.running.fetch_add(1, Ordering::SeqCst);
-            let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                intercepted(ctx, &mut intercept, handler, &job.message)
+            }));
             ctx.running.fetch_sub(1, Ordering::SeqCst);
             let handler_duration = started.elapsed();
             if result.is_err() {
@@ -73,6 +78,9 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             }
             (decide(result), handler_duration)
         };
+        // What the consumer decides, which is not always what the handler answered: a retry
+        // with no attempt left is dead-lettered (for the trace and the interceptors).
+        let decided = decided_label(ctx, &job.message, &verdict);
         let (step, copy_error) = match carry_out(ctx, &job.message, &verdict, job.hold) {
             Ok(step) => {
                 if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
@@ -105,13 +113,27 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
                 (step, Some(text))
             }
         };
+        let outcome = if copy_error.is_some() {
+            "copy_failed"
+        } else {
+            verdict.label()
+        };
+        let really = if copy_error.is_some() {
+            "copy_failed"
+        } else {
+            decided
+        };
+        trace.settled(really);
+        intercept.settled(&crate::intercept::Settled {
+            outcome: really,
+            error: copy_error
+                .as_deref()
+                .or(verdict.error())
+                .map(str::to_string),
+        });
         ctx.observer.settled(&Settlement {
             queue: &ctx.queue,
-            outcome: if copy_error.is_some() {
-                "copy_failed"
-            } else {
-                verdict.label()
-            },
+            outcome,
             attempt: job.message.envelope.attempt,
             handler_duration,
             message_id: job.message.id(),
@@ -160,6 +182,37 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     }
 }
 
+/// The label of what the consumer does with a verdict: a retry that the policy has no attempt
+/// (or age) left for is dead-lettered (`reject`).
+fn decided_label(ctx: &Context, message: &Message, verdict: &Verdict) -> &'static str {
+    if let Verdict::Retry { .. } = verdict {
+        let age_ms =
+            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
+        if !matches!(
+            ctx.policy
+                .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
+            NextWait::Wait(_)
+        ) {
+            return "reject";
+        }
+    }
+    verdict.label()
+}
+
+/// The handler, inside the connection's consume interceptors (outermost first).
+fn intercepted<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    intercept: &mut crate::intercept::ConsumeContext<'_>,
+    handler: &H,
+    message: &Message,
+) -> crate::consume::HandlerResult {
+    let interceptors = &ctx.connection.shared.options.consume_interceptors;
+    if interceptors.is_empty() {
+        return handler.handle(message);
+    }
+    crate::intercept::run_consume(interceptors, intercept, message, &|m| handler.handle(m))
+}
+
 /// At most once: the delivery is acknowledged (the owner answers once the ack is out) before
 /// the handler runs; whatever the handler decides then, nothing is copied: a failure is counted
 /// and reported as `lost`.
@@ -187,9 +240,13 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         );
         return;
     }
+    let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
+    let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
     let started = Instant::now();
     ctx.running.fetch_add(1, Ordering::SeqCst);
-    let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        intercepted(ctx, &mut intercept, handler, &job.message)
+    }));
     ctx.running.fetch_sub(1, Ordering::SeqCst);
     let handler_duration = started.elapsed();
     let verdict = decide(result);
@@ -204,6 +261,12 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     if error.is_some() {
         ctx.lost.fetch_add(1, Ordering::SeqCst);
     }
+    let outcome = if error.is_some() { "lost" } else { "accept" };
+    trace.settled(outcome);
+    intercept.settled(&crate::intercept::Settled {
+        outcome,
+        error: error.clone(),
+    });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
         outcome: if error.is_some() { "lost" } else { "accept" },
@@ -403,7 +466,7 @@ pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<(
         );
         copy.drop_invalid_headers();
     }
-    ctx.publisher.publish("", queue, copy)
+    ctx.publisher.publish_copy("", queue, copy)
 }
 
 /// The pause before an original whose copy failed goes back: 1 s, doubling with each failure

@@ -64,3 +64,11 @@ pub const ORIGINAL_EXCHANGE: &str = "acemq-original-exchange";
 pub const ORIGINAL_ROUTING_KEY: &str = "acemq-original-routing-key";
 /// Replay: the queue a message was first consumed from (see [`ORIGINAL_EXCHANGE`]).
 pub const ORIGINAL_QUEUE: &str = "acemq-original-queue";
+
+// W3C trace context, unprefixed as the whole family writes it (so tooling that knows nothing of
+// AceMQ reads it, and a trace started anywhere continues through here).
+
+/// W3C trace context: `00-<trace id>-<parent id>-<flags>` (see [`crate::trace`]).
+pub const TRACEPARENT: &str = "traceparent";
+/// W3C trace context: the vendors' list that travels with [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";

@@ -130,7 +130,7 @@ impl Message {
     ///
     /// [`Error::Codec`] when the body does not decode into a `T`.
     pub fn decode<T: DeserializeOwned>(&self, codec: &dyn Codec) -> Result<T> {
-        crate::codec::decode_with(codec, &self.body)
+        crate::codec::decode_typed_with(codec, &self.body, self.content_type.as_deref())
     }
 
     /// Decodes the body with the codec of the consumer that received it (JSON otherwise).
@@ -140,7 +140,11 @@ impl Message {
     /// [`Error::Codec`] when the body does not decode into a `T`.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T> {
         match &self.codec {
-            Some(c) => crate::codec::decode_with(c.as_ref(), &self.body),
+            Some(c) => crate::codec::decode_typed_with(
+                c.as_ref(),
+                &self.body,
+                self.content_type.as_deref(),
+            ),
             None => crate::codec::decode_with(&crate::codec::JsonCodec, &self.body),
         }
     }

@@ -363,9 +363,12 @@ impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
         let abandoned = Arc::new(parking_lot::Mutex::new(false));
         let (handler, message) = (self.handler.clone(), m.clone());
         let (gone, count) = (abandoned.clone(), orphans.clone());
+        // The message's trace goes with the handler to its thread.
+        let trace = crate::trace::TraceContext::current();
         let spawned = std::thread::Builder::new()
             .name("acemq-handler-deadline".into())
             .spawn(move || {
+                let _trace = trace.map(crate::trace::TraceContext::enter);
                 let ran = catch_unwind(AssertUnwindSafe(|| handler.handle(&message)));
                 let gone = gone.lock();
                 if *gone {

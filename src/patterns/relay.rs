@@ -146,6 +146,15 @@ pub fn record_message(
     for (k, v) in message.headers.iter().chain(&message.engine_headers) {
         map.insert(k.clone(), to_json(k, v)?);
     }
+    // The trace of what caused it (the handler's message), for the relay to publish later.
+    if !message.headers.contains_key(headers::TRACEPARENT) {
+        if let Some(current) = crate::trace::TraceContext::current() {
+            map.insert(headers::TRACEPARENT.into(), text(current.traceparent()));
+            if let Some(ts) = current.tracestate() {
+                map.insert(headers::TRACESTATE.into(), text(ts));
+            }
+        }
+    }
     Ok(NewOutboxRecord {
         exchange: exchange.to_string(),
         routing_key: routing_key.to_string(),

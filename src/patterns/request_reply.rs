@@ -321,7 +321,13 @@ impl Requester {
     /// not come back in time; [`Error::Closed`]; validation errors before anything is sent.
     pub fn ask_timeout(&self, request: impl Into<Message>, timeout: Duration) -> Result<Message> {
         let start = Instant::now();
+        let span = crate::trace::RequestSpan::start(&self.inner.exchange, &self.inner.routing_key);
         let result = self.round_trip(request.into(), start, timeout);
+        span.end(match &result {
+            Ok(_) | Err(Error::Responder { .. }) => "answered",
+            Err(Error::RequestTimeout { .. }) => "timed_out",
+            Err(_) => "failed",
+        });
         let outcome = match &result {
             Ok(_) => RequestOutcome::Replied,
             Err(Error::Responder { .. }) => RequestOutcome::ResponderFailed,
@@ -355,6 +361,7 @@ impl Requester {
             HeaderValue::Text(session.queue.clone()),
         );
         message.reply_to = Some(session.queue.clone());
+        let _ = crate::trace::stamp(&mut message, &inner.exchange, &inner.routing_key);
         let publish = Publish {
             body: &message.body,
             routing_key: inner.routing_key.clone(),

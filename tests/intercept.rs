@@ -1,0 +1,211 @@
+//! Interceptors on the real broker: the order they run in (first registered outermost), adding
+//! headers, short-circuiting a publish and a handler, hearing how a delivery was really
+//! settled, copies not intercepted, and the observer still told.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::intercept::{ConsumeContext, ConsumeNext, PublishContext, PublishNext, Settled};
+use acemq_amqp::observe::Settlement;
+use acemq_amqp::{
+    dead_letter_queue, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error,
+    HandlerResult, Message, Observer, Outcome, QueueSpec, RetryPolicy, Ticket,
+};
+use support::{amqp_url, eventually, unique, Cleanup};
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+fn push(log: &Log, s: impl Into<String>) {
+    log.lock().unwrap().push(s.into());
+}
+
+#[derive(Clone, Default)]
+struct Settlements(Log);
+
+impl Observer for Settlements {
+    fn settled(&self, s: &Settlement<'_>) {
+        push(&self.0, format!("observer: {}", s.outcome));
+    }
+}
+
+fn publish_layer(
+    log: &Log,
+    name: &'static str,
+) -> impl Fn(PublishContext, PublishNext<'_>) -> acemq_amqp::Result<Ticket> + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |mut c: PublishContext, next: PublishNext<'_>| {
+        push(&log, format!("{name} publish in"));
+        // Each adds its own header, and sees what an outer one added.
+        let seen_outer = c.message.headers.contains_key("x-outer");
+        c.message = c
+            .message
+            .header(format!("x-{name}"), format!("seen outer: {seen_outer}"));
+        if name == "outer" && c.message.headers.contains_key("refuse") {
+            push(&log, "outer refused");
+            return Err(Error::InvalidArgument {
+                reason: "refused by the outer interceptor".into(),
+            });
+        }
+        let r = next.run(c);
+        push(&log, format!("{name} publish out: {}", r.is_ok()));
+        r
+    }
+}
+
+fn consume_layer(
+    log: &Log,
+    name: &'static str,
+) -> impl Fn(&mut ConsumeContext<'_>, &Message, ConsumeNext<'_>) -> HandlerResult + Send + Sync + 'static
+{
+    let log = log.clone();
+    move |c: &mut ConsumeContext<'_>, m: &Message, next: ConsumeNext<'_>| {
+        push(&log, format!("{name} consume in"));
+        if name == "outer" && m.body == b"short" {
+            push(&log, "outer answered itself");
+            return Ok(Outcome::Accept);
+        }
+        let l = log.clone();
+        c.when_settled(move |s: &Settled| push(&l, format!("{name} settled: {}", s.outcome)));
+        let r = if name == "inner" {
+            // Hands the handler a changed message.
+            next.run(c, &m.clone().header("x-added-by-inner", "yes"))
+        } else {
+            next.run(c, m)
+        };
+        let answer = match &r {
+            Ok(o) => o.label().to_string(),
+            Err(e) => format!("error {e}"),
+        };
+        push(&log, format!("{name} consume out: {answer}"));
+        r
+    }
+}
+
+fn open(log: &Log, observer: Settlements) -> Connection {
+    ConnectionOptions::new()
+        .address(amqp_url())
+        .observer(observer)
+        .intercept_publish(publish_layer(log, "outer"))
+        .intercept_publish(publish_layer(log, "inner"))
+        .intercept_consume(consume_layer(log, "outer"))
+        .intercept_consume(consume_layer(log, "inner"))
+        .open()
+        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"))
+}
+
+#[test]
+fn interceptors_run_first_registered_outermost_around_the_publish_and_the_handler() {
+    let log: Log = Log::default();
+    let conn = open(&log, Settlements(log.clone()));
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("intercept"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let h = handled.clone();
+    let l = log.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
+        .unwrap()
+        .start(move |m: &Message| -> Result<Outcome, BoxError> {
+            push(&l, "handler");
+            h.lock().unwrap().push(m.clone());
+            // Asks for a retry it does not have: the consumer dead-letters it.
+            Ok(Outcome::retry("once more"))
+        })
+        .unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("hello")).unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(Duration::from_secs(30), || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
+    assert!(
+        eventually(Duration::from_secs(10), || log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.starts_with("observer: "))),
+        "{:?}",
+        log.lock().unwrap()
+    );
+    consumer.close().unwrap();
+    let got = handled.lock().unwrap()[0].clone();
+    let text = |n: &str| {
+        got.headers
+            .get(n)
+            .and_then(|v| v.as_str())
+            .map(String::from)
+    };
+    assert_eq!(text("x-outer").as_deref(), Some("seen outer: false"));
+    assert_eq!(text("x-inner").as_deref(), Some("seen outer: true"));
+    assert_eq!(text("x-added-by-inner").as_deref(), Some("yes"));
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "outer publish in",
+            "inner publish in",
+            "inner publish out: true",
+            "outer publish out: true",
+            "outer consume in",
+            "inner consume in",
+            "handler",
+            "inner consume out: retry",
+            "outer consume out: retry",
+            // What really happened: no attempt left, dead-lettered. The dead-letter copy
+            // is not a publish of the application's: no publish interceptor ran for it.
+            "outer settled: reject",
+            "inner settled: reject",
+            // The observer keeps working as it did (it labels the handler's verdict).
+            "observer: retry",
+        ],
+    );
+}
+
+#[test]
+fn an_interceptor_short_circuits_a_publish_and_a_handler() {
+    let log: Log = Log::default();
+    let conn = open(&log, Settlements::default());
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("intercept-short"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let publisher = conn.publisher().unwrap();
+    let e = publisher
+        .publish("", &q, Message::new("x").header("refuse", true))
+        .unwrap_err();
+    assert!(e.to_string().contains("refused by the outer"), "{e}");
+    assert_eq!(
+        conn.queue_info(&q).unwrap().message_count,
+        0,
+        "nothing sent"
+    );
+    let calls = Arc::new(Mutex::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(move |_: &Message| {
+            *c.lock().unwrap() += 1;
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    publisher.publish("", &q, Message::new("short")).unwrap();
+    assert!(eventually(Duration::from_secs(30), || log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|e| e == "outer answered itself")));
+    assert!(eventually(Duration::from_secs(10), || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(*calls.lock().unwrap(), 0, "the handler never ran");
+    assert!(!log.lock().unwrap().iter().any(|e| e == "inner consume in"));
+}
