@@ -396,6 +396,8 @@ fn settle(
     batch: Vec<Settle>,
     report: &mut CloseReport,
 ) -> std::result::Result<(), amiquip::Error> {
+    // At-most-once handlers waiting for their delivery's ack to reach the broker.
+    let mut acked_first = Vec::new();
     for s in batch {
         if s.generation != generation {
             log::info!(
@@ -456,9 +458,11 @@ fn settle(
                     .and_then(|slot| slot.delivery.take());
                 match delivery {
                     Some(d) => {
-                        let acked = d.ack(channel);
-                        let _ = reply.send(acked.is_ok());
-                        acked?;
+                        if let Err(e) = d.ack(channel) {
+                            let _ = reply.send(false);
+                            return Err(e);
+                        }
+                        acked_first.push(reply);
                     }
                     None => {
                         let _ = reply.send(false);
@@ -466,6 +470,18 @@ fn settle(
                 }
             }
         }
+    }
+    if !acked_first.is_empty() {
+        // AMQP never answers an ack, and amiquip only queues it for the socket: a handler let
+        // go now could run while the ack is still on its way, and a cut then has the broker
+        // deliver the message again — a second run at most once forbids. A synchronous method
+        // on the same channel is answered only after the broker has processed everything sent
+        // before it, the acks included; re-stating the prefetch changes nothing.
+        let processed = channel.qos(0, ctx.prefetch, false);
+        for reply in acked_first {
+            let _ = reply.send(processed.is_ok());
+        }
+        processed?;
     }
     flush_acks(state.inflight, channel)?;
     ctx.in_flight.store(state.inflight.len(), Ordering::SeqCst);
