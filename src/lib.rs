@@ -178,6 +178,9 @@ pub mod connection;
 pub mod consume;
 mod envelope;
 mod error;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod observe;
 pub mod patterns;
 pub mod publish;
