@@ -296,7 +296,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
                         .fetch_add(killed, Ordering::SeqCst);
                     continue;
                 }
-                if rng() % 2 == 0 {
+                if rng().is_multiple_of(2) {
                     proxy.cut_all();
                     figures.proxy_cuts.fetch_add(1, Ordering::SeqCst);
                 } else if close_connections_named(&run) > 0 {

@@ -226,7 +226,7 @@ fn kill_rounds(role: &str, vars: &[(&str, String)], progress: impl Fn() -> Strin
     };
     let (mut at_window, mut random) = (0, 0);
     for round in 0..ROUNDS {
-        let hold = round % 2 == 0;
+        let hold = round.is_multiple_of(2);
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "crash_child",
