@@ -9,9 +9,10 @@ mod support;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use acemq_amqp::patterns::acknowledged::AmqpQueue;
 use acemq_amqp::patterns::{
-    replay, serve, ConsumerGroup, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, Requester,
-    Scheduler,
+    declare_stream, read_stream, replay, serve, ConsumerGroup, InMemoryOutboxStore, Offset,
+    OutboxRelay, OutboxRelayOptions, Requester, Scheduler, StreamRetention,
 };
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
@@ -166,6 +167,14 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{:?}", replay(&conn, &q)));
     let scheduler = Scheduler::open(&conn).unwrap();
     seen.push(format!("{scheduler:?}"));
+    let stream = clean.queue(&unique("hyg-stream"));
+    declare_stream(&conn, &stream, StreamRetention::unbounded()).unwrap();
+    let reader = read_stream(&conn, &stream, Offset::First, accept).unwrap();
+    seen.push(format!("{reader:?}"));
+    let aq = clean.queue(&unique("hyg-ack"));
+    conn.declare_queue(&QueueSpec::new(&aq)).unwrap();
+    let amqp_queue = AmqpQueue::open(&conn, &aq, 10).unwrap();
+    seen.push(format!("{amqp_queue:?}"));
 
     // Errors: a refused connection, a missing queue, a conflicting declaration, a publish to
     // a missing exchange, a connection closed under a call.
@@ -186,6 +195,8 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
         .unwrap_err();
     seen.push(format!("{unroutable} {unroutable:?}"));
 
+    amqp_queue.close().unwrap();
+    reader.close().unwrap();
     scheduler.close().unwrap();
     responder.close().unwrap();
     drop(requester);
