@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each target uses part of it
 //! Shared by the targets: an AMQP delivery made of fuzzed bytes, parsed as amiquip parses a
 //! content header's table off the wire.
 

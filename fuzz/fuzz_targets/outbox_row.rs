@@ -40,7 +40,10 @@ fn json(j: &Json) -> serde_json::Value {
             .unwrap_or(serde_json::Value::Null),
         Json::Text(s) => s.clone().into(),
         Json::List(l) => l.clone().into(),
-        Json::Object(o) => o.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect(),
+        Json::Object(o) => o
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect(),
     }
 }
 
