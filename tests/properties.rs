@@ -1,13 +1,12 @@
 //! Property tests (proptest): for any valid envelope and application headers, what is written
 //! on the wire reads back as the same envelope and headers; for any header table, a read never
 //! lets a reserved name through and a copy always validates.
-//!
-//! (The partition property — FNV-1a 32-bit, stable and in range — waits for ordered dispatch,
-//! which is not on this branch yet.)
+//! A message's partition is stable and in range for any key and count.
 
 use std::collections::BTreeMap;
 
 use acemq_amqp::fuzzing::{copy_properties, read_delivery};
+use acemq_amqp::patterns::{partition, partitioned_routing_key};
 use acemq_amqp::{Envelope, HeaderValue, Message};
 use proptest::prelude::*;
 
@@ -143,5 +142,23 @@ proptest! {
         let second = read_delivery(b"x".to_vec(), copy, "", "q.retry");
         prop_assert_eq!(&second.envelope, &first.envelope);
         prop_assert_eq!(&second.headers, &first.headers);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    /// FNV-1a 32-bit modulo the count: the same key always lands on the same partition, always
+    /// below the count (0 for a count of 0 or 1), and the routing key says so.
+    #[test]
+    fn a_partition_is_stable_and_in_range(key in ".{0,80}", count in 0u32..10_000) {
+        let p = partition(&key, count);
+        prop_assert_eq!(p, partition(&key, count));
+        if count <= 1 {
+            prop_assert_eq!(p, 0);
+        } else {
+            prop_assert!(p < count);
+        }
+        prop_assert_eq!(partitioned_routing_key("orders", &key, count), format!("orders.{p}"));
     }
 }

@@ -189,7 +189,11 @@ fn a_counter_beyond_32_bits_reads_as_the_largest_a_copy_can_carry() {
             received(),
         );
         let max = i32::MAX as u32;
-        assert_eq!((m.envelope.attempt, m.envelope.version), (max, max), "{value:?}");
+        assert_eq!(
+            (m.envelope.attempt, m.envelope.version),
+            (max, max),
+            "{value:?}"
+        );
         let copy = Message::from_delivery(Vec::new(), m.to_properties("q", None), received());
         assert_eq!(copy.envelope, m.envelope, "{value:?}");
     }
