@@ -15,7 +15,8 @@
 //! * scheduler killed between a confirmed hop or delivery and the control message's ack → none
 //!   lost.
 //!
-//! Each scenario prints its figures. (Ordered dispatch is not here yet: it is being built.)
+//! Each scenario prints its figures. (Ordered dispatch has no case here yet: left for a later
+//! pass.)
 
 mod support;
 
