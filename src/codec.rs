@@ -222,6 +222,30 @@ mod tests {
         assert_eq!(decode_with::<Order>(&JsonCodec, &bytes).unwrap(), o);
     }
 
+    /// Found by the `acknowledged_item` fuzz target: without correctly rounded float parsing,
+    /// `101e99` read as a double one bit off the nearest, so decoding what was encoded from it
+    /// gave another number, and a payload passed on (a pipeline step, a copy) changed.
+    #[test]
+    fn a_json_number_survives_decode_encode_decode() {
+        for text in [
+            "101e99",
+            "0.1",
+            "1.7976931348623157e308",
+            "5e-324",
+            "2.2250738585072011e-308",
+        ] {
+            let v = JsonCodec.decode(text.as_bytes()).unwrap();
+            let again = JsonCodec.decode(&JsonCodec.encode(&v).unwrap()).unwrap();
+            assert_eq!(again, v, "{text}");
+            let parsed: f64 = text.parse().unwrap();
+            assert_eq!(
+                v.as_f64(),
+                Some(parsed),
+                "{text} reads as the nearest double"
+            );
+        }
+    }
+
     #[test]
     fn json_decode_error_names_content_type() {
         let e = decode_with::<Order>(&JsonCodec, b"not json").unwrap_err();

@@ -219,6 +219,9 @@ pub mod consume;
 pub mod credentials;
 mod envelope;
 mod error;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod intercept;
 pub mod observe;
 pub mod patterns;

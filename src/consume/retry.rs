@@ -45,6 +45,7 @@ pub struct RetryPolicy {
     jitter: f64,
     max_message_age: Option<Duration>,
     broker_wait_threshold: Duration,
+    quorum_rungs: bool,
 }
 
 impl Default for RetryPolicy {
@@ -66,6 +67,7 @@ impl RetryPolicy {
             jitter: 0.0,
             max_message_age: None,
             broker_wait_threshold: DEFAULT_BROKER_WAIT_THRESHOLD,
+            quorum_rungs: false,
         }
     }
 
@@ -137,6 +139,31 @@ impl RetryPolicy {
     pub fn broker_wait_threshold(mut self, threshold: Duration) -> Self {
         self.broker_wait_threshold = threshold;
         self
+    }
+
+    /// Opt-in, **not the family's topology**: declares the broker rungs as quorum queues with
+    /// `x-dead-letter-strategy: at-least-once` (which RabbitMQ accepts only with
+    /// `x-overflow: reject-publish`, so both are sent) instead of the family's classic rungs.
+    ///
+    /// Why: dead-lettering out of a classic queue is at-most-once — a broker node lost while
+    /// it dead-letters an expired message can drop it — and a classic rung lives on one node,
+    /// so losing that node loses every message waiting on it. A quorum rung is replicated and
+    /// dead-letters at least once, so a message waiting out a retry survives the loss of a
+    /// node of a cluster. The cost: the rung's declaration differs from the one every other
+    /// AceMQ library makes, so a Java, Go, Python, .NET or Ruby consumer of the same queue (or
+    /// a Rust one without this setting) conflicts with it (`406 PRECONDITION_FAILED`,
+    /// [`Error::TopologyConflict`](crate::Error::TopologyConflict)); use it only where every
+    /// consumer of the queue sets it, and delete the classic rungs before switching. Needs
+    /// RabbitMQ 3.10 or later. The scheduler's rungs are not affected (that topology is
+    /// shared). Defaults to `false`.
+    pub fn quorum_rungs(mut self, quorum: bool) -> Self {
+        self.quorum_rungs = quorum;
+        self
+    }
+
+    /// True when rungs are declared as quorum queues ([`quorum_rungs`](Self::quorum_rungs)).
+    pub fn uses_quorum_rungs(&self) -> bool {
+        self.quorum_rungs
     }
 
     /// The number of attempts in all.
@@ -291,22 +318,38 @@ pub fn parked_queue(queue: &str) -> String {
     format!("{queue}.parked")
 }
 
-/// The declaration of one rung: durable, classic, exactly three arguments.
-pub(crate) fn rung_spec(queue: &str, delay: Duration) -> QueueSpec {
-    QueueSpec::new(retry_queue(queue, delay))
-        .classic()
-        .argument(
-            "x-message-ttl",
-            HeaderValue::Int(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
-        )
-        .dead_letter_exchange(RETRY_EXCHANGE)
-        .dead_letter_routing_key(queue)
+/// The declaration of one rung: durable, classic, exactly three arguments (the family's); or,
+/// with `quorum` ([`RetryPolicy::quorum_rungs`]), a quorum queue with the same three and
+/// `x-dead-letter-strategy: at-least-once`, `x-overflow: reject-publish`.
+pub(crate) fn rung_spec(queue: &str, delay: Duration, quorum: bool) -> QueueSpec {
+    let spec = QueueSpec::new(retry_queue(queue, delay));
+    let spec = if quorum {
+        spec.quorum()
+            .argument(
+                "x-dead-letter-strategy",
+                HeaderValue::Text("at-least-once".into()),
+            )
+            .argument("x-overflow", HeaderValue::Text("reject-publish".into()))
+    } else {
+        spec.classic()
+    };
+    spec.argument(
+        "x-message-ttl",
+        HeaderValue::Int(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)),
+    )
+    .dead_letter_exchange(RETRY_EXCHANGE)
+    .dead_letter_routing_key(queue)
 }
 
 /// Declares a rung and the binding that brings its messages home (remembered for recovery).
-pub(crate) fn declare_rung(connection: &Connection, queue: &str, delay: Duration) -> Result<()> {
+pub(crate) fn declare_rung(
+    connection: &Connection,
+    queue: &str,
+    delay: Duration,
+    quorum: bool,
+) -> Result<()> {
     connection.declare_exchange(&ExchangeSpec::direct(RETRY_EXCHANGE))?;
-    connection.declare_queue(&rung_spec(queue, delay))?;
+    connection.declare_queue(&rung_spec(queue, delay, quorum))?;
     connection.bind(&Binding::new(queue, RETRY_EXCHANGE, queue))
 }
 
@@ -343,7 +386,7 @@ pub fn failure_topology(queue: &str, rungs: &[Duration]) -> FailureTopology {
     if !rungs.is_empty() {
         t.exchanges.push(ExchangeSpec::direct(RETRY_EXCHANGE));
         for rung in rungs {
-            t.queues.push(rung_spec(queue, *rung));
+            t.queues.push(rung_spec(queue, *rung, false));
         }
         t.bindings.push(Binding::new(queue, RETRY_EXCHANGE, queue));
     }
@@ -368,7 +411,7 @@ pub(crate) fn declare_failure_topology(
         ))?;
     }
     for rung in policy.broker_rungs() {
-        declare_rung(connection, queue, rung)?;
+        declare_rung(connection, queue, rung, policy.quorum_rungs)?;
     }
     Ok(())
 }
@@ -423,6 +466,28 @@ mod tests {
     }
 
     #[test]
+    fn rungs_are_classic_unless_quorum_is_chosen() {
+        use crate::connection::QueueKind;
+        let classic = rung_spec("q", S(60), false);
+        assert_eq!(classic.kind(), QueueKind::Classic);
+        assert_eq!(classic.arguments.len(), 3, "the family's three arguments");
+        let quorum = rung_spec("q", S(60), true);
+        assert_eq!(quorum.kind(), QueueKind::Quorum);
+        assert_eq!(
+            quorum.arguments.get("x-dead-letter-strategy"),
+            Some(&HeaderValue::Text("at-least-once".into()))
+        );
+        assert_eq!(
+            quorum.arguments.get("x-overflow"),
+            Some(&HeaderValue::Text("reject-publish".into()))
+        );
+        assert!(!RetryPolicy::fixed(3, S(60)).uses_quorum_rungs());
+        assert!(RetryPolicy::fixed(3, S(60))
+            .quorum_rungs(true)
+            .uses_quorum_rungs());
+    }
+
+    #[test]
     fn failure_topology_is_what_a_consumer_declares() {
         let t = failure_topology("orders", &[S(40), S(80)]);
         let names: Vec<&str> = t.queues.iter().map(|q| q.name()).collect();
@@ -435,7 +500,7 @@ mod tests {
                 "orders.retry.80s"
             ]
         );
-        assert_eq!(t.queues[2], rung_spec("orders", S(40)));
+        assert_eq!(t.queues[2], rung_spec("orders", S(40), false));
         assert_eq!(t.exchanges.len(), 2);
         assert_eq!(t.bindings.len(), 3);
         let none = failure_topology("orders", &[]);

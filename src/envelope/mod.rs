@@ -44,7 +44,8 @@ pub const MAX_SHORT_STRING: usize = 255;
 /// byte array (UTF-8), an integer in any width or as decimal text; an empty string is absent and
 /// an unreadable value takes its default. A received message's envelope has every default
 /// applied: its type is the routing key it arrived on when it carried none, its correlation id
-/// its own id, its version and attempt at least 1, its first-seen time now when missing.
+/// its own id, its version and attempt at least 1 and at most 2^31 − 1 (the family's 32-bit
+/// integers: a larger foreign value reads as that), its first-seen time now when missing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
     /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`. On a
@@ -158,10 +159,13 @@ impl Envelope {
     ) -> Envelope {
         let text = |name: &str| table.get(name).and_then(read_text);
         let int = |name: &str| table.get(name).and_then(read_int);
+        // Version and attempt travel as the family's 32-bit integers: a larger value (another
+        // library's 64-bit integer or text) reads as the largest one a copy can carry, so a
+        // copy never changes it.
         let counter = |name: &str| {
             int(name)
                 .filter(|n| *n >= 1)
-                .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+                .map(|n| u32::try_from(n.min(i64::from(i32::MAX))).unwrap_or(1))
                 .unwrap_or(1)
         };
         let id = text(headers::ID)

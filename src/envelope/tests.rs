@@ -161,3 +161,40 @@ fn envelope_round_trips_through_properties() {
     assert_eq!(back.headers.get("n"), Some(&HeaderValue::Int(5)));
     assert!(!back.headers.contains_key(headers::ID));
 }
+
+/// Found by the `envelope` fuzz target: a foreign counter beyond the family's 32-bit range
+/// (here 2^32 − 1 as a 64-bit integer) was read as 4294967295 and re-sent as 2147483647, so a
+/// copy carried another attempt and version than the one read. It is read as the largest value
+/// the family writes, and a copy carries exactly that.
+#[test]
+fn a_counter_beyond_32_bits_reads_as_the_largest_a_copy_can_carry() {
+    for value in [
+        AmqpValue::LongLongInt(4_294_967_295),
+        AmqpValue::LongUInt(4_294_967_295),
+        AmqpValue::LongString("9999999999".into()),
+    ] {
+        let mut table = FieldTable::new();
+        table.insert(headers::ID.into(), AmqpValue::LongString("i".into()));
+        table.insert(headers::ATTEMPT.into(), value.clone());
+        table.insert(headers::VERSION.into(), value.clone());
+        let received = || Received {
+            exchange: String::new(),
+            routing_key: "q".into(),
+            redelivered: false,
+            delivery_tag: 1,
+        };
+        let m = Message::from_delivery(
+            Vec::new(),
+            AmqpProperties::default().with_headers(table),
+            received(),
+        );
+        let max = i32::MAX as u32;
+        assert_eq!(
+            (m.envelope.attempt, m.envelope.version),
+            (max, max),
+            "{value:?}"
+        );
+        let copy = Message::from_delivery(Vec::new(), m.to_properties("q", None), received());
+        assert_eq!(copy.envelope, m.envelope, "{value:?}");
+    }
+}

@@ -40,6 +40,8 @@ use crate::error::{Error, Result};
 mod memory;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
+#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres")))]
+pub(crate) use sql::record as record_from_row;
 
 pub use memory::InMemoryOutboxStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -325,7 +325,7 @@ impl SqlOutboxStore {
     }
 }
 
-fn record(row: &[Value]) -> Result<OutboxRecord> {
+pub(crate) fn record(row: &[Value]) -> Result<OutboxRecord> {
     let headers = sql::col_text(row, 5)?;
     let headers = if headers.is_empty() {
         serde_json::Map::new()

@@ -1,0 +1,59 @@
+//! Not for applications (feature `internals`): the decoders of bytes from the wire and the
+//! database, reachable by this crate's fuzz targets (`fuzz/`) and property tests. No stability
+//! promise.
+
+use amiquip::AmqpProperties;
+
+use crate::envelope::{Message, Received};
+use crate::Result;
+
+/// Reads a delivery as a consumer does: envelope (with every default), engine headers,
+/// application headers, the AMQP properties.
+pub fn read_delivery(
+    body: Vec<u8>,
+    properties: AmqpProperties,
+    exchange: &str,
+    routing_key: &str,
+) -> Message {
+    Message::from_delivery(
+        body,
+        properties,
+        Received {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            redelivered: false,
+            delivery_tag: 1,
+        },
+    )
+}
+
+/// The properties a copy of `message` (retry, dead letter, replay) is published with: what
+/// cannot be re-sent is dropped first, as the consumer's worker does, and the copy must then
+/// validate.
+///
+/// # Errors
+///
+/// The validation error, which a copy never should have after the headers it cannot carry
+/// are dropped (a fuzz target asserts it never happens).
+pub fn copy_properties(message: &Message, routing_key: &str) -> Result<AmqpProperties> {
+    let mut copy = message.clone();
+    if copy.validate().is_err() {
+        copy.drop_invalid_headers();
+    }
+    copy.validate()?;
+    Ok(copy.to_properties(routing_key, Some("fuzz@localhost")))
+}
+
+/// The message an outbox row read back from the database stands for (columns as the SQL
+/// store selects them: id, exchange, routing key, body, content type, headers JSON, created,
+/// attempts, last error).
+///
+/// # Errors
+///
+/// What the store returns for a row it cannot read (a column of the wrong type, headers that
+/// are not a JSON object).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
+    let record = crate::patterns::outbox::record_from_row(row)?;
+    Ok(crate::patterns::relay::to_message(&record))
+}
