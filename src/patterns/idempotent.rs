@@ -229,7 +229,12 @@ where
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::batch::IdempotentTxBatch;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use self::transactional::{idempotent_tx, IdempotentTx};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod batch;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional {
@@ -304,12 +309,12 @@ mod transactional {
 
     /// A handler made transactional and idempotent by [`idempotent_tx`].
     pub struct IdempotentTx<F, H> {
-        store: Arc<SqlIdempotencyStore>,
-        connect: F,
-        handler: H,
-        key: Option<KeyFn>,
-        in_progress_delay: Duration,
-        duplicates: Duplicates,
+        pub(super) store: Arc<SqlIdempotencyStore>,
+        pub(super) connect: F,
+        pub(super) handler: H,
+        pub(super) key: Option<KeyFn>,
+        pub(super) in_progress_delay: Duration,
+        pub(super) duplicates: Duplicates,
     }
 
     impl<F, H> IdempotentTx<F, H> {
@@ -342,9 +347,9 @@ mod transactional {
     }
 
     /// How many connections one message may try at `BEGIN` before its handler runs.
-    const BEGIN_TRIES: usize = 3;
+    pub(super) const BEGIN_TRIES: usize = 3;
 
-    fn rollback<T: SqlTransaction>(tx: T) {
+    pub(super) fn rollback<T: SqlTransaction>(tx: T) {
         if let Err(e) = tx.rollback() {
             log::warn!("acemq: rollback failed: {e}");
         }

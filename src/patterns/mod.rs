@@ -27,7 +27,7 @@ pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencySt
 pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
 pub use idempotent::{idempotent, DuplicateCount, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use idempotent::{idempotent_tx, IdempotentTx};
+pub use idempotent::{idempotent_tx, IdempotentTx, IdempotentTxBatch};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};

@@ -1,0 +1,371 @@
+//! The batched transactional form: [`IdempotentTx::batch`].
+//!
+//! The consumer's workers are the gatherers. Each worker that is handed a message puts it in
+//! the wrapper's queue and waits. One of them (the first to find no batch running) leads: it
+//! waits until the queue holds a full batch — `max_messages`; once a partial batch has waited
+//! out `max_wait`, as many messages as there are workers seen if that is less — or until
+//! `max_wait` has passed since it started to lead, takes up to `max_messages` (its own first), and runs them in **one** database
+//! transaction, each under its own savepoint, then commits once. Only then does every worker
+//! of the batch return its message's outcome to the consumer, which acknowledges (coalescing
+//! a contiguous run into one `multiple` ack). One batch runs at a time per wrapper.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::transactional::{rollback, BEGIN_TRIES};
+use super::*;
+use crate::patterns::SqlIdempotencyStore;
+use crate::sql::{SqlTransaction, Transactional};
+
+/// A message's result, or the panic its handler raised (resumed on its own worker).
+type Settled = std::result::Result<HandlerResult, Box<dyn Any + Send>>;
+
+/// A message waiting in the queue for its batch.
+struct Entry {
+    id: u64,
+    message: Message,
+    key: String,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    queue: VecDeque<Entry>,
+    /// A batch is running (its leader is out of the lock).
+    leading: bool,
+    /// Results of the finished batches, by entry id, until their worker takes them.
+    done: HashMap<u64, Settled>,
+    /// The workers seen so far.
+    workers: HashSet<ThreadId>,
+    /// A partial batch has waited out `max_wait`: from then on a batch waits for no more
+    /// messages than there are workers seen (the consumer may have fewer than
+    /// `max_messages`). Until then it waits for `max_messages`.
+    learned: bool,
+}
+
+/// A handler made transactional, idempotent and batched by [`IdempotentTx::batch`].
+///
+/// Give the consumer at least `max_messages` workers
+/// ([`ConsumerOptions::concurrency`](crate::ConsumerOptions::concurrency)) and a prefetch of
+/// at least that: a batch holds one message per waiting worker, so the batch size is at most
+/// the consumer's concurrency.
+pub struct IdempotentTxBatch<F, H> {
+    inner: IdempotentTx<F, H>,
+    max_messages: usize,
+    max_wait: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+    on_commit: Option<Box<dyn Fn(usize) + Send + Sync>>,
+}
+
+impl<F, H> IdempotentTx<F, H> {
+    /// Handles messages in batches: up to `max_messages` deliveries (one per waiting worker of
+    /// the consumer) are claimed, handled and confirmed in **one** database transaction,
+    /// committed once, and only then acknowledged. A partial batch waits at most `max_wait`
+    /// for more messages.
+    ///
+    /// What stays as in the single-message form:
+    ///
+    /// * **each message under its own savepoint**: a message whose handler fails (an `Err`, a
+    ///   panic, any outcome but accept), whose claim is a duplicate or in progress, or whose SQL
+    ///   fails is rolled back to its savepoint alone — its claim and its work vanish — and it
+    ///   alone takes the retry / dead-letter path; the others commit;
+    /// * **acknowledged only after the commit**: no outcome of a batch reaches the consumer
+    ///   before the batch's commit returned, so no acknowledgement (not even a `multiple` one)
+    ///   covers an uncommitted effect. A crash before the commit redelivers the whole batch
+    ///   with no effect applied; a crash after it redelivers messages whose receipts are
+    ///   committed, and each is acknowledged as a duplicate without running again;
+    /// * a commit that fails turns every message of the batch that was to be accepted into a
+    ///   retry (nothing of the batch was applied);
+    /// * claims are fenced by their tokens, on the database's clock, as before.
+    ///
+    /// The handler sees, in one transaction, the work of the batch's earlier messages. Two
+    /// messages with one key in a batch: the second finds the first's receipt (a duplicate).
+    ///
+    /// `max_messages` of 1 is the single-message form. The consumer needs `concurrency` of at
+    /// least `max_messages` for full batches (see [`IdempotentTxBatch`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `max_messages` of 0 or
+    /// over 10,000, or a `max_wait` of zero.
+    pub fn batch(
+        self,
+        max_messages: usize,
+        max_wait: Duration,
+    ) -> crate::Result<IdempotentTxBatch<F, H>> {
+        if max_messages == 0 || max_messages > 10_000 {
+            return Err(crate::Error::invalid(
+                "a batch holds from 1 to 10000 messages",
+            ));
+        }
+        if max_wait.is_zero() {
+            return Err(crate::Error::invalid("max_wait must be more than zero"));
+        }
+        Ok(IdempotentTxBatch {
+            inner: self,
+            max_messages,
+            max_wait,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            on_commit: None,
+        })
+    }
+}
+
+impl<F, H> IdempotentTxBatch<F, H> {
+    /// Called with the number of messages after each batch committed, before any of them is
+    /// handed back to the consumer (so before any is acknowledged). For metrics; it must not
+    /// block. Defaults to none.
+    pub fn on_commit(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.on_commit = Some(Box::new(f));
+        self
+    }
+
+    /// The count of duplicates this wrapper absorbed (a shared handle).
+    pub fn duplicates(&self) -> DuplicateCount {
+        self.inner.duplicates()
+    }
+
+    /// The largest batch.
+    pub fn max_messages(&self) -> usize {
+        self.max_messages
+    }
+
+    /// The longest a partial batch waits for more messages.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+}
+
+/// How often a worker waiting for its batch looks again (its batch's leader wakes it sooner).
+const RECHECK: Duration = Duration::from_millis(100);
+
+impl<F, C, H> Handler for IdempotentTxBatch<F, H>
+where
+    F: Fn() -> crate::Result<C>,
+    C: Transactional,
+    H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
+{
+    fn handle(&self, m: &Message) -> HandlerResult {
+        if self.max_messages == 1 {
+            return self.inner.handle(m);
+        }
+        let key = key_of(&self.inner.key, m)?;
+        let mut state = self.state.lock();
+        state.workers.insert(std::thread::current().id());
+        let id = state.next_id;
+        state.next_id += 1;
+        state.queue.push_back(Entry {
+            id,
+            message: m.clone(),
+            key,
+        });
+        self.changed.notify_all();
+        loop {
+            if let Some(settled) = state.done.remove(&id) {
+                drop(state);
+                return match settled {
+                    Ok(r) => r,
+                    Err(panic) => resume_unwind(panic),
+                };
+            }
+            if !state.leading {
+                // Lead: wait for a full batch or for max_wait, then run it.
+                state.leading = true;
+                let deadline = Instant::now() + self.max_wait;
+                loop {
+                    let full = if state.learned {
+                        self.max_messages.min(state.workers.len())
+                    } else {
+                        self.max_messages
+                    };
+                    if state.queue.len() >= full {
+                        break;
+                    }
+                    if self.changed.wait_until(&mut state, deadline).timed_out() {
+                        state.learned = true;
+                        break;
+                    }
+                }
+                let mut batch = Vec::with_capacity(self.max_messages);
+                if let Some(pos) = state.queue.iter().position(|e| e.id == id) {
+                    batch.extend(state.queue.remove(pos));
+                }
+                while batch.len() < self.max_messages {
+                    match state.queue.pop_front() {
+                        Some(e) => batch.push(e),
+                        None => break,
+                    }
+                }
+                drop(state);
+                let results = self.run_batch(&batch);
+                state = self.state.lock();
+                state.leading = false;
+                state.done.extend(results);
+                self.changed.notify_all();
+                continue;
+            }
+            self.changed.wait_for(&mut state, RECHECK);
+        }
+    }
+}
+
+/// A failure that ends the batch's transaction, as each message's error.
+fn batch_error(what: &str, e: &dyn std::fmt::Display) -> HandlerResult {
+    Err(format!("{what}: {e}").into())
+}
+
+impl<F, H> IdempotentTxBatch<F, H> {
+    /// Claims, handlers, receipts and one commit; every entry's result.
+    fn run_batch<C>(&self, batch: &[Entry]) -> Vec<(u64, Settled)>
+    where
+        F: Fn() -> crate::Result<C>,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
+    {
+        let all_fail = |what: &str, e: &dyn std::fmt::Display| {
+            batch
+                .iter()
+                .map(|entry| (entry.id, Ok(batch_error(what, e))))
+                .collect()
+        };
+        // As in the single form: a connection that fails at BEGIN is replaced (up to three).
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut conn = match (self.inner.connect)() {
+                Ok(c) => c,
+                Err(e) => return all_fail("no database connection for the batch", &e),
+            };
+            let begun = conn.begin();
+            match begun {
+                Ok(tx) => return self.run_on(batch, tx),
+                Err(e) if tries < BEGIN_TRIES => {
+                    log::warn!("acemq: BEGIN failed, trying another connection: {e}");
+                }
+                Err(e) => return all_fail("beginning the batch's transaction", &e),
+            }
+        }
+    }
+
+    /// The batch on its transaction `tx`.
+    fn run_on<T>(&self, batch: &[Entry], mut tx: T) -> Vec<(u64, Settled)>
+    where
+        T: SqlTransaction,
+        H: Fn(&Message, &mut T) -> HandlerResult,
+    {
+        let mut results: Vec<(u64, Settled)> = Vec::with_capacity(batch.len());
+        // Accepted messages whose receipts wait for the commit; duplicates to report after it.
+        let mut accepted: Vec<usize> = Vec::new();
+        let mut duplicates: Vec<usize> = Vec::new();
+        let mut broken: Option<String> = None;
+        for entry in batch {
+            if let Some(why) = &broken {
+                results.push((
+                    entry.id,
+                    Ok(batch_error("the batch's transaction failed", why)),
+                ));
+                continue;
+            }
+            if let Err(e) = tx.execute("SAVEPOINT acemq_message", &[]) {
+                broken = Some(e.to_string());
+                results.push((entry.id, Ok(batch_error("opening a savepoint", &e))));
+                continue;
+            }
+            let (settled, keep) = self.run_one(&mut tx, entry);
+            let end = if keep {
+                "RELEASE SAVEPOINT acemq_message"
+            } else {
+                "ROLLBACK TO SAVEPOINT acemq_message"
+            };
+            if let Err(e) = tx.execute(end, &[]) {
+                broken = Some(e.to_string());
+                results.push((entry.id, Ok(batch_error("ending a savepoint", &e))));
+                continue;
+            }
+            if !keep {
+                // Rolled back to the savepoint: the savepoint itself is still open.
+                if let Err(e) = tx.execute("RELEASE SAVEPOINT acemq_message", &[]) {
+                    broken = Some(e.to_string());
+                }
+            }
+            match &settled {
+                Ok(Ok(Outcome::Accept)) if keep => accepted.push(results.len()),
+                Ok(Ok(Outcome::Accept)) => duplicates.push(results.len()),
+                _ => {}
+            }
+            results.push((entry.id, settled));
+        }
+        let committed = if let Some(why) = broken {
+            rollback(tx);
+            Err(why)
+        } else {
+            tx.commit().map_err(|e| e.to_string())
+        };
+        match committed {
+            Ok(()) => {
+                if let Some(f) = &self.on_commit {
+                    f(batch.len());
+                }
+                for i in duplicates {
+                    let entry = &batch[i];
+                    let _ = self.inner.duplicates.absorbed(&entry.key, &entry.message);
+                }
+            }
+            Err(why) => {
+                // Nothing of the batch was applied: what was to be accepted is retried.
+                for i in accepted.into_iter().chain(duplicates) {
+                    results[i].1 = Ok(batch_error("the batch's commit failed", &why));
+                }
+            }
+        }
+        results
+    }
+
+    /// One message on the batch's transaction, inside its savepoint: its result, and whether
+    /// its writes are kept (false: roll back to the savepoint).
+    fn run_one<T>(&self, tx: &mut T, entry: &Entry) -> (Settled, bool)
+    where
+        T: SqlTransaction,
+        H: Fn(&Message, &mut T) -> HandlerResult,
+    {
+        let store: &SqlIdempotencyStore = &self.inner.store;
+        match store.claim_in(tx, &entry.key) {
+            Err(e) => (Ok(Err(e.into())), false),
+            // A duplicate reads as accepted and writes nothing (counted after the commit).
+            Ok(Claim::Duplicate) => (Ok(Ok(Outcome::Accept)), false),
+            Ok(Claim::InProgress) => (
+                Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay))),
+                false,
+            ),
+            Ok(Claim::Claimed(token)) => {
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    (self.inner.handler)(&entry.message, tx)
+                }));
+                if !matches!(result, Ok(Ok(Outcome::Accept))) {
+                    // The claim and the work vanish together.
+                    return (result, false);
+                }
+                match store.confirm_in(tx, &entry.key, &token) {
+                    Ok(()) => (result, true),
+                    Err(e) => (Ok(Err(e.into())), false),
+                }
+            }
+        }
+    }
+}
+
+impl<F, H> std::fmt::Debug for IdempotentTxBatch<F, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotentTxBatch")
+            .field("max_messages", &self.max_messages)
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
+}
