@@ -320,6 +320,42 @@ fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Consuming
 
+/// Counts accepted messages and says when `n` were; forwards batching to the handler.
+struct Counted<H> {
+    handler: H,
+    count: AtomicUsize,
+    n: usize,
+    done: crossbeam_channel::Sender<Instant>,
+}
+
+impl<H> Counted<H> {
+    fn count(&self, r: &acemq_amqp::HandlerResult) {
+        if matches!(r, Ok(Outcome::Accept))
+            && self.count.fetch_add(1, Ordering::Relaxed) + 1 == self.n
+        {
+            let _ = self.done.try_send(Instant::now());
+        }
+    }
+}
+
+impl<H: Handler> Handler for Counted<H> {
+    fn handle(&self, m: &Message) -> acemq_amqp::HandlerResult {
+        let r = self.handler.handle(m);
+        self.count(&r);
+        r
+    }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.handler.batch_limits()
+    }
+    fn handle_batch(&self, ms: &[&Message]) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
+        let results = self.handler.handle_batch(ms);
+        for r in results.iter().flatten() {
+            self.count(r);
+        }
+        results
+    }
+}
+
 /// Runs a consumer with `handler` until `n` messages were handled; the time it took.
 fn our_consume(
     conn: &Connection,
@@ -328,18 +364,15 @@ fn our_consume(
     options: ConsumerOptions,
     handler: impl Handler + Send + Sync + 'static,
 ) -> Result<Duration> {
-    let count = Arc::new(AtomicUsize::new(0));
     let (tx, rx) = crossbeam_channel::bounded(1);
-    let c = count.clone();
     let start = Instant::now();
     let consumer = conn
         .consumer(queue, options.declare(false))?
-        .start(move |m: &Message| {
-            let r = handler.handle(m);
-            if matches!(r, Ok(Outcome::Accept)) && c.fetch_add(1, Ordering::Relaxed) + 1 == n {
-                let _ = tx.try_send(Instant::now());
-            }
-            r
+        .start(Counted {
+            handler,
+            count: AtomicUsize::new(0),
+            n,
+            done: tx,
         })?;
     let end = rx
         .recv_timeout(Duration::from_secs(600))
@@ -435,18 +468,19 @@ impl Idem {
         match self {
             Idem::Plain => "idempotent",
             Idem::Tx => "idempotent_tx",
-            Idem::TxBatched => "idempotent_tx batch 32",
+            Idem::TxBatched => "idempotent_tx batch 100",
         }
     }
     fn options(self) -> ConsumerOptions {
         match self {
             Idem::Plain => ConsumerOptions::new().prefetch(100).concurrency(8),
             Idem::Tx => ConsumerOptions::new().prefetch(100).concurrency(1),
-            Idem::TxBatched => ConsumerOptions::new().prefetch(100).concurrency(32),
+            Idem::TxBatched => ConsumerOptions::new().prefetch(200).concurrency(1),
         }
     }
 }
 
+const BATCH: usize = 100;
 const BATCH_WAIT: Duration = Duration::from_millis(20);
 
 fn idem_sqlite(
@@ -477,7 +511,7 @@ fn idem_sqlite(
                 checkout(&pool),
                 |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
             );
-            let h = h.batch(if kind == Idem::Tx { 1 } else { 32 }, BATCH_WAIT)?;
+            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
             our_consume(conn, queue, n, kind.options(), h)?
         }
     };
@@ -505,7 +539,7 @@ fn idem_pg(conn: &Connection, queue: &str, n: usize, kind: Idem, table: &str) ->
                 checkout(&pool),
                 |_: &Message, _: &mut postgres::Transaction<'_>| Ok(Outcome::Accept),
             );
-            let h = h.batch(if kind == Idem::Tx { 1 } else { 32 }, BATCH_WAIT)?;
+            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
             our_consume(conn, queue, n, kind.options(), h)?
         }
     };
@@ -553,11 +587,11 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
                 target,
                 rss_mib: 0.0,
                 note: format!(
-                    "{n} msgs, prefetch 100, concurrency {}",
+                    "{n} msgs, {}",
                     match kind {
-                        Idem::Plain => 8,
-                        Idem::Tx => 1,
-                        Idem::TxBatched => 32,
+                        Idem::Plain => "prefetch 100, concurrency 8",
+                        Idem::Tx => "prefetch 100, concurrency 1",
+                        Idem::TxBatched => "prefetch 200, concurrency 1",
                     }
                 ),
             });
@@ -750,9 +784,16 @@ fn acknowledged(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
     let commits = s.n(500, 100);
     let mut raw = vec![];
     let mut by_batch: Vec<Vec<f64>> = vec![vec![]; 3];
-    let batches = [(1usize, s.n(1_000, 150)), (32, s.n(20_000, 2_000)), (256, s.n(50_000, 5_000))];
+    let batches = [
+        (1usize, s.n(1_000, 150)),
+        (32, s.n(20_000, 2_000)),
+        (256, s.n(50_000, 5_000)),
+    ];
     for round in 0..s.rounds {
-        raw.push(raw_commit_rate(&dir.join(format!("raw-{round}.db")), commits)?);
+        raw.push(raw_commit_rate(
+            &dir.join(format!("raw-{round}.db")),
+            commits,
+        )?);
         for (i, (batch, n)) in batches.into_iter().enumerate() {
             let path = dir.join(format!("ack-{batch}-{round}.db"));
             by_batch[i].push(recipe_rate(&path, batch, n)?);
@@ -973,7 +1014,9 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     responder.close()?;
     server.close()?;
     stop.store(true, Ordering::SeqCst);
-    raw_thread.join().map_err(|_| Error::Closed { what: "raw responder" })?;
+    raw_thread.join().map_err(|_| Error::Closed {
+        what: "raw responder",
+    })?;
     for q in [&raw_q, &our_q] {
         conn.delete_queue(q)?;
     }
@@ -1000,7 +1043,9 @@ fn memory(s: &mut Suite, conn: &Connection) -> Result<()> {
         raw: None,
         target: Target::AtMost(64.0),
         rss_mib: 0.0,
-        note: format!("peak RSS of the process (RSS {before:.0} MiB before); prefetch 100, concurrency 8"),
+        note: format!(
+            "peak RSS of the process (RSS {before:.0} MiB before); prefetch 100, concurrency 8"
+        ),
     });
     conn.purge_queue(&queue)?;
 
@@ -1027,7 +1072,9 @@ fn memory(s: &mut Suite, conn: &Connection) -> Result<()> {
         raw: None,
         target: Target::AtMost(16.0),
         rss_mib: 0.0,
-        note: format!("peak RSS growth over {before:.0} MiB (RSS with all tickets held: {held:.0} MiB)"),
+        note: format!(
+            "peak RSS growth over {before:.0} MiB (RSS with all tickets held: {held:.0} MiB)"
+        ),
     });
     conn.purge_queue(&queue)?;
     conn.delete_queue(&queue)?;
@@ -1056,8 +1103,19 @@ fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
-    if let Some(a) = args.iter().find(|a| *a != "--quick" && *a != "--json") {
-        eprintln!("unknown argument {a:?}: use [--quick] [--json]");
+    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, memory.
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
+    if let Some(a) = args.iter().enumerate().find_map(|(i, a)| {
+        let known = a == "--quick" || a == "--json" || a == "--only";
+        let value = i > 0 && args[i - 1] == "--only";
+        (!known && !value).then_some(a)
+    }) {
+        eprintln!("unknown argument {a:?}: use [--quick] [--json] [--only NAME,…]");
         std::process::exit(2);
     }
     let mut s = Suite {
@@ -1084,12 +1142,24 @@ fn bench() -> Result<()> {
         context: "a temporary directory".into(),
         source: e,
     })?;
-    s.figure(|s| publishing(s, &conn))?;
-    s.figure(|s| consuming(s, &conn))?;
-    s.figure(|s| idempotency(s, &conn, dir.path()))?;
-    s.figure(|s| relaying(s, &conn, dir.path()))?;
-    s.figure(|s| acknowledged(s, dir.path()))?;
-    s.figure(|s| request_reply(s, &conn))?;
+    if wanted("publish") {
+        s.figure(|s| publishing(s, &conn))?;
+    }
+    if wanted("consume") {
+        s.figure(|s| consuming(s, &conn))?;
+    }
+    if wanted("idempotent") {
+        s.figure(|s| idempotency(s, &conn, dir.path()))?;
+    }
+    if wanted("relay") {
+        s.figure(|s| relaying(s, &conn, dir.path()))?;
+    }
+    if wanted("acknowledged") {
+        s.figure(|s| acknowledged(s, dir.path()))?;
+    }
+    if wanted("rpc") {
+        s.figure(|s| request_reply(s, &conn))?;
+    }
     s.figure(|s| {
         not_yet(s, "ordered dispatch", "being built (issue 14)");
         Ok(())
@@ -1098,7 +1168,9 @@ fn bench() -> Result<()> {
         not_yet(s, "scheduler accuracy", "no figure in the suite yet");
         Ok(())
     })?;
-    s.figure(|s| memory(s, &conn))?;
+    if wanted("memory") {
+        s.figure(|s| memory(s, &conn))?;
+    }
     conn.close()?;
     let load_after = load_average();
     if json {

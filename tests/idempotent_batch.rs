@@ -102,6 +102,22 @@ fn batched(
     }
 }
 
+/// Hands a boxed handler to the consumer with its batching intact (a closure calling `handle`
+/// would hide it: then the wrapper gathers concurrent workers' calls instead).
+struct Forward(Box<dyn Handler + Send + Sync>);
+
+impl Handler for Forward {
+    fn handle(&self, m: &Message) -> HandlerResult {
+        self.0.handle(m)
+    }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.0.batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.0.handle_batch(messages)
+    }
+}
+
 type OnCommit = Arc<dyn Fn(usize) + Send + Sync>;
 
 fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
@@ -118,9 +134,10 @@ fn effect_work(effects: &str) -> Arc<Work> {
     })
 }
 
-/// 64 messages through 8 workers in batches of 8: every effect once, in fewer commits than
-/// messages, every message acknowledged.
-fn a_backlog_commits_in_batches_each_effect_once(db: &Db) {
+/// 64 messages in batches of at most 8: every effect once, in fewer commits than messages,
+/// every message acknowledged. `gathered_by_worker`: one worker gathers each batch from the
+/// consumer (`handle_batch`); else 8 workers call `handle` and the wrapper gathers their calls.
+fn backlog(db: &Db, gathered_by_worker: bool) {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("idem-batch"), &[]);
@@ -136,11 +153,17 @@ fn a_backlog_commits_in_batches_each_effect_once(db: &Db) {
         on_commit,
         effect_work(&effects),
     );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
-        .unwrap()
-        .start(move |m: &Message| handler.handle(m))
-        .unwrap();
+    let consumer = if gathered_by_worker {
+        conn.consumer(&q, ConsumerOptions::new().prefetch(16))
+            .unwrap()
+            .start(Forward(handler))
+            .unwrap()
+    } else {
+        conn.consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
+            .unwrap()
+            .start(move |m: &Message| handler.handle(m))
+            .unwrap()
+    };
     assert!(
         eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 64),
         "all 64 committed: {:?}",
@@ -162,6 +185,14 @@ fn a_backlog_commits_in_batches_each_effect_once(db: &Db) {
     );
     assert!(commits.iter().all(|&n| n <= 8), "at most 8: {commits:?}");
     assert_eq!(duplicates.get(), 0);
+}
+
+fn a_backlog_commits_in_batches_each_effect_once(db: &Db) {
+    backlog(db, true);
+}
+
+fn concurrent_workers_calls_are_gathered_into_batches(db: &Db) {
+    backlog(db, false);
 }
 
 /// In a batch of 4, one handler fails (after writing its effect), one panics: those two alone
@@ -199,9 +230,9 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
         work,
     );
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(4))
+        .consumer(&q, ConsumerOptions::new().prefetch(4))
         .unwrap()
-        .start(move |m: &Message| handler.handle(m))
+        .start(Forward(handler))
         .unwrap();
     let dlq = dead_letter_queue(&q);
     assert!(
@@ -264,9 +295,9 @@ fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
         effect_work(&effects),
     );
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(2))
+        .consumer(&q, ConsumerOptions::new().prefetch(2))
         .unwrap()
-        .start(move |m: &Message| handler.handle(m))
+        .start(Forward(handler))
         .unwrap();
     assert!(eventually(WAIT, || commits.lock().unwrap().len() == 1));
     publisher.publish("", &q, m.clone()).unwrap();
@@ -281,7 +312,7 @@ fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
     assert_eq!(commits.lock().unwrap()[0], 2, "both in the first batch");
 }
 
-/// Runs in a child process (see `crash_in_a_batch`): batches of 4 over 4 workers; in mode
+/// Runs in a child process (see `crash_in_a_batch`): batches of 4 gathered by one worker; in mode
 /// `after` the process exits as soon as the first batch has committed (before any of it is
 /// handed back for acknowledgement), in mode `before` it exits in the batch's fourth handler,
 /// after three effects were written in the transaction and before the commit.
@@ -333,15 +364,9 @@ fn crash_child() {
     );
     let conn = connect();
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .declare(false)
-                .concurrency(4)
-                .prefetch(4),
-        )
+        .consumer(&q, ConsumerOptions::new().declare(false).prefetch(4))
         .unwrap()
-        .start(move |m: &Message| handler.handle(m))
+        .start(Forward(handler))
         .unwrap();
     std::thread::sleep(Duration::from_secs(30));
     drop(consumer);
@@ -408,9 +433,9 @@ fn crash_in_a_batch(db: &Db, mode: &str) {
         effect_work(&effects),
     );
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(4))
+        .consumer(&q, ConsumerOptions::new().prefetch(4))
         .unwrap()
-        .start(move |m: &Message| handler.handle(m))
+        .start(Forward(handler))
         .unwrap();
     assert!(eventually(WAIT, || commits
         .lock()
@@ -455,6 +480,7 @@ fn a_batch_of_zero_is_refused() {
 
 on_both!(
     a_backlog_commits_in_batches_each_effect_once,
+    concurrent_workers_calls_are_gathered_into_batches,
     a_failing_message_rolls_back_alone,
     duplicates_in_and_after_a_batch_are_absorbed,
     a_kill_after_the_commit_redelivers_duplicates_only,

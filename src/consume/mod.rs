@@ -239,6 +239,8 @@ pub(crate) struct Context {
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
     pub(crate) prefetch: u16,
+    /// Worker threads (a batching worker takes at most its share of the prefetch).
+    pub(crate) concurrency: usize,
     pub(crate) exclusive: bool,
     pub(crate) arguments: BTreeMap<String, HeaderValue>,
     pub(crate) shutdown_timeout: Duration,
@@ -372,6 +374,7 @@ impl Connection {
             codec: options.codec.unwrap_or_else(|| self.codec()),
             observer: self.observer().clone(),
             prefetch: options.prefetch,
+            concurrency: options.concurrency,
             exclusive: options.exclusive,
             arguments: options.arguments,
             shutdown_timeout: options.shutdown_timeout,

@@ -122,6 +122,28 @@ pub type HandlerResult = Result<Outcome, BoxError>;
 pub trait Handler {
     /// Handles one message.
     fn handle(&self, message: &Message) -> HandlerResult;
+
+    /// `Some((max_messages, max_wait))` for a handler that handles messages in batches: each
+    /// worker then gathers up to `max_messages` deliveries (no more than its share of the
+    /// prefetch, `prefetch / concurrency`), waiting at most `max_wait` after the first for
+    /// more, and hands them to [`handle_batch`](Self::handle_batch) in one call. Each
+    /// message's result then goes its own way (acknowledgement, retry, dead letter) as if it
+    /// had been handled alone. Defaults to `None`: one message at a time, through
+    /// [`handle`](Self::handle).
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        None
+    }
+
+    /// Handles a batch (see [`batch_limits`](Self::batch_limits)): one result per message, in
+    /// the order given — `Err(panic)` for a message whose handling panicked (a retry). A
+    /// panic out of this call, or a wrong number of results, makes every message of the batch
+    /// a retry. Defaults to [`handle`](Self::handle) on each message in turn.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        messages
+            .iter()
+            .map(|m| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(m))))
+            .collect()
+    }
 }
 
 impl<F> Handler for F

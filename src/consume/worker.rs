@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::outcome::{decide, Handler, Verdict};
+use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
 use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
@@ -24,120 +24,230 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     settle: Sender<Settle>,
     timer: Sender<TimerMsg>,
 ) {
+    if let Some((max, wait)) = handler.batch_limits() {
+        return run_batches(ctx, handler, max, wait, jobs, settle, timer);
+    }
     for job in jobs.iter() {
-        if job.generation != ctx.generation.load(Ordering::SeqCst) {
-            // From a channel that is gone: the broker redelivers it on the new one.
-            log::debug!(
-                "acemq: skipping message {} from before a reconnect (it is redelivered)",
-                job.message.id()
-            );
+        if !admit(ctx, &job, &settle) {
             continue;
         }
-        if ctx.stop_requested() {
-            let _ = settle.send(Settle {
-                generation: job.generation,
-                tag: job.tag,
-                action: SettleAction::Requeue,
-                started: false,
-            });
-            continue;
-        }
-        let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
         let offset = ctx
             .stream_cursor
             .as_ref()
             .and_then(|c| c.started(&job.message));
-        let (verdict, handler_duration) = if attempt > limit && !ctx.any_attempt {
-            // Another client sent it already past this policy's last attempt: it can never be
-            // retried here, so it goes to `.dlq` without running the handler.
-            let plural = if limit == 1 { "" } else { "s" };
-            let error =
-                format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
-            (Verdict::DeadLetter { error }, Duration::ZERO)
-        } else {
-            let started = Instant::now();
-            ctx.running.fetch_add(1, Ordering::SeqCst);
-            let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
-            ctx.running.fetch_sub(1, Ordering::SeqCst);
-            let handler_duration = started.elapsed();
-            if result.is_err() {
-                log::error!(
-                    "acemq: handler panicked on message {} from {:?}; it will be retried",
-                    job.message.id(),
-                    ctx.queue
-                );
-            }
-            (decide(result), handler_duration)
-        };
-        let (step, copy_error) = match carry_out(ctx, &job.message, &verdict) {
-            Ok(step) => {
-                if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
-                    // Handled and its copy (if any) confirmed: a resumed reader starts after it.
-                    cursor.finished(offset);
-                }
-                ctx.copy_failures.succeeded(job.message.id());
-                (step, None)
-            }
-            Err(e) => {
-                // Put back after a pause that grows with each failure of this message here, so
-                // that a copy that cannot be published (its queue deleted, …) never spins.
-                let failures = ctx.copy_failures.failed(job.message.id());
-                let pause = copy_failure_pause(failures);
-                let text = format!(
-                    "could not publish the {} copy (failure {failures} here): {e}",
-                    verdict.label()
-                );
-                log::error!(
-                    "acemq: message {} from {:?}: {text}; the original goes back to the queue \
-                     in {pause:?}",
-                    job.message.id(),
-                    ctx.queue
-                );
-                let step = Step::Later {
-                    due: Instant::now() + pause,
-                    copy: None,
-                };
-                (step, Some(text))
+        let (verdict, handler_duration) = match past_last_attempt(ctx, &job) {
+            Some(verdict) => (verdict, Duration::ZERO),
+            None => {
+                let started = Instant::now();
+                ctx.running.fetch_add(1, Ordering::SeqCst);
+                let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+                ctx.running.fetch_sub(1, Ordering::SeqCst);
+                (judge(ctx, &job, result), started.elapsed())
             }
         };
-        ctx.observer.settled(&Settlement {
-            queue: &ctx.queue,
-            outcome: if copy_error.is_some() {
-                "copy_failed"
-            } else {
-                verdict.label()
-            },
-            attempt: job.message.envelope.attempt,
-            handler_duration,
-            message_id: job.message.id(),
-            error: copy_error.as_deref().or(verdict.error()),
+        finish(ctx, job, verdict, handler_duration, offset, &settle, &timer);
+    }
+}
+
+/// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more
+/// than this worker's share of the prefetch), the first waited for, the others for at most
+/// `wait` after it; one [`Handler::handle_batch`] call; then each settled as in the plain loop.
+fn run_batches<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    handler: &H,
+    max: usize,
+    wait: Duration,
+    jobs: Receiver<Job>,
+    settle: Sender<Settle>,
+    timer: Sender<TimerMsg>,
+) {
+    // A batch never waits for more deliveries than the broker lets this worker have unsettled.
+    let workers = ctx.concurrency.max(1);
+    let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
+    while let Ok(first) = jobs.recv() {
+        let mut gathered = vec![first];
+        let deadline = Instant::now() + wait;
+        while gathered.len() < max {
+            match jobs.recv_deadline(deadline) {
+                Ok(job) => gathered.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut batch = Vec::with_capacity(gathered.len());
+        for job in gathered {
+            if !admit(ctx, &job, &settle) {
+                continue;
+            }
+            let offset = ctx
+                .stream_cursor
+                .as_ref()
+                .and_then(|c| c.started(&job.message));
+            match past_last_attempt(ctx, &job) {
+                Some(verdict) => finish(ctx, job, verdict, Duration::ZERO, offset, &settle, &timer),
+                None => batch.push((job, offset)),
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        ctx.running.fetch_add(batch.len(), Ordering::SeqCst);
+        let messages: Vec<&Message> = batch.iter().map(|(job, _)| &job.message).collect();
+        let results = catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)));
+        drop(messages);
+        ctx.running.fetch_sub(batch.len(), Ordering::SeqCst);
+        let duration = started.elapsed();
+        let mut results = match results {
+            Ok(results) if results.len() == batch.len() => results.into_iter().map(Some).collect(),
+            Ok(results) => {
+                log::error!(
+                    "acemq: a batch handler returned {} results for {} messages from {:?};                      they will be retried",
+                    results.len(),
+                    batch.len(),
+                    ctx.queue
+                );
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        };
+        results.resize_with(batch.len(), || None);
+        for ((job, offset), result) in batch.into_iter().zip(results) {
+            // A batch that panicked as a whole (or answered wrongly) is every message's retry.
+            let result = result.unwrap_or_else(|| {
+                Err(Box::new("the batch handler panicked or answered wrongly") as _)
+            });
+            let verdict = judge(ctx, &job, result);
+            finish(ctx, job, verdict, duration, offset, &settle, &timer);
+        }
+    }
+}
+
+/// False (and the job dealt with) for a job from an old generation or one that arrives while
+/// the consumer is stopping.
+fn admit(ctx: &Context, job: &Job, settle: &Sender<Settle>) -> bool {
+    if job.generation != ctx.generation.load(Ordering::SeqCst) {
+        // From a channel that is gone: the broker redelivers it on the new one.
+        log::debug!(
+            "acemq: skipping message {} from before a reconnect (it is redelivered)",
+            job.message.id()
+        );
+        return false;
+    }
+    if ctx.stop_requested() {
+        let _ = settle.send(Settle {
+            generation: job.generation,
+            tag: job.tag,
+            action: SettleAction::Requeue,
+            started: false,
         });
-        match step {
-            Step::Now(action) => {
-                let _ = settle.send(Settle {
-                    generation: job.generation,
-                    tag: job.tag,
-                    action,
-                    started: true,
-                });
+        return false;
+    }
+    true
+}
+
+/// The verdict for a message another client sent already past this policy's last attempt: it
+/// can never be retried here, so it goes to `.dlq` without running the handler.
+fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
+    let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
+    if attempt > limit && !ctx.any_attempt {
+        let plural = if limit == 1 { "" } else { "s" };
+        let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+        return Some(Verdict::DeadLetter { error });
+    }
+    None
+}
+
+/// The handler's result as a verdict (a panic logged: it is a retry).
+fn judge(ctx: &Context, job: &Job, result: std::thread::Result<HandlerResult>) -> Verdict {
+    if result.is_err() {
+        log::error!(
+            "acemq: handler panicked on message {} from {:?}; it will be retried",
+            job.message.id(),
+            ctx.queue
+        );
+    }
+    decide(result)
+}
+
+/// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
+/// timer).
+fn finish(
+    ctx: &Context,
+    job: Job,
+    verdict: Verdict,
+    handler_duration: Duration,
+    offset: Option<u64>,
+    settle: &Sender<Settle>,
+    timer: &Sender<TimerMsg>,
+) {
+    let (step, copy_error) = match carry_out(ctx, &job.message, &verdict) {
+        Ok(step) => {
+            if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
+                // Handled and its copy (if any) confirmed: a resumed reader starts after it.
+                cursor.finished(offset);
             }
-            Step::Later { due, copy } => {
-                let delayed = Box::new(Delayed {
-                    generation: job.generation,
-                    tag: job.tag,
-                    due,
-                    copy: copy.map(|c| *c),
-                });
-                if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
-                    // The timer is gone (the consumer is ending): put the original back.
-                    if let TimerMsg::Delay(d) = e.into_inner() {
-                        let _ = settle.send(Settle {
-                            generation: d.generation,
-                            tag: d.tag,
-                            action: SettleAction::Requeue,
-                            started: true,
-                        });
-                    }
+            ctx.copy_failures.succeeded(job.message.id());
+            (step, None)
+        }
+        Err(e) => {
+            // Put back after a pause that grows with each failure of this message here, so
+            // that a copy that cannot be published (its queue deleted, …) never spins.
+            let failures = ctx.copy_failures.failed(job.message.id());
+            let pause = copy_failure_pause(failures);
+            let text = format!(
+                "could not publish the {} copy (failure {failures} here): {e}",
+                verdict.label()
+            );
+            log::error!(
+                "acemq: message {} from {:?}: {text}; the original goes back to the queue \
+                 in {pause:?}",
+                job.message.id(),
+                ctx.queue
+            );
+            let step = Step::Later {
+                due: Instant::now() + pause,
+                copy: None,
+            };
+            (step, Some(text))
+        }
+    };
+    ctx.observer.settled(&Settlement {
+        queue: &ctx.queue,
+        outcome: if copy_error.is_some() {
+            "copy_failed"
+        } else {
+            verdict.label()
+        },
+        attempt: job.message.envelope.attempt,
+        handler_duration,
+        message_id: job.message.id(),
+        error: copy_error.as_deref().or(verdict.error()),
+    });
+    match step {
+        Step::Now(action) => {
+            let _ = settle.send(Settle {
+                generation: job.generation,
+                tag: job.tag,
+                action,
+                started: true,
+            });
+        }
+        Step::Later { due, copy } => {
+            let delayed = Box::new(Delayed {
+                generation: job.generation,
+                tag: job.tag,
+                due,
+                copy: copy.map(|c| *c),
+            });
+            if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
+                // The timer is gone (the consumer is ending): put the original back.
+                if let TimerMsg::Delay(d) = e.into_inner() {
+                    let _ = settle.send(Settle {
+                        generation: d.generation,
+                        tag: d.tag,
+                        action: SettleAction::Requeue,
+                        started: true,
+                    });
                 }
             }
         }

@@ -32,6 +32,13 @@ struct Entry {
     key: String,
 }
 
+/// A message of a batch as the batch runs it.
+struct Item<'a> {
+    id: u64,
+    message: &'a Message,
+    key: &'a str,
+}
+
 #[derive(Default)]
 struct State {
     next_id: u64,
@@ -152,6 +159,49 @@ where
     C: Transactional,
     H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
 {
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        (self.max_messages > 1).then_some((self.max_messages, self.max_wait))
+    }
+
+    /// The consumer's worker gathered the batch: run it as it is.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        let mut results: Vec<Option<Settled>> = Vec::with_capacity(messages.len());
+        let mut keys = Vec::with_capacity(messages.len());
+        for m in messages {
+            match key_of(&self.inner.key, m) {
+                Ok(key) => {
+                    keys.push(Some(key));
+                    results.push(None);
+                }
+                Err(e) => {
+                    keys.push(None);
+                    results.push(Some(Ok(Err(e))));
+                }
+            }
+        }
+        let items: Vec<Item<'_>> = messages
+            .iter()
+            .zip(&keys)
+            .enumerate()
+            .filter_map(|(i, (m, key))| {
+                key.as_deref().map(|key| Item {
+                    id: i as u64,
+                    message: m,
+                    key,
+                })
+            })
+            .collect();
+        if !items.is_empty() {
+            for (i, settled) in self.run_batch(&items) {
+                results[i as usize] = Some(settled);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(Err("no result for the message".into()))))
+            .collect()
+    }
+
     fn handle(&self, m: &Message) -> HandlerResult {
         if self.max_messages == 1 {
             return self.inner.handle(m);
@@ -204,7 +254,15 @@ where
                     }
                 }
                 drop(state);
-                let results = self.run_batch(&batch);
+                let items: Vec<Item<'_>> = batch
+                    .iter()
+                    .map(|e| Item {
+                        id: e.id,
+                        message: &e.message,
+                        key: &e.key,
+                    })
+                    .collect();
+                let results = self.run_batch(&items);
                 state = self.state.lock();
                 state.leading = false;
                 state.done.extend(results);
@@ -223,7 +281,7 @@ fn batch_error(what: &str, e: &dyn std::fmt::Display) -> HandlerResult {
 
 impl<F, H> IdempotentTxBatch<F, H> {
     /// Claims, handlers, receipts and one commit; every entry's result.
-    fn run_batch<C>(&self, batch: &[Entry]) -> Vec<(u64, Settled)>
+    fn run_batch<C>(&self, batch: &[Item<'_>]) -> Vec<(u64, Settled)>
     where
         F: Fn() -> crate::Result<C>,
         C: Transactional,
@@ -255,7 +313,7 @@ impl<F, H> IdempotentTxBatch<F, H> {
     }
 
     /// The batch on its transaction `tx`.
-    fn run_on<T>(&self, batch: &[Entry], mut tx: T) -> Vec<(u64, Settled)>
+    fn run_on<T>(&self, batch: &[Item<'_>], mut tx: T) -> Vec<(u64, Settled)>
     where
         T: SqlTransaction,
         H: Fn(&Message, &mut T) -> HandlerResult,
@@ -315,7 +373,7 @@ impl<F, H> IdempotentTxBatch<F, H> {
                 }
                 for i in duplicates {
                     let entry = &batch[i];
-                    let _ = self.inner.duplicates.absorbed(&entry.key, &entry.message);
+                    let _ = self.inner.duplicates.absorbed(entry.key, entry.message);
                 }
             }
             Err(why) => {
@@ -330,13 +388,13 @@ impl<F, H> IdempotentTxBatch<F, H> {
 
     /// One message on the batch's transaction, inside its savepoint: its result, and whether
     /// its writes are kept (false: roll back to the savepoint).
-    fn run_one<T>(&self, tx: &mut T, entry: &Entry) -> (Settled, bool)
+    fn run_one<T>(&self, tx: &mut T, entry: &Item<'_>) -> (Settled, bool)
     where
         T: SqlTransaction,
         H: Fn(&Message, &mut T) -> HandlerResult,
     {
         let store: &SqlIdempotencyStore = &self.inner.store;
-        match store.claim_in(tx, &entry.key) {
+        match store.claim_in(tx, entry.key) {
             Err(e) => (Ok(Err(e.into())), false),
             // A duplicate reads as accepted and writes nothing (counted after the commit).
             Ok(Claim::Duplicate) => (Ok(Ok(Outcome::Accept)), false),
@@ -345,14 +403,13 @@ impl<F, H> IdempotentTxBatch<F, H> {
                 false,
             ),
             Ok(Claim::Claimed(token)) => {
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    (self.inner.handler)(&entry.message, tx)
-                }));
+                let result =
+                    catch_unwind(AssertUnwindSafe(|| (self.inner.handler)(entry.message, tx)));
                 if !matches!(result, Ok(Ok(Outcome::Accept))) {
                     // The claim and the work vanish together.
                     return (result, false);
                 }
-                match store.confirm_in(tx, &entry.key, &token) {
+                match store.confirm_in(tx, entry.key, &token) {
                     Ok(()) => (result, true),
                     Err(e) => (Ok(Err(e.into())), false),
                 }
