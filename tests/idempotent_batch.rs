@@ -221,9 +221,11 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
             _ => Ok(Outcome::Accept),
         }
     });
+    let store = store(db);
+    let idem_table = store.table().to_string();
     let (handler, _) = batched(
         (db.backend, db.sqlite_path()),
-        store(db),
+        store,
         4,
         Duration::from_secs(10),
         on_commit,
@@ -254,6 +256,11 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
         keys(db, &effects),
         vec!["ok-1".to_string(), "ok-2".to_string()],
         "the failures' effects were rolled back to their savepoints"
+    );
+    assert_eq!(
+        db.count(&idem_table),
+        2,
+        "receipts for the two accepted; the failures' claims were given back"
     );
     let mut reasons = Vec::new();
     while let Some(m) = conn.get(&dlq).unwrap() {

@@ -627,6 +627,142 @@ mod sql_store {
             self.confirm_on(tx, key, token)
         }
 
+        /// Claims every key of `keys` (distinct) on the caller's transaction in one statement,
+        /// all under `token`; the claim of each, in order. A batch of claims is fenced by its
+        /// one token exactly as a single claim is by its own.
+        pub(crate) fn claim_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<Vec<Claim>> {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let dialect = tx.dialect();
+            let t = &self.table;
+            let now = dialect.now_ms_sql();
+            let rows: Vec<String> = (0..keys.len())
+                .map(|i| format!("(${}, '{CLAIMED}', {now} + $1, $2)", i + 3))
+                .collect();
+            let sql = dialect.placeholders(&format!(
+                "INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
+                 ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
+                 deadline_ms = excluded.deadline_ms, token = excluded.token \
+                 WHERE {t}.deadline_ms <= {now} RETURNING key",
+                rows.join(", ")
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 2);
+            params.push(Value::Integer(sql::duration_ms(self.claim_timeout)));
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            let claimed: std::collections::HashSet<String> = tx
+                .query(&sql, &params)
+                .map_err(|e| self.context(e, "claiming a batch of keys"))?
+                .iter()
+                .map(|row| sql::col_text(row, 0))
+                .collect::<Result<_>>()?;
+            let others: Vec<&str> = keys
+                .iter()
+                .copied()
+                .filter(|k| !claimed.contains(*k))
+                .collect();
+            let mut states = HashMap::new();
+            if !others.is_empty() {
+                let sql = dialect.placeholders(&format!(
+                    "SELECT key, state FROM {t} WHERE key IN ({})",
+                    (1..=others.len())
+                        .map(|i| format!("${i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                let params: Vec<Value> = others.iter().map(|k| Value::Text((*k).into())).collect();
+                for row in tx
+                    .query(&sql, &params)
+                    .map_err(|e| self.context(e, "reading the batch's keys"))?
+                {
+                    states.insert(sql::col_text(&row, 0)?, sql::col_text(&row, 1)?);
+                }
+            }
+            Ok(keys
+                .iter()
+                .map(|k| {
+                    if claimed.contains(*k) {
+                        Claim::Claimed(token.clone())
+                    } else if states.get(*k).map(String::as_str) == Some(CONFIRMED) {
+                        Claim::Duplicate
+                    } else {
+                        // Held by a live claim (or deleted meanwhile): it comes back later.
+                        Claim::InProgress
+                    }
+                })
+                .collect())
+        }
+
+        /// Confirms the claims `token` holds on `keys` on the caller's transaction (one
+        /// statement; a key no longer held is confirmed on its own, as `confirm_in` does).
+        pub(crate) fn confirm_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<()> {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let dialect = tx.dialect();
+            let sql = dialect.placeholders(&format!(
+                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $1, token = NULL \
+                 WHERE state = '{CLAIMED}' AND token = $2 AND key IN ({})",
+                (3..keys.len() + 3)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                t = self.table,
+                now = dialect.now_ms_sql(),
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 2);
+            params.push(Value::Integer(sql::duration_ms(self.retention)));
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            let updated = tx
+                .execute(&sql, &params)
+                .map_err(|e| self.context(e, "confirming a batch of keys"))?;
+            if updated != keys.len() as u64 {
+                for key in keys {
+                    self.confirm_on(tx, key, token)?;
+                }
+            }
+            Ok(())
+        }
+
+        /// Gives back the claims `token` holds on `keys` on the caller's transaction.
+        pub(crate) fn release_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<()> {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let dialect = tx.dialect();
+            let sql = dialect.placeholders(&format!(
+                "DELETE FROM {} WHERE state = '{CLAIMED}' AND token = $1 AND key IN ({})",
+                self.table,
+                (2..keys.len() + 2)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 1);
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            tx.execute(&sql, &params)
+                .map_err(|e| self.context(e, "releasing a batch of claims"))?;
+            Ok(())
+        }
+
         fn statements(&self, conn: &dyn Sql) -> &Statements {
             self.statements
                 .get(conn.dialect(), |d| Statements::new(&self.table, d))

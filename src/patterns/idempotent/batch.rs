@@ -312,109 +312,149 @@ impl<F, H> IdempotentTxBatch<F, H> {
         }
     }
 
-    /// The batch on its transaction `tx`.
+    /// The batch on its transaction `tx`: its keys claimed in one statement (under one
+    /// token), each claimed message's handler under a savepoint, the receipts of the accepted
+    /// written in one statement and the others' claims given back in one, then one commit.
     fn run_on<T>(&self, batch: &[Item<'_>], mut tx: T) -> Vec<(u64, Settled)>
     where
         T: SqlTransaction,
         H: Fn(&Message, &mut T) -> HandlerResult,
     {
-        let mut results: Vec<(u64, Settled)> = Vec::with_capacity(batch.len());
-        // Accepted messages whose receipts wait for the commit; duplicates to report after it.
-        let mut accepted: Vec<usize> = Vec::new();
-        let mut duplicates: Vec<usize> = Vec::new();
-        let mut broken: Option<String> = None;
-        for entry in batch {
-            if let Some(why) = &broken {
-                results.push((
-                    entry.id,
-                    Ok(batch_error("the batch's transaction failed", why)),
-                ));
-                continue;
-            }
-            if let Err(e) = tx.execute("SAVEPOINT acemq_message", &[]) {
-                broken = Some(e.to_string());
-                results.push((entry.id, Ok(batch_error("opening a savepoint", &e))));
-                continue;
-            }
-            let (settled, keep) = self.run_one(&mut tx, entry);
-            let end = if keep {
-                "RELEASE SAVEPOINT acemq_message"
-            } else {
-                "ROLLBACK TO SAVEPOINT acemq_message"
-            };
-            if let Err(e) = tx.execute(end, &[]) {
-                broken = Some(e.to_string());
-                results.push((entry.id, Ok(batch_error("ending a savepoint", &e))));
-                continue;
-            }
-            if !keep {
-                // Rolled back to the savepoint: the savepoint itself is still open.
-                if let Err(e) = tx.execute("RELEASE SAVEPOINT acemq_message", &[]) {
-                    broken = Some(e.to_string());
-                }
-            }
-            match &settled {
-                Ok(Ok(Outcome::Accept)) if keep => accepted.push(results.len()),
-                Ok(Ok(Outcome::Accept)) => duplicates.push(results.len()),
-                _ => {}
-            }
-            results.push((entry.id, settled));
+        let store: &SqlIdempotencyStore = &self.inner.store;
+        let token = ClaimToken::new();
+        // A key twice in one batch is claimed once; its later messages follow the first.
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
+        let mut distinct: Vec<&str> = Vec::new();
+        for (i, item) in batch.iter().enumerate() {
+            first_of.entry(item.key).or_insert_with(|| {
+                distinct.push(item.key);
+                i
+            });
         }
-        let committed = if let Some(why) = broken {
-            rollback(tx);
-            Err(why)
-        } else {
-            tx.commit().map_err(|e| e.to_string())
-        };
-        match committed {
-            Ok(()) => {
-                if let Some(f) = &self.on_commit {
-                    f(batch.len());
-                }
-                for i in duplicates {
-                    let entry = &batch[i];
-                    let _ = self.inner.duplicates.absorbed(entry.key, entry.message);
-                }
+        let claims = match store.claim_many_in(&mut tx, &distinct, &token) {
+            Ok(c) => c,
+            Err(e) => {
+                rollback(tx);
+                return batch
+                    .iter()
+                    .map(|item| (item.id, Ok(batch_error("claiming the batch's keys", &e))))
+                    .collect();
             }
-            Err(why) => {
-                // Nothing of the batch was applied: what was to be accepted is retried.
-                for i in accepted.into_iter().chain(duplicates) {
-                    results[i].1 = Ok(batch_error("the batch's commit failed", &why));
+        };
+        let claim_of: HashMap<&str, Claim> = distinct.iter().copied().zip(claims).collect();
+        let mut results: Vec<Option<Settled>> = Vec::with_capacity(batch.len());
+        let mut accepted: Vec<&str> = Vec::new();
+        let mut failed: Vec<&str> = Vec::new();
+        // What each first message of a key became: accepted (or a duplicate), or not.
+        let mut done_keys: HashMap<&str, bool> = HashMap::new();
+        let mut broken: Option<String> = None;
+        // A savepoint stays open after a rollback to it (reused by the next message); after a
+        // kept message a new one is needed above its work.
+        let mut savepoint_open = false;
+        for (i, item) in batch.iter().enumerate() {
+            if let Some(why) = &broken {
+                results.push(Some(Ok(batch_error("the batch's transaction failed", why))));
+                continue;
+            }
+            if first_of[item.key] != i {
+                results.push(None); // decided below, after its key's first message
+                continue;
+            }
+            let settled = match &claim_of[item.key] {
+                Claim::Duplicate => {
+                    done_keys.insert(item.key, true);
+                    Ok(Ok(Outcome::Accept))
                 }
+                Claim::InProgress => {
+                    done_keys.insert(item.key, false);
+                    Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay)))
+                }
+                Claim::Claimed(_) => {
+                    if !savepoint_open {
+                        if let Err(e) = tx.execute("SAVEPOINT acemq_message", &[]) {
+                            broken = Some(e.to_string());
+                            results.push(Some(Ok(batch_error("opening a savepoint", &e))));
+                            continue;
+                        }
+                        savepoint_open = true;
+                    }
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        (self.inner.handler)(item.message, &mut tx)
+                    }));
+                    if matches!(result, Ok(Ok(Outcome::Accept))) {
+                        accepted.push(item.key);
+                        done_keys.insert(item.key, true);
+                        savepoint_open = false;
+                    } else {
+                        // Its work vanishes; its claim is given back below.
+                        failed.push(item.key);
+                        done_keys.insert(item.key, false);
+                        if let Err(e) = tx.execute("ROLLBACK TO SAVEPOINT acemq_message", &[]) {
+                            broken = Some(e.to_string());
+                        }
+                    }
+                    result
+                }
+            };
+            results.push(Some(settled));
+        }
+        if broken.is_none() {
+            let ended = store
+                .confirm_many_in(&mut tx, &accepted, &token)
+                .and_then(|()| store.release_many_in(&mut tx, &failed, &token));
+            if let Err(e) = ended {
+                broken = Some(e.to_string());
+            }
+        }
+        let committed = match broken {
+            Some(why) => {
+                rollback(tx);
+                Err(why)
+            }
+            None => tx.commit().map_err(|e| e.to_string()),
+        };
+        let mut duplicates = Vec::new();
+        let results: Vec<(u64, Settled)> = batch
+            .iter()
+            .zip(results)
+            .enumerate()
+            .map(|(i, (item, settled))| {
+                let settled = match settled {
+                    Some(settled) => {
+                        if first_of[item.key] == i
+                            && matches!(claim_of[item.key], Claim::Duplicate)
+                        {
+                            duplicates.push(i);
+                        }
+                        settled
+                    }
+                    // A later message of a key: a duplicate of an accepted first one, else
+                    // back later without spending an attempt.
+                    None if done_keys.get(item.key) == Some(&true) => {
+                        duplicates.push(i);
+                        Ok(Ok(Outcome::Accept))
+                    }
+                    None => Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay))),
+                };
+                let settled = match (&committed, settled) {
+                    // Nothing of the batch was applied: what was to be accepted is retried.
+                    (Err(why), Ok(Ok(Outcome::Accept))) => {
+                        Ok(batch_error("the batch's commit failed", why))
+                    }
+                    (_, settled) => settled,
+                };
+                (item.id, settled)
+            })
+            .collect();
+        if committed.is_ok() {
+            if let Some(f) = &self.on_commit {
+                f(batch.len());
+            }
+            for i in duplicates {
+                let _ = self.inner.duplicates.absorbed(batch[i].key, batch[i].message);
             }
         }
         results
-    }
-
-    /// One message on the batch's transaction, inside its savepoint: its result, and whether
-    /// its writes are kept (false: roll back to the savepoint).
-    fn run_one<T>(&self, tx: &mut T, entry: &Item<'_>) -> (Settled, bool)
-    where
-        T: SqlTransaction,
-        H: Fn(&Message, &mut T) -> HandlerResult,
-    {
-        let store: &SqlIdempotencyStore = &self.inner.store;
-        match store.claim_in(tx, entry.key) {
-            Err(e) => (Ok(Err(e.into())), false),
-            // A duplicate reads as accepted and writes nothing (counted after the commit).
-            Ok(Claim::Duplicate) => (Ok(Ok(Outcome::Accept)), false),
-            Ok(Claim::InProgress) => (
-                Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay))),
-                false,
-            ),
-            Ok(Claim::Claimed(token)) => {
-                let result =
-                    catch_unwind(AssertUnwindSafe(|| (self.inner.handler)(entry.message, tx)));
-                if !matches!(result, Ok(Ok(Outcome::Accept))) {
-                    // The claim and the work vanish together.
-                    return (result, false);
-                }
-                match store.confirm_in(tx, entry.key, &token) {
-                    Ok(()) => (result, true),
-                    Err(e) => (Ok(Err(e.into())), false),
-                }
-            }
-        }
     }
 }
 
