@@ -493,3 +493,110 @@ on_both!(
     a_kill_after_the_commit_redelivers_duplicates_only,
     a_kill_before_the_commit_applies_nothing_of_the_batch,
 );
+
+fn group_store(db: &Db) -> Arc<SqlIdempotencyStore> {
+    let s = SqlIdempotencyStore::builder(db.factory())
+        .table(db.table("idem_group"))
+        .claim_timeout(Duration::from_secs(30))
+        .group_commit(true)
+        .build()
+        .unwrap();
+    s.create_table().unwrap();
+    Arc::new(s)
+}
+
+/// Eight threads race to claim the same 40 keys through a group-committing store: each key is
+/// claimed by exactly one of them; a confirmed key is a duplicate for everyone; a released one
+/// can be claimed again; a release under another token gives nothing back.
+fn group_commit_keeps_claims_atomic_and_fenced(db: &Db) {
+    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    let store = group_store(db);
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let won: Vec<Vec<(String, acemq_amqp::patterns::ClaimToken)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, keys) = (&store, &keys);
+                s.spawn(move || {
+                    keys.iter()
+                        .filter_map(|k| match store.claim(k).unwrap() {
+                            Claim::Claimed(t) => Some((k.clone(), t)),
+                            Claim::InProgress => None,
+                            Claim::Duplicate => panic!("nothing was confirmed yet"),
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<&String> = won.iter().flatten().map(|(k, _)| k).collect();
+    all.sort();
+    let mut expected: Vec<&String> = keys.iter().collect();
+    expected.sort();
+    assert_eq!(all, expected, "every key claimed exactly once");
+    let claims: Vec<(String, acemq_amqp::patterns::ClaimToken)> =
+        won.into_iter().flatten().collect();
+    let other = acemq_amqp::patterns::ClaimToken::new();
+    std::thread::scope(|s| {
+        for (i, (k, t)) in claims.iter().enumerate() {
+            let store = &store;
+            let other = &other;
+            s.spawn(move || {
+                if i % 2 == 0 {
+                    store.confirm(k, t).unwrap();
+                } else {
+                    store.release(k, other).unwrap(); // not the holder: nothing given back
+                    store.release(k, t).unwrap();
+                }
+            });
+        }
+    });
+    for (i, (k, _)) in claims.iter().enumerate() {
+        let c = store.claim(k).unwrap();
+        if i % 2 == 0 {
+            assert_eq!(c, Claim::Duplicate, "{k} was confirmed");
+        } else {
+            assert!(c.is_claimed(), "{k} was given back: {c:?}");
+        }
+    }
+}
+
+/// The plain wrapper over a group-committing store, 8 workers: each effect once, all
+/// acknowledged.
+fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-group"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let ids = publish_n(&conn, &q, 64, false);
+    let effect_db = db.factory();
+    let e = effects.clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let handler = acemq_amqp::patterns::idempotent(group_store(db), move |m: &Message| {
+        record_effect(&mut effect_db()?, &e, m.id())?;
+        h.fetch_add(1, Ordering::SeqCst);
+        Ok(Outcome::Accept)
+    });
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 64));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(keys(db, &effects), expected);
+}
+
+on_both!(
+    group_commit_keeps_claims_atomic_and_fenced,
+    the_plain_wrapper_over_group_commit_applies_each_effect_once,
+);

@@ -480,6 +480,8 @@ mod sql_store {
         claim_timeout: Duration,
         retention: Duration,
         statements: sql::PerDialect<Statements>,
+        /// Set by [`SqlIdempotencyStoreBuilder::group_commit`].
+        group: Option<group::Group>,
     }
 
     /// Builds a [`SqlIdempotencyStore`].
@@ -488,6 +490,7 @@ mod sql_store {
         table: String,
         claim_timeout: Duration,
         retention: Duration,
+        group_commit: bool,
     }
 
     impl SqlIdempotencyStoreBuilder {
@@ -509,6 +512,19 @@ mod sql_store {
             self
         }
 
+        /// Commits the claims, confirms and releases that threads ask for at the same time in
+        /// **one** transaction (group commit): while one group commits, the next gathers, so
+        /// that concurrent workers share each commit (each `fsync`) instead of paying one
+        /// each. Each call still returns only after its own work is committed, with the same
+        /// answer as alone: claims are atomic by the key and fenced by tokens as before (a
+        /// group's claims share one fresh token). A group whose transaction fails is run
+        /// again one operation at a time, so that one bad operation does not fail the others.
+        /// Nothing waits to fill a group: a lone call commits at once. Defaults to false.
+        pub fn group_commit(mut self, on: bool) -> Self {
+            self.group_commit = on;
+            self
+        }
+
         /// Checks the settings and builds the store. Does not touch the database.
         ///
         /// # Errors
@@ -523,6 +539,7 @@ mod sql_store {
                 ));
             }
             Ok(SqlIdempotencyStore {
+                group: self.group_commit.then(group::Group::default),
                 statements: sql::PerDialect::new(),
                 connect: self.connect,
                 table: self.table,
@@ -565,6 +582,7 @@ mod sql_store {
                 table: sql::DEFAULT_IDEMPOTENCY_TABLE.to_owned(),
                 claim_timeout: Duration::from_secs(60),
                 retention: Duration::from_secs(24 * 3600),
+                group_commit: false,
             }
         }
 
@@ -853,16 +871,41 @@ mod sql_store {
         }
 
         fn claim(&self, key: &str) -> Result<Claim> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Claim(key.to_owned()))
+                    .map(|d| d.claim);
+            }
             let mut conn = (self.connect)()?;
             self.claim_on(&mut *conn, key)
         }
 
         fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Confirm(key.to_owned(), token.clone()))
+                    .map(drop);
+            }
             let mut conn = (self.connect)()?;
             self.confirm_on(&mut *conn, key, token)
         }
 
         fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Release(key.to_owned(), token.clone()))
+                    .map(drop);
+            }
+            self.release_alone(key, token)
+        }
+
+        fn supports_claims(&self) -> bool {
+            true
+        }
+    }
+
+    impl SqlIdempotencyStore {
+        fn release_alone(&self, key: &str, token: &ClaimToken) -> Result<()> {
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
             conn.execute(
@@ -876,8 +919,183 @@ mod sql_store {
             Ok(())
         }
 
-        fn supports_claims(&self) -> bool {
-            true
+        /// One group's operations on one transaction (see [`group`]): the dialect and each
+        /// one's answer, or the error that failed the transaction.
+        fn run_group(&self, ops: &[group::Op]) -> Result<(Dialect, Vec<group::Done>)> {
+            let mut conn = (self.connect)()?;
+            let dialect = conn.dialect();
+            let begin = match dialect {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            };
+            conn.execute(begin, &[])
+                .map_err(|e| self.context(e, "beginning a group commit"))?;
+            let done = self.group_ops(&mut *conn, ops);
+            let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            let ended = conn
+                .execute(end, &[])
+                .map_err(|e| self.context(e, "ending a group commit"));
+            let done = done?;
+            ended?;
+            Ok((dialect, done))
+        }
+
+        fn group_ops(&self, conn: &mut dyn Sql, ops: &[group::Op]) -> Result<Vec<group::Done>> {
+            let token = ClaimToken::new();
+            let claims: Vec<&str> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    group::Op::Claim(key) => Some(key.as_str()),
+                    _ => None,
+                })
+                .collect();
+            // Distinct keys claimed together; a key asked for twice: the second is in progress.
+            let mut distinct: Vec<&str> = Vec::new();
+            for k in &claims {
+                if !distinct.contains(k) {
+                    distinct.push(k);
+                }
+            }
+            let answers = self.claim_many_in(conn, &distinct, &token)?;
+            let mut answer_of: HashMap<&str, Claim> = distinct.into_iter().zip(answers).collect();
+            let mut done = Vec::with_capacity(ops.len());
+            for op in ops {
+                done.push(group::Done {
+                    claim: match op {
+                        group::Op::Claim(key) => answer_of
+                            .insert(key.as_str(), Claim::InProgress)
+                            .unwrap_or(Claim::InProgress),
+                        group::Op::Confirm(key, token) => {
+                            self.confirm_on(conn, key, token)?;
+                            Claim::Duplicate
+                        }
+                        group::Op::Release(key, token) => {
+                            let s = self.statements(conn);
+                            conn.execute(
+                                &s.release,
+                                &[
+                                    Value::Text(key.to_owned()),
+                                    Value::Text(token.as_str().to_owned()),
+                                ],
+                            )
+                            .map_err(|e| self.context(e, "releasing a claim"))?;
+                            Claim::InProgress
+                        }
+                    },
+                });
+            }
+            Ok(done)
+        }
+
+        /// One operation alone, on a connection of its own (a failed group's fallback).
+        fn run_alone(&self, op: &group::Op) -> Result<group::Done> {
+            let claim = match op {
+                group::Op::Claim(key) => {
+                    let mut conn = (self.connect)()?;
+                    self.claim_on(&mut *conn, key)?
+                }
+                group::Op::Confirm(key, token) => {
+                    let mut conn = (self.connect)()?;
+                    self.confirm_on(&mut *conn, key, token)?;
+                    Claim::Duplicate
+                }
+                group::Op::Release(key, token) => {
+                    self.release_alone(key, token)?;
+                    Claim::InProgress
+                }
+            };
+            Ok(group::Done { claim })
+        }
+    }
+
+    /// Group commit: callers queue their operation; the first to find no group running leads
+    /// (takes everything queued, runs it in one transaction, hands out the answers); the others
+    /// wait for their answer.
+    mod group {
+        use super::*;
+        use parking_lot::Condvar;
+
+        pub(super) enum Op {
+            Claim(String),
+            Confirm(String, ClaimToken),
+            Release(String, ClaimToken),
+        }
+
+        pub(super) struct Done {
+            pub(super) claim: Claim,
+        }
+
+        #[derive(Default)]
+        struct State {
+            next: u64,
+            queue: Vec<(u64, Op)>,
+            /// Groups running now.
+            leading: usize,
+            /// How many groups may run at once: 1 on SQLite (one writer at a time anyway);
+            /// on PostgreSQL a few, since the server commits concurrent transactions with
+            /// one WAL flush where it can. Learnt from the first group's connection.
+            max_leading: usize,
+            done: HashMap<u64, Result<Done>>,
+        }
+
+        #[derive(Default)]
+        pub(crate) struct Group {
+            state: Mutex<State>,
+            changed: Condvar,
+        }
+
+        /// Concurrent groups on PostgreSQL.
+        const POSTGRES_GROUPS: usize = 4;
+
+        impl Group {
+            pub(super) fn run(&self, store: &SqlIdempotencyStore, op: Op) -> Result<Done> {
+                let mut state = self.state.lock();
+                let id = state.next;
+                state.next += 1;
+                state.queue.push((id, op));
+                loop {
+                    if let Some(done) = state.done.remove(&id) {
+                        return done;
+                    }
+                    let queued_here = state.queue.iter().any(|(i, _)| *i == id);
+                    if queued_here && state.leading < state.max_leading.max(1) {
+                        state.leading += 1;
+                        let queued = std::mem::take(&mut state.queue);
+                        drop(state);
+                        let (ids, ops): (Vec<u64>, Vec<Op>) = queued.into_iter().unzip();
+                        let answers: Vec<Result<Done>> = match store.run_group(&ops) {
+                            Ok((dialect, done)) => {
+                                let max = match dialect {
+                                    Dialect::Sqlite => 1,
+                                    Dialect::Postgres => POSTGRES_GROUPS,
+                                };
+                                self.state.lock().max_leading = max;
+                                done.into_iter().map(Ok).collect()
+                            }
+                            Err(e) => {
+                                if ops.len() > 1 {
+                                    log::debug!(
+                                        "acemq: a group commit of {} operations failed ({e}); \
+                                         running them one by one",
+                                        ops.len()
+                                    );
+                                    ops.iter().map(|op| store.run_alone(op)).collect()
+                                } else {
+                                    vec![Err(e)]
+                                }
+                            }
+                        };
+                        state = self.state.lock();
+                        state.leading -= 1;
+                        state.done.extend(ids.into_iter().zip(answers));
+                        self.changed.notify_all();
+                        continue;
+                    }
+                    // The leader wakes everyone when its group is done.
+                    self.changed
+                        .wait_for(&mut state, Duration::from_millis(100));
+                }
+            }
         }
     }
 }

@@ -421,8 +421,7 @@ impl<F, H> IdempotentTxBatch<F, H> {
             .map(|(i, (item, settled))| {
                 let settled = match settled {
                     Some(settled) => {
-                        if first_of[item.key] == i
-                            && matches!(claim_of[item.key], Claim::Duplicate)
+                        if first_of[item.key] == i && matches!(claim_of[item.key], Claim::Duplicate)
                         {
                             duplicates.push(i);
                         }
@@ -451,7 +450,10 @@ impl<F, H> IdempotentTxBatch<F, H> {
                 f(batch.len());
             }
             for i in duplicates {
-                let _ = self.inner.duplicates.absorbed(batch[i].key, batch[i].message);
+                let _ = self
+                    .inner
+                    .duplicates
+                    .absorbed(batch[i].key, batch[i].message);
             }
         }
         results
