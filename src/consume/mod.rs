@@ -17,6 +17,11 @@
 //!    due, and then sends the settlement.
 //! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
 //!
+//! A handler with [`Handler::batch_limits`] (the batched
+//! [`idempotent_tx`](crate::patterns::idempotent_tx)) is given batches instead: each worker
+//! gathers up to that many jobs (at most its share of the prefetch, waiting a bounded time for a
+//! partial batch), calls [`Handler::handle_batch`] once, then settles each message as in step 3.
+//!
 //! After a reconnect the owner subscribes again on a new channel with a new generation.
 //! Deliveries from the old channel are never acknowledged on the new one (amiquip would
 //! panic): jobs not yet started are skipped and outcomes of running ones are dropped with a log

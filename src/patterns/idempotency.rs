@@ -34,6 +34,10 @@
 //!   SQLite begin such a transaction with `BEGIN IMMEDIATE` (`TransactionBehavior::Immediate`)
 //!   so the claim does not fail with `SQLITE_BUSY` when it upgrades a read to a write.
 //!
+//! - With [`group_commit`](SqlIdempotencyStoreBuilder::group_commit), the claims, confirms and
+//!   releases that concurrent threads ask for at the same moment run in one transaction (one
+//!   commit), each answered only after that commit, with the answer it would have had alone.
+//!
 //! # Clocks
 //!
 //! In [`SqlIdempotencyStore`] **the database's clock decides** every deadline: a claim's

@@ -37,6 +37,26 @@
 //! a crash between the commit and the acknowledgement leads to a redelivery that finds the
 //! receipt and is acknowledged without running the effect again. Effects **outside** the
 //! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
+//!
+//! # Batches
+//!
+//! [`IdempotentTx::batch`] runs up to `max_messages` messages in **one** transaction and
+//! commits once, which is what makes the transactional form fast on a database whose commit
+//! costs an `fsync`. Handed to a consumer directly, the wrapper asks the consumer's worker to
+//! gather the batch ([`Handler::batch_limits`]); called through [`Handler::handle`] (inside
+//! another handler), it gathers the calls of the consumer's concurrent workers instead. Either
+//! way: the batch's keys are claimed on the transaction under one fresh token; each claimed
+//! message's handler runs under its own savepoint, so one that fails (an `Err`, a panic, any
+//! outcome but accept, an SQL error) is rolled back to it alone and takes the retry /
+//! dead-letter path alone, its claim given back; the receipts of the accepted are written on
+//! the same transaction; one commit; and only then is any message of the batch handed back to
+//! the consumer for acknowledgement — so no acknowledgement, `multiple` or not, covers an
+//! uncommitted effect. A crash before the commit redelivers the batch with nothing applied;
+//! after it, every redelivery finds its receipt and is a duplicate.
+//!
+//! For the plain form over a [`SqlIdempotencyStore`](crate::patterns::SqlIdempotencyStore),
+//! [`group_commit`](crate::patterns::SqlIdempotencyStoreBuilder::group_commit) lets the
+//! claims and confirms of concurrent workers share commits.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};

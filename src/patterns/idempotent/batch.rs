@@ -1,13 +1,20 @@
 //! The batched transactional form: [`IdempotentTx::batch`].
 //!
-//! The consumer's workers are the gatherers. Each worker that is handed a message puts it in
-//! the wrapper's queue and waits. One of them (the first to find no batch running) leads: it
-//! waits until the queue holds a full batch — `max_messages`; once a partial batch has waited
-//! out `max_wait`, as many messages as there are workers seen if that is less — or until
-//! `max_wait` has passed since it started to lead, takes up to `max_messages` (its own first), and runs them in **one** database
-//! transaction, each under its own savepoint, then commits once. Only then does every worker
-//! of the batch return its message's outcome to the consumer, which acknowledges (coalescing
-//! a contiguous run into one `multiple` ack). One batch runs at a time per wrapper.
+//! Two ways to gather a batch:
+//!
+//! * **by the consumer's worker** (the wrapper handed to the consumer as it is): the worker
+//!   takes up to `max_messages` deliveries (its share of the prefetch at most), waiting at
+//!   most `max_wait` after the first, and calls [`Handler::handle_batch`] once;
+//! * **across workers** (the wrapper called through [`Handler::handle`], e.g. from another
+//!   handler): each worker puts its message in the wrapper's queue and waits; the first to
+//!   find no batch running leads — it waits for `max_messages` messages (or, once a partial
+//!   batch has waited out `max_wait`, as many as there are workers seen), at most `max_wait`,
+//!   takes up to `max_messages` (its own first) and runs them; one batch at a time per wrapper.
+//!
+//! A batch runs on one transaction: its keys claimed in one statement under one token, a
+//! savepoint per claimed message around its handler, the receipts in one statement, the
+//! failed messages' claims given back in one, one commit — and only then any result handed
+//! back to the consumer.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet, VecDeque};
