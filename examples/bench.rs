@@ -276,8 +276,8 @@ fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
     let queue = format!("bench.publish.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue).classic())?;
     for (name, n, window) in [
-        ("publish, confirm per message", s.n(2_000, 200), 1usize),
-        ("publish, windows of 100", s.n(40_000, 4_000), 100),
+        ("publish, confirm per message", s.n(1_000, 200), 1usize),
+        ("publish, windows of 100", s.n(20_000, 4_000), 100),
     ] {
         let (mut bare, mut env, mut ours) = (vec![], vec![], vec![]);
         for _ in 0..s.rounds {
@@ -388,7 +388,7 @@ fn fill(conn: &Connection, queue: &str, n: usize) -> Result<()> {
 fn consuming(s: &mut Suite, conn: &Connection) -> Result<()> {
     let queue = format!("bench.consume.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue).classic())?;
-    let n = s.n(50_000, 5_000);
+    let n = s.n(20_000, 5_000);
     let (mut raw, mut one, mut eight) = (vec![], vec![], vec![]);
     for _ in 0..s.rounds {
         fill(conn, &queue, n)?;
@@ -1030,6 +1030,65 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scheduler accuracy
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Messages scheduled 1–3 s ahead through the TTL ladder: how late each is delivered.
+fn scheduler_accuracy(s: &mut Suite, conn: &Connection) -> Result<()> {
+    use acemq_amqp::patterns::Scheduler;
+    let n = s.n(100, 20);
+    let queue = format!("bench.scheduled.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let scheduler = Scheduler::open(conn)?;
+    let late = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(n)));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let l = late.clone();
+    let consumer = conn
+        .consumer(&queue, ConsumerOptions::new().declare(false))?
+        .start(move |m: &Message| {
+            let due: i64 = String::from_utf8_lossy(&m.body).parse().unwrap_or(0);
+            let mut late = l.lock();
+            late.push((now_ms() - due) as f64);
+            if late.len() == n {
+                let _ = tx.try_send(());
+            }
+            Ok(Outcome::Accept)
+        })?;
+    for i in 0..n {
+        let delay = Duration::from_millis(1_000 + (i as u64 * 2_000 / n as u64));
+        let due = now_ms() + delay.as_millis() as i64;
+        scheduler.after(delay, "", &queue, Message::new(due.to_string()))?;
+    }
+    rx.recv_timeout(Duration::from_secs(120))
+        .map_err(|_| Error::Closed { what: "bench" })?;
+    consumer.close()?;
+    scheduler.close()?;
+    conn.delete_queue(&queue)?;
+    let mut late = late.lock().clone();
+    late.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| late[((late.len() as f64 - 1.0) * p).round() as usize];
+    s.push(Row {
+        figure: "scheduler accuracy, p99 lateness".into(),
+        unit: "ms",
+        ours: Some(pct(0.99)),
+        raw: None,
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "{n} messages due 1–3 s ahead; p50 {:.0} ms, max {:.0} ms late",
+            pct(0.5),
+            pct(1.0)
+        ),
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // Memory
 
 fn memory(s: &mut Suite, conn: &Connection) -> Result<()> {
@@ -1109,7 +1168,8 @@ fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
-    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, memory.
+    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, scheduler,
+    // memory.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -1170,10 +1230,9 @@ fn bench() -> Result<()> {
         not_yet(s, "ordered dispatch", "being built (issue 14)");
         Ok(())
     })?;
-    s.figure(|s| {
-        not_yet(s, "scheduler accuracy", "no figure in the suite yet");
-        Ok(())
-    })?;
+    if wanted("scheduler") {
+        s.figure(|s| scheduler_accuracy(s, &conn))?;
+    }
     if wanted("memory") {
         s.figure(|s| memory(s, &conn))?;
     }
