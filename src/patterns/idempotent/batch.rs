@@ -64,10 +64,11 @@ struct State {
 
 /// A handler made transactional, idempotent and batched by [`IdempotentTx::batch`].
 ///
-/// Give the consumer at least `max_messages` workers
-/// ([`ConsumerOptions::concurrency`](crate::ConsumerOptions::concurrency)) and a prefetch of
-/// at least that: a batch holds one message per waiting worker, so the batch size is at most
-/// the consumer's concurrency.
+/// Hand it to the consumer as it is: the consumer's worker then gathers each batch (up to
+/// `max_messages`, and at most its share of the prefetch: give the consumer a prefetch of at
+/// least `max_messages` per worker, e.g. `max_messages` 100 with prefetch 200). Wrapped in
+/// another handler that calls [`Handler::handle`], it gathers the calls of the consumer's
+/// concurrent workers instead, so a batch is then at most the consumer's concurrency.
 pub struct IdempotentTxBatch<F, H> {
     inner: IdempotentTx<F, H>,
     max_messages: usize,
@@ -78,17 +79,19 @@ pub struct IdempotentTxBatch<F, H> {
 }
 
 impl<F, H> IdempotentTx<F, H> {
-    /// Handles messages in batches: up to `max_messages` deliveries (one per waiting worker of
-    /// the consumer) are claimed, handled and confirmed in **one** database transaction,
-    /// committed once, and only then acknowledged. A partial batch waits at most `max_wait`
-    /// for more messages.
+    /// Handles messages in batches: up to `max_messages` deliveries are claimed, handled and
+    /// confirmed in **one** database transaction, committed once, and only then acknowledged.
+    /// A partial batch waits at most `max_wait` for more messages.
     ///
     /// What stays as in the single-message form:
     ///
-    /// * **each message under its own savepoint**: a message whose handler fails (an `Err`, a
-    ///   panic, any outcome but accept), whose claim is a duplicate or in progress, or whose SQL
-    ///   fails is rolled back to its savepoint alone — its claim and its work vanish — and it
-    ///   alone takes the retry / dead-letter path; the others commit;
+    /// * **each message's work under its own savepoint**: a message whose handler fails (an
+    ///   `Err`, a panic, any outcome but accept, an SQL error in it) is rolled back to its
+    ///   savepoint alone — its work vanishes and its claim is given back — and it alone takes
+    ///   the retry / dead-letter path; the others commit. A duplicate is accepted without
+    ///   running, a key claimed elsewhere comes back later (in progress), as in the single form;
+    ///   a failure of the batch's own statements (claims, receipts, savepoints, commit) is a
+    ///   retry for every message of the batch, with nothing applied;
     /// * **acknowledged only after the commit**: no outcome of a batch reaches the consumer
     ///   before the batch's commit returned, so no acknowledgement (not even a `multiple` one)
     ///   covers an uncommitted effect. A crash before the commit redelivers the whole batch
@@ -101,8 +104,8 @@ impl<F, H> IdempotentTx<F, H> {
     /// The handler sees, in one transaction, the work of the batch's earlier messages. Two
     /// messages with one key in a batch: the second finds the first's receipt (a duplicate).
     ///
-    /// `max_messages` of 1 is the single-message form. The consumer needs `concurrency` of at
-    /// least `max_messages` for full batches (see [`IdempotentTxBatch`]).
+    /// `max_messages` of 1 is the single-message form. How batches are gathered, and the
+    /// prefetch they need, is in [`IdempotentTxBatch`].
     ///
     /// # Errors
     ///
