@@ -91,7 +91,7 @@ fn each_message_of_a_batch_goes_its_own_way() {
         ms.iter()
             .map(|m| {
                 let n: usize = String::from_utf8_lossy(&m.body).parse().unwrap();
-                Ok(Ok(if n % 2 == 0 {
+                Ok(Ok(if n.is_multiple_of(2) {
                     Outcome::Accept
                 } else {
                     Outcome::reject("odd")
