@@ -1227,7 +1227,11 @@ fn bench() -> Result<()> {
         s.figure(|s| request_reply(s, &conn))?;
     }
     s.figure(|s| {
-        not_yet(s, "ordered dispatch", "being built (issue 14)");
+        not_yet(
+            s,
+            "ordered dispatch",
+            "measured by examples/bench_ordered.rs (issue 14), not yet folded in",
+        );
         Ok(())
     })?;
     if wanted("scheduler") {

@@ -222,6 +222,8 @@ fn tour() -> Result<()> {
 
     replay_slip_and_saga(&connection, &publisher, run)?;
     later_logs_and_large_documents(&connection, run)?;
+    order_pipeline(&connection, run)?;
+    operator_tools(&connection, run)?;
 
     publisher.close()?;
     connection.delete_queue(&shipped_events)?;
@@ -340,6 +342,98 @@ fn replay_slip_and_saga(
     Ok(())
 }
 
+/// An order pipeline: `validate` publishes onwards with `then` (correlation carried, the
+/// validated order's id as causation; a digital order goes no further, an invalid one is
+/// rejected), `ship` runs a chain (logging, a deadline, ordering per order).
+fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
+    use acemq_amqp::patterns::{
+        by_correlation, chain, then, with_logging, with_ordering, with_timeout, Next, NOTHING,
+    };
+    let validate_q = format!("tour.pipeline.validate.{run}");
+    let ship_q = format!("tour.pipeline.ship.{run}");
+    for q in [&validate_q, &ship_q] {
+        connection.declare_queue(&QueueSpec::new(q))?;
+    }
+    let validated = std::sync::Arc::new(AtomicU32::new(0));
+    let v = validated.clone();
+    let validate = then(
+        connection.publisher()?,
+        "",
+        ship_q.clone(),
+        move |m: &Message| {
+            v.fetch_add(1, Ordering::SeqCst);
+            let order: serde_json::Value = m.payload()?;
+            if order["total_cents"].as_i64().unwrap_or(0) <= 0 {
+                return Err(acemq_amqp::FatalError::new("an order must cost something").into());
+            }
+            if order["digital"] == serde_json::json!(true) {
+                return Ok(NOTHING); // nothing to ship
+            }
+            Ok(Next::Publish(
+                serde_json::json!({"order_id": order["order_id"]}),
+            ))
+        },
+    );
+    let shipped = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = shipped.clone();
+    let ship = chain(
+        move |m: &Message| {
+            let order: serde_json::Value = m.payload()?;
+            s.lock().unwrap_or_else(|e| e.into_inner()).push(format!(
+                "{} (correlation {}, caused by {})",
+                order["order_id"],
+                m.envelope.correlation_id.as_deref().unwrap_or("-"),
+                m.envelope.causation_id.as_deref().unwrap_or("-"),
+            ));
+            Ok(Outcome::Accept)
+        },
+        [
+            with_logging(),
+            with_timeout(Duration::from_secs(5)),
+            with_ordering(by_correlation()),
+        ],
+    );
+    let validating = connection.consume(&validate_q, validate)?;
+    let shipping = connection
+        .consumer(&ship_q, ConsumerOptions::new().concurrency(4))?
+        .start(ship)?;
+    let publisher = connection.publisher()?;
+    for (id, total, digital) in [
+        ("o-10", 1999, false),
+        ("o-11", 500, true),
+        ("o-12", 0, false),
+    ] {
+        let order = serde_json::json!({"order_id": id, "total_cents": total, "digital": digital});
+        let message = Message::encode(&JsonCodec, &order)?.correlation_id(format!("checkout-{id}"));
+        publisher.publish("", &validate_q, message)?;
+    }
+    wait_until(|| {
+        validated.load(Ordering::SeqCst) == 3
+            && !shipped.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+            && connection
+                .queue_info(&dead_letter_queue(&validate_q))
+                .map(|q| q.message_count == 1)
+                .unwrap_or(false)
+    });
+    validating.close()?;
+    shipping.close()?;
+    publisher.close()?;
+    for line in shipped.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        println!("pipeline shipped {line}");
+    }
+    println!(
+        "pipeline: 3 orders validated, 1 shipped, the digital one stopped with NOTHING, the \
+         invalid one rejected to {}",
+        dead_letter_queue(&validate_q)
+    );
+    for q in [&validate_q, &ship_q] {
+        for suffix in ["", ".dlq", ".parked"] {
+            connection.delete_queue(&format!("{q}{suffix}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// The scheduler (an invoice delivered 3 s later), a stream (an event log read twice) and a
 /// claim check (a 1 MiB document sent as a key to a file).
 fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<()> {
@@ -448,4 +542,36 @@ fn wait_until(mut f: impl FnMut() -> bool) {
     while !f() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// What the `acemq` command line is built on: look at a queue without consuming it, and compare
+/// what the broker has with what the code declares, changing nothing.
+fn operator_tools(connection: &Connection, run: u32) -> Result<()> {
+    let queue = format!("tour.inspect.{run}");
+    connection.declare_queue(
+        &QueueSpec::new(&queue)
+            .classic()
+            .message_ttl(Duration::from_secs(5)),
+    )?;
+    let publisher = connection.publisher()?;
+    for n in 1..=3 {
+        publisher.publish("", &queue, Message::new(format!("parcel {n}")))?;
+    }
+    publisher.close()?;
+    let head = acemq_amqp::patterns::peek(connection, &queue, 2)?;
+    println!(
+        "peeked at the first {} message(s) of {queue} ({:?} first); it still holds {}",
+        head.len(),
+        String::from_utf8_lossy(&head[0].body),
+        connection.queue_info(&queue)?.message_count
+    );
+    let wanted = QueueSpec::new(&queue)
+        .classic()
+        .message_ttl(Duration::from_secs(60));
+    for difference in connection.compare_queue(&wanted)? {
+        println!("topology check: {difference}");
+    }
+    println!("(the same from a shell: acemq peek {queue}; acemq topology check --queue …)");
+    connection.delete_queue(&queue)?;
+    Ok(())
 }

@@ -37,15 +37,37 @@
 //!   `{queue}.dlq` and `{queue}.parked` on `acemq.dlx`; recovery with the connection; graceful
 //!   shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose handler may borrow local
 //!   state.
-//! * [`observe`]: the [`Observer`] hook and the family's metric names.
+//! * [`observe`]: the [`Observer`] hook and the family's metric names; with the `metrics`
+//!   feature, `observe::MetricsObserver` records them through the `metrics` crate facade for
+//!   any exporter (Prometheus and the like).
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]), sagas ([`patterns::Saga`]),
 //!   the scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
-//!   ([`patterns::declare_stream`], [`patterns::read_stream`]) and claim checks
-//!   ([`patterns::ClaimCheckCodec`]).
+//!   ([`patterns::declare_stream`], [`patterns::read_stream`]), claim checks
+//!   ([`patterns::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordered`],
+//!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
+//!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
+//!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
+//! * For operators: [`patterns::peek()`] (the head of a classic queue, left unchanged and in
+//!   order), [`Connection::compare_queue`] / [`Connection::compare_exchange`] (the broker's
+//!   queue or exchange against a spec, argument by argument, changing nothing) and
+//!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
+//!   command line built on them and the rest of this API (`src/bin/acemq/`, feature `cli`, on
+//!   by default: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
+//! * `testing` (feature `testing`, for your tests): a fault proxy that cuts, stalls or refuses
+//!   connections, unique test names, clean-up after a panicking test, `wait_until`, and
+//!   `received` to unit-test a handler without a broker; its guide is `docs/testing.md`.
+//!
+//! ## Features
+//!
+//! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
+//! (`amqps://`), `cli` (default: the `acemq` binary, with clap, indicatif and both SQL back
+//! ends; `default-features = false` leaves them out of a library build), `metrics`
+//! (`observe::MetricsObserver` and the `metrics` crate), `testing` (the `acemq_amqp::testing` module, for
+//! your own tests).
 //!
 //! ## Life cycle
 //!
@@ -98,10 +120,13 @@
 //! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
 //! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
 //! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
+//! | [`patterns::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
 //! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
 //! | [`patterns::Saga`] | yes | yes | none: runs on the caller's thread |
+//! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
+//! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |
 //!
 //! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
 //! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy
@@ -152,6 +177,9 @@
 //!   original back after a pause of 1 s doubling per failure of that message on this consumer
 //!   (at most 30 s, drawn between half and all of it), never at once; each failure is logged at error and reported to the
 //!   observer as outcome `copy_failed`.
+//! * Ordered dispatch is done by the consumer's owner thread, not by a wrapper that blocks a
+//!   worker: a delivery whose key is busy waits there, unacknowledged, within the prefetch (see
+//!   [`patterns::ordering`]).
 //! * Closing waits up to the shutdown timeout for running handlers; one still running then is
 //!   left to finish on its thread and its message goes back to the queue with the channel.
 //! * amiquip logs its handshake, SASL response (the password) included, at debug level. While a
@@ -171,6 +199,8 @@
 //!   text, as the Go library parks it; a stream reader re-subscribing after a reconnect starts
 //!   at the lowest offset it has not finished, not at its first offset again.
 #![deny(missing_docs)]
+// On docs.rs (nightly, `--cfg docsrs`) every feature-gated item carries a badge naming its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod codec;
@@ -183,20 +213,24 @@ pub mod patterns;
 pub mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
-    QueueKind, QueueSpec,
+    QueueKind, QueueSpec, TopologyDifference,
 };
 pub use consume::{
-    dead_letter_queue, parked_queue, retry_queue, rung_name, CloseReport, Consumer,
-    ConsumerOptions, FatalError, Handler, HandlerResult, Outcome, RetryPolicy, RunningConsumer,
-    StopHandle,
+    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, CloseReport,
+    Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, OrderBy,
+    Outcome, RetryPolicy, RunningConsumer, StopHandle,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
 pub use error::{BoxError, Error, Result};
+#[cfg(feature = "metrics")]
+pub use observe::MetricsObserver;
 pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};

@@ -2,9 +2,19 @@
 //! writes it through the `log` crate. Payloads are never passed to an observer or logged.
 //!
 //! The family's metric names are the constants in [`metrics`]; an observer that feeds a metrics
-//! system should use them with the labels named there.
+//! system should use them with the labels named there. With the `metrics` feature,
+//! `MetricsObserver` does exactly that through the `metrics` crate facade (its docs list every
+//! name, kind and label it records).
 
 use std::time::Duration;
+
+#[cfg(feature = "metrics")]
+mod metrics_observer;
+#[cfg(feature = "metrics")]
+pub use metrics_observer::{
+    MetricsObserver, CONSUME_DURATION, DEAD_LETTERED_TOTAL, OUTBOX_OLDEST_AGE, OUTBOX_PENDING,
+    REQUEST_TOTAL, RETRIED_TOTAL,
+};
 
 /// The family's metric names.
 pub mod metrics {
@@ -17,7 +27,8 @@ pub mod metrics {
     pub const REQUEST_DURATION: &str = "acemq.request.duration";
     /// Counter, label `outcome` (published, failed, retired).
     pub const OUTBOX_TOTAL: &str = "acemq.outbox.total";
-    /// Gauge: milliseconds from an outbox record's commit to its confirm.
+    /// An outbox record's commit to its confirm (Java graphs a gauge; `MetricsObserver` records
+    /// a histogram in seconds).
     pub const OUTBOX_LAG: &str = "acemq.outbox.lag";
 }
 
@@ -132,6 +143,13 @@ pub trait Observer: Send + Sync + 'static {
     fn replay(&self, event: &ReplayEvent<'_>) {
         LogObserver.replay(event)
     }
+    /// A handler ran past its [`with_timeout`](crate::patterns::with_timeout) deadline: its
+    /// message was settled as a retry and its thread, which cannot be interrupted, runs on as an
+    /// orphan. Reported by the wrapper given this observer
+    /// ([`Deadline::observer`](crate::patterns::Deadline::observer)).
+    fn overrun(&self, overrun: &Overrun<'_>) {
+        LogObserver.overrun(overrun)
+    }
 }
 
 /// Progress of a dead-letter replay pass (see [`Observer::replay`]).
@@ -142,6 +160,20 @@ pub struct ReplayEvent<'a> {
     pub report: &'a crate::patterns::ReplayReport,
     /// True for the last event of the pass.
     pub finished: bool,
+}
+
+/// A handler that overran its deadline (see [`Observer::overrun`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Overrun<'a> {
+    /// The message id.
+    pub message_id: &'a str,
+    /// The deadline it overran.
+    pub limit: Duration,
+    /// Orphaned handler threads still running now, this one included.
+    pub orphans: usize,
+    /// Overruns of this wrapper so far, this one included.
+    pub total: u64,
 }
 
 /// How a request ended.
@@ -233,7 +265,9 @@ pub enum OutboxEvent<'a> {
 pub struct Settlement<'a> {
     /// The queue consumed.
     pub queue: &'a str,
-    /// The outcome label: accept, retry, reject, park, in_progress, dropped.
+    /// The outcome label: accept, retry, reject, park, in_progress, dropped, and with
+    /// [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once) lost (the handler
+    /// failed after the ack: nothing is retried).
     pub outcome: &'a str,
     /// The delivery's attempt.
     pub attempt: u32,
@@ -335,6 +369,16 @@ impl Observer for LogObserver {
             );
         }
     }
+    fn overrun(&self, o: &Overrun<'_>) {
+        log::warn!(
+            "acemq: the handler of message {} ran past its deadline of {:?}; settled as a retry, \
+             its thread runs on ({} orphaned handler thread(s) now, {} overrun(s) so far)",
+            o.message_id,
+            o.limit,
+            o.orphans,
+            o.total
+        );
+    }
 
     fn settled(&self, s: &Settlement<'_>) {
         match s.error {
@@ -414,6 +458,9 @@ impl Observer for Guarded {
     fn replay(&self, event: &ReplayEvent<'_>) {
         self.guard("replay", |o| o.replay(event))
     }
+    fn overrun(&self, overrun: &Overrun<'_>) {
+        self.guard("overrun", |o| o.overrun(overrun))
+    }
 }
 
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
@@ -437,5 +484,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn replay(&self, event: &ReplayEvent<'_>) {
         self.as_ref().replay(event)
+    }
+    fn overrun(&self, overrun: &Overrun<'_>) {
+        self.as_ref().overrun(overrun)
     }
 }

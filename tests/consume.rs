@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Settlement;
+use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
     Message, Observer, Outcome, QueueSpec, RetryPolicy,
 };
-use support::proxy::FaultProxy;
 use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -436,7 +436,7 @@ fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     let ids: HashSet<String> = publish_n(&direct, &q, 5_000, true).into_iter().collect();
 
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -457,7 +457,7 @@ fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
         })
         .unwrap();
     assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) >= 1_000));
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"
@@ -778,7 +778,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
     let q = clean.consumed_queue(&unique("stale-jobs"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     publish_n(&direct, &q, 8, true);
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -808,7 +808,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
         .unwrap();
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1));
     assert!(eventually(WAIT, || consumer.in_flight() == 4));
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"

@@ -601,24 +601,32 @@ fn closing_while_a_retry_waits_requeues_the_original_with_its_attempt() {
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("held-close"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let calls = Arc::new(Mutex::new(0));
-    let c = calls.clone();
+    let (calls, after) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
+    let (c, a) = (calls.clone(), after.clone());
+    // One worker: it takes "after" only once it has handed "x"'s retry to the timer, so seeing
+    // "after" handled means "x" is waiting in the consumer (not still in its handler).
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_secs(25))),
+            ConsumerOptions::new()
+                .concurrency(1)
+                .retry(RetryPolicy::fixed(3, Duration::from_secs(25))),
         )
         .unwrap()
-        .start(move |_: &Message| {
+        .start(move |m: &Message| {
+            if m.body == b"after" {
+                *a.lock().unwrap() += 1;
+                return Ok(Outcome::Accept);
+            }
             *c.lock().unwrap() += 1;
             Err("later".into())
         })
         .unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("x"))
-        .unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("x")).unwrap();
     assert!(eventually(WAIT, || *calls.lock().unwrap() == 1));
+    publisher.publish("", &q, Message::new("after")).unwrap();
+    assert!(eventually(WAIT, || *after.lock().unwrap() == 1));
     let started = Instant::now();
     let report = consumer.close().unwrap();
     assert!(
@@ -626,10 +634,12 @@ fn closing_while_a_retry_waits_requeues_the_original_with_its_attempt() {
         "close does not wait out the retry"
     );
     assert_eq!(report.requeued, 1, "{report:?}");
+    assert_eq!(*calls.lock().unwrap(), 1, "the retry did not run");
     let back = conn
         .get(&q)
         .unwrap()
         .expect("the original is back on the queue");
+    assert_eq!(back.body, b"x");
     assert_eq!(back.envelope.attempt, 1);
 }
 
@@ -784,7 +794,7 @@ fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_on
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("held-cut"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -814,7 +824,7 @@ fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_on
         .publish("", &q, Message::new("x"))
         .unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 1));
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"
@@ -978,7 +988,7 @@ fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("non-utf8"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     proxy.mangle(
         b"ZZ-NOT-UTF8-ZZ",
         b"\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe",

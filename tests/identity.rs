@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
-use support::proxy::FaultProxy;
 use support::raw::Raw;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
@@ -40,7 +40,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
     );
     raw.close();
 
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -73,7 +73,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
         })
         .unwrap();
     assert!(eventually(WAIT, || effects.lock().unwrap().len() == 1));
-    proxy.cut_all();
+    proxy.cut();
     cut.store(true, Ordering::SeqCst);
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),

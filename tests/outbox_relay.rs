@@ -13,11 +13,11 @@ use acemq_amqp::patterns::{
     OutboxStore, SqlOutboxStore,
 };
 use acemq_amqp::sql::{Sql, Value};
+use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Observer, Outcome, QueueSpec,
 };
 use support::db::{self, Backend, Db};
-use support::proxy::FaultProxy;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -177,7 +177,7 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
     let ids = add_many(&db, &store, &q, 1_000);
     let (consumer, seen) = collector(&direct, &q);
 
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -192,7 +192,7 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
         .start()
         .unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() >= 200));
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"
@@ -721,7 +721,7 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
         .lease(lease)
         .build()
         .unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(ConnectionOptions::new().address(proxy.url()));
     let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();
     // Warm up: the relay's publisher and channel exist before the broker stops answering.
@@ -733,11 +733,11 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
     for r in store.pending(10).unwrap() {
         store.record_failure(r.id, "failed before").unwrap();
     }
-    proxy.freeze_all();
+    proxy.freeze();
     let started = Instant::now();
     let _ = relay.sweep();
     let took = started.elapsed();
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         took < lease,
         "the sweep held its records {took:?}, past their {lease:?} lease"

@@ -280,7 +280,7 @@ fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.queue(&unique("stalled-publish"));
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = support::proxy::FaultProxy::start("127.0.0.1:5672");
+    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = support::connect_with(
         acemq_amqp::ConnectionOptions::new()
             .address(proxy.url())
@@ -291,7 +291,7 @@ fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
         .publisher_with(PublisherOptions::new().timeout(timeout))
         .unwrap();
     publisher.publish("", &q, Message::new("warm-up")).unwrap();
-    proxy.freeze_all();
+    proxy.freeze();
     let body = vec![b'x'; 1 << 20];
     let (tx, rx) = std::sync::mpsc::channel();
     let p = publisher.clone();
@@ -319,5 +319,5 @@ fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
         "answered within the timeout, still unconfirmed"
     );
     // Let the frozen connection go, so that closing it does not wait for heartbeats.
-    proxy.cut_all();
+    proxy.cut();
 }

@@ -14,7 +14,7 @@ use acemq_amqp::{
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
-use support::proxy::FaultProxy;
+use acemq_amqp::testing::FaultProxy;
 use support::raw::Raw;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
@@ -361,7 +361,7 @@ fn requester_and_responder_survive_a_connection_cut() {
     let direct = connect();
     let mut clean = Cleanup::new(&direct);
     let q = request_queue(&direct, &mut clean, "rr-cut");
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let connection = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -395,7 +395,7 @@ fn requester_and_responder_survive_a_connection_cut() {
             (requester.ask_timeout("block", WAIT), started.elapsed())
         });
         assert!(eventually(WAIT, || blocked.load(Ordering::SeqCst) >= 1));
-        proxy.cut_all();
+        proxy.cut();
         let (result, took) = waiting.join().unwrap();
         let e = result.expect_err("the call waiting at the cut fails");
         assert!(e.is_connection_lost() && e.is_retriable(), "{e}");

@@ -11,8 +11,8 @@ use acemq_amqp::patterns::{
     declare_stream, read_stream, read_stream_with, stream_offset_of, Offset, StreamOptions,
     StreamReader, StreamRetention,
 };
+use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{Connection, ConnectionOptions, Error, FatalError, Message, Outcome};
-use support::proxy::FaultProxy;
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -252,7 +252,7 @@ fn after_a_reconnect_a_reader_goes_on_where_it_was_not_from_its_first_offset() {
     let s = clean.consumed_queue(&unique("stream-resume"), &[]);
     declare_stream(&direct, &s, StreamRetention::default()).unwrap();
     publish(&direct, &s, &["0", "1", "2", "3", "4"]);
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -262,7 +262,7 @@ fn after_a_reconnect_a_reader_goes_on_where_it_was_not_from_its_first_offset() {
     let (reader, seen) = recorder(&conn, &s, Offset::First);
     wait_for(&seen, 5);
     assert!(eventually(WAIT, || reader.position() == Some(5)));
-    proxy.cut_all();
+    proxy.cut();
     assert!(
         eventually(WAIT, || conn.generation() == Some(2)),
         "reconnected"

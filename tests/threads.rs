@@ -47,3 +47,12 @@ fn scheduler_streams_and_claim_checks_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::ClaimCheckCodec>();
     send_sync::<acemq_amqp::patterns::FilesystemClaimCheckStore>();
 }
+
+#[test]
+fn the_testing_tools_are_send_and_sync() {
+    send_sync::<acemq_amqp::testing::FaultProxy>();
+    send_sync::<acemq_amqp::testing::TestNames>();
+    send_sync::<acemq_amqp::testing::Delivered>();
+    send_sync::<acemq_amqp::testing::TimedOut>();
+    send::<acemq_amqp::testing::Cleanup>();
+}

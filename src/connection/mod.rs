@@ -20,7 +20,9 @@ mod topology;
 
 pub use options::{Address, ConnectionOptions};
 pub(crate) use topology::{declare_queue_on, to_table};
-pub use topology::{Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec};
+pub use topology::{
+    Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec, TopologyDifference,
+};
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Weak};

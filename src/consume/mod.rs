@@ -22,6 +22,12 @@
 //! gathers up to that many jobs (at most its share of the prefetch, waiting a bounded time for a
 //! partial batch), calls [`Handler::handle_batch`] once, then settles each message as in step 3.
 //!
+//! An ordered handler ([`Handler::ordering`], set by [`ordered`](crate::patterns::ordered))
+//! makes the owner hold, in step 2, a delivery whose key is busy until the key is free; see
+//! [`patterns::ordering`](crate::patterns::ordering). With
+//! [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the delivery before
+//! step 3 and publishes no copy.
+//!
 //! After a reconnect the owner subscribes again on a new channel with a new generation.
 //! Deliveries from the old channel are never acknowledged on the new one (amiquip would
 //! panic): jobs not yet started are skipped and outcomes of running ones are dropped with a log
@@ -36,12 +42,13 @@ mod stream_cursor;
 mod timer;
 mod worker;
 
-pub use outcome::{FatalError, Handler, HandlerResult, Outcome};
+pub use outcome::{FatalError, Handler, HandlerResult, OrderBy, Outcome};
 pub use retry::{
-    dead_letter_queue, parked_queue, retry_queue, rung_name, RetryPolicy, DEAD_LETTER_EXCHANGE,
-    DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
+    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, FailureTopology,
+    RetryPolicy, DEAD_LETTER_EXCHANGE, DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
 };
 pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};
+pub(crate) use worker::format_duration;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -69,6 +76,7 @@ pub struct ConsumerOptions {
     exclusive: bool,
     arguments: BTreeMap<String, HeaderValue>,
     shutdown_timeout: Duration,
+    at_most_once: bool,
     /// Set by a [`ConsumerGroup`](crate::patterns::ConsumerGroup) for its members: a suffix of
     /// the thread names (`acemq-consumer-3`) and a tag in log lines.
     label: Option<String>,
@@ -91,6 +99,7 @@ impl Default for ConsumerOptions {
             exclusive: false,
             arguments: BTreeMap::new(),
             shutdown_timeout: Duration::from_secs(30),
+            at_most_once: false,
             label: None,
             stream_cursor: None,
             any_attempt: false,
@@ -160,6 +169,32 @@ impl ConsumerOptions {
     /// How long closing waits for running handlers. Defaults to 30 s.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// At-most-once delivery, chosen on purpose: each delivery is acknowledged when a worker
+    /// takes it, **before** the handler runs. A handler that fails (an `Err`, a panic, or any
+    /// outcome but accept) then loses the message: no retry copy, no dead letter; it is counted
+    /// ([`RunningConsumer::lost`]) and reported to the observer as outcome `lost` (the default
+    /// observer logs it at debug). A consumer killed while the handler runs does not get the
+    /// message again, and neither does one whose handler is still running when closing gives up
+    /// waiting (counted `abandoned`). Deliveries not yet taken by a worker are unacknowledged
+    /// and go back to the queue on close, as usual. Each delivery costs one round trip between
+    /// the worker and the owner thread before its handler starts. Defaults to off: at least
+    /// once.
+    ///
+    /// | when the ack goes | guarantee | a failure or crash in the handler |
+    /// |---|---|---|
+    /// | before the work (this) | at most once | loses the message |
+    /// | after the work (default) | at least once | redelivers it (a duplicate is possible) |
+    ///
+    /// Exactly once is not on offer end to end: no broker acknowledgement can be atomic with
+    /// an effect elsewhere. At least once with an idempotent handler
+    /// ([`idempotent`](fn@crate::patterns::idempotent)) makes duplicates harmless, which is what
+    /// most services want; at most once is for data cheaper to lose than to handle twice (a
+    /// metrics sample).
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
         self
     }
 
@@ -266,6 +301,10 @@ pub(crate) struct Context {
     pub(crate) stream_cursor: Option<Arc<StreamCursor>>,
     /// Every attempt reaches the handler (see [`ConsumerOptions::any_attempt`]).
     pub(crate) any_attempt: bool,
+    /// Acknowledge when a worker takes a delivery, before the handler runs.
+    pub(crate) at_most_once: bool,
+    /// At-most-once deliveries whose handler failed: lost on purpose.
+    pub(crate) lost: AtomicU64,
 }
 
 impl Context {
@@ -295,6 +334,11 @@ pub(crate) struct Job {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
     pub(crate) message: Message,
+    /// It has an ordering key: the owner holds later messages with the key until it settles
+    /// (or, without `hold`, until its handler is done).
+    pub(crate) keyed: bool,
+    /// A retry keeps the key: waited out in the consumer on the same delivery.
+    pub(crate) hold: bool,
 }
 
 /// A worker's verdict, back to the owner.
@@ -309,6 +353,14 @@ pub(crate) struct Settle {
 pub(crate) enum SettleAction {
     Ack,
     Requeue,
+    /// The handler of a keyed message is done but its delivery stays held (a retry waiting in
+    /// the consumer): free its key, settle nothing.
+    Released,
+    /// Run the handler again on the same delivery (a held retry of an ordered message).
+    Again(Box<Message>),
+    /// At most once: acknowledge it now, before the handler runs; the answer says whether the
+    /// ack went out (false: the delivery is the broker's again, do not run it).
+    AckFirst(Sender<bool>),
 }
 
 /// A consumer of one queue, not yet running: [`start`](Self::start) it on its own threads, or
@@ -392,6 +444,8 @@ impl Connection {
             label: options.label,
             stream_cursor: options.stream_cursor,
             any_attempt: options.any_attempt,
+            at_most_once: options.at_most_once,
+            lost: AtomicU64::new(0),
         });
         Ok(Consumer {
             ctx,
@@ -426,9 +480,17 @@ impl Consumer {
         self.ctx.in_flight.load(Ordering::SeqCst)
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch).
+    /// The most deliveries ever in flight at once (never above the prefetch; with
+    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
+    /// too, so up to prefetch + concurrency).
     pub fn max_in_flight(&self) -> usize {
         self.ctx.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
+    /// therefore lost; 0 otherwise.
+    pub fn lost(&self) -> u64 {
+        self.ctx.lost.load(Ordering::SeqCst)
     }
 
     /// Consumes on the caller's thread (with `concurrency` scoped worker threads) until stopped
@@ -540,7 +602,14 @@ fn run_on<H: Handler + Sync + ?Sized>(
         }
         drop(settle_tx);
         let result = owner::run(
-            ctx, &jobs_tx, &jobs_rx, &settle_rx, stop_rx, &timer_tx, started,
+            ctx,
+            handler.ordering(),
+            &jobs_tx,
+            &jobs_rx,
+            &settle_rx,
+            stop_rx,
+            &timer_tx,
+            started,
         );
         drop(jobs_rx);
         drop(jobs_tx);
@@ -583,9 +652,17 @@ impl RunningConsumer {
         self.consumer.in_flight()
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch).
+    /// The most deliveries ever in flight at once (never above the prefetch; with
+    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
+    /// too, so up to prefetch + concurrency).
     pub fn max_in_flight(&self) -> usize {
         self.consumer.max_in_flight()
+    }
+
+    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
+    /// therefore lost; 0 otherwise.
+    pub fn lost(&self) -> u64 {
+        self.consumer.lost()
     }
 
     /// True once the consumer has ended (stopped, or failed: see [`wait`](Self::wait)).

@@ -144,6 +144,94 @@ pub trait Handler {
             .map(|m| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(m))))
             .collect()
     }
+
+    /// The per-key ordering this handler asks the consumer running it for: `None` (the
+    /// default) for none. Set by [`ordered`](crate::patterns::ordered); a wrapper around another
+    /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent)) passes on its inner
+    /// handler's, so that the ordering holds wherever it sits in a chain. A handler written by
+    /// hand around an ordered one should do the same, or the ordering is lost.
+    fn ordering(&self) -> Option<&OrderBy> {
+        None
+    }
+}
+
+/// The key function of an [`OrderBy`].
+type OrderKeyFn = Box<dyn Fn(&Message) -> Option<String> + Send + Sync>;
+
+/// What an ordered handler asks of the consumer that runs it (see
+/// [`patterns::ordering`](crate::patterns::ordering)): a key per message, and whether a retry
+/// holds its key. Made by [`ordered`](crate::patterns::ordered).
+pub struct OrderBy {
+    key: OrderKeyFn,
+    hold_on_retry: bool,
+}
+
+impl OrderBy {
+    /// Orders by `key`; an empty or missing key is not ordered.
+    pub fn new<K>(key: K) -> OrderBy
+    where
+        K: Fn(&Message) -> Option<String> + Send + Sync + 'static,
+    {
+        OrderBy {
+            key: Box::new(key),
+            hold_on_retry: false,
+        }
+    }
+
+    /// A retry or in-progress wait of a keyed message is spent in the consumer on the same
+    /// delivery, keeping its key, so that later messages with the key stay behind it.
+    pub fn hold_on_retry(mut self, hold: bool) -> OrderBy {
+        self.hold_on_retry = hold;
+        self
+    }
+
+    /// Whether retries hold their key.
+    pub fn holds_retries(&self) -> bool {
+        self.hold_on_retry
+    }
+
+    /// The ordering key of `message`: `None` for a missing or empty key (not ordered). A key
+    /// function that panics is logged and the message is not ordered.
+    pub fn key_of(&self, message: &Message) -> Option<String> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.key)(message))) {
+            Ok(key) => key.filter(|k| !k.is_empty()),
+            Err(panic) => {
+                log::error!(
+                    "acemq: the ordering key function panicked on message {} ({}); it is \
+                     handled without ordering",
+                    message.id(),
+                    panic_message(&*panic)
+                );
+                None
+            }
+        }
+    }
+}
+
+impl fmt::Debug for OrderBy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OrderBy")
+            .field("hold_on_retry", &self.hold_on_retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: Handler + ?Sized> Handler for std::sync::Arc<H> {
+    fn handle(&self, message: &Message) -> HandlerResult {
+        self.as_ref().handle(message)
+    }
+    fn ordering(&self) -> Option<&OrderBy> {
+        self.as_ref().ordering()
+    }
+}
+
+impl Handler for Box<dyn Handler + Send + Sync> {
+    fn handle(&self, message: &Message) -> HandlerResult {
+        self.as_ref().handle(message)
+    }
+    fn ordering(&self) -> Option<&OrderBy> {
+        self.as_ref().ordering()
+    }
 }
 
 impl<F> Handler for F

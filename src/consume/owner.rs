@@ -6,8 +6,18 @@
 //! contiguous run of completed deliveries at the front are coalesced into one `multiple` ack;
 //! a completed delivery behind a still-running one is acknowledged on its own, so a slow
 //! handler never holds the prefetch window hostage.
+//!
+//! **Ordered dispatch.** When the handler asks for it ([`Handler::ordering`]), each delivery's
+//! key is computed here; a delivery whose key is busy (an earlier delivery with the key not yet
+//! done) is **held here**, unsettled, in a first-in first-out queue per key instead of going to
+//! the workers, and is sent on when the earlier one's settlement (or key release) comes back.
+//! No worker ever waits for a key. What is held is bounded by the prefetch like everything in
+//! flight, and a held delivery is an ordinary unsettled slot: a `multiple` ack never covers it.
+//! A new subscription (reconnect) starts with no keys.
+//!
+//! [`Handler::ordering`]: super::Handler::ordering
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -15,7 +25,7 @@ use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, 
 use crossbeam_channel::{select, Receiver, Sender};
 
 use super::timer::TimerMsg;
-use super::{CloseReport, Context, Job, Settle, SettleAction};
+use super::{CloseReport, Context, Job, OrderBy, Settle, SettleAction};
 use std::sync::Arc;
 
 use crate::connection::Link;
@@ -32,14 +42,61 @@ enum End {
 }
 
 struct Slot {
-    delivery: Delivery,
+    /// `None` once acknowledged ahead of its handler (at most once).
+    delivery: Option<Delivery>,
     done: bool,
+    /// Its ordering key while it holds the key.
+    key: Option<String>,
+}
+
+/// Ordering keys busy in this subscription, each with the deliveries waiting for it, in
+/// delivery order.
+#[derive(Default)]
+struct Keys {
+    waiting: HashMap<String, VecDeque<Job>>,
+}
+
+impl Keys {
+    /// Takes `key` for a delivery: true when it was free (send the job now), false when the job
+    /// must wait (it was queued behind the key's holder).
+    fn take_or_queue(&mut self, key: &str, job: Job) -> Option<Job> {
+        match self.waiting.get_mut(key) {
+            Some(queue) => {
+                queue.push_back(job);
+                None
+            }
+            None => {
+                self.waiting.insert(key.to_string(), VecDeque::new());
+                Some(job)
+            }
+        }
+    }
+
+    /// The holder of `key` is done with it: the next job waiting for it, which now holds it,
+    /// or `None` (the key is free).
+    fn release(&mut self, key: &str) -> Option<Job> {
+        let queue = self.waiting.get_mut(key)?;
+        match queue.pop_front() {
+            Some(next) => Some(next),
+            None => {
+                self.waiting.remove(key);
+                None
+            }
+        }
+    }
+
+    /// Every job waiting for a key, emptied (closing).
+    fn drain(&mut self) -> Vec<Job> {
+        self.waiting.drain().flat_map(|(_, q)| q).collect()
+    }
 }
 
 /// Runs until stopped, recovering with the connection. `started` hears about the first
 /// subscription (or its failure).
+#[allow(clippy::too_many_arguments)] // the owner's lines, each its own channel end
 pub(crate) fn run(
     ctx: &Context,
+    order: Option<&OrderBy>,
     jobs: &Sender<Job>,
     stale: &Receiver<Job>,
     settles: &Receiver<Settle>,
@@ -87,7 +144,13 @@ pub(crate) fn run(
             let _ = tx.send(Ok(()));
         }
         let mut inflight: BTreeMap<u64, Slot> = BTreeMap::new();
-        let end = serve(ctx, generation, &channel, &consumer, &mut inflight, &lines);
+        let mut keys = Keys::default();
+        let mut state = State {
+            inflight: &mut inflight,
+            keys: &mut keys,
+            order,
+        };
+        let end = serve(ctx, generation, &channel, &consumer, &mut state, &lines);
         end_subscription(ctx, &end, consumer, inflight.len());
         match end {
             Ok(End::Stop(report)) => {
@@ -213,12 +276,19 @@ pub(crate) struct Lines<'a> {
     pub(crate) timer: &'a Sender<TimerMsg>,
 }
 
+/// One subscription's deliveries: in flight, and those waiting for their ordering key.
+struct State<'a> {
+    inflight: &'a mut BTreeMap<u64, Slot>,
+    keys: &'a mut Keys,
+    order: Option<&'a OrderBy>,
+}
+
 fn serve(
     ctx: &Context,
     generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
-    inflight: &mut BTreeMap<u64, Slot>,
+    state: &mut State<'_>,
     lines: &Lines<'_>,
 ) -> Result<End> {
     let Lines {
@@ -232,12 +302,12 @@ fn serve(
         select! {
             recv(consumer.receiver()) -> msg => match msg {
                 Ok(ConsumerMessage::Delivery(d)) => {
-                    dispatch(ctx, generation, d, inflight, jobs);
+                    dispatch(ctx, generation, d, state, jobs);
                 }
                 Ok(ConsumerMessage::ServerCancelled) => {
                     // The queue was deleted (or the broker cancelled us): finish what is running
                     // and end with a clear error.
-                    shutdown(ctx, generation, channel, consumer, inflight, lines, &mut report);
+                    shutdown(ctx, generation, channel, consumer, state, lines, &mut report);
                     return Err(Error::Cancelled { queue: ctx.queue.clone() });
                 }
                 Ok(ConsumerMessage::ServerClosedChannel(e)) => return Ok(End::Lost(e.to_string())),
@@ -249,12 +319,12 @@ fn serve(
                 let Ok(s) = s else { return Ok(End::Lost("workers ended".into())) };
                 let mut batch = vec![s];
                 batch.extend(settles.try_iter());
-                if let Err(e) = settle(ctx, generation, channel, inflight, batch, &mut report) {
+                if let Err(e) = settle(ctx, generation, channel, state, jobs, batch, &mut report) {
                     return Ok(End::Lost(e.to_string()));
                 }
             },
             recv(stop) -> _ => {
-                shutdown(ctx, generation, channel, consumer, inflight, lines, &mut report);
+                shutdown(ctx, generation, channel, consumer, state, lines, &mut report);
                 return Ok(End::Stop(report));
             },
         }
@@ -265,7 +335,7 @@ fn dispatch(
     ctx: &Context,
     generation: u64,
     mut d: Delivery,
-    inflight: &mut BTreeMap<u64, Slot>,
+    state: &mut State<'_>,
     jobs: &Sender<Job>,
 ) {
     let tag = d.delivery_tag();
@@ -273,23 +343,46 @@ fn dispatch(
     // fresh id as it is read, so that its copies carry an identity from here on.
     let mut message = Message::take_delivery(&mut d);
     message.codec = Some(ctx.codec.clone());
-    inflight.insert(
+    let key = state.order.and_then(|o| o.key_of(&message));
+    let hold = key.is_some() && state.order.is_some_and(|o| o.holds_retries());
+    state.inflight.insert(
         tag,
         Slot {
-            delivery: d,
+            delivery: Some(d),
             done: false,
+            key: key.clone(),
         },
     );
-    let n = inflight.len();
+    let n = state.inflight.len();
     ctx.in_flight.store(n, Ordering::SeqCst);
     ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
-    // Never blocks: the channel holds `prefetch` jobs and the broker sends no more than that
-    // unsettled.
-    let _ = jobs.send(Job {
+    let job = Job {
         generation,
         tag,
         message,
-    });
+        keyed: key.is_some(),
+        hold,
+    };
+    let job = match &key {
+        Some(key) => state.keys.take_or_queue(key, job),
+        None => Some(job),
+    };
+    if let Some(job) = job {
+        // Never blocks: the channel holds `prefetch` jobs, each an unsettled delivery, and the
+        // broker sends no more than that unsettled.
+        let _ = jobs.send(job);
+    }
+}
+
+/// The delivery `tag` no longer holds its key (settled, or its handler is done): the next
+/// delivery waiting for the key goes to the workers.
+fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
+    let Some(key) = state.inflight.get_mut(&tag).and_then(|s| s.key.take()) else {
+        return;
+    };
+    if let Some(next) = state.keys.release(&key) {
+        let _ = jobs.send(next);
+    }
 }
 
 /// Applies settlements, then acknowledges: one `multiple` ack for the completed run at the front,
@@ -298,7 +391,8 @@ fn settle(
     ctx: &Context,
     generation: u64,
     channel: &Channel,
-    inflight: &mut BTreeMap<u64, Slot>,
+    state: &mut State<'_>,
+    jobs: &Sender<Job>,
     batch: Vec<Settle>,
     report: &mut CloseReport,
 ) -> std::result::Result<(), amiquip::Error> {
@@ -321,22 +415,60 @@ fn settle(
         }
         match s.action {
             SettleAction::Ack => {
-                if let Some(slot) = inflight.get_mut(&s.tag) {
-                    slot.done = true;
+                release_key(state, s.tag, jobs);
+                if let Some(slot) = state.inflight.get_mut(&s.tag) {
+                    if slot.delivery.is_some() {
+                        slot.done = true;
+                    } else {
+                        // Acknowledged before its handler ran (at most once): only forget it.
+                        state.inflight.remove(&s.tag);
+                    }
                 }
             }
             SettleAction::Requeue => {
-                if let Some(slot) = inflight.remove(&s.tag) {
+                release_key(state, s.tag, jobs);
+                if let Some(slot) = state.inflight.remove(&s.tag) {
                     if !s.started {
                         report.requeued += 1;
                     }
-                    slot.delivery.nack(channel, true)?;
+                    if let Some(d) = slot.delivery {
+                        d.nack(channel, true)?;
+                    }
+                }
+            }
+            SettleAction::Released => release_key(state, s.tag, jobs),
+            SettleAction::Again(message) => {
+                if state.inflight.contains_key(&s.tag) {
+                    let hold = state.order.is_some_and(|o| o.holds_retries());
+                    let _ = jobs.send(Job {
+                        generation,
+                        tag: s.tag,
+                        message: *message,
+                        keyed: true,
+                        hold,
+                    });
+                }
+            }
+            SettleAction::AckFirst(reply) => {
+                let delivery = state
+                    .inflight
+                    .get_mut(&s.tag)
+                    .and_then(|slot| slot.delivery.take());
+                match delivery {
+                    Some(d) => {
+                        let acked = d.ack(channel);
+                        let _ = reply.send(acked.is_ok());
+                        acked?;
+                    }
+                    None => {
+                        let _ = reply.send(false);
+                    }
                 }
             }
         }
     }
-    flush_acks(inflight, channel)?;
-    ctx.in_flight.store(inflight.len(), Ordering::SeqCst);
+    flush_acks(state.inflight, channel)?;
+    ctx.in_flight.store(state.inflight.len(), Ordering::SeqCst);
     Ok(())
 }
 
@@ -344,12 +476,15 @@ fn flush_acks(
     inflight: &mut BTreeMap<u64, Slot>,
     channel: &Channel,
 ) -> std::result::Result<(), amiquip::Error> {
+    // Only slots still holding their delivery are ever `done` (one acknowledged ahead of its
+    // handler is forgotten when it settles), and a held or running delivery is never `done`:
+    // the `multiple` ack covers exactly the completed run at the front.
     let mut last_front = None;
     while let Some(entry) = inflight.first_entry() {
         if !entry.get().done {
             break;
         }
-        last_front = Some(entry.remove().delivery);
+        last_front = entry.remove().delivery;
     }
     if let Some(d) = last_front {
         d.ack_multiple(channel)?;
@@ -360,8 +495,8 @@ fn flush_acks(
         .map(|(t, _)| *t)
         .collect();
     for tag in behind {
-        if let Some(slot) = inflight.remove(&tag) {
-            slot.delivery.ack(channel)?;
+        if let Some(Some(d)) = inflight.remove(&tag).map(|s| s.delivery) {
+            d.ack(channel)?;
         }
     }
     Ok(())
@@ -397,7 +532,7 @@ fn shutdown(
     generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
-    inflight: &mut BTreeMap<u64, Slot>,
+    state: &mut State<'_>,
     lines: &Lines<'_>,
     report: &mut CloseReport,
 ) {
@@ -413,19 +548,21 @@ fn shutdown(
             report.requeued += 1;
         }
     });
-    // Jobs no worker has taken yet: back to the queue now, not counted as running.
-    for job in lines.queued.try_iter() {
+    // Jobs no worker has taken yet, and those waiting for their ordering key: back to the queue
+    // now, not counted as running.
+    let waiting = state.keys.drain();
+    for job in lines.queued.try_iter().chain(waiting) {
         if job.generation != generation {
             continue;
         }
-        if let Some(slot) = inflight.remove(&job.tag) {
-            if slot.delivery.nack(channel, true).is_ok() {
+        if let Some(Some(d)) = state.inflight.remove(&job.tag).map(|s| s.delivery) {
+            if d.nack(channel, true).is_ok() {
                 report.requeued += 1;
             }
         }
     }
     let deadline = Instant::now() + ctx.shutdown_timeout;
-    while !inflight.is_empty() {
+    while !state.inflight.is_empty() {
         match settles.recv_deadline(deadline) {
             Ok(s) => {
                 let mut batch = vec![s];
@@ -435,7 +572,7 @@ fn shutdown(
                         report.finished += 1;
                     }
                 }
-                if let Err(e) = settle(ctx, generation, channel, inflight, batch, report) {
+                if let Err(e) = settle(ctx, generation, channel, state, lines.jobs, batch, report) {
                     log::warn!("acemq: settling while closing {}: {e}", ctx.who());
                     break;
                 }
@@ -455,5 +592,5 @@ fn shutdown(
             ctx.shutdown_timeout
         );
     }
-    inflight.clear();
+    state.inflight.clear();
 }

@@ -310,9 +310,49 @@ pub(crate) fn declare_rung(connection: &Connection, queue: &str, delay: Duration
     connection.bind(&Binding::new(queue, RETRY_EXCHANGE, queue))
 }
 
+/// Everything a consumer of one queue declares for its failures (see [`failure_topology`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailureTopology {
+    /// `acemq.dlx`, then `acemq.retry` when there are rungs.
+    pub exchanges: Vec<ExchangeSpec>,
+    /// `{queue}.dlq`, `{queue}.parked`, then the rungs in order.
+    pub queues: Vec<QueueSpec>,
+    /// `.dlq` and `.parked` to `acemq.dlx` on their own names; with rungs, the queue to
+    /// `acemq.retry` on its own name.
+    pub bindings: Vec<Binding>,
+}
+
+/// Where `queue`'s failures go, as the family's consumers declare it (the queue itself is not
+/// part of it): `acemq.dlx` with `{queue}.dlq` and `{queue}.parked` (durable, classic, no
+/// arguments) bound on their own names; for each of `rungs` (a policy's
+/// [`broker_rungs`](RetryPolicy::broker_rungs)) the rung queue `{queue}.retry.{d}` (durable,
+/// classic, exactly `x-message-ttl`, `x-dead-letter-exchange: acemq.retry`,
+/// `x-dead-letter-routing-key: {queue}`) and, with any rung, `acemq.retry` and the queue bound
+/// to it on its own name. A consumer declares exactly this when it starts.
+pub fn failure_topology(queue: &str, rungs: &[Duration]) -> FailureTopology {
+    let mut t = FailureTopology {
+        exchanges: vec![ExchangeSpec::direct(DEAD_LETTER_EXCHANGE)],
+        queues: Vec::new(),
+        bindings: Vec::new(),
+    };
+    for name in [dead_letter_queue(queue), parked_queue(queue)] {
+        t.queues.push(QueueSpec::new(name.clone()).classic());
+        t.bindings
+            .push(Binding::new(name.clone(), DEAD_LETTER_EXCHANGE, name));
+    }
+    if !rungs.is_empty() {
+        t.exchanges.push(ExchangeSpec::direct(RETRY_EXCHANGE));
+        for rung in rungs {
+            t.queues.push(rung_spec(queue, *rung));
+        }
+        t.bindings.push(Binding::new(queue, RETRY_EXCHANGE, queue));
+    }
+    t
+}
+
 /// Declares where `queue`'s failures go, as the family's consumers do (the queue itself is not
-/// declared): `acemq.dlx` with `.dlq` and `.parked` bound on their own names; with rungs,
-/// `acemq.retry`, the rungs and the queue bound to `acemq.retry` on its own name.
+/// declared): [`failure_topology`] for the policy's broker rungs, exchanges first, each rung
+/// followed by the binding that brings its messages home.
 pub(crate) fn declare_failure_topology(
     connection: &Connection,
     queue: &str,
@@ -380,6 +420,26 @@ mod tests {
             assert!(d >= S(8) && d < S(12), "{d:?}");
         }
         assert_eq!(RetryPolicy::fixed(3, S(10)).jittered(S(10)), S(10));
+    }
+
+    #[test]
+    fn failure_topology_is_what_a_consumer_declares() {
+        let t = failure_topology("orders", &[S(40), S(80)]);
+        let names: Vec<&str> = t.queues.iter().map(|q| q.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "orders.dlq",
+                "orders.parked",
+                "orders.retry.40s",
+                "orders.retry.80s"
+            ]
+        );
+        assert_eq!(t.queues[2], rung_spec("orders", S(40)));
+        assert_eq!(t.exchanges.len(), 2);
+        assert_eq!(t.bindings.len(), 3);
+        let none = failure_topology("orders", &[]);
+        assert_eq!((none.exchanges.len(), none.queues.len()), (1, 2));
     }
 
     #[test]

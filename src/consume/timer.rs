@@ -7,6 +7,9 @@
 //! tells the owner to acknowledge the original, or to requeue it if the copy could not be
 //! published. What is held is bounded by the prefetch (each entry is an unsettled delivery).
 //!
+//! A held retry of an ordered message with `hold_on_retry` (`again`) is not published: when due
+//! it goes back to the owner, which runs the handler again on the same delivery.
+//!
 //! Entries from before a reconnect are dropped when due: their deliveries are the broker's
 //! again. On close the owner sends [`TimerMsg::Stop`]: every entry still waiting is requeued
 //! unchanged (same attempt), as a family consumer's held delivery is when its channel closes.
@@ -30,6 +33,9 @@ pub(crate) struct Delayed {
     /// The copy to publish to the queue when due; `None`: put the original back (a copy that
     /// could not be published backs off here rather than spinning).
     pub(crate) copy: Option<Message>,
+    /// Hand `copy` back to the owner to run the handler again on the same delivery (a held
+    /// retry of an ordered message) instead of publishing it.
+    pub(crate) again: bool,
 }
 
 /// What the timer thread receives.
@@ -119,6 +125,7 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, d: Box<Delayed>) {
     }
     let action = match d.copy {
         None => SettleAction::Requeue,
+        Some(copy) if d.again => SettleAction::Again(Box::new(copy)),
         Some(copy) => {
             let id = copy.id().to_string();
             match publish(ctx, &ctx.queue, copy) {

@@ -24,11 +24,15 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     settle: Sender<Settle>,
     timer: Sender<TimerMsg>,
 ) {
-    if let Some((max, wait)) = handler.batch_limits() {
+    if let Some((max, wait)) = handler.batch_limits().filter(|_| !ctx.at_most_once) {
         return run_batches(ctx, handler, max, wait, jobs, settle, timer);
     }
     for job in jobs.iter() {
         if !admit(ctx, &job, &settle) {
+            continue;
+        }
+        if ctx.at_most_once {
+            at_most_once(ctx, handler, job, &settle);
             continue;
         }
         let offset = ctx
@@ -180,7 +184,7 @@ fn finish(
     settle: &Sender<Settle>,
     timer: &Sender<TimerMsg>,
 ) {
-    let (step, copy_error) = match carry_out(ctx, &job.message, &verdict) {
+    let (step, copy_error) = match carry_out(ctx, &job.message, &verdict, job.hold) {
         Ok(step) => {
             if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
                 // Handled and its copy (if any) confirmed: a resumed reader starts after it.
@@ -207,6 +211,7 @@ fn finish(
             let step = Step::Later {
                 due: Instant::now() + pause,
                 copy: None,
+                again: false,
             };
             (step, Some(text))
         }
@@ -232,12 +237,23 @@ fn finish(
                 started: true,
             });
         }
-        Step::Later { due, copy } => {
+        Step::Later { due, copy, again } => {
+            if job.keyed && !again {
+                // Its handler is done: later messages with its key need not wait for the
+                // delivery to be settled (the retry comes back as a new delivery anyway).
+                let _ = settle.send(Settle {
+                    generation: job.generation,
+                    tag: job.tag,
+                    action: SettleAction::Released,
+                    started: true,
+                });
+            }
             let delayed = Box::new(Delayed {
                 generation: job.generation,
                 tag: job.tag,
                 due,
                 copy: copy.map(|c| *c),
+                again,
             });
             if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
                 // The timer is gone (the consumer is ending): put the original back.
@@ -254,21 +270,85 @@ fn finish(
     }
 }
 
+/// At most once: the delivery is acknowledged (the owner answers once the ack is out) before
+/// the handler runs; whatever the handler decides then, nothing is copied: a failure is counted
+/// and reported as `lost`.
+fn at_most_once<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    handler: &H,
+    job: Job,
+    settle: &Sender<Settle>,
+) {
+    let (reply, acked) = crossbeam_channel::bounded(1);
+    let asked = settle.send(Settle {
+        generation: job.generation,
+        tag: job.tag,
+        action: SettleAction::AckFirst(reply),
+        started: false,
+    });
+    let wait = ctx.shutdown_timeout.max(Duration::from_secs(30));
+    if asked.is_err() || !matches!(acked.recv_timeout(wait), Ok(true)) {
+        // The channel went away before the ack: the broker delivers it again (or the consumer
+        // is ending). Running it now could run it twice.
+        log::debug!(
+            "acemq: message {} from {:?} was not acknowledged ahead of its handler; not running it",
+            job.message.id(),
+            ctx.queue
+        );
+        return;
+    }
+    let started = Instant::now();
+    ctx.running.fetch_add(1, Ordering::SeqCst);
+    let result = catch_unwind(AssertUnwindSafe(|| handler.handle(&job.message)));
+    ctx.running.fetch_sub(1, Ordering::SeqCst);
+    let handler_duration = started.elapsed();
+    let verdict = decide(result);
+    let error = match &verdict {
+        Verdict::Accept => None,
+        other => Some(format!(
+            "lost (at most once): the handler's outcome was {}{}",
+            other.label(),
+            other.error().map(|e| format!(": {e}")).unwrap_or_default()
+        )),
+    };
+    if error.is_some() {
+        ctx.lost.fetch_add(1, Ordering::SeqCst);
+    }
+    ctx.observer.settled(&Settlement {
+        queue: &ctx.queue,
+        outcome: if error.is_some() { "lost" } else { "accept" },
+        attempt: job.message.envelope.attempt,
+        handler_duration,
+        message_id: job.message.id(),
+        error: error.as_deref(),
+    });
+    let _ = settle.send(Settle {
+        generation: job.generation,
+        tag: job.tag,
+        action: SettleAction::Ack,
+        started: true,
+    });
+}
+
 /// What to do with the original once the verdict's copy is taken care of.
 enum Step {
     /// Settle it now.
     Now(SettleAction),
     /// Hold it, unacknowledged; at `due` the timer publishes `copy` to the queue itself and then
-    /// acknowledges it, or with no copy puts it back on the queue.
+    /// acknowledges it, or with no copy puts it back on the queue; with `again`, it hands `copy`
+    /// back to the owner to run the handler again on the same delivery.
     Later {
         due: Instant,
         copy: Option<Box<Message>>,
+        again: bool,
     },
 }
 
 /// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
-/// `Ok(Step::Now(Ack))` means the original may be acknowledged.
-fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict) -> Result<Step> {
+/// `Ok(Step::Now(Ack))` means the original may be acknowledged. With `hold` (an ordered message
+/// whose retries keep its key) a retry or in-progress wait is spent in the consumer on the same
+/// delivery, whatever its length, and the handler runs again on it.
+fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict, hold: bool) -> Result<Step> {
     let attempt = message.envelope.attempt;
     match verdict {
         Verdict::Accept => Ok(Step::Now(SettleAction::Ack)),
@@ -276,6 +356,10 @@ fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict) -> Result<Step
             let age_ms =
                 u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
             match ctx.policy.next_wait(attempt, Duration::from_millis(age_ms)) {
+                NextWait::Wait(wait) if hold => {
+                    let wait = ctx.policy.jittered(delay.unwrap_or(wait));
+                    Ok(run_again(message, wait, attempt.saturating_add(1)))
+                }
                 NextWait::Wait(wait) => {
                     let wait = delay.unwrap_or(wait);
                     wait_then_copy(ctx, message, wait, attempt.saturating_add(1), true)
@@ -301,7 +385,19 @@ fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict) -> Result<Step
         Verdict::Park { error } => {
             dead_letter(ctx, message, &parked_queue(&ctx.queue), error.clone())
         }
+        Verdict::InProgress { delay } if hold => Ok(run_again(message, *delay, attempt)),
         Verdict::InProgress { delay } => wait_then_copy(ctx, message, *delay, attempt, false),
+    }
+}
+
+/// A held retry: the same delivery, unacknowledged, runs again after `wait` with `attempt`.
+fn run_again(message: &Message, wait: Duration, attempt: u32) -> Step {
+    let mut again = message.clone();
+    again.envelope.attempt = attempt;
+    Step::Later {
+        due: Instant::now() + wait,
+        copy: Some(Box::new(again)),
+        again: true,
     }
 }
 
@@ -340,6 +436,7 @@ fn wait_then_copy(
         return Ok(Step::Later {
             due: Instant::now() + wait,
             copy: Some(Box::new(copy)),
+            again: false,
         });
     }
     let wait = if jitter {
@@ -354,6 +451,7 @@ fn wait_then_copy(
     Ok(Step::Later {
         due: Instant::now() + wait,
         copy: Some(Box::new(copy)),
+        again: false,
     })
 }
 

@@ -59,7 +59,6 @@ use std::sync::Arc;
 
 use crate::connection::Connection;
 use crate::consume::{CloseReport, ConsumerOptions, Handler, RunningConsumer};
-use crate::envelope::Message;
 use crate::error::{Error, Result};
 
 /// `n` running consumers of one queue sharing one handler. Made running by
@@ -127,7 +126,7 @@ impl ConsumerGroup {
             let shared = handler.clone();
             let started = connection
                 .consumer(queue, member_options)
-                .and_then(|c| c.start(move |m: &Message| shared.handle(m)));
+                .and_then(|c| c.start(shared));
             match started {
                 Ok(member) => members.push(member),
                 Err(e) => {

@@ -208,6 +208,10 @@ where
     S: IdempotencyStore,
     H: Handler,
 {
+    fn ordering(&self) -> Option<&crate::consume::OrderBy> {
+        self.handler.ordering()
+    }
+
     fn handle(&self, m: &Message) -> HandlerResult {
         let key = key_of(&self.key, m)?;
         let claim = if self.store.supports_claims() {

@@ -1,11 +1,15 @@
 //! The family's patterns, one module each.
 
 pub mod acknowledged;
+pub mod chain;
 pub mod claim_check;
 pub mod consumer_group;
 pub mod idempotency;
 pub mod idempotent;
+pub mod ordering;
 pub mod outbox;
+pub mod peek;
+pub mod pipeline;
 pub mod relay;
 pub mod replay;
 pub mod request_reply;
@@ -17,6 +21,10 @@ pub mod streams;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use crate::sql::{create_schema, schema_ddl};
+pub use chain::{
+    chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler, Chain,
+    Deadline, Layer, Logged, OrphanCount, TimeLimited,
+};
 pub use claim_check::{
     claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
     DEFAULT_CLAIM_CHECK_THRESHOLD,
@@ -28,9 +36,14 @@ pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
 pub use idempotent::{idempotent, DuplicateCount, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotent::{idempotent_tx, IdempotentTx, IdempotentTxBatch};
+pub use ordering::{
+    by_correlation, by_header, ordered, partition, partitioned_routing_key, Ordered,
+};
 pub use outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use outbox::{SqlOutboxStore, SqlOutboxStoreBuilder};
+pub use peek::{peek, peek_unordered, PEEK_MAX};
+pub use pipeline::{then, Next, Then, NOTHING};
 pub use relay::{
     record, record_message, OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay,
 };

@@ -8,7 +8,7 @@ pub mod proxy;
 pub mod raw;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use acemq_amqp::{Connection, ConnectionOptions};
 
@@ -49,54 +49,27 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Deletes the named queues and exchanges when dropped (also when a test fails).
-pub struct Cleanup {
-    pub connection: Connection,
-    pub queues: Vec<String>,
-    pub exchanges: Vec<String>,
-}
+/// The public `acemq_amqp::testing::Cleanup` on the tests' broker, made from a connection as
+/// older tests do; dereferences to it (`queue`, `consumed_queue`, `exchange`, `table`, …).
+pub struct Cleanup(acemq_amqp::testing::Cleanup);
 
 impl Cleanup {
-    pub fn new(connection: &Connection) -> Self {
-        Cleanup {
-            connection: connection.clone(),
-            queues: Vec::new(),
-            exchanges: Vec::new(),
-        }
-    }
-    pub fn queue(&mut self, name: &str) -> String {
-        self.queues.push(name.to_string());
-        name.to_string()
-    }
-    /// A consumed queue with its retry rungs, `.dlq` and `.parked`.
-    pub fn consumed_queue(&mut self, name: &str, rungs: &[std::time::Duration]) -> String {
-        for d in rungs {
-            self.queues.push(acemq_amqp::retry_queue(name, *d));
-        }
-        self.queues.push(acemq_amqp::dead_letter_queue(name));
-        self.queues.push(acemq_amqp::parked_queue(name));
-        self.queue(name)
-    }
-
-    pub fn exchange(&mut self, name: &str) -> String {
-        self.exchanges.push(name.to_string());
-        name.to_string()
+    pub fn new(_connection: &Connection) -> Self {
+        Cleanup(acemq_amqp::testing::Cleanup::new(amqp_url()))
     }
 }
 
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        // A fresh connection: the test's own may be closed or cut by now.
-        let Ok(c) = Connection::open(&amqp_url()) else {
-            return;
-        };
-        for q in &self.queues {
-            let _ = c.delete_queue(q);
-        }
-        for x in &self.exchanges {
-            let _ = c.delete_exchange(x);
-        }
-        let _ = c.close();
+impl std::ops::Deref for Cleanup {
+    type Target = acemq_amqp::testing::Cleanup;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Cleanup {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
     }
 }
 
@@ -125,16 +98,9 @@ pub fn publish_n(connection: &Connection, queue: &str, n: usize, persistent: boo
     ids
 }
 
-/// Polls `f` until it is true or `timeout` passes.
-pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    f()
+/// Polls `f` until it is true or `timeout` passes (`acemq_amqp::testing::wait_until`).
+pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+    acemq_amqp::testing::wait_until(timeout, f).is_ok()
 }
 
 /// Runs `rabbitmqctl` with arguments; panics with its output if it fails.

@@ -1,0 +1,23 @@
+use acemq_amqp::{Connection, Message, Outcome, QueueSpec};
+use std::time::Duration;
+
+fn main() -> acemq_amqp::Result<()> {
+    let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
+    connection.declare_queue(&QueueSpec::new("quickstart"))?; // durable: a quorum queue
+    let (done, handled) = std::sync::mpsc::sync_channel(1);
+    let consumer = connection.consume("quickstart", move |m: &Message| {
+        println!("handled {}: {}", m.id(), String::from_utf8_lossy(&m.body));
+        let _ = done.try_send(()); // an Err here would be retried, then dead-lettered
+        Ok(Outcome::Accept)
+    })?;
+    let order = Message::new(r#"{"order_id":"o-1"}"#);
+    connection.publisher()?.publish("", "quickstart", order)?; // returns once confirmed
+    handled
+        .recv_timeout(Duration::from_secs(10))
+        .expect("handled in time");
+    consumer.close()?; // lets running handlers finish, requeues what was not started
+    for q in ["quickstart", "quickstart.dlq", "quickstart.parked"] {
+        connection.delete_queue(q)?;
+    }
+    connection.close()
+}

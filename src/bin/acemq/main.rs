@@ -1,0 +1,337 @@
+//! `acemq`: the operator's command line for acemq-amqp (replay, peek, outbox, schema,
+//! topology). Built only on the library's public API. Exit codes: 0 ok, 1 partial or failed,
+//! 2 usage, 3 cannot connect (broker or database).
+
+mod db;
+mod out;
+mod outbox;
+mod queues;
+mod topology;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use out::Out;
+
+const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// The operator's command line for acemq-amqp: replay dead letters, peek at a queue, look after
+/// an outbox, print or apply the SQL schema, check the broker's topology.
+///
+/// Exit codes: 0 ok; 1 partial or failed (a replay that stopped short, differences found, a
+/// record not released); 2 usage; 3 cannot connect to the broker or the database.
+#[derive(Parser, Debug)]
+#[command(name = "acemq", version)]
+struct Cli {
+    /// The broker (`amqp://user:password@host:port/vhost`). The password is never printed.
+    #[arg(long, global = true, env = "ACEMQ_URL", default_value = DEFAULT_URL, hide_env_values = true, hide_default_value = true)]
+    url: String,
+
+    /// One JSON object per line on stdout, for scripts (errors too: `{"error": …}`).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replays a dead-letter queue: moves its messages back to where they were going.
+    Replay(ReplayArgs),
+    /// Shows the first messages of a queue without consuming them (they go back unchanged, in
+    /// order).
+    Peek(PeekArgs),
+    /// An outbox table: backlog, retired records, release.
+    Outbox(OutboxArgs),
+    /// The SQL schema of the stores (idempotency, outbox, schema registry).
+    Schema(SchemaArgs),
+    /// The broker topology the library declares.
+    Topology(TopologyArgs),
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// The dead-letter queue (`orders.dlq`, `orders.parked`), or a work queue (`orders`) to
+    /// replay its `.dlq`.
+    queue: String,
+    /// Publishes every message with this routing key (default: each one's own).
+    #[arg(long, value_name = "K")]
+    to_routing_key: Option<String>,
+    /// Publishes every message to this exchange (`""` for the default exchange; default: the
+    /// one each was first published to).
+    #[arg(long, value_name = "E")]
+    to_exchange: Option<String>,
+    /// Stops after this many messages moved (or, with --dry-run, listed).
+    #[arg(long, value_name = "N")]
+    limit: Option<u64>,
+    /// Stops once this long has passed (`90s`, `5m`, `1h`, `250ms`).
+    #[arg(long, value_name = "D", value_parser = parse_duration)]
+    deadline: Option<Duration>,
+    /// Moves only messages whose `x-acemq-error` contains this text.
+    #[arg(long, value_name = "TEXT")]
+    error_contains: Option<String>,
+    /// Keeps attempt and error as they are (default: attempt back to 1, error cleared).
+    #[arg(long)]
+    no_restart: bool,
+    /// Lists what would move (id, type, attempt, error, age) and leaves the queue exactly as
+    /// it was.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Args, Debug)]
+struct PeekArgs {
+    /// The queue, as named (`orders.dlq`).
+    queue: String,
+    /// How many messages to show, from the head of the queue.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    limit: usize,
+    /// Peeks a quorum queue too, accepting that the messages read go back behind the others
+    /// and their x-delivery-count rises (a classic queue keeps its order without it).
+    #[arg(long)]
+    unordered: bool,
+}
+
+#[derive(Args, Debug)]
+struct DbArgs {
+    /// The database: `sqlite:PATH` or a PostgreSQL connection string (`postgres://…` or
+    /// `host=… user=… dbname=…`); default `ACEMQ_DB`. The password is never printed.
+    #[arg(
+        long,
+        global = true,
+        env = "ACEMQ_DB",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    db: Option<String>,
+}
+
+impl DbArgs {
+    /// The database URL, or a usage error (exit 2).
+    fn url(&self) -> Result<&str, Failure> {
+        self.db.as_deref().ok_or_else(|| Failure {
+            code: 2,
+            message: "no database: give --db URL (sqlite:PATH or a PostgreSQL connection \
+                      string) or set ACEMQ_DB"
+                .into(),
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+struct OutboxArgs {
+    #[command(flatten)]
+    db: DbArgs,
+    /// The outbox table.
+    #[arg(long, default_value = "acemq_outbox", global = true)]
+    table: String,
+    /// Failed attempts after which a record is retired (as the relay's store is configured).
+    #[arg(long, default_value_t = 10, global = true)]
+    max_attempts: u32,
+    #[command(subcommand)]
+    command: OutboxCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum OutboxCommand {
+    /// Pending records, the oldest one's age (the lag), retired records.
+    Status,
+    /// Retired records (reached the attempts limit) with their last error.
+    Retired,
+    /// Resets a retired record's attempts so the relay picks it up again.
+    Release {
+        /// The record's id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<i64>,
+        /// Releases every retired record.
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct SchemaArgs {
+    #[command(subcommand)]
+    command: SchemaCommand,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DialectArg {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Subcommand, Debug)]
+enum SchemaCommand {
+    /// Prints the DDL of every table.
+    Ddl {
+        /// Which database's DDL.
+        #[arg(long, value_enum)]
+        dialect: DialectArg,
+    },
+    /// Creates every table (and index) that does not exist yet.
+    Create {
+        #[command(flatten)]
+        db: DbArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct TopologyArgs {
+    #[command(subcommand)]
+    command: TopologyCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum TopologyCommand {
+    /// Prints the scheduler topology (exchange, rungs, control queue, bindings).
+    Schedule,
+    /// Compares the broker with the scheduler topology or, with --queue, with a consumer's
+    /// failure topology (`.dlq`, `.parked`, retry rungs), argument by argument. Changes nothing.
+    Check {
+        /// A consumed queue whose failure topology to check (repeatable).
+        #[arg(long, value_name = "Q")]
+        queue: Vec<String>,
+        /// A broker retry rung of those queues (`40s`, `5m`; repeatable): the consumer
+        /// policy's broker rungs.
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        rung: Vec<Duration>,
+        /// Checks the scheduler topology too when --queue is given.
+        #[arg(long)]
+        schedule: bool,
+    },
+}
+
+/// A failure the CLI reports: its exit code and one line.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    /// Exit 1: failed or partial.
+    pub fn failed(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 1,
+            message: message.into(),
+        }
+    }
+
+    /// Exit 3: cannot connect.
+    pub fn connect(message: impl Into<String>) -> Failure {
+        Failure {
+            code: 3,
+            message: message.into(),
+        }
+    }
+
+    /// A library error: exit 3 when it is about reaching the broker or database, else 1.
+    pub fn from_error(what: &str, e: acemq_amqp::Error) -> Failure {
+        let code = match &e {
+            acemq_amqp::Error::Connect { .. } | acemq_amqp::Error::ConnectionLost { .. } => 3,
+            _ => 1,
+        };
+        Failure {
+            code,
+            message: format!("{what}: {e}"),
+        }
+    }
+}
+
+/// What a command returns: Ok(exit code) after printing its output.
+pub type Outcome = Result<u8, Failure>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut out = Out::new(cli.json);
+    out.secret_from_url(&cli.url);
+    let result = run(&cli, &mut out);
+    let code = match result {
+        Ok(code) => code,
+        Err(f) => {
+            out.error(&f.message, f.code);
+            f.code
+        }
+    };
+    ExitCode::from(code)
+}
+
+fn run(cli: &Cli, out: &mut Out) -> Outcome {
+    match &cli.command {
+        Command::Replay(a) => queues::replay(&cli.url, a, out),
+        Command::Peek(a) => queues::peek(&cli.url, a, out),
+        Command::Outbox(a) => {
+            let db = a.db.url()?;
+            out.secret_from_url(db);
+            outbox::run(db, a, out)
+        }
+        Command::Schema(a) => match &a.command {
+            SchemaCommand::Ddl { dialect } => db::ddl(*dialect, out),
+            SchemaCommand::Create { db } => {
+                let db = db.url()?;
+                out.secret_from_url(db);
+                db::create(db, out)
+            }
+        },
+        Command::Topology(a) => match &a.command {
+            TopologyCommand::Schedule => topology::schedule(out),
+            TopologyCommand::Check {
+                queue,
+                rung,
+                schedule,
+            } => topology::check(&cli.url, queue, rung, *schedule, out),
+        },
+    }
+}
+
+/// `90s`, `5m`, `1h`, `2d`, `250ms`, or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (write 90s, 5m, 1h, 250ms)"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "d" => Duration::from_secs(n.saturating_mul(86_400)),
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (ms, s, m, h, d)")),
+    };
+    Ok(d)
+}
+
+/// Opens the broker connection, or exit 3 with one line.
+pub fn connect(url: &str) -> Result<acemq_amqp::Connection, Failure> {
+    acemq_amqp::ConnectionOptions::new()
+        .address(url)
+        .name("acemq-cli")
+        .connect_timeout(Duration::from_secs(10))
+        .open()
+        .map_err(|e| Failure::connect(format!("cannot connect to the broker: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn the_arguments_hold_together() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,201 @@
+//! Pipelines: a consumer does its step and publishes what comes out to the next one, carrying
+//! the correlation forward, so that a whole run can be followed from any message in it.
+//!
+//! ```no_run
+//! use acemq_amqp::patterns::{then, Next, NOTHING};
+//! use acemq_amqp::{Connection, Message};
+//! use serde_json::{json, Value};
+//! # fn main() -> acemq_amqp::Result<()> {
+//! let connection = Connection::open("amqp://127.0.0.1")?;
+//! let publisher = connection.publisher()?;
+//! let validate = then(publisher, "", "orders.ship", |m: &Message| {
+//!     let order: Value = m.payload()?;
+//!     if order["digital"] == json!(true) {
+//!         return Ok(NOTHING); // nothing to ship: accepted, nothing published
+//!     }
+//!     Ok(Next::Publish(json!({ "order_id": order["order_id"] })))
+//! });
+//! let running = connection.consume("orders.validate", validate)?;
+//! # running.close()?; Ok(()) }
+//! ```
+//!
+//! # What is promised
+//!
+//! * The step returns [`Next::Publish`] (a value, encoded with the publisher's codec),
+//!   [`Next::Message`] (a message built by the step), or [`NOTHING`] (publish nothing and
+//!   accept: "this one does not continue", without inventing an empty message for the next
+//!   service).
+//! * The published message carries the consumed message's **correlation id** forward
+//!   (`x-acemq-correlation`; the consumed id when it had none) and the consumed message's **id as
+//!   its causation id** (`x-acemq-causation`), whatever the step set.
+//! * The consumed message is accepted only after the next one is **confirmed and routed**: the
+//!   publish is mandatory and waits for the broker's confirm. An unroutable next hop (no queue
+//!   bound), a nack, a lost connection or a timeout is a **retry of the step** (the consumer's
+//!   retry policy, then `{queue}.dlq`) with the error
+//!   `acemq: the work for message {id} is done but the next message did not go out: …`; the
+//!   consumed message is not acknowledged before that copy is out. An `Err` from the step is a
+//!   retry as from any handler (a [`FatalError`](crate::FatalError) a reject).
+//! * The next message's id is **derived** from the consumed message's id and the destination
+//!   for [`Next::Publish`], so a step that runs again (a retry, a redelivery after a crash
+//!   between the confirm and the ack) publishes the same id, and an
+//!   [`idempotent`](fn@crate::patterns::idempotent) consumer of the next hop sees the duplicate for
+//!   what it is. A [`Next::Message`] keeps the id the step gave it.
+//!
+//! Since a failed publish runs the step again, **a step that changes anything (a database, an
+//! e-mail) should be idempotent**.
+
+use crate::consume::{Handler, HandlerResult, Outcome};
+use crate::envelope::Message;
+use crate::error::{BoxError, Result};
+use crate::publish::Publisher;
+
+/// What a pipeline step produces.
+#[derive(Clone, Debug)]
+pub enum Next {
+    /// Publish this value onwards, encoded with the publisher's codec.
+    Publish(serde_json::Value),
+    /// Publish this message onwards (its correlation and causation are set by [`then`]); boxed
+    /// because a message is large (`Next::Message(Box::new(m))`).
+    Message(Box<Message>),
+    /// Publish nothing and accept the consumed message.
+    Nothing,
+}
+
+/// "This message does not continue": publish nothing, accept it.
+pub const NOTHING: Next = Next::Nothing;
+
+impl Next {
+    /// [`Next::Publish`] of any serialisable value.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Codec`](crate::Error::Codec) when it cannot be turned into JSON.
+    pub fn publish<T: serde::Serialize + ?Sized>(value: &T) -> Result<Next> {
+        serde_json::to_value(value)
+            .map(Next::Publish)
+            .map_err(|e| crate::Error::Codec {
+                content_type: "application/json".into(),
+                source: Box::new(e),
+            })
+    }
+}
+
+/// A pipeline step: runs `step` on each consumed message and publishes what it produces to
+/// `exchange` with `routing_key` (see the [module docs](self)).
+pub fn then<F>(
+    publisher: Publisher,
+    exchange: impl Into<String>,
+    routing_key: impl Into<String>,
+    step: F,
+) -> Then<F>
+where
+    F: Fn(&Message) -> std::result::Result<Next, BoxError>,
+{
+    Then {
+        publisher,
+        exchange: exchange.into(),
+        routing_key: routing_key.into(),
+        step,
+    }
+}
+
+/// A pipeline step, made by [`then`].
+pub struct Then<F> {
+    publisher: Publisher,
+    exchange: String,
+    routing_key: String,
+    step: F,
+}
+
+impl<F> std::fmt::Debug for Then<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Then")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> Then<F> {
+    /// The message to publish for what the step produced.
+    fn next_message(&self, consumed: &Message, next: Next) -> Result<Option<Message>> {
+        let message = match next {
+            Next::Nothing => return Ok(None),
+            Next::Message(m) => *m,
+            Next::Publish(value) => Message::encode(self.publisher.codec().as_ref(), &value)?
+                .with_id(derived_id(consumed.id(), &self.exchange, &self.routing_key)),
+        };
+        let correlation = consumed
+            .envelope
+            .correlation_id
+            .clone()
+            .unwrap_or_else(|| consumed.id().to_string());
+        Ok(Some(
+            message
+                .correlation_id(correlation)
+                .causation_id(consumed.id().to_string()),
+        ))
+    }
+}
+
+impl<F> Handler for Then<F>
+where
+    F: Fn(&Message) -> std::result::Result<Next, BoxError>,
+{
+    fn handle(&self, m: &Message) -> HandlerResult {
+        let next = (self.step)(m)?;
+        let Some(message) = self.next_message(m, next)? else {
+            return Ok(Outcome::Accept);
+        };
+        match self
+            .publisher
+            .publish(&self.exchange, &self.routing_key, message)
+        {
+            Ok(()) => Ok(Outcome::Accept),
+            Err(e) => Ok(Outcome::retry(format!(
+                "acemq: the work for message {} is done but the next message did not go out: {e}",
+                m.id()
+            ))),
+        }
+    }
+}
+
+/// The id of the message a step publishes for `consumed` to `exchange`/`routing_key`: the same
+/// every time the step runs for that message, in the UUID form (version 8) the family's readers
+/// expect.
+fn derived_id(consumed: &str, exchange: &str, routing_key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in ["acemq-then", consumed, exchange, routing_key] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::derived_id;
+
+    #[test]
+    fn derived_ids_are_stable_and_differ_by_destination() {
+        let a = derived_id("m-1", "", "ship");
+        assert_eq!(a, derived_id("m-1", "", "ship"));
+        assert_ne!(a, derived_id("m-1", "", "bill"));
+        assert_ne!(a, derived_id("m-2", "", "ship"));
+        assert_eq!(a.len(), 36);
+    }
+}

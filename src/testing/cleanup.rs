@@ -1,0 +1,192 @@
+//! [`Cleanup`]: deletes what a test declared when it is dropped, also when the test panics.
+
+use std::time::Duration;
+
+use crate::connection::ConnectionOptions;
+
+/// How long the clean-up waits to reach the broker.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A clean-up action registered with [`Cleanup::on_drop`].
+type Action = Box<dyn FnOnce() + Send>;
+
+/// Deletes the queues, exchanges and tables a test declared when it is dropped — at the end of
+/// the test, and also when the test panics (unwinding drops it).
+///
+/// Register each name as it is made (every method returns the name, so it can wrap the name
+/// where it is chosen):
+///
+/// ```no_run
+/// use acemq_amqp::testing::{Cleanup, TestNames};
+/// use acemq_amqp::{Connection, QueueSpec};
+///
+/// # fn main() -> acemq_amqp::Result<()> {
+/// let url = "amqp://guest:guest@127.0.0.1:5672/";
+/// let names = TestNames::current();
+/// let mut cleanup = Cleanup::new(url);
+/// let queue = cleanup.queue(&names.queue("orders"));
+/// let connection = Connection::open(url)?;
+/// connection.declare_queue(&QueueSpec::new(&queue))?;
+/// // … the test; `queue` is deleted when `cleanup` is dropped, even if this panics.
+/// # Ok(()) }
+/// ```
+///
+/// On drop it opens a connection of its own to `url` (the test's may be closed or cut by then),
+/// deletes the queues, then the exchanges, then runs the other actions (tables) in reverse
+/// order of registration. Nothing in it panics: what cannot be deleted (the broker unreachable,
+/// a table's database down) is reported on standard error, where the test harness shows it
+/// with the failing test, and the rest is still attempted. It blocks while it deletes (each
+/// broker step within the connection's operation timeout).
+pub struct Cleanup {
+    url: String,
+    queues: Vec<String>,
+    exchanges: Vec<String>,
+    actions: Vec<(String, Action)>,
+}
+
+impl std::fmt::Debug for Cleanup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let actions: Vec<&str> = self.actions.iter().map(|(what, _)| what.as_str()).collect();
+        f.debug_struct("Cleanup")
+            .field("queues", &self.queues)
+            .field("exchanges", &self.exchanges)
+            .field("actions", &actions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cleanup {
+    /// A clean-up that deletes through the broker at `url` (an AMQP URL, as given to
+    /// [`Connection::open`](crate::Connection::open)).
+    pub fn new(url: impl Into<String>) -> Cleanup {
+        Cleanup {
+            url: url.into(),
+            queues: Vec::new(),
+            exchanges: Vec::new(),
+            actions: Vec::new(),
+        }
+    }
+
+    /// Deletes queue `name` at the end; returns the name.
+    pub fn queue(&mut self, name: &str) -> String {
+        self.queues.push(name.to_string());
+        name.to_string()
+    }
+
+    /// Deletes consumed queue `name` at the end with what the consumer declares beside it:
+    /// `{name}.dlq`, `{name}.parked` and the retry rung of each delay in `rungs`
+    /// (`{name}.retry.{Ns|Nm|Nh}`; the policy's rung delays, none for a policy that holds
+    /// every wait in the consumer). Returns the name.
+    pub fn consumed_queue(&mut self, name: &str, rungs: &[Duration]) -> String {
+        for delay in rungs {
+            self.queues.push(crate::retry_queue(name, *delay));
+        }
+        self.queues.push(crate::dead_letter_queue(name));
+        self.queues.push(crate::parked_queue(name));
+        self.queue(name)
+    }
+
+    /// Deletes exchange `name` at the end (after the queues); returns the name.
+    pub fn exchange(&mut self, name: &str) -> String {
+        self.exchanges.push(name.to_string());
+        name.to_string()
+    }
+
+    /// Drops table `name` at the end (`DROP TABLE IF EXISTS`), on a connection `connect`
+    /// opens then; returns the name.
+    ///
+    /// # Panics
+    ///
+    /// At once, when `name` is not a plain SQL identifier (it is concatenated into SQL).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn table<F, C>(&mut self, name: &str, connect: F) -> String
+    where
+        F: FnOnce() -> crate::Result<C> + Send + 'static,
+        C: crate::sql::Sql,
+    {
+        let name = name.to_string();
+        if let Err(e) = crate::sql::check_identifier(&name) {
+            panic!("Cleanup::table: {e}");
+        }
+        let table = name.clone();
+        self.on_drop(format!("dropping table {name}"), move || {
+            let dropped = connect().and_then(|mut c| {
+                c.execute(&format!("DROP TABLE IF EXISTS {table}"), &[])
+                    .map(drop)
+            });
+            if let Err(e) = dropped {
+                eprintln!("acemq cleanup: could not drop table {table}: {e}");
+            }
+        });
+        name
+    }
+
+    /// Runs `action` at the end (after the queues and exchanges are deleted; actions run in
+    /// reverse order of registration). `what` names it in the `Debug` output. A panic in it is
+    /// caught and reported; the other actions still run.
+    pub fn on_drop(&mut self, what: impl Into<String>, action: impl FnOnce() + Send + 'static) {
+        self.actions.push((what.into(), Box::new(action)));
+    }
+
+    /// The queues it will delete.
+    pub fn queues(&self) -> &[String] {
+        &self.queues
+    }
+
+    /// The exchanges it will delete.
+    pub fn exchanges(&self) -> &[String] {
+        &self.exchanges
+    }
+
+    fn delete_on_broker(&mut self) {
+        if self.queues.is_empty() && self.exchanges.is_empty() {
+            return;
+        }
+        let options = ConnectionOptions::new()
+            .address(self.url.as_str())
+            .name("acemq-test-cleanup")
+            .connect_timeout(CONNECT_TIMEOUT);
+        let connection = match options.open() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!(
+                    "acemq cleanup: cannot reach the broker ({e}); left behind: queues {:?}, \
+                     exchanges {:?}",
+                    self.queues, self.exchanges
+                );
+                return;
+            }
+        };
+        for q in &self.queues {
+            match connection.delete_queue(q) {
+                Ok(_) | Err(crate::Error::NotFound { .. }) => {}
+                Err(e) => eprintln!("acemq cleanup: could not delete queue {q}: {e}"),
+            }
+        }
+        for x in &self.exchanges {
+            match connection.delete_exchange(x) {
+                Ok(()) | Err(crate::Error::NotFound { .. }) => {}
+                Err(e) => eprintln!("acemq cleanup: could not delete exchange {x}: {e}"),
+            }
+        }
+        if let Err(e) = connection.close() {
+            eprintln!("acemq cleanup: closing its connection: {e}");
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    /// Deletes everything registered; blocks while it does. Never panics.
+    fn drop(&mut self) {
+        self.delete_on_broker();
+        while let Some((what, action)) = self.actions.pop() {
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(action));
+            if let Err(panic) = run {
+                eprintln!(
+                    "acemq cleanup: {what} panicked: {}",
+                    crate::error::panic_message(&*panic)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,612 @@
+//! The `acemq` command line, run as a process on the built binary against the real broker and
+//! databases.
+
+mod support;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use acemq_amqp::patterns::{
+    record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
+};
+use acemq_amqp::{Connection, Message, QueueSpec};
+use serde_json::Value;
+use support::db::{Backend, Db};
+use support::Cleanup;
+
+/// Runs `acemq` with `args` (and `--url` of the test broker unless the args give one).
+fn acemq(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_acemq"));
+    cmd.env_remove("ACEMQ_DB")
+        .env("ACEMQ_URL", support::amqp_url());
+    cmd.args(args);
+    let out = cmd.output().expect("run acemq");
+    eprintln!(
+        "$ acemq {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Every stdout line parsed as JSON (fails the test on a line that is not one object).
+fn json_lines(o: &Output) -> Vec<Value> {
+    stdout(o)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+            assert!(v.is_object(), "{l}");
+            v
+        })
+        .collect()
+}
+
+/// A dead letter as a consumer of `queue` leaves it: attempt, error, first seen an hour ago.
+fn dead_letter(i: usize, error: &str) -> Message {
+    let mut m = Message::new(format!("{{\"n\":{i}}}"))
+        .message_type("OrderPlaced")
+        .content_type("application/json")
+        .header("tenant", format!("t{i}"));
+    m.envelope.attempt = 5;
+    m.envelope.error = Some(error.to_string());
+    m.envelope.first_seen_ms = acemq_amqp::now_ms() - 3_600_000;
+    m
+}
+
+/// Publishes `messages` to `queue` (default exchange, confirmed); returns their ids.
+fn put(connection: &Connection, queue: &str, messages: Vec<Message>) -> Vec<String> {
+    let p = connection.publisher().expect("publisher");
+    let ids = messages
+        .into_iter()
+        .map(|m| {
+            let id = m.id().to_string();
+            p.publish("", queue, m).expect("publish");
+            id
+        })
+        .collect();
+    p.close().expect("close publisher");
+    ids
+}
+
+/// Takes everything on `queue` (consuming it): `(id, error, attempt, body, tenant header)`.
+fn drain(connection: &Connection, queue: &str) -> Vec<(String, Option<String>, u32, Vec<u8>)> {
+    let mut got = Vec::new();
+    while let Some(m) = connection.get(queue).expect("get") {
+        got.push((
+            m.envelope.id.clone(),
+            m.envelope.error.clone(),
+            m.envelope.attempt,
+            m.body.clone(),
+        ));
+        assert!(got.len() < 10_000);
+    }
+    got
+}
+
+fn count(connection: &Connection, queue: &str) -> u32 {
+    connection
+        .queue_info(queue)
+        .expect("queue info")
+        .message_count
+}
+
+#[test]
+fn peek_shows_envelopes_and_leaves_the_queue_exactly_as_it_was() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.peek")));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let mut messages: Vec<Message> = (0..6).map(|i| dead_letter(i, "boom")).collect();
+    messages[1] = messages[1]
+        .clone()
+        .header("acemq-replayed-from", q.as_str())
+        .header("acemq-replayed-at", "2026-11-30T03:00:00Z")
+        .header("acemq-replay-count", 2i64);
+    let ids = put(&connection, &q, messages);
+    let before = {
+        // The reference: what a consumer would read, compared after the peeks.
+        ids.clone()
+    };
+
+    let out = acemq(&["--json", "peek", &q, "--limit", "4"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let shown: Vec<&str> = lines
+        .iter()
+        .map(|l| l["message"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(shown, &ids[..4], "the head of the queue, in order");
+    let first = &lines[0]["message"];
+    assert_eq!(first["type"], "OrderPlaced");
+    assert_eq!(first["attempt"], 5);
+    assert_eq!(first["error"], "boom");
+    assert!(first["age_ms"].as_u64().unwrap() >= 3_600_000);
+    assert_eq!(lines[1]["message"]["replayed"]["count"], 2);
+    assert_eq!(lines[1]["message"]["replayed"]["from"], q.as_str());
+
+    // Human output too, and a second peek past the end of the queue.
+    let out = acemq(&["peek", &q, "--limit", "100"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert_eq!(text.lines().count(), 6, "{text}");
+    assert!(text.contains("replayed=2x from"), "{text}");
+    assert!(text.contains("type=OrderPlaced  attempt=5"), "{text}");
+
+    // Count and order unchanged, every message as it was.
+    assert_eq!(count(&connection, &q), 6);
+    let after = drain(&connection, &q);
+    let after_ids: Vec<String> = after.iter().map(|m| m.0.clone()).collect();
+    assert_eq!(after_ids, before, "same messages, same order");
+    for (i, (_, error, attempt, body)) in after.iter().enumerate() {
+        assert_eq!(error.as_deref(), Some("boom"));
+        assert_eq!(*attempt, 5);
+        assert_eq!(body, format!("{{\"n\":{i}}}").as_bytes());
+    }
+}
+
+#[test]
+fn peek_refuses_a_quorum_queue_unless_unordered() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&support::unique("cli.peek.quorum"));
+    connection
+        .declare_queue(&QueueSpec::new(&q).quorum())
+        .unwrap();
+    put(&connection, &q, vec![dead_letter(0, "e")]);
+    let out = acemq(&["peek", &q]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("quorum queue"), "{}", stderr(&out));
+    let out = acemq(&["--json", "peek", &q, "--unordered"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json_lines(&out).len(), 1);
+    // A quorum queue counts the returned message as ready a moment after the nack.
+    assert!(support::eventually(Duration::from_secs(5), || count(
+        &connection,
+        &q
+    ) == 1));
+}
+
+#[test]
+fn replay_dry_run_lists_and_moves_nothing_then_replay_moves_the_matching_ones() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let work = cleanup.consumed_queue(&support::unique("cli.replay"), &[]);
+    let dlq = acemq_amqp::dead_letter_queue(&work);
+    connection
+        .declare_queue(&QueueSpec::new(&work).classic())
+        .unwrap();
+    connection
+        .declare_queue(&QueueSpec::new(&dlq).classic())
+        .unwrap();
+    let errors = [
+        "timeout talking to stock",
+        "bad payload",
+        "timeout again",
+        "bad",
+    ];
+    let ids = put(
+        &connection,
+        &dlq,
+        errors
+            .iter()
+            .enumerate()
+            .map(|(i, e)| dead_letter(i, e))
+            .collect(),
+    );
+
+    // Dry run, given the work queue: lists what would move, leaves the queue as it was.
+    let out = acemq(&[
+        "--json",
+        "replay",
+        &work,
+        "--dry-run",
+        "--error-contains",
+        "timeout",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    let listed: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["would_move"].as_str())
+        .collect();
+    assert_eq!(listed, [ids[0].as_str(), ids[2].as_str()]);
+    assert_eq!(lines[0]["type"], "OrderPlaced");
+    assert_eq!(lines[0]["attempt"], 5);
+    assert_eq!(lines[0]["error"], "timeout talking to stock");
+    assert!(lines[0]["age_ms"].as_u64().unwrap() >= 3_600_000);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["queue"], dlq.as_str());
+    assert_eq!(summary["dry_run"], true);
+    assert_eq!(summary["would_move"], 2);
+    assert_eq!(summary["skipped"], 2);
+    assert_eq!(summary["moved"], 0);
+    assert_eq!(summary["stopped"], "drained");
+    assert_eq!(count(&connection, &dlq), 4, "the dry run moved nothing");
+    assert_eq!(count(&connection, &work), 0);
+    // Order on the dead-letter queue unchanged: peek shows it.
+    let peeked = json_lines(&acemq(&["--json", "peek", &dlq, "--limit", "10"]));
+    let order: Vec<&str> = peeked
+        .iter()
+        .map(|l| l["message"]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(order, ids.iter().map(String::as_str).collect::<Vec<_>>());
+
+    // The real thing (human output): the two timeouts go home, the others stay, in order.
+    let out = acemq(&["replay", &dlq, "--error-contains", "timeout"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("moved 2, skipped 2 (drained)"),
+        "{}",
+        stdout(&out)
+    );
+    let home = drain(&connection, &work);
+    assert_eq!(
+        home.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
+        [ids[0].as_str(), ids[2].as_str()]
+    );
+    assert!(
+        home.iter().all(|m| m.1.is_none() && m.2 == 1),
+        "restarted: attempt 1, error cleared"
+    );
+    let left = drain(&connection, &dlq);
+    assert_eq!(
+        left.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
+        [ids[1].as_str(), ids[3].as_str()]
+    );
+
+    // --no-restart and --limit: one moved, attempt and error kept.
+    put(
+        &connection,
+        &dlq,
+        vec![dead_letter(7, "x"), dead_letter(8, "y")],
+    );
+    let out = acemq(&["--json", "replay", &work, "--limit", "1", "--no-restart"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json_lines(&out).last().unwrap()["stopped"], "limit");
+    let home = drain(&connection, &work);
+    assert_eq!(home.len(), 1);
+    assert_eq!((home[0].1.as_deref(), home[0].2), (Some("x"), 5));
+    assert_eq!(count(&connection, &dlq), 1);
+}
+
+#[test]
+fn a_replay_that_cannot_route_fails_with_exit_1_and_loses_nothing() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let dlq = cleanup.queue(&format!("{}.dlq", support::unique("cli.noroute")));
+    connection
+        .declare_queue(&QueueSpec::new(&dlq).classic())
+        .unwrap();
+    // Its work queue does not exist: the copy is unroutable.
+    put(&connection, &dlq, vec![dead_letter(0, "e")]);
+    let out = acemq(&["replay", &dlq]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out).lines().count(),
+        1,
+        "one line: {}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("stopped after moved 0"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(count(&connection, &dlq), 1);
+}
+
+fn outbox_release_then_a_sweep_publishes(backend: Backend) {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&support::unique("cli.outbox"));
+    let db = match backend {
+        Backend::Sqlite => Db::sqlite(),
+        Backend::Postgres => Db::postgres(),
+    };
+    let table = db.table("outbox");
+    let db_url = match backend {
+        Backend::Sqlite => format!("sqlite:{}", db.sqlite_path().display()),
+        Backend::Postgres => support::db::PG_URL.to_string(),
+    };
+    let store = || {
+        SqlOutboxStore::builder(db.factory())
+            .table(table.clone())
+            .max_attempts(1)
+            .build()
+            .unwrap()
+    };
+    store().create_table().unwrap();
+    // Two records for a queue that does not exist yet: the sweep fails them, and with one
+    // attempt allowed they retire.
+    let mut ids = Vec::new();
+    for i in 0..2 {
+        let message = Message::new(format!("order {i}"));
+        let record = record_message("", &q, &message).unwrap();
+        ids.push(db.in_tx(true, |tx| store().add(tx, &record).unwrap()));
+    }
+    let relay = OutboxRelay::new(&connection, store(), OutboxRelayOptions::new()).unwrap();
+    let _ = relay.sweep();
+    assert_eq!(store().retired().unwrap().len(), 2);
+
+    let base = ["--db", &db_url, "--table", &table, "--max-attempts", "1"];
+    let run = |args: &[&str]| {
+        let mut all: Vec<&str> = vec!["--json", "outbox"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&base);
+        acemq(&all)
+    };
+    let out = run(&["status"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let status = &json_lines(&out)[0];
+    assert_eq!(status["pending"], 0);
+    assert_eq!(status["retired"], 2);
+
+    let out = run(&["retired"]);
+    assert_eq!(out.status.code(), Some(0));
+    let retired = json_lines(&out);
+    assert_eq!(retired.len(), 2);
+    assert_eq!(retired[0]["retired"], ids[0]);
+    assert_eq!(retired[0]["attempts"], 1);
+    assert!(
+        retired[0]["last_error"].as_str().unwrap().contains(&q),
+        "the last error names where it went: {}",
+        retired[0]
+    );
+
+    // Releasing something that is not retired changes nothing and says so.
+    let out = run(&["release", "987654321"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("not retired"), "{}", stderr(&out));
+
+    // Release one, create the queue, sweep: it is published; the other stays retired.
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let id0 = ids[0].to_string();
+    let out = run(&["release", &id0]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json_lines(&out)[0]["released"], ids[0]);
+    let status = &json_lines(&run(&["status"]))[0];
+    assert_eq!(
+        (status["pending"].as_u64(), status["retired"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(status["lag_ms"].as_u64().is_some());
+    assert_eq!(relay.sweep().unwrap(), 1);
+    assert_eq!(count(&connection, &q), 1);
+    let m = connection.get(&q).unwrap().unwrap();
+    assert_eq!(m.body, b"order 0");
+
+    // --all releases the rest.
+    let out = run(&["release", "--all"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(relay.sweep().unwrap(), 1);
+    assert!(store().retired().unwrap().is_empty());
+    assert_eq!(count(&connection, &q), 1);
+    relay.close().unwrap();
+}
+
+#[test]
+fn outbox_release_then_a_sweep_publishes_sqlite() {
+    outbox_release_then_a_sweep_publishes(Backend::Sqlite);
+}
+
+#[test]
+fn outbox_release_then_a_sweep_publishes_postgres() {
+    outbox_release_then_a_sweep_publishes(Backend::Postgres);
+}
+
+#[test]
+fn topology_check_reports_a_planted_difference_and_changes_nothing() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = support::unique("cli.topo");
+    cleanup.consumed_queue(&q, &[Duration::from_secs(40), Duration::from_secs(80)]);
+    // What the consumer would declare, except: the 40s rung planted with a 30 s TTL and no
+    // dead-letter routing key, the 80s rung missing, `.parked` a quorum queue.
+    let t = acemq_amqp::failure_topology(&q, &[Duration::from_secs(40), Duration::from_secs(80)]);
+    for e in &t.exchanges {
+        connection.declare_exchange(e).unwrap();
+    }
+    connection.declare_queue(&t.queues[0]).unwrap();
+    connection
+        .declare_queue(&QueueSpec::new(acemq_amqp::parked_queue(&q)).quorum())
+        .unwrap();
+    connection
+        .declare_queue(
+            &QueueSpec::new(acemq_amqp::retry_queue(&q, Duration::from_secs(40)))
+                .classic()
+                .message_ttl(Duration::from_secs(30))
+                .dead_letter_exchange("acemq.retry"),
+        )
+        .unwrap();
+
+    let out = acemq(&[
+        "--json", "topology", "check", "--queue", &q, "--rung", "40s", "--rung", "80s",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "differences found: exit 1");
+    let lines = json_lines(&out);
+    let diffs: Vec<&Value> = lines.iter().filter_map(|l| l.get("difference")).collect();
+    let rung40 = acemq_amqp::retry_queue(&q, Duration::from_secs(40));
+    let find = |name: &str, what: &str| {
+        diffs
+            .iter()
+            .find(|d| d["name"] == name && d["what"] == what)
+            .unwrap_or_else(|| panic!("no difference {what} on {name}: {diffs:?}"))
+    };
+    let ttl = find(&rung40, "x-message-ttl");
+    assert_eq!(
+        (ttl["expected"].as_str(), ttl["actual"].as_str()),
+        (Some("40000"), Some("30000"))
+    );
+    let key = find(&rung40, "x-dead-letter-routing-key");
+    assert_eq!(
+        (key["expected"].as_str(), key["actual"].as_str()),
+        (Some(q.as_str()), Some("none"))
+    );
+    let parked = find(&acemq_amqp::parked_queue(&q), "x-queue-type");
+    assert_eq!(parked["actual"], "quorum");
+    find(
+        &acemq_amqp::retry_queue(&q, Duration::from_secs(80)),
+        "existence",
+    );
+    assert_eq!(diffs.len(), 4, "{diffs:?}");
+    assert!(lines
+        .iter()
+        .any(|l| l["ok"]["name"] == acemq_amqp::dead_letter_queue(&q).as_str()));
+
+    // Nothing was changed: the missing rung is still missing, the planted one still planted.
+    assert!(connection
+        .queue_info(&acemq_amqp::retry_queue(&q, Duration::from_secs(80)))
+        .is_err());
+    let again = acemq(&[
+        "--json", "topology", "check", "--queue", &q, "--rung", "40s", "--rung", "80s",
+    ]);
+    assert_eq!(json_lines(&again), lines, "the same report twice");
+
+    // Fixed, it is clean (human output).
+    connection.delete_queue(&rung40).unwrap();
+    connection
+        .delete_queue(&acemq_amqp::parked_queue(&q))
+        .unwrap();
+    for spec in &t.queues {
+        connection.declare_queue(spec).unwrap();
+    }
+    let out = acemq(&[
+        "topology", "check", "--queue", &q, "--rung", "40s", "--rung", "80s",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(stdout(&out).contains("0 difference(s)"));
+}
+
+#[test]
+fn topology_schedule_prints_the_scheduler_topology() {
+    let out = acemq(&["--json", "topology", "schedule"]);
+    assert_eq!(out.status.code(), Some(0));
+    let lines = json_lines(&out);
+    assert_eq!(lines[0]["exchange"], "acemq.schedule");
+    let due = lines
+        .iter()
+        .find(|l| l["queue"] == "acemq.schedule.1m")
+        .expect("the 1m rung");
+    assert_eq!(due["arguments"]["x-message-ttl"], 60_000);
+    assert_eq!(
+        due["arguments"]["x-dead-letter-routing-key"],
+        "acemq.schedule.due"
+    );
+    assert_eq!(due["type"], "classic");
+    assert_eq!(
+        lines.iter().filter(|l| l.get("binding").is_some()).count(),
+        6
+    );
+}
+
+#[test]
+fn schema_ddl_prints_and_create_applies() {
+    for dialect in ["sqlite", "postgres"] {
+        let out = acemq(&["schema", "ddl", "--dialect", dialect]);
+        assert_eq!(out.status.code(), Some(0));
+        let text = stdout(&out);
+        assert!(
+            text.contains("CREATE TABLE IF NOT EXISTS acemq_outbox"),
+            "{text}"
+        );
+        assert!(text.contains("acemq_idempotency"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("new.db");
+    let url = format!("sqlite:{}", path.display());
+    let out = acemq(&["schema", "create", "--db", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'acemq_%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(n >= 3, "{n} tables");
+    // Twice is fine.
+    assert_eq!(
+        acemq(&["schema", "create", "--db", &url]).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn unreachable_broker_or_database_is_exit_3_with_one_line_and_no_password() {
+    let secret = "s3cr3t-Pw";
+    // Nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("amqp://guest:{secret}@127.0.0.1:{port}/%2f");
+    // The broker refusing the password.
+    let refused = format!("amqp://guest:{secret}@127.0.0.1:5672/%2f");
+    for url in [url.as_str(), refused.as_str()] {
+        for json in [false, true] {
+            let mut args = vec!["--url", url];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["peek", "some.queue"]);
+            let out = acemq(&args);
+            assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+            let err = stderr(&out);
+            assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+            assert!(err.contains("cannot connect to the broker"), "{err}");
+            assert!(!err.contains(secret) && !stdout(&out).contains(secret));
+            if json {
+                assert_eq!(json_lines(&out)[0]["exit"], 3);
+            }
+        }
+    }
+    // ACEMQ_URL is read too, and not printed either.
+    let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+        .env("ACEMQ_URL", &url)
+        .args(["replay", "orders"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(!stderr(&out).contains(secret));
+
+    // A database that is not there.
+    let pg = format!("postgres://postgres:{secret}@127.0.0.1:{port}/test");
+    let out = acemq(&["outbox", "status", "--db", &pg]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1);
+    assert!(stderr(&out).contains("cannot connect to the PostgreSQL database"));
+    assert!(!stderr(&out).contains(secret));
+    let out = acemq(&["outbox", "status", "--db", "sqlite:/nonexistent/dir/x.db"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+#[test]
+fn usage_errors_are_exit_2() {
+    assert_eq!(acemq(&["peek"]).status.code(), Some(2));
+    assert_eq!(
+        acemq(&["replay", "q", "--deadline", "soon"]).status.code(),
+        Some(2)
+    );
+    assert_eq!(
+        acemq(&["outbox", "status"]).status.code(),
+        Some(2),
+        "no --db"
+    );
+    assert_eq!(acemq(&["nonsense"]).status.code(), Some(2));
+    let out = acemq(&["outbox", "status", "--db", "mysql://somewhere"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("sqlite:PATH"), "{}", stderr(&out));
+}

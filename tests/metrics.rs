@@ -1,0 +1,133 @@
+//! `MetricsObserver` through the `metrics` facade into the Prometheus exporter, scraped over
+//! loopback from the endpoint the `metrics_prometheus` example serves. Its own test binary: it
+//! installs the process's metrics recorder.
+
+mod support;
+
+#[path = "../examples/common/prometheus_http.rs"]
+mod prometheus_http;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use acemq_amqp::patterns::{
+    record_message, serve, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, Requester,
+};
+use acemq_amqp::{
+    ConnectionOptions, ConsumerOptions, Message, MetricsObserver, Outcome, QueueSpec,
+};
+use support::{eventually, Cleanup};
+
+/// The sample lines of `name` (Prometheus spelling) in a scrape.
+fn samples<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name).is_some_and(|rest| {
+                rest.starts_with('{') || rest.starts_with(' ') || rest.starts_with('_')
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_request() {
+    let handle = prometheus_http::install();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    prometheus_http::serve(listener, handle);
+
+    let connection = support::connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(MetricsObserver::new()),
+    );
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.consumed_queue(&support::unique("metrics"), &[]);
+    let prices = cleanup.queue(&format!("{q}.prices"));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    connection
+        .declare_queue(&QueueSpec::new(&prices).classic())
+        .unwrap();
+
+    // A publish (confirmed) and a consume (one accepted, one rejected to the .dlq).
+    let publisher = connection.publisher().unwrap();
+    publisher.publish("", &q, Message::new("ok")).unwrap();
+    publisher.publish("", &q, Message::new("bad")).unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s = seen.clone();
+    let consumer = connection
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(move |m: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            if m.body == b"bad" {
+                Ok(Outcome::reject("not a real order"))
+            } else {
+                Ok(Outcome::Accept)
+            }
+        })
+        .unwrap();
+    assert!(eventually(Duration::from_secs(10), || seen
+        .load(Ordering::SeqCst)
+        == 2));
+    consumer.close().unwrap();
+
+    // A relay sweep.
+    let store = InMemoryOutboxStore::new();
+    store
+        .add(&record_message("", &q, &Message::new("from the outbox")).unwrap())
+        .unwrap();
+    let relay = OutboxRelay::new(&connection, store, OutboxRelayOptions::new()).unwrap();
+    assert_eq!(relay.sweep().unwrap(), 1);
+    relay.close().unwrap();
+
+    // A request/reply round trip.
+    let responder = serve(&connection, &prices, |_: &Message| {
+        Ok::<_, acemq_amqp::BoxError>(Message::new("42"))
+    })
+    .unwrap();
+    let requester = Requester::open(&connection, "", &prices).unwrap();
+    requester.ask(Message::new("price?")).unwrap();
+    requester.close().unwrap();
+    responder.close().unwrap();
+    publisher.close().unwrap();
+
+    let text = prometheus_http::scrape(addr).expect("scrape the endpoint over loopback");
+    eprintln!("{text}");
+    let has = |name: &str, labels: &[&str]| {
+        let found = samples(&text, name);
+        assert!(
+            found
+                .iter()
+                .any(|l| labels.iter().all(|want| l.contains(want))),
+            "no sample of {name} with {labels:?} in the scrape:\n{text}"
+        );
+    };
+    let queue_label = format!("queue=\"{q}\"");
+    has(
+        "acemq_publish_total",
+        &["exchange=\"\"", "outcome=\"confirmed\""],
+    );
+    has("acemq_consume_total", &[&queue_label, "outcome=\"acked\""]);
+    has(
+        "acemq_consume_total",
+        &[&queue_label, "outcome=\"rejected\""],
+    );
+    has("acemq_consume_duration", &[&queue_label]);
+    has(
+        "acemq_messages_dead_lettered_total",
+        &[&queue_label, "outcome=\"dead_lettered\""],
+    );
+    has("acemq_outbox_total", &["outcome=\"published\""]);
+    has("acemq_outbox_lag", &[]);
+    has(
+        "acemq_request_duration",
+        &["outcome=\"answered\"", "routing_key="],
+    );
+    has("acemq_request_total", &["outcome=\"answered\""]);
+    connection.close().unwrap();
+}
