@@ -223,6 +223,12 @@ impl<H: Handler + ?Sized> Handler for std::sync::Arc<H> {
     fn ordering(&self) -> Option<&OrderBy> {
         self.as_ref().ordering()
     }
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        self.as_ref().batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.as_ref().handle_batch(messages)
+    }
 }
 
 impl Handler for Box<dyn Handler + Send + Sync> {
@@ -231,6 +237,12 @@ impl Handler for Box<dyn Handler + Send + Sync> {
     }
     fn ordering(&self) -> Option<&OrderBy> {
         self.as_ref().ordering()
+    }
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        self.as_ref().batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.as_ref().handle_batch(messages)
     }
 }
 
