@@ -756,11 +756,20 @@ fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
             },
             recv(confirms) -> c => match c {
                 Ok(confirm) => {
-                    // A return is queued before the ack of the same message.
+                    // Every confirm already queued, resolved under one lock. A return is queued
+                    // before the ack of the same message: the returns are drained after the
+                    // confirms taken, so each of those confirms finds its return marked.
+                    let mut batch = vec![confirm];
+                    while batch.len() < CONFIRM_BATCH {
+                        match confirms.try_recv() {
+                            Ok(c) => batch.push(c),
+                            Err(_) => break,
+                        }
+                    }
                     while let Ok(r) = returns.try_recv() {
                         mark_returned(shared, epoch, r);
                     }
-                    resolve(shared, epoch, confirm);
+                    resolve(shared, epoch, batch);
                 }
                 Err(_) => {
                     confirms = never();
@@ -804,26 +813,35 @@ fn mark_returned(shared: &Shared, epoch: u64, r: Return) {
     }
 }
 
-fn resolve(shared: &Shared, epoch: u64, confirm: Confirm) {
-    let (payload, acked) = match confirm {
-        Confirm::Ack(p) => (p, true),
-        Confirm::Nack(p) => (p, false),
-    };
+/// The most confirms the confirm thread resolves under one lock.
+const CONFIRM_BATCH: usize = 256;
+
+fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
     let mut done = Vec::new();
     {
         let mut state = shared.state.lock();
         if state.epoch != epoch {
             return;
         }
-        if payload.multiple {
-            let rest = state.pending.split_off(&(payload.delivery_tag + 1));
-            done.extend(std::mem::replace(&mut state.pending, rest).into_values());
-        } else if let Some(p) = state.pending.remove(&payload.delivery_tag) {
-            done.push(p);
+        for confirm in confirms {
+            let (payload, acked) = match confirm {
+                Confirm::Ack(p) => (p, true),
+                Confirm::Nack(p) => (p, false),
+            };
+            if payload.multiple {
+                let rest = state.pending.split_off(&(payload.delivery_tag + 1));
+                done.extend(
+                    std::mem::replace(&mut state.pending, rest)
+                        .into_values()
+                        .map(|p| (p, acked)),
+                );
+            } else if let Some(p) = state.pending.remove(&payload.delivery_tag) {
+                done.push((p, acked));
+            }
         }
         shared.room.notify_all();
     }
-    for p in done {
+    for (p, acked) in done {
         let (outcome, result) = match (acked, p.returned) {
             (true, None) => (PublishOutcome::Confirmed, Ok(())),
             (true, Some((reply_code, reply_text))) => (

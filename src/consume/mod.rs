@@ -17,6 +17,11 @@
 //!    due, and then sends the settlement.
 //! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
 //!
+//! A handler with [`Handler::batch_limits`] (the batched
+//! [`idempotent_tx`](crate::patterns::idempotent_tx)) is given batches instead: each worker
+//! gathers up to that many jobs (at most its share of the prefetch, waiting a bounded time for a
+//! partial batch), calls [`Handler::handle_batch`] once, then settles each message as in step 3.
+//!
 //! An ordered handler ([`Handler::ordering`], set by [`ordered`](crate::patterns::ordered))
 //! makes the owner hold, in step 2, a delivery whose key is busy until the key is free; see
 //! [`patterns::ordering`](crate::patterns::ordering). With
@@ -274,6 +279,8 @@ pub(crate) struct Context {
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
     pub(crate) prefetch: u16,
+    /// Worker threads (a batching worker takes at most its share of the prefetch).
+    pub(crate) concurrency: usize,
     pub(crate) exclusive: bool,
     pub(crate) arguments: BTreeMap<String, HeaderValue>,
     pub(crate) shutdown_timeout: Duration,
@@ -424,6 +431,7 @@ impl Connection {
             codec: options.codec.unwrap_or_else(|| self.codec()),
             observer: self.observer().clone(),
             prefetch: options.prefetch,
+            concurrency: options.concurrency,
             exclusive: options.exclusive,
             arguments: options.arguments,
             shutdown_timeout: options.shutdown_timeout,

@@ -123,6 +123,28 @@ pub trait Handler {
     /// Handles one message.
     fn handle(&self, message: &Message) -> HandlerResult;
 
+    /// `Some((max_messages, max_wait))` for a handler that handles messages in batches: each
+    /// worker then gathers up to `max_messages` deliveries (no more than its share of the
+    /// prefetch, `prefetch / concurrency`), waiting at most `max_wait` after the first for
+    /// more, and hands them to [`handle_batch`](Self::handle_batch) in one call. Each
+    /// message's result then goes its own way (acknowledgement, retry, dead letter) as if it
+    /// had been handled alone. Defaults to `None`: one message at a time, through
+    /// [`handle`](Self::handle).
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        None
+    }
+
+    /// Handles a batch (see [`batch_limits`](Self::batch_limits)): one result per message, in
+    /// the order given — `Err(panic)` for a message whose handling panicked (a retry). A
+    /// panic out of this call, or a wrong number of results, makes every message of the batch
+    /// a retry. Defaults to [`handle`](Self::handle) on each message in turn.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        messages
+            .iter()
+            .map(|m| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(m))))
+            .collect()
+    }
+
     /// The per-key ordering this handler asks the consumer running it for: `None` (the
     /// default) for none. Set by [`ordered`](crate::patterns::ordered); a wrapper around another
     /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent)) passes on its inner
@@ -201,6 +223,12 @@ impl<H: Handler + ?Sized> Handler for std::sync::Arc<H> {
     fn ordering(&self) -> Option<&OrderBy> {
         self.as_ref().ordering()
     }
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        self.as_ref().batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.as_ref().handle_batch(messages)
+    }
 }
 
 impl Handler for Box<dyn Handler + Send + Sync> {
@@ -209,6 +237,12 @@ impl Handler for Box<dyn Handler + Send + Sync> {
     }
     fn ordering(&self) -> Option<&OrderBy> {
         self.as_ref().ordering()
+    }
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        self.as_ref().batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.as_ref().handle_batch(messages)
     }
 }
 

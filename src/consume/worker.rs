@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::outcome::{decide, Handler, Verdict};
+use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
 use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
@@ -24,160 +24,295 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     settle: Sender<Settle>,
     timer: Sender<TimerMsg>,
 ) {
+    if let Some((max, wait)) = handler.batch_limits().filter(|_| !ctx.at_most_once) {
+        return run_batches(ctx, handler, max, wait, jobs, settle, timer);
+    }
     for job in jobs.iter() {
-        if job.generation != ctx.generation.load(Ordering::SeqCst) {
-            // From a channel that is gone: the broker redelivers it on the new one.
-            log::debug!(
-                "acemq: skipping message {} from before a reconnect (it is redelivered)",
-                job.message.id()
-            );
-            continue;
-        }
-        if ctx.stop_requested() {
-            let _ = settle.send(Settle {
-                generation: job.generation,
-                tag: job.tag,
-                action: SettleAction::Requeue,
-                started: false,
-            });
+        if !admit(ctx, &job, &settle) {
             continue;
         }
         if ctx.at_most_once {
             at_most_once(ctx, handler, job, &settle);
             continue;
         }
-        // The message's trace is current while its handler runs and its copy is published.
-        let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
-        let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
-        let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
         let offset = ctx
             .stream_cursor
             .as_ref()
             .and_then(|c| c.started(&job.message));
-        let (verdict, handler_duration) = if attempt > limit && !ctx.any_attempt {
-            // Another client sent it already past this policy's last attempt: it can never be
-            // retried here, so it goes to `.dlq` without running the handler.
-            let plural = if limit == 1 { "" } else { "s" };
-            let error =
-                format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
-            (Verdict::DeadLetter { error }, Duration::ZERO)
-        } else {
-            let started = Instant::now();
-            ctx.running.fetch_add(1, Ordering::SeqCst);
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                intercepted(ctx, &mut intercept, handler, &job.message)
-            }));
-            ctx.running.fetch_sub(1, Ordering::SeqCst);
-            let handler_duration = started.elapsed();
-            if result.is_err() {
-                log::error!(
-                    "acemq: handler panicked on message {} from {:?}; it will be retried",
-                    job.message.id(),
-                    ctx.queue
-                );
+        // The message's trace is current while its handler runs and its copy is published.
+        let mut watch = Watch::start(ctx, &job.message, offset);
+        let (verdict, handler_duration) = match past_last_attempt(ctx, &job) {
+            Some(verdict) => (verdict, Duration::ZERO),
+            None => {
+                let started = Instant::now();
+                ctx.running.fetch_add(1, Ordering::SeqCst);
+                let result = catch_unwind(AssertUnwindSafe(|| {
+                    intercepted(ctx, &mut watch.intercept, handler, &job.message)
+                }));
+                ctx.running.fetch_sub(1, Ordering::SeqCst);
+                (judge(ctx, &job, result), started.elapsed())
             }
-            (decide(result), handler_duration)
         };
-        // What the consumer decides, which is not always what the handler answered: a retry
-        // with no attempt left is dead-lettered (for the trace and the interceptors).
-        let decided = decided_label(ctx, &job.message, &verdict);
-        let (step, copy_error) = match carry_out(ctx, &job.message, &verdict, job.hold) {
-            Ok(step) => {
-                if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, offset) {
-                    // Handled and its copy (if any) confirmed: a resumed reader starts after it.
-                    cursor.finished(offset);
+        finish(ctx, job, verdict, handler_duration, watch, &settle, &timer);
+    }
+}
+
+/// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more
+/// than this worker's share of the prefetch), the first waited for, the others for at most
+/// `wait` after it; one [`Handler::handle_batch`] call; then each settled as in the plain loop.
+fn run_batches<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    handler: &H,
+    max: usize,
+    wait: Duration,
+    jobs: Receiver<Job>,
+    settle: Sender<Settle>,
+    timer: Sender<TimerMsg>,
+) {
+    // A batch never waits for more deliveries than the broker lets this worker have unsettled.
+    let workers = ctx.concurrency.max(1);
+    let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
+    while let Ok(first) = jobs.recv() {
+        let mut gathered = vec![first];
+        let deadline = Instant::now() + wait;
+        while gathered.len() < max {
+            match jobs.recv_deadline(deadline) {
+                Ok(job) => gathered.push(job),
+                Err(_) => break,
+            }
+        }
+        let mut batch = Vec::with_capacity(gathered.len());
+        for job in gathered {
+            if !admit(ctx, &job, &settle) {
+                continue;
+            }
+            let offset = ctx
+                .stream_cursor
+                .as_ref()
+                .and_then(|c| c.started(&job.message));
+            match past_last_attempt(ctx, &job) {
+                Some(verdict) => {
+                    let watch = Watch::start(ctx, &job.message, offset);
+                    finish(ctx, job, verdict, Duration::ZERO, watch, &settle, &timer)
                 }
-                ctx.copy_failures.succeeded(job.message.id());
-                (step, None)
+                None => batch.push((job, offset)),
             }
-            Err(e) => {
-                // Put back after a pause that grows with each failure of this message here, so
-                // that a copy that cannot be published (its queue deleted, …) never spins.
-                let failures = ctx.copy_failures.failed(job.message.id());
-                let pause = copy_failure_pause(failures);
-                let text = format!(
-                    "could not publish the {} copy (failure {failures} here): {e}",
-                    verdict.label()
-                );
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        ctx.running.fetch_add(batch.len(), Ordering::SeqCst);
+        let messages: Vec<&Message> = batch.iter().map(|(job, _)| &job.message).collect();
+        let results = catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)));
+        drop(messages);
+        ctx.running.fetch_sub(batch.len(), Ordering::SeqCst);
+        let duration = started.elapsed();
+        let mut results = match results {
+            Ok(results) if results.len() == batch.len() => results.into_iter().map(Some).collect(),
+            Ok(results) => {
                 log::error!(
-                    "acemq: message {} from {:?}: {text}; the original goes back to the queue \
-                     in {pause:?}",
-                    job.message.id(),
+                    "acemq: a batch handler returned {} results for {} messages from {:?}; \
+                     they will be retried",
+                    results.len(),
+                    batch.len(),
                     ctx.queue
                 );
-                let step = Step::Later {
-                    due: Instant::now() + pause,
-                    copy: None,
-                    again: false,
-                };
-                (step, Some(text))
+                Vec::new()
             }
+            Err(_) => Vec::new(),
         };
-        let outcome = if copy_error.is_some() {
+        results.resize_with(batch.len(), || None);
+        for ((job, offset), result) in batch.into_iter().zip(results) {
+            // A batch that panicked as a whole (or answered wrongly) is every message's retry.
+            let result = result.unwrap_or_else(|| {
+                Err(Box::new("the batch handler panicked or answered wrongly") as _)
+            });
+            let verdict = judge(ctx, &job, result);
+            // The batch ran under no single message's trace; each copy is published under its
+            // own message's. The consume interceptors wrap single calls only (see the module
+            // docs of `crate::intercept`): a batch handler is not intercepted.
+            let watch = Watch::start(ctx, &job.message, offset);
+            finish(ctx, job, verdict, duration, watch, &settle, &timer);
+        }
+    }
+}
+
+/// False (and the job dealt with) for a job from an old generation or one that arrives while
+/// the consumer is stopping.
+fn admit(ctx: &Context, job: &Job, settle: &Sender<Settle>) -> bool {
+    if job.generation != ctx.generation.load(Ordering::SeqCst) {
+        // From a channel that is gone: the broker redelivers it on the new one.
+        log::debug!(
+            "acemq: skipping message {} from before a reconnect (it is redelivered)",
+            job.message.id()
+        );
+        return false;
+    }
+    if ctx.stop_requested() {
+        let _ = settle.send(Settle {
+            generation: job.generation,
+            tag: job.tag,
+            action: SettleAction::Requeue,
+            started: false,
+        });
+        return false;
+    }
+    true
+}
+
+/// The verdict for a message another client sent already past this policy's last attempt: it
+/// can never be retried here, so it goes to `.dlq` without running the handler.
+fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
+    let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
+    if attempt > limit && !ctx.any_attempt {
+        let plural = if limit == 1 { "" } else { "s" };
+        let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+        return Some(Verdict::DeadLetter { error });
+    }
+    None
+}
+
+/// The handler's result as a verdict (a panic logged: it is a retry).
+fn judge(ctx: &Context, job: &Job, result: std::thread::Result<HandlerResult>) -> Verdict {
+    if result.is_err() {
+        log::error!(
+            "acemq: handler panicked on message {} from {:?}; it will be retried",
+            job.message.id(),
+            ctx.queue
+        );
+    }
+    decide(result)
+}
+
+/// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
+/// timer).
+fn finish(
+    ctx: &Context,
+    job: Job,
+    verdict: Verdict,
+    handler_duration: Duration,
+    watch: Watch<'_>,
+    settle: &Sender<Settle>,
+    timer: &Sender<TimerMsg>,
+) {
+    // What the consumer decides, which is not always what the handler answered: a retry with no
+    // attempt left is dead-lettered (for the trace and the interceptors).
+    let decided = decided_label(ctx, &job.message, &verdict);
+    let (step, copy_error) = match carry_out(ctx, &job.message, &verdict, job.hold) {
+        Ok(step) => {
+            if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, watch.offset) {
+                // Handled and its copy (if any) confirmed: a resumed reader starts after it.
+                cursor.finished(offset);
+            }
+            ctx.copy_failures.succeeded(job.message.id());
+            (step, None)
+        }
+        Err(e) => {
+            // Put back after a pause that grows with each failure of this message here, so
+            // that a copy that cannot be published (its queue deleted, …) never spins.
+            let failures = ctx.copy_failures.failed(job.message.id());
+            let pause = copy_failure_pause(failures);
+            let text = format!(
+                "could not publish the {} copy (failure {failures} here): {e}",
+                verdict.label()
+            );
+            log::error!(
+                "acemq: message {} from {:?}: {text}; the original goes back to the queue \
+                 in {pause:?}",
+                job.message.id(),
+                ctx.queue
+            );
+            let step = Step::Later {
+                due: Instant::now() + pause,
+                copy: None,
+                again: false,
+            };
+            (step, Some(text))
+        }
+    };
+    let really = if copy_error.is_some() {
+        "copy_failed"
+    } else {
+        decided
+    };
+    watch.trace.settled(really);
+    watch.intercept.settled(&crate::intercept::Settled {
+        outcome: really,
+        error: copy_error
+            .as_deref()
+            .or(verdict.error())
+            .map(str::to_string),
+    });
+    ctx.observer.settled(&Settlement {
+        queue: &ctx.queue,
+        outcome: if copy_error.is_some() {
             "copy_failed"
         } else {
             verdict.label()
-        };
-        let really = if copy_error.is_some() {
-            "copy_failed"
-        } else {
-            decided
-        };
-        trace.settled(really);
-        intercept.settled(&crate::intercept::Settled {
-            outcome: really,
-            error: copy_error
-                .as_deref()
-                .or(verdict.error())
-                .map(str::to_string),
-        });
-        ctx.observer.settled(&Settlement {
-            queue: &ctx.queue,
-            outcome,
-            attempt: job.message.envelope.attempt,
-            handler_duration,
-            message_id: job.message.id(),
-            error: copy_error.as_deref().or(verdict.error()),
-        });
-        match step {
-            Step::Now(action) => {
+        },
+        attempt: job.message.envelope.attempt,
+        handler_duration,
+        message_id: job.message.id(),
+        error: copy_error.as_deref().or(verdict.error()),
+    });
+    match step {
+        Step::Now(action) => {
+            let _ = settle.send(Settle {
+                generation: job.generation,
+                tag: job.tag,
+                action,
+                started: true,
+            });
+        }
+        Step::Later { due, copy, again } => {
+            if job.keyed && !again {
+                // Its handler is done: later messages with its key need not wait for the
+                // delivery to be settled (the retry comes back as a new delivery anyway).
                 let _ = settle.send(Settle {
                     generation: job.generation,
                     tag: job.tag,
-                    action,
+                    action: SettleAction::Released,
                     started: true,
                 });
             }
-            Step::Later { due, copy, again } => {
-                if job.keyed && !again {
-                    // Its handler is done: later messages with its key need not wait for the
-                    // delivery to be settled (the retry comes back as a new delivery anyway).
+            let delayed = Box::new(Delayed {
+                generation: job.generation,
+                tag: job.tag,
+                due,
+                copy: copy.map(|c| *c),
+                again,
+            });
+            if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
+                // The timer is gone (the consumer is ending): put the original back.
+                if let TimerMsg::Delay(d) = e.into_inner() {
                     let _ = settle.send(Settle {
-                        generation: job.generation,
-                        tag: job.tag,
-                        action: SettleAction::Released,
+                        generation: d.generation,
+                        tag: d.tag,
+                        action: SettleAction::Requeue,
                         started: true,
                     });
                 }
-                let delayed = Box::new(Delayed {
-                    generation: job.generation,
-                    tag: job.tag,
-                    due,
-                    copy: copy.map(|c| *c),
-                    again,
-                });
-                if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
-                    // The timer is gone (the consumer is ending): put the original back.
-                    if let TimerMsg::Delay(d) = e.into_inner() {
-                        let _ = settle.send(Settle {
-                            generation: d.generation,
-                            tag: d.tag,
-                            action: SettleAction::Requeue,
-                            started: true,
-                        });
-                    }
-                }
             }
+        }
+    }
+}
+
+/// What follows one message from its handler to its settlement: its trace context (current on
+/// this thread until its copy is published) and the consume interceptors' settlement listeners.
+struct Watch<'a> {
+    trace: crate::trace::Consuming,
+    intercept: crate::intercept::ConsumeContext<'a>,
+    /// On a stream, its offset: finished once its copy (if any) is confirmed.
+    offset: Option<u64>,
+}
+
+impl<'a> Watch<'a> {
+    fn start(ctx: &'a Context, message: &Message, offset: Option<u64>) -> Watch<'a> {
+        Watch {
+            trace: crate::trace::Consuming::start(message, &ctx.queue),
+            intercept: crate::intercept::ConsumeContext::new(&ctx.queue),
+            offset,
         }
     }
 }

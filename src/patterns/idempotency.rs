@@ -34,6 +34,10 @@
 //!   SQLite begin such a transaction with `BEGIN IMMEDIATE` (`TransactionBehavior::Immediate`)
 //!   so the claim does not fail with `SQLITE_BUSY` when it upgrades a read to a write.
 //!
+//! - With [`group_commit`](SqlIdempotencyStoreBuilder::group_commit), the claims, confirms and
+//!   releases that concurrent threads ask for at the same moment run in one transaction (one
+//!   commit), each answered only after that commit, with the answer it would have had alone.
+//!
 //! # Clocks
 //!
 //! In [`SqlIdempotencyStore`] **the database's clock decides** every deadline: a claim's
@@ -480,6 +484,8 @@ mod sql_store {
         claim_timeout: Duration,
         retention: Duration,
         statements: sql::PerDialect<Statements>,
+        /// Set by [`SqlIdempotencyStoreBuilder::group_commit`].
+        group: Option<group::Group>,
     }
 
     /// Builds a [`SqlIdempotencyStore`].
@@ -488,6 +494,7 @@ mod sql_store {
         table: String,
         claim_timeout: Duration,
         retention: Duration,
+        group_commit: bool,
     }
 
     impl SqlIdempotencyStoreBuilder {
@@ -509,6 +516,19 @@ mod sql_store {
             self
         }
 
+        /// Commits the claims, confirms and releases that threads ask for at the same time in
+        /// **one** transaction (group commit): while one group commits, the next gathers, so
+        /// that concurrent workers share each commit (each `fsync`) instead of paying one
+        /// each. Each call still returns only after its own work is committed, with the same
+        /// answer as alone: claims are atomic by the key and fenced by tokens as before (a
+        /// group's claims share one fresh token). A group whose transaction fails is run
+        /// again one operation at a time, so that one bad operation does not fail the others.
+        /// Nothing waits to fill a group: a lone call commits at once. Defaults to false.
+        pub fn group_commit(mut self, on: bool) -> Self {
+            self.group_commit = on;
+            self
+        }
+
         /// Checks the settings and builds the store. Does not touch the database.
         ///
         /// # Errors
@@ -523,6 +543,7 @@ mod sql_store {
                 ));
             }
             Ok(SqlIdempotencyStore {
+                group: self.group_commit.then(group::Group::default),
                 statements: sql::PerDialect::new(),
                 connect: self.connect,
                 table: self.table,
@@ -565,6 +586,7 @@ mod sql_store {
                 table: sql::DEFAULT_IDEMPOTENCY_TABLE.to_owned(),
                 claim_timeout: Duration::from_secs(60),
                 retention: Duration::from_secs(24 * 3600),
+                group_commit: false,
             }
         }
 
@@ -625,6 +647,142 @@ mod sql_store {
         /// [`Error::Sql`] if the statement fails.
         pub fn confirm_in(&self, tx: &mut dyn Sql, key: &str, token: &ClaimToken) -> Result<()> {
             self.confirm_on(tx, key, token)
+        }
+
+        /// Claims every key of `keys` (distinct) on the caller's transaction in one statement,
+        /// all under `token`; the claim of each, in order. A batch of claims is fenced by its
+        /// one token exactly as a single claim is by its own.
+        pub(crate) fn claim_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<Vec<Claim>> {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            let dialect = tx.dialect();
+            let t = &self.table;
+            let now = dialect.now_ms_sql();
+            let rows: Vec<String> = (0..keys.len())
+                .map(|i| format!("(${}, '{CLAIMED}', {now} + $1, $2)", i + 3))
+                .collect();
+            let sql = dialect.placeholders(&format!(
+                "INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
+                 ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
+                 deadline_ms = excluded.deadline_ms, token = excluded.token \
+                 WHERE {t}.deadline_ms <= {now} RETURNING key",
+                rows.join(", ")
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 2);
+            params.push(Value::Integer(sql::duration_ms(self.claim_timeout)));
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            let claimed: std::collections::HashSet<String> = tx
+                .query(&sql, &params)
+                .map_err(|e| self.context(e, "claiming a batch of keys"))?
+                .iter()
+                .map(|row| sql::col_text(row, 0))
+                .collect::<Result<_>>()?;
+            let others: Vec<&str> = keys
+                .iter()
+                .copied()
+                .filter(|k| !claimed.contains(*k))
+                .collect();
+            let mut states = HashMap::new();
+            if !others.is_empty() {
+                let sql = dialect.placeholders(&format!(
+                    "SELECT key, state FROM {t} WHERE key IN ({})",
+                    (1..=others.len())
+                        .map(|i| format!("${i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                let params: Vec<Value> = others.iter().map(|k| Value::Text((*k).into())).collect();
+                for row in tx
+                    .query(&sql, &params)
+                    .map_err(|e| self.context(e, "reading the batch's keys"))?
+                {
+                    states.insert(sql::col_text(&row, 0)?, sql::col_text(&row, 1)?);
+                }
+            }
+            Ok(keys
+                .iter()
+                .map(|k| {
+                    if claimed.contains(*k) {
+                        Claim::Claimed(token.clone())
+                    } else if states.get(*k).map(String::as_str) == Some(CONFIRMED) {
+                        Claim::Duplicate
+                    } else {
+                        // Held by a live claim (or deleted meanwhile): it comes back later.
+                        Claim::InProgress
+                    }
+                })
+                .collect())
+        }
+
+        /// Confirms the claims `token` holds on `keys` on the caller's transaction (one
+        /// statement; a key no longer held is confirmed on its own, as `confirm_in` does).
+        pub(crate) fn confirm_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<()> {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let dialect = tx.dialect();
+            let sql = dialect.placeholders(&format!(
+                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $1, token = NULL \
+                 WHERE state = '{CLAIMED}' AND token = $2 AND key IN ({})",
+                (3..keys.len() + 3)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                t = self.table,
+                now = dialect.now_ms_sql(),
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 2);
+            params.push(Value::Integer(sql::duration_ms(self.retention)));
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            let updated = tx
+                .execute(&sql, &params)
+                .map_err(|e| self.context(e, "confirming a batch of keys"))?;
+            if updated != keys.len() as u64 {
+                for key in keys {
+                    self.confirm_on(tx, key, token)?;
+                }
+            }
+            Ok(())
+        }
+
+        /// Gives back the claims `token` holds on `keys` on the caller's transaction.
+        pub(crate) fn release_many_in(
+            &self,
+            tx: &mut dyn Sql,
+            keys: &[&str],
+            token: &ClaimToken,
+        ) -> Result<()> {
+            if keys.is_empty() {
+                return Ok(());
+            }
+            let dialect = tx.dialect();
+            let sql = dialect.placeholders(&format!(
+                "DELETE FROM {} WHERE state = '{CLAIMED}' AND token = $1 AND key IN ({})",
+                self.table,
+                (2..keys.len() + 2)
+                    .map(|i| format!("${i}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            let mut params = Vec::with_capacity(keys.len() + 1);
+            params.push(Value::Text(token.as_str().to_owned()));
+            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            tx.execute(&sql, &params)
+                .map_err(|e| self.context(e, "releasing a batch of claims"))?;
+            Ok(())
         }
 
         fn statements(&self, conn: &dyn Sql) -> &Statements {
@@ -717,16 +875,41 @@ mod sql_store {
         }
 
         fn claim(&self, key: &str) -> Result<Claim> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Claim(key.to_owned()))
+                    .map(|d| d.claim);
+            }
             let mut conn = (self.connect)()?;
             self.claim_on(&mut *conn, key)
         }
 
         fn confirm(&self, key: &str, token: &ClaimToken) -> Result<()> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Confirm(key.to_owned(), token.clone()))
+                    .map(drop);
+            }
             let mut conn = (self.connect)()?;
             self.confirm_on(&mut *conn, key, token)
         }
 
         fn release(&self, key: &str, token: &ClaimToken) -> Result<()> {
+            if let Some(group) = &self.group {
+                return group
+                    .run(self, group::Op::Release(key.to_owned(), token.clone()))
+                    .map(drop);
+            }
+            self.release_alone(key, token)
+        }
+
+        fn supports_claims(&self) -> bool {
+            true
+        }
+    }
+
+    impl SqlIdempotencyStore {
+        fn release_alone(&self, key: &str, token: &ClaimToken) -> Result<()> {
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
             conn.execute(
@@ -740,8 +923,183 @@ mod sql_store {
             Ok(())
         }
 
-        fn supports_claims(&self) -> bool {
-            true
+        /// One group's operations on one transaction (see [`group`]): the dialect and each
+        /// one's answer, or the error that failed the transaction.
+        fn run_group(&self, ops: &[group::Op]) -> Result<(Dialect, Vec<group::Done>)> {
+            let mut conn = (self.connect)()?;
+            let dialect = conn.dialect();
+            let begin = match dialect {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            };
+            conn.execute(begin, &[])
+                .map_err(|e| self.context(e, "beginning a group commit"))?;
+            let done = self.group_ops(&mut *conn, ops);
+            let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+            let ended = conn
+                .execute(end, &[])
+                .map_err(|e| self.context(e, "ending a group commit"));
+            let done = done?;
+            ended?;
+            Ok((dialect, done))
+        }
+
+        fn group_ops(&self, conn: &mut dyn Sql, ops: &[group::Op]) -> Result<Vec<group::Done>> {
+            let token = ClaimToken::new();
+            let claims: Vec<&str> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    group::Op::Claim(key) => Some(key.as_str()),
+                    _ => None,
+                })
+                .collect();
+            // Distinct keys claimed together; a key asked for twice: the second is in progress.
+            let mut distinct: Vec<&str> = Vec::new();
+            for k in &claims {
+                if !distinct.contains(k) {
+                    distinct.push(k);
+                }
+            }
+            let answers = self.claim_many_in(conn, &distinct, &token)?;
+            let mut answer_of: HashMap<&str, Claim> = distinct.into_iter().zip(answers).collect();
+            let mut done = Vec::with_capacity(ops.len());
+            for op in ops {
+                done.push(group::Done {
+                    claim: match op {
+                        group::Op::Claim(key) => answer_of
+                            .insert(key.as_str(), Claim::InProgress)
+                            .unwrap_or(Claim::InProgress),
+                        group::Op::Confirm(key, token) => {
+                            self.confirm_on(conn, key, token)?;
+                            Claim::Duplicate
+                        }
+                        group::Op::Release(key, token) => {
+                            let s = self.statements(conn);
+                            conn.execute(
+                                &s.release,
+                                &[
+                                    Value::Text(key.to_owned()),
+                                    Value::Text(token.as_str().to_owned()),
+                                ],
+                            )
+                            .map_err(|e| self.context(e, "releasing a claim"))?;
+                            Claim::InProgress
+                        }
+                    },
+                });
+            }
+            Ok(done)
+        }
+
+        /// One operation alone, on a connection of its own (a failed group's fallback).
+        fn run_alone(&self, op: &group::Op) -> Result<group::Done> {
+            let claim = match op {
+                group::Op::Claim(key) => {
+                    let mut conn = (self.connect)()?;
+                    self.claim_on(&mut *conn, key)?
+                }
+                group::Op::Confirm(key, token) => {
+                    let mut conn = (self.connect)()?;
+                    self.confirm_on(&mut *conn, key, token)?;
+                    Claim::Duplicate
+                }
+                group::Op::Release(key, token) => {
+                    self.release_alone(key, token)?;
+                    Claim::InProgress
+                }
+            };
+            Ok(group::Done { claim })
+        }
+    }
+
+    /// Group commit: callers queue their operation; the first to find no group running leads
+    /// (takes everything queued, runs it in one transaction, hands out the answers); the others
+    /// wait for their answer.
+    mod group {
+        use super::*;
+        use parking_lot::Condvar;
+
+        pub(super) enum Op {
+            Claim(String),
+            Confirm(String, ClaimToken),
+            Release(String, ClaimToken),
+        }
+
+        pub(super) struct Done {
+            pub(super) claim: Claim,
+        }
+
+        #[derive(Default)]
+        struct State {
+            next: u64,
+            queue: Vec<(u64, Op)>,
+            /// Groups running now.
+            leading: usize,
+            /// How many groups may run at once: 1 on SQLite (one writer at a time anyway);
+            /// on PostgreSQL a few, since the server commits concurrent transactions with
+            /// one WAL flush where it can. Learnt from the first group's connection.
+            max_leading: usize,
+            done: HashMap<u64, Result<Done>>,
+        }
+
+        #[derive(Default)]
+        pub(crate) struct Group {
+            state: Mutex<State>,
+            changed: Condvar,
+        }
+
+        /// Concurrent groups on PostgreSQL.
+        const POSTGRES_GROUPS: usize = 4;
+
+        impl Group {
+            pub(super) fn run(&self, store: &SqlIdempotencyStore, op: Op) -> Result<Done> {
+                let mut state = self.state.lock();
+                let id = state.next;
+                state.next += 1;
+                state.queue.push((id, op));
+                loop {
+                    if let Some(done) = state.done.remove(&id) {
+                        return done;
+                    }
+                    let queued_here = state.queue.iter().any(|(i, _)| *i == id);
+                    if queued_here && state.leading < state.max_leading.max(1) {
+                        state.leading += 1;
+                        let queued = std::mem::take(&mut state.queue);
+                        drop(state);
+                        let (ids, ops): (Vec<u64>, Vec<Op>) = queued.into_iter().unzip();
+                        let answers: Vec<Result<Done>> = match store.run_group(&ops) {
+                            Ok((dialect, done)) => {
+                                let max = match dialect {
+                                    Dialect::Sqlite => 1,
+                                    Dialect::Postgres => POSTGRES_GROUPS,
+                                };
+                                self.state.lock().max_leading = max;
+                                done.into_iter().map(Ok).collect()
+                            }
+                            Err(e) => {
+                                if ops.len() > 1 {
+                                    log::debug!(
+                                        "acemq: a group commit of {} operations failed ({e}); \
+                                         running them one by one",
+                                        ops.len()
+                                    );
+                                    ops.iter().map(|op| store.run_alone(op)).collect()
+                                } else {
+                                    vec![Err(e)]
+                                }
+                            }
+                        };
+                        state = self.state.lock();
+                        state.leading -= 1;
+                        state.done.extend(ids.into_iter().zip(answers));
+                        self.changed.notify_all();
+                        continue;
+                    }
+                    // The leader wakes everyone when its group is done.
+                    self.changed
+                        .wait_for(&mut state, Duration::from_millis(100));
+                }
+            }
         }
     }
 }

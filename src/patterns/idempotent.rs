@@ -37,6 +37,26 @@
 //! a crash between the commit and the acknowledgement leads to a redelivery that finds the
 //! receipt and is acknowledged without running the effect again. Effects **outside** the
 //! database (an e-mail, an HTTP call, a publish) are not covered: they can still happen twice.
+//!
+//! # Batches
+//!
+//! [`IdempotentTx::batch`] runs up to `max_messages` messages in **one** transaction and
+//! commits once, which is what makes the transactional form fast on a database whose commit
+//! costs an `fsync`. Handed to a consumer directly, the wrapper asks the consumer's worker to
+//! gather the batch ([`Handler::batch_limits`]); called through [`Handler::handle`] (inside
+//! another handler), it gathers the calls of the consumer's concurrent workers instead. Either
+//! way: the batch's keys are claimed on the transaction under one fresh token; each claimed
+//! message's handler runs under its own savepoint, so one that fails (an `Err`, a panic, any
+//! outcome but accept, an SQL error) is rolled back to it alone and takes the retry /
+//! dead-letter path alone, its claim given back; the receipts of the accepted are written on
+//! the same transaction; one commit; and only then is any message of the batch handed back to
+//! the consumer for acknowledgement — so no acknowledgement, `multiple` or not, covers an
+//! uncommitted effect. A crash before the commit redelivers the batch with nothing applied;
+//! after it, every redelivery finds its receipt and is a duplicate.
+//!
+//! For the plain form over a [`SqlIdempotencyStore`](crate::patterns::SqlIdempotencyStore),
+//! [`group_commit`](crate::patterns::SqlIdempotencyStoreBuilder::group_commit) lets the
+//! claims and confirms of concurrent workers share commits.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -233,7 +253,12 @@ where
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use self::batch::IdempotentTxBatch;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use self::transactional::{idempotent_tx, IdempotentTx};
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod batch;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional {
@@ -308,12 +333,12 @@ mod transactional {
 
     /// A handler made transactional and idempotent by [`idempotent_tx`].
     pub struct IdempotentTx<F, H> {
-        store: Arc<SqlIdempotencyStore>,
-        connect: F,
-        handler: H,
-        key: Option<KeyFn>,
-        in_progress_delay: Duration,
-        duplicates: Duplicates,
+        pub(super) store: Arc<SqlIdempotencyStore>,
+        pub(super) connect: F,
+        pub(super) handler: H,
+        pub(super) key: Option<KeyFn>,
+        pub(super) in_progress_delay: Duration,
+        pub(super) duplicates: Duplicates,
     }
 
     impl<F, H> IdempotentTx<F, H> {
@@ -346,9 +371,9 @@ mod transactional {
     }
 
     /// How many connections one message may try at `BEGIN` before its handler runs.
-    const BEGIN_TRIES: usize = 3;
+    pub(super) const BEGIN_TRIES: usize = 3;
 
-    fn rollback<T: SqlTransaction>(tx: T) {
+    pub(super) fn rollback<T: SqlTransaction>(tx: T) {
         if let Err(e) = tx.rollback() {
             log::warn!("acemq: rollback failed: {e}");
         }

@@ -35,7 +35,7 @@ pub use idempotency::{Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencySt
 pub use idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreBuilder};
 pub use idempotent::{idempotent, DuplicateCount, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use idempotent::{idempotent_tx, IdempotentTx};
+pub use idempotent::{idempotent_tx, IdempotentTx, IdempotentTxBatch};
 pub use ordering::{
     by_correlation, by_header, ordered, partition, partitioned_routing_key, Ordered,
 };

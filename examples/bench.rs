@@ -1,0 +1,1260 @@
+//! The benchmark suite: every figure in one process, raw amiquip (TCP_NODELAY) and the library
+//! alternating in the same run, several rounds, medians.
+//!
+//! ```text
+//! cargo run --release --all-features --example bench -- [--quick] [--json]
+//! ```
+//!
+//! Each row: figure, unit, ours, raw, ratio, target, met, and the peak RSS of the process while
+//! the figure ran (VmHWM, reset before each figure through `/proc/self/clear_refs`). `--json`
+//! prints one JSON object per row instead of the table. `--quick` uses small counts and fewer
+//! rounds (under a minute; for CI, which reports and never fails on a ratio); the full run takes
+//! a few minutes. The machine is shared: the load average is printed with the figures.
+//!
+//! Services: RabbitMQ at 127.0.0.1:5672 (guest), PostgreSQL at `PG_URL` or
+//! `host=127.0.0.1 user=postgres dbname=test`. SQLite files go to a temporary directory (WAL,
+//! `synchronous=FULL`).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use acemq_amqp::observe::OutboxEvent;
+use acemq_amqp::patterns::acknowledged::{
+    consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+};
+use acemq_amqp::patterns::{
+    idempotent, idempotent_tx, record, serve_with, OutboxRelay, OutboxRelayOptions, Requester,
+    SqlIdempotencyStore, SqlOutboxStore,
+};
+use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager};
+use acemq_amqp::{
+    BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Observer, Outcome,
+    PublisherOptions, QueueSpec, Result,
+};
+use amiquip::{AmqpProperties, ConsumerMessage, ConsumerOptions as RawConsumerOptions, Publish};
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "common/fail.rs"]
+mod fail;
+
+const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/";
+const BODY: [u8; 200] = [b'x'; 200];
+
+// ---------------------------------------------------------------------------------------------
+// Rows
+
+#[derive(Clone, Copy)]
+enum Target {
+    None,
+    /// ours / raw at least this.
+    RatioAtLeast(f64),
+    /// ours at most this (memory, in MiB).
+    AtMost(f64),
+}
+
+struct Row {
+    figure: String,
+    unit: &'static str,
+    ours: Option<f64>,
+    raw: Option<f64>,
+    target: Target,
+    rss_mib: f64,
+    note: String,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        Some(self.ours? / self.raw?)
+    }
+    fn met(&self) -> Option<bool> {
+        match self.target {
+            Target::None => None,
+            Target::RatioAtLeast(t) => self.ratio().map(|r| r >= t),
+            Target::AtMost(t) => self.ours.map(|o| o <= t),
+        }
+    }
+    fn target_text(&self) -> String {
+        match self.target {
+            Target::None => "-".into(),
+            Target::RatioAtLeast(t) => format!("≥ {t:.2}×"),
+            Target::AtMost(t) => format!("≤ {t:.0}"),
+        }
+    }
+    fn json(&self, load: &str) -> String {
+        serde_json::json!({
+            "figure": self.figure,
+            "unit": self.unit,
+            "ours": self.ours,
+            "raw": self.raw,
+            "ratio": self.ratio().map(|r| (r * 1000.0).round() / 1000.0),
+            "target": self.target_text(),
+            "met": self.met(),
+            "peak_rss_mib": (self.rss_mib * 10.0).round() / 10.0,
+            "note": self.note,
+            "load": load,
+        })
+        .to_string()
+    }
+}
+
+struct Suite {
+    quick: bool,
+    json: bool,
+    rounds: usize,
+    rows: Vec<Row>,
+}
+
+impl Suite {
+    /// `n` in a full run, `n / 10` (at least `min`) in a quick one.
+    fn n(&self, full: usize, min: usize) -> usize {
+        if self.quick {
+            (full / 10).max(min)
+        } else {
+            full
+        }
+    }
+
+    fn push(&mut self, row: Row) {
+        if !self.json {
+            print_row(&row);
+        }
+        self.rows.push(row);
+    }
+
+    /// Runs `f` (which pushes rows) with the peak RSS reset before it; sets the rows' RSS.
+    fn figure(&mut self, f: impl FnOnce(&mut Suite) -> Result<()>) -> Result<()> {
+        reset_peak_rss();
+        let first = self.rows.len();
+        let json = self.json;
+        self.json = true; // print after the RSS is known
+        let r = f(self);
+        self.json = json;
+        let peak = peak_rss_mib();
+        for row in &mut self.rows[first..] {
+            row.rss_mib = peak;
+            if !json {
+                print_row(row);
+            }
+        }
+        r
+    }
+}
+
+fn print_row(row: &Row) {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
+        row.figure,
+        row.unit,
+        f(row.ours),
+        f(row.raw),
+        row.ratio().map_or("-".into(), |r| format!("{r:.2}×")),
+        row.target_text(),
+        match row.met() {
+            Some(true) => "yes",
+            Some(false) => "**no**",
+            None => "-",
+        },
+        row.rss_mib,
+        row.note
+    );
+}
+
+fn reset_peak_rss() {
+    // Linux: writing 5 resets the peak resident set size (VmHWM) to the current one.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn status_kib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+fn peak_rss_mib() -> f64 {
+    status_kib("VmHWM:") / 1024.0
+}
+
+fn rss_mib() -> f64 {
+    status_kib("VmRSS:") / 1024.0
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn rate(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Publishing
+
+/// Raw amiquip publishing `n` in windows of `window` confirms; with `envelope`, the envelope
+/// headers acemq writes built **per message** (a fresh id, the header table), as a raw user
+/// carrying the family's contract would.
+fn raw_publish(queue: &str, n: usize, window: usize, envelope: bool) -> Duration {
+    use amiquip::{Confirm, ConfirmSmoother};
+    let mut conn = common::raw_connection();
+    let ch = conn.open_channel(None).expect("channel");
+    let confirms = ch.listen_for_publisher_confirms().expect("confirms");
+    ch.enable_publisher_confirms().expect("confirm mode");
+    let mut smoother = ConfirmSmoother::new();
+    let bare = AmqpProperties::default().with_delivery_mode(2);
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < n {
+        let batch = window.min(n - sent);
+        for _ in 0..batch {
+            let props = if envelope {
+                Message::new(&BODY[..]).to_properties_for_bench(queue, "acemq@bench")
+            } else {
+                bare.clone()
+            };
+            ch.basic_publish("", Publish::with_properties(&BODY, queue, props))
+                .expect("publish");
+        }
+        let mut acked = 0;
+        while acked < batch {
+            for c in smoother.process(confirms.recv().expect("confirm")) {
+                assert!(matches!(c, Confirm::Ack(_)));
+                acked += 1;
+            }
+        }
+        sent += batch;
+    }
+    let took = start.elapsed();
+    conn.close().expect("close");
+    took
+}
+
+fn our_publish(conn: &Connection, queue: &str, n: usize, window: usize) -> Result<Duration> {
+    let publisher = conn.publisher_with(PublisherOptions::new().window(window.max(1)))?;
+    let start = Instant::now();
+    let mut sent = 0;
+    let mut tickets = Vec::with_capacity(window);
+    while sent < n {
+        let batch = window.min(n - sent);
+        if batch == 1 {
+            publisher.publish("", queue, Message::new(&BODY[..]))?;
+        } else {
+            for _ in 0..batch {
+                tickets.push(publisher.publish_deferred("", queue, Message::new(&BODY[..]))?);
+            }
+            for t in tickets.drain(..) {
+                t.wait()?;
+            }
+        }
+        sent += batch;
+    }
+    let took = start.elapsed();
+    publisher.close()?;
+    Ok(took)
+}
+
+fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
+    let queue = format!("bench.publish.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    for (name, n, window) in [
+        ("publish, confirm per message", s.n(1_000, 200), 1usize),
+        ("publish, windows of 100", s.n(20_000, 4_000), 100),
+    ] {
+        let (mut bare, mut env, mut ours) = (vec![], vec![], vec![]);
+        for _ in 0..s.rounds {
+            conn.purge_queue(&queue)?;
+            bare.push(rate(n, raw_publish(&queue, n, window, false)));
+            conn.purge_queue(&queue)?;
+            env.push(rate(n, raw_publish(&queue, n, window, true)));
+            conn.purge_queue(&queue)?;
+            ours.push(rate(n, our_publish(conn, &queue, n, window)?));
+        }
+        let ours = median(ours);
+        s.push(Row {
+            figure: format!("{name} vs raw"),
+            unit: "msg/s",
+            ours: Some(ours),
+            raw: Some(median(bare)),
+            target: Target::None,
+            rss_mib: 0.0,
+            note: format!("{n} × 200 B persistent"),
+        });
+        s.push(Row {
+            figure: format!("{name} vs raw+env"),
+            unit: "msg/s",
+            ours: Some(ours),
+            raw: Some(median(env)),
+            target: if window == 1 {
+                Target::None
+            } else {
+                Target::RatioAtLeast(0.95)
+            },
+            rss_mib: 0.0,
+            note: "raw builds the envelope headers per message".into(),
+        });
+    }
+    conn.purge_queue(&queue)?;
+    conn.delete_queue(&queue)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consuming
+
+/// Counts accepted messages and says when `n` were; forwards batching to the handler.
+struct Counted<H> {
+    handler: H,
+    count: AtomicUsize,
+    n: usize,
+    done: crossbeam_channel::Sender<Instant>,
+}
+
+impl<H> Counted<H> {
+    fn count(&self, r: &acemq_amqp::HandlerResult) {
+        if matches!(r, Ok(Outcome::Accept))
+            && self.count.fetch_add(1, Ordering::Relaxed) + 1 == self.n
+        {
+            let _ = self.done.try_send(Instant::now());
+        }
+    }
+}
+
+impl<H: Handler> Handler for Counted<H> {
+    fn handle(&self, m: &Message) -> acemq_amqp::HandlerResult {
+        let r = self.handler.handle(m);
+        self.count(&r);
+        r
+    }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.handler.batch_limits()
+    }
+    fn handle_batch(&self, ms: &[&Message]) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
+        let results = self.handler.handle_batch(ms);
+        for r in results.iter().flatten() {
+            self.count(r);
+        }
+        results
+    }
+}
+
+/// Runs a consumer with `handler` until `n` messages were handled; the time it took.
+fn our_consume(
+    conn: &Connection,
+    queue: &str,
+    n: usize,
+    options: ConsumerOptions,
+    handler: impl Handler + Send + Sync + 'static,
+) -> Result<Duration> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let start = Instant::now();
+    let consumer = conn
+        .consumer(queue, options.declare(false))?
+        .start(Counted {
+            handler,
+            count: AtomicUsize::new(0),
+            n,
+            done: tx,
+        })?;
+    let end = rx
+        .recv_timeout(Duration::from_secs(600))
+        .map_err(|_| Error::Closed { what: "bench" })?;
+    consumer.close()?;
+    Ok(end - start)
+}
+
+fn fill(conn: &Connection, queue: &str, n: usize) -> Result<()> {
+    common::fill_queue(conn, queue, n, |_| BODY.to_vec())
+}
+
+fn consuming(s: &mut Suite, conn: &Connection) -> Result<()> {
+    let queue = format!("bench.consume.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(20_000, 5_000);
+    let (mut raw, mut one, mut eight) = (vec![], vec![], vec![]);
+    for _ in 0..s.rounds {
+        fill(conn, &queue, n)?;
+        raw.push(rate(n, common::raw_consume(&queue, n, 100)));
+        for (c, v) in [(1, &mut one), (8, &mut eight)] {
+            fill(conn, &queue, n)?;
+            let opts = ConsumerOptions::new().prefetch(100).concurrency(c);
+            v.push(rate(
+                n,
+                our_consume(conn, &queue, n, opts, |_: &Message| Ok(Outcome::Accept))?,
+            ));
+        }
+    }
+    let raw = median(raw);
+    for (c, v) in [(1, one), (8, eight)] {
+        s.push(Row {
+            figure: format!("consume + ack, concurrency {c}"),
+            unit: "msg/s",
+            ours: Some(median(v)),
+            raw: Some(raw),
+            target: Target::None,
+            rss_mib: 0.0,
+            note: format!("{n} × 200 B, prefetch 100"),
+        });
+    }
+    conn.delete_queue(&queue)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Databases
+
+fn sql_err(context: &str, e: impl Into<BoxError>) -> Error {
+    Error::Sql {
+        context: context.into(),
+        source: e.into(),
+    }
+}
+
+fn pg_url() -> String {
+    std::env::var("PG_URL").unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into())
+}
+
+fn sqlite_pool(path: &std::path::Path, size: u32) -> Result<r2d2::Pool<SqliteManager>> {
+    let manager = SqliteManager::file(path).init(|c| {
+        c.busy_timeout(Duration::from_secs(30))?;
+        c.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;")
+    });
+    Ok(r2d2::Pool::builder().max_size(size).build(manager)?)
+}
+
+fn pg_pool(size: u32) -> Result<r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>> {
+    let config: postgres::Config = pg_url().parse()?;
+    Ok(r2d2::Pool::builder()
+        .max_size(size)
+        .build(PostgresConnectionManager::new(config, postgres::NoTls))?)
+}
+
+fn drop_pg_tables(tables: &[String]) -> Result<()> {
+    let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
+    for t in tables {
+        c.batch_execute(&format!("DROP TABLE IF EXISTS {t}"))?;
+    }
+    Ok(())
+}
+
+/// Which idempotent consumer a row measures.
+#[derive(Clone, Copy, PartialEq)]
+enum Idem {
+    Plain,
+    Tx,
+    TxBatched,
+}
+
+impl Idem {
+    fn name(self) -> &'static str {
+        match self {
+            Idem::Plain => "idempotent",
+            Idem::Tx => "idempotent_tx",
+            Idem::TxBatched => "idempotent_tx batch 100",
+        }
+    }
+    fn options(self) -> ConsumerOptions {
+        match self {
+            Idem::Plain => ConsumerOptions::new().prefetch(100).concurrency(8),
+            Idem::Tx => ConsumerOptions::new().prefetch(100).concurrency(1),
+            Idem::TxBatched => ConsumerOptions::new().prefetch(200).concurrency(1),
+        }
+    }
+}
+
+const BATCH: usize = 100;
+const BATCH_WAIT: Duration = Duration::from_millis(20);
+
+fn idem_sqlite(
+    conn: &Connection,
+    queue: &str,
+    n: usize,
+    kind: Idem,
+    path: &std::path::Path,
+    table: &str,
+) -> Result<f64> {
+    let pool = sqlite_pool(path, 8)?;
+    let store = SqlIdempotencyStore::builder(checkout(&pool))
+        .table(table)
+        .group_commit(kind == Idem::Plain)
+        .build()?;
+    store.create_table()?;
+    let store = Arc::new(store);
+    let d = match kind {
+        Idem::Plain => our_consume(
+            conn,
+            queue,
+            n,
+            kind.options(),
+            idempotent(store, |_: &Message| Ok(Outcome::Accept)),
+        )?,
+        Idem::Tx | Idem::TxBatched => {
+            let h = idempotent_tx(
+                store,
+                checkout(&pool),
+                |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
+            );
+            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
+            our_consume(conn, queue, n, kind.options(), h)?
+        }
+    };
+    Ok(rate(n, d))
+}
+
+fn idem_pg(conn: &Connection, queue: &str, n: usize, kind: Idem, table: &str) -> Result<f64> {
+    let pool = pg_pool(8)?;
+    let store = SqlIdempotencyStore::builder(checkout(&pool))
+        .table(table)
+        .group_commit(kind == Idem::Plain)
+        .build()?;
+    store.create_table()?;
+    let store = Arc::new(store);
+    let d = match kind {
+        Idem::Plain => our_consume(
+            conn,
+            queue,
+            n,
+            kind.options(),
+            idempotent(store, |_: &Message| Ok(Outcome::Accept)),
+        )?,
+        Idem::Tx | Idem::TxBatched => {
+            let h = idempotent_tx(
+                store,
+                checkout(&pool),
+                |_: &Message, _: &mut postgres::Transaction<'_>| Ok(Outcome::Accept),
+            );
+            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
+            our_consume(conn, queue, n, kind.options(), h)?
+        }
+    };
+    Ok(rate(n, d))
+}
+
+fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<()> {
+    let run = std::process::id();
+    let queue = format!("bench.idem.{run}");
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(10_000, 2_000);
+    // The one-transaction-per-message form is slow: fewer messages.
+    let n_tx = s.n(2_000, 200);
+    let kinds = [Idem::Plain, Idem::Tx, Idem::TxBatched];
+    let mut raw = vec![];
+    let mut lite: Vec<Vec<f64>> = vec![vec![]; 3];
+    let mut post: Vec<Vec<f64>> = vec![vec![]; 3];
+    let mut pg_tables = vec![];
+    for round in 0..s.rounds {
+        fill(conn, &queue, n)?;
+        raw.push(rate(n, common::raw_consume(&queue, n, 100)));
+        for (i, kind) in kinds.into_iter().enumerate() {
+            let n = if kind == Idem::Tx { n_tx } else { n };
+            fill(conn, &queue, n)?;
+            let path = dir.join(format!("idem-{i}-{round}.db"));
+            lite[i].push(idem_sqlite(conn, &queue, n, kind, &path, "idem")?);
+            fill(conn, &queue, n)?;
+            let table = format!("bench_idem_{run}_{i}_{round}");
+            pg_tables.push(table.clone());
+            post[i].push(idem_pg(conn, &queue, n, kind, &table)?);
+        }
+    }
+    drop_pg_tables(&pg_tables)?;
+    let raw = median(raw);
+    for (db, figures) in [("SQLite FULL", lite), ("PostgreSQL", post)] {
+        for (kind, v) in kinds.into_iter().zip(figures) {
+            let target = match (kind, db) {
+                (Idem::Plain, _) => Target::RatioAtLeast(0.25),
+                (Idem::TxBatched, "SQLite FULL") => Target::RatioAtLeast(0.5),
+                (Idem::TxBatched, _) => Target::RatioAtLeast(0.3),
+                _ => Target::None,
+            };
+            s.push(Row {
+                figure: format!("{} on {db} vs consume + ack", kind.name()),
+                unit: "msg/s",
+                ours: Some(median(v)),
+                raw: Some(raw),
+                target,
+                rss_mib: 0.0,
+                note: format!(
+                    "{} msgs, {}",
+                    if kind == Idem::Tx { n_tx } else { n },
+                    match kind {
+                        Idem::Plain => "prefetch 100, concurrency 8, store group_commit",
+                        Idem::Tx => "prefetch 100, concurrency 1",
+                        Idem::TxBatched => "prefetch 200, concurrency 1",
+                    }
+                ),
+            });
+        }
+    }
+    conn.delete_queue(&queue)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The outbox relay
+
+/// Says when `n` records were reported published.
+struct Published {
+    count: AtomicUsize,
+    n: usize,
+    done: crossbeam_channel::Sender<Instant>,
+}
+
+impl Observer for Published {
+    fn outbox(&self, event: &OutboxEvent<'_>) {
+        if let OutboxEvent::Published { .. } = event {
+            if self.count.fetch_add(1, Ordering::Relaxed) + 1 == self.n {
+                let _ = self.done.try_send(Instant::now());
+            }
+        }
+    }
+}
+
+fn relay_rate(store: SqlOutboxStore, n: usize) -> Result<f64> {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let connection = acemq_amqp::ConnectionOptions::new()
+        .address(AMQP)
+        .observer(Published {
+            count: AtomicUsize::new(0),
+            n,
+            done: tx,
+        })
+        .open()?;
+    let options = OutboxRelayOptions::new()
+        .batch_size(100)
+        .interval(Duration::from_millis(5));
+    let relay = OutboxRelay::new(&connection, store, options)?;
+    let start = Instant::now();
+    let relay = relay.start()?;
+    let end = rx
+        .recv_timeout(Duration::from_secs(600))
+        .map_err(|_| Error::Closed { what: "bench" })?;
+    relay.close()?;
+    connection.close()?;
+    Ok(rate(n, end - start))
+}
+
+/// Adds `n` records (~200-byte JSON), 500 per transaction.
+fn fill_outbox(
+    store: &SqlOutboxStore,
+    mut in_tx: impl FnMut(&mut dyn FnMut(&mut dyn Sql) -> Result<()>) -> Result<()>,
+    queue: &str,
+    n: usize,
+) -> Result<()> {
+    for chunk in 0..n.div_ceil(500) {
+        in_tx(&mut |tx: &mut dyn Sql| {
+            for i in 0..500.min(n - chunk * 500) {
+                let payload = serde_json::json!({"n": i, "pad": "x".repeat(180)});
+                store.add(tx, &record(&JsonCodec, "", queue, &payload)?)?;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<()> {
+    let run = std::process::id();
+    let queue = format!("bench.relay.{run}");
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(5_000, 1_000);
+    let lite_pool = sqlite_pool(&dir.join("outbox.db"), 4)?;
+    let lite_store = || {
+        SqlOutboxStore::builder(checkout(&lite_pool))
+            .table("bench_outbox")
+            .build()
+    };
+    let pg_table = format!("bench_outbox_{run}");
+    let pg = pg_pool(4)?;
+    let pg_store = || {
+        SqlOutboxStore::builder(checkout(&pg))
+            .table(pg_table.clone())
+            .build()
+    };
+    lite_store()?.create_table()?;
+    pg_store()?.create_table()?;
+    let (mut env, mut lite, mut post) = (vec![], vec![], vec![]);
+    for _ in 0..s.rounds {
+        conn.purge_queue(&queue)?;
+        env.push(rate(n, raw_publish(&queue, n, 100, true)));
+        conn.purge_queue(&queue)?;
+        fill_outbox(
+            &lite_store()?,
+            |f| {
+                let mut c = lite_pool.get()?;
+                let mut tx = c.transaction().map_err(|e| sql_err("begin", e))?;
+                f(&mut tx)?;
+                tx.commit().map_err(|e| sql_err("commit", e))
+            },
+            &queue,
+            n,
+        )?;
+        lite.push(relay_rate(lite_store()?, n)?);
+        conn.purge_queue(&queue)?;
+        fill_outbox(
+            &pg_store()?,
+            |f| {
+                let mut c = pg.get()?;
+                let mut tx = c.transaction().map_err(|e| sql_err("begin", e))?;
+                f(&mut tx)?;
+                tx.commit().map_err(|e| sql_err("commit", e))
+            },
+            &queue,
+            n,
+        )?;
+        post.push(relay_rate(pg_store()?, n)?);
+    }
+    let env = median(env);
+    for (db, v, t) in [("SQLite FULL", lite, 0.9), ("PostgreSQL", post, 0.8)] {
+        s.push(Row {
+            figure: format!("outbox relay from {db} vs raw+env"),
+            unit: "msg/s",
+            ours: Some(median(v)),
+            raw: Some(env),
+            target: Target::RatioAtLeast(t),
+            rss_mib: 0.0,
+            note: format!("{n} records, batch 100; raw: windows of 100"),
+        });
+    }
+    drop_pg_tables(&[pg_table])?;
+    conn.purge_queue(&queue)?;
+    conn.delete_queue(&queue)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The acknowledged recipe (SQLite FULL)
+
+fn raw_commit_rate(path: &std::path::Path, n: usize) -> Result<f64> {
+    let conn = rusqlite::Connection::open(path).map_err(|e| sql_err("open", e))?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; \
+         CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, body TEXT NOT NULL);",
+    )
+    .map_err(|e| sql_err("setup", e))?;
+    let mut insert = conn
+        .prepare("INSERT INTO raw (body) VALUES (?1)")
+        .map_err(|e| sql_err("prepare", e))?;
+    let start = Instant::now();
+    for _ in 0..n {
+        insert
+            .execute([r#"{"counter":"page_views","by":1}"#])
+            .map_err(|e| sql_err("insert", e))?;
+    }
+    Ok(rate(n, start.elapsed()))
+}
+
+fn recipe_rate(path: &std::path::Path, batch: usize, n: usize) -> Result<f64> {
+    let store = CounterStore::builder(path).build()?;
+    store.create_tables()?;
+    let tag = path.display().to_string();
+    let deliveries: Vec<Delivery<u64>> = (0..n)
+        .map(|i| {
+            Delivery::new(
+                CounterIncrement::new(format!("c{}", i % 16), 1).message(format!("{tag}/{i}")),
+                i as u64,
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    let report = consume(
+        IterSource::new(deliveries),
+        &store,
+        |_: &Delivery<u64>| Ok(()),
+        ConsumeOptions::new()
+            .batch_size(batch)
+            .max_pending(batch * 2),
+    )?;
+    assert_eq!(report.acknowledged, n as u64);
+    Ok(rate(n, start.elapsed()))
+}
+
+fn acknowledged(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
+    let commits = s.n(500, 100);
+    let mut raw = vec![];
+    let mut by_batch: Vec<Vec<f64>> = vec![vec![]; 3];
+    let batches = [
+        (1usize, s.n(1_000, 150)),
+        (32, s.n(20_000, 2_000)),
+        (256, s.n(50_000, 5_000)),
+    ];
+    for round in 0..s.rounds {
+        raw.push(raw_commit_rate(
+            &dir.join(format!("raw-{round}.db")),
+            commits,
+        )?);
+        for (i, (batch, n)) in batches.into_iter().enumerate() {
+            let path = dir.join(format!("ack-{batch}-{round}.db"));
+            by_batch[i].push(recipe_rate(&path, batch, n)?);
+        }
+    }
+    let raw = median(raw);
+    for ((batch, n), v) in batches.into_iter().zip(by_batch) {
+        s.push(Row {
+            figure: format!("acknowledged recipe, batch {batch}, vs SQLite commit"),
+            unit: "msg/s",
+            ours: Some(median(v)),
+            raw: Some(raw),
+            target: Target::None,
+            rss_mib: 0.0,
+            note: format!("{n} messages; raw: one-row insert + commit"),
+        });
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request/reply (the measurement of the former bench_rpc, as it was)
+
+const RPC_BODY: &[u8] = b"{\"sku\":\"sku-42\"}";
+
+/// A raw amiquip responder on its own thread and connection: reply, then ack.
+fn raw_responder(queue: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut conn = common::raw_connection();
+        let ch = conn.open_channel(None).expect("channel");
+        ch.qos(0, 32, false).expect("qos");
+        let consumer = ch
+            .basic_consume(queue.clone(), RawConsumerOptions::default())
+            .expect("consume");
+        loop {
+            let Ok(m) = consumer.receiver().recv_timeout(Duration::from_millis(100)) else {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                continue;
+            };
+            let ConsumerMessage::Delivery(d) = m else {
+                break;
+            };
+            let to = d.properties.reply_to().clone().expect("reply_to");
+            let mut props = AmqpProperties::default().with_delivery_mode(1);
+            if let Some(c) = d.properties.correlation_id() {
+                props = props.with_correlation_id(c.clone());
+            }
+            ch.basic_publish("", Publish::with_properties(b"{\"price\":12.5}", to, props))
+                .expect("reply");
+            d.ack(&ch).expect("ack");
+        }
+        consumer.cancel().expect("cancel");
+        for m in consumer.receiver().iter() {
+            if !matches!(m, ConsumerMessage::Delivery(_)) {
+                break;
+            }
+        }
+        drop(consumer);
+        conn.close().expect("close");
+    })
+}
+
+/// One raw caller: `n` sequential round trips; their latencies.
+fn raw_caller(queue: &str, n: usize) -> Vec<Duration> {
+    let mut conn = common::raw_connection();
+    let ch = conn.open_channel(None).expect("channel");
+    let reply = ch
+        .queue_declare(
+            "",
+            amiquip::QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..Default::default()
+            },
+        )
+        .expect("reply queue");
+    let reply_name = reply.name().to_string();
+    let consumer = reply
+        .consume(RawConsumerOptions {
+            no_ack: true,
+            exclusive: true,
+            ..Default::default()
+        })
+        .expect("consume replies");
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let correlation = format!("c{i}");
+        let start = Instant::now();
+        let props = AmqpProperties::default()
+            .with_delivery_mode(1)
+            .with_reply_to(reply_name.clone())
+            .with_correlation_id(correlation.clone());
+        ch.basic_publish("", Publish::with_properties(RPC_BODY, queue, props))
+            .expect("request");
+        loop {
+            match consumer.receiver().recv().expect("reply") {
+                ConsumerMessage::Delivery(d)
+                    if d.properties.correlation_id().as_deref() == Some(correlation.as_str()) =>
+                {
+                    break
+                }
+                ConsumerMessage::Delivery(_) => continue,
+                other => panic!("reply consumer ended: {other:?}"),
+            }
+        }
+        lat.push(start.elapsed());
+    }
+    consumer.cancel().expect("cancel");
+    for m in consumer.receiver().iter() {
+        if !matches!(m, ConsumerMessage::Delivery(_)) {
+            break;
+        }
+    }
+    drop(consumer);
+    conn.close().expect("close");
+    lat
+}
+
+/// `callers` threads asking `n` each through one requester; all latencies and the wall time.
+fn acemq_callers(requester: &Requester, callers: usize, n: usize) -> (Vec<Duration>, Duration) {
+    let start = Instant::now();
+    let lat: Vec<Duration> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..callers)
+            .map(|_| {
+                s.spawn(move || {
+                    let mut lat = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        let t = Instant::now();
+                        requester
+                            .ask(Message::new(RPC_BODY).persistent(false))
+                            .expect("reply");
+                        lat.push(t.elapsed());
+                    }
+                    lat
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("caller"))
+            .collect()
+    });
+    (lat, start.elapsed())
+}
+
+#[derive(Default)]
+struct Stats {
+    lat: Vec<Duration>,
+    requests: usize,
+    wall: Duration,
+}
+
+impl Stats {
+    fn add(&mut self, lat: Vec<Duration>, wall: Duration) {
+        self.requests += lat.len();
+        self.lat.extend(lat);
+        self.wall += wall;
+    }
+    fn pct(&mut self, p: f64) -> f64 {
+        self.lat.sort();
+        let i = ((self.lat.len() as f64 - 1.0) * p).round() as usize;
+        self.lat[i].as_secs_f64() * 1e3
+    }
+    fn rate(&self) -> f64 {
+        self.requests as f64 / self.wall.as_secs_f64()
+    }
+}
+
+fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
+    let n = s.n(2_000, 200);
+    let pid = std::process::id();
+    let raw_q = format!("bench.rpc.raw.{pid}");
+    let our_q = format!("bench.rpc.acemq.{pid}");
+    for q in [&raw_q, &our_q] {
+        conn.declare_queue(&QueueSpec::new(q).classic())?;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let raw_thread = raw_responder(raw_q.clone(), stop.clone());
+    let server = Connection::open(AMQP)?;
+    let responder = serve_with(
+        &server,
+        &our_q,
+        ConsumerOptions::new().concurrency(8).declare(false),
+        |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]),
+    )?;
+    let requester = Requester::open(conn, "", &our_q)?;
+    raw_caller(&raw_q, 100);
+    acemq_callers(&requester, 1, 100);
+    let (mut raw, mut one, mut eight) = (Stats::default(), Stats::default(), Stats::default());
+    for _ in 0..s.rounds {
+        let t = Instant::now();
+        let lat = raw_caller(&raw_q, n);
+        raw.add(lat, t.elapsed());
+        let (lat, wall) = acemq_callers(&requester, 1, n);
+        one.add(lat, wall);
+        let (lat, wall) = acemq_callers(&requester, 8, n);
+        eight.add(lat, wall);
+    }
+    let raw_rate = raw.rate();
+    let (raw50, raw99) = (raw.pct(0.5), raw.pct(0.99));
+    for (name, st) in [("1 caller", &mut one), ("8 callers", &mut eight)] {
+        let (p50, p99) = (st.pct(0.5), st.pct(0.99));
+        s.push(Row {
+            figure: format!("request/reply, Requester, {name} vs raw 1 caller"),
+            unit: "req/s",
+            ours: Some(st.rate()),
+            raw: Some(raw_rate),
+            target: Target::None,
+            rss_mib: 0.0,
+            note: format!(
+                "p50 {p50:.2} ms, p99 {p99:.2} ms (raw {raw50:.2} / {raw99:.2}); {n} per caller"
+            ),
+        });
+    }
+    requester.close()?;
+    responder.close()?;
+    server.close()?;
+    stop.store(true, Ordering::SeqCst);
+    raw_thread.join().map_err(|_| Error::Closed {
+        what: "raw responder",
+    })?;
+    for q in [&raw_q, &our_q] {
+        conn.delete_queue(q)?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler accuracy
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Messages scheduled 1–3 s ahead through the TTL ladder: how late each is delivered.
+fn scheduler_accuracy(s: &mut Suite, conn: &Connection) -> Result<()> {
+    use acemq_amqp::patterns::Scheduler;
+    let n = s.n(100, 20);
+    let queue = format!("bench.scheduled.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let scheduler = Scheduler::open(conn)?;
+    let late = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(n)));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let l = late.clone();
+    let consumer = conn
+        .consumer(&queue, ConsumerOptions::new().declare(false))?
+        .start(move |m: &Message| {
+            let due: i64 = String::from_utf8_lossy(&m.body).parse().unwrap_or(0);
+            let mut late = l.lock();
+            late.push((now_ms() - due) as f64);
+            if late.len() == n {
+                let _ = tx.try_send(());
+            }
+            Ok(Outcome::Accept)
+        })?;
+    for i in 0..n {
+        let delay = Duration::from_millis(1_000 + (i as u64 * 2_000 / n as u64));
+        let due = now_ms() + delay.as_millis() as i64;
+        scheduler.after(delay, "", &queue, Message::new(due.to_string()))?;
+    }
+    rx.recv_timeout(Duration::from_secs(120))
+        .map_err(|_| Error::Closed { what: "bench" })?;
+    consumer.close()?;
+    scheduler.close()?;
+    conn.delete_queue(&queue)?;
+    let mut late = late.lock().clone();
+    late.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| late[((late.len() as f64 - 1.0) * p).round() as usize];
+    s.push(Row {
+        figure: "scheduler accuracy, p99 lateness".into(),
+        unit: "ms",
+        ours: Some(pct(0.99)),
+        raw: None,
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "{n} messages due 1–3 s ahead; p50 {:.0} ms, max {:.0} ms late",
+            pct(0.5),
+            pct(1.0)
+        ),
+    });
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+fn memory(s: &mut Suite, conn: &Connection) -> Result<()> {
+    let queue = format!("bench.memory.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(200_000, 20_000);
+    fill(conn, &queue, n)?;
+    reset_peak_rss();
+    let before = rss_mib();
+    let opts = ConsumerOptions::new().prefetch(100).concurrency(8);
+    our_consume(conn, &queue, n, opts, |_: &Message| Ok(Outcome::Accept))?;
+    let peak = peak_rss_mib();
+    s.push(Row {
+        figure: format!("memory: consuming a {n}-message backlog"),
+        unit: "MiB",
+        ours: Some(peak),
+        raw: None,
+        target: Target::AtMost(64.0),
+        rss_mib: 0.0,
+        note: format!(
+            "peak RSS of the process (RSS {before:.0} MiB before); prefetch 100, concurrency 8"
+        ),
+    });
+    conn.purge_queue(&queue)?;
+
+    // 10,000 deferred tickets outstanding on a publisher with a window of 500: the window
+    // bounds what is in flight; a ticket is small.
+    let tickets_n = 10_000;
+    reset_peak_rss();
+    let before = rss_mib();
+    let publisher = conn.publisher_with(PublisherOptions::new().window(500))?;
+    let mut tickets = Vec::with_capacity(tickets_n);
+    for _ in 0..tickets_n {
+        tickets.push(publisher.publish_deferred("", &queue, Message::new(&BODY[..]))?);
+    }
+    let held = rss_mib();
+    for t in tickets {
+        t.wait()?;
+    }
+    publisher.close()?;
+    let peak = peak_rss_mib();
+    s.push(Row {
+        figure: format!("memory: publisher, {tickets_n} deferred tickets held, window 500"),
+        unit: "MiB",
+        ours: Some(peak - before),
+        raw: None,
+        target: Target::AtMost(16.0),
+        rss_mib: 0.0,
+        note: format!(
+            "peak RSS growth over {before:.0} MiB (RSS with all tickets held: {held:.0} MiB)"
+        ),
+    });
+    conn.purge_queue(&queue)?;
+    conn.delete_queue(&queue)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn not_yet(s: &mut Suite, figure: &str, why: &str) {
+    s.push(Row {
+        figure: figure.into(),
+        unit: "-",
+        ours: None,
+        raw: None,
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!("not yet: {why}"),
+    });
+}
+
+fn main() {
+    fail::run(bench);
+}
+
+fn bench() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let json = args.iter().any(|a| a == "--json");
+    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, scheduler,
+    // memory.
+    let only: Option<Vec<String>> = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.split(',').map(str::to_string).collect());
+    let wanted = |name: &str| only.as_ref().is_none_or(|o| o.iter().any(|x| x == name));
+    if let Some(a) = args.iter().enumerate().find_map(|(i, a)| {
+        let known = a == "--quick" || a == "--json" || a == "--only";
+        let value = i > 0 && args[i - 1] == "--only";
+        (!known && !value).then_some(a)
+    }) {
+        eprintln!("unknown argument {a:?}: use [--quick] [--json] [--only NAME,…]");
+        std::process::exit(2);
+    }
+    let mut s = Suite {
+        quick,
+        json,
+        rounds: if quick { 3 } else { 5 },
+        rows: vec![],
+    };
+    let started = Instant::now();
+    let load_before = load_average();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    if !json {
+        println!(
+            "acemq-amqp benchmark suite ({}), {} rounds, medians; {cpus} CPUs; load average {load_before}",
+            if quick { "--quick" } else { "full" },
+            s.rounds
+        );
+        println!();
+        println!("| figure | unit | ours | raw | ratio | target | met | peak RSS MiB | note |");
+        println!("|---|---|---:|---:|---:|---|---|---:|---|");
+    }
+    let conn = Connection::open(AMQP)?;
+    let dir = tempfile::tempdir().map_err(|e| Error::Io {
+        context: "a temporary directory".into(),
+        source: e,
+    })?;
+    if wanted("publish") {
+        s.figure(|s| publishing(s, &conn))?;
+    }
+    if wanted("consume") {
+        s.figure(|s| consuming(s, &conn))?;
+    }
+    if wanted("idempotent") {
+        s.figure(|s| idempotency(s, &conn, dir.path()))?;
+    }
+    if wanted("relay") {
+        s.figure(|s| relaying(s, &conn, dir.path()))?;
+    }
+    if wanted("acknowledged") {
+        s.figure(|s| acknowledged(s, dir.path()))?;
+    }
+    if wanted("rpc") {
+        s.figure(|s| request_reply(s, &conn))?;
+    }
+    s.figure(|s| {
+        not_yet(
+            s,
+            "ordered dispatch",
+            "measured by examples/bench_ordered.rs (issue 14), not yet folded in",
+        );
+        Ok(())
+    })?;
+    if wanted("scheduler") {
+        s.figure(|s| scheduler_accuracy(s, &conn))?;
+    }
+    if wanted("memory") {
+        s.figure(|s| memory(s, &conn))?;
+    }
+    conn.close()?;
+    let load_after = load_average();
+    if json {
+        let load = format!("{load_before} → {load_after}");
+        for row in &s.rows {
+            println!("{}", row.json(&load));
+        }
+    } else {
+        let met = s.rows.iter().filter(|r| r.met() == Some(true)).count();
+        let missed = s.rows.iter().filter(|r| r.met() == Some(false)).count();
+        println!();
+        println!(
+            "targets met {met}, missed {missed}; took {:.0} s; load average {load_before} → {load_after}",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}

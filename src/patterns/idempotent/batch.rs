@@ -1,0 +1,480 @@
+//! The batched transactional form: [`IdempotentTx::batch`].
+//!
+//! Two ways to gather a batch:
+//!
+//! * **by the consumer's worker** (the wrapper handed to the consumer as it is): the worker
+//!   takes up to `max_messages` deliveries (its share of the prefetch at most), waiting at
+//!   most `max_wait` after the first, and calls [`Handler::handle_batch`] once;
+//! * **across workers** (the wrapper called through [`Handler::handle`], e.g. from another
+//!   handler): each worker puts its message in the wrapper's queue and waits; the first to
+//!   find no batch running leads — it waits for `max_messages` messages (or, once a partial
+//!   batch has waited out `max_wait`, as many as there are workers seen), at most `max_wait`,
+//!   takes up to `max_messages` (its own first) and runs them; one batch at a time per wrapper.
+//!
+//! A batch runs on one transaction: its keys claimed in one statement under one token, a
+//! savepoint per claimed message around its handler, the receipts in one statement, the
+//! failed messages' claims given back in one, one commit — and only then any result handed
+//! back to the consumer.
+
+use std::any::Any;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use super::transactional::{rollback, BEGIN_TRIES};
+use super::*;
+use crate::patterns::SqlIdempotencyStore;
+use crate::sql::{SqlTransaction, Transactional};
+
+/// A message's result, or the panic its handler raised (resumed on its own worker).
+type Settled = std::result::Result<HandlerResult, Box<dyn Any + Send>>;
+
+/// A message waiting in the queue for its batch.
+struct Entry {
+    id: u64,
+    message: Message,
+    key: String,
+}
+
+/// A message of a batch as the batch runs it.
+struct Item<'a> {
+    id: u64,
+    message: &'a Message,
+    key: &'a str,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    queue: VecDeque<Entry>,
+    /// A batch is running (its leader is out of the lock).
+    leading: bool,
+    /// Results of the finished batches, by entry id, until their worker takes them.
+    done: HashMap<u64, Settled>,
+    /// The workers seen so far.
+    workers: HashSet<ThreadId>,
+    /// A partial batch has waited out `max_wait`: from then on a batch waits for no more
+    /// messages than there are workers seen (the consumer may have fewer than
+    /// `max_messages`). Until then it waits for `max_messages`.
+    learned: bool,
+}
+
+/// A handler made transactional, idempotent and batched by [`IdempotentTx::batch`].
+///
+/// Hand it to the consumer as it is: the consumer's worker then gathers each batch (up to
+/// `max_messages`, and at most its share of the prefetch: give the consumer a prefetch of at
+/// least `max_messages` per worker, e.g. `max_messages` 100 with prefetch 200). Wrapped in
+/// another handler that calls [`Handler::handle`], it gathers the calls of the consumer's
+/// concurrent workers instead, so a batch is then at most the consumer's concurrency.
+pub struct IdempotentTxBatch<F, H> {
+    inner: IdempotentTx<F, H>,
+    max_messages: usize,
+    max_wait: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+    on_commit: Option<Box<dyn Fn(usize) + Send + Sync>>,
+}
+
+impl<F, H> IdempotentTx<F, H> {
+    /// Handles messages in batches: up to `max_messages` deliveries are claimed, handled and
+    /// confirmed in **one** database transaction, committed once, and only then acknowledged.
+    /// A partial batch waits at most `max_wait` for more messages.
+    ///
+    /// What stays as in the single-message form:
+    ///
+    /// * **each message's work under its own savepoint**: a message whose handler fails (an
+    ///   `Err`, a panic, any outcome but accept, an SQL error in it) is rolled back to its
+    ///   savepoint alone — its work vanishes and its claim is given back — and it alone takes
+    ///   the retry / dead-letter path; the others commit. A duplicate is accepted without
+    ///   running, a key claimed elsewhere comes back later (in progress), as in the single form;
+    ///   a failure of the batch's own statements (claims, receipts, savepoints, commit) is a
+    ///   retry for every message of the batch, with nothing applied;
+    /// * **acknowledged only after the commit**: no outcome of a batch reaches the consumer
+    ///   before the batch's commit returned, so no acknowledgement (not even a `multiple` one)
+    ///   covers an uncommitted effect. A crash before the commit redelivers the whole batch
+    ///   with no effect applied; a crash after it redelivers messages whose receipts are
+    ///   committed, and each is acknowledged as a duplicate without running again;
+    /// * a commit that fails turns every message of the batch that was to be accepted into a
+    ///   retry (nothing of the batch was applied);
+    /// * claims are fenced by their tokens, on the database's clock, as before.
+    ///
+    /// The handler sees, in one transaction, the work of the batch's earlier messages. Two
+    /// messages with one key in a batch: the second finds the first's receipt (a duplicate).
+    ///
+    /// `max_messages` of 1 is the single-message form. How batches are gathered, and the
+    /// prefetch they need, is in [`IdempotentTxBatch`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for `max_messages` of 0 or
+    /// over 10,000, or a `max_wait` of zero.
+    pub fn batch(
+        self,
+        max_messages: usize,
+        max_wait: Duration,
+    ) -> crate::Result<IdempotentTxBatch<F, H>> {
+        if max_messages == 0 || max_messages > 10_000 {
+            return Err(crate::Error::invalid(
+                "a batch holds from 1 to 10000 messages",
+            ));
+        }
+        if max_wait.is_zero() {
+            return Err(crate::Error::invalid("max_wait must be more than zero"));
+        }
+        Ok(IdempotentTxBatch {
+            inner: self,
+            max_messages,
+            max_wait,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            on_commit: None,
+        })
+    }
+}
+
+impl<F, H> IdempotentTxBatch<F, H> {
+    /// Called with the number of messages after each batch committed, before any of them is
+    /// handed back to the consumer (so before any is acknowledged). For metrics; it must not
+    /// block. Defaults to none.
+    pub fn on_commit(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
+        self.on_commit = Some(Box::new(f));
+        self
+    }
+
+    /// The count of duplicates this wrapper absorbed (a shared handle).
+    pub fn duplicates(&self) -> DuplicateCount {
+        self.inner.duplicates()
+    }
+
+    /// The largest batch.
+    pub fn max_messages(&self) -> usize {
+        self.max_messages
+    }
+
+    /// The longest a partial batch waits for more messages.
+    pub fn max_wait(&self) -> Duration {
+        self.max_wait
+    }
+}
+
+/// How often a worker waiting for its batch looks again (its batch's leader wakes it sooner).
+const RECHECK: Duration = Duration::from_millis(100);
+
+impl<F, C, H> Handler for IdempotentTxBatch<F, H>
+where
+    F: Fn() -> crate::Result<C>,
+    C: Transactional,
+    H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
+{
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        (self.max_messages > 1).then_some((self.max_messages, self.max_wait))
+    }
+
+    /// The consumer's worker gathered the batch: run it as it is.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        let mut results: Vec<Option<Settled>> = Vec::with_capacity(messages.len());
+        let mut keys = Vec::with_capacity(messages.len());
+        for m in messages {
+            match key_of(&self.inner.key, m) {
+                Ok(key) => {
+                    keys.push(Some(key));
+                    results.push(None);
+                }
+                Err(e) => {
+                    keys.push(None);
+                    results.push(Some(Ok(Err(e))));
+                }
+            }
+        }
+        let items: Vec<Item<'_>> = messages
+            .iter()
+            .zip(&keys)
+            .enumerate()
+            .filter_map(|(i, (m, key))| {
+                key.as_deref().map(|key| Item {
+                    id: i as u64,
+                    message: m,
+                    key,
+                })
+            })
+            .collect();
+        if !items.is_empty() {
+            for (i, settled) in self.run_batch(&items) {
+                results[i as usize] = Some(settled);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Ok(Err("no result for the message".into()))))
+            .collect()
+    }
+
+    fn handle(&self, m: &Message) -> HandlerResult {
+        if self.max_messages == 1 {
+            return self.inner.handle(m);
+        }
+        let key = key_of(&self.inner.key, m)?;
+        let mut state = self.state.lock();
+        state.workers.insert(std::thread::current().id());
+        let id = state.next_id;
+        state.next_id += 1;
+        state.queue.push_back(Entry {
+            id,
+            message: m.clone(),
+            key,
+        });
+        self.changed.notify_all();
+        loop {
+            if let Some(settled) = state.done.remove(&id) {
+                drop(state);
+                return match settled {
+                    Ok(r) => r,
+                    Err(panic) => resume_unwind(panic),
+                };
+            }
+            if !state.leading {
+                // Lead: wait for a full batch or for max_wait, then run it.
+                state.leading = true;
+                let deadline = Instant::now() + self.max_wait;
+                loop {
+                    let full = if state.learned {
+                        self.max_messages.min(state.workers.len())
+                    } else {
+                        self.max_messages
+                    };
+                    if state.queue.len() >= full {
+                        break;
+                    }
+                    if self.changed.wait_until(&mut state, deadline).timed_out() {
+                        state.learned = true;
+                        break;
+                    }
+                }
+                let mut batch = Vec::with_capacity(self.max_messages);
+                if let Some(pos) = state.queue.iter().position(|e| e.id == id) {
+                    batch.extend(state.queue.remove(pos));
+                }
+                while batch.len() < self.max_messages {
+                    match state.queue.pop_front() {
+                        Some(e) => batch.push(e),
+                        None => break,
+                    }
+                }
+                drop(state);
+                let items: Vec<Item<'_>> = batch
+                    .iter()
+                    .map(|e| Item {
+                        id: e.id,
+                        message: &e.message,
+                        key: &e.key,
+                    })
+                    .collect();
+                let results = self.run_batch(&items);
+                state = self.state.lock();
+                state.leading = false;
+                state.done.extend(results);
+                self.changed.notify_all();
+                continue;
+            }
+            self.changed.wait_for(&mut state, RECHECK);
+        }
+    }
+}
+
+/// A failure that ends the batch's transaction, as each message's error.
+fn batch_error(what: &str, e: &dyn std::fmt::Display) -> HandlerResult {
+    Err(format!("{what}: {e}").into())
+}
+
+impl<F, H> IdempotentTxBatch<F, H> {
+    /// Claims, handlers, receipts and one commit; every entry's result.
+    fn run_batch<C>(&self, batch: &[Item<'_>]) -> Vec<(u64, Settled)>
+    where
+        F: Fn() -> crate::Result<C>,
+        C: Transactional,
+        H: Fn(&Message, &mut C::Transaction<'_>) -> HandlerResult,
+    {
+        let all_fail = |what: &str, e: &dyn std::fmt::Display| {
+            batch
+                .iter()
+                .map(|entry| (entry.id, Ok(batch_error(what, e))))
+                .collect()
+        };
+        // As in the single form: a connection that fails at BEGIN is replaced (up to three).
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut conn = match (self.inner.connect)() {
+                Ok(c) => c,
+                Err(e) => return all_fail("no database connection for the batch", &e),
+            };
+            let begun = conn.begin();
+            match begun {
+                Ok(tx) => return self.run_on(batch, tx),
+                Err(e) if tries < BEGIN_TRIES => {
+                    log::warn!("acemq: BEGIN failed, trying another connection: {e}");
+                }
+                Err(e) => return all_fail("beginning the batch's transaction", &e),
+            }
+        }
+    }
+
+    /// The batch on its transaction `tx`: its keys claimed in one statement (under one
+    /// token), each claimed message's handler under a savepoint, the receipts of the accepted
+    /// written in one statement and the others' claims given back in one, then one commit.
+    fn run_on<T>(&self, batch: &[Item<'_>], mut tx: T) -> Vec<(u64, Settled)>
+    where
+        T: SqlTransaction,
+        H: Fn(&Message, &mut T) -> HandlerResult,
+    {
+        let store: &SqlIdempotencyStore = &self.inner.store;
+        let token = ClaimToken::new();
+        // A key twice in one batch is claimed once; its later messages follow the first.
+        let mut first_of: HashMap<&str, usize> = HashMap::new();
+        let mut distinct: Vec<&str> = Vec::new();
+        for (i, item) in batch.iter().enumerate() {
+            first_of.entry(item.key).or_insert_with(|| {
+                distinct.push(item.key);
+                i
+            });
+        }
+        let claims = match store.claim_many_in(&mut tx, &distinct, &token) {
+            Ok(c) => c,
+            Err(e) => {
+                rollback(tx);
+                return batch
+                    .iter()
+                    .map(|item| (item.id, Ok(batch_error("claiming the batch's keys", &e))))
+                    .collect();
+            }
+        };
+        let claim_of: HashMap<&str, Claim> = distinct.iter().copied().zip(claims).collect();
+        let mut results: Vec<Option<Settled>> = Vec::with_capacity(batch.len());
+        let mut accepted: Vec<&str> = Vec::new();
+        let mut failed: Vec<&str> = Vec::new();
+        // What each first message of a key became: accepted (or a duplicate), or not.
+        let mut done_keys: HashMap<&str, bool> = HashMap::new();
+        let mut broken: Option<String> = None;
+        // A savepoint stays open after a rollback to it (reused by the next message); after a
+        // kept message a new one is needed above its work.
+        let mut savepoint_open = false;
+        for (i, item) in batch.iter().enumerate() {
+            if let Some(why) = &broken {
+                results.push(Some(Ok(batch_error("the batch's transaction failed", why))));
+                continue;
+            }
+            if first_of[item.key] != i {
+                results.push(None); // decided below, after its key's first message
+                continue;
+            }
+            let settled = match &claim_of[item.key] {
+                Claim::Duplicate => {
+                    done_keys.insert(item.key, true);
+                    Ok(Ok(Outcome::Accept))
+                }
+                Claim::InProgress => {
+                    done_keys.insert(item.key, false);
+                    Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay)))
+                }
+                Claim::Claimed(_) => {
+                    if !savepoint_open {
+                        if let Err(e) = tx.execute("SAVEPOINT acemq_message", &[]) {
+                            broken = Some(e.to_string());
+                            results.push(Some(Ok(batch_error("opening a savepoint", &e))));
+                            continue;
+                        }
+                        savepoint_open = true;
+                    }
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        (self.inner.handler)(item.message, &mut tx)
+                    }));
+                    if matches!(result, Ok(Ok(Outcome::Accept))) {
+                        accepted.push(item.key);
+                        done_keys.insert(item.key, true);
+                        savepoint_open = false;
+                    } else {
+                        // Its work vanishes; its claim is given back below.
+                        failed.push(item.key);
+                        done_keys.insert(item.key, false);
+                        if let Err(e) = tx.execute("ROLLBACK TO SAVEPOINT acemq_message", &[]) {
+                            broken = Some(e.to_string());
+                        }
+                    }
+                    result
+                }
+            };
+            results.push(Some(settled));
+        }
+        if broken.is_none() {
+            let ended = store
+                .confirm_many_in(&mut tx, &accepted, &token)
+                .and_then(|()| store.release_many_in(&mut tx, &failed, &token));
+            if let Err(e) = ended {
+                broken = Some(e.to_string());
+            }
+        }
+        let committed = match broken {
+            Some(why) => {
+                rollback(tx);
+                Err(why)
+            }
+            None => tx.commit().map_err(|e| e.to_string()),
+        };
+        let mut duplicates = Vec::new();
+        let results: Vec<(u64, Settled)> = batch
+            .iter()
+            .zip(results)
+            .enumerate()
+            .map(|(i, (item, settled))| {
+                let settled = match settled {
+                    Some(settled) => {
+                        if first_of[item.key] == i && matches!(claim_of[item.key], Claim::Duplicate)
+                        {
+                            duplicates.push(i);
+                        }
+                        settled
+                    }
+                    // A later message of a key: a duplicate of an accepted first one, else
+                    // back later without spending an attempt.
+                    None if done_keys.get(item.key) == Some(&true) => {
+                        duplicates.push(i);
+                        Ok(Ok(Outcome::Accept))
+                    }
+                    None => Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay))),
+                };
+                let settled = match (&committed, settled) {
+                    // Nothing of the batch was applied: what was to be accepted is retried.
+                    (Err(why), Ok(Ok(Outcome::Accept))) => {
+                        Ok(batch_error("the batch's commit failed", why))
+                    }
+                    (_, settled) => settled,
+                };
+                (item.id, settled)
+            })
+            .collect();
+        if committed.is_ok() {
+            if let Some(f) = &self.on_commit {
+                f(batch.len());
+            }
+            for i in duplicates {
+                let _ = self
+                    .inner
+                    .duplicates
+                    .absorbed(batch[i].key, batch[i].message);
+            }
+        }
+        results
+    }
+}
+
+impl<F, H> std::fmt::Debug for IdempotentTxBatch<F, H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotentTxBatch")
+            .field("max_messages", &self.max_messages)
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
+}

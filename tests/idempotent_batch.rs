@@ -1,0 +1,602 @@
+//! The batched transactional idempotent consumer (`idempotent_tx(..).batch(..)`) against
+//! RabbitMQ, on SQLite and PostgreSQL: one transaction per batch, a savepoint per message,
+//! acknowledged only after the commit, and a kill before and after a batch's commit.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::patterns::{idempotent_tx, DuplicateCount, SqlIdempotencyStore};
+use acemq_amqp::sql::{Sql, Value};
+use acemq_amqp::{
+    dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
+    QueueSpec,
+};
+use support::db::{self, Backend, Db};
+use support::{connect, eventually, publish_n, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn effects_table(db: &Db) -> String {
+    let t = db.table("effects");
+    db.connect()
+        .execute(
+            &format!("CREATE TABLE {t} (key TEXT NOT NULL, note TEXT)"),
+            &[],
+        )
+        .unwrap();
+    t
+}
+
+fn store(db: &Db) -> Arc<SqlIdempotencyStore> {
+    let s = SqlIdempotencyStore::builder(db.factory())
+        .table(db.table("idem"))
+        .claim_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    s.create_table().unwrap();
+    Arc::new(s)
+}
+
+fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
+    let p = conn.dialect().placeholder(1);
+    conn.execute(
+        &format!("INSERT INTO {table} (key) VALUES ({p})"),
+        &[Value::Text(key.to_string())],
+    )
+}
+
+fn keys(db: &Db, table: &str) -> Vec<String> {
+    let mut keys: Vec<String> = db
+        .connect()
+        .query(&format!("SELECT key FROM {table}"), &[])
+        .unwrap()
+        .into_iter()
+        .map(|r| r[0].as_str().unwrap().to_string())
+        .collect();
+    keys.sort();
+    keys
+}
+
+type Work = dyn Fn(&Message, &mut dyn Sql) -> HandlerResult + Send + Sync;
+
+/// The batched wrapper on this backend's driver, with its commit sizes recorded (or `on_commit`
+/// called instead) and its duplicate count.
+fn batched(
+    (backend, sqlite_path): (Backend, &std::path::Path),
+    store: Arc<SqlIdempotencyStore>,
+    max: usize,
+    wait: Duration,
+    on_commit: OnCommit,
+    work: Arc<Work>,
+) -> (Box<dyn Handler + Send + Sync>, DuplicateCount) {
+    let c = on_commit.clone();
+    match backend {
+        Backend::Sqlite => {
+            let path = sqlite_path.to_path_buf();
+            let h = idempotent_tx(
+                store,
+                move || db::sqlite_open(&path),
+                move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+            )
+            .batch(max, wait)
+            .unwrap()
+            .on_commit(move |n| c(n));
+            let d = h.duplicates();
+            (Box::new(h), d)
+        }
+        Backend::Postgres => {
+            let h = idempotent_tx(
+                store,
+                db::pg_connect,
+                move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+            )
+            .batch(max, wait)
+            .unwrap()
+            .on_commit(move |n| c(n));
+            let d = h.duplicates();
+            (Box::new(h), d)
+        }
+    }
+}
+
+/// Hands a boxed handler to the consumer with its batching intact (a closure calling `handle`
+/// would hide it: then the wrapper gathers concurrent workers' calls instead).
+struct Forward(Box<dyn Handler + Send + Sync>);
+
+impl Handler for Forward {
+    fn handle(&self, m: &Message) -> HandlerResult {
+        self.0.handle(m)
+    }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.0.batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.0.handle_batch(messages)
+    }
+}
+
+type OnCommit = Arc<dyn Fn(usize) + Send + Sync>;
+
+fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
+    let commits = Arc::new(Mutex::new(Vec::new()));
+    let c = commits.clone();
+    (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
+}
+
+fn effect_work(effects: &str) -> Arc<Work> {
+    let effects = effects.to_string();
+    Arc::new(move |m: &Message, tx: &mut dyn Sql| {
+        record_effect(tx, &effects, m.id())?;
+        Ok(Outcome::Accept)
+    })
+}
+
+/// 64 messages in batches of at most 8: every effect once, in fewer commits than messages,
+/// every message acknowledged. `gathered_by_worker`: one worker gathers each batch from the
+/// consumer (`handle_batch`); else 8 workers call `handle` and the wrapper gathers their calls.
+fn backlog(db: &Db, gathered_by_worker: bool) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-batch"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let ids = publish_n(&conn, &q, 64, false);
+    let (commits, on_commit) = recorder();
+    let (handler, duplicates) = batched(
+        (db.backend, db.sqlite_path()),
+        store(db),
+        8,
+        Duration::from_millis(200),
+        on_commit,
+        effect_work(&effects),
+    );
+    let consumer = if gathered_by_worker {
+        conn.consumer(&q, ConsumerOptions::new().prefetch(16))
+            .unwrap()
+            .start(Forward(handler))
+            .unwrap()
+    } else {
+        conn.consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
+            .unwrap()
+            .start(move |m: &Message| handler.handle(m))
+            .unwrap()
+    };
+    assert!(
+        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 64),
+        "all 64 committed: {:?}",
+        commits.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || {
+        let i = conn.queue_info(&q).unwrap();
+        i.message_count == 0 && i.consumer_count == 1
+    }));
+    consumer.close().unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0, "all acked");
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(keys(db, &effects), expected, "each effect exactly once");
+    let commits = commits.lock().unwrap().clone();
+    assert!(
+        commits.len() < 64 && commits.iter().any(|&n| n > 1),
+        "batched commits: {commits:?}"
+    );
+    assert!(commits.iter().all(|&n| n <= 8), "at most 8: {commits:?}");
+    assert_eq!(duplicates.get(), 0);
+}
+
+fn a_backlog_commits_in_batches_each_effect_once(db: &Db) {
+    backlog(db, true);
+}
+
+fn concurrent_workers_calls_are_gathered_into_batches(db: &Db) {
+    backlog(db, false);
+}
+
+/// In a batch of 4, one handler fails (after writing its effect), one panics: those two alone
+/// are rolled back to their savepoints and dead-lettered with their reasons; the two others
+/// commit and are acknowledged.
+fn a_failing_message_rolls_back_alone(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-batch-fail"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let publisher = conn.publisher().unwrap();
+    for body in ["ok-1", "fail", "panic", "ok-2"] {
+        publisher
+            .publish("", &q, Message::new(body).message_type("test"))
+            .unwrap();
+    }
+    let (commits, on_commit) = recorder();
+    let e = effects.clone();
+    let work: Arc<Work> = Arc::new(move |m: &Message, tx: &mut dyn Sql| {
+        let body = String::from_utf8_lossy(&m.body).to_string();
+        record_effect(tx, &e, &body)?;
+        match body.as_str() {
+            "fail" => Err(Box::new(FatalError::new("refused by the test"))),
+            "panic" => panic!("the handler panicked on purpose"),
+            _ => Ok(Outcome::Accept),
+        }
+    });
+    let store = store(db);
+    let idem_table = store.table().to_string();
+    let (handler, _) = batched(
+        (db.backend, db.sqlite_path()),
+        store,
+        4,
+        Duration::from_secs(10),
+        on_commit,
+        work,
+    );
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(4))
+        .unwrap()
+        .start(Forward(handler))
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 2),
+        "the two failures are dead-lettered"
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(
+        commits.lock().unwrap().clone(),
+        vec![4],
+        "one transaction for the four"
+    );
+    assert_eq!(
+        keys(db, &effects),
+        vec!["ok-1".to_string(), "ok-2".to_string()],
+        "the failures' effects were rolled back to their savepoints"
+    );
+    assert_eq!(
+        db.count(&idem_table),
+        2,
+        "receipts for the two accepted; the failures' claims were given back"
+    );
+    let mut reasons = Vec::new();
+    while let Some(m) = conn.get(&dlq).unwrap() {
+        reasons.push((
+            String::from_utf8_lossy(&m.body).to_string(),
+            m.envelope.error.clone().unwrap_or_default(),
+        ));
+    }
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[0].0, "fail");
+    assert!(reasons[0].1.contains("refused by the test"), "{reasons:?}");
+    assert_eq!(reasons[1].0, "panic");
+    assert!(
+        reasons[1].1.contains("the handler panicked on purpose"),
+        "{reasons:?}"
+    );
+}
+
+/// Two deliveries of one message in one batch, and a third after the commit: one effect, two
+/// duplicates, all acknowledged.
+fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-batch-dup"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let publisher = conn.publisher().unwrap();
+    let m = Message::new("once");
+    publisher.publish("", &q, m.clone()).unwrap();
+    publisher.publish("", &q, m.clone()).unwrap();
+    let (commits, on_commit) = recorder();
+    let (handler, duplicates) = batched(
+        (db.backend, db.sqlite_path()),
+        store(db),
+        2,
+        Duration::from_secs(10),
+        on_commit,
+        effect_work(&effects),
+    );
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(2))
+        .unwrap()
+        .start(Forward(handler))
+        .unwrap();
+    assert!(eventually(WAIT, || commits.lock().unwrap().len() == 1));
+    publisher.publish("", &q, m.clone()).unwrap();
+    assert!(eventually(WAIT, || duplicates.get() == 2));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(keys(db, &effects), vec![m.id().to_string()]);
+    assert_eq!(commits.lock().unwrap()[0], 2, "both in the first batch");
+}
+
+/// Runs in a child process (see `crash_in_a_batch`): batches of 4 gathered by one worker; in mode
+/// `after` the process exits as soon as the first batch has committed (before any of it is
+/// handed back for acknowledgement), in mode `before` it exits in the batch's fourth handler,
+/// after three effects were written in the transaction and before the commit.
+#[test]
+#[ignore = "run as a child process by the crash tests"]
+fn crash_child() {
+    let backend = match std::env::var("ACEMQ_CRASH_BACKEND").as_deref() {
+        Ok("sqlite") => Backend::Sqlite,
+        Ok("postgres") => Backend::Postgres,
+        _ => return,
+    };
+    let var = |n: &str| std::env::var(n).unwrap();
+    let path = std::path::PathBuf::from(var("ACEMQ_CRASH_SQLITE"));
+    let (q, idem, effects, mode) = (
+        var("ACEMQ_CRASH_QUEUE"),
+        var("ACEMQ_CRASH_IDEM"),
+        var("ACEMQ_CRASH_EFFECTS"),
+        var("ACEMQ_CRASH_MODE"),
+    );
+    let sqlite = path.clone();
+    let factory = move || -> acemq_amqp::Result<db::Conn> {
+        Ok(match backend {
+            Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
+            Backend::Postgres => Box::new(db::pg_connect()?),
+        })
+    };
+    let store = Arc::new(
+        SqlIdempotencyStore::builder(factory)
+            .table(idem)
+            .build()
+            .unwrap(),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let before = mode == "before";
+    let work: Arc<Work> = Arc::new(move |m: &Message, tx: &mut dyn Sql| {
+        if before && calls.fetch_add(1, Ordering::SeqCst) == 3 {
+            std::process::exit(43);
+        }
+        record_effect(tx, &effects, m.id())?;
+        Ok(Outcome::Accept)
+    });
+    let (handler, _) = batched(
+        (backend, &path),
+        store,
+        4,
+        Duration::from_secs(20),
+        Arc::new(|_| std::process::exit(42)),
+        work,
+    );
+    let conn = connect();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().declare(false).prefetch(4))
+        .unwrap()
+        .start(Forward(handler))
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(30));
+    drop(consumer);
+    panic!("the child should have exited in its first batch");
+}
+
+fn crash_in_a_batch(db: &Db, mode: &str) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-batch-crash"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let store = store(db);
+    let idem_table = store.table().to_string();
+    let mut ids = publish_n(&conn, &q, 4, true);
+    ids.sort();
+
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "crash_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "ACEMQ_CRASH_BACKEND",
+            if db.backend == Backend::Sqlite {
+                "sqlite"
+            } else {
+                "postgres"
+            },
+        )
+        .env("ACEMQ_CRASH_SQLITE", db.sqlite_path())
+        .env("ACEMQ_CRASH_QUEUE", &q)
+        .env("ACEMQ_CRASH_IDEM", &idem_table)
+        .env("ACEMQ_CRASH_EFFECTS", &effects)
+        .env("ACEMQ_CRASH_MODE", mode)
+        .status()
+        .unwrap();
+    assert!(
+        eventually(WAIT, || conn.queue_info(&q).unwrap().message_count == 4),
+        "the broker still holds all four: none was acknowledged"
+    );
+    let receipts = db.count(&idem_table);
+    if mode == "after" {
+        assert_eq!(status.code(), Some(42), "the child died after the commit");
+        assert_eq!(keys(db, &effects), ids, "the batch of four was committed");
+        assert_eq!(receipts, 4);
+    } else {
+        assert_eq!(status.code(), Some(43), "the child died inside the batch");
+        assert_eq!(db.count(&effects), 0, "nothing of the batch was applied");
+        assert_eq!(receipts, 0, "no claim survived");
+    }
+
+    // Restart: all four are redelivered; each effect ends up applied exactly once.
+    let (commits, on_commit) = recorder();
+    let (handler, duplicates) = batched(
+        (db.backend, db.sqlite_path()),
+        store,
+        4,
+        Duration::from_millis(200),
+        on_commit,
+        effect_work(&effects),
+    );
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().prefetch(4))
+        .unwrap()
+        .start(Forward(handler))
+        .unwrap();
+    assert!(eventually(WAIT, || commits
+        .lock()
+        .unwrap()
+        .iter()
+        .sum::<usize>()
+        == 4));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(keys(db, &effects), ids, "each effect exactly once");
+    let expected_duplicates = if mode == "after" { 4 } else { 0 };
+    assert_eq!(duplicates.get(), expected_duplicates);
+}
+
+/// A kill between a batch's commit and its acknowledgement: every redelivery is a duplicate.
+fn a_kill_after_the_commit_redelivers_duplicates_only(db: &Db) {
+    crash_in_a_batch(db, "after");
+}
+
+/// A kill inside a batch, before its commit: the whole batch comes back with nothing applied.
+fn a_kill_before_the_commit_applies_nothing_of_the_batch(db: &Db) {
+    crash_in_a_batch(db, "before");
+}
+
+#[test]
+fn a_batch_of_zero_is_refused() {
+    let db = Db::sqlite();
+    let path = db.sqlite_path().to_path_buf();
+    let r = idempotent_tx(
+        store(&db),
+        move || db::sqlite_open(&path),
+        |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
+    )
+    .batch(0, Duration::from_millis(10));
+    let e = r.expect_err("refused");
+    assert!(e.to_string().contains("from 1 to 10000"), "{e}");
+}
+
+on_both!(
+    a_backlog_commits_in_batches_each_effect_once,
+    concurrent_workers_calls_are_gathered_into_batches,
+    a_failing_message_rolls_back_alone,
+    duplicates_in_and_after_a_batch_are_absorbed,
+    a_kill_after_the_commit_redelivers_duplicates_only,
+    a_kill_before_the_commit_applies_nothing_of_the_batch,
+);
+
+fn group_store(db: &Db) -> Arc<SqlIdempotencyStore> {
+    let s = SqlIdempotencyStore::builder(db.factory())
+        .table(db.table("idem_group"))
+        .claim_timeout(Duration::from_secs(30))
+        .group_commit(true)
+        .build()
+        .unwrap();
+    s.create_table().unwrap();
+    Arc::new(s)
+}
+
+/// Eight threads race to claim the same 40 keys through a group-committing store: each key is
+/// claimed by exactly one of them; a confirmed key is a duplicate for everyone; a released one
+/// can be claimed again; a release under another token gives nothing back.
+fn group_commit_keeps_claims_atomic_and_fenced(db: &Db) {
+    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    let store = group_store(db);
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let won: Vec<Vec<(String, acemq_amqp::patterns::ClaimToken)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, keys) = (&store, &keys);
+                s.spawn(move || {
+                    keys.iter()
+                        .filter_map(|k| match store.claim(k).unwrap() {
+                            Claim::Claimed(t) => Some((k.clone(), t)),
+                            Claim::InProgress => None,
+                            Claim::Duplicate => panic!("nothing was confirmed yet"),
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<&String> = won.iter().flatten().map(|(k, _)| k).collect();
+    all.sort();
+    let mut expected: Vec<&String> = keys.iter().collect();
+    expected.sort();
+    assert_eq!(all, expected, "every key claimed exactly once");
+    let claims: Vec<(String, acemq_amqp::patterns::ClaimToken)> =
+        won.into_iter().flatten().collect();
+    let other = acemq_amqp::patterns::ClaimToken::new();
+    std::thread::scope(|s| {
+        for (i, (k, t)) in claims.iter().enumerate() {
+            let store = &store;
+            let other = &other;
+            s.spawn(move || {
+                if i % 2 == 0 {
+                    store.confirm(k, t).unwrap();
+                } else {
+                    store.release(k, other).unwrap(); // not the holder: nothing given back
+                    store.release(k, t).unwrap();
+                }
+            });
+        }
+    });
+    for (i, (k, _)) in claims.iter().enumerate() {
+        let c = store.claim(k).unwrap();
+        if i % 2 == 0 {
+            assert_eq!(c, Claim::Duplicate, "{k} was confirmed");
+        } else {
+            assert!(c.is_claimed(), "{k} was given back: {c:?}");
+        }
+    }
+}
+
+/// The plain wrapper over a group-committing store, 8 workers: each effect once, all
+/// acknowledged.
+fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-group"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(db);
+    let ids = publish_n(&conn, &q, 64, false);
+    let effect_db = db.factory();
+    let e = effects.clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let handler = acemq_amqp::patterns::idempotent(group_store(db), move |m: &Message| {
+        record_effect(&mut effect_db()?, &e, m.id())?;
+        h.fetch_add(1, Ordering::SeqCst);
+        Ok(Outcome::Accept)
+    });
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 64));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(keys(db, &effects), expected);
+}
+
+on_both!(
+    group_commit_keeps_claims_atomic_and_fenced,
+    the_plain_wrapper_over_group_commit_applies_each_effect_once,
+);
