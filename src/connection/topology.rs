@@ -773,68 +773,31 @@ impl Connection {
     pub fn compare_queue(&self, spec: &QueueSpec) -> Result<Vec<TopologyDifference>> {
         spec.validate()?;
         check_name("queue", &spec.name, false)?;
-        let difference = |what: &str, expected: &str, actual: &str| TopologyDifference {
-            kind: "queue",
-            name: spec.name.clone(),
-            what: what.into(),
-            expected: expected.into(),
-            actual: actual.into(),
-        };
-        match self.queue_info(&spec.name) {
-            Ok(_) => {}
-            Err(Error::NotFound { .. }) => {
-                return Ok(vec![difference("existence", "present", "missing")])
-            }
-            Err(e) => return Err(e),
-        }
+        let present = self.queue_info(&spec.name).map(|_| ());
         let mut options = spec.options();
-        let mut found = Vec::new();
-        while found.len() < MAX_DIFFERENCES {
+        self.walk_differences("queue", &spec.name, present, |adopted| {
+            if let Some((what, actual, adopt)) = adopted {
+                match (what, adopt) {
+                    ("durable", _) => options.durable = actual == "true",
+                    ("exclusive", _) => options.exclusive = actual == "true",
+                    ("auto_delete", _) => options.auto_delete = actual == "true",
+                    (name, Adopt::Remove) => {
+                        options.arguments.remove(name);
+                    }
+                    (name, Adopt::Set(value, ty)) => {
+                        options
+                            .arguments
+                            .insert(name.to_string(), adopt_value(value, ty).to_amqp());
+                    }
+                }
+            }
             let attempt = options.clone();
-            let declared = self.with_channel(|c| {
+            self.with_channel(|c| {
                 c.queue_declare(spec.name.clone(), attempt)
                     .map(|_| ())
                     .map_err(|e| map_err("queue", &spec.name, "comparing", e))
-            });
-            let reason = match declared {
-                Ok(()) => return Ok(found),
-                Err(Error::TopologyConflict { reason, .. }) => reason,
-                Err(e) => return Err(e),
-            };
-            let Some((what, expected, actual, adopt)) = parse_inequivalence(&reason) else {
-                return Err(Error::TopologyConflict {
-                    kind: "queue",
-                    name: spec.name.clone(),
-                    reason,
-                });
-            };
-            if found
-                .iter()
-                .any(|d: &TopologyDifference| d.what == what && d.actual == actual)
-            {
-                // Adopting the broker's value did not satisfy it: report what it said.
-                return Err(Error::TopologyConflict {
-                    kind: "queue",
-                    name: spec.name.clone(),
-                    reason,
-                });
-            }
-            match (what.as_str(), &adopt) {
-                ("durable", _) => options.durable = actual == "true",
-                ("exclusive", _) => options.exclusive = actual == "true",
-                ("auto_delete", _) => options.auto_delete = actual == "true",
-                (name, Adopt::Remove) => {
-                    options.arguments.remove(name);
-                }
-                (name, Adopt::Set(value, ty)) => {
-                    options
-                        .arguments
-                        .insert(name.to_string(), adopt_value(value, ty).to_amqp());
-                }
-            }
-            found.push(difference(&what, &expected, &actual));
-        }
-        Ok(found)
+            })
+        })
     }
 
     /// Compares the broker's exchange with `spec` (type, `durable`, `auto_delete`, `internal`,
@@ -846,68 +809,90 @@ impl Connection {
     /// As [`compare_queue`](Self::compare_queue).
     pub fn compare_exchange(&self, spec: &ExchangeSpec) -> Result<Vec<TopologyDifference>> {
         check_name("exchange", &spec.name, false)?;
+        let present = self.check_exchange(&spec.name);
+        let mut current = spec.clone();
+        self.walk_differences("exchange", &spec.name, present, |adopted| {
+            if let Some((what, actual, adopt)) = adopted {
+                match (what, adopt) {
+                    ("type", _) => {
+                        current.kind = match actual {
+                            "direct" => ExchangeKind::Direct,
+                            "fanout" => ExchangeKind::Fanout,
+                            "topic" => ExchangeKind::Topic,
+                            "headers" => ExchangeKind::Headers,
+                            other => ExchangeKind::Custom(other.to_string()),
+                        }
+                    }
+                    ("durable", _) => current.durable = actual == "true",
+                    ("auto_delete", _) => current.auto_delete = actual == "true",
+                    ("internal", _) => current.internal = actual == "true",
+                    (name, Adopt::Remove) => {
+                        current.arguments.remove(name);
+                    }
+                    (name, Adopt::Set(value, ty)) => {
+                        current
+                            .arguments
+                            .insert(name.to_string(), adopt_value(value, ty));
+                    }
+                }
+            }
+            self.with_channel(|c| declare_exchange_on(c, &current))
+        })
+    }
+
+    /// The walk both comparisons share: `present` is the passive check (a missing object is one
+    /// difference, nothing declared); then `declare` is asked — first as the spec says, then
+    /// with each difference the broker names adopted (`Some((what, actual, adopt))`) — until the
+    /// broker accepts. A refusal that cannot be read, or one that adopting did not cure, is
+    /// returned as the broker's `TopologyConflict`.
+    fn walk_differences(
+        &self,
+        kind: &'static str,
+        name: &str,
+        present: Result<()>,
+        mut declare: impl FnMut(Option<(&str, &str, &Adopt)>) -> Result<()>,
+    ) -> Result<Vec<TopologyDifference>> {
         let difference = |what: &str, expected: &str, actual: &str| TopologyDifference {
-            kind: "exchange",
-            name: spec.name.clone(),
+            kind,
+            name: name.to_string(),
             what: what.into(),
             expected: expected.into(),
             actual: actual.into(),
         };
-        match self.check_exchange(&spec.name) {
+        match present {
             Ok(()) => {}
             Err(Error::NotFound { .. }) => {
                 return Ok(vec![difference("existence", "present", "missing")])
             }
             Err(e) => return Err(e),
         }
-        let mut current = spec.clone();
-        let mut found = Vec::new();
+        let conflict = |reason: String| Error::TopologyConflict {
+            kind,
+            name: name.to_string(),
+            reason,
+        };
+        let mut found: Vec<TopologyDifference> = Vec::new();
+        let mut adopted: Option<(String, String, Adopt)> = None;
         while found.len() < MAX_DIFFERENCES {
-            let reason = match self.with_channel(|c| declare_exchange_on(c, &current)) {
+            let asked = declare(
+                adopted
+                    .as_ref()
+                    .map(|(w, a, ad)| (w.as_str(), a.as_str(), ad)),
+            );
+            let reason = match asked {
                 Ok(()) => return Ok(found),
                 Err(Error::TopologyConflict { reason, .. }) => reason,
                 Err(e) => return Err(e),
             };
             let Some((what, expected, actual, adopt)) = parse_inequivalence(&reason) else {
-                return Err(Error::TopologyConflict {
-                    kind: "exchange",
-                    name: spec.name.clone(),
-                    reason,
-                });
+                return Err(conflict(reason));
             };
-            if found
-                .iter()
-                .any(|d: &TopologyDifference| d.what == what && d.actual == actual)
-            {
-                return Err(Error::TopologyConflict {
-                    kind: "exchange",
-                    name: spec.name.clone(),
-                    reason,
-                });
-            }
-            match (what.as_str(), &adopt) {
-                ("type", _) => {
-                    current.kind = match actual.as_str() {
-                        "direct" => ExchangeKind::Direct,
-                        "fanout" => ExchangeKind::Fanout,
-                        "topic" => ExchangeKind::Topic,
-                        "headers" => ExchangeKind::Headers,
-                        other => ExchangeKind::Custom(other.to_string()),
-                    }
-                }
-                ("durable", _) => current.durable = actual == "true",
-                ("auto_delete", _) => current.auto_delete = actual == "true",
-                ("internal", _) => current.internal = actual == "true",
-                (name, Adopt::Remove) => {
-                    current.arguments.remove(name);
-                }
-                (name, Adopt::Set(value, ty)) => {
-                    current
-                        .arguments
-                        .insert(name.to_string(), adopt_value(value, ty));
-                }
+            if found.iter().any(|d| d.what == what && d.actual == actual) {
+                // Adopting the broker's value did not satisfy it: report what it said.
+                return Err(conflict(reason));
             }
             found.push(difference(&what, &expected, &actual));
+            adopted = Some((what, actual, adopt));
         }
         Ok(found)
     }
