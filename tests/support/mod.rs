@@ -6,6 +6,8 @@
 pub mod db;
 pub mod proxy;
 pub mod raw;
+#[cfg(feature = "tls")]
+pub mod tls_proxy;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
