@@ -41,6 +41,8 @@ use support::db::{self, Db};
 use support::{connect, connect_with, unique, Cleanup};
 
 const ROUNDS: usize = 8;
+/// Fresh messages or records added before each held round (`kill_rounds`).
+const REFILL: usize = 20;
 const ROLE: &str = "ACEMQ_CRASH17_ROLE";
 
 /// Where the child holds: prints `WINDOW` and waits to be killed.
@@ -267,7 +269,16 @@ fn crash_child() {
 
 /// Runs `ROUNDS` children with `vars`, each killed with SIGKILL: held at the window on even
 /// rounds, 20–800 ms after it is ready on odd ones. Returns (window kills, random kills).
-fn kill_rounds(role: &str, vars: &[(&str, String)], progress: impl Fn() -> String) -> (u32, u32) {
+///
+/// `refill` runs before every held round and adds a little fresh work: a random-moment round
+/// can finish everything that leads to the window (every first attempt already retried, the
+/// outbox or the source drained), and a child with nothing left to do never reaches it.
+fn kill_rounds(
+    role: &str,
+    vars: &[(&str, String)],
+    mut refill: impl FnMut(),
+    progress: impl Fn() -> String,
+) -> (u32, u32) {
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -282,6 +293,9 @@ fn kill_rounds(role: &str, vars: &[(&str, String)], progress: impl Fn() -> Strin
     let (mut at_window, mut random) = (0, 0);
     for round in 0..ROUNDS {
         let hold = round.is_multiple_of(2);
+        if hold {
+            refill();
+        }
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "crash_child",
@@ -386,17 +400,30 @@ fn relay_killed_between_publish_and_delete_duplicates_and_loses_nothing() {
     let store = outbox_store(&table);
     store.create_table().unwrap();
     let run = unique("r");
-    let ids: Vec<String> = (0..n).map(|i| format!("{run}-{i}")).collect();
-    db.in_tx(true, |tx| {
-        for id in &ids {
-            let m = Message::new(id.as_bytes().to_vec()).with_id(id.as_str());
-            store.add(tx, &record_message("", &q, &m).unwrap()).unwrap();
-        }
-    });
+    let add = |ids: &[String]| {
+        db.in_tx(true, |tx| {
+            for id in ids {
+                let m = Message::new(id.as_bytes().to_vec()).with_id(id.as_str());
+                store.add(tx, &record_message("", &q, &m).unwrap()).unwrap();
+            }
+        })
+    };
+    let mut ids: Vec<String> = (0..n).map(|i| format!("{run}-{i}")).collect();
+    add(&ids);
     let count_sql = format!("SELECT COUNT(*) FROM {table}");
-    let (window, random) = kill_rounds("relay", &[("ACEMQ_CRASH17_OUTBOX", table.clone())], || {
-        format!("{} records left in the outbox", pg_count(&db, &count_sql))
-    });
+    let (window, random) = kill_rounds(
+        "relay",
+        &[("ACEMQ_CRASH17_OUTBOX", table.clone())],
+        || {
+            let more: Vec<String> = (0..REFILL)
+                .map(|i| format!("{run}-{}", ids.len() + i))
+                .collect();
+            add(&more);
+            ids.extend(more);
+        },
+        || format!("{} records left in the outbox", pg_count(&db, &count_sql)),
+    );
+    let n = ids.len();
 
     // Restarted without kills: the relay drains the outbox; downstream, an idempotent consumer
     // applies each id once.
@@ -472,7 +499,7 @@ fn consumer_killed_between_commit_and_ack_repeats_no_effect() {
     db.connect()
         .execute(&format!("CREATE TABLE {effects} (id TEXT NOT NULL)"), &[])
         .unwrap();
-    let ids = support::publish_n(&conn, &q, n, true);
+    let mut ids = support::publish_n(&conn, &q, n, true);
     let effects_sql = format!("SELECT COUNT(*) FROM {effects}");
     let (window, random) = kill_rounds(
         "commit",
@@ -481,8 +508,10 @@ fn consumer_killed_between_commit_and_ack_repeats_no_effect() {
             ("ACEMQ_CRASH17_IDEM", idem.clone()),
             ("ACEMQ_CRASH17_EFFECTS", effects.clone()),
         ],
+        || ids.extend(support::publish_n(&conn, &q, REFILL, true)),
         || format!("{} effects so far", pg_count(&db, &effects_sql)),
     );
+    let n = ids.len();
     let consumer = commit_consumer(&conn, &q, &idem, &effects);
     wait_for("every message applied", Duration::from_secs(60), || {
         pg_count(&db, &format!("SELECT COUNT(DISTINCT id) FROM {effects}")) == n as i64
@@ -527,7 +556,7 @@ fn consumer_killed_while_a_retry_copy_is_published_loses_nothing() {
     db.connect()
         .execute(&format!("CREATE TABLE {accepted} (id TEXT NOT NULL)"), &[])
         .unwrap();
-    let ids = support::publish_n(&conn, &q, n, true);
+    let mut ids = support::publish_n(&conn, &q, n, true);
     let sql = format!("SELECT COUNT(DISTINCT id) FROM {accepted}");
     let (window, random) = kill_rounds(
         "retry",
@@ -535,8 +564,10 @@ fn consumer_killed_while_a_retry_copy_is_published_loses_nothing() {
             ("ACEMQ_CRASH17_QUEUE", q.clone()),
             ("ACEMQ_CRASH17_EFFECTS", accepted.clone()),
         ],
+        || ids.extend(support::publish_n(&conn, &q, REFILL, true)),
         || format!("{} accepted so far", pg_count(&db, &sql)),
     );
+    let n = ids.len();
     let consumer = retry_consumer(&conn, &q, &accepted);
     wait_for("every message accepted", Duration::from_secs(60), || {
         pg_count(&db, &sql) == n as i64
@@ -578,7 +609,7 @@ fn replay_killed_between_the_copy_and_the_ack_loses_nothing() {
     conn.declare_queue(&QueueSpec::new(&src).classic()).unwrap();
     conn.declare_queue(&QueueSpec::new(&target).classic())
         .unwrap();
-    let ids = support::publish_n(&conn, &src, n, true);
+    let mut ids = support::publish_n(&conn, &src, n, true);
     let count = |q: &str| conn.queue_info(q).map(|i| i.message_count).unwrap_or(0);
     let (window, random) = kill_rounds(
         "replay",
@@ -586,8 +617,10 @@ fn replay_killed_between_the_copy_and_the_ack_loses_nothing() {
             ("ACEMQ_CRASH17_QUEUE", src.clone()),
             ("ACEMQ_CRASH17_TARGET", target.clone()),
         ],
+        || ids.extend(support::publish_n(&conn, &src, REFILL, true)),
         || format!("{} moved so far", count(&target)),
     );
+    let n = ids.len();
     // The broker takes back what the killed channels held; a pass without kills finishes.
     wait_for(
         "the source has no consumer",
@@ -632,24 +665,30 @@ fn scheduler_killed_between_a_hop_and_the_ack_loses_nothing() {
     // Scheduled messages on the 1 s rung, due over the next 2 to 12 s, as any scheduler writes
     // them.
     let p = conn.publisher().unwrap();
-    let now = acemq_amqp::now_ms();
+    let schedule = |count: i64, ids: &mut Vec<String>| {
+        let now = acemq_amqp::now_ms();
+        for i in 0..count {
+            let m = Message::new(format!("m{}", ids.len()))
+                .message_type(acemq_amqp::patterns::SCHEDULED_MESSAGE_TYPE)
+                .header(headers::SCHEDULE_EXCHANGE, "")
+                .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
+                .header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 50)
+                .header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
+            ids.push(m.id().to_string());
+            p.publish(&base, &format!("{base}.1s"), m).unwrap();
+        }
+    };
     let mut ids = Vec::new();
-    for i in 0..n {
-        let m = Message::new(format!("m{i}"))
-            .message_type(acemq_amqp::patterns::SCHEDULED_MESSAGE_TYPE)
-            .header(headers::SCHEDULE_EXCHANGE, "")
-            .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 50)
-            .header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
-        ids.push(m.id().to_string());
-        p.publish(&base, &format!("{base}.1s"), m).unwrap();
-    }
-    p.close().unwrap();
+    schedule(n, &mut ids);
     let delivered = || conn.queue_info(&q).map(|i| i.message_count).unwrap_or(0);
-    let (window, random) =
-        kill_rounds("scheduler", &[("ACEMQ_CRASH17_BASE", base.clone())], || {
-            format!("{} delivered so far", delivered())
-        });
+    let (window, random) = kill_rounds(
+        "scheduler",
+        &[("ACEMQ_CRASH17_BASE", base.clone())],
+        || schedule(REFILL as i64, &mut ids),
+        || format!("{} delivered so far", delivered()),
+    );
+    p.close().unwrap();
+    let n = ids.len() as i64;
     let scheduler = Scheduler::open_with(&conn, scheduler_options(&base)).unwrap();
     let got = ids_on(&conn, &q, n as usize);
     scheduler.close().unwrap();
