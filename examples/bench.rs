@@ -24,8 +24,8 @@ use acemq_amqp::patterns::acknowledged::{
     consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 use acemq_amqp::patterns::{
-    idempotent, idempotent_tx, record, serve_with, OutboxRelay, OutboxRelayOptions, Requester,
-    SqlIdempotencyStore, SqlOutboxStore,
+    by_header, idempotent, idempotent_tx, ordered, record, serve_with, OutboxRelay,
+    OutboxRelayOptions, Requester, SqlIdempotencyStore, SqlOutboxStore,
 };
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::{
@@ -50,7 +50,7 @@ enum Target {
     None,
     /// ours / raw at least this.
     RatioAtLeast(f64),
-    /// ours at most this (memory, in MiB).
+    /// ours at most this (memory in MiB, a latency in ms).
     AtMost(f64),
 }
 
@@ -79,7 +79,7 @@ impl Row {
         match self.target {
             Target::None => "-".into(),
             Target::RatioAtLeast(t) => format!("≥ {t:.2}×"),
-            Target::AtMost(t) => format!("≤ {t:.0}"),
+            Target::AtMost(t) => format!("≤ {t}"),
         }
     }
     fn json(&self, load: &str) -> String {
@@ -143,7 +143,16 @@ impl Suite {
 }
 
 fn print_row(row: &Row) {
-    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    // Rates as whole numbers; small figures (a latency in ms) with two decimals.
+    let f = |v: Option<f64>| {
+        v.map_or("-".to_string(), |v| {
+            if v.abs() < 10.0 {
+                format!("{v:.2}")
+            } else {
+                format!("{v:.0}")
+            }
+        })
+    };
     println!(
         "| {} | {} | {} | {} | {} | {} | {} | {:.0} | {} |",
         row.figure,
@@ -825,8 +834,14 @@ fn acknowledged(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
 
 const RPC_BODY: &[u8] = b"{\"sku\":\"sku-42\"}";
 
-/// A raw amiquip responder on its own thread and connection: reply, then ack.
-fn raw_responder(queue: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+/// A raw amiquip responder on its own thread and connection: reply, then ack. With `envelope`
+/// the reply carries the family's envelope headers, built per reply as the library builds them
+/// (a fresh id, the request's correlation and id as correlation and causation).
+fn raw_responder(
+    queue: String,
+    stop: Arc<AtomicBool>,
+    envelope: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut conn = common::raw_connection();
         let ch = conn.open_channel(None).expect("channel");
@@ -845,7 +860,24 @@ fn raw_responder(queue: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
                 break;
             };
             let to = d.properties.reply_to().clone().expect("reply_to");
-            let mut props = AmqpProperties::default().with_delivery_mode(1);
+            let mut props = if envelope {
+                let header = |name: &str| {
+                    d.properties
+                        .headers()
+                        .as_ref()
+                        .and_then(|h| h.get(name))
+                        .and_then(|v| match v {
+                            amiquip::AmqpValue::LongString(s) => Some(s.clone()),
+                            _ => None,
+                        })
+                };
+                let mut reply = Message::new(&b"{\"price\":12.5}"[..]).persistent(false);
+                reply.envelope.correlation_id = header("x-acemq-correlation");
+                reply.envelope.causation_id = d.properties.message_id().clone();
+                reply.to_properties_for_bench(&to, "acemq@bench")
+            } else {
+                AmqpProperties::default().with_delivery_mode(1)
+            };
             if let Some(c) = d.properties.correlation_id() {
                 props = props.with_correlation_id(c.clone());
             }
@@ -864,8 +896,10 @@ fn raw_responder(queue: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
     })
 }
 
-/// One raw caller: `n` sequential round trips; their latencies.
-fn raw_caller(queue: &str, n: usize) -> Vec<Duration> {
+/// One raw caller: `n` sequential round trips; their latencies. With `envelope` each request
+/// carries the family's envelope headers (a fresh id and correlation, `acemq-reply-to`), built
+/// per request as the library builds them.
+fn raw_caller(queue: &str, n: usize, envelope: bool) -> Vec<Duration> {
     let mut conn = common::raw_connection();
     let ch = conn.open_channel(None).expect("channel");
     let reply = ch
@@ -890,10 +924,20 @@ fn raw_caller(queue: &str, n: usize) -> Vec<Duration> {
     for i in 0..n {
         let correlation = format!("c{i}");
         let start = Instant::now();
-        let props = AmqpProperties::default()
-            .with_delivery_mode(1)
-            .with_reply_to(reply_name.clone())
-            .with_correlation_id(correlation.clone());
+        let props = if envelope {
+            let mut m = Message::new(RPC_BODY)
+                .persistent(false)
+                .header("acemq-reply-to", reply_name.as_str())
+                .reply_to(reply_name.as_str());
+            m.envelope.correlation_id = Some(correlation.clone());
+            m.to_properties_for_bench(queue, "acemq@bench")
+                .with_correlation_id(correlation.clone())
+        } else {
+            AmqpProperties::default()
+                .with_delivery_mode(1)
+                .with_reply_to(reply_name.clone())
+                .with_correlation_id(correlation.clone())
+        };
         ch.basic_publish("", Publish::with_properties(RPC_BODY, queue, props))
             .expect("request");
         loop {
@@ -974,12 +1018,14 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     let n = s.n(2_000, 200);
     let pid = std::process::id();
     let raw_q = format!("bench.rpc.raw.{pid}");
+    let env_q = format!("bench.rpc.env.{pid}");
     let our_q = format!("bench.rpc.acemq.{pid}");
-    for q in [&raw_q, &our_q] {
+    for q in [&raw_q, &env_q, &our_q] {
         conn.declare_queue(&QueueSpec::new(q).classic())?;
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let raw_thread = raw_responder(raw_q.clone(), stop.clone());
+    let raw_thread = raw_responder(raw_q.clone(), stop.clone(), false);
+    let env_thread = raw_responder(env_q.clone(), stop.clone(), true);
     let server = Connection::open(AMQP)?;
     let responder = serve_with(
         &server,
@@ -988,13 +1034,18 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
         |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]),
     )?;
     let requester = Requester::open(conn, "", &our_q)?;
-    raw_caller(&raw_q, 100);
+    raw_caller(&raw_q, 100, false);
+    raw_caller(&env_q, 100, true);
     acemq_callers(&requester, 1, 100);
     let (mut raw, mut one, mut eight) = (Stats::default(), Stats::default(), Stats::default());
+    let mut env = Stats::default();
     for _ in 0..s.rounds {
         let t = Instant::now();
-        let lat = raw_caller(&raw_q, n);
+        let lat = raw_caller(&raw_q, n, false);
         raw.add(lat, t.elapsed());
+        let t = Instant::now();
+        let lat = raw_caller(&env_q, n, true);
+        env.add(lat, t.elapsed());
         let (lat, wall) = acemq_callers(&requester, 1, n);
         one.add(lat, wall);
         let (lat, wall) = acemq_callers(&requester, 8, n);
@@ -1002,30 +1053,201 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     }
     let raw_rate = raw.rate();
     let (raw50, raw99) = (raw.pct(0.5), raw.pct(0.99));
-    for (name, st) in [("1 caller", &mut one), ("8 callers", &mut eight)] {
-        let (p50, p99) = (st.pct(0.5), st.pct(0.99));
-        s.push(Row {
-            figure: format!("request/reply, Requester, {name} vs raw 1 caller"),
-            unit: "req/s",
-            ours: Some(st.rate()),
-            raw: Some(raw_rate),
-            target: Target::None,
-            rss_mib: 0.0,
-            note: format!(
-                "p50 {p50:.2} ms, p99 {p99:.2} ms (raw {raw50:.2} / {raw99:.2}); {n} per caller"
-            ),
-        });
-    }
+    let (env_rate, env50) = (env.rate(), env.pct(0.5));
+    let one_rate = one.rate();
+    let (one50, one99) = (one.pct(0.5), one.pct(0.99));
+    let (eight50, eight99) = (eight.pct(0.5), eight.pct(0.99));
+    s.push(Row {
+        figure: "request/reply, Requester, 1 caller vs raw 1 caller".into(),
+        unit: "req/s",
+        ours: Some(one_rate),
+        raw: Some(raw_rate),
+        target: Target::RatioAtLeast(0.8),
+        rss_mib: 0.0,
+        note: format!(
+            "p50 {one50:.2} ms, p99 {one99:.2} ms (raw {raw50:.2} / {raw99:.2}); {n} per caller"
+        ),
+    });
+    s.push(Row {
+        figure: "request/reply, Requester, 1 caller vs raw+env 1 caller".into(),
+        unit: "req/s",
+        ours: Some(one_rate),
+        raw: Some(env_rate),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "raw+env: raw amiquip carrying the family's envelope headers on request and reply; \
+             its p50 {env50:.2} ms"
+        ),
+    });
+    s.push(Row {
+        figure: "request/reply, Requester, 1 caller, p50 round trip".into(),
+        unit: "ms",
+        ours: Some(one50),
+        raw: None,
+        target: Target::AtMost(1.0),
+        rss_mib: 0.0,
+        note: format!("raw p50 {raw50:.2} ms"),
+    });
+    s.push(Row {
+        figure: "request/reply, Requester, 8 callers vs the Requester's 1 caller".into(),
+        unit: "req/s",
+        ours: Some(eight.rate()),
+        raw: Some(one_rate),
+        target: Target::RatioAtLeast(3.0),
+        rss_mib: 0.0,
+        note: format!(
+            "p50 {eight50:.2} ms, p99 {eight99:.2} ms; {n} per caller; {:.2}x raw 1 caller",
+            eight.rate() / raw_rate
+        ),
+    });
     requester.close()?;
     responder.close()?;
     server.close()?;
     stop.store(true, Ordering::SeqCst);
-    raw_thread.join().map_err(|_| Error::Closed {
-        what: "raw responder",
-    })?;
-    for q in [&raw_q, &our_q] {
+    for t in [raw_thread, env_thread] {
+        t.join().map_err(|_| Error::Closed {
+            what: "raw responder",
+        })?;
+    }
+    for q in [&raw_q, &env_q, &our_q] {
         conn.delete_queue(q)?;
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ordered dispatch (the former bench_ordered)
+
+const ORDERED_PREFETCH: u16 = 200;
+const ORDERED_WORK: Duration = Duration::from_millis(1);
+const ORDERED_KEYS: usize = 20;
+
+/// `n` transient 200-byte messages over `ORDERED_KEYS` keys (header `k`).
+fn fill_keyed(conn: &Connection, queue: &str, n: usize) -> Result<()> {
+    let p = conn.publisher_with(PublisherOptions::new().window(2000))?;
+    let mut tickets = Vec::with_capacity(1000);
+    for i in 0..n {
+        let m = Message::new(BODY.to_vec())
+            .persistent(false)
+            .header("k", format!("key-{}", i % ORDERED_KEYS));
+        tickets.push(p.publish_deferred("", queue, m)?);
+        if tickets.len() == 1000 {
+            for t in tickets.drain(..) {
+                t.wait()?;
+            }
+        }
+    }
+    for t in tickets {
+        t.wait()?;
+    }
+    p.close()
+}
+
+/// Raw amiquip running the 1 ms handler on its consuming thread, acking each delivery.
+fn raw_with_work(queue: &str, n: usize) -> Duration {
+    let mut conn = common::raw_connection();
+    let ch = conn.open_channel(None).expect("channel");
+    ch.qos(0, ORDERED_PREFETCH, false).expect("qos");
+    let start = Instant::now();
+    let consumer = ch
+        .basic_consume(queue, RawConsumerOptions::default())
+        .expect("consume");
+    let mut got = 0;
+    for m in consumer.receiver().iter() {
+        if let ConsumerMessage::Delivery(d) = m {
+            std::thread::sleep(ORDERED_WORK);
+            d.ack(&ch).expect("ack");
+            got += 1;
+            if got == n {
+                break;
+            }
+        }
+    }
+    let took = start.elapsed();
+    consumer.cancel().expect("cancel");
+    for m in consumer.receiver().iter() {
+        if !matches!(m, ConsumerMessage::Delivery(_)) {
+            break;
+        }
+    }
+    drop(consumer);
+    conn.close().expect("close");
+    took
+}
+
+/// The library consuming `n` messages with the 1 ms handler, plain or `ordered`.
+fn ours_with_work(
+    conn: &Connection,
+    queue: &str,
+    n: usize,
+    concurrency: usize,
+    keyed: bool,
+) -> Result<Duration> {
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let work = move |_: &Message| {
+        std::thread::sleep(ORDERED_WORK);
+        if count.fetch_add(1, Ordering::Relaxed) + 1 == n {
+            let _ = tx.try_send(Instant::now());
+        }
+        Ok(Outcome::Accept)
+    };
+    let options = ConsumerOptions::new()
+        .prefetch(ORDERED_PREFETCH)
+        .concurrency(concurrency)
+        .declare(false);
+    let start = Instant::now();
+    let consumer = conn.consumer(queue, options)?;
+    let consumer = if keyed {
+        consumer.start(ordered(by_header("k"), work))?
+    } else {
+        consumer.start(work)?
+    };
+    let end = rx
+        .recv_timeout(Duration::from_secs(600))
+        .map_err(|_| Error::Closed { what: "bench" })?;
+    consumer.close()?;
+    Ok(end - start)
+}
+
+fn ordered_dispatch(s: &mut Suite, conn: &Connection) -> Result<()> {
+    let n = s.n(2_000, 400);
+    let queue = format!("bench.ordered.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let (mut raw, mut one, mut eight, mut keyed) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..s.rounds {
+        fill_keyed(conn, &queue, n)?;
+        raw.push(rate(n, raw_with_work(&queue, n)));
+        fill_keyed(conn, &queue, n)?;
+        one.push(rate(n, ours_with_work(conn, &queue, n, 1, false)?));
+        fill_keyed(conn, &queue, n)?;
+        eight.push(rate(n, ours_with_work(conn, &queue, n, 8, false)?));
+        fill_keyed(conn, &queue, n)?;
+        keyed.push(rate(n, ours_with_work(conn, &queue, n, 8, true)?));
+    }
+    let (raw, one, eight, keyed) = (median(raw), median(one), median(eight), median(keyed));
+    let note =
+        format!("{n} msgs over {ORDERED_KEYS} keys, 1 ms handlers, prefetch {ORDERED_PREFETCH}");
+    s.push(Row {
+        figure: "ordered dispatch, concurrency 8, vs unordered at concurrency 8".into(),
+        unit: "msg/s",
+        ours: Some(keyed),
+        raw: Some(eight),
+        target: Target::RatioAtLeast(0.7),
+        rss_mib: 0.0,
+        note: note.clone(),
+    });
+    s.push(Row {
+        figure: "unordered, concurrency 1, vs raw (handler on the consuming thread)".into(),
+        unit: "msg/s",
+        ours: Some(one),
+        raw: Some(raw),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!("{note}; concurrency 8 runs {:.1}x raw", eight / raw),
+    });
+    conn.delete_queue(&queue)?;
     Ok(())
 }
 
@@ -1148,18 +1370,6 @@ fn memory(s: &mut Suite, conn: &Connection) -> Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 
-fn not_yet(s: &mut Suite, figure: &str, why: &str) {
-    s.push(Row {
-        figure: figure.into(),
-        unit: "-",
-        ours: None,
-        raw: None,
-        target: Target::None,
-        rss_mib: 0.0,
-        note: format!("not yet: {why}"),
-    });
-}
-
 fn main() {
     fail::run(bench);
 }
@@ -1168,8 +1378,8 @@ fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
-    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, scheduler,
-    // memory.
+    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, ordered,
+    // scheduler, memory.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -1226,14 +1436,9 @@ fn bench() -> Result<()> {
     if wanted("rpc") {
         s.figure(|s| request_reply(s, &conn))?;
     }
-    s.figure(|s| {
-        not_yet(
-            s,
-            "ordered dispatch",
-            "measured by examples/bench_ordered.rs (issue 14), not yet folded in",
-        );
-        Ok(())
-    })?;
+    if wanted("ordered") {
+        s.figure(|s| ordered_dispatch(s, &conn))?;
+    }
     if wanted("scheduler") {
         s.figure(|s| scheduler_accuracy(s, &conn))?;
     }
