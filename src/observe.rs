@@ -255,7 +255,9 @@ pub enum OutboxEvent<'a> {
         /// Why.
         error: &'a str,
     },
-    /// The backlog, reported by a started relay after each sweep.
+    /// The backlog, reported by a started relay after each sweep that found less than a full
+    /// batch, and at most once a second (or once per interval, if longer) while it works
+    /// through full batches.
     Backlog {
         /// Records waiting (retired ones excluded).
         pending: u64,

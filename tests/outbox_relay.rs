@@ -693,7 +693,92 @@ fn record_tells_the_message_id_the_relayed_message_carries() {
     relay.close().unwrap();
 }
 
+/// What a started relay's pipelining may and may not do: with batches of 10 and record 15 of 50
+/// unroutable, the batch after the failing one is already handed over when the failure comes to
+/// light (documented), so ids up to 30 may go out before record 15 retires — but nothing beyond
+/// that batch overtakes it, every routable record arrives exactly once and in order, and the
+/// failing record retires after its attempts.
+fn a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record(db: &Db) {
+    #[derive(Default)]
+    struct Order(Mutex<Vec<(String, i64)>>);
+    impl Observer for Order {
+        fn outbox(&self, event: &OutboxEvent<'_>) {
+            match event {
+                OutboxEvent::Published { id, .. } => {
+                    self.0.lock().unwrap().push(("published".into(), *id))
+                }
+                OutboxEvent::Failed { id, .. } => {
+                    self.0.lock().unwrap().push(("failed".into(), *id))
+                }
+                _ => {}
+            }
+        }
+    }
+    let order = Arc::new(Order::default());
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(order.clone()),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-pipelined"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(db, 3);
+    let nowhere = unique("nowhere");
+    let mut ids = Vec::new();
+    db.in_tx(true, |tx| {
+        for i in 1..=50 {
+            let rk = if i == 15 {
+                nowhere.as_str()
+            } else {
+                q.as_str()
+            };
+            let m = Message::new(format!("{i}"));
+            ids.push(store.add(tx, &record_message("", rk, &m).unwrap()).unwrap());
+        }
+    });
+    let stuck = ids[14];
+    let relay = OutboxRelay::new(
+        &conn,
+        same_table(db, &store),
+        OutboxRelayOptions::new()
+            .batch_size(10)
+            .interval(Duration::from_millis(20)),
+    )
+    .unwrap()
+    .start()
+    .unwrap();
+    assert!(eventually(WAIT, || store.retired().unwrap().len() == 1
+        && conn.queue_info(&q).unwrap().message_count == 49));
+    relay.close().unwrap();
+    let retired = store.retired().unwrap();
+    assert_eq!(retired[0].id, stuck);
+    assert_eq!(retired[0].attempts, 3);
+    let bodies: Vec<String> = drain(&conn, &q);
+    let expected: Vec<String> = (1..=50)
+        .filter(|i| *i != 15)
+        .map(|i| i.to_string())
+        .collect();
+    assert_eq!(bodies, expected, "every routable record once, in order");
+    let events = order.0.lock().unwrap().clone();
+    let last_failure = events
+        .iter()
+        .rposition(|(what, id)| what == "failed" && *id == stuck)
+        .expect("the failures of the stuck record were reported");
+    let overtook: Vec<i64> = events[..last_failure]
+        .iter()
+        .filter(|(what, _)| what == "published")
+        .map(|(_, id)| *id)
+        .filter(|id| *id > stuck)
+        .collect();
+    assert!(
+        overtook.iter().all(|id| *id <= ids[29]),
+        "only the failing record's batch and the one after it may overtake it: {overtook:?}"
+    );
+}
+
 on_both!(
+    a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record,
     rollback_publishes_nothing_and_commit_publishes_once,
     an_unroutable_record_retires_and_then_the_queue_behind_it_moves,
     a_nacked_record_is_counted_retires_and_keeps_its_place,

@@ -631,6 +631,50 @@ fn outbox_lease_expiry_reoffers(db: &Db) {
     assert!(a.pending(10).unwrap().is_empty());
 }
 
+/// The relay's one-commit step: the published batch goes, the next is leased; a published
+/// record whose lease already ran out is deleted, never leased again by the same call.
+fn outbox_delete_and_lease_in_one_step(db: &Db) {
+    let table = db.table("obdl");
+    let a = outbox(db, &table);
+    let ids: Vec<i64> = db.in_tx(true, |tx| {
+        (0..30).map(|n| a.add(tx, &record(n)).unwrap()).collect()
+    });
+    let first = a.pending(10).unwrap();
+    assert_eq!(first.iter().map(|r| r.id).collect::<Vec<_>>(), ids[..10]);
+    let published: Vec<i64> = first.iter().map(|r| r.id).collect();
+    let second = a.mark_published_and_lease(&published, 10).unwrap();
+    assert_eq!(second.iter().map(|r| r.id).collect::<Vec<_>>(), ids[10..20]);
+    assert_eq!(db.count(&table), 20, "the published batch is gone");
+    assert_eq!(a.stats().unwrap().pending, 20);
+
+    // Leases of 1 ms: by the time the batch is confirmed they have run out, so the lease half
+    // of the step could pick the very records its delete half removes.
+    let expired_table = db.table("obdl2");
+    let c = SqlOutboxStore::builder(db.factory())
+        .table(&expired_table)
+        .lease(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    c.create_table().unwrap();
+    let mine: Vec<i64> = db.in_tx(true, |tx| {
+        (0..5).map(|n| c.add(tx, &record(n)).unwrap()).collect()
+    });
+    let leased: Vec<i64> = c.pending(5).unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(leased, mine);
+    let now = db.connect().dialect().now_ms_sql();
+    let expired = format!("SELECT COUNT(*) FROM {expired_table} WHERE lease_until_ms <= {now}");
+    assert!(support::eventually(Duration::from_secs(10), || {
+        db.connect().query(&expired, &[]).unwrap()[0][0].as_i64() == Some(5)
+    }));
+    let next = c.mark_published_and_lease(&leased, 10).unwrap();
+    assert!(
+        next.is_empty(),
+        "a deleted record was leased: {:?}",
+        next.iter().map(|r| r.id).collect::<Vec<_>>()
+    );
+    assert_eq!(db.count(&expired_table), 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Schema registry
 
@@ -748,6 +792,7 @@ on_both!(
     outbox_order_failures_retirement_release,
     outbox_two_relays_never_share,
     outbox_lease_expiry_reoffers,
+    outbox_delete_and_lease_in_one_step,
     registry_round_trip,
     registry_concurrent_agree,
     dialect_now_is_the_database_clock_in_ms,

@@ -20,7 +20,15 @@
 //!   anything behind it (a batch stops short of it), so the queue behind a failing record waits
 //!   until it goes out or retires at `max_attempts` — except records of the very batch in which
 //!   it first failed that the broker had already confirmed (sending them again would duplicate
-//!   them). Use [`OutboxRelayOptions::batch_size`]`(1)` for strict order.
+//!   them) and, on a started relay, the batch after it: a started relay hands over the next
+//!   full batch before it awaits the confirms of the one before (see below). Use
+//!   [`OutboxRelayOptions::batch_size`]`(1)` for strict order (a started relay then never has
+//!   two batches out at once).
+//! * **Pipelined**: a started relay keeps at most two batches out — the one whose confirms it
+//!   awaits and the next, handed over meanwhile — and, while the broker confirms the newer one,
+//!   deletes the older one and leases the next in one commit
+//!   ([`OutboxStore::mark_published_and_lease`]). A batch that is not full, a record that failed
+//!   before and any failure end the overlap: what is out settles before anything more goes.
 //! * What is not the record's fault is not counted: a dropped connection, a channel the broker
 //!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
 //!   that timed out. Those records' leases are ended and they go out after recovery.
@@ -335,6 +343,14 @@ struct HandedOver {
     whole_batch: bool,
 }
 
+/// A full batch handed to the broker whose confirms the started relay awaits only after it has
+/// handed over the next batch (see [`Core::pump`]).
+struct InFlight {
+    records: Vec<OutboxRecord>,
+    handed: HandedOver,
+    deadline: Instant,
+}
+
 /// Whether a failed publish is the record's own fault, counted against it: the broker refused
 /// (nacked) or could not route this message, or its exchange does not exist. A lost connection
 /// or channel, a timeout or a closed publisher says nothing about the record.
@@ -553,15 +569,18 @@ impl Drop for Core {
     }
 }
 
+/// How often a relay working through full batches reports the backlog.
+const BACKLOG_EVERY: Duration = Duration::from_secs(1);
+
 impl Core {
     /// The sweeper thread: sweeps, and after a sweep that found less than a full batch waits
     /// the interval or until told to stop; stopping, it deletes what went out and gives back
     /// what it leased ahead.
     fn run(&self, stop: &Receiver<()>) {
-        let (mut next, mut to_delete) = (None, Vec::new());
+        let (mut next, mut to_delete, mut flying) = (None, Vec::new(), None);
         let mut reported = Instant::now();
         loop {
-            let full = match self.pump(&mut next, &mut to_delete) {
+            let full = match self.pump(&mut next, &mut to_delete, &mut flying) {
                 Ok(n) => n >= self.options.batch_size,
                 Err(e) => {
                     log::warn!("acemq: outbox sweep failed: {e}");
@@ -573,7 +592,10 @@ impl Core {
                     log::warn!("acemq: deleting published outbox records: {e}");
                 }
             }
-            if !full || reported.elapsed() >= self.options.interval {
+            // The backlog gauge: after a sweep that found less than a full batch, and while
+            // working through a backlog at most every `BACKLOG_EVERY` (its query counts the
+            // table: not a cost to pay per batch).
+            if !full || reported.elapsed() >= self.options.interval.max(BACKLOG_EVERY) {
                 self.report_backlog();
                 reported = Instant::now();
             }
@@ -583,7 +605,13 @@ impl Core {
                 self.options.interval
             };
             if !matches!(stop.recv_timeout(wait), Err(RecvTimeoutError::Timeout)) {
-                // Stopping: delete what went out, give back what was leased.
+                // Stopping: await the batch in flight, delete what went out, give back what
+                // was leased.
+                if let Some(f) = flying.take() {
+                    if let Err(e) = self.settle(f, &mut to_delete) {
+                        log::warn!("acemq: outbox sweep failed: {e}");
+                    }
+                }
                 if let Err(e) = self.flush(&mut to_delete) {
                     log::warn!("acemq: deleting published outbox records: {e}");
                 }
@@ -630,7 +658,8 @@ impl Core {
             (self.store.lease() / 3).clamp(Duration::from_millis(100), Duration::from_secs(10));
         let p = self.connection.publisher_with(
             PublisherOptions::new()
-                .window(self.options.batch_size.max(16))
+                // Two batches: the one in flight and the next (see `pump`).
+                .window(self.options.batch_size.saturating_mul(2).max(16))
                 .timeout(timeout),
         )?;
         *slot = Some(p.clone());
@@ -675,15 +704,21 @@ impl Core {
         Instant::now() + self.store.lease() / 2
     }
 
-    /// The started relay's loop: like [`sweep`](Self::sweep), but while a batch's confirms are
-    /// awaited it deletes the previous batch and leases the next one, so the database and the
-    /// broker work at the same time. `next` and `to_delete` carry over between calls.
+    /// The started relay's loop: like [`sweep`](Self::sweep), but pipelined. A full batch is
+    /// left in flight (`flying`) while the next one is handed over; then the earlier batch's
+    /// confirms are awaited, and — while the broker confirms the new one — the earlier batch is
+    /// deleted and the next leased, in one commit where the store can. So the database, the
+    /// publishing thread and the broker work at the same time. A batch that is not full, a
+    /// record that failed before (it goes alone, after the batch in flight has settled), any
+    /// failure and `batch_size(1)` (strict order) settle at once, as `sweep` does. `next`,
+    /// `to_delete` and `flying` carry over between calls.
     fn pump(
         &self,
         next: &mut Option<Vec<OutboxRecord>>,
         to_delete: &mut Vec<i64>,
+        flying: &mut Option<InFlight>,
     ) -> Result<usize> {
-        let result = self.pump_once(next, to_delete);
+        let result = self.pump_once(next, to_delete, flying);
         self.count_sweep(result)
     }
 
@@ -691,16 +726,45 @@ impl Core {
         &self,
         next: &mut Option<Vec<OutboxRecord>>,
         to_delete: &mut Vec<i64>,
+        flying: &mut Option<InFlight>,
     ) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
-        let publisher = self.publisher()?;
-        let records = match next.take() {
-            Some(r) => r,
-            None => self.store.pending(self.options.batch_size)?,
+        let batch_size = self.options.batch_size;
+        let leased = match next.take() {
+            Some(r) => Ok(r),
+            None => self
+                .publisher()
+                .and_then(|_| self.store.pending(batch_size)),
         };
-        if records.is_empty() || records[0].attempts > 0 {
-            // Nothing to overlap with, or a failed record that must go alone first.
-            if let Err(e) = self.flush(to_delete) {
+        let records = match leased {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing new goes out: the batch in flight settles.
+                if let Some(f) = flying.take() {
+                    let _ = self.settle(f, to_delete);
+                }
+                return Err(e);
+            }
+        };
+        let publisher = match self.publisher() {
+            Ok(p) => p,
+            Err(e) => {
+                self.give_back(&records);
+                if let Some(f) = flying.take() {
+                    let _ = self.settle(f, to_delete);
+                }
+                return Err(e);
+            }
+        };
+        if records.is_empty() || records[0].attempts > 0 || batch_size == 1 {
+            // Nothing to overlap with, a failed record that must go alone first, or strict
+            // order: the batch in flight settles first, then this one alone.
+            let earlier = match flying.take() {
+                Some(f) => self.settle(f, to_delete),
+                None => Ok(0),
+            };
+            let flushed = self.flush(to_delete);
+            if let Err(e) = earlier.and_then(|n| flushed.map(|()| n)) {
                 self.give_back(&records);
                 return Err(e);
             }
@@ -714,27 +778,61 @@ impl Core {
         }
         let deadline = self.sweep_deadline();
         let mut handed = self.hand_over(&publisher, &records, deadline);
-        let overlap = self.flush(to_delete).and_then(|()| {
-            let batch_size = self.options.batch_size;
-            if handed.whole_batch && records.len() == batch_size {
-                *next = Some(self.store.pending(batch_size)?);
-            }
-            Ok(())
-        });
+        // The earlier batch has had this batch's hand-over to be confirmed.
+        let earlier = match flying.take() {
+            Some(f) => self.settle(f, to_delete),
+            None => Ok(0),
+        };
+        let whole = handed.whole_batch && handed.failures.is_empty() && records.len() == batch_size;
+        // While the broker confirms this batch: delete the earlier one and lease the next, in
+        // one commit where the store can.
+        let overlap = if whole && earlier.is_ok() {
+            self.store
+                .mark_published_and_lease(to_delete, batch_size)
+                .map(|leased| {
+                    to_delete.clear();
+                    *next = Some(leased);
+                })
+        } else {
+            self.flush(to_delete)
+        };
+        if whole && earlier.is_ok() && overlap.is_ok() {
+            *flying = Some(InFlight {
+                records,
+                handed,
+                deadline,
+            });
+            return Ok(batch_size);
+        }
+        // Not full, or something failed: this batch settles now, and what was leased ahead is
+        // given back.
         let published = self.await_confirms(&records, &mut handed, deadline);
-        if published.len() < records.len() || overlap.is_err() {
-            let gave_back = match next.take() {
-                Some(leased) => self.store.unlease(&ids(&leased)),
-                None => Ok(()),
-            };
-            let n = self.finish(&records, published, handed.failures)?;
-            overlap?;
-            gave_back?;
+        let gave_back = match next.take() {
+            Some(leased) => self.store.unlease(&ids(&leased)),
+            None => Ok(()),
+        };
+        let n = self.finish(&records, published, handed.failures)?;
+        earlier?;
+        overlap?;
+        gave_back?;
+        Ok(n)
+    }
+
+    /// Awaits a batch left in flight: all confirmed → its ids join `to_delete` (deleted with the
+    /// next commit); otherwise it is finished at once (deleted what went out, failures counted,
+    /// leases ended).
+    fn settle(&self, mut f: InFlight, to_delete: &mut Vec<i64>) -> Result<usize> {
+        let published = self.await_confirms(&f.records, &mut f.handed, f.deadline);
+        if published.len() == f.records.len() && f.handed.failures.is_empty() {
+            let n = published.len();
+            to_delete.extend(published);
             return Ok(n);
         }
-        let n = published.len();
-        to_delete.extend(published);
-        Ok(n)
+        self.finish(
+            &f.records,
+            published,
+            std::mem::take(&mut f.handed.failures),
+        )
     }
 
     /// Deletes what was published and confirmed.

@@ -147,6 +147,24 @@ pub trait OutboxStore: Send + Sync {
         ids.iter().try_for_each(|id| self.mark_published(*id))
     }
 
+    /// Deletes the published records `published`, then leases up to `limit` records as
+    /// [`pending`](Self::pending) does — in **one commit** where the store can, so that a relay
+    /// pays one database round trip and one durable commit per batch instead of two. On an
+    /// error neither happened (the published records stay, to be deleted by a later call).
+    /// Defaults to [`mark_published_many`](Self::mark_published_many) then `pending`.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn mark_published_and_lease(
+        &self,
+        published: &[i64],
+        limit: usize,
+    ) -> Result<Vec<OutboxRecord>> {
+        self.mark_published_many(published)?;
+        self.pending(limit)
+    }
+
     /// Ends this store's lease on records it was offered but did not publish (the connection
     /// dropped, the batch stopped short of them, the store failed mid-sweep), without counting
     /// an attempt, so that they are offered again at once. Defaults to doing nothing: the

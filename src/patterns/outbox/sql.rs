@@ -82,6 +82,23 @@ impl Statements {
         )
     }
 
+    /// PostgreSQL: the delete of `n` published ids and the next lease in one statement (one
+    /// round trip, one commit). $1–$4 as `pending`, the ids from $5; the lease never picks an id
+    /// being deleted (a row whose lease ran out could otherwise be both deleted and leased by
+    /// the one statement).
+    fn delete_and_lease(&self, n: usize) -> String {
+        let t = &self.table;
+        let ids = self.ids_in(4, n);
+        let now = self.dialect.now_ms_sql();
+        format!(
+            "WITH gone AS (DELETE FROM {t} WHERE id IN ({ids})) \
+             UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id IN (\
+             SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
+             AND id NOT IN ({ids}) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
+        )
+    }
+
     fn unlease_many(&self, n: usize) -> String {
         format!(
             "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
@@ -413,6 +430,52 @@ impl OutboxStore for SqlOutboxStore {
                 .map_err(|e| self.context(e, "deleting published records"))?;
         }
         Ok(())
+    }
+
+    /// One commit: a single statement on PostgreSQL, `BEGIN IMMEDIATE` … `COMMIT` on SQLite.
+    fn mark_published_and_lease(
+        &self,
+        published: &[i64],
+        limit: usize,
+    ) -> Result<Vec<OutboxRecord>> {
+        if published.is_empty() || published.len() > 500 || limit == 0 {
+            self.mark_published_many(published)?;
+            return self.pending(limit);
+        }
+        let mut conn = (self.connect)()?;
+        let s = self.statements(&*conn);
+        let lease = [
+            Value::Text(self.owner.clone()),
+            Value::Integer(sql::duration_ms(self.lease)),
+            Value::Integer(i64::from(self.max_attempts)),
+            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+        ];
+        let ids = published.iter().map(|id| Value::Integer(*id));
+        let rows = match s.dialect {
+            Dialect::Postgres => {
+                let params: Vec<Value> = lease.into_iter().chain(ids).collect();
+                conn.query(&s.delete_and_lease(published.len()), &params)
+                    .map_err(|e| self.context(e, "deleting published records and leasing"))?
+            }
+            Dialect::Sqlite => {
+                let delete = s.delete_many(published.len());
+                let params: Vec<Value> = ids.collect();
+                conn.execute("BEGIN IMMEDIATE", &[])
+                    .map_err(|e| self.context(e, "beginning a delete and lease"))?;
+                let done = conn
+                    .execute(&delete, &params)
+                    .and_then(|_| conn.query(&s.pending, &lease));
+                let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+                let ended = conn.execute(end, &[]);
+                let rows =
+                    done.map_err(|e| self.context(e, "deleting published records and leasing"))?;
+                ended.map_err(|e| self.context(e, "committing a delete and lease"))?;
+                rows
+            }
+        };
+        let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
+        records.sort_by_key(|r| r.id);
+        Ok(records)
     }
 
     fn unlease(&self, ids: &[i64]) -> Result<()> {
