@@ -467,7 +467,11 @@ fn drop_pg_tables(tables: &[String]) -> Result<()> {
 /// Which idempotent consumer a row measures.
 #[derive(Clone, Copy, PartialEq)]
 enum Idem {
+    /// The plain wrapper at concurrency 32: its claims and confirms group across workers, so
+    /// the workers set the group size.
     Plain,
+    /// The plain wrapper at concurrency 8.
+    Plain8,
     Tx,
     TxBatched,
 }
@@ -475,14 +479,16 @@ enum Idem {
 impl Idem {
     fn name(self) -> &'static str {
         match self {
-            Idem::Plain => "idempotent",
+            Idem::Plain => "idempotent, concurrency 32,",
+            Idem::Plain8 => "idempotent, concurrency 8,",
             Idem::Tx => "idempotent_tx",
             Idem::TxBatched => "idempotent_tx batch 100",
         }
     }
     fn options(self) -> ConsumerOptions {
         match self {
-            Idem::Plain => ConsumerOptions::new().prefetch(100).concurrency(8),
+            Idem::Plain => ConsumerOptions::new().prefetch(100).concurrency(32),
+            Idem::Plain8 => ConsumerOptions::new().prefetch(100).concurrency(8),
             Idem::Tx => ConsumerOptions::new().prefetch(100).concurrency(1),
             Idem::TxBatched => ConsumerOptions::new().prefetch(200).concurrency(1),
         }
@@ -503,12 +509,12 @@ fn idem_sqlite(
     let pool = sqlite_pool(path, 8)?;
     let store = SqlIdempotencyStore::builder(checkout(&pool))
         .table(table)
-        .group_commit(kind == Idem::Plain)
+        .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
         .build()?;
     store.create_table()?;
     let store = Arc::new(store);
     let d = match kind {
-        Idem::Plain => our_consume(
+        Idem::Plain | Idem::Plain8 => our_consume(
             conn,
             queue,
             n,
@@ -532,12 +538,12 @@ fn idem_pg(conn: &Connection, queue: &str, n: usize, kind: Idem, table: &str) ->
     let pool = pg_pool(8)?;
     let store = SqlIdempotencyStore::builder(checkout(&pool))
         .table(table)
-        .group_commit(kind == Idem::Plain)
+        .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
         .build()?;
     store.create_table()?;
     let store = Arc::new(store);
     let d = match kind {
-        Idem::Plain => our_consume(
+        Idem::Plain | Idem::Plain8 => our_consume(
             conn,
             queue,
             n,
@@ -564,10 +570,10 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
     let n = s.n(10_000, 2_000);
     // The one-transaction-per-message form is slow: fewer messages.
     let n_tx = s.n(2_000, 200);
-    let kinds = [Idem::Plain, Idem::Tx, Idem::TxBatched];
+    let kinds = [Idem::Plain, Idem::Plain8, Idem::Tx, Idem::TxBatched];
     let mut raw = vec![];
-    let mut lite: Vec<Vec<f64>> = vec![vec![]; 3];
-    let mut post: Vec<Vec<f64>> = vec![vec![]; 3];
+    let mut lite: Vec<Vec<f64>> = vec![vec![]; kinds.len()];
+    let mut post: Vec<Vec<f64>> = vec![vec![]; kinds.len()];
     let mut pg_tables = vec![];
     for round in 0..s.rounds {
         fill(conn, &queue, n)?;
@@ -604,7 +610,8 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
                     "{} msgs, {}",
                     if kind == Idem::Tx { n_tx } else { n },
                     match kind {
-                        Idem::Plain => "prefetch 100, concurrency 8, store group_commit",
+                        Idem::Plain => "prefetch 100, concurrency 32, store group_commit",
+                        Idem::Plain8 => "prefetch 100, concurrency 8, store group_commit",
                         Idem::Tx => "prefetch 100, concurrency 1",
                         Idem::TxBatched => "prefetch 200, concurrency 1",
                     }

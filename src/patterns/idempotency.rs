@@ -962,6 +962,22 @@ mod sql_store {
             }
             let answers = self.claim_many_in(conn, &distinct, &token)?;
             let mut answer_of: HashMap<&str, Claim> = distinct.into_iter().zip(answers).collect();
+            // Confirms, one statement per token (the claims of one earlier group share theirs).
+            let mut by_token: Vec<(&ClaimToken, Vec<&str>)> = Vec::new();
+            for op in ops {
+                if let group::Op::Confirm(key, token) = op {
+                    match by_token
+                        .iter_mut()
+                        .find(|(t, _)| t.as_str() == token.as_str())
+                    {
+                        Some((_, keys)) => keys.push(key.as_str()),
+                        None => by_token.push((token, vec![key.as_str()])),
+                    }
+                }
+            }
+            for (token, keys) in &by_token {
+                self.confirm_many_in(conn, keys, token)?;
+            }
             let mut done = Vec::with_capacity(ops.len());
             for op in ops {
                 done.push(group::Done {
@@ -969,10 +985,7 @@ mod sql_store {
                         group::Op::Claim(key) => answer_of
                             .insert(key.as_str(), Claim::InProgress)
                             .unwrap_or(Claim::InProgress),
-                        group::Op::Confirm(key, token) => {
-                            self.confirm_on(conn, key, token)?;
-                            Claim::Duplicate
-                        }
+                        group::Op::Confirm(..) => Claim::Duplicate,
                         group::Op::Release(key, token) => {
                             let s = self.statements(conn);
                             conn.execute(
