@@ -756,6 +756,164 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
 }
 
 // ---------------------------------------------------------------------------------------------
+// The stores against raw commits (the former bench_stores)
+
+/// Runs `op` for `phase`; operations (commits) per second, `commits_per_op` counted per call.
+fn commits_rate(
+    phase: Duration,
+    commits_per_op: u64,
+    mut op: impl FnMut(u64) -> Result<()>,
+) -> Result<f64> {
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < phase {
+        op(n)?;
+        n += 1;
+    }
+    Ok((n * commits_per_op) as f64 / start.elapsed().as_secs_f64())
+}
+
+fn store_record(n: u64) -> acemq_amqp::patterns::NewOutboxRecord {
+    acemq_amqp::patterns::NewOutboxRecord {
+        exchange: "bench".into(),
+        routing_key: format!("bench.{n}"),
+        body: vec![0u8; 256],
+        content_type: "application/octet-stream".into(),
+        headers: serde_json::Map::new(),
+    }
+}
+
+/// Raw single-row insert + commit, claim + confirm, and outbox add + pending(1) + delete, on
+/// one pool; (raw commits/s, claim+confirm ops/s, outbox ops/s). The raw rate is measured
+/// before and after the store phases and the better one kept.
+fn store_figures<M>(
+    pool: &r2d2::Pool<M>,
+    tag: &str,
+    phase: Duration,
+    begin_add: impl Fn(
+        &mut M::Connection,
+        &SqlOutboxStore,
+        &acemq_amqp::patterns::NewOutboxRecord,
+    ) -> Result<i64>,
+) -> Result<(f64, f64, f64)>
+where
+    M: r2d2::ManageConnection,
+    M::Connection: Sql,
+{
+    use acemq_amqp::patterns::{Claim, IdempotencyStore, OutboxStore};
+    let raw_table = format!("bench_raw_{tag}");
+    pool.get()?.execute(
+        &format!("CREATE TABLE {raw_table} (k TEXT PRIMARY KEY, v BIGINT)"),
+        &[],
+    )?;
+    let idem = SqlIdempotencyStore::builder(checkout(pool))
+        .table(format!("bench_sidem_{tag}"))
+        .build()?;
+    idem.create_table()?;
+    let outbox = SqlOutboxStore::builder(checkout(pool))
+        .table(format!("bench_soutbox_{tag}"))
+        .build()?;
+    outbox.create_table()?;
+    let mut round = 0;
+    let mut raw_rate = || -> Result<f64> {
+        round += 1;
+        let mut conn = pool.get()?;
+        let d = conn.dialect();
+        let sql = format!(
+            "INSERT INTO {raw_table} (k, v) VALUES ({}, {})",
+            d.placeholder(1),
+            d.placeholder(2)
+        );
+        commits_rate(phase, 1, |n| {
+            conn.execute(
+                &sql,
+                &[
+                    acemq_amqp::sql::Value::Text(format!("raw-{round}-{n}")),
+                    acemq_amqp::sql::Value::Integer(n as i64),
+                ],
+            )
+            .map(drop)
+        })
+    };
+    let raw_before = raw_rate()?;
+    let claims = commits_rate(phase, 2, |n| {
+        let key = format!("key-{n}");
+        match idem.claim(&key)? {
+            Claim::Claimed(token) => idem.confirm(&key, &token),
+            other => Err(Error::InvalidArgument {
+                reason: format!("fresh key {key} claimed as {other:?}"),
+            }),
+        }
+    })?;
+    let records = commits_rate(phase, 3, |n| {
+        let id = begin_add(&mut *pool.get()?, &outbox, &store_record(n))?;
+        match outbox.pending(1)?.first() {
+            Some(r) if r.id == id => outbox.mark_published(r.id),
+            other => Err(Error::InvalidArgument {
+                reason: format!("pending returned {other:?}, expected id {id}"),
+            }),
+        }
+    })?;
+    let raw_after = raw_rate()?;
+    Ok((raw_before.max(raw_after), claims, records))
+}
+
+fn stores(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
+    let phase = if s.quick {
+        Duration::from_millis(500)
+    } else {
+        Duration::from_secs(3)
+    };
+    let tag = format!("s{}", std::process::id());
+    let lite = sqlite_pool(&dir.join("stores.db"), 4)?;
+    let lite_figures = store_figures(&lite, &tag, phase, |conn, outbox, rec| {
+        let mut tx = conn.transaction().map_err(|e| sql_err("begin", e))?;
+        let id = outbox.add(&mut tx, rec)?;
+        tx.commit().map_err(|e| sql_err("commit", e))?;
+        Ok(id)
+    })?;
+    let pg = pg_pool(4)?;
+    let pg_figures = store_figures(&pg, &tag, phase, |conn, outbox, rec| {
+        let mut tx = conn.transaction().map_err(|e| sql_err("begin", e))?;
+        let id = outbox.add(&mut tx, rec)?;
+        tx.commit().map_err(|e| sql_err("commit", e))?;
+        Ok(id)
+    });
+    drop_pg_tables(&[
+        format!("bench_raw_{tag}"),
+        format!("bench_sidem_{tag}"),
+        format!("bench_soutbox_{tag}"),
+    ])?;
+    let pg_figures = pg_figures?;
+    for (db, (raw, claims, records)) in [("SQLite FULL", lite_figures), ("PostgreSQL", pg_figures)]
+    {
+        s.push(Row {
+            figure: format!("store: claim + confirm on {db} vs raw insert + commit"),
+            unit: "ops/s",
+            ours: Some(claims),
+            raw: Some(raw),
+            target: Target::RatioAtLeast(0.7),
+            rss_mib: 0.0,
+            note: format!(
+                "one op = one commit; {:.0} keys/s; phases of {:.1} s",
+                claims / 2.0,
+                phase.as_secs_f64()
+            ),
+        });
+        s.push(Row {
+            figure: format!("store: outbox add + pending + delete on {db} vs raw insert + commit"),
+            unit: "ops/s",
+            ours: Some(records),
+            raw: Some(raw),
+            target: Target::RatioAtLeast(0.7),
+            rss_mib: 0.0,
+            note: format!("one op = one commit; {:.0} records/s", records / 3.0),
+        });
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
 // The acknowledged recipe (SQLite FULL)
 
 fn raw_commit_rate(path: &std::path::Path, n: usize) -> Result<f64> {
@@ -1385,8 +1543,8 @@ fn bench() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
-    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, acknowledged, rpc, ordered,
-    // scheduler, memory.
+    // `--only NAME[,NAME]`: publish, consume, idempotent, relay, stores, acknowledged, rpc,
+    // ordered, scheduler, memory.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -1436,6 +1594,9 @@ fn bench() -> Result<()> {
     }
     if wanted("relay") {
         s.figure(|s| relaying(s, &conn, dir.path()))?;
+    }
+    if wanted("stores") {
+        s.figure(|s| stores(s, dir.path()))?;
     }
     if wanted("acknowledged") {
         s.figure(|s| acknowledged(s, dir.path()))?;
