@@ -164,7 +164,7 @@ fn a_missing_claim_is_fatal_and_a_failing_store_is_not() {
         "{err}"
     );
 
-    // A key the filesystem store refuses is an error of the store, not a missing claim.
+    // A key the filesystem store refuses can never be redeemed either: fatal, with the reason.
     let dir = tempfile::tempdir().unwrap();
     let fs = ClaimCheckCodec::new(
         BytesCodec,
@@ -176,10 +176,36 @@ fn a_missing_claim_is_fatal_and_a_failing_store_is_not() {
         panic!("{err}")
     };
     assert!(
-        matches!(
-            source.downcast_ref::<Error>(),
-            Some(Error::InvalidName { .. })
-        ),
+        source.downcast_ref::<acemq_amqp::FatalError>().is_some(),
+        "{err}"
+    );
+    assert!(err.to_string().contains("leave the store's root"), "{err}");
+
+    // A store that fails (its disk, its network) may work on the next attempt: not fatal.
+    #[derive(Debug)]
+    struct Failing;
+    impl ClaimCheckStore for Failing {
+        fn put(&self, _: &[u8]) -> acemq_amqp::Result<String> {
+            Ok("k".into())
+        }
+        fn get(&self, _: &str) -> acemq_amqp::Result<Option<Vec<u8>>> {
+            Err(Error::Io {
+                context: "reading a claim check".into(),
+                source: std::io::Error::other("the disk went away"),
+            })
+        }
+        fn delete(&self, _: &str) -> acemq_amqp::Result<()> {
+            Ok(())
+        }
+    }
+    let failing = ClaimCheckCodec::new(BytesCodec, Failing);
+    let body = [&[0xAC, 0x01, 0x01][..], b"k"].concat();
+    let err = Message::new(body).decode::<Vec<u8>>(&failing).unwrap_err();
+    let Error::Codec { source, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        matches!(source.downcast_ref::<Error>(), Some(Error::Io { .. })),
         "{err}"
     );
 }
@@ -323,4 +349,61 @@ fn a_message_whose_claim_is_gone_is_dead_lettered_with_the_reason() {
         "{text}"
     );
     raw.close();
+}
+
+/// A claim key that tries to leave the filesystem store's root can never be redeemed: the
+/// message goes to `.dlq` on its first attempt, with the store's reason, and the messages behind
+/// it are handled (not retried round and round).
+#[test]
+fn a_claim_key_leaving_the_store_root_is_dead_lettered_at_once_with_the_reason() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("claim-traversal"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path().join("claims")).unwrap();
+    let codec = ClaimCheckCodec::new(BytesCodec, store).threshold(0);
+    let publisher = conn.publisher().unwrap();
+    let hostile = [&[0xAC, 0x01, 0x01][..], b"../../etc/passwd"].concat();
+    publisher
+        .publish("", &q, Message::new(hostile.clone()))
+        .unwrap();
+    let good = Message::encode(&codec, &vec![7u8; 10]).unwrap();
+    publisher.publish("", &q, good).unwrap();
+    publisher.close().unwrap();
+
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let h = handled.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .codec(codec)
+                .retry(acemq_amqp::RetryPolicy::fixed(5, Duration::from_millis(50))),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            let payload: Vec<u8> = m.payload()?;
+            h.lock().unwrap().push(payload);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    assert!(eventually(WAIT, || handled.lock().unwrap().len() == 1
+        && conn
+            .queue_info(&dlq)
+            .map(|i| i.message_count == 1)
+            .unwrap_or(false)));
+    consumer.close().unwrap();
+    assert_eq!(handled.lock().unwrap()[0], vec![7u8; 10]);
+    let dead = conn.get(&dlq).unwrap().expect("the dead-lettered copy");
+    assert_eq!(dead.body, hostile, "the body as it was");
+    assert_eq!(dead.envelope.attempt, 1, "never retried");
+    let error = dead.envelope.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("FatalError")
+            && error.contains("../../etc/passwd")
+            && error.contains("leave the store's root"),
+        "{error}"
+    );
 }

@@ -19,7 +19,10 @@
 //!   inside [`Error::Codec`]: a consumer dead-letters the message to `{queue}.dlq` (its store's
 //!   retention must outlast every queue, dead-letter queue and replay). A store that *fails*
 //!   (I/O) is an [`Error`] inside [`Error::Codec`]: the message is retried. A body that decodes
-//!   but is not what the handler wanted is parked, as with any codec.
+//!   but is not what the handler wanted is parked, as with any codec. A key the store
+//!   *refuses* ([`Error::InvalidName`]: the filesystem store's key that could leave its root) is
+//!   fatal like a missing one: refused on every attempt, it is dead-lettered at once with the
+//!   store's reason.
 //! * **The codec never deletes** a stored payload: a second consumer, a replay or a dead-letter
 //!   queue may still need it. Deleting is a retention decision ([`ClaimCheckStore::delete`]).
 //! * **Memory.** Over [`BytesCodec`](crate::BytesCodec) the codec has the bytes fast path (see
@@ -191,7 +194,18 @@ impl ClaimCheckCodec {
                 let key = std::str::from_utf8(&body[3..]).map_err(|_| {
                     FatalError::new("a claim-check body carries a key that is not UTF-8")
                 })?;
-                match self.store.get(key)? {
+                let held = match self.store.get(key) {
+                    Ok(held) => held,
+                    // A key the store refuses (one that could leave its root, say) is refused
+                    // on every attempt: the message can never be read.
+                    Err(refused @ Error::InvalidName { .. }) => {
+                        return Err(Box::new(FatalError::new(format!(
+                            "the claim check {key:?} cannot be redeemed: {refused}"
+                        ))));
+                    }
+                    Err(e) => return Err(Box::new(e)),
+                };
+                match held {
                     Some(payload) => Ok(Cow::Owned(payload)),
                     None => Err(Box::new(FatalError::new(format!(
                         "the claim check {key:?} is not in the store, so this message cannot be \
