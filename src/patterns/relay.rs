@@ -4,7 +4,7 @@
 //! ```text
 //!  service transaction ──add──▶ outbox table ──pending(batch)──▶ relay ──publish──▶ broker
 //!                                    ▲                              │ confirm
-//!                                    └──── mark_published_many ◀────┘
+//!                                    └─ mark_published_and_lease ◀──┘
 //! ```
 //!
 //! # What it guarantees
