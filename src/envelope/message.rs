@@ -514,19 +514,7 @@ fn derived_id(received: &Received, props: &AmqpProperties, body: &[u8]) -> Strin
     );
     field(body);
     let d = h.finalize();
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    b[6] = (b[6] & 0x0f) | 0x80;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    super::uuid_v8(&d)
 }
 
 /// True when a table carries some reserved headers but not `x-acemq-id`, which every family

@@ -23,8 +23,8 @@ use std::collections::BTreeMap;
 
 use amiquip::{AmqpValue, FieldTable};
 
-pub(crate) use ids::random_u64;
 pub use ids::{new_id, now_ms};
+pub(crate) use ids::{random_u64, uuid_v8};
 pub use message::{Message, Received};
 pub(crate) use validate::check_name;
 pub use value::HeaderValue;

@@ -171,19 +171,7 @@ fn derived_id(consumed: &str, exchange: &str, routing_key: &str) -> String {
         h.update(part.as_bytes());
     }
     let d = h.finalize();
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    b[6] = (b[6] & 0x0f) | 0x80;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    crate::envelope::uuid_v8(&d)
 }
 
 #[cfg(test)]

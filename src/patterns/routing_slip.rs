@@ -654,19 +654,7 @@ where
 fn hop_id(received: &str, position: usize) -> String {
     use sha2::{Digest, Sha256};
     let d = Sha256::digest(format!("acemq-routing-slip\n{received}\n{position}").as_bytes());
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    b[6] = (b[6] & 0x0f) | 0x80;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    crate::envelope::uuid_v8(&d)
 }
 
 #[cfg(test)]
