@@ -928,19 +928,12 @@ mod sql_store {
         fn run_group(&self, ops: &[group::Op]) -> Result<(Dialect, Vec<group::Done>)> {
             let mut conn = (self.connect)()?;
             let dialect = conn.dialect();
-            let begin = match dialect {
-                Dialect::Sqlite => "BEGIN IMMEDIATE",
-                Dialect::Postgres => "BEGIN",
-            };
-            conn.execute(begin, &[])
-                .map_err(|e| self.context(e, "beginning a group commit"))?;
-            let done = self.group_ops(&mut *conn, ops);
-            let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
-            let ended = conn
-                .execute(end, &[])
-                .map_err(|e| self.context(e, "ending a group commit"));
-            let done = done?;
-            ended?;
+            let done = sql::in_one_transaction(
+                &mut *conn,
+                "a group commit",
+                |e, what| self.context(e, what),
+                |tx| self.group_ops(tx, ops),
+            )?;
             Ok((dialect, done))
         }
 

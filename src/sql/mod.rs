@@ -527,6 +527,40 @@ pub(crate) fn rewrap(e: Error, context: impl FnOnce() -> String) -> Error {
     }
 }
 
+/// Runs `f` in one transaction on an autocommit connection — `BEGIN IMMEDIATE` on SQLite (the
+/// write lock from the first statement, so no lock upgrade can fail), `BEGIN` on PostgreSQL —
+/// and commits when it succeeds, rolls back when it fails (its error wins) or panics. `what` names the
+/// transaction in the errors of its `BEGIN` and `COMMIT` ("beginning {what}"), which `context`
+/// turns into the store's error.
+pub(crate) fn in_one_transaction<T>(
+    conn: &mut dyn Sql,
+    what: &str,
+    context: impl Fn(Error, &str) -> Error,
+    f: impl FnOnce(&mut dyn Sql) -> Result<T>,
+) -> Result<T> {
+    let begin = match conn.dialect() {
+        Dialect::Sqlite => "BEGIN IMMEDIATE",
+        Dialect::Postgres => "BEGIN",
+    };
+    conn.execute(begin, &[])
+        .map_err(|e| context(e, &format!("beginning {what}")))?;
+    // Rolled back on a panic too, so a pooled connection never goes back mid-transaction.
+    let done = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *conn))) {
+        Ok(done) => done,
+        Err(panic) => {
+            let _ = conn.execute("ROLLBACK", &[]);
+            std::panic::resume_unwind(panic)
+        }
+    };
+    let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = conn
+        .execute(end, &[])
+        .map_err(|e| context(e, &format!("ending {what}")));
+    let done = done?;
+    ended?;
+    Ok(done)
+}
+
 pub(crate) use crate::envelope::now_ms;
 
 /// The longest duration [`duration_ms`] returns: half of `i64::MAX` ms, so that the database's

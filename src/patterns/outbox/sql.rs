@@ -460,17 +460,16 @@ impl OutboxStore for SqlOutboxStore {
             Dialect::Sqlite => {
                 let delete = s.delete_many(published.len());
                 let params: Vec<Value> = ids.collect();
-                conn.execute("BEGIN IMMEDIATE", &[])
-                    .map_err(|e| self.context(e, "beginning a delete and lease"))?;
-                let done = conn
-                    .execute(&delete, &params)
-                    .and_then(|_| conn.query(&s.pending, &lease));
-                let end = if done.is_ok() { "COMMIT" } else { "ROLLBACK" };
-                let ended = conn.execute(end, &[]);
-                let rows =
-                    done.map_err(|e| self.context(e, "deleting published records and leasing"))?;
-                ended.map_err(|e| self.context(e, "committing a delete and lease"))?;
-                rows
+                sql::in_one_transaction(
+                    &mut *conn,
+                    "a delete and lease",
+                    |e, what| self.context(e, what),
+                    |tx| {
+                        tx.execute(&delete, &params)
+                            .and_then(|_| tx.query(&s.pending, &lease))
+                            .map_err(|e| self.context(e, "deleting published records and leasing"))
+                    },
+                )?
             }
         };
         let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
