@@ -730,26 +730,22 @@ impl Core {
     ) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let batch_size = self.options.batch_size;
-        let leased = match next.take() {
-            Some(r) => Ok(r),
-            None => self
-                .publisher()
-                .and_then(|_| self.store.pending(batch_size)),
-        };
-        let records = match leased {
-            Ok(r) => r,
+        // The publisher first, so that nothing is leased that cannot go out; on any error here
+        // nothing new goes out and the batch in flight settles (what was leased ahead is given
+        // back).
+        let publisher_and_records = self.publisher().and_then(|p| {
+            let records = match next.take() {
+                Some(r) => r,
+                None => self.store.pending(batch_size)?,
+            };
+            Ok((p, records))
+        });
+        let (publisher, records) = match publisher_and_records {
+            Ok(got) => got,
             Err(e) => {
-                // Nothing new goes out: the batch in flight settles.
-                if let Some(f) = flying.take() {
-                    let _ = self.settle(f, to_delete);
+                if let Some(leased) = next.take() {
+                    self.give_back(&leased);
                 }
-                return Err(e);
-            }
-        };
-        let publisher = match self.publisher() {
-            Ok(p) => p,
-            Err(e) => {
-                self.give_back(&records);
                 if let Some(f) = flying.take() {
                     let _ = self.settle(f, to_delete);
                 }
