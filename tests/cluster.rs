@@ -15,7 +15,7 @@ use acemq_amqp::{
     retry_queue, Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec,
     RetryPolicy,
 };
-use support::unique;
+use support::{eventually, unique};
 
 const NODES: [(&str, u16); 3] = [
     ("acemq-a@localhost", 5673),
@@ -97,9 +97,10 @@ impl Drop for StoppedNode {
 
 /// The node a named connection is on (by the server port it reached), asked of a running node.
 fn node_of(name: &str, ask: &str) -> &'static str {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let listing = ctl(
+    let mut listing = String::new();
+    let mut line = None;
+    let listed = eventually(Duration::from_secs(20), || {
+        listing = ctl(
             ask,
             &[
                 "list_connections",
@@ -109,24 +110,24 @@ fn node_of(name: &str, ask: &str) -> &'static str {
                 "--no-table-headers",
             ],
         );
-        if let Some(line) = listing.lines().find(|l| l.contains(name)) {
-            let port: u16 = line
-                .split('\t')
-                .next()
-                .and_then(|p| p.trim().parse().ok())
-                .unwrap_or_else(|| panic!("no port in {line:?}"));
-            return NODES
-                .iter()
-                .find(|(_, p)| *p == port)
-                .map(|(n, _)| *n)
-                .unwrap_or_else(|| panic!("connection {name} is on port {port}, not a node"));
-        }
-        assert!(
-            Instant::now() < deadline,
-            "connection {name} is on no node: {listing}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        line = listing
+            .lines()
+            .find(|l| l.contains(name))
+            .map(str::to_string);
+        line.is_some()
+    });
+    assert!(listed, "connection {name} is on no node: {listing}");
+    let line = line.unwrap_or_default();
+    let port: u16 = line
+        .split('\t')
+        .next()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    NODES
+        .iter()
+        .find(|(_, p)| *p == port)
+        .map(|(n, _)| *n)
+        .unwrap_or_else(|| panic!("connection {name} is on port {port}, not a node"))
 }
 
 fn another(node: &str) -> &'static str {
@@ -258,32 +259,27 @@ fn the_connection_fails_over_to_another_node_and_nothing_is_lost() {
     let (stopped, repeated, failover) = std::thread::scope(|scope| {
         let publishing =
             scope.spawn(|| publish_all(&conn, &q, &ids, &confirmed, Duration::from_millis(50)));
-        while confirmed.load(Ordering::SeqCst) < (n / 3) as u64 {
+        let a_third = eventually(Duration::from_secs(60), || {
             assert!(!publishing.is_finished(), "publishing ended early");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            confirmed.load(Ordering::SeqCst) >= (n / 3) as u64
+        });
+        assert!(a_third, "a third of the messages not confirmed within 60 s");
         let node = node_of(&name, NODES[0].0);
         let stopped_at = Instant::now();
         let guard = StoppedNode::stop(node);
         // The connection notices and reconnects to another address.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while (conn.generation() == before || !conn.is_connected()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let failed_over = eventually(Duration::from_secs(60), || {
+            conn.generation() != before && conn.is_connected()
+        });
         let failover = stopped_at.elapsed();
-        assert!(
-            conn.is_connected(),
-            "no failover within 60 s of stopping {node}"
-        );
+        assert!(failed_over, "no failover within 60 s of stopping {node}");
         let now_on = node_of(&name, another(node));
         assert_ne!(now_on, node, "still on the stopped node");
         let repeated = publishing.join().expect("publishing failed");
         (guard, repeated, failover)
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.lock().unwrap().len() < n && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Fails below, with the figures, when they do not all arrive.
+    eventually(Duration::from_secs(120), || seen.lock().unwrap().len() >= n);
     let got = seen.lock().unwrap().len();
     println!(
         "cluster failover: {n} messages in {:.1} s, node {} stopped, reconnected in {:.1} s; \
@@ -347,14 +343,12 @@ fn a_retry_waiting_on_a_quorum_rung_survives_the_loss_of_a_node() {
     publish_all(&conn, &q, &ids, &AtomicU64::new(0), Duration::ZERO);
 
     // All of them wait on the rung; stop the node that leads it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while conn.queue_info(&rung).map(|i| i.message_count).unwrap_or(0) < n as u32 {
-        assert!(
-            Instant::now() < deadline,
-            "the messages did not reach the rung {rung}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            conn.queue_info(&rung).map(|i| i.message_count).unwrap_or(0) >= n as u32
+        }),
+        "the messages did not reach the rung {rung}"
+    );
     let listing = ctl(
         NODES[0].0,
         &[
@@ -381,10 +375,10 @@ fn a_retry_waiting_on_a_quorum_rung_survives_the_loss_of_a_node() {
         .unwrap_or_else(|| panic!("no leader in {line:?}"));
     let stopped = StoppedNode::stop(leader);
 
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while retried.lock().unwrap().len() < n && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Fails below, with the figures, when they do not all come back.
+    eventually(Duration::from_secs(90), || {
+        retried.lock().unwrap().len() >= n
+    });
     let got = retried.lock().unwrap().len();
     println!(
         "quorum rung: {n} messages waited {wait:?} on {rung}; its leader {leader} stopped while \
