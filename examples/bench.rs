@@ -498,16 +498,20 @@ impl Idem {
 const BATCH: usize = 100;
 const BATCH_WAIT: Duration = Duration::from_millis(20);
 
-fn idem_sqlite(
+/// One idempotent consumer over `pool` (SQLite or PostgreSQL): its rate on `n` messages.
+fn idem_rate<M>(
     conn: &Connection,
     queue: &str,
     n: usize,
     kind: Idem,
-    path: &std::path::Path,
+    pool: &r2d2::Pool<M>,
     table: &str,
-) -> Result<f64> {
-    let pool = sqlite_pool(path, 8)?;
-    let store = SqlIdempotencyStore::builder(checkout(&pool))
+) -> Result<f64>
+where
+    M: r2d2::ManageConnection,
+    M::Connection: Sql + acemq_amqp::sql::Transactional,
+{
+    let store = SqlIdempotencyStore::builder(checkout(pool))
         .table(table)
         .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
         .build()?;
@@ -522,40 +526,9 @@ fn idem_sqlite(
             idempotent(store, |_: &Message| Ok(Outcome::Accept)),
         )?,
         Idem::Tx | Idem::TxBatched => {
-            let h = idempotent_tx(
-                store,
-                checkout(&pool),
-                |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
-            );
-            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
-            our_consume(conn, queue, n, kind.options(), h)?
-        }
-    };
-    Ok(rate(n, d))
-}
-
-fn idem_pg(conn: &Connection, queue: &str, n: usize, kind: Idem, table: &str) -> Result<f64> {
-    let pool = pg_pool(8)?;
-    let store = SqlIdempotencyStore::builder(checkout(&pool))
-        .table(table)
-        .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
-        .build()?;
-    store.create_table()?;
-    let store = Arc::new(store);
-    let d = match kind {
-        Idem::Plain | Idem::Plain8 => our_consume(
-            conn,
-            queue,
-            n,
-            kind.options(),
-            idempotent(store, |_: &Message| Ok(Outcome::Accept)),
-        )?,
-        Idem::Tx | Idem::TxBatched => {
-            let h = idempotent_tx(
-                store,
-                checkout(&pool),
-                |_: &Message, _: &mut postgres::Transaction<'_>| Ok(Outcome::Accept),
-            );
+            let h = idempotent_tx(store, checkout(pool), |_: &Message, _: &mut _| {
+                Ok(Outcome::Accept)
+            });
             let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
             our_consume(conn, queue, n, kind.options(), h)?
         }
@@ -582,11 +555,18 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
             let n = if kind == Idem::Tx { n_tx } else { n };
             fill(conn, &queue, n)?;
             let path = dir.join(format!("idem-{i}-{round}.db"));
-            lite[i].push(idem_sqlite(conn, &queue, n, kind, &path, "idem")?);
+            lite[i].push(idem_rate(
+                conn,
+                &queue,
+                n,
+                kind,
+                &sqlite_pool(&path, 8)?,
+                "idem",
+            )?);
             fill(conn, &queue, n)?;
             let table = format!("bench_idem_{run}_{i}_{round}");
             pg_tables.push(table.clone());
-            post[i].push(idem_pg(conn, &queue, n, kind, &table)?);
+            post[i].push(idem_rate(conn, &queue, n, kind, &pg_pool(8)?, &table)?);
         }
     }
     drop_pg_tables(&pg_tables)?;
@@ -1309,38 +1289,6 @@ fn fill_keyed(conn: &Connection, queue: &str, n: usize) -> Result<()> {
     p.close()
 }
 
-/// Raw amiquip running the 1 ms handler on its consuming thread, acking each delivery.
-fn raw_with_work(queue: &str, n: usize) -> Duration {
-    let mut conn = common::raw_connection();
-    let ch = conn.open_channel(None).expect("channel");
-    ch.qos(0, ORDERED_PREFETCH, false).expect("qos");
-    let start = Instant::now();
-    let consumer = ch
-        .basic_consume(queue, RawConsumerOptions::default())
-        .expect("consume");
-    let mut got = 0;
-    for m in consumer.receiver().iter() {
-        if let ConsumerMessage::Delivery(d) = m {
-            std::thread::sleep(ORDERED_WORK);
-            d.ack(&ch).expect("ack");
-            got += 1;
-            if got == n {
-                break;
-            }
-        }
-    }
-    let took = start.elapsed();
-    consumer.cancel().expect("cancel");
-    for m in consumer.receiver().iter() {
-        if !matches!(m, ConsumerMessage::Delivery(_)) {
-            break;
-        }
-    }
-    drop(consumer);
-    conn.close().expect("close");
-    took
-}
-
 /// The library consuming `n` messages with the 1 ms handler, plain or `ordered`.
 fn ours_with_work(
     conn: &Connection,
@@ -1383,7 +1331,12 @@ fn ordered_dispatch(s: &mut Suite, conn: &Connection) -> Result<()> {
     let (mut raw, mut one, mut eight, mut keyed) = (vec![], vec![], vec![], vec![]);
     for _ in 0..s.rounds {
         fill_keyed(conn, &queue, n)?;
-        raw.push(rate(n, raw_with_work(&queue, n)));
+        raw.push(rate(
+            n,
+            common::raw_consume_with(&queue, n, ORDERED_PREFETCH, || {
+                std::thread::sleep(ORDERED_WORK)
+            }),
+        ));
         fill_keyed(conn, &queue, n)?;
         one.push(rate(n, ours_with_work(conn, &queue, n, 1, false)?));
         fill_keyed(conn, &queue, n)?;

@@ -58,6 +58,11 @@ pub fn raw_publish(
 
 /// Consumes and acknowledges (one ack per delivery) `n` messages from `queue`.
 pub fn raw_consume(queue: &str, n: usize, prefetch: u16) -> Duration {
+    raw_consume_with(queue, n, prefetch, || {})
+}
+
+/// [`raw_consume`] running `work` on the consuming thread before each ack (a handler).
+pub fn raw_consume_with(queue: &str, n: usize, prefetch: u16, mut work: impl FnMut()) -> Duration {
     let mut conn = raw_connection();
     let ch = conn.open_channel(None).expect("channel");
     ch.qos(0, prefetch, false).expect("qos");
@@ -68,6 +73,7 @@ pub fn raw_consume(queue: &str, n: usize, prefetch: u16) -> Duration {
     let mut got = 0;
     for m in consumer.receiver().iter() {
         if let ConsumerMessage::Delivery(d) = m {
+            work();
             d.ack(&ch).expect("ack");
             got += 1;
             if got == n {
