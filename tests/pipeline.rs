@@ -8,29 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{then, Next, NOTHING};
-use acemq_amqp::{
-    dead_letter_queue, Connection, ConsumerOptions, Message, Outcome, QueueSpec, RetryPolicy,
-    RunningConsumer,
-};
+use acemq_amqp::{dead_letter_queue, ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use serde_json::json;
-use support::{connect, eventually, unique, Cleanup};
+use support::{collect, connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// Collects every message of `queue`.
-fn collect(conn: &Connection, queue: &str) -> (RunningConsumer, Arc<Mutex<Vec<Message>>>) {
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    let consumer = conn
-        .consumer(queue, ConsumerOptions::new().declare(false))
-        .unwrap()
-        .start(move |m: &Message| {
-            g.lock().unwrap().push(m.clone());
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
-    (consumer, got)
-}
 
 #[test]
 fn the_next_message_carries_the_correlation_and_the_consumed_id_as_causation() {

@@ -12,31 +12,17 @@ use acemq_amqp::patterns::{
     OutboxRelayOptions, Requester,
 };
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, HeaderValue, Message,
-    Outcome, QueueSpec, RunningConsumer, TraceContext,
+    dead_letter_queue, headers, BoxError, ConsumerOptions, HeaderValue, Message, Outcome,
+    QueueSpec, TraceContext,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use serde_json::json;
 use support::raw::Raw;
-use support::{connect, eventually, unique, Cleanup};
+use support::{collect, connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACESTATE: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
-
-fn collect(conn: &Connection, queue: &str) -> (RunningConsumer, Arc<Mutex<Vec<Message>>>) {
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let g = got.clone();
-    let consumer = conn
-        .consumer(queue, ConsumerOptions::new().declare(false))
-        .unwrap()
-        .start(move |m: &Message| {
-            g.lock().unwrap().push(m.clone());
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
-    (consumer, got)
-}
 
 fn text(m: &Message, name: &str) -> Option<String> {
     m.headers

@@ -100,6 +100,27 @@ pub fn publish_n(connection: &Connection, queue: &str, n: usize, persistent: boo
     ids
 }
 
+/// A consumer (no declarations) that keeps every message of `queue`, and what it kept so far.
+pub fn collect(
+    conn: &Connection,
+    queue: &str,
+) -> (
+    acemq_amqp::RunningConsumer,
+    std::sync::Arc<std::sync::Mutex<Vec<acemq_amqp::Message>>>,
+) {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let g = got.clone();
+    let consumer = conn
+        .consumer(queue, acemq_amqp::ConsumerOptions::new().declare(false))
+        .expect("a consumer")
+        .start(move |m: &acemq_amqp::Message| {
+            g.lock().unwrap().push(m.clone());
+            Ok(acemq_amqp::Outcome::Accept)
+        })
+        .expect("the consumer starts");
+    (consumer, got)
+}
+
 /// Polls `f` until it is true or `timeout` passes (`acemq_amqp::testing::wait_until`).
 pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
     acemq_amqp::testing::wait_until(timeout, f).is_ok()
