@@ -137,10 +137,13 @@
 //! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
 //! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |
 //!
-//! A message consumed passes: amiquip's I/O thread → the owner thread (records it, at most
-//! `prefetch` unsettled) → a bounded job channel → a worker (handler; retry/dead-letter copy
-//! published and confirmed) → the settlement channel → the owner (ack or requeue). The owner
-//! alone touches the amiquip channel and consumer, which may not leave it.
+//! A message consumed passes: amiquip's I/O thread → amiquip's consumer buffer (at most
+//! `prefetch` unsettled) → a worker, which takes it from that buffer itself (handler;
+//! retry/dead-letter copy published and confirmed) → the settlement channel → the owner thread
+//! (ack or requeue). The owner alone touches the amiquip channel and consumer, which may not
+//! leave it; the workers hold only a clone of the consumer's receiver. For an ordered handler
+//! the owner reads the buffer and hands each delivery on through a bounded job channel, because
+//! it decides which may run.
 //!
 //! A publish runs on the caller's thread under the publisher's lock and only hands frames to
 //! amiquip's I/O thread; the confirm thread answers it. amiquip's own buffers (deliveries,

@@ -913,3 +913,59 @@ fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
     );
     assert_eq!((report.abandoned, report.requeued), (1, 3), "{report:?}");
 }
+
+/// Invariant 3 with the workers reading the deliveries themselves: the first delivery's handler
+/// is still running while the nine behind it are done and acknowledged. No acknowledgement of
+/// theirs may cover it (a `multiple` ack up to a later tag would): when the consumer closes with
+/// that handler still running, the broker must have it back.
+#[test]
+fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ack-cover"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    publish_n(&conn, &q, 10, true);
+    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fast = Arc::new(AtomicUsize::new(0));
+    let slow = Arc::new(AtomicUsize::new(0));
+    let (g, f, s) = (gate.clone(), fast.clone(), slow.clone());
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .concurrency(3)
+                .prefetch(10)
+                .shutdown_timeout(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            if m.body == b"0" {
+                s.fetch_add(1, Ordering::SeqCst);
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+            } else {
+                f.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(
+        eventually(WAIT, || fast.load(Ordering::SeqCst) == 9
+            && slow.load(Ordering::SeqCst) == 1
+            && consumer.in_flight() == 1),
+        "the nine behind it were handled and settled (fast {}, slow {}, in flight {})",
+        fast.load(Ordering::SeqCst),
+        slow.load(Ordering::SeqCst),
+        consumer.in_flight()
+    );
+    let report = consumer.close().unwrap();
+    gate.store(true, Ordering::SeqCst);
+    assert_eq!(report.abandoned, 1, "{report:?}");
+    assert!(
+        eventually(WAIT, || conn.queue_info(&q).unwrap().message_count == 1),
+        "the running delivery went back to the queue when the channel closed (ready: {})",
+        conn.queue_info(&q).unwrap().message_count
+    );
+}

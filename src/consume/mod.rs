@@ -5,33 +5,38 @@
 //!
 //! 1. amiquip's I/O thread reads a delivery into the consumer's buffer (at most `prefetch`
 //!    unsettled at once: the broker enforces it).
-//! 2. The **owner** thread (`owner.rs`) records it as in flight and sends it as a job to the
-//!    workers through a bounded channel.
-//! 3. A **worker** thread (`worker.rs`) runs the handler (a panic is caught: it is a retry),
-//!    decides the [`Outcome`], publishes the copy that outcome needs — to
-//!    `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`, confirmed and mandatory — and
-//!    only then sends the settlement back. If the copy cannot be published, the original is
-//!    requeued: a crash or failure in between duplicates a message, it never loses one. A wait
-//!    under the broker-wait threshold goes instead to the **timer** thread (`timer.rs`), which
-//!    holds it (the delivery stays unacknowledged), publishes the copy to the queue when it is
-//!    due, and then sends the settlement.
-//! 4. The owner acknowledges (coalescing a contiguous run into one `multiple` ack) or requeues.
+//! 2. A **worker** thread (`worker.rs`) takes it straight from that buffer (each worker holds a
+//!    clone of amiquip's receiver for the current subscription, handed over by the owner), runs
+//!    the handler (a panic is caught: it is a retry), decides the [`Outcome`], publishes the
+//!    copy that outcome needs — to `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`,
+//!    confirmed and mandatory — and only then sends the settlement, with the delivery, to the
+//!    owner. If the copy cannot be published, the original is requeued: a crash or failure in
+//!    between duplicates a message, it never loses one. A wait under the broker-wait threshold
+//!    goes instead to the **timer** thread (`timer.rs`), which holds it (the delivery stays
+//!    unacknowledged), publishes the copy to the queue when it is due, and then sends the
+//!    settlement.
+//! 3. The **owner** thread (`owner.rs`), which holds the amiquip channel and consumer,
+//!    acknowledges (one `multiple` ack for the completed run at the front of the channel's
+//!    delivery tags, a single ack for a delivery done behind one still running) or requeues.
+//!
+//! So a delivery passes from amiquip's thread to one worker and is settled by the owner, with no
+//! thread in between on the way to the handler. An ordered handler ([`Handler::ordering`], set by
+//! [`ordered`](crate::patterns::ordered)) is the exception: there the owner reads the buffer,
+//! because it decides which delivery may run, and holds a delivery whose key is busy until the
+//! key is free before sending it to the workers through a bounded channel; see
+//! [`patterns::ordering`](crate::patterns::ordering).
 //!
 //! A handler with [`Handler::batch_limits`] (the batched
 //! [`idempotent_tx`](crate::patterns::idempotent_tx)) is given batches instead: each worker
-//! gathers up to that many jobs (at most its share of the prefetch, waiting a bounded time for a
-//! partial batch), calls [`Handler::handle_batch`] once, then settles each message as in step 3.
+//! gathers up to that many deliveries (at most its share of the prefetch, waiting a bounded time
+//! for a partial batch), calls [`Handler::handle_batch`] once, then settles each message as in
+//! step 2. With [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the
+//! delivery before the handler runs and publishes no copy.
 //!
-//! An ordered handler ([`Handler::ordering`], set by [`ordered`](crate::patterns::ordered))
-//! makes the owner hold, in step 2, a delivery whose key is busy until the key is free; see
-//! [`patterns::ordering`](crate::patterns::ordering). With
-//! [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the delivery before
-//! step 3 and publishes no copy.
-//!
-//! After a reconnect the owner subscribes again on a new channel with a new generation.
-//! Deliveries from the old channel are never acknowledged on the new one (amiquip would
-//! panic): jobs not yet started are skipped and outcomes of running ones are dropped with a log
-//! line, because the broker redelivers them.
+//! After a reconnect the owner subscribes again on a new channel with a new generation and hands
+//! the workers the new buffer. Deliveries from the old channel are never acknowledged on the new
+//! one (amiquip would panic): those not yet started are skipped and outcomes of running ones are
+//! dropped with a log line, because the broker redelivers them.
 //!
 //! amiquip always lets the broker choose the consumer tag, so no tag prefix can be set.
 
@@ -291,7 +296,11 @@ pub(crate) struct Context {
     /// Set by a [`StopHandle`] (or by the owner when the broker cancels the consumer): the owner
     /// shuts down and workers requeue what they have not started.
     pub(crate) stopping: Arc<AtomicBool>,
+    /// Deliveries taken from the subscription's buffer and not yet settled.
     pub(crate) in_flight: AtomicUsize,
+    /// The current subscription's buffer (amiquip's receiver), for what is received but not
+    /// yet taken.
+    pub(crate) buffer: parking_lot::Mutex<Option<Receiver<amiquip::ConsumerMessage>>>,
     pub(crate) max_in_flight: AtomicUsize,
     /// Handlers running now, of any generation.
     pub(crate) running: AtomicUsize,
@@ -329,10 +338,12 @@ impl Context {
     }
 }
 
-/// A delivery handed to a worker.
+/// A delivery handed to a worker: its message, and the delivery itself (emptied of its body and
+/// properties), which travels with it to whoever settles it.
 pub(crate) struct Job {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
+    pub(crate) delivery: amiquip::Delivery,
     pub(crate) message: Message,
     /// It has an ordering key: the owner holds later messages with the key until it settles
     /// (or, without `hold`, until its handler is done).
@@ -341,13 +352,34 @@ pub(crate) struct Job {
     pub(crate) hold: bool,
 }
 
-/// A worker's verdict, back to the owner.
+/// A worker's (or the timer's) word to the owner.
 pub(crate) struct Settle {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
     pub(crate) action: SettleAction,
     /// False when the handler never ran (closing).
     pub(crate) started: bool,
+    /// The delivery to acknowledge or reject (`None` for [`SettleAction::Released`] and
+    /// [`SettleAction::Signal`], and for the final word on an at-most-once delivery, which was
+    /// acknowledged ahead of its handler).
+    pub(crate) delivery: Option<amiquip::Delivery>,
+}
+
+impl Settle {
+    pub(crate) fn of(job: &Job, action: SettleAction, started: bool) -> Settle {
+        Settle {
+            generation: job.generation,
+            tag: job.tag,
+            action,
+            started,
+            delivery: None,
+        }
+    }
+
+    pub(crate) fn with(mut self, delivery: amiquip::Delivery) -> Settle {
+        self.delivery = Some(delivery);
+        self
+    }
 }
 
 pub(crate) enum SettleAction {
@@ -361,6 +393,10 @@ pub(crate) enum SettleAction {
     /// At most once: acknowledge it now, before the handler runs; the answer says whether the
     /// ack went out (false: the delivery is the broker's again, do not run it).
     AckFirst(Sender<bool>),
+    /// A worker reading the subscription itself read something other than a delivery (the
+    /// broker cancelled the consumer, closed the channel, …) or, with `None`, found it ended:
+    /// the owner decides what follows.
+    Signal(Option<Box<amiquip::ConsumerMessage>>),
 }
 
 /// A consumer of one queue, not yet running: [`start`](Self::start) it on its own threads, or
@@ -439,6 +475,7 @@ impl Connection {
             generation: AtomicU64::new(0),
             stopping: flag.clone(),
             in_flight: AtomicUsize::new(0),
+            buffer: parking_lot::Mutex::new(None),
             max_in_flight: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
             label: options.label,
@@ -475,14 +512,19 @@ impl Consumer {
         self.stop.clone()
     }
 
-    /// Deliveries received and not yet settled.
+    /// Deliveries received and not yet settled (taken by a worker, held, or still in amiquip's
+    /// buffer).
     pub fn in_flight(&self) -> usize {
-        self.ctx.in_flight.load(Ordering::SeqCst)
+        // Taken first, then the buffer: a delivery taken in between is counted at most once.
+        let taken = self.ctx.in_flight.load(Ordering::SeqCst);
+        taken + self.ctx.buffer.lock().as_ref().map_or(0, Receiver::len)
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch; with
-    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
-    /// too, so up to prefetch + concurrency).
+    /// The most deliveries ever taken by this consumer and not yet settled at once (running,
+    /// held for their ordering key, or waiting in the consumer for a retry; not those still in
+    /// amiquip's buffer): never above the prefetch; with [`ConsumerOptions::at_most_once`]
+    /// acknowledged deliveries whose handler still runs count too, so up to prefetch +
+    /// concurrency.
     pub fn max_in_flight(&self) -> usize {
         self.ctx.max_in_flight.load(Ordering::SeqCst)
     }
@@ -580,6 +622,10 @@ fn run_on<H: Handler + Sync + ?Sized>(
     // Each held retry is an unsettled delivery, so the prefetch bounds the timer's input too.
     let (timer_tx, timer_rx) =
         crossbeam_channel::bounded::<timer::TimerMsg>(usize::from(ctx.prefetch) + 1);
+    // Without ordering each worker reads the subscription itself; the owner hands each one the
+    // subscription's buffer on `feeds` (one a reconnect).
+    let direct = handler.ordering().is_none();
+    let mut feeds = Vec::new();
     std::thread::scope(|s| {
         let spawn_error = |e| Error::Io {
             context: "spawning a consumer thread".into(),
@@ -591,26 +637,33 @@ fn run_on<H: Handler + Sync + ?Sized>(
             .spawn_scoped(s, move || timer::run(ctx, timer_rx, settle))
             .map_err(spawn_error)?;
         for i in 0..concurrency {
-            let (jobs, settle, timer) = (jobs_rx.clone(), settle_tx.clone(), timer_tx.clone());
+            let source = if direct {
+                let (feed_tx, feed_rx) = crossbeam_channel::unbounded();
+                feeds.push(feed_tx);
+                worker::Source::direct(feed_rx)
+            } else {
+                worker::Source::Owner(jobs_rx.clone())
+            };
+            let (settle, timer) = (settle_tx.clone(), timer_tx.clone());
             std::thread::Builder::new()
                 .name(match &ctx.label {
                     Some(label) => format!("acemq-worker-{label}-{i}"),
                     None => format!("acemq-worker-{i}"),
                 })
-                .spawn_scoped(s, move || worker::run(ctx, handler, jobs, settle, timer))
+                .spawn_scoped(s, move || worker::run(ctx, handler, source, settle, timer))
                 .map_err(spawn_error)?;
         }
         drop(settle_tx);
-        let result = owner::run(
-            ctx,
-            handler.ordering(),
-            &jobs_tx,
-            &jobs_rx,
-            &settle_rx,
-            stop_rx,
-            &timer_tx,
-            started,
-        );
+        let lines = owner::Lines {
+            jobs: &jobs_tx,
+            queued: &jobs_rx,
+            feeds: &feeds,
+            settles: &settle_rx,
+            stop: stop_rx,
+            timer: &timer_tx,
+        };
+        let result = owner::run(ctx, handler.ordering(), &lines, started);
+        drop(feeds);
         drop(jobs_rx);
         drop(jobs_tx);
         let _ = timer_tx.send_timeout(timer::TimerMsg::Stop, timer::STOP_TIMEOUT);
@@ -647,14 +700,17 @@ impl RunningConsumer {
         self.consumer.stop_handle()
     }
 
-    /// Deliveries received and not yet settled.
+    /// Deliveries received and not yet settled (taken by a worker, held, or still in amiquip's
+    /// buffer).
     pub fn in_flight(&self) -> usize {
         self.consumer.in_flight()
     }
 
-    /// The most deliveries ever in flight at once (never above the prefetch; with
-    /// [`ConsumerOptions::at_most_once`] acknowledged deliveries whose handler still runs count
-    /// too, so up to prefetch + concurrency).
+    /// The most deliveries ever taken by this consumer and not yet settled at once (running,
+    /// held for their ordering key, or waiting in the consumer for a retry; not those still in
+    /// amiquip's buffer): never above the prefetch; with [`ConsumerOptions::at_most_once`]
+    /// acknowledged deliveries whose handler still runs count too, so up to prefetch +
+    /// concurrency.
     pub fn max_in_flight(&self) -> usize {
         self.consumer.max_in_flight()
     }

@@ -1,11 +1,20 @@
 //! The owner thread: holds the amiquip channel and consumer (neither may leave this thread),
-//! and `select!`s over deliveries, settlements from the workers, and stop.
+//! settles every delivery on that channel, and shuts the subscription down.
 //!
-//! Deliveries go to the workers through a bounded channel; the broker's prefetch bounds how many
-//! are unsettled at once, so nothing here grows with the backlog. Acknowledgements of a
-//! contiguous run of completed deliveries at the front are coalesced into one `multiple` ack;
-//! a completed delivery behind a still-running one is acknowledged on its own, so a slow
-//! handler never holds the prefetch window hostage.
+//! **Who reads the deliveries.** For a handler without ordering the workers read amiquip's
+//! consumer buffer themselves (each holds a clone of its receiver, handed over per subscription
+//! as a [`Feed`]): a delivery goes from amiquip's I/O thread straight to a worker, with no thread
+//! in between, and the owner only hears of it when its settlement comes back. For an ordered
+//! handler ([`Handler::ordering`]) the owner reads them, because it decides which may run (below),
+//! and sends each on to the workers through a bounded channel. Either way the broker's prefetch
+//! bounds how many are unsettled at once, so nothing here grows with the backlog.
+//!
+//! **Acknowledgements.** Delivery tags on a channel are consecutive from 1, so the owner knows
+//! which deliveries are settled without seeing them arrive: the completed run at the front (from
+//! the lowest tag not yet settled) is acknowledged with one `multiple` ack; a completed delivery
+//! behind one still unsettled (running, held, or not yet read) is acknowledged on its own, so a
+//! slow handler never holds the prefetch window hostage, and a `multiple` ack never covers a
+//! delivery that is not done ([`Acks`]).
 //!
 //! **Ordered dispatch.** When the handler asks for it ([`Handler::ordering`]), each delivery's
 //! key is computed here; a delivery whose key is busy (an earlier delivery with the key not yet
@@ -16,8 +25,9 @@
 //! A new subscription (reconnect) starts with no keys.
 //!
 //! [`Handler::ordering`]: super::Handler::ordering
+//! [`Feed`]: super::worker::Feed
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -25,6 +35,7 @@ use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, 
 use crossbeam_channel::{select, Receiver, Sender};
 
 use super::timer::TimerMsg;
+use super::worker::Feed;
 use super::{CloseReport, Context, Job, OrderBy, Settle, SettleAction};
 use std::sync::Arc;
 
@@ -41,12 +52,77 @@ enum End {
     Lost(String),
 }
 
-struct Slot {
-    /// `None` once acknowledged ahead of its handler (at most once).
-    delivery: Option<Delivery>,
-    done: bool,
-    /// Its ordering key while it holds the key.
-    key: Option<String>,
+/// Which deliveries of one subscription are settled, by tag, and the acknowledgements that
+/// follow. Tags on a channel are consecutive from 1 (RabbitMQ numbers every delivery on a
+/// channel), so `front`, the lowest tag not known to be settled, is a delivery still running,
+/// held, or not yet read: nothing at or behind it is covered by a `multiple` ack.
+struct Acks {
+    front: u64,
+    /// Done, waiting for the next [`flush`](Self::flush).
+    done: BTreeMap<u64, Delivery>,
+    /// Settled above `front` (acknowledged alone, rejected, or acknowledged ahead of the
+    /// handler): passed over when `front` reaches them.
+    ahead: BTreeSet<u64>,
+    /// Set when `ahead` outgrew its bound (a tag that never settles, which would be a bug): from
+    /// then on every delivery is acknowledged alone, which is always exact.
+    single_only: bool,
+}
+
+impl Acks {
+    /// More than this many settled above a front that does not move: something never settles.
+    const AHEAD_BOUND: usize = 100_000;
+
+    fn new() -> Acks {
+        Acks {
+            front: 1,
+            done: BTreeMap::new(),
+            ahead: BTreeSet::new(),
+            single_only: false,
+        }
+    }
+
+    /// `delivery` may be acknowledged.
+    fn done(&mut self, delivery: Delivery) {
+        self.done.insert(delivery.delivery_tag(), delivery);
+    }
+
+    /// `tag` was settled some other way (rejected, or acknowledged already).
+    fn settled(&mut self, tag: u64) {
+        if tag >= self.front && !self.single_only {
+            self.ahead.insert(tag);
+        }
+    }
+
+    /// Acknowledges what is done: the completed run at the front with one `multiple` ack, every
+    /// other done delivery alone.
+    fn flush(&mut self, channel: &Channel) -> std::result::Result<(), amiquip::Error> {
+        let mut last = None;
+        while !self.single_only {
+            if let Some(d) = self.done.remove(&self.front) {
+                last = Some(d);
+            } else if !self.ahead.remove(&self.front) {
+                break;
+            }
+            self.front += 1;
+        }
+        if let Some(d) = last {
+            d.ack_multiple(channel)?;
+        }
+        while let Some((tag, d)) = self.done.pop_first() {
+            d.ack(channel)?;
+            self.settled(tag);
+        }
+        if self.ahead.len() > Self::AHEAD_BOUND {
+            log::error!(
+                "acemq: delivery {} was never settled; acknowledging every delivery on its own \
+                 from now on",
+                self.front
+            );
+            self.ahead.clear();
+            self.single_only = true;
+        }
+        Ok(())
+    }
 }
 
 /// Ordering keys busy in this subscription, each with the deliveries waiting for it, in
@@ -93,24 +169,12 @@ impl Keys {
 
 /// Runs until stopped, recovering with the connection. `started` hears about the first
 /// subscription (or its failure).
-#[allow(clippy::too_many_arguments)] // the owner's lines, each its own channel end
 pub(crate) fn run(
     ctx: &Context,
     order: Option<&OrderBy>,
-    jobs: &Sender<Job>,
-    stale: &Receiver<Job>,
-    settles: &Receiver<Settle>,
-    stop: &Receiver<()>,
-    timer: &Sender<TimerMsg>,
+    lines: &Lines<'_>,
     mut started: Option<Sender<Result<()>>>,
 ) -> Result<CloseReport> {
-    let lines = Lines {
-        jobs,
-        queued: stale,
-        settles,
-        stop,
-        timer,
-    };
     let mut generation = 0u64;
     loop {
         // Before the first subscription any error is the caller's; after it, only a closed
@@ -122,7 +186,7 @@ pub(crate) fn run(
             Err(e) => return fail(&mut started, e),
         };
         generation += 1;
-        begin_generation(ctx, generation, stale);
+        begin_generation(ctx, generation, lines.queued);
         let channel = match subscribe_channel(ctx, &link) {
             Ok(c) => c,
             Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
@@ -140,18 +204,29 @@ pub(crate) fn run(
                 continue;
             }
         };
+        *ctx.buffer.lock() = Some(consumer.receiver().clone());
+        // Workers reading the subscription themselves get its buffer now.
+        for feed in lines.feeds {
+            let _ = feed.send(Feed {
+                generation,
+                deliveries: consumer.receiver().clone(),
+            });
+        }
         if let Some(tx) = started.take() {
             let _ = tx.send(Ok(()));
         }
-        let mut inflight: BTreeMap<u64, Slot> = BTreeMap::new();
-        let mut keys = Keys::default();
         let mut state = State {
-            inflight: &mut inflight,
-            keys: &mut keys,
+            generation,
+            acks: Acks::new(),
+            keys: Keys::default(),
+            key_of: HashMap::new(),
             order,
+            direct: !lines.feeds.is_empty(),
+            ended: 0,
+            reason: None,
         };
-        let end = serve(ctx, generation, &channel, &consumer, &mut state, &lines);
-        end_subscription(ctx, &end, consumer, inflight.len());
+        let end = serve(ctx, &channel, &consumer, &mut state, lines);
+        end_subscription(ctx, &end, consumer);
         match end {
             Ok(End::Stop(report)) => {
                 let _ = channel.close();
@@ -188,6 +263,7 @@ fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
 /// most `prefetch` unsettled on the new channel).
 fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
     ctx.generation.store(generation, Ordering::SeqCst);
+    ctx.in_flight.store(0, Ordering::SeqCst);
     let dropped = stale.try_iter().count();
     if dropped > 0 {
         log::debug!(
@@ -219,18 +295,14 @@ fn consume_on<'c>(ctx: &Context, channel: &'c Channel) -> Result<amiquip::Consum
 }
 
 /// Ends one subscription: cancels the amiquip consumer (unless stop already did) and says why.
-fn end_subscription(
-    ctx: &Context,
-    end: &Result<End>,
-    consumer: amiquip::Consumer<'_>,
-    unsettled: usize,
-) {
+fn end_subscription(ctx: &Context, end: &Result<End>, consumer: amiquip::Consumer<'_>) {
     if !matches!(end, Ok(End::Stop(_))) {
         // Stop already cancelled it; see `cancel_and_drain` for why this must run.
         cancel_and_drain(&ctx.queue, &consumer, drop);
     }
     drop(consumer);
-    ctx.in_flight.store(0, Ordering::SeqCst);
+    let buffered = ctx.buffer.lock().take().map_or(0, |b| b.len());
+    let unsettled = ctx.in_flight.swap(0, Ordering::SeqCst) + buffered;
     if let Ok(End::Lost(why)) = end {
         log::warn!(
             "acemq: consumer of {} lost its channel ({why}); {unsettled} unsettled deliveries \
@@ -264,10 +336,13 @@ fn consume_error(queue: &str, e: amiquip::Error) -> Error {
 
 /// The channels the owner thread talks through.
 pub(crate) struct Lines<'a> {
-    /// To the workers.
+    /// To the workers (an ordered handler's deliveries, and its held retries run again).
     pub(crate) jobs: &'a Sender<Job>,
     /// The same hand-off, read by the owner only to take back jobs no worker has started.
     pub(crate) queued: &'a Receiver<Job>,
+    /// To each worker that reads the subscription itself, one per worker: each subscription's
+    /// buffer. Empty for an ordered handler.
+    pub(crate) feeds: &'a [Sender<Feed>],
     /// From the workers and the timer.
     pub(crate) settles: &'a Receiver<Settle>,
     /// From a [`StopHandle`](super::StopHandle).
@@ -276,68 +351,120 @@ pub(crate) struct Lines<'a> {
     pub(crate) timer: &'a Sender<TimerMsg>,
 }
 
-/// One subscription's deliveries: in flight, and those waiting for their ordering key.
+/// One subscription's settlement state.
 struct State<'a> {
-    inflight: &'a mut BTreeMap<u64, Slot>,
-    keys: &'a mut Keys,
+    generation: u64,
+    acks: Acks,
+    /// Ordering keys busy, with the deliveries waiting for each.
+    keys: Keys,
+    /// The key each delivery holding one holds, by tag.
+    key_of: HashMap<u64, String>,
     order: Option<&'a OrderBy>,
+    /// The workers read the deliveries themselves.
+    direct: bool,
+    /// Workers that found the subscription ended (its buffer disconnected).
+    ended: usize,
+    /// What ended it, when a worker read why (the broker cancelled the consumer, closed the
+    /// channel, …).
+    reason: Option<ConsumerMessage>,
+}
+
+impl State<'_> {
+    /// Workers reading the subscription themselves.
+    fn readers(&self, lines: &Lines<'_>) -> usize {
+        if self.direct {
+            lines.feeds.len()
+        } else {
+            0
+        }
+    }
 }
 
 fn serve(
     ctx: &Context,
-    generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
 ) -> Result<End> {
-    let Lines {
-        jobs,
-        settles,
-        stop,
-        ..
-    } = *lines;
     let mut report = CloseReport::default();
+    // The owner reads the deliveries only for an ordered handler.
+    let deliveries = if state.direct {
+        crossbeam_channel::never()
+    } else {
+        consumer.receiver().clone()
+    };
     loop {
         select! {
-            recv(consumer.receiver()) -> msg => match msg {
-                Ok(ConsumerMessage::Delivery(d)) => {
-                    dispatch(ctx, generation, d, state, jobs);
-                }
-                Ok(ConsumerMessage::ServerCancelled) => {
-                    // The queue was deleted (or the broker cancelled us): finish what is running
-                    // and end with a clear error.
-                    shutdown(ctx, generation, channel, consumer, state, lines, &mut report);
-                    return Err(Error::Cancelled { queue: ctx.queue.clone() });
-                }
-                Ok(ConsumerMessage::ServerClosedChannel(e)) => return Ok(End::Lost(e.to_string())),
-                Ok(ConsumerMessage::ServerClosedConnection(e)) => return Ok(End::Lost(e.to_string())),
-                Ok(other) => return Ok(End::Lost(format!("{other:?}"))),
-                Err(_) => return Ok(End::Lost("the connection dropped".into())),
+            recv(deliveries) -> msg => match msg {
+                Ok(ConsumerMessage::Delivery(d)) => dispatch(ctx, d, state, lines.jobs),
+                Ok(other) => state.reason = Some(other),
+                Err(_) => state.ended += 1,
             },
-            recv(settles) -> s => {
+            recv(lines.settles) -> s => {
                 let Ok(s) = s else { return Ok(End::Lost("workers ended".into())) };
                 let mut batch = vec![s];
-                batch.extend(settles.try_iter());
-                if let Err(e) = settle(ctx, generation, channel, state, jobs, batch, &mut report) {
+                batch.extend(lines.settles.try_iter());
+                if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, &mut report) {
                     return Ok(End::Lost(e.to_string()));
                 }
             },
-            recv(stop) -> _ => {
-                shutdown(ctx, generation, channel, consumer, state, lines, &mut report);
+            recv(lines.stop) -> _ => {
+                shutdown(ctx, channel, consumer, state, lines, &mut report);
                 return Ok(End::Stop(report));
             },
         }
+        if state.reason.is_none() && state.ended == 0 {
+            continue;
+        }
+        if state.reason.is_none() && state.ended < state.readers(lines) {
+            if let Err(e) = wait_for_reason(ctx, channel, state, lines, &mut report) {
+                return Ok(End::Lost(e.to_string()));
+            }
+        }
+        // The subscription ended: read by the owner or reported by a worker.
+        return match state.reason.take() {
+            Some(ConsumerMessage::ServerCancelled) => {
+                // The queue was deleted (or the broker cancelled us): finish what is running
+                // and end with a clear error.
+                shutdown(ctx, channel, consumer, state, lines, &mut report);
+                Err(Error::Cancelled {
+                    queue: ctx.queue.clone(),
+                })
+            }
+            Some(ConsumerMessage::ServerClosedChannel(e)) => Ok(End::Lost(e.to_string())),
+            Some(ConsumerMessage::ServerClosedConnection(e)) => Ok(End::Lost(e.to_string())),
+            Some(other) => Ok(End::Lost(format!("{other:?}"))),
+            None => Ok(End::Lost("the connection dropped".into())),
+        };
     }
 }
 
-fn dispatch(
+/// A worker found the subscription's buffer ended before any worker reported why. The worker
+/// that read the reason (amiquip sends one before ending the buffer, unless the connection
+/// dropped) may still be on its way to say so: wait for it, for every reader to report the end
+/// (each sends what it read before it can see the end), or for a bounded time.
+fn wait_for_reason(
     ctx: &Context,
-    generation: u64,
-    mut d: Delivery,
+    channel: &Channel,
     state: &mut State<'_>,
-    jobs: &Sender<Job>,
-) {
+    lines: &Lines<'_>,
+    report: &mut CloseReport,
+) -> std::result::Result<(), amiquip::Error> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while state.reason.is_none() && state.ended < state.readers(lines) {
+        let Ok(s) = lines.settles.recv_deadline(deadline) else {
+            break;
+        };
+        let mut batch = vec![s];
+        batch.extend(lines.settles.try_iter());
+        settle(ctx, channel, state, lines.jobs, batch, report)?;
+    }
+    Ok(())
+}
+
+/// A delivery the owner read (an ordered handler): to the workers, or held behind its key.
+fn dispatch(ctx: &Context, mut d: Delivery, state: &mut State<'_>, jobs: &Sender<Job>) {
     let tag = d.delivery_tag();
     // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
     // fresh id as it is read, so that its copies carry an identity from here on.
@@ -345,26 +472,20 @@ fn dispatch(
     message.codec = Some(ctx.codec.clone());
     let key = state.order.and_then(|o| o.key_of(&message));
     let hold = key.is_some() && state.order.is_some_and(|o| o.holds_retries());
-    state.inflight.insert(
-        tag,
-        Slot {
-            delivery: Some(d),
-            done: false,
-            key: key.clone(),
-        },
-    );
-    let n = state.inflight.len();
-    ctx.in_flight.store(n, Ordering::SeqCst);
-    ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+    taken(ctx);
     let job = Job {
-        generation,
+        generation: state.generation,
         tag,
+        delivery: d,
         message,
         keyed: key.is_some(),
         hold,
     };
-    let job = match &key {
-        Some(key) => state.keys.take_or_queue(key, job),
+    let job = match key {
+        Some(key) => {
+            state.key_of.insert(tag, key.clone());
+            state.keys.take_or_queue(&key, job)
+        }
         None => Some(job),
     };
     if let Some(job) = job {
@@ -374,10 +495,25 @@ fn dispatch(
     }
 }
 
+/// A delivery was taken from the subscription: one more in flight. (What is still in amiquip's
+/// buffer is not added to the high-water mark: read apart, the two could count one delivery
+/// twice.)
+pub(crate) fn taken(ctx: &Context) {
+    let n = ctx.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+}
+
+/// A delivery was settled: one fewer in flight.
+fn gone(ctx: &Context) {
+    let _ = ctx
+        .in_flight
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+}
+
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next
 /// delivery waiting for the key goes to the workers.
 fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
-    let Some(key) = state.inflight.get_mut(&tag).and_then(|s| s.key.take()) else {
+    let Some(key) = state.key_of.remove(&tag) else {
         return;
     };
     if let Some(next) = state.keys.release(&key) {
@@ -385,21 +521,24 @@ fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
     }
 }
 
-/// Applies settlements, then acknowledges: one `multiple` ack for the completed run at the front,
-/// single acks for completed deliveries behind a running one.
+/// Applies settlements, then acknowledges what is done (see [`Acks`]). The workers' signals of
+/// this subscription are recorded in `state` for the caller to act on.
 fn settle(
     ctx: &Context,
-    generation: u64,
     channel: &Channel,
     state: &mut State<'_>,
     jobs: &Sender<Job>,
     batch: Vec<Settle>,
     report: &mut CloseReport,
 ) -> std::result::Result<(), amiquip::Error> {
+    let generation = state.generation;
     // At-most-once handlers waiting for their delivery's ack to reach the broker.
     let mut acked_first = Vec::new();
     for s in batch {
         if s.generation != generation {
+            if matches!(s.action, SettleAction::Signal(_)) {
+                continue;
+            }
             log::info!(
                 "acemq: dropping the outcome of a delivery on {:?} from before a reconnect; \
                  the broker redelivers it",
@@ -418,56 +557,53 @@ fn settle(
         match s.action {
             SettleAction::Ack => {
                 release_key(state, s.tag, jobs);
-                if let Some(slot) = state.inflight.get_mut(&s.tag) {
-                    if slot.delivery.is_some() {
-                        slot.done = true;
-                    } else {
-                        // Acknowledged before its handler ran (at most once): only forget it.
-                        state.inflight.remove(&s.tag);
-                    }
+                // Without its delivery it was acknowledged ahead of its handler (at most once).
+                if let Some(d) = s.delivery {
+                    state.acks.done(d);
                 }
+                gone(ctx);
             }
             SettleAction::Requeue => {
                 release_key(state, s.tag, jobs);
-                if let Some(slot) = state.inflight.remove(&s.tag) {
-                    if !s.started {
-                        report.requeued += 1;
-                    }
-                    if let Some(d) = slot.delivery {
-                        d.nack(channel, true)?;
-                    }
+                if !s.started {
+                    report.requeued += 1;
                 }
+                if let Some(d) = s.delivery {
+                    d.nack(channel, true)?;
+                    state.acks.settled(s.tag);
+                }
+                gone(ctx);
             }
             SettleAction::Released => release_key(state, s.tag, jobs),
             SettleAction::Again(message) => {
-                if state.inflight.contains_key(&s.tag) {
+                if let Some(delivery) = s.delivery {
                     let hold = state.order.is_some_and(|o| o.holds_retries());
                     let _ = jobs.send(Job {
                         generation,
                         tag: s.tag,
+                        delivery,
                         message: *message,
                         keyed: true,
                         hold,
                     });
                 }
             }
-            SettleAction::AckFirst(reply) => {
-                let delivery = state
-                    .inflight
-                    .get_mut(&s.tag)
-                    .and_then(|slot| slot.delivery.take());
-                match delivery {
-                    Some(d) => {
-                        if let Err(e) = d.ack(channel) {
-                            let _ = reply.send(false);
-                            return Err(e);
-                        }
-                        acked_first.push(reply);
-                    }
-                    None => {
+            SettleAction::AckFirst(reply) => match s.delivery {
+                Some(d) => {
+                    if let Err(e) = d.ack(channel) {
                         let _ = reply.send(false);
+                        return Err(e);
                     }
+                    state.acks.settled(s.tag);
+                    acked_first.push(reply);
                 }
+                None => {
+                    let _ = reply.send(false);
+                }
+            },
+            SettleAction::Signal(None) => state.ended += 1,
+            SettleAction::Signal(Some(reason)) => {
+                state.reason.get_or_insert(*reason);
             }
         }
     }
@@ -483,39 +619,7 @@ fn settle(
         }
         processed?;
     }
-    flush_acks(state.inflight, channel)?;
-    ctx.in_flight.store(state.inflight.len(), Ordering::SeqCst);
-    Ok(())
-}
-
-fn flush_acks(
-    inflight: &mut BTreeMap<u64, Slot>,
-    channel: &Channel,
-) -> std::result::Result<(), amiquip::Error> {
-    // Only slots still holding their delivery are ever `done` (one acknowledged ahead of its
-    // handler is forgotten when it settles), and a held or running delivery is never `done`:
-    // the `multiple` ack covers exactly the completed run at the front.
-    let mut last_front = None;
-    while let Some(entry) = inflight.first_entry() {
-        if !entry.get().done {
-            break;
-        }
-        last_front = entry.remove().delivery;
-    }
-    if let Some(d) = last_front {
-        d.ack_multiple(channel)?;
-    }
-    let behind: Vec<u64> = inflight
-        .iter()
-        .filter(|(_, s)| s.done)
-        .map(|(t, _)| *t)
-        .collect();
-    for tag in behind {
-        if let Some(Some(d)) = inflight.remove(&tag).map(|s| s.delivery) {
-            d.ack(channel)?;
-        }
-    }
-    Ok(())
+    state.acks.flush(channel)
 }
 
 /// Cancels `consumer` and reads its receiver until amiquip reports the cancel, handing any
@@ -543,24 +647,32 @@ pub(crate) fn cancel_and_drain(
 /// Stop: cancel, requeue what was delivered but not started (on its way, waiting in the
 /// hand-off, or held by the timer), let running handlers finish up to the deadline and settle
 /// them. What is still running then is `abandoned`; what never started is `requeued`.
+///
+/// When the workers read the subscription themselves, a delivery one of them took is counted in
+/// flight before that worker can report the subscription ended (its receiver disconnected after
+/// the cancel): so once every worker has reported it and nothing is in flight, every delivery
+/// taken is settled.
 fn shutdown(
     ctx: &Context,
-    generation: u64,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
     report: &mut CloseReport,
 ) {
-    let settles = lines.settles;
+    let generation = state.generation;
     ctx.stopping.store(true, Ordering::SeqCst);
     // Held retries go back to the queue unchanged; the timer answers on `settles`.
     let _ = lines
         .timer
         .send_timeout(TimerMsg::Stop, super::timer::STOP_TIMEOUT);
-    // Deliveries that were on their way before the cancel: back to the queue.
+    // Deliveries that were on their way before the cancel: back to the queue (workers reading
+    // the subscription put back those they read; they see `stopping`).
+    let acks = &mut state.acks;
     cancel_and_drain(&ctx.queue, consumer, |d| {
+        let tag = d.delivery_tag();
         if d.nack(channel, true).is_ok() {
+            acks.settled(tag);
             report.requeued += 1;
         }
     });
@@ -571,24 +683,27 @@ fn shutdown(
         if job.generation != generation {
             continue;
         }
-        if let Some(Some(d)) = state.inflight.remove(&job.tag).map(|s| s.delivery) {
-            if d.nack(channel, true).is_ok() {
-                report.requeued += 1;
-            }
+        state.key_of.remove(&job.tag);
+        if job.delivery.nack(channel, true).is_ok() {
+            state.acks.settled(job.tag);
+            report.requeued += 1;
         }
+        gone(ctx);
     }
+    let readers = state.readers(lines);
     let deadline = Instant::now() + ctx.shutdown_timeout;
-    while !state.inflight.is_empty() {
-        match settles.recv_deadline(deadline) {
+    while ctx.in_flight.load(Ordering::SeqCst) > 0 || state.ended < readers {
+        match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
                 let mut batch = vec![s];
-                batch.extend(settles.try_iter());
+                batch.extend(lines.settles.try_iter());
                 for s in &batch {
-                    if s.generation == generation && s.started {
+                    let signal = matches!(s.action, SettleAction::Signal(_));
+                    if s.generation == generation && s.started && !signal {
                         report.finished += 1;
                     }
                 }
-                if let Err(e) = settle(ctx, generation, channel, state, lines.jobs, batch, report) {
+                if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, report) {
                     log::warn!("acemq: settling while closing {}: {e}", ctx.who());
                     break;
                 }
@@ -608,5 +723,4 @@ fn shutdown(
             ctx.shutdown_timeout
         );
     }
-    state.inflight.clear();
 }

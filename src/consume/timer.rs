@@ -29,6 +29,8 @@ use crate::envelope::Message;
 pub(crate) struct Delayed {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
+    /// The original, unacknowledged meanwhile.
+    pub(crate) delivery: amiquip::Delivery,
     pub(crate) due: Instant,
     /// The copy to publish to the queue when due; `None`: put the original back (a copy that
     /// could not be published backs off here rather than spinning).
@@ -97,7 +99,7 @@ pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settl
             }
             Ok(TimerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => {
                 for Reverse(e) in heap.drain() {
-                    requeue(ctx, &settle, &e.delayed);
+                    requeue(ctx, &settle, *e.delayed);
                 }
                 return;
             }
@@ -146,10 +148,11 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, d: Box<Delayed>) {
         tag: d.tag,
         action,
         started: true,
+        delivery: Some(d.delivery),
     });
 }
 
-fn requeue(ctx: &Context, settle: &Sender<Settle>, d: &Delayed) {
+fn requeue(ctx: &Context, settle: &Sender<Settle>, d: Delayed) {
     if d.generation != ctx.generation.load(Ordering::SeqCst) {
         return;
     }
@@ -158,6 +161,7 @@ fn requeue(ctx: &Context, settle: &Sender<Settle>, d: &Delayed) {
         tag: d.tag,
         action: SettleAction::Requeue,
         started: false,
+        delivery: Some(d.delivery),
     });
 }
 

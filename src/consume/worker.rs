@@ -1,13 +1,16 @@
-//! Worker threads: run the handler, turn its result into a verdict, publish the copy the verdict
-//! needs (a retry rung, `.dlq`, `.parked`) **before** the original is acknowledged, and send the
-//! settlement back to the owner thread. A wait spent in the consumer is handed to the timer
-//! thread (`timer.rs`) with the delivery still unacknowledged: the worker goes on at once.
+//! Worker threads: take a delivery ([`Source`]: straight from amiquip's consumer buffer, or from
+//! the owner for an ordered handler), run the handler, turn its result into a verdict, publish
+//! the copy the verdict needs (a retry rung, `.dlq`, `.parked`) **before** the original is
+//! acknowledged, and send the settlement (with the delivery) back to the owner thread, which
+//! acknowledges. A wait spent in the consumer is handed to the timer thread (`timer.rs`) with the
+//! delivery still unacknowledged: the worker goes on at once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use amiquip::ConsumerMessage;
+use crossbeam_channel::{select, Receiver, Sender};
 
 use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
@@ -17,20 +20,142 @@ use crate::envelope::{now_ms, Message};
 use crate::error::{Error, Result};
 use crate::observe::Settlement;
 
+/// One subscription's buffer of deliveries, handed by the owner to each worker that reads it
+/// itself (a clone of amiquip's receiver; amiquip's consumer itself stays on the owner thread).
+pub(crate) struct Feed {
+    pub(crate) generation: u64,
+    pub(crate) deliveries: Receiver<ConsumerMessage>,
+}
+
+/// Where a worker takes its deliveries.
+pub(crate) enum Source {
+    /// From the owner, which decides what may run (an ordered handler).
+    Owner(Receiver<Job>),
+    /// Straight from the subscription's buffer: no thread between amiquip's I/O thread and the
+    /// handler. `current` is the subscription being read; a new one arrives on `feeds` after a
+    /// reconnect, and `feeds` closes when the consumer ends.
+    Direct {
+        feeds: Receiver<Feed>,
+        current: Option<Feed>,
+    },
+}
+
+/// What [`Source::next`] found. (A job is moved out once per delivery; boxing it would cost an
+/// allocation per delivery instead.)
+#[allow(clippy::large_enum_variant)]
+enum Next {
+    Job(Job),
+    /// The deadline passed.
+    Timeout,
+    /// The consumer is ending.
+    End,
+}
+
+impl Source {
+    pub(crate) fn direct(feeds: Receiver<Feed>) -> Source {
+        Source::Direct {
+            feeds,
+            current: None,
+        }
+    }
+
+    /// The next delivery, waiting until `deadline` (for ever with `None`). Reading the
+    /// subscription itself, a worker passes anything else it reads there on to the owner as a
+    /// [`SettleAction::Signal`], and `None` once the subscription has ended; a delivery from a
+    /// subscription that is gone is skipped (the broker redelivers it).
+    fn next(&mut self, ctx: &Context, settle: &Sender<Settle>, deadline: Option<Instant>) -> Next {
+        let timeout = deadline.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+        let (feeds, current) = match self {
+            Source::Owner(jobs) => {
+                return select! {
+                    recv(jobs) -> job => job.map_or(Next::End, Next::Job),
+                    recv(timeout) -> _ => Next::Timeout,
+                };
+            }
+            Source::Direct { feeds, current } => (feeds, current),
+        };
+        loop {
+            let Some(feed) = current.as_ref() else {
+                select! {
+                    recv(feeds) -> feed => match feed {
+                        Ok(feed) => *current = Some(feed),
+                        Err(_) => return Next::End,
+                    },
+                    recv(timeout) -> _ => return Next::Timeout,
+                }
+                continue;
+            };
+            let generation = feed.generation;
+            let read = select! {
+                recv(feed.deliveries) -> msg => msg,
+                recv(feeds) -> feed => match feed {
+                    Ok(feed) => {
+                        *current = Some(feed);
+                        continue;
+                    }
+                    Err(_) => return Next::End,
+                },
+                recv(timeout) -> _ => return Next::Timeout,
+            };
+            match read {
+                Ok(ConsumerMessage::Delivery(mut d)) => {
+                    if generation != ctx.generation.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    // Counted before anything else: the owner, closing, waits for it.
+                    super::owner::taken(ctx);
+                    let tag = d.delivery_tag();
+                    // A message from outside the family with neither `x-acemq-id` nor
+                    // `message_id` gets a fresh id as it is read, so that its copies carry an
+                    // identity from here on.
+                    let mut message = Message::take_delivery(&mut d);
+                    message.codec = Some(ctx.codec.clone());
+                    return Next::Job(Job {
+                        generation,
+                        tag,
+                        delivery: d,
+                        message,
+                        keyed: false,
+                        hold: false,
+                    });
+                }
+                Ok(other) => {
+                    let _ = settle.send(signal(generation, Some(Box::new(other))));
+                }
+                Err(_) => {
+                    // Ended (cancelled, or the channel is gone): wait for the next one.
+                    *current = None;
+                    let _ = settle.send(signal(generation, None));
+                }
+            }
+        }
+    }
+}
+
+fn signal(generation: u64, what: Option<Box<ConsumerMessage>>) -> Settle {
+    Settle {
+        generation,
+        tag: 0,
+        action: SettleAction::Signal(what),
+        started: false,
+        delivery: None,
+    }
+}
+
 pub(crate) fn run<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     handler: &H,
-    jobs: Receiver<Job>,
+    mut source: Source,
     settle: Sender<Settle>,
     timer: Sender<TimerMsg>,
 ) {
     if let Some((max, wait)) = handler.batch_limits().filter(|_| !ctx.at_most_once) {
-        return run_batches(ctx, handler, max, wait, jobs, settle, timer);
+        return run_batches(ctx, handler, max, wait, source, settle, timer);
     }
-    for job in jobs.iter() {
-        if !admit(ctx, &job, &settle) {
+    while let Next::Job(job) = source.next(ctx, &settle, None) {
+        let Some(job) = admit(ctx, job, &settle) else {
             continue;
-        }
+        };
         if ctx.at_most_once {
             at_most_once(ctx, handler, job, &settle);
             continue;
@@ -65,27 +190,35 @@ fn run_batches<H: Handler + Sync + ?Sized>(
     handler: &H,
     max: usize,
     wait: Duration,
-    jobs: Receiver<Job>,
+    mut source: Source,
     settle: Sender<Settle>,
     timer: Sender<TimerMsg>,
 ) {
     // A batch never waits for more deliveries than the broker lets this worker have unsettled.
     let workers = ctx.concurrency.max(1);
     let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
-    while let Ok(first) = jobs.recv() {
+    let mut ending = false;
+    while !ending {
+        let Next::Job(first) = source.next(ctx, &settle, None) else {
+            break;
+        };
         let mut gathered = vec![first];
         let deadline = Instant::now() + wait;
         while gathered.len() < max {
-            match jobs.recv_deadline(deadline) {
-                Ok(job) => gathered.push(job),
-                Err(_) => break,
+            match source.next(ctx, &settle, Some(deadline)) {
+                Next::Job(job) => gathered.push(job),
+                Next::Timeout => break,
+                Next::End => {
+                    ending = true;
+                    break;
+                }
             }
         }
         let mut batch = Vec::with_capacity(gathered.len());
         for job in gathered {
-            if !admit(ctx, &job, &settle) {
+            let Some(job) = admit(ctx, job, &settle) else {
                 continue;
-            }
+            };
             let offset = ctx
                 .stream_cursor
                 .as_ref()
@@ -138,27 +271,22 @@ fn run_batches<H: Handler + Sync + ?Sized>(
     }
 }
 
-/// False (and the job dealt with) for a job from an old generation or one that arrives while
-/// the consumer is stopping.
-fn admit(ctx: &Context, job: &Job, settle: &Sender<Settle>) -> bool {
+/// The job, or `None` (and the job dealt with) for a job from an old generation or one that
+/// arrives while the consumer is stopping.
+fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
     if job.generation != ctx.generation.load(Ordering::SeqCst) {
         // From a channel that is gone: the broker redelivers it on the new one.
         log::debug!(
             "acemq: skipping message {} from before a reconnect (it is redelivered)",
             job.message.id()
         );
-        return false;
+        return None;
     }
     if ctx.stop_requested() {
-        let _ = settle.send(Settle {
-            generation: job.generation,
-            tag: job.tag,
-            action: SettleAction::Requeue,
-            started: false,
-        });
-        return false;
+        let _ = settle.send(Settle::of(&job, SettleAction::Requeue, false).with(job.delivery));
+        return None;
     }
-    true
+    Some(job)
 }
 
 /// The verdict for a message another client sent already past this policy's last attempt: it
@@ -258,27 +386,18 @@ fn finish(
     });
     match step {
         Step::Now(action) => {
-            let _ = settle.send(Settle {
-                generation: job.generation,
-                tag: job.tag,
-                action,
-                started: true,
-            });
+            let _ = settle.send(Settle::of(&job, action, true).with(job.delivery));
         }
         Step::Later { due, copy, again } => {
             if job.keyed && !again {
                 // Its handler is done: later messages with its key need not wait for the
                 // delivery to be settled (the retry comes back as a new delivery anyway).
-                let _ = settle.send(Settle {
-                    generation: job.generation,
-                    tag: job.tag,
-                    action: SettleAction::Released,
-                    started: true,
-                });
+                let _ = settle.send(Settle::of(&job, SettleAction::Released, true));
             }
             let delayed = Box::new(Delayed {
                 generation: job.generation,
                 tag: job.tag,
+                delivery: job.delivery,
                 due,
                 copy: copy.map(|c| *c),
                 again,
@@ -291,6 +410,7 @@ fn finish(
                         tag: d.tag,
                         action: SettleAction::Requeue,
                         started: true,
+                        delivery: Some(d.delivery),
                     });
                 }
             }
@@ -358,11 +478,19 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     settle: &Sender<Settle>,
 ) {
     let (reply, acked) = crossbeam_channel::bounded(1);
+    let Job {
+        generation,
+        tag,
+        delivery,
+        message,
+        ..
+    } = job;
     let asked = settle.send(Settle {
-        generation: job.generation,
-        tag: job.tag,
+        generation,
+        tag,
         action: SettleAction::AckFirst(reply),
         started: false,
+        delivery: Some(delivery),
     });
     let wait = ctx.shutdown_timeout.max(Duration::from_secs(30));
     if asked.is_err() || !matches!(acked.recv_timeout(wait), Ok(true)) {
@@ -370,17 +498,17 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         // is ending). Running it now could run it twice.
         log::debug!(
             "acemq: message {} from {:?} was not acknowledged ahead of its handler; not running it",
-            job.message.id(),
+            message.id(),
             ctx.queue
         );
         return;
     }
-    let trace = crate::trace::Consuming::start(&job.message, &ctx.queue);
+    let trace = crate::trace::Consuming::start(&message, &ctx.queue);
     let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
     let started = Instant::now();
     ctx.running.fetch_add(1, Ordering::SeqCst);
     let result = catch_unwind(AssertUnwindSafe(|| {
-        intercepted(ctx, &mut intercept, handler, &job.message)
+        intercepted(ctx, &mut intercept, handler, &message)
     }));
     ctx.running.fetch_sub(1, Ordering::SeqCst);
     let handler_duration = started.elapsed();
@@ -405,16 +533,18 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
         outcome: if error.is_some() { "lost" } else { "accept" },
-        attempt: job.message.envelope.attempt,
+        attempt: message.envelope.attempt,
         handler_duration,
-        message_id: job.message.id(),
+        message_id: message.id(),
         error: error.as_deref(),
     });
+    // Acknowledged already: the owner only counts it settled.
     let _ = settle.send(Settle {
-        generation: job.generation,
-        tag: job.tag,
+        generation,
+        tag,
         action: SettleAction::Ack,
         started: true,
+        delivery: None,
     });
 }
 
