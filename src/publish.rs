@@ -404,9 +404,33 @@ impl Publisher {
         routing_key: &str,
         message: Message,
     ) -> Result<Ticket> {
+        let mandatory = self.inner.options.mandatory;
+        self.publish_intercepted(exchange, routing_key, message, mandatory)
+    }
+
+    /// [`publish`](Self::publish), mandatory whatever this publisher's options say: a pattern's
+    /// next hop (a pipeline step, a routing slip's next stop), which must reach a queue or come
+    /// back as [`Error::Unroutable`], never vanish.
+    pub(crate) fn publish_routed(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+    ) -> Result<()> {
+        self.publish_intercepted(exchange, routing_key, message, true)?
+            .wait()
+    }
+
+    fn publish_intercepted(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: Message,
+        mandatory: bool,
+    ) -> Result<Ticket> {
         let interceptors = &self.inner.connection.shared.options.publish_interceptors;
         if interceptors.is_empty() {
-            return self.publish_unintercepted(exchange, routing_key, message);
+            return self.publish_unintercepted(exchange, routing_key, message, mandatory);
         }
         let context = crate::intercept::PublishContext {
             exchange: exchange.to_string(),
@@ -414,7 +438,7 @@ impl Publisher {
             message,
         };
         crate::intercept::run_publish(interceptors, context, &|c| {
-            self.publish_unintercepted(&c.exchange, &c.routing_key, c.message)
+            self.publish_unintercepted(&c.exchange, &c.routing_key, c.message, mandatory)
         })
     }
 
@@ -426,7 +450,8 @@ impl Publisher {
         routing_key: &str,
         message: Message,
     ) -> Result<()> {
-        self.publish_unintercepted(exchange, routing_key, message)?
+        // A copy must reach its queue or come back: mandatory whatever the options say.
+        self.publish_unintercepted(exchange, routing_key, message, true)?
             .wait()
     }
 
@@ -435,8 +460,9 @@ impl Publisher {
         exchange: &str,
         routing_key: &str,
         message: Message,
+        mandatory: bool,
     ) -> Result<Ticket> {
-        self.publish_deferred_inner(exchange, routing_key, message)
+        self.publish_deferred_inner(exchange, routing_key, message, mandatory)
             .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
     }
 
@@ -451,6 +477,7 @@ impl Publisher {
         exchange: &str,
         routing_key: &str,
         mut message: Message,
+        mandatory: bool,
     ) -> Result<Ticket> {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
@@ -468,7 +495,14 @@ impl Publisher {
             returned: None,
             reply: tx,
         };
-        if let Err(e) = self.hand_over(exchange, routing_key, &message, pending, deadline) {
+        if let Err(e) = self.hand_over(
+            exchange,
+            routing_key,
+            &message,
+            pending,
+            mandatory,
+            deadline,
+        ) {
             span.end(Err(&e));
             return Err(e);
         }
@@ -537,6 +571,7 @@ impl Publisher {
         routing_key: &str,
         message: &Message,
         pending: Pending,
+        mandatory: bool,
         deadline: Instant,
     ) -> Result<()> {
         let shared = &self.inner.shared;
@@ -552,7 +587,7 @@ impl Publisher {
             let publish = Publish {
                 body: &message.body,
                 routing_key: routing_key.to_string(),
-                mandatory: self.inner.options.mandatory,
+                mandatory,
                 immediate: false,
                 properties: properties
                     .take()

@@ -108,21 +108,31 @@ fn nothing_accepts_and_publishes_nothing() {
 #[test]
 fn an_unroutable_next_hop_retries_the_step_and_the_original_is_not_acknowledged_first() {
     let conn = connect();
-    let mut clean = Cleanup::new(&conn);
+    unroutable_next_hop(&conn, conn.publisher().unwrap());
+}
+
+/// The step's publisher was made without the mandatory flag: the next hop is published
+/// mandatory all the same, so an unroutable one is retried, never accepted and lost.
+#[test]
+fn an_unroutable_next_hop_is_retried_even_through_a_publisher_that_is_not_mandatory() {
+    let conn = connect();
+    let publisher = conn
+        .publisher_with(acemq_amqp::PublisherOptions::new().mandatory(false))
+        .unwrap();
+    unroutable_next_hop(&conn, publisher);
+}
+
+fn unroutable_next_hop(conn: &acemq_amqp::Connection, publisher: acemq_amqp::Publisher) {
+    let mut clean = Cleanup::new(conn);
     let input = clean.consumed_queue(&unique("then-unroutable"), &[]);
     conn.declare_queue(&QueueSpec::new(&input)).unwrap();
     let nowhere = unique("then-no-such-queue");
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let a = attempts.clone();
-    let step = then(
-        conn.publisher().unwrap(),
-        "",
-        nowhere,
-        move |m: &Message| {
-            a.lock().unwrap().push(m.envelope.attempt);
-            Ok(Next::Publish(json!({"next": true})))
-        },
-    );
+    let step = then(publisher, "", nowhere, move |m: &Message| {
+        a.lock().unwrap().push(m.envelope.attempt);
+        Ok(Next::Publish(json!({"next": true})))
+    });
     let stepping = conn
         .consumer(
             &input,

@@ -50,11 +50,13 @@
 //! **The overrunning thread cannot be interrupted** (Rust has no way to stop a thread): it runs
 //! on to the end of what it was doing, as an *orphan*, and its result is thrown away. Orphans
 //! are counted ([`Deadline::orphans`]) and each overrun is reported to the observer
-//! ([`Observer::overrun`], set with [`Deadline::observer`]). At most
-//! [`Deadline::max_orphans`] (default 16) may exist at once per wrapper: while that many are
-//! still running, a new message is **not started** and is settled as a retry at once
-//! (`acemq: not started: {n} handlers are still running past their deadline`), so a handler
-//! stuck for good cannot pile up threads without bound. Its message still retries: the key of an
+//! ([`Observer::overrun`], set with [`Deadline::observer`]). While [`Deadline::max_orphans`]
+//! (default 16) orphans of a wrapper are still running, a new message is **not started** and is
+//! settled as a retry at once (`acemq: not started: {n} handlers are still running past their
+//! deadline`), so a handler stuck for good cannot pile up threads without bound. The limit is
+//! checked when a message starts, and a handler already running when it is reached may still
+//! overrun: with a consumer of concurrency `c` at most `max_orphans + c − 1` orphans exist at once
+//! (a strict `max_orphans` would have to refuse to start handlers that may well finish in time). Its message still retries: the key of an
 //! ordered message is freed when the overrun is settled, so the next message with the key may
 //! run beside the orphan.
 //!
@@ -286,8 +288,10 @@ impl Deadline {
         }
     }
 
-    /// The most orphaned handler threads (still running past their deadline) at once; while
-    /// that many run, a new message is settled as a retry without starting. At least 1.
+    /// While this many orphaned handler threads (still running past their deadline) run, a new
+    /// message is settled as a retry without starting. Handlers already running may still
+    /// overrun, so with `c` running at once up to `max_orphans + c − 1` orphans can exist (see
+    /// the [module docs](self#with_timeout-what-a-deadline-can-and-cannot-do)). At least 1.
     /// Defaults to 16.
     pub fn max_orphans(mut self, max: usize) -> Self {
         self.max_orphans = max.max(1);

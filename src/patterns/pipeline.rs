@@ -149,7 +149,7 @@ where
         };
         match self
             .publisher
-            .publish(&self.exchange, &self.routing_key, message)
+            .publish_routed(&self.exchange, &self.routing_key, message)
         {
             Ok(()) => Ok(Outcome::Accept),
             Err(e) => Ok(Outcome::retry(format!(

@@ -538,7 +538,7 @@ impl SlipStart<'_> {
         let mut message = self.message;
         slip.write_onto(&mut message)?;
         self.publisher
-            .publish(&first.exchange, &first.routing_key, message)
+            .publish_routed(&first.exchange, &first.routing_key, message)
     }
 }
 
@@ -637,7 +637,7 @@ where
             .map_err(|e| FatalError::new(e.to_string()))?;
         match self
             .publisher
-            .publish(&next.exchange, &next.routing_key, onward)
+            .publish_routed(&next.exchange, &next.routing_key, onward)
         {
             Ok(()) => Ok(Outcome::Accept),
             Err(e) => Ok(Outcome::retry(format!(
