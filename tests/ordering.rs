@@ -493,3 +493,87 @@ fn an_ordered_consumer_closes_and_requeues_what_waits_for_its_key() {
         .message_count
         == 9));
 }
+
+const KILL_CHILD_QUEUE: &str = "ACEMQ_AT_MOST_ONCE_CHILD_QUEUE";
+const KILL_CHILD_MARK: &str = "ACEMQ_AT_MOST_ONCE_CHILD_MARK";
+
+/// The child of the test below (run only by it, with its environment): an at-most-once consumer
+/// whose handler marks that it started, then works until the process is killed.
+#[test]
+#[ignore = "a child process of at_most_once_a_consumer_process_killed_mid_handler_never_sees_the_message_again"]
+fn at_most_once_kill_child() {
+    let (Ok(q), Ok(mark)) = (
+        std::env::var(KILL_CHILD_QUEUE),
+        std::env::var(KILL_CHILD_MARK),
+    ) else {
+        panic!("run only by its parent test, which sets {KILL_CHILD_QUEUE} and {KILL_CHILD_MARK}");
+    };
+    let conn = connect();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(2).at_most_once())
+        .unwrap()
+        .start(move |_: &Message| {
+            std::fs::write(&mark, b"started").unwrap();
+            // Working until killed.
+            std::thread::sleep(Duration::from_secs(120));
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(120));
+    drop(consumer);
+}
+
+/// At most once, for real: the consumer's process is killed with SIGKILL while the handler
+/// runs. The delivery was acknowledged before the handler started, so the broker does not hand
+/// it out again: the queue is empty and a new consumer sees only what comes after.
+#[test]
+fn at_most_once_a_consumer_process_killed_mid_handler_never_sees_the_message_again() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("at-most-once-sigkill"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("started");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "at_most_once_kill_child",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(KILL_CHILD_QUEUE, &q)
+        .env(KILL_CHILD_MARK, &mark)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("the child consumer");
+    publish_keyed(&conn, &q, &[(String::new(), 0)]);
+    let started = eventually(WAIT, || mark.exists());
+    child.kill().expect("SIGKILL the child");
+    let _ = child.wait();
+    assert!(started, "the child's handler started on message 0");
+    // The killed process's connection is gone once the broker has dropped its consumer.
+    assert!(
+        eventually(WAIT, || conn.queue_info(&q).unwrap().consumer_count == 0),
+        "the broker noticed the child's death"
+    );
+    assert_eq!(
+        conn.queue_info(&q).unwrap().message_count,
+        0,
+        "message 0 is not back in the queue"
+    );
+    // A new consumer sees what comes after, and never message 0.
+    publish_keyed(&conn, &q, &[(String::new(), 1)]);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().at_most_once())
+        .unwrap()
+        .start(move |m: &Message| {
+            s.lock().unwrap().push(seq_of(m));
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(eventually(WAIT, || seen.lock().unwrap().contains(&1)));
+    consumer.close().unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![1], "message 0 never came back");
+}
