@@ -175,6 +175,12 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     conn.declare_queue(&QueueSpec::new(&aq)).unwrap();
     let amqp_queue = AmqpQueue::open(&conn, &aq, 10).unwrap();
     seen.push(format!("{amqp_queue:?}"));
+    // The `testing` feature's types that keep a URL with its credentials.
+    let proxy = acemq_amqp::testing::FaultProxy::start(&url).unwrap();
+    seen.push(format!("{proxy:?}"));
+    let mut user_cleanup = acemq_amqp::testing::Cleanup::new(url.clone());
+    user_cleanup.queue(&unique("hyg-cleanup"));
+    seen.push(format!("{user_cleanup:?}"));
 
     // Errors: a refused connection, a missing queue, a conflicting declaration, a publish to
     // a missing exchange, a connection closed under a call.
