@@ -610,3 +610,88 @@ fn usage_errors_are_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("sqlite:PATH"), "{}", stderr(&out));
 }
+
+#[test]
+fn replay_to_another_routing_key_and_a_deadline_that_leaves_messages_behind_is_exit_1() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let work = cleanup.consumed_queue(&support::unique("cli.reroute"), &[]);
+    let dlq = acemq_amqp::dead_letter_queue(&work);
+    let elsewhere = cleanup.queue(&support::unique("cli.elsewhere"));
+    for q in [&work, &dlq, &elsewhere] {
+        connection
+            .declare_queue(&QueueSpec::new(q).classic())
+            .unwrap();
+    }
+    let ids = put(
+        &connection,
+        &dlq,
+        (0..3).map(|i| dead_letter(i, "moved by hand")).collect(),
+    );
+    // --to-exchange "" --to-routing-key Q: every message goes to Q, not where it came from.
+    let out = acemq(&[
+        "--json",
+        "replay",
+        &dlq,
+        "--to-exchange",
+        "",
+        "--to-routing-key",
+        &elsewhere,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(json_lines(&out).last().unwrap()["moved"], 3);
+    let moved = drain(&connection, &elsewhere);
+    assert_eq!(
+        moved.iter().map(|m| m.0.as_str()).collect::<Vec<_>>(),
+        ids.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        count(&connection, &work),
+        0,
+        "nothing went to the work queue"
+    );
+    assert_eq!(count(&connection, &dlq), 0);
+
+    // A deadline that passes before the queue is drained: exit 1 ("partial"), and what was
+    // not moved is still on the dead-letter queue.
+    put(
+        &connection,
+        &dlq,
+        (0..200).map(|i| dead_letter(i, "slow")).collect(),
+    );
+    let out = acemq(&["--json", "replay", &dlq, "--deadline", "1ms"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let summary = json_lines(&out).last().unwrap().clone();
+    assert_eq!(summary["stopped"], "deadline", "{summary}");
+    let moved = summary["moved"].as_u64().unwrap();
+    assert!(moved < 200, "{summary}");
+    assert_eq!(
+        u64::from(count(&connection, &dlq)) + moved,
+        200,
+        "none lost"
+    );
+    assert_eq!(u64::from(count(&connection, &work)), moved);
+}
+
+#[test]
+fn acemq_db_is_the_default_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("from-env.db");
+    let url = format!("sqlite:{}", path.display());
+    let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+        .env("ACEMQ_DB", &url)
+        .env("ACEMQ_URL", support::amqp_url())
+        .args(["schema", "create"])
+        .output()
+        .expect("run acemq");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'acemq_%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(n >= 3, "schema create used ACEMQ_DB: {n} tables");
+}
