@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Overrun;
 use acemq_amqp::patterns::{
-    by_header, chain, with_logging, with_ordering, BoxHandler, Deadline, Layer,
+    by_header, chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler,
+    Deadline, InMemoryIdempotencyStore, Layer,
 };
 use acemq_amqp::{ConsumerOptions, Handler, Message, Observer, Outcome, QueueSpec, RetryPolicy};
 use support::{connect, eventually, unique, Cleanup};
@@ -289,4 +290,91 @@ fn logging_records_id_type_attempt_outcome_and_never_the_payload() {
         lines.iter().all(|l| !l.contains(&secret)),
         "a payload reached the log"
     );
+}
+
+/// The whole chain, `[with_logging(), with_timeout(d), with_idempotency(store),
+/// with_ordering(key)]`, with a recording layer on every level: the layers run outermost first,
+/// the idempotency guard absorbs a duplicate before anything inside it runs, the deadline settles
+/// an overrun as a retry on time, and logging (outermost) records what those two decided.
+#[test]
+fn the_whole_chain_runs_in_order_and_logging_records_what_the_guards_decided() {
+    if log::set_logger(&Capture).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (gate_tx, gate_rx) = crossbeam_channel::bounded::<()>(1);
+    let (l, c) = (log.clone(), calls.clone());
+    let handler = chain(
+        move |m: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            l.lock().unwrap().push("handler".to_string());
+            if m.body == b"slow" {
+                // Held well past the deadline (released at the end of the test).
+                let _ = gate_rx.recv_timeout(Duration::from_secs(30));
+            }
+            Ok(Outcome::Accept)
+        },
+        [
+            recording("1", log.clone()),
+            with_logging(),
+            recording("2", log.clone()),
+            with_timeout(Duration::from_millis(300)),
+            recording("3", log.clone()),
+            with_idempotency(InMemoryIdempotencyStore::new(Duration::from_secs(60))),
+            recording("4", log.clone()),
+            with_ordering(by_header("k")),
+            recording("5", log.clone()),
+        ],
+    );
+    assert!(
+        handler.ordering().is_some(),
+        "the ordering reaches the consumer"
+    );
+    let taken = |log: &Arc<Mutex<Vec<String>>>| std::mem::take(&mut *log.lock().unwrap());
+    let line_for = |id: &str| {
+        captured()
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(id) && l.contains("took="))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    let m = Message::new("fast").header("k", "a");
+    assert_eq!(handler.handle(&m).unwrap(), Outcome::Accept);
+    assert_eq!(
+        taken(&log),
+        ["1>", "2>", "3>", "4>", "5>", "handler", "<5", "<4", "<3", "<2", "<1"]
+    );
+    // The same message again: absorbed by the idempotency guard; nothing inside it runs.
+    assert_eq!(handler.handle(&m).unwrap(), Outcome::Accept);
+    assert_eq!(taken(&log), ["1>", "2>", "3>", "<3", "<2", "<1"]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+    let lines = line_for(m.id());
+    assert_eq!(lines.len(), 2, "logging saw both: {lines:?}");
+    assert!(
+        lines.iter().all(|l| l.contains("outcome=accept")),
+        "{lines:?}"
+    );
+
+    // An overrun: settled as a retry when the deadline passes, not when the handler ends;
+    // logging, outside the deadline, records the retry.
+    let slow = Message::new("slow").header("k", "b");
+    let started = Instant::now();
+    let outcome = handler.handle(&slow).unwrap();
+    let took = started.elapsed();
+    assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    assert!(
+        took < Duration::from_secs(20),
+        "settled at the deadline, not when the handler was released ({took:?})"
+    );
+    let lines = line_for(slow.id());
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("outcome=retry"), "{}", lines[0]);
+    let order = taken(&log);
+    assert_eq!(order[..2], ["1>", "2>"], "{order:?}");
+    assert!(order.contains(&"<1".to_string()), "{order:?}");
+    let _ = gate_tx.send(());
 }
