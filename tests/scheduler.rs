@@ -556,3 +556,59 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
     scheduler.close().unwrap();
     assert_eq!(seen, ids, "{} of 60 arrived", seen.len());
 }
+
+/// Two schedulers (two services, say) on one broker share the topology and the work: each
+/// declares the same ladder, both consume the one control queue, and every message scheduled
+/// through either is delivered exactly once.
+#[test]
+fn two_schedulers_share_the_topology_and_the_work_and_deliver_each_message_once() {
+    let conn_a = connect();
+    let conn_b = connect();
+    let mut clean = Cleanup::new(&conn_a);
+    let base = unique("sched-shared");
+    clean_scheduler(&mut clean, &base, &["2s", "1s"]);
+    let q = clean.queue(&unique("sched-shared-dest"));
+    conn_a.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let s = Duration::from_secs;
+    let options = || SchedulerOptions::new().base(&base).rungs([s(2), s(1)]);
+    let a = Scheduler::open_with(&conn_a, options()).unwrap();
+    let b = Scheduler::open_with(&conn_b, options()).unwrap();
+    let mut sent = HashSet::new();
+    for i in 0..40 {
+        let by = if i % 2 == 0 { &a } else { &b };
+        let m = Message::new(format!("{i}")).content_type("text/plain");
+        sent.insert(format!("{i}"));
+        by.after(Duration::from_millis(2_500), "", &q, m).unwrap();
+    }
+    let raw = Raw::open();
+    let mut got = Vec::new();
+    while got.len() < 40 {
+        let Some((_, body)) = receive(&raw, &q, WAIT) else {
+            break;
+        };
+        got.push(String::from_utf8(body).unwrap());
+    }
+    // Nothing more comes: a second delivery of any of them would show up here.
+    assert!(
+        receive(&raw, &q, Duration::from_secs(2)).is_none(),
+        "a message came twice"
+    );
+    raw.close();
+    assert_eq!(got.len(), 40, "every message arrived");
+    assert_eq!(
+        got.iter().cloned().collect::<HashSet<_>>(),
+        sent,
+        "each exactly once"
+    );
+    assert_eq!(a.delivered() + b.delivered(), 40);
+    assert!(
+        a.delivered() + a.hops() > 0 && b.delivered() + b.hops() > 0,
+        "both took part: a {} delivered / {} hops, b {} / {}",
+        a.delivered(),
+        a.hops(),
+        b.delivered(),
+        b.hops()
+    );
+    a.close().unwrap();
+    b.close().unwrap();
+}
