@@ -777,7 +777,53 @@ fn a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record(db: &Db
     );
 }
 
+/// A row another program wrote (its headers are not a JSON object) between two good records:
+/// the relay publishes the records around it, and retires the row at once with an error naming
+/// what could not be read — it never blocks the records behind it, and it stays in the table
+/// for an operator (`retired`, `acemq outbox`).
+fn an_unreadable_row_is_retired_with_the_reason_and_blocks_nothing(db: &Db) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-unreadable"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let store = outbox(db, 3);
+    let table = store.table().to_string();
+    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    add_text(db, &store, "", &q, "a");
+    let bad = add_text(db, &store, "", &q, "b");
+    add_text(db, &store, "", &q, "c");
+    db.connect()
+        .execute(
+            &format!("UPDATE {table} SET headers = 'not json {{' WHERE id = {bad}"),
+            &[],
+        )
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    let mut published = Vec::new();
+    while published.len() < 2 && Instant::now() < deadline {
+        let _ = relay.sweep();
+        published.extend(drain(&conn, &q));
+    }
+    assert_eq!(
+        published,
+        ["a", "c"],
+        "the records around the bad row went out"
+    );
+    let left = rows(db, &table);
+    assert_eq!(left.len(), 1, "{left:?}");
+    let (id, attempts, error) = &left[0];
+    assert_eq!(*id, bad);
+    assert_eq!(*attempts, 3, "retired at once");
+    let error = error.as_deref().unwrap_or_default();
+    assert!(error.contains("headers"), "{error}");
+    let retired = store.retired().unwrap();
+    assert_eq!(retired.iter().map(|r| r.id).collect::<Vec<_>>(), [bad]);
+    assert_eq!(relay.sweep().unwrap(), 0, "nothing more to publish");
+    relay.close().unwrap();
+}
+
 on_both!(
+    an_unreadable_row_is_retired_with_the_reason_and_blocks_nothing,
     a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record,
     rollback_publishes_nothing_and_commit_publishes_once,
     an_unroutable_record_retires_and_then_the_queue_behind_it_moves,

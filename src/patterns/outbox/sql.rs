@@ -17,6 +17,7 @@ struct Statements {
     pending: String,
     delete: String,
     failure: String,
+    retire: String,
     retired: String,
     release: String,
     stats: String,
@@ -49,6 +50,10 @@ impl Statements {
             delete: p(format!("DELETE FROM {t} WHERE id = $1")),
             failure: p(format!(
                 "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
+                 lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
+            )),
+            retire: p(format!(
+                "UPDATE {t} SET attempts = $3, last_error = $2, \
                  lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
             )),
             retired: p(format!(
@@ -333,6 +338,39 @@ impl SqlOutboxStore {
         sql::rewrap(e, || format!("{what} in table {}", self.table))
     }
 
+    /// Leased rows as records, in id order. A row that cannot be read (another program wrote
+    /// it: headers that are not a JSON object, a column of the wrong type) can never be
+    /// published: it is retired at once — its attempts set to the limit, `last_error` saying
+    /// what could not be read — and left out, so it never blocks the records behind it and
+    /// stays in the table for an operator ([`OutboxStore::retired`], `acemq outbox`).
+    fn readable(&self, rows: &[Vec<Value>]) -> Result<Vec<OutboxRecord>> {
+        let mut records = Vec::with_capacity(rows.len());
+        for row in rows {
+            match record(row) {
+                Ok(r) => records.push(r),
+                Err(e) => {
+                    let id = sql::col_i64(row, 0)?;
+                    let reason = format!("acemq: the row cannot be read: {e}");
+                    log::error!(
+                        "acemq: outbox record {id} in {} cannot be read ({e}); it is retired",
+                        self.table
+                    );
+                    self.by_id(
+                        "retiring a record that cannot be read",
+                        |s| &s.retire,
+                        &[
+                            Value::Integer(id),
+                            Value::Text(reason),
+                            Value::Integer(i64::from(self.max_attempts)),
+                        ],
+                    )?;
+                }
+            }
+        }
+        records.sort_by_key(|r| r.id);
+        Ok(records)
+    }
+
     fn by_id(&self, what: &str, pick: fn(&Statements) -> &str, params: &[Value]) -> Result<()> {
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
@@ -349,7 +387,7 @@ pub(crate) fn record(row: &[Value]) -> Result<OutboxRecord> {
     } else {
         serde_json::from_str(&headers).map_err(|e| Error::Codec {
             content_type: "application/json".into(),
-            source: e.into(),
+            source: format!("the headers column is not a JSON object: {e}").into(),
         })?
     };
     Ok(OutboxRecord {
@@ -362,6 +400,22 @@ pub(crate) fn record(row: &[Value]) -> Result<OutboxRecord> {
         created_ms: sql::col_i64(row, 6)?,
         attempts: sql::col_i64(row, 7)?,
         last_error: sql::col_opt_text(row, 8)?,
+    })
+}
+
+/// What can be read of a row [`record`] refuses (a retired row another program wrote): its id,
+/// and every other column that reads, the rest left empty.
+fn record_lossy(row: &[Value]) -> Result<OutboxRecord> {
+    Ok(OutboxRecord {
+        id: sql::col_i64(row, 0)?,
+        exchange: sql::col_text(row, 1).unwrap_or_default(),
+        routing_key: sql::col_text(row, 2).unwrap_or_default(),
+        body: sql::col_bytes(row, 3).unwrap_or_default(),
+        content_type: sql::col_text(row, 4).unwrap_or_default(),
+        headers: serde_json::Map::new(),
+        created_ms: sql::col_i64(row, 6).unwrap_or_default(),
+        attempts: sql::col_i64(row, 7).unwrap_or_default(),
+        last_error: sql::col_opt_text(row, 8).unwrap_or_default(),
     })
 }
 
@@ -387,9 +441,8 @@ impl OutboxStore for SqlOutboxStore {
                 ],
             )
             .map_err(|e| self.context(e, "leasing pending records"))?;
-        let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
-        records.sort_by_key(|r| r.id);
-        Ok(records)
+        drop(conn);
+        self.readable(&rows)
     }
 
     fn mark_published(&self, id: i64) -> Result<()> {
@@ -414,7 +467,10 @@ impl OutboxStore for SqlOutboxStore {
         let rows = conn
             .query(&s.retired, &[Value::Integer(i64::from(self.max_attempts))])
             .map_err(|e| self.context(e, "listing retired records"))?;
-        rows.iter().map(|r| record(r)).collect()
+        // A row retired because it could not be read is listed with what can be read of it.
+        rows.iter()
+            .map(|r| record(r).or_else(|_| record_lossy(r)))
+            .collect()
     }
 
     fn release(&self, id: i64) -> Result<()> {
@@ -472,9 +528,8 @@ impl OutboxStore for SqlOutboxStore {
                 )?
             }
         };
-        let mut records = rows.iter().map(|r| record(r)).collect::<Result<Vec<_>>>()?;
-        records.sort_by_key(|r| r.id);
-        Ok(records)
+        drop(conn);
+        self.readable(&rows)
     }
 
     fn unlease(&self, ids: &[i64]) -> Result<()> {
