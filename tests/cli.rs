@@ -695,3 +695,109 @@ fn acemq_db_is_the_default_database() {
         .unwrap();
     assert!(n >= 3, "schema create used ACEMQ_DB: {n} tables");
 }
+
+#[test]
+fn peek_shows_a_slips_position_and_a_claim_checks_key() {
+    use acemq_amqp::patterns::RoutingSlip;
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.peek-slip")));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let slip = RoutingSlip::new()
+        .then("", "validate", "validate")
+        .then("", "enrich", "enrich")
+        .then("orders", "dispatch", "dispatch")
+        .advance();
+    let on_a_slip = dead_letter(0, "enrich failed").header("acemq-routing-slip", slip.to_json());
+    let mut claimed = dead_letter(1, "too slow");
+    claimed.body = b"\xAC\x01\x01orders/2026/o-1.json".to_vec();
+    let ids = put(&connection, &q, vec![on_a_slip, claimed]);
+
+    let out = acemq(&["--json", "peek", &q]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 2);
+    let first = &lines[0]["message"];
+    assert_eq!(first["id"], ids[0].as_str());
+    assert_eq!(first["slip"]["done"], 1, "{first}");
+    assert_eq!(first["slip"]["remaining"], 2, "{first}");
+    assert_eq!(first["slip"]["next"], "/enrich", "{first}");
+    assert!(first["claim_check"].is_null(), "{first}");
+    let second = &lines[1]["message"];
+    assert_eq!(second["claim_check"], "orders/2026/o-1.json", "{second}");
+    assert!(second["slip"].is_null(), "{second}");
+
+    let text = stdout(&acemq(&["peek", &q]));
+    assert!(text.contains("claim-check=orders/2026/o-1.json"), "{text}");
+    assert_eq!(count(&connection, &q), 2, "peek left both where they were");
+}
+
+/// Without `--queue`, `topology check` compares the broker with the family's scheduler
+/// topology. The names are shared by every scheduler on the broker, so the test declares them as
+/// the family does (harmless when they exist) and leaves them: it can only check the clean case.
+#[test]
+fn topology_check_without_a_queue_checks_the_scheduler_topology() {
+    let connection = support::connect();
+    acemq_amqp::patterns::schedule_topology()
+        .apply(&connection)
+        .unwrap();
+    let out = acemq(&["--json", "topology", "check"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let lines = json_lines(&out);
+    let checked: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["ok"]["name"].as_str())
+        .collect();
+    for name in [
+        "acemq.schedule",
+        "acemq.schedule.1h",
+        "acemq.schedule.10m",
+        "acemq.schedule.1m",
+        "acemq.schedule.10s",
+        "acemq.schedule.1s",
+        "acemq.schedule.due",
+    ] {
+        assert!(checked.contains(&name), "{name} checked: {checked:?}");
+    }
+    assert!(
+        lines.iter().all(|l| l.get("difference").is_none()),
+        "{lines:?}"
+    );
+}
+
+/// `schema create` on PostgreSQL, in a database of its own (the default table names would
+/// otherwise be shared with whatever else uses the test database).
+#[test]
+fn schema_create_applies_on_postgres() {
+    let name = support::unique("acemq_cli_schema").replace(['.', '-'], "_");
+    let mut admin = support::db::pg_client();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
+    let url = format!("host=127.0.0.1 port=5432 user=postgres dbname={name}");
+    let out = acemq(&["schema", "create", "--db", &url]);
+    let created = out.status.code() == Some(0);
+    let tables: Vec<String> = postgres::Client::connect(&url, postgres::NoTls)
+        .unwrap()
+        .query(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = 'public' AND table_name LIKE 'acemq_%' ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    // Twice is fine.
+    let again = acemq(&["schema", "create", "--db", &url]).status.code();
+    admin
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .unwrap();
+    assert!(created, "{}", stderr(&out));
+    assert_eq!(again, Some(0));
+    for table in ["acemq_outbox", "acemq_idempotency"] {
+        assert!(tables.iter().any(|t| t == table), "{table} in {tables:?}");
+    }
+}
