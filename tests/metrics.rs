@@ -132,3 +132,70 @@ fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_requ
     has("acemq_request_total", &["outcome=\"answered\""]);
     connection.close().unwrap();
 }
+
+/// The example itself, as its users run it: built with its feature, started as a process on a
+/// free port, scraped over loopback until every family name has a sample, then stopped.
+#[test]
+fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(&cargo)
+        .args([
+            "build",
+            "--quiet",
+            "--all-features",
+            "--example",
+            "metrics_prometheus",
+            "--message-format",
+            "short",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build for the example");
+    assert!(built.success(), "the example builds");
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
+    let exe = target.join("debug/examples/metrics_prometheus");
+    // Port 0: the example prints the address it bound.
+    let mut child = std::process::Command::new(&exe)
+        .args(["127.0.0.1:0", "60"])
+        .env("ACEMQ_AMQP_URL", support::amqp_url())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", exe.display()));
+    // Killed before it cleans up after itself: its queues (named after its process id) are
+    // deleted here.
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let queue = format!("metrics.example.{}", child.id());
+    cleanup.consumed_queue(&queue, &[]);
+    cleanup.consumed_queue(&format!("{queue}.prices"), &[]);
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first).unwrap();
+    // The rest of what it prints, read so that it never writes to a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let addr: std::net::SocketAddr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("the address in {first:?}"));
+    let wanted = [
+        "acemq_publish_total",
+        "acemq_consume_total",
+        "acemq_consume_duration",
+        "acemq_outbox_total",
+        "acemq_outbox_lag",
+        "acemq_request_duration",
+        "acemq_request_total",
+    ];
+    let mut text = String::new();
+    let complete = eventually(Duration::from_secs(60), || {
+        text = prometheus_http::scrape(addr).unwrap_or_default();
+        wanted.iter().all(|name| !samples(&text, name).is_empty())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(complete, "every family name has a sample:\n{text}");
+}
