@@ -1,5 +1,5 @@
 //! `MetricsObserver` through the `metrics` facade into the Prometheus exporter, scraped over
-//! loopback from the endpoint the `metrics_prometheus` example serves. Its own test binary: it
+//! loopback from the endpoint the `advanced_metrics` example serves. Its own test binary: it
 //! installs the process's metrics recorder.
 
 mod support;
@@ -144,7 +144,7 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
             "--quiet",
             "--all-features",
             "--example",
-            "metrics_prometheus",
+            "advanced_metrics",
             "--message-format",
             "short",
         ])
@@ -155,7 +155,7 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let exe = target.join("debug/examples/metrics_prometheus");
+    let exe = target.join("debug/examples/advanced_metrics");
     // Port 0: the example prints the address it bound.
     let mut child = std::process::Command::new(&exe)
         .args(["127.0.0.1:0", "60"])

@@ -1,6 +1,6 @@
 //! A Prometheus scrape endpoint on a std `TcpListener`: `GET /metrics` answers the recorder's
 //! text, anything else 404. No async runtime; one short-lived connection at a time, each read
-//! bounded (8 KiB, 5 s). Shared by the `metrics_prometheus` example and the scrape test.
+//! bounded (8 KiB, 5 s). Shared by the `advanced_metrics` example and the scrape test.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{
-    idempotent, record, serve, DuplicateCount, OutboxRelay, OutboxRelayOptions, Requester,
-    Responder, RunningRelay, Saga, SqlIdempotencyStore, SqlOutboxStore,
+    idempotent, record, serve, DuplicateCount, NewOutboxRecord, OutboxRelay, OutboxRelayOptions,
+    Requester, Responder, RunningRelay, Saga, SqlIdempotencyStore, SqlOutboxStore,
 };
 use acemq_amqp::{
     dead_letter_queue, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec, Message,
@@ -65,9 +65,22 @@ fn sqlite(
 /// relay publishes the events.
 pub struct Gateway {
     relay: RunningRelay,
+    outbox: SqlOutboxStore,
+    open: Box<dyn Fn() -> Result<rusqlite::Connection> + Send + Sync>,
+    first_event: NewOutboxRecord,
 }
 
 impl Gateway {
+    /// Puts the first order's event in the outbox again, with its id: what a relay killed
+    /// between its publish and its delete sends once more after a restart.
+    pub fn send_first_event_again(&self) -> Result<()> {
+        let mut db = (self.open)()?;
+        let mut tx = db.transaction()?;
+        self.outbox.add(&mut tx, &self.first_event)?;
+        tx.commit()?;
+        Ok(())
+    }
+
     pub fn close(self) -> Result<()> {
         self.relay.close().map(|_| ())
     }
@@ -87,6 +100,7 @@ pub fn gateway(
     )?;
     let outbox = SqlOutboxStore::builder(open.clone()).build()?;
     outbox.create_table()?;
+    let mut first_event = None;
     for i in 1..=orders {
         let id = format!("o-{i}");
         // Every fifth order is too expensive for its card; order 7's address is wrong.
@@ -110,14 +124,22 @@ pub fn gateway(
         let mut tx = tx;
         outbox.add(&mut tx, &event)?;
         tx.commit()?;
+        first_event.get_or_insert(event);
     }
     let relay = OutboxRelay::new(
         connection,
-        SqlOutboxStore::builder(open).build()?,
+        SqlOutboxStore::builder(open.clone()).build()?,
         OutboxRelayOptions::new().interval(Duration::from_millis(100)),
     )?
     .start()?;
-    Ok(Gateway { relay })
+    Ok(Gateway {
+        relay,
+        outbox,
+        open: Box::new(open),
+        first_event: first_event.ok_or_else(|| acemq_amqp::Error::InvalidArgument {
+            reason: "the gateway places at least one order".into(),
+        })?,
+    })
 }
 
 /// Fulfilment: an idempotent consumer of `order.placed` running a saga per order.

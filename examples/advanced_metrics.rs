@@ -2,7 +2,7 @@
 //! recorder, and a scrape endpoint on a std `TcpListener` (no async runtime).
 //!
 //! ```text
-//! cargo run --example metrics_prometheus --features metrics -- 127.0.0.1:9464 30
+//! cargo run --example advanced_metrics --features metrics -- 127.0.0.1:9464 30
 //! curl -s http://127.0.0.1:9464/metrics | grep acemq_
 //! ```
 //!
