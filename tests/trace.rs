@@ -46,8 +46,12 @@ fn assert_traced(what: &str, m: &Message) {
 
 /// Publishes like a foreign library would: raw AMQP with the two W3C headers.
 fn publish_traced(queue: &str, body: &[u8]) {
+    publish_traced_with(queue, body, FieldTable::new());
+}
+
+/// [`publish_traced`] with other headers too.
+fn publish_traced_with(queue: &str, body: &[u8], mut table: FieldTable) {
     let raw = Raw::open();
-    let mut table = FieldTable::new();
     table.insert(
         "traceparent".into(),
         AmqpValue::LongString(TRACEPARENT.into()),
@@ -258,4 +262,81 @@ fn traceparent_is_parsed_as_w3c_says() {
         assert_eq!(TraceContext::current(), Some(tc));
     }
     assert_eq!(TraceContext::current(), None);
+}
+
+/// Retry copies — one held in the consumer and published back to the queue by the timer
+/// thread, one waiting on a broker rung — and a routing slip's hop keep the trace of the message
+/// they copy or carry on.
+#[test]
+fn retry_copies_and_a_slip_hop_keep_the_trace() {
+    use acemq_amqp::patterns::{follow_slip, RoutingSlip};
+    use acemq_amqp::RetryPolicy;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let rung = Duration::from_millis(100);
+    let retried = clean.consumed_queue(&unique("trace-retry"), &[rung]);
+    let stop_a = clean.consumed_queue(&unique("trace-slip-a"), &[]);
+    let stop_b = clean.consumed_queue(&unique("trace-slip-b"), &[]);
+    for q in [&retried, &stop_a, &stop_b] {
+        conn.declare_queue(&QueueSpec::new(q).classic()).unwrap();
+    }
+    // Attempt 1 waits 50 ms in the consumer (the timer publishes the copy), attempt 2 waits
+    // 100 ms on the broker rung (the worker publishes it), attempt 3 accepts.
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let a = attempts.clone();
+    let retrying = conn
+        .consumer(
+            &retried,
+            ConsumerOptions::new().retry(
+                RetryPolicy::exponential(3, Duration::from_millis(50), Duration::from_secs(1))
+                    .jitter(0.0)
+                    .broker_wait_threshold(Duration::from_millis(80)),
+            ),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            a.lock()
+                .unwrap()
+                .push((m.envelope.attempt, text(m, headers::TRACEPARENT)));
+            if m.envelope.attempt < 3 {
+                return Ok(Outcome::retry("not yet"));
+            }
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    publish_traced(&retried, b"{}");
+    assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3));
+    retrying.close().unwrap();
+    for (attempt, traceparent) in attempts.lock().unwrap().iter() {
+        assert_eq!(
+            traceparent.as_deref(),
+            Some(TRACEPARENT),
+            "attempt {attempt} arrived in the incoming trace"
+        );
+    }
+
+    // A slip written by another library: stop A, then stop B.
+    let slip = RoutingSlip::new()
+        .then("", &stop_a, "a")
+        .then("", &stop_b, "b");
+    let mut table = FieldTable::new();
+    table.insert(
+        headers::ROUTING_SLIP.into(),
+        AmqpValue::LongString(slip.to_json()),
+    );
+    let publisher = conn.publisher().unwrap();
+    let following = conn
+        .consume(
+            &stop_a,
+            follow_slip(&publisher, |m: &Message| {
+                Ok(Some(Message::new(m.body.clone())))
+            }),
+        )
+        .unwrap();
+    let (collecting, got) = collect(&conn, &stop_b);
+    publish_traced_with(&stop_a, b"{}", table);
+    assert!(eventually(WAIT, || got.lock().unwrap().len() == 1));
+    following.close().unwrap();
+    collecting.close().unwrap();
+    assert_traced("the slip's hop", &got.lock().unwrap()[0]);
 }
