@@ -40,8 +40,9 @@ use acemq_amqp::{
 use support::db::{self, Db};
 use support::{connect, connect_with, unique, Cleanup};
 
-const ROUNDS: usize = 8;
-/// Fresh messages or records added before each held round (`kill_rounds`).
+const ROUNDS: usize = 12;
+/// Fresh messages or records added before each round (`kill_rounds`), so that a round killed at
+/// a random moment has work in hand too, however far the rounds before it got.
 const REFILL: usize = 20;
 const ROLE: &str = "ACEMQ_CRASH17_ROLE";
 
@@ -293,9 +294,7 @@ fn kill_rounds(
     let (mut at_window, mut random) = (0, 0);
     for round in 0..ROUNDS {
         let hold = round.is_multiple_of(2);
-        if hold {
-            refill();
-        }
+        refill();
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.args([
             "crash_child",
