@@ -383,11 +383,15 @@ mod otel {
         }
     }
 
+    /// The family's outcome words (the Python library's `tracing.py`, Java's `MetricNames`):
+    /// `rejected` is the handler's own decision (a reject, a `FatalError`), `dead_lettered` the
+    /// consumer's (no attempt left, or it arrived past the last one).
     fn outcome(label: &str) -> &str {
         match label {
             "accept" => "acked",
             "retry" => "retried",
-            "reject" => "dead_lettered",
+            "reject" => "rejected",
+            "exhausted" => "dead_lettered",
             "park" => "parked",
             other => other,
         }
@@ -461,7 +465,15 @@ mod otel {
         pub(super) fn end(self, label: &str) {
             let ProcessSpan(mut span, guard) = self;
             drop(guard);
-            set_outcome(&mut span, outcome(label));
+            let outcome = outcome(label);
+            // Events on the delivery's own span at the moment the consumer decides, as the
+            // family records them.
+            match outcome {
+                "retried" => span.add_event("message.retried", Vec::new()),
+                "dead_lettered" => span.add_event("message.dead_lettered", Vec::new()),
+                _ => {}
+            }
+            set_outcome(&mut span, outcome);
             span.end();
         }
     }

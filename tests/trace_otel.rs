@@ -31,6 +31,8 @@ struct Ended {
     span_id: SpanId,
     parent: Option<SpanId>,
     attributes: Vec<KeyValue>,
+    events: Vec<String>,
+    error: bool,
 }
 
 impl Ended {
@@ -89,6 +91,8 @@ impl Tracer for RecordingTracer {
                 span_id,
                 parent: parent.is_valid().then(|| parent.span_id()),
                 attributes: builder.attributes.unwrap_or_default(),
+                events: Vec::new(),
+                error: false,
             }),
             sink: self.0.clone(),
         }
@@ -96,10 +100,13 @@ impl Tracer for RecordingTracer {
 }
 
 impl Span for RecordingSpan {
-    fn add_event_with_timestamp<T>(&mut self, _: T, _: SystemTime, _: Vec<KeyValue>)
+    fn add_event_with_timestamp<T>(&mut self, name: T, _: SystemTime, _: Vec<KeyValue>)
     where
         T: Into<Cow<'static, str>>,
     {
+        if let Some(r) = &mut self.record {
+            r.events.push(name.into().into_owned());
+        }
     }
     fn span_context(&self) -> &SpanContext {
         &self.context
@@ -112,7 +119,11 @@ impl Span for RecordingSpan {
             r.attributes.push(attribute);
         }
     }
-    fn set_status(&mut self, _: Status) {}
+    fn set_status(&mut self, status: Status) {
+        if let Some(r) = &mut self.record {
+            r.error = matches!(status, Status::Error { .. });
+        }
+    }
     fn update_name<T>(&mut self, _: T)
     where
         T: Into<Cow<'static, str>>,
@@ -126,16 +137,28 @@ impl Span for RecordingSpan {
     }
 }
 
+/// The spans of this process: one recording provider installed once (it is process-global);
+/// each test finds its own spans by its queues' unique names.
+fn recorded() -> Recorded {
+    static RECORDED: std::sync::OnceLock<Recorded> = std::sync::OnceLock::new();
+    RECORDED
+        .get_or_init(|| {
+            let recorded = Recorded::default();
+            opentelemetry::global::set_tracer_provider(Provider(
+                recorded.clone(),
+                Arc::new(AtomicU64::new(1)),
+            ));
+            recorded
+        })
+        .clone()
+}
+
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
 #[test]
 fn spans_are_named_as_the_family_names_them_and_joined_across_the_hop() {
-    let recorded = Recorded::default();
-    opentelemetry::global::set_tracer_provider(Provider(
-        recorded.clone(),
-        Arc::new(AtomicU64::new(1)),
-    ));
+    let recorded = recorded();
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let input = clean.consumed_queue(&unique("otel-in"), &[]);
@@ -240,4 +263,60 @@ fn spans_are_named_as_the_family_names_them_and_joined_across_the_hop() {
         Some(format!("00-{TRACE}-{}-01", publish.span_id).as_str()),
         "the message carries the publish span"
     );
+}
+
+/// The outcome words of the family's process spans: a handler's own reject is `rejected` and
+/// not an error; a message the consumer gives up on (no attempt left) is `dead_lettered`, an
+/// error, with a `message.dead_lettered` event; a retry is `retried` with `message.retried`.
+#[test]
+fn a_handlers_reject_is_rejected_and_an_exhausted_retry_is_dead_lettered() {
+    let recorded = recorded();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("otel-outcomes"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .retry(acemq_amqp::RetryPolicy::fixed(2, Duration::from_millis(50)).jitter(0.0)),
+        )
+        .unwrap()
+        .start(|m: &Message| {
+            if m.body == b"reject" {
+                return Err(Box::new(acemq_amqp::FatalError::new("not ours")) as _);
+            }
+            Ok(Outcome::retry("later"))
+        })
+        .unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("reject")).unwrap();
+    publisher.publish("", &q, Message::new("retry")).unwrap();
+    let name = format!("{q} process");
+    let mine = || -> Vec<Ended> {
+        let r = recorded.lock().unwrap();
+        r.iter().filter(|s| s.name == name).cloned().collect()
+    };
+    assert!(eventually(Duration::from_secs(30), || mine().len() == 3));
+    consumer.close().unwrap();
+    let spans = mine();
+    let with = |outcome: &str| -> Vec<Ended> {
+        spans
+            .iter()
+            .filter(|s| s.attribute("messaging.acemq.outcome").as_deref() == Some(outcome))
+            .cloned()
+            .collect()
+    };
+    let (rejected, retried, dead) = (with("rejected"), with("retried"), with("dead_lettered"));
+    assert_eq!(
+        (rejected.len(), retried.len(), dead.len()),
+        (1, 1, 1),
+        "{spans:?}"
+    );
+    assert!(!rejected[0].error, "a deliberate reject is not an error");
+    assert!(rejected[0].events.is_empty(), "{:?}", rejected[0].events);
+    assert!(!retried[0].error, "a retry is not an error");
+    assert_eq!(retried[0].events, ["message.retried"]);
+    assert!(dead[0].error, "giving up on a message is");
+    assert_eq!(dead[0].events, ["message.dead_lettered"]);
 }

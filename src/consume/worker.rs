@@ -166,8 +166,8 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
             .and_then(|c| c.started(&job.message));
         // The message's trace is current while its handler runs and its copy is published.
         let mut watch = Watch::start(ctx, &job.message, offset);
-        let (verdict, handler_duration) = match past_last_attempt(ctx, &job) {
-            Some(verdict) => (verdict, Duration::ZERO),
+        let (verdict, exhausted, handler_duration) = match past_last_attempt(ctx, &job) {
+            Some(verdict) => (verdict, true, Duration::ZERO),
             None => {
                 let started = Instant::now();
                 ctx.running.fetch_add(1, Ordering::SeqCst);
@@ -175,10 +175,11 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
                     intercepted(ctx, &mut watch.intercept, handler, &job.message)
                 }));
                 ctx.running.fetch_sub(1, Ordering::SeqCst);
-                (judge(ctx, &job, result), started.elapsed())
+                (judge(ctx, &job, result), false, started.elapsed())
             }
         };
-        finish(ctx, job, verdict, handler_duration, watch, &settle, &timer);
+        let pieces = (verdict, exhausted, handler_duration);
+        finish(ctx, job, pieces, watch, &settle, &timer);
     }
 }
 
@@ -226,7 +227,14 @@ fn run_batches<H: Handler + Sync + ?Sized>(
             match past_last_attempt(ctx, &job) {
                 Some(verdict) => {
                     let watch = Watch::start(ctx, &job.message, offset);
-                    finish(ctx, job, verdict, Duration::ZERO, watch, &settle, &timer)
+                    finish(
+                        ctx,
+                        job,
+                        (verdict, true, Duration::ZERO),
+                        watch,
+                        &settle,
+                        &timer,
+                    )
                 }
                 None => batch.push((job, offset)),
             }
@@ -266,7 +274,7 @@ fn run_batches<H: Handler + Sync + ?Sized>(
             // own message's. The consume interceptors wrap single calls only (see the module
             // docs of `crate::intercept`): a batch handler is not intercepted.
             let watch = Watch::start(ctx, &job.message, offset);
-            finish(ctx, job, verdict, duration, watch, &settle, &timer);
+            finish(ctx, job, (verdict, false, duration), watch, &settle, &timer);
         }
     }
 }
@@ -315,15 +323,17 @@ fn judge(ctx: &Context, job: &Job, result: std::thread::Result<HandlerResult>) -
 
 /// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
 /// timer).
+/// `decided`: the verdict, whether the consumer decided it because no attempt was left (the
+/// message arrived past the last one), and how long the handler ran.
 fn finish(
     ctx: &Context,
     job: Job,
-    verdict: Verdict,
-    handler_duration: Duration,
+    decided: (Verdict, bool, Duration),
     watch: Watch<'_>,
     settle: &Sender<Settle>,
     timer: &Sender<TimerMsg>,
 ) {
+    let (verdict, exhausted, handler_duration) = decided;
     // What the consumer decides, which is not always what the handler answered: a retry with no
     // attempt left is dead-lettered (for the trace and the interceptors).
     let decided = decided_label(ctx, &job.message, &verdict);
@@ -364,7 +374,13 @@ fn finish(
     } else {
         decided
     };
-    watch.trace.settled(really);
+    // The trace tells the handler's own reject (`rejected`) from the consumer's decision that
+    // no attempt is left (`dead_lettered`), as the family's spans do.
+    let traced = match really {
+        "reject" if exhausted || matches!(verdict, Verdict::Retry { .. }) => "exhausted",
+        other => other,
+    };
+    watch.trace.settled(traced);
     watch.intercept.settled(&crate::intercept::Settled {
         outcome: really,
         error: copy_error
