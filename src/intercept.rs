@@ -22,8 +22,9 @@
 //! handed over. It may change the exchange, the routing key and the message (add headers, …),
 //! refuse it by returning an error without calling `next` (the caller gets that error and
 //! nothing is sent), and observe the result of handing over (the [`Ticket`], or the error).
-//! The broker's confirm comes later, on the ticket; the [`Observer`](crate::Observer) hears of
-//! it. A retry, dead-letter or parked **copy** a consumer publishes is not intercepted: it is
+//! The broker's answer comes later: [`PublishContext::when_answered`] tells it (confirmed and
+//! routed, unroutable, nacked, lost) to the interceptor, as the family's interceptors see it;
+//! the [`Observer`](crate::Observer) hears of it too. A retry, dead-letter or parked **copy** a consumer publishes is not intercepted: it is
 //! the original message moving, not a new publish. The trace context is written after the
 //! chain (an interceptor may set its own `traceparent`, which is then kept).
 //!
@@ -50,7 +51,6 @@ use crate::error::Result;
 use crate::publish::Ticket;
 
 /// A message on its way out.
-#[derive(Debug)]
 pub struct PublishContext {
     /// Where it goes. Changing it redirects the message.
     pub exchange: String,
@@ -58,6 +58,58 @@ pub struct PublishContext {
     pub routing_key: String,
     /// The message, before validation and the trace context.
     pub message: Message,
+    /// Told the broker's answer (see [`when_answered`](Self::when_answered)).
+    pub(crate) answered: Vec<AnswerListener>,
+}
+
+/// A listener for a publish's answer: `Ok(())` confirmed (and routed), or the error the ticket
+/// gives (`Unroutable`, `Nacked`, `ConnectionLost`).
+pub(crate) type AnswerListener = Box<dyn FnOnce(&Result<()>) + Send>;
+
+impl PublishContext {
+    pub(crate) fn new(exchange: &str, routing_key: &str, message: Message) -> PublishContext {
+        PublishContext {
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            message,
+            answered: Vec::new(),
+        }
+    }
+
+    /// Tells `listener` how the publish ended once the broker has answered: `Ok(())` when it
+    /// was confirmed (and, mandatory, routed), else the error its [`Ticket`] gives —
+    /// [`Error::Unroutable`](crate::Error::Unroutable), [`Error::Nacked`](crate::Error::Nacked),
+    /// [`Error::ConnectionLost`](crate::Error::ConnectionLost). The family's publish
+    /// interceptor sees `confirmed` and `routed` the same way. Called once, on the publisher's
+    /// confirm thread, whether or not anybody waits on the ticket: keep it short (count, log,
+    /// end a span); a panic in it is caught and logged. Not called when the publish never
+    /// reaches the broker (the hand-over returns an error, which the interceptor sees from
+    /// `next.run`). It may run while the publisher's lock is held (a lost channel fails every
+    /// publish at once), so, like an [`Observer`](crate::Observer), it must not publish through
+    /// the same publisher.
+    pub fn when_answered(&mut self, listener: impl FnOnce(&Result<()>) + Send + 'static) {
+        self.answered.push(Box::new(listener));
+    }
+}
+
+impl fmt::Debug for PublishContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublishContext")
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("message", &self.message)
+            .field("answer_listeners", &self.answered.len())
+            .finish()
+    }
+}
+
+/// Tells each listener `answer`, each inside its own panic guard.
+pub(crate) fn tell_answered(listeners: Vec<AnswerListener>, answer: &Result<()>) {
+    for listener in listeners {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| listener(answer))).is_err() {
+            log::error!("acemq: a publish interceptor's answer listener panicked; ignored");
+        }
+    }
 }
 
 /// The rest of a publish: the next interceptor, or the hand-over itself.

@@ -176,6 +176,8 @@ struct Pending {
     routing_key: String,
     returned: Option<(u16, String)>,
     reply: Sender<Result<()>>,
+    /// Publish interceptors' listeners for the answer.
+    answered: Vec<crate::intercept::AnswerListener>,
 }
 
 enum Control {
@@ -432,13 +434,11 @@ impl Publisher {
         if interceptors.is_empty() {
             return self.publish_unintercepted(exchange, routing_key, message, mandatory);
         }
-        let context = crate::intercept::PublishContext {
-            exchange: exchange.to_string(),
-            routing_key: routing_key.to_string(),
-            message,
-        };
+        let context = crate::intercept::PublishContext::new(exchange, routing_key, message);
         crate::intercept::run_publish(interceptors, context, &|c| {
-            self.publish_unintercepted(&c.exchange, &c.routing_key, c.message, mandatory)
+            let answered = c.answered;
+            self.publish_deferred_inner(&c.exchange, &c.routing_key, c.message, mandatory, answered)
+                .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
         })
     }
 
@@ -462,7 +462,7 @@ impl Publisher {
         message: Message,
         mandatory: bool,
     ) -> Result<Ticket> {
-        self.publish_deferred_inner(exchange, routing_key, message, mandatory)
+        self.publish_deferred_inner(exchange, routing_key, message, mandatory, Vec::new())
             .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
     }
 
@@ -478,6 +478,7 @@ impl Publisher {
         routing_key: &str,
         mut message: Message,
         mandatory: bool,
+        answered: Vec<crate::intercept::AnswerListener>,
     ) -> Result<Ticket> {
         check_name("exchange", exchange, true)?;
         check_name("routing key", routing_key, true)?;
@@ -494,6 +495,7 @@ impl Publisher {
             routing_key: routing_key.to_string(),
             returned: None,
             reply: tx,
+            answered,
         };
         if let Err(e) = self.hand_over(
             exchange,
@@ -760,7 +762,9 @@ fn channel_failure(broken: Option<Current>, e: amiquip::Error) -> ChannelFailure
 fn fail_all(state: &mut State, observer: &Arc<dyn Observer>, error: impl Fn(&Pending) -> Error) {
     for (_, p) in std::mem::take(&mut state.pending) {
         observer.published(&p.exchange, PublishOutcome::Failed);
-        let _ = p.reply.send(Err(error(&p)));
+        let failed = Err(error(&p));
+        crate::intercept::tell_answered(p.answered, &failed);
+        let _ = p.reply.send(failed);
     }
 }
 
@@ -897,6 +901,7 @@ fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
             ),
         };
         shared.observer.published(&p.exchange, outcome);
+        crate::intercept::tell_answered(p.answered, &result);
         let _ = p.reply.send(result);
     }
 }

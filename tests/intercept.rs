@@ -209,3 +209,59 @@ fn an_interceptor_short_circuits_a_publish_and_a_handler() {
     assert_eq!(*calls.lock().unwrap(), 0, "the handler never ran");
     assert!(!log.lock().unwrap().iter().any(|e| e == "inner consume in"));
 }
+
+/// A publish interceptor hears how each publish ended once the broker answered, as the
+/// family's interceptors see `confirmed` and `routed`: confirmed for one that reached a queue,
+/// unroutable for one that reached none — whether or not the caller waits on the ticket.
+#[test]
+fn a_publish_interceptor_hears_the_brokers_answer() {
+    let answers: Log = Log::default();
+    let a = answers.clone();
+    let conn = ConnectionOptions::new()
+        .address(amqp_url())
+        .intercept_publish(
+            move |mut context: PublishContext, next: PublishNext<'_>| -> Result<Ticket, Error> {
+                let (a, key) = (a.clone(), context.routing_key.clone());
+                context.when_answered(move |answer| {
+                    let word = match answer {
+                        Ok(()) => "confirmed".to_string(),
+                        Err(e) if e.is_unroutable() => "unroutable".to_string(),
+                        Err(e) => format!("failed: {e}"),
+                    };
+                    push(&a, format!("{key}: {word}"));
+                });
+                next.run(context)
+            },
+        )
+        .open()
+        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("intercept-answer"));
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let nowhere = unique("intercept-nowhere");
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", &q, Message::new("routed")).unwrap();
+    assert!(publisher
+        .publish("", &nowhere, Message::new("lost"))
+        .unwrap_err()
+        .is_unroutable());
+    // A ticket nobody waits for is answered all the same.
+    let ticket = publisher
+        .publish_deferred("", &q, Message::new("not waited for"))
+        .unwrap();
+    assert!(eventually(Duration::from_secs(20), || answers
+        .lock()
+        .unwrap()
+        .len()
+        == 3));
+    drop(ticket);
+    assert_eq!(
+        *answers.lock().unwrap(),
+        [
+            format!("{q}: confirmed"),
+            format!("{nowhere}: unroutable"),
+            format!("{q}: confirmed"),
+        ]
+    );
+    publisher.close().unwrap();
+}
