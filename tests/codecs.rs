@@ -339,7 +339,7 @@ fn xml_refuses_every_dtd_and_unknown_entities() {
     let written = Message::encode(&codec, &json!({"ok": true, "n": null, "s": "<&>"})).unwrap();
     assert_eq!(
         String::from_utf8(written.body).unwrap(),
-        "<message><n></n><ok>true</ok><s>&lt;&amp;&gt;</s></message>"
+        "<message><ok>true</ok><n></n><s>&lt;&amp;&gt;</s></message>"
     );
 }
 

@@ -34,10 +34,10 @@
 //!
 //! A [`Codec`] works on `serde_json::Value`, so what a format reads arrives as JSON values: XML
 //! as strings, objects, and arrays where a tag repeats (XML has no types); Avro records as
-//! objects; protobuf messages as objects keyed by the `.proto` field names. Objects are written
-//! in `serde_json::Value`'s key order, which is sorted by key (this crate does not turn on
-//! `serde_json`'s `preserve_order`): a struct's fields come out alphabetically. The document is
-//! the same; where another library writes the fields in declaration order, the bytes differ.
+//! objects; protobuf messages as objects keyed by the `.proto` field names. Objects keep the
+//! order their fields were written in (this crate turns on `serde_json`'s `preserve_order`): a
+//! struct's fields come out in declaration order, as the family's libraries write them, so the
+//! YAML, TOML and XML of the same payload are the family's bytes (`tests/fixtures/codec_interop.json`).
 //!
 //! A body that cannot be read is a [`FatalError`] inside
 //! [`Error::Codec`], so a consumer dead-letters it at once.
