@@ -674,10 +674,15 @@ mod sql_store {
                  WHERE {t}.deadline_ms <= {now} RETURNING key",
                 rows.join(", ")
             ));
+            // The rows in key order: concurrent batches (other groups, other consumers) then
+            // lock the keys they share in the same order, so they wait for each other instead
+            // of deadlocking on PostgreSQL. The answers below go by key, in `keys`' order.
+            let mut ordered: Vec<&str> = keys.to_vec();
+            ordered.sort_unstable();
             let mut params = Vec::with_capacity(keys.len() + 2);
             params.push(Value::Integer(sql::duration_ms(self.claim_timeout)));
             params.push(Value::Text(token.as_str().to_owned()));
-            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
+            params.extend(ordered.iter().map(|k| Value::Text((*k).to_owned())));
             let claimed: std::collections::HashSet<String> = tx
                 .query(&sql, &params)
                 .map_err(|e| self.context(e, "claiming a batch of keys"))?
