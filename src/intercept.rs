@@ -24,9 +24,10 @@
 //! nothing is sent), and observe the result of handing over (the [`Ticket`], or the error).
 //! The broker's answer comes later: [`PublishContext::when_answered`] tells it (confirmed and
 //! routed, unroutable, nacked, lost) to the interceptor, as the family's interceptors see it;
-//! the [`Observer`](crate::Observer) hears of it too. A retry, dead-letter or parked **copy** a consumer publishes is not intercepted: it is
-//! the original message moving, not a new publish. The trace context is written after the
-//! chain (an interceptor may set its own `traceparent`, which is then kept).
+//! the [`Observer`](crate::Observer) hears of it too. A retry, dead-letter or parked **copy** a
+//! consumer publishes is not intercepted: it is the original message moving, not a new
+//! publish. The trace context is written after the chain (an interceptor may set its own
+//! `traceparent`, which is then kept).
 //!
 //! # Consuming
 //!

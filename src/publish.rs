@@ -432,13 +432,23 @@ impl Publisher {
     ) -> Result<Ticket> {
         let interceptors = &self.inner.connection.shared.options.publish_interceptors;
         if interceptors.is_empty() {
-            return self.publish_unintercepted(exchange, routing_key, message, mandatory);
+            return self.publish_unintercepted(
+                exchange,
+                routing_key,
+                message,
+                mandatory,
+                Vec::new(),
+            );
         }
         let context = crate::intercept::PublishContext::new(exchange, routing_key, message);
         crate::intercept::run_publish(interceptors, context, &|c| {
-            let answered = c.answered;
-            self.publish_deferred_inner(&c.exchange, &c.routing_key, c.message, mandatory, answered)
-                .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
+            self.publish_unintercepted(
+                &c.exchange,
+                &c.routing_key,
+                c.message,
+                mandatory,
+                c.answered,
+            )
         })
     }
 
@@ -451,18 +461,21 @@ impl Publisher {
         message: Message,
     ) -> Result<()> {
         // A copy must reach its queue or come back: mandatory whatever the options say.
-        self.publish_unintercepted(exchange, routing_key, message, true)?
+        self.publish_unintercepted(exchange, routing_key, message, true, Vec::new())?
             .wait()
     }
 
+    /// The hand-over itself (after the interceptors, if any); `answered`: the interceptors'
+    /// listeners for the broker's answer.
     fn publish_unintercepted(
         &self,
         exchange: &str,
         routing_key: &str,
         message: Message,
         mandatory: bool,
+        answered: Vec<crate::intercept::AnswerListener>,
     ) -> Result<Ticket> {
-        self.publish_deferred_inner(exchange, routing_key, message, mandatory, Vec::new())
+        self.publish_deferred_inner(exchange, routing_key, message, mandatory, answered)
             .map_err(|e| blocked_or(&self.inner.connection.shared.blocked, e))
     }
 

@@ -16,9 +16,17 @@ use support::Cleanup;
 
 /// Runs `acemq` with `args` (and `--url` of the test broker unless the args give one).
 fn acemq(args: &[&str]) -> Output {
+    acemq_with_db(None, args)
+}
+
+/// [`acemq`] with `ACEMQ_DB` set to `db` (unset with `None`).
+fn acemq_with_db(db: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_acemq"));
-    cmd.env_remove("ACEMQ_DB")
-        .env("ACEMQ_URL", support::amqp_url());
+    match db {
+        Some(db) => cmd.env("ACEMQ_DB", db),
+        None => cmd.env_remove("ACEMQ_DB"),
+    };
+    cmd.env("ACEMQ_URL", support::amqp_url());
     cmd.args(args);
     let out = cmd.output().expect("run acemq");
     eprintln!(
@@ -28,6 +36,18 @@ fn acemq(args: &[&str]) -> Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// The `acemq_` tables in the SQLite file at `path`.
+fn acemq_tables(path: &std::path::Path) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'acemq_%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -529,14 +549,7 @@ fn schema_ddl_prints_and_create_applies() {
     let url = format!("sqlite:{}", path.display());
     let out = acemq(&["schema", "create", "--db", &url]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let n: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'acemq_%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let n = acemq_tables(&path);
     assert!(n >= 3, "{n} tables");
     // Twice is fine.
     assert_eq!(
@@ -678,21 +691,9 @@ fn acemq_db_is_the_default_database() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("from-env.db");
     let url = format!("sqlite:{}", path.display());
-    let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
-        .env("ACEMQ_DB", &url)
-        .env("ACEMQ_URL", support::amqp_url())
-        .args(["schema", "create"])
-        .output()
-        .expect("run acemq");
+    let out = acemq_with_db(Some(&url), &["schema", "create"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let conn = rusqlite::Connection::open(&path).unwrap();
-    let n: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name LIKE 'acemq_%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let n = acemq_tables(&path);
     assert!(n >= 3, "schema create used ACEMQ_DB: {n} tables");
 }
 

@@ -24,6 +24,18 @@ fn short_ladder() -> RetryPolicy {
     RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_secs(1)).jitter(0.0)
 }
 
+/// A gate handlers block at until the test opens it (drops `open`), at most `limit` each: no
+/// handler spins while it waits.
+fn gate() -> (
+    crossbeam_channel::Sender<()>,
+    impl Fn(Duration) + Clone + Send + Sync + 'static,
+) {
+    let (open, shut) = crossbeam_channel::bounded::<()>(0);
+    (open, move |limit| {
+        let _ = shut.recv_timeout(limit);
+    })
+}
+
 fn rungs() -> Vec<Duration> {
     vec![
         Duration::from_millis(100),
@@ -790,9 +802,9 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(200)),
     );
-    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (open, wait_at_gate) = gate();
     let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (gate.clone(), started.clone());
+    let (g, s) = (wait_at_gate, started.clone());
     let consumer = conn
         .consumer(
             &q,
@@ -804,10 +816,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
         .unwrap()
         .start(move |_: &Message| {
             s.fetch_add(1, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::yield_now();
-            }
+            g(Duration::from_secs(60));
             Ok(Outcome::Accept)
         })
         .unwrap();
@@ -825,7 +834,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
         let _ = tx.send(consumer.close());
     });
     let closed = rx.recv_timeout(Duration::from_secs(15));
-    gate.store(true, Ordering::SeqCst);
+    drop(open);
     assert!(
         closed.is_ok(),
         "close() did not answer: the owner is blocked"
@@ -880,9 +889,9 @@ fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("close-report"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (open, wait_at_gate) = gate();
     let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (gate.clone(), started.clone());
+    let (g, s) = (wait_at_gate, started.clone());
     let consumer = conn
         .consumer(
             &q,
@@ -894,10 +903,7 @@ fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
         .unwrap()
         .start(move |_: &Message| {
             s.fetch_add(1, Ordering::SeqCst);
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
-                std::thread::yield_now();
-            }
+            g(Duration::from_secs(30));
             Ok(Outcome::Accept)
         })
         .unwrap();
@@ -905,7 +911,7 @@ fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1
         && consumer.in_flight() == 4));
     let report = consumer.close().unwrap();
-    gate.store(true, Ordering::SeqCst);
+    drop(open);
     assert_eq!(
         started.load(Ordering::SeqCst),
         1,
@@ -925,10 +931,10 @@ fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
     let q = clean.consumed_queue(&unique("ack-cover"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     publish_n(&conn, &q, 10, true);
-    let gate = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (open, wait_at_gate) = gate();
     let fast = Arc::new(AtomicUsize::new(0));
     let slow = Arc::new(AtomicUsize::new(0));
-    let (g, f, s) = (gate.clone(), fast.clone(), slow.clone());
+    let (g, f, s) = (wait_at_gate, fast.clone(), slow.clone());
     let consumer = conn
         .consumer(
             &q,
@@ -941,10 +947,7 @@ fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
         .start(move |m: &Message| {
             if m.body == b"0" {
                 s.fetch_add(1, Ordering::SeqCst);
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while !g.load(Ordering::SeqCst) && Instant::now() < deadline {
-                    std::thread::yield_now();
-                }
+                g(Duration::from_secs(60));
             } else {
                 f.fetch_add(1, Ordering::SeqCst);
             }
@@ -961,7 +964,7 @@ fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
         consumer.in_flight()
     );
     let report = consumer.close().unwrap();
-    gate.store(true, Ordering::SeqCst);
+    drop(open);
     assert_eq!(report.abandoned, 1, "{report:?}");
     assert!(
         eventually(WAIT, || conn.queue_info(&q).unwrap().message_count == 1),

@@ -352,6 +352,31 @@ pub(crate) struct Job {
     pub(crate) hold: bool,
 }
 
+impl Job {
+    /// A delivery just taken from the subscription's buffer (by a worker, or by the owner for
+    /// an ordered handler), counted in flight, as a job with no ordering key.
+    pub(crate) fn taken(ctx: &Context, generation: u64, mut delivery: amiquip::Delivery) -> Job {
+        // Counted before anything else: the owner, closing, waits for it.
+        let n = ctx.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        // (What is still in amiquip's buffer is not added to the high-water mark: read apart,
+        // the two could count one delivery twice.)
+        ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        let tag = delivery.delivery_tag();
+        // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
+        // fresh id as it is read, so that its copies carry an identity from here on.
+        let mut message = Message::take_delivery(&mut delivery);
+        message.codec = Some(ctx.codec.clone());
+        Job {
+            generation,
+            tag,
+            delivery,
+            message,
+            keyed: false,
+            hold: false,
+        }
+    }
+}
+
 /// A worker's (or the timer's) word to the owner.
 pub(crate) struct Settle {
     pub(crate) generation: u64,

@@ -40,7 +40,6 @@ use super::{CloseReport, Context, Job, OrderBy, Settle, SettleAction};
 use std::sync::Arc;
 
 use crate::connection::Link;
-use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::Settlement;
 
@@ -221,7 +220,6 @@ pub(crate) fn run(
             keys: Keys::default(),
             key_of: HashMap::new(),
             order,
-            direct: !lines.feeds.is_empty(),
             ended: 0,
             reason: None,
         };
@@ -360,24 +358,11 @@ struct State<'a> {
     /// The key each delivery holding one holds, by tag.
     key_of: HashMap<u64, String>,
     order: Option<&'a OrderBy>,
-    /// The workers read the deliveries themselves.
-    direct: bool,
     /// Workers that found the subscription ended (its buffer disconnected).
     ended: usize,
     /// What ended it, when a worker read why (the broker cancelled the consumer, closed the
     /// channel, …).
     reason: Option<ConsumerMessage>,
-}
-
-impl State<'_> {
-    /// Workers reading the subscription themselves.
-    fn readers(&self, lines: &Lines<'_>) -> usize {
-        if self.direct {
-            lines.feeds.len()
-        } else {
-            0
-        }
-    }
 }
 
 fn serve(
@@ -388,11 +373,11 @@ fn serve(
     lines: &Lines<'_>,
 ) -> Result<End> {
     let mut report = CloseReport::default();
-    // The owner reads the deliveries only for an ordered handler.
-    let deliveries = if state.direct {
-        crossbeam_channel::never()
-    } else {
+    // The owner reads the deliveries only for an ordered handler (no worker has a feed).
+    let deliveries = if lines.feeds.is_empty() {
         consumer.receiver().clone()
+    } else {
+        crossbeam_channel::never()
     };
     loop {
         select! {
@@ -403,8 +388,7 @@ fn serve(
             },
             recv(lines.settles) -> s => {
                 let Ok(s) = s else { return Ok(End::Lost("workers ended".into())) };
-                let mut batch = vec![s];
-                batch.extend(lines.settles.try_iter());
+                let batch = with_waiting(s, lines.settles);
                 if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, &mut report) {
                     return Ok(End::Lost(e.to_string()));
                 }
@@ -417,7 +401,7 @@ fn serve(
         if state.reason.is_none() && state.ended == 0 {
             continue;
         }
-        if state.reason.is_none() && state.ended < state.readers(lines) {
+        if state.reason.is_none() && state.ended < lines.feeds.len() {
             if let Err(e) = wait_for_reason(ctx, channel, state, lines, &mut report) {
                 return Ok(End::Lost(e.to_string()));
             }
@@ -452,38 +436,31 @@ fn wait_for_reason(
     report: &mut CloseReport,
 ) -> std::result::Result<(), amiquip::Error> {
     let deadline = Instant::now() + Duration::from_secs(2);
-    while state.reason.is_none() && state.ended < state.readers(lines) {
+    while state.reason.is_none() && state.ended < lines.feeds.len() {
         let Ok(s) = lines.settles.recv_deadline(deadline) else {
             break;
         };
-        let mut batch = vec![s];
-        batch.extend(lines.settles.try_iter());
-        settle(ctx, channel, state, lines.jobs, batch, report)?;
+        settle(
+            ctx,
+            channel,
+            state,
+            lines.jobs,
+            with_waiting(s, lines.settles),
+            report,
+        )?;
     }
     Ok(())
 }
 
 /// A delivery the owner read (an ordered handler): to the workers, or held behind its key.
-fn dispatch(ctx: &Context, mut d: Delivery, state: &mut State<'_>, jobs: &Sender<Job>) {
-    let tag = d.delivery_tag();
-    // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
-    // fresh id as it is read, so that its copies carry an identity from here on.
-    let mut message = Message::take_delivery(&mut d);
-    message.codec = Some(ctx.codec.clone());
-    let key = state.order.and_then(|o| o.key_of(&message));
-    let hold = key.is_some() && state.order.is_some_and(|o| o.holds_retries());
-    taken(ctx);
-    let job = Job {
-        generation: state.generation,
-        tag,
-        delivery: d,
-        message,
-        keyed: key.is_some(),
-        hold,
-    };
+fn dispatch(ctx: &Context, d: Delivery, state: &mut State<'_>, jobs: &Sender<Job>) {
+    let mut job = Job::taken(ctx, state.generation, d);
+    let key = state.order.and_then(|o| o.key_of(&job.message));
+    job.keyed = key.is_some();
+    job.hold = job.keyed && state.order.is_some_and(|o| o.holds_retries());
     let job = match key {
         Some(key) => {
-            state.key_of.insert(tag, key.clone());
+            state.key_of.insert(job.tag, key.clone());
             state.keys.take_or_queue(&key, job)
         }
         None => Some(job),
@@ -495,12 +472,12 @@ fn dispatch(ctx: &Context, mut d: Delivery, state: &mut State<'_>, jobs: &Sender
     }
 }
 
-/// A delivery was taken from the subscription: one more in flight. (What is still in amiquip's
-/// buffer is not added to the high-water mark: read apart, the two could count one delivery
-/// twice.)
-pub(crate) fn taken(ctx: &Context) {
-    let n = ctx.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+/// `first` and every settlement already waiting behind it: settled (and acknowledged) as one
+/// batch.
+fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Settle> {
+    let mut batch = vec![first];
+    batch.extend(settles.try_iter());
+    batch
 }
 
 /// A delivery was settled: one fewer in flight.
@@ -690,13 +667,13 @@ fn shutdown(
         }
         gone(ctx);
     }
-    let readers = state.readers(lines);
+    // Each worker with a feed reports the end of the subscription once (none for an ordered
+    // handler: the owner reads it).
     let deadline = Instant::now() + ctx.shutdown_timeout;
-    while ctx.in_flight.load(Ordering::SeqCst) > 0 || state.ended < readers {
+    while ctx.in_flight.load(Ordering::SeqCst) > 0 || state.ended < lines.feeds.len() {
         match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
-                let mut batch = vec![s];
-                batch.extend(lines.settles.try_iter());
+                let batch = with_waiting(s, lines.settles);
                 for s in &batch {
                     let signal = matches!(s.action, SettleAction::Signal(_));
                     if s.generation == generation && s.started && !signal {

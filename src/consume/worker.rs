@@ -59,12 +59,17 @@ impl Source {
         }
     }
 
-    /// The next delivery, waiting until `deadline` (for ever with `None`). Reading the
+    /// The next delivery, waiting until `timeout` fires (`never()`: for ever; one `at(…)` per
+    /// batch being gathered, not one per delivery). Reading the
     /// subscription itself, a worker passes anything else it reads there on to the owner as a
     /// [`SettleAction::Signal`], and `None` once the subscription has ended; a delivery from a
     /// subscription that is gone is skipped (the broker redelivers it).
-    fn next(&mut self, ctx: &Context, settle: &Sender<Settle>, deadline: Option<Instant>) -> Next {
-        let timeout = deadline.map_or_else(crossbeam_channel::never, crossbeam_channel::at);
+    fn next(
+        &mut self,
+        ctx: &Context,
+        settle: &Sender<Settle>,
+        timeout: &Receiver<Instant>,
+    ) -> Next {
         let (feeds, current) = match self {
             Source::Owner(jobs) => {
                 return select! {
@@ -98,26 +103,11 @@ impl Source {
                 recv(timeout) -> _ => return Next::Timeout,
             };
             match read {
-                Ok(ConsumerMessage::Delivery(mut d)) => {
+                Ok(ConsumerMessage::Delivery(d)) => {
                     if generation != ctx.generation.load(Ordering::SeqCst) {
                         continue;
                     }
-                    // Counted before anything else: the owner, closing, waits for it.
-                    super::owner::taken(ctx);
-                    let tag = d.delivery_tag();
-                    // A message from outside the family with neither `x-acemq-id` nor
-                    // `message_id` gets a fresh id as it is read, so that its copies carry an
-                    // identity from here on.
-                    let mut message = Message::take_delivery(&mut d);
-                    message.codec = Some(ctx.codec.clone());
-                    return Next::Job(Job {
-                        generation,
-                        tag,
-                        delivery: d,
-                        message,
-                        keyed: false,
-                        hold: false,
-                    });
+                    return Next::Job(Job::taken(ctx, generation, d));
                 }
                 Ok(other) => {
                     let _ = settle.send(signal(generation, Some(Box::new(other))));
@@ -152,7 +142,8 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     if let Some((max, wait)) = handler.batch_limits().filter(|_| !ctx.at_most_once) {
         return run_batches(ctx, handler, max, wait, source, settle, timer);
     }
-    while let Next::Job(job) = source.next(ctx, &settle, None) {
+    let never = crossbeam_channel::never();
+    while let Next::Job(job) = source.next(ctx, &settle, &never) {
         let Some(job) = admit(ctx, job, &settle) else {
             continue;
         };
@@ -198,15 +189,16 @@ fn run_batches<H: Handler + Sync + ?Sized>(
     // A batch never waits for more deliveries than the broker lets this worker have unsettled.
     let workers = ctx.concurrency.max(1);
     let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
+    let never = crossbeam_channel::never();
     let mut ending = false;
     while !ending {
-        let Next::Job(first) = source.next(ctx, &settle, None) else {
+        let Next::Job(first) = source.next(ctx, &settle, &never) else {
             break;
         };
         let mut gathered = vec![first];
-        let deadline = Instant::now() + wait;
+        let gathering = crossbeam_channel::at(Instant::now() + wait);
         while gathered.len() < max {
-            match source.next(ctx, &settle, Some(deadline)) {
+            match source.next(ctx, &settle, &gathering) {
                 Next::Job(job) => gathered.push(job),
                 Next::Timeout => break,
                 Next::End => {

@@ -56,9 +56,9 @@
 //! deadline`), so a handler stuck for good cannot pile up threads without bound. The limit is
 //! checked when a message starts, and a handler already running when it is reached may still
 //! overrun: with a consumer of concurrency `c` at most `max_orphans + c − 1` orphans exist at once
-//! (a strict `max_orphans` would have to refuse to start handlers that may well finish in time). Its message still retries: the key of an
-//! ordered message is freed when the overrun is settled, so the next message with the key may
-//! run beside the orphan.
+//! (a strict `max_orphans` would have to refuse to start handlers that may well finish in time).
+//! Its message still retries: the key of an ordered message is freed when the overrun is settled,
+//! so the next message with the key may run beside the orphan.
 //!
 //! # `with_logging`
 //!
