@@ -495,9 +495,13 @@ on_both!(
 );
 
 fn group_store(db: &Db) -> Arc<SqlIdempotencyStore> {
+    group_store_leasing(db, Duration::from_secs(30))
+}
+
+fn group_store_leasing(db: &Db, lease: Duration) -> Arc<SqlIdempotencyStore> {
     let s = SqlIdempotencyStore::builder(db.factory())
         .table(db.table("idem_group"))
-        .claim_timeout(Duration::from_secs(30))
+        .claim_timeout(lease)
         .group_commit(true)
         .build()
         .unwrap();
@@ -597,6 +601,56 @@ fn concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock(d
     }
 }
 
+/// Claims and confirms asked for at once by many threads share groups (on PostgreSQL a group of
+/// claims and confirms is one statement): each gets the answer it would have had alone. Eight
+/// threads claim, confirm and claim again keys of their own (claimed, then a duplicate), while
+/// another confirms a claim whose lease was taken over meanwhile: its receipt is recorded all
+/// the same, and the key is a duplicate for everyone after.
+fn claims_and_confirms_sharing_groups_answer_as_alone(db: &Db) {
+    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    let store = group_store_leasing(db, Duration::from_secs(1));
+    let stale = match store.claim("taken").unwrap() {
+        Claim::Claimed(t) => t,
+        other => panic!("a new key is claimed: {other:?}"),
+    };
+    // Once the first lease has run out, the next claim takes the key over.
+    let mut successor = None;
+    assert!(
+        eventually(WAIT, || {
+            successor = match store.claim("taken").unwrap() {
+                Claim::Claimed(t) => Some(t),
+                _ => None,
+            };
+            successor.is_some()
+        }),
+        "the expired claim was never taken over"
+    );
+    let successor = successor.unwrap();
+    assert_ne!(stale.as_str(), successor.as_str());
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let store = &store;
+            s.spawn(move || {
+                for i in 0..20 {
+                    let key = format!("t{t}-k{i}");
+                    let token = match store.claim(&key).unwrap() {
+                        Claim::Claimed(token) => token,
+                        other => panic!("{key} is new: {other:?}"),
+                    };
+                    store.confirm(&key, &token).unwrap();
+                    assert_eq!(store.claim(&key).unwrap(), Claim::Duplicate, "{key}");
+                }
+            });
+        }
+        let (store, stale) = (&store, &stale);
+        s.spawn(move || store.confirm("taken", stale).unwrap());
+    });
+    assert_eq!(store.claim("taken").unwrap(), Claim::Duplicate);
+    // The successor's confirm comes late: the receipt stays a receipt.
+    store.confirm("taken", &successor).unwrap();
+    assert_eq!(store.claim("taken").unwrap(), Claim::Duplicate);
+}
+
 /// The plain wrapper over a group-committing store, 8 workers: each effect once, all
 /// acknowledged.
 fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
@@ -635,5 +689,6 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
 on_both!(
     concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock,
     group_commit_keeps_claims_atomic_and_fenced,
+    claims_and_confirms_sharing_groups_answer_as_alone,
     the_plain_wrapper_over_group_commit_applies_each_effect_once,
 );

@@ -523,7 +523,9 @@ mod sql_store {
         /// answer as alone: claims are atomic by the key and fenced by tokens as before (a
         /// group's claims share one fresh token). A group whose transaction fails is run
         /// again one operation at a time, so that one bad operation does not fail the others.
-        /// Nothing waits to fill a group: a lone call commits at once. Defaults to false.
+        /// Nothing waits to fill a group: a lone call commits at once. One group runs at a
+        /// time; on PostgreSQL a group of claims and confirms is a single statement (its own
+        /// transaction), one round trip. Defaults to false.
         pub fn group_commit(mut self, on: bool) -> Self {
             self.group_commit = on;
             self
@@ -763,6 +765,55 @@ mod sql_store {
             Ok(())
         }
 
+        /// Confirms claims held by different tokens in one statement (a group commit's
+        /// confirms: each comes from the group that claimed it). A pair whose token no longer
+        /// holds its key is confirmed on its own, as `confirm_in` does.
+        fn confirm_pairs_in(&self, tx: &mut dyn Sql, pairs: &[(&str, &ClaimToken)]) -> Result<()> {
+            if pairs.is_empty() {
+                return Ok(());
+            }
+            let dialect = tx.dialect();
+            // Keys in order, as the claims insert them: concurrent groups lock shared rows in
+            // the same order.
+            let mut ordered = pairs.to_vec();
+            ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            // `key IN` as well as the pairs: SQLite finds rows by the key's index only from a
+            // plain `IN` list (for `(key, token) IN` alone it scans the table).
+            let sql = dialect.placeholders(&format!(
+                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $1, token = NULL \
+                 WHERE state = '{CLAIMED}' AND key IN ({}) AND (key, token) IN ({}) \
+                 RETURNING key",
+                (0..ordered.len())
+                    .map(|i| format!("${}", 2 * i + 2))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                (0..ordered.len())
+                    .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                t = self.table,
+                now = dialect.now_ms_sql(),
+            ));
+            let mut params = Vec::with_capacity(2 * ordered.len() + 1);
+            params.push(Value::Integer(sql::duration_ms(self.retention)));
+            for (key, token) in &ordered {
+                params.push(Value::Text((*key).to_owned()));
+                params.push(Value::Text(token.as_str().to_owned()));
+            }
+            let confirmed: std::collections::HashSet<String> = tx
+                .query(&sql, &params)
+                .map_err(|e| self.context(e, "confirming a group's keys"))?
+                .iter()
+                .map(|row| sql::col_text(row, 0))
+                .collect::<Result<_>>()?;
+            for (key, token) in &ordered {
+                if !confirmed.contains(*key) {
+                    self.confirm_on(tx, key, token)?;
+                }
+            }
+            Ok(())
+        }
+
         /// Gives back the claims `token` holds on `keys` on the caller's transaction.
         pub(crate) fn release_many_in(
             &self,
@@ -930,16 +981,19 @@ mod sql_store {
 
         /// One group's operations on one transaction (see [`group`]): the dialect and each
         /// one's answer, or the error that failed the transaction.
-        fn run_group(&self, ops: &[group::Op]) -> Result<(Dialect, Vec<group::Done>)> {
+        /// On PostgreSQL a group of claims and confirms is one statement
+        /// ([`group_statement`](Self::group_statement)).
+        fn run_group(&self, ops: &[group::Op]) -> Result<Vec<group::Done>> {
             let mut conn = (self.connect)()?;
-            let dialect = conn.dialect();
-            let done = sql::in_one_transaction(
+            if conn.dialect() == Dialect::Postgres && one_statement_will_do(ops) {
+                return self.group_statement(&mut *conn, ops);
+            }
+            sql::in_one_transaction(
                 &mut *conn,
                 "a group commit",
                 |e, what| self.context(e, what),
                 |tx| self.group_ops(tx, ops),
-            )?;
-            Ok((dialect, done))
+            )
         }
 
         fn group_ops(&self, conn: &mut dyn Sql, ops: &[group::Op]) -> Result<Vec<group::Done>> {
@@ -960,22 +1014,16 @@ mod sql_store {
             }
             let answers = self.claim_many_in(conn, &distinct, &token)?;
             let mut answer_of: HashMap<&str, Claim> = distinct.into_iter().zip(answers).collect();
-            // Confirms, one statement per token (the claims of one earlier group share theirs).
-            let mut by_token: Vec<(&ClaimToken, Vec<&str>)> = Vec::new();
-            for op in ops {
-                if let group::Op::Confirm(key, token) = op {
-                    match by_token
-                        .iter_mut()
-                        .find(|(t, _)| t.as_str() == token.as_str())
-                    {
-                        Some((_, keys)) => keys.push(key.as_str()),
-                        None => by_token.push((token, vec![key.as_str()])),
-                    }
-                }
-            }
-            for (token, keys) in &by_token {
-                self.confirm_many_in(conn, keys, token)?;
-            }
+            // Confirms, one statement for all of them (each holds the token of the group that
+            // claimed it).
+            let confirms: Vec<(&str, &ClaimToken)> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    group::Op::Confirm(key, token) => Some((key.as_str(), token)),
+                    _ => None,
+                })
+                .collect();
+            self.confirm_pairs_in(conn, &confirms)?;
             let mut done = Vec::with_capacity(ops.len());
             for op in ops {
                 done.push(group::Done {
@@ -1002,6 +1050,133 @@ mod sql_store {
             Ok(done)
         }
 
+        /// A group of claims and confirms as **one statement** on PostgreSQL (its own
+        /// transaction: atomic as the group's transaction is, in one round trip instead of
+        /// five — `BEGIN`, the claims, the states of the keys not claimed, the confirms,
+        /// `COMMIT`). Two data-modifying `WITH` parts: the claims (`INSERT … ON CONFLICT`, keys
+        /// in order, as [`claim_many_in`](Self::claim_many_in) writes them) and the confirms
+        /// (one `UPDATE` for every key and token), and the state the claimed keys had before
+        /// the statement, which tells a receipt (duplicate) from a live claim (in progress).
+        /// [`one_statement_will_do`] keeps out the groups it cannot run: a release, or a key
+        /// both claimed and confirmed (PostgreSQL cannot modify one row twice in a statement).
+        /// A confirm whose token no longer holds its key is then confirmed on its own, as
+        /// `confirm_in` does.
+        fn group_statement(
+            &self,
+            conn: &mut dyn Sql,
+            ops: &[group::Op],
+        ) -> Result<Vec<group::Done>> {
+            let dialect = Dialect::Postgres;
+            let (t, now) = (&self.table, dialect.now_ms_sql());
+            let token = ClaimToken::new();
+            let mut claims: Vec<&str> = Vec::new();
+            let mut confirms: Vec<(&str, &ClaimToken)> = Vec::new();
+            for op in ops {
+                match op {
+                    group::Op::Claim(key) if !claims.contains(&key.as_str()) => claims.push(key),
+                    group::Op::Confirm(key, token) => confirms.push((key, token)),
+                    _ => {}
+                }
+            }
+            claims.sort_unstable();
+            confirms.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            let mut params = vec![
+                Value::Integer(sql::duration_ms(self.claim_timeout)),
+                Value::Text(token.as_str().to_owned()),
+                Value::Integer(sql::duration_ms(self.retention)),
+            ];
+            let mut parts = Vec::new();
+            let mut selects = Vec::new();
+            if !claims.is_empty() {
+                let first = params.len() + 1;
+                params.extend(claims.iter().map(|k| Value::Text((*k).to_owned())));
+                let keys: Vec<String> =
+                    (first..params.len() + 1).map(|i| format!("${i}")).collect();
+                parts.push(format!(
+                    "claimed AS (INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
+                     ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
+                     deadline_ms = excluded.deadline_ms, token = excluded.token \
+                     WHERE {t}.deadline_ms <= {now} RETURNING key)",
+                    keys.iter()
+                        .map(|k| format!("({k}, '{CLAIMED}', {now} + $1, $2)"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                selects.push("SELECT 'claimed', key FROM claimed".to_owned());
+                selects.push(format!(
+                    "SELECT state, key FROM {t} WHERE key IN ({})",
+                    keys.join(", ")
+                ));
+            }
+            if !confirms.is_empty() {
+                let (mut keys, mut pairs) = (Vec::new(), Vec::new());
+                for (key, token) in &confirms {
+                    params.push(Value::Text((*key).to_owned()));
+                    params.push(Value::Text(token.as_str().to_owned()));
+                    keys.push(format!("${}", params.len() - 1));
+                    pairs.push(format!("(${}, ${})", params.len() - 1, params.len()));
+                }
+                parts.push(format!(
+                    "confirmed AS (UPDATE {t} SET state = '{CONFIRMED}', \
+                     deadline_ms = {now} + $3, token = NULL \
+                     WHERE state = '{CLAIMED}' AND key IN ({}) AND (key, token) IN ({}) \
+                     RETURNING key)",
+                    keys.join(", "),
+                    pairs.join(", ")
+                ));
+                selects.push("SELECT 'confirmed', key FROM confirmed".to_owned());
+            }
+            let sql = format!("WITH {} {}", parts.join(", "), selects.join(" UNION ALL "));
+            let mut claimed = std::collections::HashSet::new();
+            let mut confirmed = std::collections::HashSet::new();
+            let mut before = HashMap::new();
+            for row in conn
+                .query(&sql, &params)
+                .map_err(|e| self.context(e, "a group commit"))?
+            {
+                let (what, key) = (sql::col_text(&row, 0)?, sql::col_text(&row, 1)?);
+                match what.as_str() {
+                    "claimed" => {
+                        claimed.insert(key);
+                    }
+                    "confirmed" => {
+                        confirmed.insert(key);
+                    }
+                    _ => {
+                        before.insert(key, what);
+                    }
+                }
+            }
+            for (key, token) in &confirms {
+                if !confirmed.contains(*key) {
+                    self.confirm_on(conn, key, token)?;
+                }
+            }
+            let mut answered: std::collections::HashSet<&str> = std::collections::HashSet::new();
+            Ok(ops
+                .iter()
+                .map(|op| group::Done {
+                    claim: match op {
+                        // A key asked for twice in one group: the second is in progress.
+                        group::Op::Claim(key) if !answered.insert(key.as_str()) => {
+                            Claim::InProgress
+                        }
+                        group::Op::Claim(key) if claimed.contains(key) => {
+                            Claim::Claimed(token.clone())
+                        }
+                        group::Op::Claim(key) => {
+                            if before.get(key).map(String::as_str) == Some(CONFIRMED) {
+                                Claim::Duplicate
+                            } else {
+                                Claim::InProgress
+                            }
+                        }
+                        _ => Claim::Duplicate,
+                    },
+                })
+                .collect())
+        }
+
         /// One operation alone, on a connection of its own (a failed group's fallback).
         fn run_alone(&self, op: &group::Op) -> Result<group::Done> {
             let claim = match op {
@@ -1023,12 +1198,31 @@ mod sql_store {
         }
     }
 
-    /// Group commit: callers queue their operation; the first to find no group running leads
-    /// (takes everything queued, runs it in one transaction, hands out the answers); the others
-    /// wait for their answer.
+    /// Whether [`SqlIdempotencyStore::group_statement`] can run `ops`: claims and confirms
+    /// only, no key both claimed and confirmed.
+    fn one_statement_will_do(ops: &[group::Op]) -> bool {
+        let mut claimed = Vec::new();
+        let mut confirmed = Vec::new();
+        for op in ops {
+            match op {
+                group::Op::Claim(key) => claimed.push(key.as_str()),
+                group::Op::Confirm(key, _) => confirmed.push(key.as_str()),
+                group::Op::Release(..) => return false,
+            }
+        }
+        confirmed.iter().all(|k| !claimed.contains(k))
+    }
+
+    /// Group commit: callers queue their operation; one group runs at a time, led by a caller:
+    /// the first to find no group running leads (takes everything queued, runs it as one
+    /// transaction, hands out the answers) and the others wait for their answer, each on its
+    /// own channel, so a finished group wakes only the callers it answered and, when more are
+    /// queued, the one it hands the lead to — never every waiting thread. One group at a time
+    /// on PostgreSQL too: measured here, four concurrent groups each committed a third as many
+    /// operations in about the same time, since every commit waits for its own WAL flush.
     mod group {
         use super::*;
-        use parking_lot::Condvar;
+        use crossbeam_channel::{unbounded, Sender};
 
         pub(super) enum Op {
             Claim(String),
@@ -1040,77 +1234,122 @@ mod sql_store {
             pub(super) claim: Claim,
         }
 
+        /// What a waiting caller is told.
+        enum Wake {
+            /// Its operation's answer.
+            Done(Result<Done>),
+            /// The lead was handed to it: run the next group.
+            Lead,
+        }
+
         #[derive(Default)]
         struct State {
-            next: u64,
-            queue: Vec<(u64, Op)>,
-            /// Groups running now.
-            leading: usize,
-            /// How many groups may run at once: 1 on SQLite (one writer at a time anyway);
-            /// on PostgreSQL a few, since the server commits concurrent transactions with
-            /// one WAL flush where it can. Learnt from the first group's connection.
-            max_leading: usize,
-            done: HashMap<u64, Result<Done>>,
+            queue: Vec<(Op, Sender<Wake>)>,
+            /// A group is running, or the lead was handed to a caller not yet awake.
+            running: bool,
         }
 
         #[derive(Default)]
         pub(crate) struct Group {
             state: Mutex<State>,
-            changed: Condvar,
         }
 
-        /// Concurrent groups on PostgreSQL.
-        const POSTGRES_GROUPS: usize = 4;
+        /// The lead: handed to the first caller still queued, if any, when dropped (also when
+        /// a group panics), or given up.
+        struct Lead<'g>(&'g Group);
+
+        impl Drop for Lead<'_> {
+            fn drop(&mut self) {
+                let mut state = self.0.state.lock();
+                match state.queue.first() {
+                    Some((_, next)) => {
+                        let next = next.clone();
+                        drop(state);
+                        // Its caller waits on the other end (it is still queued).
+                        let _ = next.send(Wake::Lead);
+                    }
+                    None => state.running = false,
+                }
+            }
+        }
 
         impl Group {
             pub(super) fn run(&self, store: &SqlIdempotencyStore, op: Op) -> Result<Done> {
-                let mut state = self.state.lock();
-                let id = state.next;
-                state.next += 1;
-                state.queue.push((id, op));
-                loop {
-                    if let Some(done) = state.done.remove(&id) {
-                        return done;
-                    }
-                    let queued_here = state.queue.iter().any(|(i, _)| *i == id);
-                    if queued_here && state.leading < state.max_leading.max(1) {
-                        state.leading += 1;
-                        let queued = std::mem::take(&mut state.queue);
+                let (tx, rx) = unbounded();
+                {
+                    let mut state = self.state.lock();
+                    state.queue.push((op, tx));
+                    if !state.running {
+                        state.running = true;
                         drop(state);
-                        let (ids, ops): (Vec<u64>, Vec<Op>) = queued.into_iter().unzip();
-                        let answers: Vec<Result<Done>> = match store.run_group(&ops) {
-                            Ok((dialect, done)) => {
-                                let max = match dialect {
-                                    Dialect::Sqlite => 1,
-                                    Dialect::Postgres => POSTGRES_GROUPS,
-                                };
-                                self.state.lock().max_leading = max;
-                                done.into_iter().map(Ok).collect()
-                            }
-                            Err(e) => {
-                                if ops.len() > 1 {
-                                    log::debug!(
-                                        "acemq: a group commit of {} operations failed ({e}); \
-                                         running them one by one",
-                                        ops.len()
-                                    );
-                                    ops.iter().map(|op| store.run_alone(op)).collect()
-                                } else {
-                                    vec![Err(e)]
-                                }
-                            }
-                        };
-                        state = self.state.lock();
-                        state.leading -= 1;
-                        state.done.extend(ids.into_iter().zip(answers));
-                        self.changed.notify_all();
-                        continue;
+                        self.lead(store);
                     }
-                    // The leader wakes everyone when its group is done.
-                    self.changed
-                        .wait_for(&mut state, Duration::from_millis(100));
+                }
+                loop {
+                    match rx.recv() {
+                        Ok(Wake::Done(done)) => return done,
+                        Ok(Wake::Lead) => self.lead(store),
+                        // The group holding it panicked.
+                        Err(_) => {
+                            return Err(Error::sql(
+                                "a group commit of the idempotency store",
+                                "the thread running the group panicked; its transaction did \
+                                 not commit",
+                            ))
+                        }
+                    }
                 }
             }
+
+            /// Runs what is queued as one group (the caller holds the lead).
+            fn lead(&self, store: &SqlIdempotencyStore) {
+                let lead = Lead(self);
+                let queued = std::mem::take(&mut self.state.lock().queue);
+                if queued.is_empty() {
+                    return;
+                }
+                let (ops, answer_to): (Vec<Op>, Vec<Sender<Wake>>) = queued.into_iter().unzip();
+                let answers: Vec<Result<Done>> = match store.run_group(&ops) {
+                    Ok(done) => done.into_iter().map(Ok).collect(),
+                    Err(e) if ops.len() > 1 => {
+                        log::debug!(
+                            "acemq: a group commit of {} operations failed ({e}); running them \
+                             one by one",
+                            ops.len()
+                        );
+                        ops.iter().map(|op| store.run_alone(op)).collect()
+                    }
+                    Err(e) => vec![Err(e)],
+                };
+                // The next group starts (what queued meanwhile) before these answers go out.
+                drop(lead);
+                for (to, answer) in answer_to.into_iter().zip(answers) {
+                    let _ = to.send(Wake::Done(answer));
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::group::Op;
+        use super::*;
+
+        #[test]
+        fn a_group_with_a_release_or_a_key_claimed_and_confirmed_is_not_one_statement() {
+            let t = ClaimToken::new();
+            let claim = |k: &str| Op::Claim(k.into());
+            let confirm = |k: &str| Op::Confirm(k.into(), t.clone());
+            assert!(one_statement_will_do(&[
+                claim("a"),
+                confirm("b"),
+                claim("a")
+            ]));
+            assert!(!one_statement_will_do(&[claim("a"), confirm("a")]));
+            assert!(!one_statement_will_do(&[
+                claim("a"),
+                Op::Release("b".into(), t.clone())
+            ]));
         }
     }
 }
