@@ -25,10 +25,13 @@
 //!   [`OutboxRelayOptions::batch_size`]`(1)` for strict order (a started relay then never has
 //!   two batches out at once).
 //! * **Pipelined**: a started relay keeps at most two batches out — the one whose confirms it
-//!   awaits and the next, handed over meanwhile — and, while the broker confirms the newer one,
-//!   deletes the older one and leases the next in one commit
-//!   ([`OutboxStore::mark_published_and_lease`]). A batch that is not full, a record that failed
-//!   before and any failure end the overlap: what is out settles before anything more goes.
+//!   awaits and the next, handed over meanwhile — and, while the broker confirms them, deletes
+//!   the batch confirmed before them and leases the next in one commit
+//!   ([`OutboxStore::mark_published_and_lease`]); so a confirmed batch is deleted one batch
+//!   later than it could be (a crash in between publishes it again, as any crash between a
+//!   confirm and its delete does). A batch that is not full, a record that failed before and any
+//!   failure end the overlap: what is out settles, what was confirmed is deleted and what was
+//!   leased ahead is given back before anything more goes.
 //! * What is not the record's fault is not counted: a dropped connection, a channel the broker
 //!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
 //!   that timed out. Those records' leases are ended and they go out after recovery.
@@ -774,15 +777,12 @@ impl Core {
         }
         let deadline = self.sweep_deadline();
         let mut handed = self.hand_over(&publisher, &records, deadline);
-        // The earlier batch has had this batch's hand-over to be confirmed.
-        let earlier = match flying.take() {
-            Some(f) => self.settle(f, to_delete),
-            None => Ok(0),
-        };
         let whole = handed.whole_batch && handed.failures.is_empty() && records.len() == batch_size;
-        // While the broker confirms this batch: delete the earlier one and lease the next, in
-        // one commit where the store can.
-        let overlap = if whole && earlier.is_ok() {
+        // While the broker confirms the earlier batch and this one: delete what was confirmed
+        // before (the batch before the earlier one) and lease the next batch, in one commit
+        // where the store can. (Measured here: awaiting the earlier batch first and committing
+        // after left the broker idle during the commit; this way the two overlap.)
+        let overlap = if whole {
             self.store
                 .mark_published_and_lease(to_delete, batch_size)
                 .map(|leased| {
@@ -790,7 +790,22 @@ impl Core {
                     *next = Some(leased);
                 })
         } else {
-            self.flush(to_delete)
+            Ok(())
+        };
+        // The earlier batch has had this batch's hand-over and the commit to be confirmed.
+        let earlier = match flying.take() {
+            Some(f) => self.settle(f, to_delete),
+            None => Ok(0),
+        };
+        let overlap = match overlap {
+            Ok(()) if whole && earlier.is_ok() => Ok(()),
+            // Not full, or something failed: what was confirmed is deleted now (what was
+            // leased ahead is given back below).
+            Ok(()) => self.flush(to_delete),
+            Err(e) => {
+                let _ = self.flush(to_delete);
+                Err(e)
+            }
         };
         if whole && earlier.is_ok() && overlap.is_ok() {
             *flying = Some(InFlight {
