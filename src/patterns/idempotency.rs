@@ -685,12 +685,7 @@ mod sql_store {
             params.push(Value::Integer(sql::duration_ms(self.claim_timeout)));
             params.push(Value::Text(token.as_str().to_owned()));
             params.extend(ordered.iter().map(|k| Value::Text((*k).to_owned())));
-            let claimed: std::collections::HashSet<String> = tx
-                .query(&sql, &params)
-                .map_err(|e| self.context(e, "claiming a batch of keys"))?
-                .iter()
-                .map(|row| sql::col_text(row, 0))
-                .collect::<Result<_>>()?;
+            let claimed = self.returned_keys(tx, &sql, &params, "claiming a batch of keys")?;
             let others: Vec<&str> = keys
                 .iter()
                 .copied()
@@ -765,6 +760,21 @@ mod sql_store {
             Ok(())
         }
 
+        /// Runs `sql` (a statement `… RETURNING key`) and returns the keys it returned.
+        fn returned_keys(
+            &self,
+            tx: &mut dyn Sql,
+            sql: &str,
+            params: &[Value],
+            what: &str,
+        ) -> Result<std::collections::HashSet<String>> {
+            tx.query(sql, params)
+                .map_err(|e| self.context(e, what))?
+                .iter()
+                .map(|row| sql::col_text(row, 0))
+                .collect()
+        }
+
         /// Confirms claims held by different tokens in one statement (a group commit's
         /// confirms: each comes from the group that claimed it). A pair whose token no longer
         /// holds its key is confirmed on its own, as `confirm_in` does.
@@ -800,12 +810,7 @@ mod sql_store {
                 params.push(Value::Text((*key).to_owned()));
                 params.push(Value::Text(token.as_str().to_owned()));
             }
-            let confirmed: std::collections::HashSet<String> = tx
-                .query(&sql, &params)
-                .map_err(|e| self.context(e, "confirming a group's keys"))?
-                .iter()
-                .map(|row| sql::col_text(row, 0))
-                .collect::<Result<_>>()?;
+            let confirmed = self.returned_keys(tx, &sql, &params, "confirming a group's keys")?;
             for (key, token) in &ordered {
                 if !confirmed.contains(*key) {
                     self.confirm_on(tx, key, token)?;
