@@ -1223,8 +1223,8 @@ mod sql_store {
     /// transaction, hands out the answers) and the others wait for their answer, each on its
     /// own channel, so a finished group wakes only the callers it answered and, when more are
     /// queued, the one it hands the lead to — never every waiting thread. One group at a time
-    /// on PostgreSQL too: measured here, four concurrent groups each committed a third as many
-    /// operations in about the same time, since every commit waits for its own WAL flush.
+    /// on PostgreSQL too: measured here (two cores shared with the broker), four concurrent
+    /// groups each committed a third as many operations in about the same time.
     mod group {
         use super::*;
         use crossbeam_channel::{unbounded, Sender};
