@@ -665,17 +665,7 @@ mod sql_store {
             }
             let dialect = tx.dialect();
             let t = &self.table;
-            let now = dialect.now_ms_sql();
-            let rows: Vec<String> = (0..keys.len())
-                .map(|i| format!("(${}, '{CLAIMED}', {now} + $1, $2)", i + 3))
-                .collect();
-            let sql = dialect.placeholders(&format!(
-                "INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
-                 ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
-                 deadline_ms = excluded.deadline_ms, token = excluded.token \
-                 WHERE {t}.deadline_ms <= {now} RETURNING key",
-                rows.join(", ")
-            ));
+            let sql = dialect.placeholders(&self.claim_sql(dialect, 3, keys.len()));
             // The rows in key order: concurrent batches (other groups, other consumers) then
             // lock the keys they share in the same order, so they wait for each other instead
             // of deadlocking on PostgreSQL. The answers below go by key, in `keys`' order.
@@ -710,16 +700,7 @@ mod sql_store {
             }
             Ok(keys
                 .iter()
-                .map(|k| {
-                    if claimed.contains(*k) {
-                        Claim::Claimed(token.clone())
-                    } else if states.get(*k).map(String::as_str) == Some(CONFIRMED) {
-                        Claim::Duplicate
-                    } else {
-                        // Held by a live claim (or deleted meanwhile): it comes back later.
-                        Claim::InProgress
-                    }
-                })
+                .map(|k| claim_answer(claimed.contains(*k), states.get(*k), token))
                 .collect())
         }
 
@@ -731,33 +712,51 @@ mod sql_store {
             keys: &[&str],
             token: &ClaimToken,
         ) -> Result<()> {
-            if keys.is_empty() {
-                return Ok(());
-            }
-            let dialect = tx.dialect();
-            let sql = dialect.placeholders(&format!(
-                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $1, token = NULL \
-                 WHERE state = '{CLAIMED}' AND token = $2 AND key IN ({})",
-                (3..keys.len() + 3)
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+            let pairs: Vec<(&str, &ClaimToken)> = keys.iter().map(|k| (*k, token)).collect();
+            self.confirm_pairs_in(tx, &pairs)
+        }
+
+        /// `INSERT … ON CONFLICT … RETURNING key` claiming `n` keys, numbered from `$first`;
+        /// `$1` is the lease in milliseconds, `$2` the token. A key is taken when it is new or
+        /// its deadline (a lease or a receipt's retention) has passed.
+        fn claim_sql(&self, dialect: Dialect, first: usize, n: usize) -> String {
+            let (t, now) = (&self.table, dialect.now_ms_sql());
+            let rows: Vec<String> = (first..first + n)
+                .map(|i| format!("(${i}, '{CLAIMED}', {now} + $1, $2)"))
+                .collect();
+            format!(
+                "INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
+                 ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
+                 deadline_ms = excluded.deadline_ms, token = excluded.token \
+                 WHERE {t}.deadline_ms <= {now} RETURNING key",
+                rows.join(", ")
+            )
+        }
+
+        /// `UPDATE … RETURNING key` confirming `n` (key, token) pairs, numbered from `$first`
+        /// (key, then token); `$retention` is the receipt's retention in milliseconds. `key IN`
+        /// as well as the pairs: SQLite finds rows by the key's index only from a plain `IN`
+        /// list (for `(key, token) IN` alone it scans the table).
+        fn confirm_sql(
+            &self,
+            dialect: Dialect,
+            retention: usize,
+            first: usize,
+            n: usize,
+        ) -> String {
+            let keys: Vec<String> = (0..n).map(|i| format!("${}", first + 2 * i)).collect();
+            let pairs: Vec<String> = (0..n)
+                .map(|i| format!("(${}, ${})", first + 2 * i, first + 2 * i + 1))
+                .collect();
+            format!(
+                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + ${retention}, \
+                 token = NULL WHERE state = '{CLAIMED}' AND key IN ({}) AND (key, token) IN ({}) \
+                 RETURNING key",
+                keys.join(", "),
+                pairs.join(", "),
                 t = self.table,
                 now = dialect.now_ms_sql(),
-            ));
-            let mut params = Vec::with_capacity(keys.len() + 2);
-            params.push(Value::Integer(sql::duration_ms(self.retention)));
-            params.push(Value::Text(token.as_str().to_owned()));
-            params.extend(keys.iter().map(|k| Value::Text((*k).to_owned())));
-            let updated = tx
-                .execute(&sql, &params)
-                .map_err(|e| self.context(e, "confirming a batch of keys"))?;
-            if updated != keys.len() as u64 {
-                for key in keys {
-                    self.confirm_on(tx, key, token)?;
-                }
-            }
-            Ok(())
+            )
         }
 
         /// Runs `sql` (a statement `… RETURNING key`) and returns the keys it returned.
@@ -787,23 +786,7 @@ mod sql_store {
             // the same order.
             let mut ordered = pairs.to_vec();
             ordered.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            // `key IN` as well as the pairs: SQLite finds rows by the key's index only from a
-            // plain `IN` list (for `(key, token) IN` alone it scans the table).
-            let sql = dialect.placeholders(&format!(
-                "UPDATE {t} SET state = '{CONFIRMED}', deadline_ms = {now} + $1, token = NULL \
-                 WHERE state = '{CLAIMED}' AND key IN ({}) AND (key, token) IN ({}) \
-                 RETURNING key",
-                (0..ordered.len())
-                    .map(|i| format!("${}", 2 * i + 2))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                (0..ordered.len())
-                    .map(|i| format!("(${}, ${})", 2 * i + 2, 2 * i + 3))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                t = self.table,
-                now = dialect.now_ms_sql(),
-            ));
+            let sql = dialect.placeholders(&self.confirm_sql(dialect, 1, 2, ordered.len()));
             let mut params = Vec::with_capacity(2 * ordered.len() + 1);
             params.push(Value::Integer(sql::duration_ms(self.retention)));
             for (key, token) in &ordered {
@@ -984,10 +967,9 @@ mod sql_store {
             Ok(())
         }
 
-        /// One group's operations on one transaction (see [`group`]): the dialect and each
-        /// one's answer, or the error that failed the transaction.
-        /// On PostgreSQL a group of claims and confirms is one statement
-        /// ([`group_statement`](Self::group_statement)).
+        /// One group's operations on one transaction (see [`group`]): each one's answer, or
+        /// the error that failed the transaction. On PostgreSQL a group of claims and confirms
+        /// is one statement ([`group_statement`](Self::group_statement)).
         fn run_group(&self, ops: &[group::Op]) -> Result<Vec<group::Done>> {
             let mut conn = (self.connect)()?;
             if conn.dialect() == Dialect::Postgres && one_statement_will_do(ops) {
@@ -1072,7 +1054,7 @@ mod sql_store {
             ops: &[group::Op],
         ) -> Result<Vec<group::Done>> {
             let dialect = Dialect::Postgres;
-            let (t, now) = (&self.table, dialect.now_ms_sql());
+            let t = &self.table;
             let token = ClaimToken::new();
             let mut claims: Vec<&str> = Vec::new();
             let mut confirms: Vec<(&str, &ClaimToken)> = Vec::new();
@@ -1095,39 +1077,28 @@ mod sql_store {
             if !claims.is_empty() {
                 let first = params.len() + 1;
                 params.extend(claims.iter().map(|k| Value::Text((*k).to_owned())));
-                let keys: Vec<String> =
-                    (first..params.len() + 1).map(|i| format!("${i}")).collect();
                 parts.push(format!(
-                    "claimed AS (INSERT INTO {t} (key, state, deadline_ms, token) VALUES {} \
-                     ON CONFLICT (key) DO UPDATE SET state = excluded.state, \
-                     deadline_ms = excluded.deadline_ms, token = excluded.token \
-                     WHERE {t}.deadline_ms <= {now} RETURNING key)",
-                    keys.iter()
-                        .map(|k| format!("({k}, '{CLAIMED}', {now} + $1, $2)"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "claimed AS ({})",
+                    self.claim_sql(dialect, first, claims.len())
                 ));
                 selects.push("SELECT 'claimed', key FROM claimed".to_owned());
                 selects.push(format!(
                     "SELECT state, key FROM {t} WHERE key IN ({})",
-                    keys.join(", ")
+                    (first..first + claims.len())
+                        .map(|i| format!("${i}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ));
             }
             if !confirms.is_empty() {
-                let (mut keys, mut pairs) = (Vec::new(), Vec::new());
+                let first = params.len() + 1;
                 for (key, token) in &confirms {
                     params.push(Value::Text((*key).to_owned()));
                     params.push(Value::Text(token.as_str().to_owned()));
-                    keys.push(format!("${}", params.len() - 1));
-                    pairs.push(format!("(${}, ${})", params.len() - 1, params.len()));
                 }
                 parts.push(format!(
-                    "confirmed AS (UPDATE {t} SET state = '{CONFIRMED}', \
-                     deadline_ms = {now} + $3, token = NULL \
-                     WHERE state = '{CLAIMED}' AND key IN ({}) AND (key, token) IN ({}) \
-                     RETURNING key)",
-                    keys.join(", "),
-                    pairs.join(", ")
+                    "confirmed AS ({})",
+                    self.confirm_sql(dialect, 3, first, confirms.len())
                 ));
                 selects.push("SELECT 'confirmed', key FROM confirmed".to_owned());
             }
@@ -1166,15 +1137,8 @@ mod sql_store {
                         group::Op::Claim(key) if !answered.insert(key.as_str()) => {
                             Claim::InProgress
                         }
-                        group::Op::Claim(key) if claimed.contains(key) => {
-                            Claim::Claimed(token.clone())
-                        }
                         group::Op::Claim(key) => {
-                            if before.get(key).map(String::as_str) == Some(CONFIRMED) {
-                                Claim::Duplicate
-                            } else {
-                                Claim::InProgress
-                            }
+                            claim_answer(claimed.contains(key), before.get(key), &token)
                         }
                         _ => Claim::Duplicate,
                     },
@@ -1200,6 +1164,19 @@ mod sql_store {
                 }
             };
             Ok(group::Done { claim })
+        }
+    }
+
+    /// A claim's answer from whether the statement took the key and, if not, the state the key
+    /// was found in: a receipt is a duplicate; a live claim (or a row deleted meanwhile) is in
+    /// progress, and the message comes back later.
+    fn claim_answer(taken: bool, state: Option<&String>, token: &ClaimToken) -> Claim {
+        if taken {
+            Claim::Claimed(token.clone())
+        } else if state.map(String::as_str) == Some(CONFIRMED) {
+            Claim::Duplicate
+        } else {
+            Claim::InProgress
         }
     }
 
@@ -1259,8 +1236,8 @@ mod sql_store {
             state: Mutex<State>,
         }
 
-        /// The lead: handed to the first caller still queued, if any, when dropped (also when
-        /// a group panics), or given up.
+        /// The lead: when dropped (also when a group panics) it is handed to the first caller
+        /// still queued, or, with nobody queued, given up.
         struct Lead<'g>(&'g Group);
 
         impl Drop for Lead<'_> {

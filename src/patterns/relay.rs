@@ -802,6 +802,8 @@ impl Core {
             // Not full, or something failed: what was confirmed is deleted now (what was
             // leased ahead is given back below).
             Ok(()) => self.flush(to_delete),
+            // The commit failed: try the delete alone (what is not deleted stays in
+            // `to_delete` for the next commit); the commit's error is the one reported.
             Err(e) => {
                 let _ = self.flush(to_delete);
                 Err(e)
