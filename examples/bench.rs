@@ -1184,6 +1184,8 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     acemq_callers(&requester, 1, 100);
     let (mut raw, mut one, mut eight) = (Stats::default(), Stats::default(), Stats::default());
     let mut env = Stats::default();
+    let (mut raw_to_ours, mut ours_to_raw) = (Stats::default(), Stats::default());
+    let env_requester = Requester::open(conn, "", &env_q)?;
     for _ in 0..s.rounds {
         let t = Instant::now();
         let lat = raw_caller(&raw_q, n, false);
@@ -1195,6 +1197,11 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
         one.add(lat, wall);
         let (lat, wall) = acemq_callers(&requester, 8, n);
         eight.add(lat, wall);
+        let t = Instant::now();
+        let lat = raw_caller(&our_q, n, false);
+        raw_to_ours.add(lat, t.elapsed());
+        let (lat, wall) = acemq_callers(&env_requester, 1, n);
+        ours_to_raw.add(lat, wall);
     }
     let raw_rate = raw.rate();
     let (raw50, raw99) = (raw.pct(0.5), raw.pct(0.99));
@@ -1246,6 +1253,31 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
             eight.rate() / raw_rate
         ),
     });
+    s.push(Row {
+        figure: "request/reply, raw caller → Responder vs raw 1 caller".into(),
+        unit: "req/s",
+        ours: Some(raw_to_ours.rate()),
+        raw: Some(raw_rate),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "where the gap is: the library's responder alone; p50 {:.2} ms",
+            raw_to_ours.pct(0.5)
+        ),
+    });
+    s.push(Row {
+        figure: "request/reply, Requester → raw+env responder vs raw+env 1 caller".into(),
+        unit: "req/s",
+        ours: Some(ours_to_raw.rate()),
+        raw: Some(env_rate),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "where the gap is: the library's requester alone; p50 {:.2} ms",
+            ours_to_raw.pct(0.5)
+        ),
+    });
+    env_requester.close()?;
     requester.close()?;
     responder.close()?;
     server.close()?;

@@ -8,9 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::intercept::{PublishContext, PublishNext};
 use acemq_amqp::patterns::{serve, serve_with, Requester, RequesterOptions, Responder};
 use acemq_amqp::{
     headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, QueueSpec,
+    Ticket,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
@@ -420,4 +422,119 @@ fn requester_and_responder_survive_a_connection_cut() {
     requester.close().unwrap();
     responder.close().unwrap();
     let _ = connection.close();
+}
+
+/// Connections the responder replies through: plain (replies go out on the request's own
+/// connection without confirms) and with a publish interceptor (replies go through a
+/// confirming publisher, so that the interceptor hears the broker's answer).
+fn reply_paths() -> Vec<(&'static str, Connection)> {
+    let intercepted = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .intercept_publish(
+                |context: PublishContext, next: PublishNext<'_>| -> Result<Ticket, Error> {
+                    next.run(context)
+                },
+            ),
+    );
+    vec![("plain", connect()), ("intercepted", intercepted)]
+}
+
+/// Both ways a reply goes out: to a generated (transient) reply queue on the request's channel
+/// before its ack, to a named one through a confirming publisher — and with publish
+/// interceptors always the latter.
+#[test]
+fn a_reply_to_a_requester_that_went_away_is_counted_unroutable_and_its_request_acknowledged() {
+    for (path, connection) in reply_paths() {
+        let generated = format!("acemq-reply-{}", unique("gone"));
+        for gone in [generated, unique("rr-gone-named-replies")] {
+            let mut clean = Cleanup::new(&connection);
+            let q = request_queue(&connection, &mut clean, "rr-gone");
+            let responder = echo(&connection, &q, 2);
+            let raw = Raw::open();
+            // The requester's reply queue is gone (it closed before the answer came).
+            raw_request(
+                &raw,
+                &q,
+                "corr-gone",
+                &unique("gone"),
+                Reply::Property(&gone),
+            );
+            assert!(
+                eventually(WAIT, || responder.unroutable() == 1),
+                "{path}, {gone}: the unroutable reply is counted"
+            );
+            assert_eq!(responder.answered(), 0, "{path}, {gone}: not answered");
+            // Still answering the next one.
+            let requester = Requester::open(&connection, "", &q).expect("requester");
+            assert_eq!(requester.ask("next").unwrap().body, b"answer:next");
+            assert_eq!(responder.answered(), 1, "{path}, {gone}");
+            requester.close().unwrap();
+            raw.close();
+            responder.close().unwrap();
+            // Acknowledged: nothing went back to the queue when the responder closed, and
+            // nothing was dead-lettered.
+            let left = connection.queue_info(&q).unwrap().message_count;
+            assert_eq!(left, 0, "{path}, {gone}");
+            let dead = connection.get(&acemq_amqp::dead_letter_queue(&q)).unwrap();
+            assert!(dead.is_none(), "{path}, {gone}");
+        }
+    }
+}
+
+/// A publish interceptor sees every reply and hears the broker's answer to it, as it does any
+/// publish.
+#[test]
+fn replies_pass_through_the_connections_publish_interceptors() {
+    let heard: Arc<Mutex<Vec<String>>> = Arc::default();
+    let h = heard.clone();
+    let connection = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .intercept_publish(
+                move |mut context: PublishContext,
+                      next: PublishNext<'_>|
+                      -> Result<Ticket, Error> {
+                    context.message = context.message.header("x-test-stamped", "yes");
+                    let (h, key) = (h.clone(), context.routing_key.clone());
+                    context.when_answered(move |answer| {
+                        h.lock().unwrap().push(format!("{key}: {}", answer.is_ok()));
+                    });
+                    next.run(context)
+                },
+            ),
+    );
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-intercepted");
+    let responder = echo(&connection, &q, 1);
+    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let reply = requester.ask("stamp me").expect("a reply");
+    assert_eq!(reply.body, b"answer:stamp me");
+    assert_eq!(
+        reply.headers.get("x-test-stamped"),
+        Some(&acemq_amqp::HeaderValue::Text("yes".into()))
+    );
+    let reply_queue = requester.reply_queue().unwrap();
+    assert!(eventually(WAIT, || heard
+        .lock()
+        .unwrap()
+        .contains(&format!("{reply_queue}: true"))));
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+/// A named reply queue is durable: responders confirm replies to it. The generated transient
+/// queues' prefix is theirs alone (responders send replies to those unconfirmed).
+#[test]
+fn a_named_reply_queue_may_not_take_the_generated_prefix() {
+    let connection = connect();
+    let e = Requester::open_with(
+        &connection,
+        "",
+        "anywhere",
+        RequesterOptions::new().reply_queue("acemq-reply-mine"),
+    )
+    .expect_err("refused");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert!(e.to_string().contains("acemq-reply-"), "{e}");
 }

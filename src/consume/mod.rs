@@ -33,6 +33,10 @@
 //! step 2. With [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the
 //! delivery before the handler runs and publishes no copy.
 //!
+//! A responder's handler ([`serve`](crate::patterns::serve)) stages its reply on the worker's
+//! thread; the worker sends it with the accepted settlement and the owner publishes it on the
+//! request's channel just before the acknowledgement (`reply.rs` says why).
+//!
 //! After a reconnect the owner subscribes again on a new channel with a new generation and hands
 //! the workers the new buffer. Deliveries from the old channel are never acknowledged on the new
 //! one (amiquip would panic): those not yet started are skipped and outcomes of running ones are
@@ -42,6 +46,7 @@
 
 mod outcome;
 pub(crate) mod owner;
+pub(crate) mod reply;
 mod retry;
 mod stream_cursor;
 mod timer;
@@ -91,6 +96,9 @@ pub struct ConsumerOptions {
     /// Set by patterns that decide every message themselves (the scheduler): a message that
     /// arrives past the policy's last attempt still reaches the handler.
     any_attempt: bool,
+    /// Set by a responder: its handler stages replies that the owner publishes on the request's
+    /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
+    replies: Option<Arc<dyn reply::ReplyHooks>>,
 }
 
 impl Default for ConsumerOptions {
@@ -108,6 +116,7 @@ impl Default for ConsumerOptions {
             label: None,
             stream_cursor: None,
             any_attempt: false,
+            replies: None,
         }
     }
 }
@@ -222,6 +231,13 @@ impl ConsumerOptions {
         self
     }
 
+    /// Makes this a responder's consumer: replies its handler stages are published on the
+    /// request's channel before the request is acknowledged (see `reply.rs`).
+    pub(crate) fn replies(mut self, hooks: Arc<dyn reply::ReplyHooks>) -> Self {
+        self.replies = Some(hooks);
+        self
+    }
+
     /// Whether the failure topology is declared when the consumer is made.
     pub(crate) fn declares(&self) -> bool {
         self.declare
@@ -314,6 +330,8 @@ pub(crate) struct Context {
     pub(crate) at_most_once: bool,
     /// At-most-once deliveries whose handler failed: lost on purpose.
     pub(crate) lost: AtomicU64,
+    /// A responder's reply hooks: the owner listens for returned replies.
+    pub(crate) replies: Option<Arc<dyn reply::ReplyHooks>>,
 }
 
 impl Context {
@@ -409,6 +427,9 @@ impl Settle {
 
 pub(crate) enum SettleAction {
     Ack,
+    /// Publish this reply on the delivery's channel, then acknowledge the delivery (or, with no
+    /// delivery, at most once, only publish it).
+    Reply(Box<reply::Reply>),
     Requeue,
     /// The handler of a keyed message is done but its delivery stays held (a retry waiting in
     /// the consumer): free its key, settle nothing.
@@ -508,6 +529,7 @@ impl Connection {
             any_attempt: options.any_attempt,
             at_most_once: options.at_most_once,
             lost: AtomicU64::new(0),
+            replies: options.replies,
         });
         Ok(Consumer {
             ctx,

@@ -379,8 +379,21 @@ fn serve(
     } else {
         crossbeam_channel::never()
     };
+    // A responder's replies the broker could not route.
+    let returns = match &ctx.replies {
+        Some(_) => match channel.listen_for_returns() {
+            Ok(returns) => returns,
+            Err(e) => return Ok(End::Lost(e.to_string())),
+        },
+        None => crossbeam_channel::never(),
+    };
     loop {
         select! {
+            recv(returns) -> r => {
+                if let (Ok(r), Some(hooks)) = (r, &ctx.replies) {
+                    hooks.returned(r);
+                }
+            },
             recv(deliveries) -> msg => match msg {
                 Ok(ConsumerMessage::Delivery(d)) => dispatch(ctx, d, state, lines.jobs),
                 Ok(other) => state.reason = Some(other),
@@ -535,6 +548,17 @@ fn settle(
             SettleAction::Ack => {
                 release_key(state, s.tag, jobs);
                 // Without its delivery it was acknowledged ahead of its handler (at most once).
+                if let Some(d) = s.delivery {
+                    state.acks.done(d);
+                }
+                gone(ctx);
+            }
+            SettleAction::Reply(reply) => {
+                // Before the acknowledgement, on the same channel: the broker has routed the
+                // reply by the time it takes the ack (`reply.rs`). If it cannot go out, neither
+                // can the ack: the request is redelivered and answered again.
+                reply.publish(channel)?;
+                release_key(state, s.tag, jobs);
                 if let Some(d) = s.delivery {
                     state.acks.done(d);
                 }

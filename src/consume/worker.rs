@@ -326,6 +326,9 @@ fn finish(
     timer: &Sender<TimerMsg>,
 ) {
     let (verdict, exhausted, handler_duration) = decided;
+    // A responder's reply, staged by its handler on this thread: sent only with an accepted
+    // request (dropped otherwise, which the responder counts as not sent).
+    let reply = super::reply::take();
     // What the consumer decides, which is not always what the handler answered: a retry with no
     // attempt left is dead-lettered (for the trace and the interceptors).
     let decided = decided_label(ctx, &job.message, &verdict);
@@ -394,6 +397,10 @@ fn finish(
     });
     match step {
         Step::Now(action) => {
+            let action = match (action, reply) {
+                (SettleAction::Ack, Some(reply)) => SettleAction::Reply(reply),
+                (action, _) => action,
+            };
             let _ = settle.send(Settle::of(&job, action, true).with(job.delivery));
         }
         Step::Later { due, copy, again } => {
@@ -520,6 +527,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     }));
     ctx.running.fetch_sub(1, Ordering::SeqCst);
     let handler_duration = started.elapsed();
+    let reply = super::reply::take();
     let verdict = decide(result);
     let error = match &verdict {
         Verdict::Accept => None,
@@ -546,11 +554,16 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         message_id: message.id(),
         error: error.as_deref(),
     });
-    // Acknowledged already: the owner only counts it settled.
+    // Acknowledged already: the owner only counts it settled (and publishes a responder's
+    // reply).
+    let action = match (error.is_none(), reply) {
+        (true, Some(reply)) => SettleAction::Reply(reply),
+        _ => SettleAction::Ack,
+    };
     let _ = settle.send(Settle {
         generation,
         tag,
-        action: SettleAction::Ack,
+        action,
         started: true,
         delivery: None,
     });
