@@ -195,6 +195,18 @@ pub(crate) fn run(
                 continue;
             }
         };
+        // A responder's replies the broker could not route (published on this channel).
+        let returns = match &ctx.replies {
+            Some(_) => match channel.listen_for_returns() {
+                Ok(returns) => returns,
+                Err(e) if first => return fail(&mut started, consume_error(&ctx.queue, e)),
+                Err(e) => {
+                    log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
+                    continue;
+                }
+            },
+            None => crossbeam_channel::never(),
+        };
         let consumer = match consume_on(ctx, &channel) {
             Ok(c) => c,
             Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
@@ -223,11 +235,13 @@ pub(crate) fn run(
             ended: 0,
             reason: None,
         };
-        let end = serve(ctx, &channel, &consumer, &mut state, lines);
+        let end = serve(ctx, &channel, &consumer, &returns, &mut state, lines);
         end_subscription(ctx, &end, consumer);
         match end {
             Ok(End::Stop(report)) => {
+                // The close waits for the broker's close-ok: every reply it returned is in.
                 let _ = channel.close();
+                count_returned(ctx, &returns);
                 return Ok(report);
             }
             Ok(End::Lost(_)) => {}
@@ -235,6 +249,15 @@ pub(crate) fn run(
                 let _ = channel.close();
                 return Err(e);
             }
+        }
+    }
+}
+
+/// Hands a responder's returned replies to its hooks.
+fn count_returned(ctx: &Context, returns: &Receiver<amiquip::Return>) {
+    if let Some(hooks) = &ctx.replies {
+        for r in returns.try_iter() {
+            hooks.returned(r);
         }
     }
 }
@@ -369,6 +392,7 @@ fn serve(
     ctx: &Context,
     channel: &Channel,
     consumer: &amiquip::Consumer<'_>,
+    returns: &Receiver<amiquip::Return>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
 ) -> Result<End> {
@@ -378,14 +402,6 @@ fn serve(
         consumer.receiver().clone()
     } else {
         crossbeam_channel::never()
-    };
-    // A responder's replies the broker could not route.
-    let returns = match &ctx.replies {
-        Some(_) => match channel.listen_for_returns() {
-            Ok(returns) => returns,
-            Err(e) => return Ok(End::Lost(e.to_string())),
-        },
-        None => crossbeam_channel::never(),
     };
     loop {
         select! {
