@@ -41,13 +41,13 @@ pub(crate) trait ReplyHooks: Send + Sync + std::fmt::Debug {
 
 /// A reply ready to be published by the owner thread.
 pub(crate) struct Reply {
-    pub(crate) routing_key: String,
-    pub(crate) body: Vec<u8>,
-    pub(crate) properties: AmqpProperties,
-    /// The request it answers, for the hooks and log lines.
-    pub(crate) request_id: String,
-    pub(crate) span: PublishSpan,
-    pub(crate) hooks: Arc<dyn ReplyHooks>,
+    routing_key: String,
+    body: Vec<u8>,
+    properties: AmqpProperties,
+    /// The request it answers, for the hooks and the span's error.
+    request_id: String,
+    span: PublishSpan,
+    hooks: Arc<dyn ReplyHooks>,
     sent: bool,
 }
 
@@ -94,7 +94,11 @@ impl Drop for Reply {
     fn drop(&mut self) {
         if !self.sent {
             let error = crate::Error::ConnectionLost {
-                context: format!("replying to request {:?}", self.request_id),
+                context: format!(
+                    "replying to request {:?}: not sent (the request was not acknowledged, or \
+                     its channel went away first)",
+                    self.request_id
+                ),
             };
             self.span.end(Err(&error));
             self.hooks.not_sent(&self.request_id);

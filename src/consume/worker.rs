@@ -326,8 +326,9 @@ fn finish(
     timer: &Sender<TimerMsg>,
 ) {
     let (verdict, exhausted, handler_duration) = decided;
-    // A responder's reply, staged by its handler on this thread: sent only with an accepted
-    // request (dropped otherwise, which the responder counts as not sent).
+    // A responder's reply, staged by its handler on this thread: sent with a settlement that
+    // acknowledges the request (dropped otherwise — a retry answers again — which the
+    // responder counts as not sent).
     let reply = super::reply::take();
     // What the consumer decides, which is not always what the handler answered: a retry with no
     // attempt left is dead-lettered (for the trace and the interceptors).
