@@ -125,8 +125,8 @@
 //! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
 //! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
 //! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
-//! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, hands each reply to its call) and its publisher's `acemq-confirms`; a call blocks only its own thread |
-//! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads, and a publisher's `acemq-confirms` for the replies |
+//! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
+//! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |
 //! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
 //! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
 //! | [`patterns::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
