@@ -326,26 +326,44 @@ fn finish(
     timer: &Sender<TimerMsg>,
 ) {
     let (verdict, exhausted, handler_duration) = decided;
-    // A responder's reply, staged by its handler on this thread: sent with a settlement that
-    // acknowledges the request (dropped otherwise — a retry answers again — which the
-    // responder counts as not sent).
-    let reply = super::reply::take();
+    let Job {
+        generation,
+        tag,
+        delivery,
+        message,
+        keyed,
+        hold,
+    } = job;
+    let mut delivery = Some(delivery);
+    // A responder's reply, staged by its handler on this thread: it goes to the owner with the
+    // request's acknowledgement **now**, before the bookkeeping below, because a caller is
+    // waiting for it. A staged reply without an accepted request is dropped (a retry answers
+    // again), which the responder counts as not sent.
+    if let (Some(reply), Verdict::Accept) = (super::reply::take(), &verdict) {
+        let _ = settle.send(Settle {
+            generation,
+            tag,
+            action: SettleAction::Reply(reply),
+            started: true,
+            delivery: delivery.take(),
+        });
+    }
     // What the consumer decides, which is not always what the handler answered: a retry with no
     // attempt left is dead-lettered (for the trace and the interceptors).
-    let decided = decided_label(ctx, &job.message, &verdict);
-    let (step, copy_error) = match carry_out(ctx, &job.message, &verdict, job.hold) {
+    let decided = decided_label(ctx, &message, &verdict);
+    let (step, copy_error) = match carry_out(ctx, &message, &verdict, hold) {
         Ok(step) => {
             if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, watch.offset) {
                 // Handled and its copy (if any) confirmed: a resumed reader starts after it.
                 cursor.finished(offset);
             }
-            ctx.copy_failures.succeeded(job.message.id());
+            ctx.copy_failures.succeeded(message.id());
             (step, None)
         }
         Err(e) => {
             // Put back after a pause that grows with each failure of this message here, so
             // that a copy that cannot be published (its queue deleted, …) never spins.
-            let failures = ctx.copy_failures.failed(job.message.id());
+            let failures = ctx.copy_failures.failed(message.id());
             let pause = copy_failure_pause(failures);
             let text = format!(
                 "could not publish the {} copy (failure {failures} here): {e}",
@@ -354,7 +372,7 @@ fn finish(
             log::error!(
                 "acemq: message {} from {:?}: {text}; the original goes back to the queue \
                  in {pause:?}",
-                job.message.id(),
+                message.id(),
                 ctx.queue
             );
             let step = Step::Later {
@@ -391,29 +409,43 @@ fn finish(
         } else {
             verdict.label()
         },
-        attempt: job.message.envelope.attempt,
+        attempt: message.envelope.attempt,
         handler_duration,
-        message_id: job.message.id(),
+        message_id: message.id(),
         error: copy_error.as_deref().or(verdict.error()),
     });
     match step {
         Step::Now(action) => {
-            let action = match (action, reply) {
-                (SettleAction::Ack, Some(reply)) => SettleAction::Reply(reply),
-                (action, _) => action,
-            };
-            let _ = settle.send(Settle::of(&job, action, true).with(job.delivery));
+            // (Unless it went with the reply above.)
+            if let Some(delivery) = delivery {
+                let _ = settle.send(Settle {
+                    generation,
+                    tag,
+                    action,
+                    started: true,
+                    delivery: Some(delivery),
+                });
+            }
         }
         Step::Later { due, copy, again } => {
-            if job.keyed && !again {
+            // Only an accepted request's delivery went with its reply, and acceptance is never
+            // a delay.
+            let Some(delivery) = delivery else { return };
+            if keyed && !again {
                 // Its handler is done: later messages with its key need not wait for the
                 // delivery to be settled (the retry comes back as a new delivery anyway).
-                let _ = settle.send(Settle::of(&job, SettleAction::Released, true));
+                let _ = settle.send(Settle {
+                    generation,
+                    tag,
+                    action: SettleAction::Released,
+                    started: true,
+                    delivery: None,
+                });
             }
             let delayed = Box::new(Delayed {
-                generation: job.generation,
-                tag: job.tag,
-                delivery: job.delivery,
+                generation,
+                tag,
+                delivery,
                 due,
                 copy: copy.map(|c| *c),
                 again,
