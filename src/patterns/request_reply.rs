@@ -511,6 +511,16 @@ fn answer(reply: Message) -> Result<Message> {
     }
 }
 
+/// A text header of a message the broker returned; empty when absent.
+fn returned_header(r: &Return, name: &str) -> String {
+    r.properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.get(name))
+        .and_then(|v| header_text(&HeaderValue::from_amqp(v)))
+        .unwrap_or_default()
+}
+
 fn header_text(v: &HeaderValue) -> Option<String> {
     match v {
         HeaderValue::Text(s) => Some(s.clone()),
@@ -594,13 +604,7 @@ impl Inner {
 
     /// The broker returned a request as unroutable: its call fails at once.
     fn returned(&self, r: Return) {
-        let correlation = r
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.get(headers::CORRELATION))
-            .and_then(|v| header_text(&HeaderValue::from_amqp(v)))
-            .unwrap_or_default();
+        let correlation = returned_header(&r, headers::CORRELATION);
         let slot = self.state.lock().pending.remove(&correlation);
         match slot {
             Some(tx) => {
@@ -894,13 +898,7 @@ impl ReplyHooks for Counters {
     }
 
     fn returned(&self, r: Return) {
-        let request_id = r
-            .properties
-            .headers()
-            .as_ref()
-            .and_then(|h| h.get(headers::CAUSATION))
-            .and_then(|v| header_text(&HeaderValue::from_amqp(v)))
-            .unwrap_or_default();
+        let request_id = returned_header(&r, headers::CAUSATION);
         self.unroutable(&request_id, &r.routing_key);
     }
 }
