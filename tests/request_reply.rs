@@ -419,6 +419,13 @@ fn requester_and_responder_survive_a_connection_cut() {
             format!("answer:{q}").into_bytes()
         );
     }
+    // The request whose handler was running at the cut is the broker's again: answered once
+    // more on the new connection — to its caller's reply queue, which went with the old
+    // connection, so the reply comes back unroutable. The reply of its first run never went
+    // out (its channel was gone) and is not counted.
+    assert!(eventually(WAIT, || blocked.load(Ordering::SeqCst) >= 2));
+    assert!(eventually(WAIT, || responder.unroutable() == 1));
+    assert_eq!(responder.answered(), 12, "before, after and 10 again");
     requester.close().unwrap();
     responder.close().unwrap();
     let _ = connection.close();
