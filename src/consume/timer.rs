@@ -12,7 +12,8 @@
 //!
 //! Entries from before a reconnect are dropped when due: their deliveries are the broker's
 //! again. On close the owner sends [`TimerMsg::Stop`]: every entry still waiting is requeued
-//! unchanged (same attempt), as a family consumer's held delivery is when its channel closes.
+//! unchanged (same attempt), as a family consumer's held delivery is when its channel closes,
+//! and so is every entry a worker hands over after the stop, until the workers are gone.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -97,7 +98,22 @@ pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settl
                     delayed,
                 }));
             }
-            Ok(TimerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => {
+            Ok(TimerMsg::Stop) => {
+                for Reverse(e) in heap.drain() {
+                    requeue(ctx, &settle, *e.delayed);
+                }
+                // A worker may still hand over a retry it decided while the consumer closed
+                // (sent after the stop): put each back at once, until every worker is gone.
+                // (Ending here would drop what is already queued behind the stop, delivery
+                // and all: the owner would wait for it until its shutdown deadline.)
+                for msg in input.iter() {
+                    if let TimerMsg::Delay(d) = msg {
+                        requeue(ctx, &settle, *d);
+                    }
+                }
+                return;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
                 for Reverse(e) in heap.drain() {
                     requeue(ctx, &settle, *e.delayed);
                 }
