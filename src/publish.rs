@@ -493,10 +493,7 @@ impl Publisher {
         mandatory: bool,
         answered: Vec<crate::intercept::AnswerListener>,
     ) -> Result<Ticket> {
-        check_name("exchange", exchange, true)?;
-        check_name("routing key", routing_key, true)?;
-        message.validate()?;
-        let mut span = crate::trace::stamp(&mut message, exchange, routing_key);
+        let mut span = prepare(exchange, routing_key, &mut message)?;
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = self.reserve_bytes(&message, deadline)?;
@@ -753,6 +750,19 @@ impl ChannelFailure {
             },
         }
     }
+}
+
+/// What every publish does before its frames are built: the names and headers checked, the
+/// trace context stamped (with the `opentelemetry` feature, the `publish` span started).
+pub(crate) fn prepare(
+    exchange: &str,
+    routing_key: &str,
+    message: &mut Message,
+) -> Result<crate::trace::PublishSpan> {
+    check_name("exchange", exchange, true)?;
+    check_name("routing key", routing_key, true)?;
+    message.validate()?;
+    Ok(crate::trace::stamp(message, exchange, routing_key))
 }
 
 fn channel_failure(broken: Option<Current>, e: amiquip::Error) -> ChannelFailure {

@@ -237,28 +237,30 @@ pub(crate) fn run(
         };
         let end = serve(ctx, &channel, &consumer, &returns, &mut state, lines);
         end_subscription(ctx, &end, consumer);
+        if !matches!(end, Ok(End::Lost(_))) {
+            // The close waits for the broker's close-ok: every reply it returned is in.
+            let _ = channel.close();
+        }
+        count_returned(ctx, &returns);
         match end {
-            Ok(End::Stop(report)) => {
-                // The close waits for the broker's close-ok: every reply it returned is in.
-                let _ = channel.close();
-                count_returned(ctx, &returns);
-                return Ok(report);
-            }
+            Ok(End::Stop(report)) => return Ok(report),
             Ok(End::Lost(_)) => {}
-            Err(e) => {
-                let _ = channel.close();
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         }
     }
 }
 
-/// Hands a responder's returned replies to its hooks.
+/// Hands the responder's replies returned so far to its hooks.
 fn count_returned(ctx: &Context, returns: &Receiver<amiquip::Return>) {
+    for r in returns.try_iter() {
+        reply_returned(ctx, r);
+    }
+}
+
+/// A responder's reply the broker could not route.
+fn reply_returned(ctx: &Context, r: amiquip::Return) {
     if let Some(hooks) = &ctx.replies {
-        for r in returns.try_iter() {
-            hooks.returned(r);
-        }
+        hooks.returned(r);
     }
 }
 
@@ -403,12 +405,13 @@ fn serve(
     } else {
         crossbeam_channel::never()
     };
+    let mut returned = returns.clone();
     loop {
         select! {
-            recv(returns) -> r => {
-                if let (Ok(r), Some(hooks)) = (r, &ctx.replies) {
-                    hooks.returned(r);
-                }
+            recv(returned) -> r => match r {
+                Ok(r) => reply_returned(ctx, r),
+                // The channel is gone: the deliveries say so next.
+                Err(_) => returned = crossbeam_channel::never(),
             },
             recv(deliveries) -> msg => match msg {
                 Ok(ConsumerMessage::Delivery(d)) => dispatch(ctx, d, state, lines.jobs),

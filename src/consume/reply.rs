@@ -29,13 +29,14 @@ use std::sync::Arc;
 
 use amiquip::{AmqpProperties, Channel, Publish, Return};
 
+use crate::envelope::Message;
 use crate::trace::PublishSpan;
 
 /// What the responder counts about its replies.
 pub(crate) trait ReplyHooks: Send + Sync + std::fmt::Debug {
     /// A staged reply was dropped without being published (it will be answered again when the
     /// request is redelivered, or the request was not accepted).
-    fn not_sent(&self, request_id: &str);
+    fn not_sent(&self);
     /// The broker returned a published reply as unroutable (its requester is gone).
     fn returned(&self, returned: Return);
 }
@@ -45,7 +46,7 @@ pub(crate) struct Reply {
     routing_key: String,
     body: Vec<u8>,
     properties: AmqpProperties,
-    /// The request it answers, for the hooks and the span's error.
+    /// The request it answers, for the span's error.
     request_id: String,
     span: PublishSpan,
     hooks: Arc<dyn ReplyHooks>,
@@ -53,23 +54,31 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    pub(crate) fn new(
-        routing_key: String,
-        body: Vec<u8>,
-        properties: AmqpProperties,
-        request_id: String,
-        span: PublishSpan,
+    /// `message` to `address` through the default exchange, checked and stamped as any publish
+    /// ([`prepare`](crate::publish::prepare)) and its AMQP properties built here, on the
+    /// worker, so that the owner thread only hands it over.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`](crate::Error::InvalidName),
+    /// [`Error::InvalidHeader`](crate::Error::InvalidHeader), as for any publish.
+    pub(crate) fn build(
+        address: String,
+        mut message: Message,
+        origin: &str,
+        request_id: &str,
         hooks: Arc<dyn ReplyHooks>,
-    ) -> Reply {
-        Reply {
-            routing_key,
-            body,
-            properties,
-            request_id,
+    ) -> crate::Result<Reply> {
+        let span = crate::publish::prepare("", &address, &mut message)?;
+        Ok(Reply {
+            properties: message.to_properties(&address, Some(origin)),
+            routing_key: address,
+            body: message.body,
+            request_id: request_id.to_string(),
             span,
             hooks,
             sent: false,
-        }
+        })
     }
 
     /// Publishes it (mandatory, through the default exchange) on `channel`: the owner calls this
@@ -102,7 +111,7 @@ impl Drop for Reply {
                 ),
             };
             self.span.end(Err(&error));
-            self.hooks.not_sent(&self.request_id);
+            self.hooks.not_sent();
         }
     }
 }

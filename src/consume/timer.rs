@@ -98,7 +98,7 @@ pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settl
                     delayed,
                 }));
             }
-            Ok(TimerMsg::Stop) => {
+            Ok(TimerMsg::Stop) | Err(RecvTimeoutError::Disconnected) => {
                 for Reverse(e) in heap.drain() {
                     requeue(ctx, &settle, *e.delayed);
                 }
@@ -110,12 +110,6 @@ pub(crate) fn run(ctx: &Context, input: Receiver<TimerMsg>, settle: Sender<Settl
                     if let TimerMsg::Delay(d) = msg {
                         requeue(ctx, &settle, *d);
                     }
-                }
-                return;
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                for Reverse(e) in heap.drain() {
-                    requeue(ctx, &settle, *e.delayed);
                 }
                 return;
             }

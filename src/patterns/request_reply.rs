@@ -893,7 +893,7 @@ impl Counters {
 
 /// What becomes of the replies sent on the request's channel (`consume/reply.rs`).
 impl ReplyHooks for Counters {
-    fn not_sent(&self, _request_id: &str) {
+    fn not_sent(&self) {
         self.answered.fetch_sub(1, Ordering::SeqCst);
     }
 
@@ -1108,22 +1108,18 @@ where
     /// Stages `reply` for the consumer's owner thread, which publishes it on the request's
     /// channel just before it acknowledges the request (`consume/reply.rs`); built here, on the
     /// worker, so that the owner only hands it over.
-    fn stage(&self, request: &Message, address: String, mut reply: Message) -> HandlerResult {
-        if let Err(e) = check_name("routing key", &address, true).and_then(|()| reply.validate()) {
-            self.counters.answered.fetch_sub(1, Ordering::SeqCst);
-            return Err(Box::new(e));
+    fn stage(&self, request: &Message, address: String, reply: Message) -> HandlerResult {
+        let hooks = self.counters.clone();
+        match Reply::build(address, reply, &self.origin, request.id(), hooks) {
+            Ok(reply) => {
+                crate::consume::reply::stage(reply);
+                Ok(Outcome::Accept)
+            }
+            Err(e) => {
+                self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                Err(Box::new(e))
+            }
         }
-        let span = crate::trace::stamp(&mut reply, "", &address);
-        let properties = reply.to_properties(&address, Some(&self.origin));
-        crate::consume::reply::stage(Reply::new(
-            address,
-            std::mem::take(&mut reply.body),
-            properties,
-            request.id().to_string(),
-            span,
-            self.counters.clone(),
-        ));
-        Ok(Outcome::Accept)
     }
 }
 
