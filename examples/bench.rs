@@ -1165,24 +1165,37 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     let raw_q = format!("bench.rpc.raw.{pid}");
     let env_q = format!("bench.rpc.env.{pid}");
     let our_q = format!("bench.rpc.acemq.{pid}");
-    for q in [&raw_q, &env_q, &our_q] {
+    let worker_q = format!("bench.rpc.worker.{pid}");
+    for q in [&raw_q, &env_q, &our_q, &worker_q] {
         conn.declare_queue(&QueueSpec::new(q).classic())?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let raw_thread = raw_responder(raw_q.clone(), stop.clone(), false);
     let env_thread = raw_responder(env_q.clone(), stop.clone(), true);
     let server = Connection::open(AMQP)?;
+    // The raw responder answers on the thread that reads the requests: ours does too (inline).
+    let price = |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]);
     let responder = serve_with(
         &server,
         &our_q,
-        ConsumerOptions::new().concurrency(8).declare(false),
-        |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]),
+        ConsumerOptions::new().inline(true).declare(false),
+        price,
+    )?;
+    // `serve`'s default: the handler on a worker thread.
+    let worker_responder = serve_with(
+        &server,
+        &worker_q,
+        ConsumerOptions::new().declare(false),
+        price,
     )?;
     let requester = Requester::open(conn, "", &our_q)?;
+    let worker_requester = Requester::open(conn, "", &worker_q)?;
     raw_caller(&raw_q, 100, false);
     raw_caller(&env_q, 100, true);
     acemq_callers(&requester, 1, 100);
+    acemq_callers(&worker_requester, 1, 100);
     let (mut raw, mut one, mut eight) = (Stats::default(), Stats::default(), Stats::default());
+    let mut on_worker = Stats::default();
     let mut env = Stats::default();
     let (mut raw_to_ours, mut ours_to_raw) = (Stats::default(), Stats::default());
     let env_requester = Requester::open(conn, "", &env_q)?;
@@ -1197,6 +1210,8 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
         one.add(lat, wall);
         let (lat, wall) = acemq_callers(&requester, 8, n);
         eight.add(lat, wall);
+        let (lat, wall) = acemq_callers(&worker_requester, 1, n);
+        on_worker.add(lat, wall);
         let t = Instant::now();
         let lat = raw_caller(&our_q, n, false);
         raw_to_ours.add(lat, t.elapsed());
@@ -1254,6 +1269,19 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
         ),
     });
     s.push(Row {
+        figure: "request/reply, Requester, 1 caller, Responder on a worker vs raw 1 caller".into(),
+        unit: "req/s",
+        ours: Some(on_worker.rate()),
+        raw: Some(raw_rate),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "serve's default (handler on a worker, one hand-off to the consumer thread per \
+             request); the rows above run it inline; p50 {:.2} ms",
+            on_worker.pct(0.5)
+        ),
+    });
+    s.push(Row {
         figure: "request/reply, raw caller → Responder vs raw 1 caller".into(),
         unit: "req/s",
         ours: Some(raw_to_ours.rate()),
@@ -1279,7 +1307,9 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     });
     env_requester.close()?;
     requester.close()?;
+    worker_requester.close()?;
     responder.close()?;
+    worker_responder.close()?;
     server.close()?;
     stop.store(true, Ordering::SeqCst);
     for t in [raw_thread, env_thread] {
@@ -1287,7 +1317,7 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
             what: "raw responder",
         })?;
     }
-    for q in [&raw_q, &env_q, &our_q] {
+    for q in [&raw_q, &env_q, &our_q, &worker_q] {
         conn.delete_queue(q)?;
     }
     Ok(())

@@ -120,7 +120,7 @@
 //! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers |
 //! | [`Ticket`] | yes | no need | — |
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
-//! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks), `acemq-worker-N` and `acemq-retry-timer` (retries waiting in the consumer) |
+//! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks; with [`ConsumerOptions::inline`] the handler too), `acemq-worker-N` (none inline) and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
 //! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
 //! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |

@@ -32,12 +32,17 @@ fn request_queue(connection: &Connection, clean: &mut Cleanup, prefix: &str) -> 
 }
 
 fn echo(connection: &Connection, queue: &str, workers: usize) -> Responder {
-    serve_with(
+    echo_with(
         connection,
         queue,
         ConsumerOptions::new().concurrency(workers),
-        |m: &Message| Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body))),
     )
+}
+
+fn echo_with(connection: &Connection, queue: &str, options: ConsumerOptions) -> Responder {
+    serve_with(connection, queue, options, |m: &Message| {
+        Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
+    })
     .expect("serve")
 }
 
@@ -115,10 +120,20 @@ fn a_request_gets_its_reply_with_the_family_wire() {
 
 #[test]
 fn sixteen_threads_asking_through_one_requester_each_get_their_own_answer() {
+    sixteen_threads_ask(ConsumerOptions::new().concurrency(4));
+}
+
+/// The same through a responder that handles on its consumer's own thread.
+#[test]
+fn sixteen_threads_asking_an_inline_responder_each_get_their_own_answer() {
+    sixteen_threads_ask(ConsumerOptions::new().inline(true));
+}
+
+fn sixteen_threads_ask(options: ConsumerOptions) {
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-threads");
-    let responder = echo(&connection, &q, 4);
+    let responder = echo_with(&connection, &q, options);
     let requester = Requester::open(&connection, "", &q).expect("requester");
     std::thread::scope(|s| {
         for t in 0..16 {
@@ -360,6 +375,17 @@ fn an_unroutable_request_fails_at_once() {
 
 #[test]
 fn requester_and_responder_survive_a_connection_cut() {
+    survive_a_cut(ConsumerOptions::new().concurrency(4));
+}
+
+/// The same with the responder's handler on its consumer's own thread: the request running at
+/// the cut holds that thread until it is released, then the responder resubscribes.
+#[test]
+fn requester_and_an_inline_responder_survive_a_connection_cut() {
+    survive_a_cut(ConsumerOptions::new().inline(true));
+}
+
+fn survive_a_cut(options: ConsumerOptions) {
     let direct = connect();
     let mut clean = Cleanup::new(&direct);
     let q = request_queue(&direct, &mut clean, "rr-cut");
@@ -373,19 +399,14 @@ fn requester_and_responder_survive_a_connection_cut() {
     let (release, gate) = crossbeam_channel::bounded::<()>(0);
     let blocked = Arc::new(AtomicUsize::new(0));
     let b = blocked.clone();
-    let responder = serve_with(
-        &connection,
-        &q,
-        ConsumerOptions::new().concurrency(4),
-        move |m: &Message| {
-            if m.body == b"block" {
-                b.fetch_add(1, Ordering::SeqCst);
-                // Ends when the sender is dropped.
-                let _ = gate.recv_timeout(WAIT);
-            }
-            Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
-        },
-    )
+    let responder = serve_with(&connection, &q, options, move |m: &Message| {
+        if m.body == b"block" {
+            b.fetch_add(1, Ordering::SeqCst);
+            // Ends when the sender is dropped.
+            let _ = gate.recv_timeout(WAIT);
+        }
+        Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
+    })
     .expect("serve");
     let requester = Requester::open(&connection, "", &q).expect("requester");
     assert_eq!(requester.ask("before").unwrap().body, b"answer:before");

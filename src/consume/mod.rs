@@ -37,6 +37,11 @@
 //! thread; the worker sends it with the accepted settlement and the owner publishes it on the
 //! request's channel just before the acknowledgement (`reply.rs` says why).
 //!
+//! With [`ConsumerOptions::inline`] (concurrency 1) there are no worker threads: the owner
+//! reads each delivery and runs step 2 itself (`worker::take`, the same code a worker runs),
+//! then settles it at once — one thread from amiquip's buffer to the acknowledgement, at the
+//! price of an owner that is busy while a handler runs (closing waits for it).
+//!
 //! After a reconnect the owner subscribes again on a new channel with a new generation and hands
 //! the workers the new buffer. Deliveries from the old channel are never acknowledged on the new
 //! one (amiquip would panic): those not yet started are skipped and outcomes of running ones are
@@ -87,6 +92,7 @@ pub struct ConsumerOptions {
     arguments: BTreeMap<String, HeaderValue>,
     shutdown_timeout: Duration,
     at_most_once: bool,
+    inline: bool,
     /// Set by a [`ConsumerGroup`](crate::patterns::ConsumerGroup) for its members: a suffix of
     /// the thread names (`acemq-consumer-3`) and a tag in log lines.
     label: Option<String>,
@@ -113,6 +119,7 @@ impl Default for ConsumerOptions {
             arguments: BTreeMap::new(),
             shutdown_timeout: Duration::from_secs(30),
             at_most_once: false,
+            inline: false,
             label: None,
             stream_cursor: None,
             any_attempt: false,
@@ -212,6 +219,28 @@ impl ConsumerOptions {
         self
     }
 
+    /// Runs the handler on the consumer's own thread (`acemq-consumer`, the one that holds the
+    /// channel and acknowledges) instead of on a worker thread: each delivery is read, handled,
+    /// published from (retry copies, a responder's reply) and acknowledged on one thread, with
+    /// no hand-off between threads. For quick handlers where latency counts — a
+    /// [`serve`](crate::patterns::serve) responder answers ~10 % more requests a second with it
+    /// on this crate's benchmark machine (README). Defaults to off.
+    ///
+    /// The price: while a handler runs, nothing else on this consumer moves (a retry held in
+    /// the consumer that comes due waits, a stop is seen when the handler returns), and
+    /// **closing waits for a running handler to return, however long** — the
+    /// [`shutdown_timeout`](Self::shutdown_timeout) does not cut it short and nothing is counted
+    /// `abandoned`. A handler that may block for long belongs on a worker (the default).
+    ///
+    /// Requires concurrency 1 and at-least-once delivery ([`Error::InvalidArgument`] when the
+    /// consumer is made otherwise); a handler with ordering ([`ordered`](crate::patterns::ordered))
+    /// or batches (the batched [`idempotent_tx`](crate::patterns::idempotent_tx)) is refused when
+    /// the consumer starts.
+    pub fn inline(mut self, inline: bool) -> Self {
+        self.inline = inline;
+        self
+    }
+
     /// Names this consumer's threads and log lines after `label` (a group member's number).
     pub(crate) fn label(mut self, label: impl Into<String>) -> Self {
         self.label = Some(label.into());
@@ -252,6 +281,19 @@ impl ConsumerOptions {
         }
         if self.concurrency == 0 {
             return Err(Error::invalid("concurrency must be at least 1"));
+        }
+        if self.inline && self.concurrency != 1 {
+            return Err(Error::invalid(format!(
+                "inline handling runs one handler at a time on the consumer's thread: \
+                 concurrency must be 1, not {}",
+                self.concurrency
+            )));
+        }
+        if self.inline && self.at_most_once {
+            return Err(Error::invalid(
+                "inline handling cannot be at most once: the ack that goes ahead of the handler \
+                 is sent by the thread that would be running it",
+            ));
         }
         self.retry.validate()
     }
@@ -328,6 +370,8 @@ pub(crate) struct Context {
     pub(crate) any_attempt: bool,
     /// Acknowledge when a worker takes a delivery, before the handler runs.
     pub(crate) at_most_once: bool,
+    /// The owner runs the handler itself ([`ConsumerOptions::inline`]).
+    pub(crate) inline: bool,
     /// At-most-once deliveries whose handler failed: lost on purpose.
     pub(crate) lost: AtomicU64,
     /// A responder's reply hooks: the owner listens for returned replies.
@@ -528,6 +572,7 @@ impl Connection {
             stream_cursor: options.stream_cursor,
             any_attempt: options.any_attempt,
             at_most_once: options.at_most_once,
+            inline: options.inline,
             lost: AtomicU64::new(0),
             replies: options.replies,
         });
@@ -605,6 +650,7 @@ impl Consumer {
     where
         H: Handler + Send + Sync + 'static,
     {
+        check_inline(&self.ctx, &handler)?;
         let (started_tx, started_rx) = crossbeam_channel::bounded(1);
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         let ctx = self.ctx.clone();
@@ -647,6 +693,27 @@ impl Consumer {
     }
 }
 
+/// Refuses [`ConsumerOptions::inline`] for a handler that needs the owner free while it runs
+/// (ordered: the owner holds deliveries behind busy keys) or gathers batches (a worker waits for
+/// a batch to fill).
+fn check_inline<H: Handler + Sync + ?Sized>(ctx: &Context, handler: &H) -> Result<()> {
+    if !ctx.inline {
+        return Ok(());
+    }
+    if handler.ordering().is_some() {
+        return Err(Error::invalid(
+            "an ordered handler cannot run inline: the consumer's thread decides which delivery \
+             may run next while handlers run",
+        ));
+    }
+    if handler.batch_limits().is_some() {
+        return Err(Error::invalid(
+            "a batching handler cannot run inline: it waits for its batch to fill",
+        ));
+    }
+    Ok(())
+}
+
 /// Where a spawned consumer reports its first subscription and its close report.
 type Spawned = (Sender<Result<()>>, Sender<Result<CloseReport>>);
 
@@ -672,6 +739,8 @@ fn run_on<H: Handler + Sync + ?Sized>(
     // Without ordering each worker reads the subscription itself; the owner hands each one the
     // subscription's buffer on `feeds` (one a reconnect).
     let direct = handler.ordering().is_none();
+    check_inline(ctx, handler)?;
+    let inline = ctx.inline;
     let mut feeds = Vec::new();
     std::thread::scope(|s| {
         let spawn_error = |e| Error::Io {
@@ -683,7 +752,7 @@ fn run_on<H: Handler + Sync + ?Sized>(
             .name(ctx.thread_name("acemq-retry-timer"))
             .spawn_scoped(s, move || timer::run(ctx, timer_rx, settle))
             .map_err(spawn_error)?;
-        for i in 0..concurrency {
+        for i in 0..if inline { 0 } else { concurrency } {
             let source = if direct {
                 let (feed_tx, feed_rx) = crossbeam_channel::unbounded();
                 feeds.push(feed_tx);
@@ -700,8 +769,13 @@ fn run_on<H: Handler + Sync + ?Sized>(
                 .spawn_scoped(s, move || worker::run(ctx, handler, source, settle, timer))
                 .map_err(spawn_error)?;
         }
+        let (inline_settle, inline_timer) = (settle_tx.clone(), timer_tx.clone());
+        let run_inline = move |job: Job| {
+            worker::take(ctx, handler, job, &inline_settle, &inline_timer);
+        };
         drop(settle_tx);
         let lines = owner::Lines {
+            inline: if inline { Some(&run_inline) } else { None },
             jobs: &jobs_tx,
             queued: &jobs_rx,
             feeds: &feeds,
@@ -710,6 +784,7 @@ fn run_on<H: Handler + Sync + ?Sized>(
             timer: &timer_tx,
         };
         let result = owner::run(ctx, handler.ordering(), &lines, started);
+        drop(run_inline);
         drop(feeds);
         drop(jobs_rx);
         drop(jobs_tx);

@@ -1,7 +1,9 @@
 //! The owner thread: holds the amiquip channel and consumer (neither may leave this thread),
 //! settles every delivery on that channel, and shuts the subscription down.
 //!
-//! **Who reads the deliveries.** For a handler without ordering the workers read amiquip's
+//! **Who reads the deliveries.** With `ConsumerOptions::inline` the owner reads each one and runs
+//! its handler on this thread ([`Lines::inline`]), then settles it before reading the next.
+//! Otherwise, for a handler without ordering the workers read amiquip's
 //! consumer buffer themselves (each holds a clone of its receiver, handed over per subscription
 //! as a [`Feed`]): a delivery goes from amiquip's I/O thread straight to a worker, with no thread
 //! in between, and the owner only hears of it when its settlement comes back. For an ordered
@@ -359,6 +361,8 @@ fn consume_error(queue: &str, e: amiquip::Error) -> Error {
 
 /// The channels the owner thread talks through.
 pub(crate) struct Lines<'a> {
+    /// Runs one delivery's handler on this thread, for a consumer without worker threads.
+    pub(crate) inline: Option<&'a dyn Fn(Job)>,
     /// To the workers (an ordered handler's deliveries, and its held retries run again).
     pub(crate) jobs: &'a Sender<Job>,
     /// The same hand-off, read by the owner only to take back jobs no worker has started.
@@ -414,7 +418,14 @@ fn serve(
                 Err(_) => returned = crossbeam_channel::never(),
             },
             recv(deliveries) -> msg => match msg {
-                Ok(ConsumerMessage::Delivery(d)) => dispatch(ctx, d, state, lines.jobs),
+                Ok(ConsumerMessage::Delivery(d)) => match lines.inline {
+                    Some(run) => {
+                        if let Err(e) = run_inline(ctx, channel, d, state, lines, run, &mut report) {
+                            return Ok(End::Lost(e.to_string()));
+                        }
+                    }
+                    None => dispatch(ctx, d, state, lines.jobs),
+                },
                 Ok(other) => state.reason = Some(other),
                 Err(_) => state.ended += 1,
             },
@@ -454,6 +465,37 @@ fn serve(
             None => Ok(End::Lost("the connection dropped".into())),
         };
     }
+}
+
+/// Runs a delivery's handler on this thread ([`ConsumerOptions::inline`]) and settles it at
+/// once. A handler that was running when a stop came counts as finished, as one on a worker
+/// that ends within the shutdown timeout does (inline, closing waits for it).
+///
+/// [`ConsumerOptions::inline`]: super::ConsumerOptions::inline
+fn run_inline(
+    ctx: &Context,
+    channel: &Channel,
+    d: Delivery,
+    state: &mut State<'_>,
+    lines: &Lines<'_>,
+    run: &dyn Fn(Job),
+    report: &mut CloseReport,
+) -> std::result::Result<(), amiquip::Error> {
+    let stopping = ctx.stop_requested();
+    run(Job::taken(ctx, state.generation, d));
+    let batch: Vec<Settle> = lines.settles.try_iter().collect();
+    if !stopping && ctx.stop_requested() {
+        let generation = state.generation;
+        report.finished += batch
+            .iter()
+            .filter(|s| s.generation == generation && s.started)
+            .filter(|s| !matches!(s.action, SettleAction::Signal(_)))
+            .count();
+    }
+    if batch.is_empty() {
+        return Ok(());
+    }
+    settle(ctx, channel, state, lines.jobs, batch, report)
 }
 
 /// A worker found the subscription's buffer ended before any worker reported why. The worker

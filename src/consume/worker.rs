@@ -144,34 +144,47 @@ pub(crate) fn run<H: Handler + Sync + ?Sized>(
     }
     let never = crossbeam_channel::never();
     while let Next::Job(job) = source.next(ctx, &settle, &never) {
-        let Some(job) = admit(ctx, job, &settle) else {
-            continue;
-        };
-        if ctx.at_most_once {
-            at_most_once(ctx, handler, job, &settle);
-            continue;
-        }
-        let offset = ctx
-            .stream_cursor
-            .as_ref()
-            .and_then(|c| c.started(&job.message));
-        // The message's trace is current while its handler runs and its copy is published.
-        let mut watch = Watch::start(ctx, &job.message, offset);
-        let (verdict, exhausted, handler_duration) = match past_last_attempt(ctx, &job) {
-            Some(verdict) => (verdict, true, Duration::ZERO),
-            None => {
-                let started = Instant::now();
-                ctx.running.fetch_add(1, Ordering::SeqCst);
-                let result = catch_unwind(AssertUnwindSafe(|| {
-                    intercepted(ctx, &mut watch.intercept, handler, &job.message)
-                }));
-                ctx.running.fetch_sub(1, Ordering::SeqCst);
-                (judge(ctx, &job, result), false, started.elapsed())
-            }
-        };
-        let pieces = (verdict, exhausted, handler_duration);
-        finish(ctx, job, pieces, watch, &settle, &timer);
+        take(ctx, handler, job, &settle, &timer);
     }
+}
+
+/// One delivery, start to end: admitted (or put back), handled, its copy published and its
+/// settlement sent to the owner (or the timer). On a worker thread, or on the owner's own
+/// thread for a consumer that handles inline (see `run_on`).
+pub(crate) fn take<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    handler: &H,
+    job: Job,
+    settle: &Sender<Settle>,
+    timer: &Sender<TimerMsg>,
+) {
+    let Some(job) = admit(ctx, job, settle) else {
+        return;
+    };
+    if ctx.at_most_once {
+        at_most_once(ctx, handler, job, settle);
+        return;
+    }
+    let offset = ctx
+        .stream_cursor
+        .as_ref()
+        .and_then(|c| c.started(&job.message));
+    // The message's trace is current while its handler runs and its copy is published.
+    let mut watch = Watch::start(ctx, &job.message, offset);
+    let (verdict, exhausted, handler_duration) = match past_last_attempt(ctx, &job) {
+        Some(verdict) => (verdict, true, Duration::ZERO),
+        None => {
+            let started = Instant::now();
+            ctx.running.fetch_add(1, Ordering::SeqCst);
+            let result = catch_unwind(AssertUnwindSafe(|| {
+                intercepted(ctx, &mut watch.intercept, handler, &job.message)
+            }));
+            ctx.running.fetch_sub(1, Ordering::SeqCst);
+            (judge(ctx, &job, result), false, started.elapsed())
+        }
+    };
+    let pieces = (verdict, exhausted, handler_duration);
+    finish(ctx, job, pieces, watch, settle, timer);
 }
 
 /// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more

@@ -52,7 +52,11 @@
 //!
 //! A call blocks only the thread that made it. [`Responder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
-//! `acemq-worker-N`, `acemq-retry-timer`). The handler runs on a worker, which builds the reply;
+//! `acemq-worker-N`, `acemq-retry-timer`). The handler runs on a worker, which builds the reply
+//! — or, with [`ConsumerOptions::inline`] in [`serve_with`], on `acemq-consumer` itself, which
+//! then reads the request, answers and acknowledges it on one thread as a hand-written
+//! responder does (the fastest round trip: see the README's figures; closing then waits for a
+//! running handler);
 //! a reply to a transient reply queue (`acemq-reply-<id>`, `amq.gen-…`, direct reply-to) is
 //! handed with the request's settlement to `acemq-consumer`, which publishes it on the request's
 //! channel **just before** acknowledging the request, without a publisher confirm: RabbitMQ
