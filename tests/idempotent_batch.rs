@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,8 +197,11 @@ fn concurrent_workers_calls_are_gathered_into_batches(db: &Db) {
 }
 
 /// In a batch of 4, one handler fails (after writing its effect), one panics: those two alone
-/// are rolled back to their savepoints and dead-lettered with their reasons; the two others
-/// commit and are acknowledged.
+/// are rolled back and dead-lettered with their reasons; the two others commit, their effects
+/// once, and are acknowledged. The batch first ran without savepoints: at the failure that pass
+/// was rolled back and the batch ran again with a savepoint per message, so the handler before
+/// the failure ran twice. The next batch, after a failing one, starts with savepoints: a
+/// failure in it costs no second run.
 fn a_failing_message_rolls_back_alone(db: &Db) {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
@@ -212,11 +216,14 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
     }
     let (commits, on_commit) = recorder();
     let e = effects.clone();
+    let calls = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
+    let c = calls.clone();
     let work: Arc<Work> = Arc::new(move |m: &Message, tx: &mut dyn Sql| {
         let body = String::from_utf8_lossy(&m.body).to_string();
+        *c.lock().unwrap().entry(body.clone()).or_default() += 1;
         record_effect(tx, &e, &body)?;
         match body.as_str() {
-            "fail" => Err(Box::new(FatalError::new("refused by the test"))),
+            "fail" | "fail-2" => Err(Box::new(FatalError::new("refused by the test"))),
             "panic" => panic!("the handler panicked on purpose"),
             _ => Ok(Outcome::Accept),
         }
@@ -246,21 +253,51 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
         .unwrap()
         .message_count
         == 0));
-    consumer.close().unwrap();
+    assert!(eventually(WAIT, || consumer.in_flight() == 0));
     assert_eq!(
         commits.lock().unwrap().clone(),
         vec![4],
         "one transaction for the four"
     );
+    let ran = |body: &str| calls.lock().unwrap().get(body).copied().unwrap_or(0);
+    assert_eq!(
+        (ran("ok-1"), ran("fail"), ran("panic"), ran("ok-2")),
+        (2, 2, 1, 1),
+        "the pass without savepoints stopped at the failure; the second ran each once"
+    );
     assert_eq!(
         keys(db, &effects),
         vec!["ok-1".to_string(), "ok-2".to_string()],
-        "the failures' effects were rolled back to their savepoints"
+        "the failures' effects were rolled back, the others' applied once"
     );
     assert_eq!(
         db.count(&idem_table),
         2,
         "receipts for the two accepted; the failures' claims were given back"
+    );
+    // The next batch starts with savepoints: its failure rolls back alone, no handler runs twice.
+    for body in ["ok-3", "fail-2", "ok-4", "ok-5"] {
+        publisher
+            .publish("", &q, Message::new(body).message_type("test"))
+            .unwrap();
+    }
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 3),
+        "the second batch's failure is dead-lettered"
+    );
+    assert!(eventually(WAIT, || consumer.in_flight() == 0));
+    consumer.close().unwrap();
+    assert_eq!(commits.lock().unwrap().clone(), vec![4, 4]);
+    assert_eq!(
+        ["ok-3", "fail-2", "ok-4", "ok-5"].map(ran),
+        [1, 1, 1, 1],
+        "each ran once"
+    );
+    assert_eq!(
+        keys(db, &effects),
+        ["ok-1", "ok-2", "ok-3", "ok-4", "ok-5"]
+            .map(String::from)
+            .to_vec()
     );
     let mut reasons = Vec::new();
     while let Some(m) = conn.get(&dlq).unwrap() {
@@ -270,8 +307,10 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
         ));
     }
     reasons.sort();
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert_eq!(reasons[0].0, "fail");
+    assert_eq!(reasons[1].0, "fail-2");
+    reasons.remove(1);
     assert!(reasons[0].1.contains("refused by the test"), "{reasons:?}");
     assert_eq!(reasons[1].0, "panic");
     assert!(

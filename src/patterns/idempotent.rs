@@ -46,9 +46,11 @@
 //! gather the batch ([`Handler::batch_limits`]); called through [`Handler::handle`] (inside
 //! another handler), it gathers the calls of the consumer's concurrent workers instead. Either
 //! way: the batch's keys are claimed on the transaction under one fresh token; each claimed
-//! message's handler runs under its own savepoint, so one that fails (an `Err`, a panic, any
-//! outcome but accept, an SQL error) is rolled back to it alone and takes the retry /
-//! dead-letter path alone, its claim given back; the receipts of the accepted are written on
+//! message's handler runs, and one that fails (an `Err`, a panic, any outcome but accept, an
+//! SQL error) has its work rolled back alone and takes the retry / dead-letter path alone, its
+//! claim given back (a batch runs without savepoints until a handler fails, then again from the
+//! start with a savepoint per message: the handlers before the failure run twice, their first
+//! run rolled back — see [`IdempotentTx::batch`]); the receipts of the accepted are written on
 //! the same transaction; one commit; and only then is any message of the batch handed back to
 //! the consumer for acknowledgement — so no acknowledgement, `multiple` or not, covers an
 //! uncommitted effect. A crash before the commit redelivers the batch with nothing applied;
