@@ -262,3 +262,40 @@ fn inline_handling_refuses_what_needs_a_worker_with_a_clear_error() {
         "nothing subscribed"
     );
 }
+
+/// The scoped form: the handler, borrowing local state, runs on the thread that called `run`,
+/// and a stop ends it with everything settled.
+#[test]
+fn the_scoped_form_runs_an_inline_handler_on_the_calling_thread() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("inline-scoped"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids = publish_n(&conn, &q, 50, true);
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().inline(true))
+        .unwrap();
+    let stop = consumer.stop_handle();
+    let seen = Mutex::new(Vec::new()); // a local, borrowed by the handler
+    let handler = |m: &Message| {
+        let on = std::thread::current().id();
+        seen.lock().unwrap().push((m.id().to_string(), on));
+        Ok(Outcome::Accept)
+    };
+    let (report, runner) = std::thread::scope(|s| {
+        let running = s.spawn(|| (consumer.run(&handler), std::thread::current().id()));
+        assert!(eventually(WAIT, || seen.lock().unwrap().len() == 50));
+        stop.stop();
+        running.join().unwrap()
+    });
+    let report = report.unwrap();
+    assert_eq!((report.abandoned, report.requeued), (0, 0), "{report:?}");
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.iter().all(|(_, on)| *on == runner),
+        "every handler ran on the thread that called run"
+    );
+    let got: Vec<String> = seen.into_iter().map(|(id, _)| id).collect();
+    assert_eq!(got, ids, "in order, each once");
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+}

@@ -220,7 +220,8 @@ impl ConsumerOptions {
     }
 
     /// Runs the handler on the consumer's own thread (`acemq-consumer`, the one that holds the
-    /// channel and acknowledges) instead of on a worker thread: each delivery is read, handled,
+    /// channel and acknowledges; the calling thread with [`Consumer::run`]) instead of on a
+    /// worker thread: each delivery is read, handled,
     /// published from (retry copies, a responder's reply) and acknowledged on one thread, with
     /// no hand-off between threads. For quick handlers where latency counts — a
     /// [`serve`](crate::patterns::serve) responder answers ~10 % more requests a second with it
