@@ -566,3 +566,37 @@ fn a_named_reply_queue_may_not_take_the_generated_prefix() {
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("acemq-reply-"), "{e}");
 }
+
+/// A request that cannot be sent (a header in the engine's reserved prefix) fails at once with a
+/// clear error and leaves no waiting call behind: with room for one waiting call, the next
+/// request still gets its answer.
+#[test]
+fn a_request_with_a_reserved_header_is_refused_at_once_and_leaves_no_call_waiting() {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, "rr-bad");
+    let responder = echo(&connection, &q, 1);
+    let requester = Requester::open_with(&connection, "", &q, RequesterOptions::new().window(1))
+        .expect("requester");
+    let started = Instant::now();
+    let bad = Message::new("bad").header("x-acemq-mine", "not mine to set");
+    match requester.ask_timeout(bad, WAIT) {
+        Err(e @ Error::InvalidHeader { .. }) => {
+            assert!(e.to_string().contains("x-acemq-"), "{e}")
+        }
+        other => panic!("expected InvalidHeader, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once"
+    );
+    let reply = requester.ask_timeout("good", WAIT).expect("the next one");
+    assert_eq!(reply.body, b"answer:good");
+    assert_eq!(
+        responder.answered(),
+        1,
+        "the bad one never reached the responder"
+    );
+    requester.close().unwrap();
+    responder.close().unwrap();
+}

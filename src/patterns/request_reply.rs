@@ -379,6 +379,8 @@ impl Requester {
         let deadline = start + timeout;
         let correlation = new_id();
         message.envelope.correlation_id = Some(correlation.clone());
+        // Checked before the call waits for a session (not in `publish::prepare`, after it):
+        // bad input fails at once, also while the requester reconnects.
         message.validate()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let session = inner.register(&correlation, tx, deadline, timeout)?;
@@ -387,6 +389,8 @@ impl Requester {
             HeaderValue::Text(session.queue.clone()),
         );
         message.reply_to = Some(session.queue.clone());
+        // The exchange and routing key were checked when the requester opened; the reply
+        // address is the requester's own queue.
         let _ = crate::trace::stamp(&mut message, &inner.exchange, &inner.routing_key);
         let publish = Publish {
             body: &message.body,
@@ -424,7 +428,13 @@ impl Requester {
                 }
                 recv(replies) -> msg => match msg {
                     Ok(ConsumerMessage::Delivery(mut d)) => {
-                        inner.deliver(Message::take_delivery(&mut d));
+                        let reply = Message::take_delivery(&mut d);
+                        // Ours (the usual case): straight back, once taken out of the map.
+                        let mine = reply.envelope.correlation_id.as_deref() == Some(&correlation);
+                        if mine && inner.forget(&correlation) {
+                            return answer(reply);
+                        }
+                        inner.deliver(reply);
                     }
                     // The reply consumer ended (connection lost, queue deleted, closing):
                     // `acemq-requester` answers every waiting call; wait for that.
