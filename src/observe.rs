@@ -43,6 +43,13 @@ pub enum PublishOutcome {
     Unroutable,
     /// The connection or channel failed before an answer.
     Failed,
+    /// Handed to the broker without a publisher confirm: a
+    /// [`Requester`](crate::patterns::Requester)'s request (its reply is its confirmation), and
+    /// a responder's reply to a transient reply queue, published on the request's channel just
+    /// before the request's acknowledgement (see [`serve_with`](crate::patterns::serve_with)).
+    /// If the broker returns one (no queue for the request; the requester went away), it is
+    /// reported [`Unroutable`](Self::Unroutable) as well.
+    Unconfirmed,
 }
 
 impl PublishOutcome {
@@ -53,6 +60,7 @@ impl PublishOutcome {
             PublishOutcome::Nacked => "nacked",
             PublishOutcome::Unroutable => "unroutable",
             PublishOutcome::Failed => "failed",
+            PublishOutcome::Unconfirmed => "unconfirmed",
         }
     }
 }

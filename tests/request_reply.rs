@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::intercept::{PublishContext, PublishNext};
+use acemq_amqp::observe::PublishOutcome;
 use acemq_amqp::patterns::{serve, serve_with, Requester, RequesterOptions, Responder};
 use acemq_amqp::{
-    headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, QueueSpec,
-    Ticket,
+    headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, Observer,
+    QueueSpec, Ticket,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
@@ -597,6 +598,82 @@ fn a_request_with_a_reserved_header_is_refused_at_once_and_leaves_no_call_waitin
         1,
         "the bad one never reached the responder"
     );
+    requester.close().unwrap();
+    responder.close().unwrap();
+}
+
+/// What a connection's observer hears of publishes (`acemq.publish.total`).
+#[derive(Clone, Default)]
+struct Publishes(Arc<Mutex<Vec<(String, PublishOutcome)>>>);
+
+impl Observer for Publishes {
+    fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        self.0.lock().unwrap().push((exchange.to_string(), outcome));
+    }
+}
+
+impl Publishes {
+    fn connection(&self) -> Connection {
+        connect_with(
+            ConnectionOptions::new()
+                .address(support::amqp_url())
+                .observer(self.clone()),
+        )
+    }
+
+    fn seen(&self) -> Vec<PublishOutcome> {
+        self.0.lock().unwrap().iter().map(|(_, o)| *o).collect()
+    }
+}
+
+/// Requests and replies go out without publisher confirms, but every one reaches the
+/// connection's observer: `unconfirmed` when sent, and `unroutable` as well when the broker
+/// returns it (a request to no queue, a reply whose requester went away).
+#[test]
+fn requests_and_replies_sent_without_confirms_reach_the_observer() {
+    use PublishOutcome::{Unconfirmed, Unroutable};
+    let (asking, answering) = (Publishes::default(), Publishes::default());
+    let (requests, replies) = (asking.connection(), answering.connection());
+    let mut clean = Cleanup::new(&requests);
+    let q = request_queue(&requests, &mut clean, "rr-observed");
+    let responder = echo(&replies, &q, 1);
+    let requester = Requester::open(&requests, "", &q).expect("requester");
+    for i in 0..3 {
+        requester.ask(format!("q{i}")).expect("a reply");
+    }
+    assert_eq!(asking.seen(), vec![Unconfirmed; 3], "three requests");
+    assert!(
+        eventually(WAIT, || answering.seen() == vec![Unconfirmed; 3]),
+        "three replies: {:?}",
+        answering.seen()
+    );
+    assert!(answering
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|(x, _)| x.is_empty()));
+
+    let nowhere = Requester::open(&requests, "", &unique("rr-no-queue")).expect("requester");
+    let e = nowhere.ask("lost").expect_err("no queue takes it");
+    assert!(e.is_unroutable(), "{e}");
+    assert_eq!(asking.seen()[3..], [Unconfirmed, Unroutable]);
+
+    let gone = format!("acemq-reply-{}", unique("gone"));
+    let raw = Raw::open();
+    raw_request(
+        &raw,
+        &q,
+        "corr-gone",
+        &unique("gone"),
+        Reply::Property(&gone),
+    );
+    assert!(
+        eventually(WAIT, || responder.unroutable() == 1),
+        "the reply to nobody came back"
+    );
+    assert_eq!(answering.seen()[3..], [Unconfirmed, Unroutable]);
+    nowhere.close().unwrap();
     requester.close().unwrap();
     responder.close().unwrap();
 }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use crate::connection::Link;
 use crate::error::{Error, Result};
-use crate::observe::Settlement;
+use crate::observe::{PublishOutcome, Settlement};
 
 /// Why the inner loop ended.
 enum End {
@@ -261,6 +261,8 @@ fn count_returned(ctx: &Context, returns: &Receiver<amiquip::Return>) {
 
 /// A responder's reply the broker could not route.
 fn reply_returned(ctx: &Context, r: amiquip::Return) {
+    ctx.observer
+        .published(&r.exchange, PublishOutcome::Unroutable);
     if let Some(hooks) = &ctx.replies {
         hooks.returned(r);
     }
@@ -618,7 +620,13 @@ fn settle(
                 // Before the acknowledgement, on the same channel: the broker has routed the
                 // reply by the time it takes the ack (`reply.rs`). If it cannot go out, neither
                 // can the ack: the request is redelivered and answered again.
-                reply.publish(channel)?;
+                let sent = reply.publish(channel);
+                let outcome = match sent {
+                    Ok(()) => PublishOutcome::Unconfirmed,
+                    Err(_) => PublishOutcome::Failed,
+                };
+                ctx.observer.published("", outcome);
+                sent?;
                 release_key(state, s.tag, jobs);
                 if let Some(d) = s.delivery {
                     state.acks.done(d);

@@ -31,7 +31,7 @@ pub const OUTBOX_OLDEST_AGE: &str = "acemq.outbox.oldest.age";
 ///
 /// | name | kind | labels | from |
 /// |---|---|---|---|
-/// | `acemq.publish.total` | counter | `exchange`, `outcome`: `confirmed`, `nacked`, `unroutable`, `failed` | every publish answered |
+/// | `acemq.publish.total` | counter | `exchange`, `outcome`: `confirmed`, `nacked`, `unroutable`, `failed`, `unconfirmed` | every publish answered; a request, and a responder's reply to a transient reply queue, when sent (`unconfirmed`), and again (`unroutable`) if the broker returns it |
 /// | `acemq.consume.total` | counter | `queue`, `outcome`: `acked`, `retried`, `rejected`, `parked`, `in_progress`, `dropped` | every delivery settled |
 /// | `acemq.consume.duration` | histogram, seconds | `queue`, `outcome` | the handler's run |
 /// | `acemq.messages.retried.total` | counter | `queue` | a retry decided |

@@ -113,7 +113,7 @@ use crate::consume::reply::{Reply, ReplyHooks};
 use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Outcome};
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
-use crate::observe::{Observer, RequestEvent, RequestOutcome};
+use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
 use crate::publish::Publisher;
 use crate::StopHandle;
 
@@ -407,6 +407,11 @@ impl Requester {
                 context: "publishing a request (the requester is reconnecting)".into(),
             }),
         };
+        let outcome = match published {
+            Ok(()) => PublishOutcome::Unconfirmed,
+            Err(_) => PublishOutcome::Failed,
+        };
+        inner.observer.published(&inner.exchange, outcome);
         if let Err(e) = published {
             if inner.forget(&correlation) {
                 return Err(e);
@@ -618,6 +623,8 @@ impl Inner {
 
     /// The broker returned a request as unroutable: its call fails at once.
     fn returned(&self, r: Return) {
+        self.observer
+            .published(&r.exchange, PublishOutcome::Unroutable);
         let correlation = returned_header(&r, headers::CORRELATION);
         let slot = self.state.lock().pending.remove(&correlation);
         match slot {
