@@ -752,6 +752,25 @@ impl ChannelFailure {
     }
 }
 
+/// Publishes on `channel` without a publisher confirm — a request (its reply is its
+/// confirmation), a reply to a transient reply queue — and reports it to `observer` as
+/// [`PublishOutcome::Unconfirmed`] (or [`Failed`](PublishOutcome::Failed)), as the
+/// [`Publisher`] reports its own publishes; a return of it is reported where it is read.
+pub(crate) fn send_unconfirmed(
+    channel: &amiquip::Channel,
+    exchange: &str,
+    publish: Publish<'_>,
+    observer: &dyn Observer,
+) -> std::result::Result<(), amiquip::Error> {
+    let sent = channel.basic_publish(exchange, publish);
+    let outcome = match sent {
+        Ok(()) => PublishOutcome::Unconfirmed,
+        Err(_) => PublishOutcome::Failed,
+    };
+    observer.published(exchange, outcome);
+    sent
+}
+
 /// What every publish does before its frames are built: the names and headers checked, the
 /// trace context stamped (with the `opentelemetry` feature, the `publish` span started).
 pub(crate) fn prepare(

@@ -469,6 +469,26 @@ fn reply_paths() -> Vec<(&'static str, Connection)> {
     vec![("plain", connect()), ("intercepted", intercepted)]
 }
 
+/// Sends a request (raw, as another library would) whose reply queue `gone` no longer exists
+/// (its requester closed before the answer came) and waits until `responder` has counted the
+/// reply the broker returned.
+fn ask_for_a_requester_that_went_away(queue: &str, gone: &str, responder: &Responder) {
+    let raw = Raw::open();
+    raw_request(
+        &raw,
+        queue,
+        "corr-gone",
+        &unique("gone"),
+        Reply::Property(gone),
+    );
+    assert!(
+        eventually(WAIT, || responder.unroutable() == 1),
+        "the unroutable reply to {gone} is counted (unroutable: {})",
+        responder.unroutable()
+    );
+    raw.close();
+}
+
 /// Both ways a reply goes out: to a generated (transient) reply queue on the request's channel
 /// before its ack, to a named one through a confirming publisher — and with publish
 /// interceptors always the latter.
@@ -480,26 +500,13 @@ fn a_reply_to_a_requester_that_went_away_is_counted_unroutable_and_its_request_a
             let mut clean = Cleanup::new(&connection);
             let q = request_queue(&connection, &mut clean, "rr-gone");
             let responder = echo(&connection, &q, 2);
-            let raw = Raw::open();
-            // The requester's reply queue is gone (it closed before the answer came).
-            raw_request(
-                &raw,
-                &q,
-                "corr-gone",
-                &unique("gone"),
-                Reply::Property(&gone),
-            );
-            assert!(
-                eventually(WAIT, || responder.unroutable() == 1),
-                "{path}, {gone}: the unroutable reply is counted"
-            );
+            ask_for_a_requester_that_went_away(&q, &gone, &responder);
             assert_eq!(responder.answered(), 0, "{path}, {gone}: not answered");
             // Still answering the next one.
             let requester = Requester::open(&connection, "", &q).expect("requester");
             assert_eq!(requester.ask("next").unwrap().body, b"answer:next");
             assert_eq!(responder.answered(), 1, "{path}, {gone}");
             requester.close().unwrap();
-            raw.close();
             responder.close().unwrap();
             // Acknowledged: nothing went back to the queue when the responder closed, and
             // nothing was dead-lettered.
@@ -660,18 +667,7 @@ fn requests_and_replies_sent_without_confirms_reach_the_observer() {
     assert_eq!(asking.seen()[3..], [Unconfirmed, Unroutable]);
 
     let gone = format!("acemq-reply-{}", unique("gone"));
-    let raw = Raw::open();
-    raw_request(
-        &raw,
-        &q,
-        "corr-gone",
-        &unique("gone"),
-        Reply::Property(&gone),
-    );
-    assert!(
-        eventually(WAIT, || responder.unroutable() == 1),
-        "the reply to nobody came back"
-    );
+    ask_for_a_requester_that_went_away(&q, &gone, &responder);
     assert_eq!(answering.seen()[3..], [Unconfirmed, Unroutable]);
     nowhere.close().unwrap();
     requester.close().unwrap();

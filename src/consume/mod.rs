@@ -638,6 +638,7 @@ impl Consumer {
     /// cancels the consumer (the queue was deleted); [`Error::Closed`] when the connection is
     /// closed.
     pub fn run<H: Handler + Sync + ?Sized>(&self, handler: &H) -> Result<CloseReport> {
+        check_inline(&self.ctx, handler)?;
         run_on(&self.ctx, self.concurrency, handler, &self.stop_rx, None)
     }
 
@@ -740,8 +741,8 @@ fn run_on<H: Handler + Sync + ?Sized>(
     // Without ordering each worker reads the subscription itself; the owner hands each one the
     // subscription's buffer on `feeds` (one a reconnect).
     let direct = handler.ordering().is_none();
-    check_inline(ctx, handler)?;
-    let inline = ctx.inline;
+    // Inline (checked by the callers: `check_inline`) there are no workers.
+    let workers = if ctx.inline { 0 } else { concurrency };
     let mut feeds = Vec::new();
     std::thread::scope(|s| {
         let spawn_error = |e| Error::Io {
@@ -753,7 +754,7 @@ fn run_on<H: Handler + Sync + ?Sized>(
             .name(ctx.thread_name("acemq-retry-timer"))
             .spawn_scoped(s, move || timer::run(ctx, timer_rx, settle))
             .map_err(spawn_error)?;
-        for i in 0..if inline { 0 } else { concurrency } {
+        for i in 0..workers {
             let source = if direct {
                 let (feed_tx, feed_rx) = crossbeam_channel::unbounded();
                 feeds.push(feed_tx);
@@ -770,13 +771,13 @@ fn run_on<H: Handler + Sync + ?Sized>(
                 .spawn_scoped(s, move || worker::run(ctx, handler, source, settle, timer))
                 .map_err(spawn_error)?;
         }
-        let (inline_settle, inline_timer) = (settle_tx.clone(), timer_tx.clone());
-        let run_inline = move |job: Job| {
-            worker::take(ctx, handler, job, &inline_settle, &inline_timer);
-        };
+        let run_inline = ctx.inline.then(|| {
+            let (settle, timer) = (settle_tx.clone(), timer_tx.clone());
+            move |job: Job| worker::take(ctx, handler, job, &settle, &timer)
+        });
         drop(settle_tx);
         let lines = owner::Lines {
-            inline: if inline { Some(&run_inline) } else { None },
+            inline: run_inline.as_ref().map(|run| run as &dyn Fn(Job)),
             jobs: &jobs_tx,
             queued: &jobs_rx,
             feeds: &feeds,

@@ -487,12 +487,7 @@ fn run_inline(
     run(Job::taken(ctx, state.generation, d));
     let batch: Vec<Settle> = lines.settles.try_iter().collect();
     if !stopping && ctx.stop_requested() {
-        let generation = state.generation;
-        report.finished += batch
-            .iter()
-            .filter(|s| s.generation == generation && s.started)
-            .filter(|s| !matches!(s.action, SettleAction::Signal(_)))
-            .count();
+        report.finished += finished_in(&batch, state.generation);
     }
     if batch.is_empty() {
         return Ok(());
@@ -554,6 +549,16 @@ fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Settle> {
     let mut batch = vec![first];
     batch.extend(settles.try_iter());
     batch
+}
+
+/// The settlements in `batch` of handlers of this `generation` that ran: each, settled while
+/// closing, is a handler that finished in time.
+fn finished_in(batch: &[Settle], generation: u64) -> usize {
+    batch
+        .iter()
+        .filter(|s| s.generation == generation && s.started)
+        .filter(|s| !matches!(s.action, SettleAction::Signal(_)))
+        .count()
 }
 
 /// A delivery was settled: one fewer in flight.
@@ -620,13 +625,7 @@ fn settle(
                 // Before the acknowledgement, on the same channel: the broker has routed the
                 // reply by the time it takes the ack (`reply.rs`). If it cannot go out, neither
                 // can the ack: the request is redelivered and answered again.
-                let sent = reply.publish(channel);
-                let outcome = match sent {
-                    Ok(()) => PublishOutcome::Unconfirmed,
-                    Err(_) => PublishOutcome::Failed,
-                };
-                ctx.observer.published("", outcome);
-                sent?;
+                reply.publish(channel, &*ctx.observer)?;
                 release_key(state, s.tag, jobs);
                 if let Some(d) = s.delivery {
                     state.acks.done(d);
@@ -767,12 +766,7 @@ fn shutdown(
         match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
                 let batch = with_waiting(s, lines.settles);
-                for s in &batch {
-                    let signal = matches!(s.action, SettleAction::Signal(_));
-                    if s.generation == generation && s.started && !signal {
-                        report.finished += 1;
-                    }
-                }
+                report.finished += finished_in(&batch, generation);
                 if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, report) {
                     log::warn!("acemq: settling while closing {}: {e}", ctx.who());
                     break;

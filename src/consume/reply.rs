@@ -30,6 +30,7 @@ use std::sync::Arc;
 use amiquip::{AmqpProperties, Channel, Publish, Return};
 
 use crate::envelope::Message;
+use crate::observe::Observer;
 use crate::trace::PublishSpan;
 
 /// What the responder counts about its replies.
@@ -81,9 +82,13 @@ impl Reply {
         })
     }
 
-    /// Publishes it (mandatory, through the default exchange) on `channel`: the owner calls this
-    /// before it acknowledges the request on the same channel.
-    pub(crate) fn publish(mut self, channel: &Channel) -> Result<(), amiquip::Error> {
+    /// Publishes it (mandatory, through the default exchange, reported to `observer`) on
+    /// `channel`: the owner calls this before it acknowledges the request on the same channel.
+    pub(crate) fn publish(
+        mut self,
+        channel: &Channel,
+        observer: &dyn Observer,
+    ) -> Result<(), amiquip::Error> {
         let properties = std::mem::take(&mut self.properties);
         let routing_key = std::mem::take(&mut self.routing_key);
         let publish = Publish {
@@ -93,7 +98,7 @@ impl Reply {
             immediate: false,
             properties,
         };
-        channel.basic_publish("", publish)?;
+        crate::publish::send_unconfirmed(channel, "", publish, observer)?;
         self.sent = true;
         self.span.end(Ok(()));
         Ok(())

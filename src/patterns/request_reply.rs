@@ -114,7 +114,7 @@ use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Ou
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
-use crate::publish::Publisher;
+use crate::publish::{send_unconfirmed, Publisher};
 use crate::StopHandle;
 
 /// How long [`Requester::ask`] waits for a reply unless told otherwise: 30 s.
@@ -400,18 +400,12 @@ impl Requester {
             properties: message.to_properties(&inner.routing_key, Some(inner.connection.origin())),
         };
         let published = match session.requests.lock().as_ref() {
-            Some(channel) => channel
-                .basic_publish(inner.exchange.as_str(), publish)
+            Some(channel) => send_unconfirmed(channel, &inner.exchange, publish, &*inner.observer)
                 .map_err(|e| Error::amqp("publishing a request", e)),
             None => Err(Error::ConnectionLost {
                 context: "publishing a request (the requester is reconnecting)".into(),
             }),
         };
-        let outcome = match published {
-            Ok(()) => PublishOutcome::Unconfirmed,
-            Err(_) => PublishOutcome::Failed,
-        };
-        inner.observer.published(&inner.exchange, outcome);
         if let Err(e) = published {
             if inner.forget(&correlation) {
                 return Err(e);

@@ -416,22 +416,7 @@ impl<F, H> IdempotentTxBatch<F, H> {
                     Ok(Ok(Outcome::in_progress(self.inner.in_progress_delay)))
                 }
                 Claim::Claimed(_) => {
-                    if !savepoints {
-                        let result = catch_unwind(AssertUnwindSafe(|| {
-                            (self.inner.handler)(item.message, &mut tx)
-                        }));
-                        if !matches!(result, Ok(Ok(Outcome::Accept))) {
-                            // Its work cannot be undone alone: none of this pass counts.
-                            rollback(tx);
-                            self.savepoints.store(true, Ordering::Relaxed);
-                            return None;
-                        }
-                        accepted.push(item.key);
-                        done_keys.insert(item.key, true);
-                        results.push(Some(result));
-                        continue;
-                    }
-                    if !savepoint_open {
+                    if savepoints && !savepoint_open {
                         if let Err(e) = tx.execute("SAVEPOINT acemq_message", &[]) {
                             broken = Some(e.to_string());
                             results.push(Some(Ok(batch_error("opening a savepoint", &e))));
@@ -446,6 +431,11 @@ impl<F, H> IdempotentTxBatch<F, H> {
                         accepted.push(item.key);
                         done_keys.insert(item.key, true);
                         savepoint_open = false;
+                    } else if !savepoints {
+                        // Its work cannot be undone alone: none of this pass counts.
+                        rollback(tx);
+                        self.savepoints.store(true, Ordering::Relaxed);
+                        return None;
                     } else {
                         // Its work vanishes; its claim is given back below.
                         failed.push(item.key);
