@@ -8,8 +8,8 @@
 //! Feeds the consumer a stream of counter increments in which some messages are delivered twice
 //! (with new delivery tokens, as a broker does after a lost acknowledgement) and one batch holds
 //! a message for a counter the store does not allow. Prints, in words, what became of the
-//! deliveries: which were applied, which were replays, which batch was rolled back and why, and
-//! what is left unacknowledged.
+//! deliveries: which were applied, which were replays, which message failed and why (its batch
+//! rolled back, then applied again one message at a time), and what is left unacknowledged.
 
 use acemq_amqp::patterns::acknowledged::{
     consume, Acknowledge, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
@@ -20,12 +20,23 @@ const BATCH_SIZE: usize = 32;
 /// The counters this store lets messages change.
 const ALLOWED: [&str; 2] = ["page_views", "signups"];
 
-/// Stands in for a broker's acknowledgements: records what was acknowledged, and which batches
-/// were rolled back and why (a broker adapter would requeue those deliveries after a backoff).
-/// Borrows its records, because `consume` takes the acknowledger by value.
+/// Stands in for a broker's acknowledgements: records what was acknowledged, which messages
+/// failed on their own and which batches were rolled back, and why (a broker adapter would
+/// requeue those deliveries after a backoff, and dead-letter a message that keeps failing on
+/// its own). Borrows its records, because `consume` takes the acknowledger by value.
 struct Acknowledgements<'a> {
     acknowledged: &'a mut Vec<u64>,
+    rejected: &'a mut Vec<Rejected>,
     rolled_back: &'a mut Vec<RolledBack>,
+}
+
+/// One message that failed alone, through its own fault: its token, identifier, the counter it
+/// asks for, and the store's reason.
+struct Rejected {
+    token: u64,
+    identifier: String,
+    counter: String,
+    reason: String,
 }
 
 /// One rolled-back batch: the tokens of its deliveries, the store's reason, and the messages in
@@ -40,6 +51,23 @@ impl Acknowledge<u64> for Acknowledgements<'_> {
     fn acknowledge(&mut self, delivery: &Delivery<u64>) -> acemq_amqp::Result<()> {
         // A broker adapter would acknowledge `delivery.acknowledgement_token` here.
         self.acknowledged.push(delivery.acknowledgement_token);
+        Ok(())
+    }
+
+    fn rejected(
+        &mut self,
+        delivery: &Delivery<u64>,
+        error: &acemq_amqp::Error,
+    ) -> acemq_amqp::Result<()> {
+        let counter = CounterIncrement::from_payload(&delivery.message.payload)
+            .map(|i| i.counter)
+            .unwrap_or_default();
+        self.rejected.push(Rejected {
+            token: delivery.acknowledgement_token,
+            identifier: delivery.message.identifier.clone(),
+            counter,
+            reason: error.to_string(),
+        });
         Ok(())
     }
 
@@ -112,8 +140,8 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     for n in 0..32 {
         deliver(page(n));
     }
-    // A batch with one message for a counter nobody may change: the whole batch is rolled back
-    // and left unacknowledged.
+    // A batch with one message for a counter nobody may change: the whole batch is rolled back,
+    // then applied again one message at a time; only that message is left unacknowledged.
     for n in 96..112 {
         deliver(page(n));
     }
@@ -127,9 +155,10 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let delivered = deliveries.len();
-    let (mut acknowledged, mut rolled_back) = (Vec::new(), Vec::new());
+    let (mut acknowledged, mut rejected, mut rolled_back) = (Vec::new(), Vec::new(), Vec::new());
     let acks = Acknowledgements {
         acknowledged: &mut acknowledged,
+        rejected: &mut rejected,
         rolled_back: &mut rolled_back,
     };
     let options = ConsumeOptions::new()
@@ -144,7 +173,8 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
          (one database transaction per batch):"
     );
     println!(
-        "- {} acknowledged: their batch committed, and only then was each acknowledged.",
+        "- {} acknowledged: their transaction committed (their batch's, or their own after their batch \
+         rolled back), and only then was each acknowledged.",
         report.acknowledged
     );
     println!(
@@ -156,10 +186,23 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
         report.replayed
     );
     println!(
-        "- {} failed and were left unacknowledged: each was rolled back with its batch, so \
-         none of that batch's increments or receipts were kept.",
-        report.failed
+        "- {} failed and {} left unacknowledged.",
+        report.failed,
+        if report.failed == 1 { "was" } else { "were" }
     );
+    for r in &rejected {
+        println!(
+            "  - Delivery {} (message {:?}) asks to change counter {:?}, which this store does \
+             not allow (it allows only {}): {}. Its batch was rolled back as a whole (one \
+             transaction, all or nothing); the consumer then applied that batch's messages one \
+             at a time, so the others were applied and acknowledged, and only this one failed.",
+            r.token,
+            r.identifier,
+            r.counter,
+            ALLOWED.join(" and "),
+            r.reason
+        );
+    }
     for batch in &rolled_back {
         println!(
             "  - The batch of {} ({} deliveries) was rolled back: {}.",
@@ -180,9 +223,10 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     if report.failed > 0 {
         println!(
             "  Left unacknowledged means the consumer never told the source it was done with \
-             them: a broker keeps such deliveries and delivers them again (over RabbitMQ, \
-             AmqpQueue requeues them after a backoff), where the valid ones are applied and the \
-             refused one fails again. This demo's source is a list, so nothing comes back here."
+             it: a broker keeps such a delivery and delivers it again (over RabbitMQ, AmqpQueue \
+             requeues it after a backoff), where it fails again; after 5 such failures of its \
+             own AmqpQueue sends it to its dead-letter queue with the reason and acknowledges \
+             it. This demo's source is a list, so nothing comes back here."
         );
     }
     println!("Counters now:");

@@ -256,10 +256,11 @@ fn a_crash_after_commit_before_ack_is_replayed_on_restart_without_repeating_effe
 }
 
 // ---------------------------------------------------------------------------------------------
-// Whole-batch rollback
+// A failing message fails alone
 
-/// Batches of 2: [ok, ok] [ok, bad] [ok, ok]. The middle batch rolls back as a whole, the first
-/// stays committed, the last commits.
+/// Batches of 2: [ok, ok] [ok, bad] [ok, ok]. The middle batch rolls back as a whole; the
+/// recipe then applies its two messages one at a time: the good one commits, the bad one fails
+/// alone. The first batch stays committed, the last commits.
 fn rollback_case(store: &CounterStore, tag: &str, bad: Message) {
     let before = store.value("hits").unwrap();
     let receipts_before = store.receipt_count().unwrap();
@@ -275,21 +276,21 @@ fn rollback_case(store: &CounterStore, tag: &str, bad: Message) {
     let (source, stats) = TestSource::new(deliveries(&messages, 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
     let r = consume(source, store, recorder(&stats, &acked), batches_of(2)).unwrap();
-    assert_eq!(r, report(4, 0, 2));
+    assert_eq!(r, report(5, 0, 1));
     assert_eq!(
         *acked.lock(),
-        [1, 2, 5, 6],
-        "failed deliveries were acknowledged"
+        [1, 2, 3, 5, 6],
+        "the failed delivery was acknowledged, or its batchmate was not"
     );
-    assert_eq!(store.value("hits").unwrap(), before + 4);
-    assert_eq!(store.receipt_count().unwrap(), receipts_before + 4);
-    assert_eq!(store.batch_store().receipt(&id(3)).unwrap(), None);
+    assert_eq!(store.value("hits").unwrap(), before + 5);
+    assert_eq!(store.receipt_count().unwrap(), receipts_before + 5);
+    assert!(store.batch_store().receipt(&id(3)).unwrap().is_some());
     assert!(store.batch_store().receipt(&id(1)).unwrap().is_some());
     assert_eq!(stats.lock().closed, 1);
 }
 
 #[test]
-fn an_invalid_counter_name_rolls_back_the_whole_batch() {
+fn an_invalid_counter_name_fails_alone_and_its_batchmates_commit() {
     let (_dir, store) = counter_store();
     rollback_case(&store, "name", inc("name/4", "no spaces allowed", 1));
     let err = store.apply_batch(&[&inc("x/1", "hits", 1), &inc("x/2", "bad name", 1)]);
@@ -308,7 +309,7 @@ fn an_invalid_counter_name_rolls_back_the_whole_batch() {
 }
 
 #[test]
-fn an_unauthorised_counter_rolls_back_the_whole_batch() {
+fn an_unauthorised_counter_fails_alone_and_its_batchmates_commit() {
     let dir = tempfile::tempdir().unwrap();
     let store = CounterStore::builder(dir.path().join("auth.db"))
         .allow(["hits"])
@@ -322,7 +323,7 @@ fn an_unauthorised_counter_rolls_back_the_whole_batch() {
 }
 
 #[test]
-fn an_identity_reused_with_another_payload_rolls_back_the_whole_batch() {
+fn an_identity_reused_with_another_payload_fails_alone_and_its_batchmates_commit() {
     let (_dir, store) = counter_store();
     // reuse/1 is committed in the first batch; the fourth message reuses it with another payload.
     rollback_case(&store, "reuse", inc("reuse/1", "hits", 100));
@@ -338,18 +339,136 @@ fn an_identity_reused_with_another_payload_rolls_back_the_whole_batch() {
 }
 
 #[test]
-fn an_overflow_rolls_back_the_whole_batch() {
+fn an_overflow_fails_alone_and_its_batchmates_commit() {
     let (_dir, store) = counter_store();
     store
         .apply_batch(&[&inc("big/0", "hits", i64::MAX - 10)])
         .unwrap();
-    // The first batch takes it to MAX - 6; the bad item would go past MAX.
+    // The five good items take it to MAX - 5; the bad item would go past MAX.
     rollback_case(&store, "overflow", inc("overflow/4", "hits", 100));
-    assert_eq!(store.value("hits").unwrap(), i64::MAX - 6);
-    let err = store.apply_batch(&[&inc("x/1", "hits", 7)]).unwrap_err();
+    assert_eq!(store.value("hits").unwrap(), i64::MAX - 5);
+    let err = store.apply_batch(&[&inc("x/1", "hits", 6)]).unwrap_err();
     assert!(err.to_string().contains("overflow"), "{err}");
-    store.apply_batch(&[&inc("x/2", "hits", 6)]).unwrap();
+    store.apply_batch(&[&inc("x/2", "hits", 5)]).unwrap();
     assert_eq!(store.value("hits").unwrap(), i64::MAX);
+}
+
+/// A store that fails with a database error (not a refusal) on any batch holding one of
+/// `failing` (all of them when `failing` is empty), counting its calls. A fake: the real
+/// databases cannot be made to fail on demand for one message, or go down, in a shared test
+/// run; the recipe only sees `apply_batch`'s result.
+struct FailingStore<'a> {
+    inner: &'a CounterStore,
+    failing: Vec<&'static str>,
+    calls: AtomicUsize,
+}
+
+impl ApplyBatch for FailingStore<'_> {
+    fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let hit = messages
+            .iter()
+            .any(|m| self.failing.contains(&m.identifier.as_str()));
+        if self.failing.is_empty() || hit {
+            return Err(Error::Sql {
+                context: "applying a batch".into(),
+                source: "database is locked".into(),
+            });
+        }
+        self.inner.apply_batch(messages)
+    }
+}
+
+/// Records which deliveries the recipe reported failed (as a batch: not their own fault) and
+/// which rejected (failed alone: their own fault).
+#[derive(Default)]
+struct FaultRecorder {
+    acked: Vec<u64>,
+    failed: Vec<u64>,
+    rejected: Vec<u64>,
+}
+
+impl Acknowledge<u64> for FaultRecorder {
+    fn acknowledge(&mut self, d: &Delivery<u64>) -> Result<()> {
+        self.acked.push(d.acknowledgement_token);
+        Ok(())
+    }
+    fn failed(&mut self, d: &[Delivery<u64>], _: &Error) -> Result<()> {
+        self.failed
+            .extend(d.iter().map(|d| d.acknowledgement_token));
+        Ok(())
+    }
+    fn rejected(&mut self, d: &Delivery<u64>, _: &Error) -> Result<()> {
+        self.rejected.push(d.acknowledgement_token);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_message_that_fails_alone_while_its_batchmates_commit_is_rejected_as_its_own_fault() {
+    let (_dir, store) = counter_store();
+    let messages = vec![
+        inc("own/1", "hits", 1),
+        inc("own/2", "hits", 1),
+        inc("own/3", "hits", 1),
+        inc("own/4", "hits", 1),
+    ];
+    let failing = FailingStore {
+        inner: &store,
+        failing: vec!["own/2"],
+        calls: AtomicUsize::new(0),
+    };
+    let mut acker = FaultRecorder::default();
+    let r = consume(
+        IterSource::new(deliveries(&messages, 1)),
+        &failing,
+        Wrap(&mut acker),
+        ConsumeOptions::new().batch_size(4).max_pending(4),
+    )
+    .unwrap();
+    assert_eq!(r, report(3, 0, 1));
+    assert_eq!(acker.acked, [1, 3, 4]);
+    assert_eq!(
+        acker.rejected,
+        [2],
+        "a database error while the others committed"
+    );
+    assert!(acker.failed.is_empty(), "{:?}", acker.failed);
+    assert_eq!(store.value("hits").unwrap(), 3);
+    // The batch, then each of its four messages.
+    assert_eq!(failing.calls.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn a_store_that_is_down_is_not_tried_message_by_message_and_rejects_nothing() {
+    let (_dir, store) = counter_store();
+    let messages: Vec<Message> = (0..8)
+        .map(|i| inc(&format!("down/{i}"), "hits", 1))
+        .collect();
+    let down = FailingStore {
+        inner: &store,
+        failing: Vec::new(),
+        calls: AtomicUsize::new(0),
+    };
+    let mut acker = FaultRecorder::default();
+    let r = consume(
+        IterSource::new(deliveries(&messages, 1)),
+        &down,
+        Wrap(&mut acker),
+        ConsumeOptions::new().batch_size(4).max_pending(4),
+    )
+    .unwrap();
+    assert_eq!(r, report(0, 0, 8));
+    assert!(acker.acked.is_empty());
+    assert!(
+        acker.rejected.is_empty(),
+        "an outage is no message's fault: {:?}",
+        acker.rejected
+    );
+    assert_eq!(acker.failed, [1, 2, 3, 4, 5, 6, 7, 8]);
+    // Per batch of four: the batch, then two messages alone that fail too; the other two are
+    // not tried.
+    assert_eq!(down.calls.load(Ordering::SeqCst), 6);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -457,9 +576,10 @@ fn a_batch_acknowledger_gets_each_committed_batch_in_order() {
         batches_of(3),
     )
     .unwrap();
-    assert_eq!(r, report(6, 0, 3));
-    assert_eq!(acker.batches, [vec![1, 2, 3], vec![7, 8, 9]]);
-    assert_eq!(acker.failed, [vec![4, 5, 6]]);
+    // The second batch rolls back; applied again one by one, 4 and 6 commit, 5 fails alone.
+    assert_eq!(r, report(8, 0, 1));
+    assert_eq!(acker.batches, [vec![1, 2, 3], vec![4, 6], vec![7, 8, 9]]);
+    assert_eq!(acker.failed, [vec![5]]);
     assert_eq!(acker.singles, 0);
 
     // A failing batch acknowledgement propagates like a single one.
@@ -492,6 +612,9 @@ impl<T, A: Acknowledge<T>> Acknowledge<T> for Wrap<'_, A> {
     }
     fn acknowledge_batch(&mut self, d: &[Delivery<T>]) -> Result<()> {
         self.0.acknowledge_batch(d)
+    }
+    fn rejected(&mut self, d: &Delivery<T>, e: &Error) -> Result<()> {
+        self.0.rejected(d, e)
     }
     fn failed(&mut self, d: &[Delivery<T>], e: &Error) -> Result<()> {
         self.0.failed(d, e)
@@ -965,18 +1088,21 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
         batches_of(2),
     )
     .unwrap();
-    assert_eq!(r, report(5, 1, 2));
-    assert_eq!(acked, [1, 2, 3, 4, 7]);
-    assert_eq!(ledger_sum(db, &ledger), 10 + 20 + 30 + 50);
+    // [d, negative] rolls back; applied again one at a time, d commits and the negative
+    // amount fails alone.
+    assert_eq!(r, report(6, 1, 1));
+    assert_eq!(acked, [1, 2, 3, 4, 5, 7]);
+    assert_eq!(ledger_sum(db, &ledger), 10 + 20 + 30 + 40 + 50);
     assert_eq!(
         store.receipt("pay/a").unwrap().as_deref(),
         Some("booked 10")
     );
     assert_eq!(
-        store.receipt("pay/d").unwrap(),
-        None,
-        "rolled back with its batch"
+        store.receipt("pay/d").unwrap().as_deref(),
+        Some("booked 40"),
+        "committed alone after its batch rolled back"
     );
+    assert_eq!(store.receipt("pay/neg").unwrap(), None);
 
     // A mismatched identity rolls back the whole batch.
     let err = store
@@ -984,7 +1110,7 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
         .unwrap_err();
     assert!(err.to_string().contains("different payload"), "{err}");
     assert_eq!(store.receipt("pay/f").unwrap(), None);
-    assert_eq!(ledger_sum(db, &ledger), 110);
+    assert_eq!(ledger_sum(db, &ledger), 150);
 
     // On the caller's transaction: rolled back by the caller, nothing stays; committed, it does.
     let receipts = db.in_tx(false, |tx| {
@@ -1009,7 +1135,7 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
         store.receipt("pay/g").unwrap().as_deref(),
         Some("booked 70")
     );
-    assert_eq!(ledger_sum(db, &ledger), 180);
+    assert_eq!(ledger_sum(db, &ledger), 220);
 
     // Outside a transaction it is refused.
     if db.backend == db::Backend::Postgres {

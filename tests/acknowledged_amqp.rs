@@ -138,6 +138,9 @@ fn a_rolled_back_delivery_is_never_covered_by_a_multiple_ack_and_returns_on_clos
 /// taken by the batcher, and deliveries prefetched but not yet taken.
 struct RollBackThenHold<'a> {
     counters: &'a CounterStore,
+    /// The identities of the rolled-back batch, failed again when the recipe then applies them
+    /// one at a time (until another batch comes).
+    first: Mutex<Option<Vec<String>>>,
     batches: AtomicUsize,
     rolled_back: AtomicUsize,
     holding: AtomicBool,
@@ -146,20 +149,31 @@ struct RollBackThenHold<'a> {
 
 impl ApplyBatch for RollBackThenHold<'_> {
     fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
-        match self.batches.fetch_add(1, Ordering::SeqCst) {
-            0 => {
-                self.rolled_back.fetch_add(messages.len(), Ordering::SeqCst);
+        let ids: Vec<String> = messages.iter().map(|m| m.identifier.clone()).collect();
+        {
+            let mut first = self.first.lock().unwrap();
+            let rolled_back_again = match &*first {
+                None => {
+                    *first = Some(ids);
+                    self.rolled_back.fetch_add(messages.len(), Ordering::SeqCst);
+                    true
+                }
+                Some(f) => {
+                    self.batches.load(Ordering::SeqCst) == 0 && ids.iter().all(|i| f.contains(i))
+                }
+            };
+            if rolled_back_again {
                 return Err(Error::Handler {
                     source: "the first batch rolls back".into(),
                 });
             }
-            1 => {
-                let release = self.release.lock().unwrap().take().unwrap();
-                self.holding.store(true, Ordering::SeqCst);
-                // Released by the test (or by its end): never waits past the deadline.
-                let _ = release.recv_timeout(WAIT);
-            }
-            _ => {}
+        }
+        // The batch after the rolled-back one is held.
+        if self.batches.fetch_add(1, Ordering::SeqCst) == 0 {
+            let release = self.release.lock().unwrap().take().unwrap();
+            self.holding.store(true, Ordering::SeqCst);
+            // Released by the test (or by its end): never waits past the deadline.
+            let _ = release.recv_timeout(WAIT);
         }
         self.counters.apply_batch(messages)
     }
@@ -178,6 +192,7 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
     let (release, gate) = mpsc::channel();
     let store = RollBackThenHold {
         counters: &counters,
+        first: Mutex::new(None),
         batches: AtomicUsize::new(0),
         rolled_back: AtomicUsize::new(0),
         holding: AtomicBool::new(false),
@@ -302,13 +317,16 @@ impl ApplyBatch for FailingCommits {
     }
 }
 
+/// Sets a queue's options before its run.
+type Configure = Box<dyn FnOnce(AmqpQueue) -> acemq_amqp::Result<AmqpQueue> + Send>;
+
 /// Runs the recipe on `q` on a thread of its own, so that a stalled run fails a test (bounded
 /// by deadlines) instead of hanging it; its result arrives on the receiver.
 fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
     conn: &acemq_amqp::Connection,
     q: &str,
     prefetch: u16,
-    requeue_backoff: Option<(Duration, Duration)>,
+    configure: Option<Configure>,
     store: std::sync::Arc<S>,
     batcher: Batcher,
 ) -> (
@@ -320,8 +338,8 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
     let running = std::thread::spawn(move || {
         let run = || -> acemq_amqp::Result<Report> {
             let mut queue = AmqpQueue::open(&conn, &q, prefetch)?;
-            if let Some((first, max)) = requeue_backoff {
-                queue = queue.requeue_backoff(first, max)?;
+            if let Some(configure) = configure {
+                queue = configure(queue)?;
             }
             let report = consume_with(queue.source()?, &store, queue.acknowledger(), &batcher);
             queue.close()?;
@@ -354,8 +372,10 @@ fn failed_batches_do_not_exhaust_the_prefetch_and_stall_the_run() {
         publisher.publish("", &q, m).unwrap();
     }
     let stop = StopHandle::new();
+    // Batches of one: a failed batch of more would be applied again message by message, and
+    // the database "locked" for those too would count more rolled-back applies than deliveries.
     let batcher = Batcher::builder()
-        .batch_size(2)
+        .batch_size(1)
         .max_pending(usize::from(PREFETCH) - 1)
         .poll_interval(Duration::from_millis(20))
         .stop_handle(stop.clone())
@@ -415,7 +435,9 @@ impl ApplyBatch for PoisonWatch {
         let poisoned = messages.iter().any(|m| {
             CounterIncrement::from_payload(&m.payload).is_ok_and(|i| i.counter == "not_allowed")
         });
-        if poisoned {
+        // A rolled-back batch is applied again message by message: a try of the poisoned
+        // message is the one where it is alone.
+        if poisoned && messages.len() == 1 {
             self.poisoned_tries.lock().unwrap().push(Instant::now());
         }
         self.counters.apply_batch(messages)
@@ -423,7 +445,7 @@ impl ApplyBatch for PoisonWatch {
 }
 
 #[test]
-fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_and_never_acknowledged() {
+fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last_attempt() {
     const N: usize = 20;
     const PREFETCH: u16 = 4;
     const FIRST: Duration = Duration::from_millis(50);
@@ -470,11 +492,14 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_and_never_ackn
         .stop_handle(stop.clone())
         .build()
         .unwrap();
+    // Dead-lettered after ten failures of its own: long after this test has seen six.
     let (done, running) = run_on_a_thread(
         &conn,
         &q,
         PREFETCH,
-        Some((FIRST, MAX)),
+        Some(Box::new(|queue: AmqpQueue| {
+            queue.requeue_backoff(FIRST, MAX)?.dead_letter_after(10)
+        })),
         store.clone(),
         batcher,
     );
@@ -521,4 +546,191 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_and_never_ackn
     let back = conn.get(&q).unwrap().unwrap();
     let inc = CounterIncrement::from_payload(&back.body).unwrap();
     assert_eq!(inc.counter, "not_allowed");
+}
+
+#[test]
+fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its_attempts() {
+    const N: usize = 20;
+    const PREFETCH: u16 = 8;
+    const ATTEMPTS: u32 = 3;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ack-amqp-dlq"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(PoisonWatch {
+        counters: counters(&dir),
+        poisoned_tries: Mutex::new(Vec::new()),
+    });
+    let publisher = conn.publisher().unwrap();
+    let mut poisoned_id = String::new();
+    for i in 0..N {
+        // Message 3 names a counter that is not allowed: the store refuses it every time.
+        let counter = if i == 3 { "not_allowed" } else { "signups" };
+        let m = Message::new(CounterIncrement::new(counter, 1).payload());
+        if i == 3 {
+            poisoned_id = m.id().to_string();
+        }
+        publisher.publish("", &q, m).unwrap();
+    }
+    let stop = StopHandle::new();
+    let batcher = Batcher::builder()
+        .batch_size(4)
+        .max_pending(usize::from(PREFETCH) - 1)
+        .poll_interval(Duration::from_millis(20))
+        .stop_handle(stop.clone())
+        .build()
+        .unwrap();
+    let (done, running) = run_on_a_thread(
+        &conn,
+        &q,
+        PREFETCH,
+        Some(Box::new(|queue: AmqpQueue| {
+            queue
+                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
+                .dead_letter_after(ATTEMPTS)
+        })),
+        store.clone(),
+        batcher,
+    );
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    let dead_lettered = || conn.queue_info(&dlq).is_ok_and(|i| i.message_count == 1);
+    let got_there = eventually(WAIT, || {
+        store.counters.value("signups").unwrap() == N as i64 - 1 && dead_lettered()
+    });
+    stop.stop();
+    let report = done
+        .recv_timeout(WAIT)
+        .expect("the run did not return within its deadline after being stopped");
+    running.join().unwrap();
+    assert!(
+        got_there,
+        "{} of {} others applied, dead-lettered: {}, the poisoned message tried {} times \
+         ({report:?})",
+        store.counters.value("signups").unwrap(),
+        N - 1,
+        dead_lettered(),
+        store.poisoned_tries.lock().unwrap().len()
+    );
+    let report = report.unwrap();
+    // Its batchmates were applied with it out of the way; it failed exactly its attempts.
+    assert_eq!(report.acknowledged, N as u64 - 1, "{report:?}");
+    assert_eq!(report.failed, u64::from(ATTEMPTS), "{report:?}");
+    assert_eq!(
+        store.poisoned_tries.lock().unwrap().len(),
+        ATTEMPTS as usize
+    );
+    assert_eq!(store.counters.receipt_count().unwrap(), N as u64 - 1);
+    // Nothing left on the queue: the original was acknowledged once its copy was confirmed.
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    let dead = conn.get(&dlq).unwrap().expect("the dead letter");
+    assert_eq!(
+        dead.id(),
+        poisoned_id,
+        "the copy keeps the message's identity"
+    );
+    let error = dead.envelope.error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with("exhausted 3 attempts: ") && error.contains("not authorised"),
+        "x-acemq-error: {error:?}"
+    );
+    assert_eq!(
+        CounterIncrement::from_payload(&dead.body).unwrap().counter,
+        "not_allowed"
+    );
+    assert_eq!(
+        dead.headers.get("acemq-original-queue"),
+        Some(&acemq_amqp::HeaderValue::Text(q.clone()))
+    );
+}
+
+/// The counters behind a database that is down until told otherwise (a fake: the test's
+/// databases cannot be taken down under a parallel test run).
+struct Outage {
+    counters: CounterStore,
+    down: AtomicBool,
+    failed_calls: AtomicUsize,
+}
+
+impl ApplyBatch for Outage {
+    fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
+        if self.down.load(Ordering::SeqCst) {
+            self.failed_calls.fetch_add(1, Ordering::SeqCst);
+            return Err(Error::Sql {
+                context: "connecting to the database".into(),
+                source: "connection refused".into(),
+            });
+        }
+        self.counters.apply_batch(messages)
+    }
+}
+
+#[test]
+fn a_database_outage_backs_off_and_dead_letters_nothing() {
+    const N: usize = 10;
+    const PREFETCH: u16 = 8;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ack-amqp-outage"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Outage {
+        counters: counters(&dir),
+        down: AtomicBool::new(true),
+        failed_calls: AtomicUsize::new(0),
+    });
+    let publisher = conn.publisher().unwrap();
+    for _ in 0..N {
+        let m = Message::new(CounterIncrement::new("signups", 1).payload());
+        publisher.publish("", &q, m).unwrap();
+    }
+    let stop = StopHandle::new();
+    let batcher = Batcher::builder()
+        .batch_size(4)
+        .max_pending(usize::from(PREFETCH) - 1)
+        .poll_interval(Duration::from_millis(20))
+        .stop_handle(stop.clone())
+        .build()
+        .unwrap();
+    let (done, running) = run_on_a_thread(
+        &conn,
+        &q,
+        PREFETCH,
+        Some(Box::new(|queue: AmqpQueue| {
+            queue
+                .requeue_backoff(Duration::from_millis(5), Duration::from_millis(40))?
+                .dead_letter_after(2)
+        })),
+        store.clone(),
+        batcher,
+    );
+    // Down long enough for every message to fail more often than its dead-letter limit.
+    let failed_enough = eventually(WAIT, || store.failed_calls.load(Ordering::SeqCst) >= 3 * N);
+    store.down.store(false, Ordering::SeqCst);
+    let all_applied = eventually(WAIT, || {
+        store.counters.value("signups").unwrap() == N as i64
+    });
+    stop.stop();
+    let report = done
+        .recv_timeout(WAIT)
+        .expect("the run did not return within its deadline after being stopped")
+        .unwrap();
+    running.join().unwrap();
+    assert!(failed_enough && all_applied, "{report:?}");
+    assert_eq!(report.acknowledged, N as u64, "{report:?}");
+    assert!(report.failed >= 3 * N as u64, "{report:?}");
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    assert!(
+        conn.queue_info(&dlq).map_or(true, |i| i.message_count == 0),
+        "an outage dead-lettered messages"
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
 }

@@ -52,10 +52,10 @@
 mod outcome;
 pub(crate) mod owner;
 pub(crate) mod reply;
-mod retry;
+pub(crate) mod retry;
 mod stream_cursor;
 mod timer;
-mod worker;
+pub(crate) mod worker;
 
 pub use outcome::{FatalError, Handler, HandlerResult, OrderBy, Outcome};
 pub use retry::{

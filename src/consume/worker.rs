@@ -744,12 +744,17 @@ fn wait_then_copy(
 /// expiration (RabbitMQ strips it when it dead-letters; kept, the copy would silently expire out
 /// of `.dlq`).
 fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
+    publish(ctx, queue, dead_letter_copy(message, &ctx.queue, error))?;
+    Ok(Step::Now(SettleAction::Ack))
+}
+
+/// The dead-letter (or parked) copy of `message`, consumed from `consumed`, failed with `error`.
+pub(crate) fn dead_letter_copy(message: &Message, consumed: &str, error: String) -> Message {
     let mut copy = copy_of(message);
-    stamp_origin(&mut copy, message, &ctx.queue);
+    stamp_origin(&mut copy, message, consumed);
     copy.envelope.error = Some(error);
     copy.expiration_ms = None;
-    publish(ctx, queue, copy)?;
-    Ok(Step::Now(SettleAction::Ack))
+    copy
 }
 
 /// What every copy is: the envelope regenerated from the original's (id, type, version,
@@ -787,7 +792,16 @@ fn stamp_origin(copy: &mut Message, original: &Message, queue: &str) {
 }
 
 /// Publishes a copy to `queue` through the default exchange, confirmed and mandatory.
-pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<()> {
+pub(crate) fn publish(ctx: &Context, queue: &str, copy: Message) -> Result<()> {
+    publish_copy(&ctx.publisher, queue, copy)
+}
+
+/// [`publish`] with a publisher of the caller's (the acknowledged consumer's dead letters).
+pub(crate) fn publish_copy(
+    publisher: &crate::Publisher,
+    queue: &str,
+    mut copy: Message,
+) -> Result<()> {
     if let Err(invalid) = copy.validate() {
         // A header another client sent that we may not send back (a non-finite float, …):
         // drop what cannot go on the wire rather than requeue the message for ever.
@@ -798,7 +812,7 @@ pub(crate) fn publish(ctx: &Context, queue: &str, mut copy: Message) -> Result<(
         );
         copy.drop_invalid_headers();
     }
-    ctx.publisher.publish_copy("", queue, copy)
+    publisher.publish_copy("", queue, copy)
 }
 
 /// The pause before an original whose copy failed goes back: 1 s, doubling with each failure

@@ -31,6 +31,9 @@
 //! * A rolled-back batch's deliveries are **requeued after a backoff** (below): held
 //!   unacknowledged for a while, then given back one by one with `basic.nack` (`requeue`, not
 //!   `multiple`), so the broker redelivers them and they are applied then, or found done.
+//! * A delivery **rejected** ([`Acknowledge::rejected`]: it failed through its own fault)
+//!   [`AmqpQueue::dead_letter_after`] times is **dead-lettered**: a confirmed copy to
+//!   `{queue}.dlq` with `x-acemq-error`, then the ack (see the public module docs).
 //! * The source does not recover a dropped connection: it reports it as an error, the recipe
 //!   stops (draining and closing), and the caller starts again — the receipts make that safe.
 //!
@@ -93,6 +96,8 @@ const DEFAULT_REQUEUE_MAX: Duration = Duration::from_secs(30);
 const LONGEST_REQUEUE_MAX: Duration = Duration::from_secs(3600);
 /// The most message identities whose consecutive failures are remembered.
 const MAX_TRACKED_FAILURES: usize = 4096;
+/// Failures through a message's own fault after which it is dead-lettered, by default.
+const DEFAULT_DEAD_LETTER_AFTER: u32 = 5;
 
 /// A rolled-back delivery waiting for its requeue.
 struct Held {
@@ -103,6 +108,8 @@ struct Held {
 /// Consecutive failures of one message identity.
 struct Failures {
     count: u32,
+    /// Of those, failures through its own fault ([`Acknowledge::rejected`]).
+    own: u32,
     last: Instant,
 }
 
@@ -119,12 +126,14 @@ struct Requeues {
 }
 
 impl Requeues {
-    /// Counts a failure of `identifier` and returns its consecutive failures.
-    fn count_failure(&mut self, identifier: &str, now: Instant) -> u32 {
+    /// Counts a failure of `identifier` (`own`: through its own fault) and returns its
+    /// consecutive failures, and how many of them were its own.
+    fn count_failure(&mut self, identifier: &str, own: bool, now: Instant) -> (u32, u32) {
         if let Some(f) = self.failures.get_mut(identifier) {
             f.count = f.count.saturating_add(1);
+            f.own = f.own.saturating_add(u32::from(own));
             f.last = now;
-            return f.count;
+            return (f.count, f.own);
         }
         if self.failures.len() >= MAX_TRACKED_FAILURES {
             let oldest = self
@@ -140,10 +149,11 @@ impl Requeues {
             identifier.to_string(),
             Failures {
                 count: 1,
+                own: u32::from(own),
                 last: now,
             },
         );
-        1
+        (1, u32::from(own))
     }
 
     /// The backoff after `failures` consecutive failures: `first × 2^(failures-1)`, capped at
@@ -175,6 +185,8 @@ impl Requeues {
 /// sources and acknowledgers borrow it on one thread.
 pub struct AmqpQueue {
     channel: Channel,
+    /// For the dead letters: their topology and their publisher.
+    connection: Connection,
     queue: String,
     identifier: Option<IdentifierFn>,
     /// Tags handed out by a source of this queue and neither acknowledged nor given back.
@@ -183,6 +195,13 @@ pub struct AmqpQueue {
     source_open: Cell<bool>,
     /// Rolled-back deliveries waiting for their requeue, and the backoff's counts.
     requeues: RefCell<Requeues>,
+    /// Own failures after which a delivery is dead-lettered.
+    dead_letter_after: u32,
+    /// The dead letters' confirmed publisher, made with the first dead letter (which declares
+    /// the queue's failure topology first).
+    dead_letters: RefCell<Option<crate::Publisher>>,
+    /// Deliveries dead-lettered so far.
+    dead_lettered: Cell<u64>,
 }
 
 impl std::fmt::Debug for AmqpQueue {
@@ -192,6 +211,7 @@ impl std::fmt::Debug for AmqpQueue {
             .field("unsettled", &self.unsettled.borrow().len())
             .field("source_open", &self.source_open.get())
             .field("held", &self.requeues.borrow().held.len())
+            .field("dead_lettered", &self.dead_lettered.get())
             .finish()
     }
 }
@@ -215,6 +235,7 @@ impl AmqpQueue {
             .map_err(|e| Error::amqp(format!("setting prefetch on {queue:?}"), e))?;
         Ok(AmqpQueue {
             channel,
+            connection: connection.clone(),
             queue: queue.to_string(),
             identifier: None,
             unsettled: RefCell::new(BTreeSet::new()),
@@ -226,7 +247,53 @@ impl AmqpQueue {
                 failures: HashMap::new(),
                 failed_batches: 0,
             }),
+            dead_letter_after: DEFAULT_DEAD_LETTER_AFTER,
+            dead_letters: RefCell::new(None),
+            dead_lettered: Cell::new(0),
         })
+    }
+
+    /// Dead-letters a delivery once it has failed `attempts` times **through its own fault**
+    /// ([`Acknowledge::rejected`]: the store refused it, or it failed alone while its batchmates
+    /// committed): a copy goes to `{queue}.dlq` with `x-acemq-error: exhausted N attempts:
+    /// <the error>`, confirmed, and then the delivery is acknowledged. The first dead letter
+    /// declares the family's failure topology beside the queue (`acemq.dlx`, `{queue}.dlq`,
+    /// `{queue}.parked`), as the family's consumers do. Failures that are nobody's fault in
+    /// particular (a whole batch rolled back by a database outage) never count: those
+    /// deliveries only back off. Defaults to 5.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for 0.
+    pub fn dead_letter_after(mut self, attempts: u32) -> Result<Self> {
+        if attempts == 0 {
+            return Err(Error::invalid(
+                "a delivery is dead-lettered after at least 1 attempt",
+            ));
+        }
+        self.dead_letter_after = attempts;
+        Ok(self)
+    }
+
+    /// Deliveries of this queue dead-lettered so far (see
+    /// [`dead_letter_after`](Self::dead_letter_after)).
+    pub fn dead_lettered(&self) -> u64 {
+        self.dead_lettered.get()
+    }
+
+    /// The dead letters' publisher; the first call declares the failure topology.
+    fn dead_letter_publisher(&self) -> Result<crate::Publisher> {
+        if let Some(p) = self.dead_letters.borrow().as_ref() {
+            return Ok(p.clone());
+        }
+        crate::consume::retry::declare_failure_topology(
+            &self.connection,
+            &self.queue,
+            &crate::RetryPolicy::none(),
+        )?;
+        let p = self.connection.publisher()?;
+        *self.dead_letters.borrow_mut() = Some(p.clone());
+        Ok(p)
     }
 
     /// Sets how long a rolled-back delivery is held before it is requeued: `first` after one
@@ -312,6 +379,14 @@ impl AmqpQueue {
     ///
     /// The channel's close error.
     pub fn close(self) -> Result<()> {
+        if let Some(p) = self.dead_letters.borrow_mut().take() {
+            if let Err(e) = p.close() {
+                log::warn!(
+                    "acemq: closing the dead-letter publisher of {:?}: {e}",
+                    self.queue
+                );
+            }
+        }
         self.channel
             .close()
             .map_err(|e| Error::amqp(format!("closing the channel of {:?}", self.queue), e))
@@ -325,10 +400,12 @@ impl AmqpQueue {
     }
 }
 
-/// The token of one delivery: the delivery on its channel.
+/// The token of one delivery: the delivery on its channel, and the message as received (its
+/// body is the [`Message`]'s payload), for a dead-letter copy.
 #[derive(Debug, Clone)]
 pub struct AmqpToken {
     delivery: amiquip::Delivery,
+    received: Box<crate::Message>,
 }
 
 impl AmqpToken {
@@ -400,11 +477,15 @@ impl Source for AmqpSource<'_> {
         match msg {
             ConsumerMessage::Delivery(mut d) => {
                 self.queue.unsettled.borrow_mut().insert(d.delivery_tag());
-                let message = crate::Message::take_delivery(&mut d);
-                let identifier = self.queue.identify(&message);
+                let mut received = crate::Message::take_delivery(&mut d);
+                let identifier = self.queue.identify(&received);
+                let body = std::mem::take(&mut received.body);
                 Ok(Polled::Item(Delivery::new(
-                    Message::new(identifier, message.body),
-                    AmqpToken { delivery: d },
+                    Message::new(identifier, body),
+                    AmqpToken {
+                        delivery: d,
+                        received: Box::new(received),
+                    },
                 )))
             }
             ConsumerMessage::ServerCancelled => Err(Error::Cancelled {
@@ -564,21 +645,78 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
     /// requeues each when its backoff is over (see the [module docs](super)). They stay
     /// unsettled until then, so no `multiple` acknowledgement covers them.
     fn failed(&mut self, deliveries: &[Delivery<AmqpToken>], error: &Error) -> Result<()> {
+        {
+            let mut requeues = self.queue.requeues.borrow_mut();
+            requeues.failed_batches = requeues.failed_batches.saturating_add(1);
+        }
+        self.hold(deliveries, false, error);
+        Ok(())
+    }
+
+    /// Counts a failure of the delivery's own; after [`AmqpQueue::dead_letter_after`] of them
+    /// dead-letters it (a confirmed copy to `{queue}.dlq`, then the ack), else holds it like a
+    /// rolled-back one. A dead letter that cannot be sent is logged and the delivery held: it
+    /// is tried again after its next failure.
+    fn rejected(&mut self, delivery: &Delivery<AmqpToken>, error: &Error) -> Result<()> {
+        let own = self.hold(std::slice::from_ref(delivery), true, error);
+        if own < self.queue.dead_letter_after {
+            return Ok(());
+        }
+        let tag = delivery.acknowledgement_token.delivery_tag();
+        let reason = {
+            let plural = if own == 1 { "" } else { "s" };
+            format!("exhausted {own} attempt{plural}: {error}")
+        };
+        match self.dead_letter(delivery, &reason) {
+            Ok(()) => {
+                // No longer held: its copy is out and it is acknowledged.
+                self.queue
+                    .requeues
+                    .borrow_mut()
+                    .held
+                    .retain(|h| h.delivery.delivery_tag() != tag);
+                self.settled(delivery);
+                let dead = self.queue.dead_lettered.get() + 1;
+                self.queue.dead_lettered.set(dead);
+                log::error!(
+                    "acemq: message {:?} of {:?} dead-lettered to {:?}: {reason}",
+                    delivery.message.identifier,
+                    self.queue.queue,
+                    crate::consume::dead_letter_queue(&self.queue.queue)
+                );
+                Ok(())
+            }
+            Err(e) => {
+                log::warn!(
+                    "acemq: message {:?} of {:?} could not be dead-lettered ({e}); it is \
+                     requeued after its backoff",
+                    delivery.message.identifier,
+                    self.queue.queue
+                );
+                Ok(())
+            }
+        }
+    }
+}
+
+impl AmqpAcknowledge<'_> {
+    /// Holds each unsettled delivery for its backoff and counts its failure (`own`: its own
+    /// fault); returns the last one's count of own failures.
+    fn hold(&self, deliveries: &[Delivery<AmqpToken>], own: bool, error: &Error) -> u32 {
         let now = Instant::now();
         let unsettled = self.queue.unsettled.borrow();
         let mut requeues = self.queue.requeues.borrow_mut();
-        requeues.failed_batches = requeues.failed_batches.saturating_add(1);
         let mut longest = Duration::ZERO;
+        let mut own_failures = 0;
         for d in deliveries {
             let delivery = &d.acknowledgement_token.delivery;
             // Already settled (given back when a source closed): nothing to hold.
             if !unsettled.contains(&delivery.delivery_tag()) {
                 continue;
             }
-            let failures = requeues
-                .count_failure(&d.message.identifier, now)
-                .max(requeues.failed_batches);
-            let wait = requeues.backoff(failures);
+            let (failures, own) = requeues.count_failure(&d.message.identifier, own, now);
+            own_failures = own;
+            let wait = requeues.backoff(failures.max(requeues.failed_batches));
             longest = longest.max(wait);
             requeues.held.push(Held {
                 due: now + wait,
@@ -586,11 +724,27 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
             });
         }
         log::warn!(
-            "acemq: a batch of {} deliveries of {:?} was rolled back ({error}); they are \
-             requeued within {longest:?}",
+            "acemq: {} deliveries of {:?} were rolled back ({error}); they are requeued within \
+             {longest:?}",
             deliveries.len(),
             self.queue.queue
         );
-        Ok(())
+        own_failures
+    }
+
+    /// Sends the dead-letter copy of `delivery` (confirmed, mandatory) and acknowledges it.
+    fn dead_letter(&self, delivery: &Delivery<AmqpToken>, reason: &str) -> Result<()> {
+        let queue = self.queue;
+        let publisher = queue.dead_letter_publisher()?;
+        let mut received = (*delivery.acknowledgement_token.received).clone();
+        received.body.clone_from(&delivery.message.payload);
+        let copy =
+            crate::consume::worker::dead_letter_copy(&received, &queue.queue, reason.to_string());
+        crate::consume::worker::publish_copy(
+            &publisher,
+            &crate::consume::dead_letter_queue(&queue.queue),
+            copy,
+        )?;
+        self.ack(delivery, false)
     }
 }

@@ -110,11 +110,30 @@
 //! ([`Receipt::Applied`]); (4) commits, before any outcome is returned. An identity reused with
 //! a different payload, an effect that refuses an item (a bad counter name, an unauthorised
 //! counter, an overflow), or any database error rolls back the **whole batch**: none of its
-//! effects or receipts stay. Earlier batches stay committed. The deliveries of a failed batch are
-//! counted in [`Report::failed`], passed to [`Acknowledge::failed`] and not acknowledged;
-//! consumption goes on with the next batch. What becomes of them is the acknowledgement's
-//! choice (by default nothing: they wait for the broker to take them back); over AMQP they are
-//! requeued after a backoff (see *Rolled-back deliveries over AMQP* below).
+//! effects or receipts stay ([`ApplyBatch`] is all or nothing). Earlier batches stay committed.
+//!
+//! # One message that fails, fails alone
+//!
+//! [`consume`] then applies the rolled-back batch's messages **again, one at a time** (one
+//! transaction each, on the worker): those that commit are acknowledged, and only those that
+//! fail alone stay unacknowledged, so a message that can never be applied does not take its
+//! batchmates down with it (the cost, a transaction per message, is paid only for a batch that
+//! failed). Each failure is counted in [`Report::failed`], and the acknowledgement is told
+//! whose fault it was:
+//!
+//! * [`Acknowledge::rejected`], one delivery at a time, when it was the message's own: the
+//!   store refused it ([`Error::InvalidArgument`], [`Error::InvalidName`],
+//!   [`Error::InvalidHeader`], [`Error::Codec`] — it fails the same way every time), or it
+//!   failed while another message of its batch committed (the database was up).
+//! * [`Acknowledge::failed`], for the rest: a batch of one that failed with a database error,
+//!   or a batch whose first two messages tried alone both failed without a refusal and none
+//!   committed — the store looks down, and the rest of the batch is not tried one by one (an
+//!   outage is not made longer by a transaction per message).
+//!
+//! What becomes of them is the acknowledgement's choice (by default nothing: they wait for the
+//! broker to take them back); over AMQP they are requeued after a backoff, and a delivery
+//! rejected [`AmqpQueue::dead_letter_after`] times goes to `{queue}.dlq` (see *Rolled-back
+//! deliveries over AMQP* below). Consumption goes on with the next batch.
 //!
 //! # Crash and cancellation boundaries
 //!
@@ -132,7 +151,8 @@
 //! 3. **Acknowledgement sent, response lost** (the connection drops around a `basic.ack`). The
 //!    broker may or may not have taken it. If it did not, the delivery comes back and is a replay
 //!    as in case 2. The error is returned from [`consume`]; that is not data loss.
-//! 4. **A later item fails.** A failing item rolls back its own batch only. Earlier batches were
+//! 4. **A later item fails.** A failing item rolls back its own batch only, and its batchmates
+//!    are then applied one at a time (above). Earlier batches were
 //!    committed and are acknowledged (or, if the acknowledgement fails, replayed later as in case
 //!    2). Items of later batches are processed as usual. When an *acknowledgement* fails,
 //!    [`consume`] stops taking deliveries, lets the batches already on the worker finish (they
@@ -190,10 +210,19 @@
 //!   The failure counts of at most 4096 identities are kept, with the queue, across runs.
 //! * **Nothing spins.** A message that always fails comes back ever more slowly, and once the
 //!   backoff is capped at most once every `max / 2`; every failure is counted in
-//!   [`Report::failed`] (a message that failed three times counts three) and logged. This
-//!   consumer has no dead-letter queue of its own: a message that can never be applied keeps
-//!   coming back at that pace until it is removed, or until the queue's own dead-lettering
-//!   (a delivery limit on a quorum queue) takes it.
+//!   [`Report::failed`] (a message that failed three times counts three) and logged.
+//! * **A message that can never be applied is dead-lettered.** After
+//!   [`AmqpQueue::dead_letter_after`] failures through its own fault
+//!   ([`Acknowledge::rejected`]; 5 by default) a copy goes to `{queue}.dlq` — the family's
+//!   dead letter: the same envelope and attempt, the body, `x-acemq-error: exhausted N
+//!   attempts: <the error>` and where it was consumed from — and once the broker has confirmed
+//!   it the delivery is acknowledged. The first dead letter declares the family's failure
+//!   topology (`acemq.dlx`, `{queue}.dlq`, `{queue}.parked`). A copy that cannot be sent is
+//!   logged and the delivery held as before: it is tried again after its next failure.
+//!   Failures that are nobody's fault in particular (a database outage rolling back whole
+//!   batches) never count towards it: an outage delays messages, it does not dead-letter them.
+//!   One limit: a message whose effect fails with a database error and that is only ever
+//!   alone in its batch cannot be told from an outage, and keeps backing off.
 //! * **No `multiple` covers a held delivery.** It stays in the queue's unsettled set until its
 //!   requeue, so the acknowledgement of a later batch covers it neither with nor without
 //!   `multiple`. A run that ends first (stopped, or on an error) gives the held deliveries back
@@ -378,6 +407,106 @@ pub trait Acknowledge<T> {
         let _ = (deliveries, error);
         Ok(())
     }
+
+    /// Told about one delivery that failed **through its own fault**: its batch rolled back,
+    /// the recipe applied the batch's messages again one at a time, and this one failed alone
+    /// — the store refused it (an invalid or unauthorised item, an identity reused with
+    /// another payload, an overflow: [`Error::InvalidArgument`], [`Error::InvalidName`],
+    /// [`Error::InvalidHeader`], [`Error::Codec`]), or it failed while another message of its
+    /// batch committed. A message that keeps being rejected can never be applied; one that is
+    /// only ever [`failed`](Self::failed) may be waiting out a database outage.
+    ///
+    /// Defaults to [`failed`](Self::failed) with this delivery alone. [`AmqpQueue`]'s
+    /// acknowledger counts these and dead-letters the delivery to `{queue}.dlq` after
+    /// [`AmqpQueue::dead_letter_after`] of them.
+    ///
+    /// # Errors
+    ///
+    /// An error stops the consumer like an acknowledgement failure.
+    fn rejected(&mut self, delivery: &Delivery<T>, error: &Error) -> Result<()> {
+        self.failed(std::slice::from_ref(delivery), error)
+    }
+}
+
+/// True when the store refused the message itself: it fails the same way every time it is
+/// applied, whether the database is up or down.
+fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::InvalidArgument { .. }
+            | Error::InvalidName { .. }
+            | Error::InvalidHeader { .. }
+            | Error::Codec { .. }
+    )
+}
+
+/// What became of one message of a batch on the worker.
+enum Applied {
+    /// Committed: with its batch, or alone after the batch rolled back.
+    Committed(Receipt),
+    /// Failed alone through its own fault (see [`Acknowledge::rejected`]).
+    Rejected(Error),
+    /// Rolled back, and nothing says it was its own fault: a batch of one that failed with a
+    /// database error, or a batch the store failed as if it were down.
+    RolledBack(std::sync::Arc<Error>),
+}
+
+/// Messages tried alone after a rolled-back batch that fail with something other than a
+/// refusal, with none committed, before the store is taken to be down and the rest of the batch
+/// is not tried.
+const DOWN_AFTER: usize = 2;
+
+/// Applies a batch in one transaction; when it rolls back (and it held more than one message),
+/// applies its messages again one at a time, so that one message that cannot be applied fails
+/// alone and its batchmates commit. The second pass stops early when the first messages tried
+/// all fail without a refusal and none commits: the store looks down, and trying every message
+/// of the batch would only make an outage longer.
+fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]) -> Vec<Applied> {
+    let messages: Vec<&Message> = batch.iter().map(|d| &d.message).collect();
+    let batch_error = match store.apply_batch(&messages) {
+        Ok(receipts) => return receipts.into_iter().map(Applied::Committed).collect(),
+        Err(e) => e,
+    };
+    if messages.len() == 1 {
+        return vec![if is_refusal(&batch_error) {
+            Applied::Rejected(batch_error)
+        } else {
+            Applied::RolledBack(std::sync::Arc::new(batch_error))
+        }];
+    }
+    log::debug!(
+        "acknowledged consumer: a batch of {} rolled back ({batch_error}); applying its messages \
+         one at a time",
+        messages.len()
+    );
+    let batch_error = std::sync::Arc::new(batch_error);
+    let (mut committed, mut unexplained) = (false, 0);
+    let mut each = Vec::with_capacity(messages.len());
+    for m in &messages {
+        if !committed && unexplained >= DOWN_AFTER {
+            each.push(None);
+            continue;
+        }
+        let alone = store.apply_batch(std::slice::from_ref(m)).and_then(|r| {
+            r.into_iter()
+                .next()
+                .ok_or_else(|| Error::invalid("the store returned no receipt for a message"))
+        });
+        match &alone {
+            Ok(_) => committed = true,
+            Err(e) if !is_refusal(e) => unexplained += 1,
+            Err(_) => {}
+        }
+        each.push(Some(alone));
+    }
+    each.into_iter()
+        .map(|alone| match alone {
+            Some(Ok(receipt)) => Applied::Committed(receipt),
+            Some(Err(e)) if committed || is_refusal(&e) => Applied::Rejected(e),
+            Some(Err(e)) => Applied::RolledBack(std::sync::Arc::new(e)),
+            None => Applied::RolledBack(batch_error.clone()),
+        })
+        .collect()
 }
 
 impl<T, F> Acknowledge<T> for F
@@ -396,8 +525,9 @@ pub struct Report {
     pub acknowledged: u64,
     /// Of those, replays of an identity already done: acknowledged without running the effect.
     pub replayed: u64,
-    /// Deliveries whose batch was rolled back (not acknowledged). A delivery that is
-    /// redelivered and fails again is counted again.
+    /// Deliveries not acknowledged because they failed: alone after their batch rolled back,
+    /// or with a batch the store failed as a whole. A delivery that is redelivered and fails
+    /// again is counted again.
     pub failed: u64,
 }
 
@@ -512,29 +642,70 @@ where
     let mut report = Report::default();
     batcher.run_batches(
         source,
-        |batch: &[Delivery<T>]| {
-            let messages: Vec<&Message> = batch.iter().map(|d| &d.message).collect();
-            store.apply_batch(&messages)
-        },
-        |deliveries: Vec<Delivery<T>>, result: Result<Vec<Receipt>>| {
+        |batch: &[Delivery<T>]| Ok(apply_isolating(store, batch)),
+        |deliveries: Vec<Delivery<T>>, result: Result<Vec<Applied>>| {
             let n = deliveries.len() as u64;
-            match result {
-                Ok(receipts) => {
-                    acknowledge.acknowledge_batch(&deliveries)?;
-                    report.acknowledged += n;
-                    report.replayed += receipts.iter().filter(|r| r.is_replay()).count() as u64;
-                }
+            let applied = match result {
+                Ok(applied) => applied,
                 Err(e) => {
+                    // The worker could not apply the batch at all (its effect panicked).
                     log::warn!(
                         "acknowledged consumer: a batch of {n} deliveries was rolled back and \
                          not acknowledged: {e}"
                     );
                     report.failed += n;
-                    acknowledge.failed(&deliveries, &e)?;
+                    return acknowledge.failed(&deliveries, &e);
                 }
-            }
-            Ok(())
+            };
+            settle_batch(&mut acknowledge, &mut report, deliveries, applied)
         },
     )?;
     Ok(report)
+}
+
+/// Settles one applied batch: acknowledges what committed (as one batch), then tells the
+/// acknowledgement about each message rejected through its own fault, then about the rest that
+/// rolled back (together, with the first of their errors).
+fn settle_batch<T, A: Acknowledge<T>>(
+    acknowledge: &mut A,
+    report: &mut Report,
+    deliveries: Vec<Delivery<T>>,
+    applied: Vec<Applied>,
+) -> Result<()> {
+    let (mut committed, mut rejected, mut rolled_back) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rolled_back_error = None;
+    for (d, a) in deliveries.into_iter().zip(applied) {
+        match a {
+            Applied::Committed(receipt) => {
+                report.replayed += u64::from(receipt.is_replay());
+                committed.push(d);
+            }
+            Applied::Rejected(e) => rejected.push((d, e)),
+            Applied::RolledBack(e) => {
+                rolled_back_error.get_or_insert(e);
+                rolled_back.push(d);
+            }
+        }
+    }
+    if !committed.is_empty() {
+        acknowledge.acknowledge_batch(&committed)?;
+        report.acknowledged += committed.len() as u64;
+    }
+    for (d, e) in &rejected {
+        log::warn!(
+            "acknowledged consumer: message {:?} failed on its own and was not acknowledged: {e}",
+            d.message.identifier
+        );
+        report.failed += 1;
+        acknowledge.rejected(d, e)?;
+    }
+    if let Some(e) = rolled_back_error {
+        log::warn!(
+            "acknowledged consumer: {} deliveries were rolled back and not acknowledged: {e}",
+            rolled_back.len()
+        );
+        report.failed += rolled_back.len() as u64;
+        acknowledge.failed(&rolled_back, &e)?;
+    }
+    Ok(())
 }
