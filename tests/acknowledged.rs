@@ -733,7 +733,7 @@ fn a_panicking_acknowledgement_still_closes_the_source() {
 }
 
 #[test]
-fn a_panicking_effect_fails_its_batch_only() {
+fn a_panicking_effect_fails_alone() {
     let (_dir, store) = counter_store();
     struct Panicky<'a>(&'a CounterStore);
     impl ApplyBatch for Panicky<'_> {
@@ -761,6 +761,26 @@ fn a_panicking_effect_fails_its_batch_only() {
     assert_eq!(r, report(2, 0, 1));
     assert_eq!(*acked.lock(), [1, 3]);
     assert_eq!(stats.lock().closed, 1);
+
+    // In one batch with others: the batch rolls back, then the panicking message fails alone
+    // (its own fault: the others commit) and the others are acknowledged.
+    let messages = vec![
+        inc("p/4", "hits", 1),
+        inc("boom", "hits", 1),
+        inc("p/6", "hits", 1),
+    ];
+    let mut acker = FaultRecorder::default();
+    let r = consume(
+        IterSource::new(deliveries(&messages, 4)),
+        &Panicky(&store),
+        Wrap(&mut acker),
+        batches_of(3),
+    )
+    .unwrap();
+    assert_eq!(r, report(2, 0, 1));
+    assert_eq!((acker.acked, acker.rejected), (vec![4, 6], vec![5]));
+    assert!(acker.failed.is_empty());
+    assert_eq!(store.value("hits").unwrap(), 4);
 }
 
 #[test]

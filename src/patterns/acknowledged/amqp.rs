@@ -669,6 +669,9 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
         };
         match self.dead_letter(delivery, &reason) {
             Ok(()) => {
+                // The copy is out: now the original goes. An ack that fails means the channel
+                // is gone; the error stops the run, and the broker has the delivery again.
+                self.ack(delivery, false)?;
                 // No longer held: its copy is out and it is acknowledged.
                 self.queue
                     .requeues
@@ -732,7 +735,8 @@ impl AmqpAcknowledge<'_> {
         own_failures
     }
 
-    /// Sends the dead-letter copy of `delivery` (confirmed, mandatory) and acknowledges it.
+    /// Sends the dead-letter copy of `delivery` (confirmed, mandatory); the caller then
+    /// acknowledges it.
     fn dead_letter(&self, delivery: &Delivery<AmqpToken>, reason: &str) -> Result<()> {
         let queue = self.queue;
         let publisher = queue.dead_letter_publisher()?;
@@ -744,7 +748,6 @@ impl AmqpAcknowledge<'_> {
             &publisher,
             &crate::consume::dead_letter_queue(&queue.queue),
             copy,
-        )?;
-        self.ack(delivery, false)
+        )
     }
 }

@@ -451,6 +451,25 @@ enum Applied {
     RolledBack(std::sync::Arc<Error>),
 }
 
+/// [`ApplyBatch::apply_batch`], with a panic of the effect turned into its batch's error (the
+/// store's transaction is rolled back as the panic unwinds), so that a message whose effect
+/// panics fails alone like any other.
+fn apply_caught<St: ApplyBatch + ?Sized>(
+    store: &St,
+    messages: &[&Message],
+) -> Result<Vec<Receipt>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.apply_batch(messages)))
+        .unwrap_or_else(|panic| {
+            Err(Error::Handler {
+                source: format!(
+                    "the effect panicked: {}",
+                    crate::error::panic_message(&*panic)
+                )
+                .into(),
+            })
+        })
+}
+
 /// Messages tried alone after a rolled-back batch that fail with something other than a
 /// refusal, with none committed, before the store is taken to be down and the rest of the batch
 /// is not tried.
@@ -463,7 +482,7 @@ const DOWN_AFTER: usize = 2;
 /// of the batch would only make an outage longer.
 fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]) -> Vec<Applied> {
     let messages: Vec<&Message> = batch.iter().map(|d| &d.message).collect();
-    let batch_error = match store.apply_batch(&messages) {
+    let batch_error = match apply_caught(store, &messages) {
         Ok(receipts) => return receipts.into_iter().map(Applied::Committed).collect(),
         Err(e) => e,
     };
@@ -487,7 +506,7 @@ fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]
             each.push(None);
             continue;
         }
-        let alone = store.apply_batch(std::slice::from_ref(m)).and_then(|r| {
+        let alone = apply_caught(store, std::slice::from_ref(m)).and_then(|r| {
             r.into_iter()
                 .next()
                 .ok_or_else(|| Error::invalid("the store returned no receipt for a message"))
@@ -648,7 +667,7 @@ where
             let applied = match result {
                 Ok(applied) => applied,
                 Err(e) => {
-                    // The worker could not apply the batch at all (its effect panicked).
+                    // The worker could not apply the batch at all.
                     log::warn!(
                         "acknowledged consumer: a batch of {n} deliveries was rolled back and \
                          not acknowledged: {e}"
