@@ -471,6 +471,13 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
             queue.requeue_backoff(FIRST, Duration::MAX),
             Err(Error::InvalidArgument { .. })
         ));
+        // And so is the dead-letter limit.
+        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+        let zero = queue.dead_letter_after(0).map(|_| ());
+        assert!(
+            matches!(&zero, Err(Error::InvalidArgument { reason }) if reason.contains("at least 1")),
+            "{zero:?}"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let store = std::sync::Arc::new(PoisonWatch {
