@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
-    consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
+    ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource, StopHandle,
 };
 use acemq_amqp::patterns::{
     by_header, idempotent, idempotent_tx, ordered, record, serve_with, OutboxRelay,
@@ -992,7 +993,80 @@ fn recipe_rate(path: &std::path::Path, batch: usize, n: usize) -> Result<f64> {
     Ok(rate(n, start.elapsed()))
 }
 
-fn acknowledged(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
+/// The queue's acknowledgements, stopping the run once `n` deliveries were acknowledged and
+/// noting when.
+struct StopAfter<'a> {
+    inner: AmqpAcknowledge<'a>,
+    acknowledged: usize,
+    n: usize,
+    stop: StopHandle,
+    end: &'a std::cell::Cell<Option<Instant>>,
+}
+
+impl StopAfter<'_> {
+    fn count(&mut self, k: usize) {
+        self.acknowledged += k;
+        if self.acknowledged >= self.n && self.end.get().is_none() {
+            self.end.set(Some(Instant::now()));
+            self.stop.stop();
+        }
+    }
+}
+
+impl Acknowledge<AmqpToken> for StopAfter<'_> {
+    fn acknowledge(&mut self, d: &Delivery<AmqpToken>) -> Result<()> {
+        self.inner.acknowledge(d)?;
+        self.count(1);
+        Ok(())
+    }
+    fn acknowledge_batch(&mut self, ds: &[Delivery<AmqpToken>]) -> Result<()> {
+        self.inner.acknowledge_batch(ds)?;
+        self.count(ds.len());
+        Ok(())
+    }
+    fn failed(&mut self, ds: &[Delivery<AmqpToken>], e: &Error) -> Result<()> {
+        self.inner.failed(ds, e)
+    }
+    fn rejected(&mut self, d: &Delivery<AmqpToken>, e: &Error) -> Result<()> {
+        self.inner.rejected(d, e)
+    }
+}
+
+/// The recipe over RabbitMQ: `n` counter increments from `queue` through an [`AmqpQueue`]
+/// (prefetch 65), batches of 32, on a SQLite FULL file, until all are acknowledged.
+fn recipe_amqp_rate(
+    conn: &Connection,
+    queue: &str,
+    path: &std::path::Path,
+    n: usize,
+) -> Result<f64> {
+    let store = CounterStore::builder(path).build()?;
+    store.create_tables()?;
+    let amqp = AmqpQueue::open(conn, queue, 65)?;
+    let stop = StopHandle::new();
+    let batcher = Batcher::builder()
+        .batch_size(32)
+        .max_pending(64)
+        .poll_interval(Duration::from_millis(10))
+        .stop_handle(stop.clone())
+        .build()?;
+    let end = std::cell::Cell::new(None);
+    let start = Instant::now();
+    let acks = StopAfter {
+        inner: amqp.acknowledger(),
+        acknowledged: 0,
+        n,
+        stop,
+        end: &end,
+    };
+    let report = consume_with(amqp.source()?, &store, acks, &batcher)?;
+    amqp.close()?;
+    assert_eq!(report.acknowledged, n as u64);
+    let end = end.get().ok_or(Error::Closed { what: "bench" })?;
+    Ok(rate(n, end - start))
+}
+
+fn acknowledged(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<()> {
     let commits = s.n(500, 100);
     let mut raw = vec![];
     let mut by_batch: Vec<Vec<f64>> = vec![vec![]; 3];
@@ -1023,6 +1097,30 @@ fn acknowledged(s: &mut Suite, dir: &std::path::Path) -> Result<()> {
             note: format!("{n} messages; raw: one-row insert + commit"),
         });
     }
+    // Over RabbitMQ, against raw consume + ack of the same messages.
+    let queue = format!("bench.ack.{}", std::process::id());
+    conn.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(20_000, 2_000);
+    let increment = |i: usize| CounterIncrement::new(format!("c{}", i % 16), 1).payload();
+    let (mut raw, mut ours) = (vec![], vec![]);
+    for round in 0..s.rounds {
+        common::fill_queue(conn, &queue, n, increment)?;
+        raw.push(rate(n, common::raw_consume(&queue, n, 100)));
+        common::fill_queue(conn, &queue, n, increment)?;
+        let path = dir.join(format!("ack-amqp-{round}.db"));
+        ours.push(recipe_amqp_rate(conn, &queue, &path, n)?);
+    }
+    s.push(Row {
+        figure: "acknowledged recipe over RabbitMQ (AmqpQueue), batch 32, vs consume + ack".into(),
+        unit: "msg/s",
+        ours: Some(median(ours)),
+        raw: Some(median(raw)),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!("{n} messages, prefetch 65 (raw 100), SQLite FULL"),
+    });
+    conn.purge_queue(&queue)?;
+    conn.delete_queue(&queue)?;
     Ok(())
 }
 
@@ -1669,7 +1767,7 @@ fn bench() -> Result<()> {
         s.figure(|s| stores(s, dir.path()))?;
     }
     if wanted("acknowledged") {
-        s.figure(|s| acknowledged(s, dir.path()))?;
+        s.figure(|s| acknowledged(s, &conn, dir.path()))?;
     }
     if wanted("rpc") {
         s.figure(|s| request_reply(s, &conn))?;
