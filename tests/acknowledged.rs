@@ -404,6 +404,25 @@ impl Acknowledge<u64> for FaultRecorder {
     }
 }
 
+/// Consumes `messages` (tokens from `first_token`) through `store` in batches of `batch`,
+/// recording what became of each delivery.
+fn consume_recording(
+    store: &impl ApplyBatch,
+    messages: &[Message],
+    first_token: u64,
+    batch: usize,
+) -> (Report, FaultRecorder) {
+    let mut acker = FaultRecorder::default();
+    let r = consume(
+        IterSource::new(deliveries(messages, first_token)),
+        store,
+        Wrap(&mut acker),
+        ConsumeOptions::new().batch_size(batch).max_pending(batch),
+    )
+    .unwrap();
+    (r, acker)
+}
+
 #[test]
 fn a_message_that_fails_alone_while_its_batchmates_commit_is_rejected_as_its_own_fault() {
     let (_dir, store) = counter_store();
@@ -418,14 +437,7 @@ fn a_message_that_fails_alone_while_its_batchmates_commit_is_rejected_as_its_own
         failing: vec!["own/2"],
         calls: AtomicUsize::new(0),
     };
-    let mut acker = FaultRecorder::default();
-    let r = consume(
-        IterSource::new(deliveries(&messages, 1)),
-        &failing,
-        Wrap(&mut acker),
-        ConsumeOptions::new().batch_size(4).max_pending(4),
-    )
-    .unwrap();
+    let (r, acker) = consume_recording(&failing, &messages, 1, 4);
     assert_eq!(r, report(3, 0, 1));
     assert_eq!(acker.acked, [1, 3, 4]);
     assert_eq!(
@@ -450,14 +462,7 @@ fn a_store_that_is_down_is_not_tried_message_by_message_and_rejects_nothing() {
         failing: Vec::new(),
         calls: AtomicUsize::new(0),
     };
-    let mut acker = FaultRecorder::default();
-    let r = consume(
-        IterSource::new(deliveries(&messages, 1)),
-        &down,
-        Wrap(&mut acker),
-        ConsumeOptions::new().batch_size(4).max_pending(4),
-    )
-    .unwrap();
+    let (r, acker) = consume_recording(&down, &messages, 1, 4);
     assert_eq!(r, report(0, 0, 8));
     assert!(acker.acked.is_empty());
     assert!(
@@ -769,14 +774,7 @@ fn a_panicking_effect_fails_alone() {
         inc("boom", "hits", 1),
         inc("p/6", "hits", 1),
     ];
-    let mut acker = FaultRecorder::default();
-    let r = consume(
-        IterSource::new(deliveries(&messages, 4)),
-        &Panicky(&store),
-        Wrap(&mut acker),
-        batches_of(3),
-    )
-    .unwrap();
+    let (r, acker) = consume_recording(&Panicky(&store), &messages, 4, 3);
     assert_eq!(r, report(2, 0, 1));
     assert_eq!((acker.acked, acker.rejected), (vec![4, 6], vec![5]));
     assert!(acker.failed.is_empty());

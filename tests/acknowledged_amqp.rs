@@ -24,6 +24,39 @@ fn counters(dir: &tempfile::TempDir) -> CounterStore {
     store
 }
 
+/// Publishes `n` counter increments to `q`, confirmed, the i-th for counter `counter(i)`;
+/// returns their ids.
+fn publish_increments(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    n: usize,
+    counter: impl Fn(usize) -> &'static str,
+) -> Vec<String> {
+    let publisher = conn.publisher().unwrap();
+    (0..n)
+        .map(|i| {
+            let m = Message::new(CounterIncrement::new(counter(i), 1).payload());
+            let id = m.id().to_string();
+            publisher.publish("", q, m).unwrap();
+            id
+        })
+        .collect()
+}
+
+/// A batcher of up to `batch` with at most `max_pending` taken, polling every 20 ms, and the
+/// handle that stops it.
+fn stoppable_batcher(batch: usize, max_pending: usize) -> (Batcher, StopHandle) {
+    let stop = StopHandle::new();
+    let batcher = Batcher::builder()
+        .batch_size(batch)
+        .max_pending(max_pending)
+        .poll_interval(Duration::from_millis(20))
+        .stop_handle(stop.clone())
+        .build()
+        .unwrap();
+    (batcher, stop)
+}
+
 /// Runs the recipe on `q` until `done` says so, then stops it; returns its report.
 fn run_until(
     conn: &acemq_amqp::Connection,
@@ -366,21 +399,10 @@ fn failed_batches_do_not_exhaust_the_prefetch_and_stall_the_run() {
         fail_deliveries: usize::from(PREFETCH),
         rolled_back: AtomicUsize::new(0),
     });
-    let publisher = conn.publisher().unwrap();
-    for _ in 0..N {
-        let m = Message::new(CounterIncrement::new("page_views", 1).payload());
-        publisher.publish("", &q, m).unwrap();
-    }
-    let stop = StopHandle::new();
+    publish_increments(&conn, &q, N as usize, |_| "page_views");
     // Batches of one: a failed batch of more would be applied again message by message, and
     // the database "locked" for those too would count more rolled-back applies than deliveries.
-    let batcher = Batcher::builder()
-        .batch_size(1)
-        .max_pending(usize::from(PREFETCH) - 1)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    let (batcher, stop) = stoppable_batcher(1, usize::from(PREFETCH) - 1);
     let (done, running) = run_on_a_thread(&conn, &q, PREFETCH, None, store.clone(), batcher);
     let mut ended_early = None;
     let all_applied = eventually(WAIT, || {
@@ -484,21 +506,14 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
         counters: counters(&dir),
         poisoned_tries: Mutex::new(Vec::new()),
     });
-    let publisher = conn.publisher().unwrap();
-    for i in 0..N {
-        // Message 3 names a counter that is not allowed: every batch holding it rolls back.
-        let counter = if i == 3 { "not_allowed" } else { "signups" };
-        let m = Message::new(CounterIncrement::new(counter, 1).payload());
-        publisher.publish("", &q, m).unwrap();
-    }
-    let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(2)
-        .max_pending(usize::from(PREFETCH) - 1)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    // Message 3 names a counter that is not allowed: every batch holding it rolls back.
+    publish_increments(
+        &conn,
+        &q,
+        N,
+        |i| if i == 3 { "not_allowed" } else { "signups" },
+    );
+    let (batcher, stop) = stoppable_batcher(2, usize::from(PREFETCH) - 1);
     // Dead-lettered after ten failures of its own: long after this test has seen six.
     let (done, running) = run_on_a_thread(
         &conn,
@@ -569,25 +584,15 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
         counters: counters(&dir),
         poisoned_tries: Mutex::new(Vec::new()),
     });
-    let publisher = conn.publisher().unwrap();
-    let mut poisoned_id = String::new();
-    for i in 0..N {
-        // Message 3 names a counter that is not allowed: the store refuses it every time.
-        let counter = if i == 3 { "not_allowed" } else { "signups" };
-        let m = Message::new(CounterIncrement::new(counter, 1).payload());
-        if i == 3 {
-            poisoned_id = m.id().to_string();
-        }
-        publisher.publish("", &q, m).unwrap();
-    }
-    let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(4)
-        .max_pending(usize::from(PREFETCH) - 1)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    // Message 3 names a counter that is not allowed: the store refuses it every time.
+    let ids = publish_increments(
+        &conn,
+        &q,
+        N,
+        |i| if i == 3 { "not_allowed" } else { "signups" },
+    );
+    let poisoned_id = ids[3].clone();
+    let (batcher, stop) = stoppable_batcher(4, usize::from(PREFETCH) - 1);
     let (done, running) = run_on_a_thread(
         &conn,
         &q,
@@ -690,19 +695,8 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
         down: AtomicBool::new(true),
         failed_calls: AtomicUsize::new(0),
     });
-    let publisher = conn.publisher().unwrap();
-    for _ in 0..N {
-        let m = Message::new(CounterIncrement::new("signups", 1).payload());
-        publisher.publish("", &q, m).unwrap();
-    }
-    let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(4)
-        .max_pending(usize::from(PREFETCH) - 1)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    publish_increments(&conn, &q, N, |_| "signups");
+    let (batcher, stop) = stoppable_batcher(4, usize::from(PREFETCH) - 1);
     let (done, running) = run_on_a_thread(
         &conn,
         &q,
