@@ -125,10 +125,14 @@
 //!   store refused it ([`Error::InvalidArgument`], [`Error::InvalidName`],
 //!   [`Error::InvalidHeader`], [`Error::Codec`] — it fails the same way every time), or it
 //!   failed while another message of its batch committed (the database was up).
-//! * [`Acknowledge::failed`], for the rest: a batch of one that failed with a database error,
-//!   or a batch whose first two messages tried alone both failed without a refusal and none
-//!   committed — the store looks down, and the rest of the batch is not tried one by one (an
-//!   outage is not made longer by a transaction per message).
+//! * [`Acknowledge::failed`], for the rest: a batch of one that failed with anything but a
+//!   refusal (a database error, a panicking effect), or a batch whose first two messages tried
+//!   alone both failed without a refusal and none committed — the store looks down, and the
+//!   rest of the batch is not tried one by one (an outage is not made longer by a transaction
+//!   per message).
+//!
+//! A panicking effect is caught around each transaction (which rolls back as the panic
+//! unwinds) and fails its message like an error.
 //!
 //! What becomes of them is the acknowledgement's choice (by default nothing: they wait for the
 //! broker to take them back); over AMQP they are requeued after a backoff, and a delivery
