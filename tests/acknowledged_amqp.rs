@@ -350,6 +350,20 @@ impl ApplyBatch for FailingCommits {
     }
 }
 
+/// Stops a run started by [`run_on_a_thread`] and returns its result, within the deadline.
+fn stop_and_join(
+    stop: &StopHandle,
+    done: &mpsc::Receiver<acemq_amqp::Result<Report>>,
+    running: std::thread::JoinHandle<()>,
+) -> acemq_amqp::Result<Report> {
+    stop.stop();
+    let report = done
+        .recv_timeout(WAIT)
+        .expect("the run did not return within its deadline after being stopped");
+    running.join().unwrap();
+    report
+}
+
 /// Sets a queue's options before its run.
 type Configure = Box<dyn FnOnce(AmqpQueue) -> acemq_amqp::Result<AmqpQueue> + Send>;
 
@@ -531,11 +545,7 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
         store.counters.value("signups").unwrap() == N as i64 - 1
             && store.poisoned_tries.lock().unwrap().len() >= 6
     });
-    stop.stop();
-    let report = done
-        .recv_timeout(WAIT)
-        .expect("the run did not return within its deadline after being stopped");
-    running.join().unwrap();
+    let report = stop_and_join(&stop, &done, running);
     let tries = store.poisoned_tries.lock().unwrap().clone();
     assert!(
         got_there,
@@ -610,11 +620,7 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
     let got_there = eventually(WAIT, || {
         store.counters.value("signups").unwrap() == N as i64 - 1 && dead_lettered()
     });
-    stop.stop();
-    let report = done
-        .recv_timeout(WAIT)
-        .expect("the run did not return within its deadline after being stopped");
-    running.join().unwrap();
+    let report = stop_and_join(&stop, &done, running);
     assert!(
         got_there,
         "{} of {} others applied, dead-lettered: {}, the poisoned message tried {} times \
@@ -715,12 +721,7 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
     let all_applied = eventually(WAIT, || {
         store.counters.value("signups").unwrap() == N as i64
     });
-    stop.stop();
-    let report = done
-        .recv_timeout(WAIT)
-        .expect("the run did not return within its deadline after being stopped")
-        .unwrap();
-    running.join().unwrap();
+    let report = stop_and_join(&stop, &done, running).unwrap();
     assert!(failed_enough && all_applied, "{report:?}");
     assert_eq!(report.acknowledged, N as u64, "{report:?}");
     assert!(report.failed >= 3 * N as u64, "{report:?}");
