@@ -175,7 +175,7 @@ struct Pending {
     exchange: String,
     routing_key: String,
     returned: Option<(u16, String)>,
-    reply: Sender<Result<()>>,
+    reply: oneshot::Sender<Result<()>>,
     /// Publish interceptors' listeners for the answer.
     answered: Vec<crate::intercept::AnswerListener>,
 }
@@ -242,7 +242,7 @@ impl Drop for Reservation {
 #[must_use = "a ticket must be waited on to know whether the broker took the message"]
 #[derive(Debug)]
 pub struct Ticket {
-    reply: Receiver<Result<()>>,
+    reply: oneshot::Receiver<Result<()>>,
     message_id: String,
     deadline: Instant,
     timeout: Duration,
@@ -294,11 +294,11 @@ impl Ticket {
     fn answer(&self, deadline: Instant) -> Result<()> {
         match self.reply.recv_deadline(deadline) {
             Ok(r) => r,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Timeout {
+            Err(oneshot::RecvTimeoutError::Timeout) => Err(Error::Timeout {
                 what: format!("the confirm of message {:?}", self.message_id),
                 after: self.timeout,
             }),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+            Err(oneshot::RecvTimeoutError::Disconnected) => {
                 Err(Error::Closed { what: "publisher" })
             }
         }
@@ -497,7 +497,7 @@ impl Publisher {
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = self.reserve_bytes(&message, deadline)?;
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let (tx, rx) = oneshot::channel();
         let pending = Pending {
             _bytes: Some(bytes),
             message_id: message.envelope.id.clone(),
