@@ -377,6 +377,16 @@ impl ApplyBatch for FailingStore<'_> {
         }
         self.inner.apply_batch(messages)
     }
+    /// Down when everything fails; otherwise the database is up and says so.
+    fn check_up(&self) -> Result<()> {
+        if self.failing.is_empty() {
+            return Err(Error::Sql {
+                context: "checking the database".into(),
+                source: "database is locked".into(),
+            });
+        }
+        self.inner.check_up()
+    }
 }
 
 /// Records which deliveries the recipe reported failed (as a batch: not their own fault) and
@@ -448,6 +458,51 @@ fn a_message_that_fails_alone_while_its_batchmates_commit_is_rejected_as_its_own
     assert!(acker.failed.is_empty(), "{:?}", acker.failed);
     assert_eq!(store.value("hits").unwrap(), 3);
     // The batch, then each of its four messages.
+    assert_eq!(failing.calls.load(Ordering::SeqCst), 5);
+}
+
+#[test]
+fn a_message_failing_alone_with_a_database_error_while_the_store_is_up_is_rejected() {
+    let (_dir, store) = counter_store();
+    let messages = vec![
+        inc("lone/1", "hits", 1),
+        inc("lone/2", "hits", 1),
+        inc("lone/3", "hits", 1),
+    ];
+    let failing = FailingStore {
+        inner: &store,
+        failing: vec!["lone/2"],
+        calls: AtomicUsize::new(0),
+    };
+    // Batches of one: the failing message is alone in its batch, nothing commits with it.
+    let (r, acker) = consume_recording(&failing, &messages, 1, 1);
+    assert_eq!(r, report(2, 0, 1));
+    assert_eq!(acker.acked, [1, 3]);
+    assert_eq!(
+        acker.rejected,
+        [2],
+        "the store commits, so the failure is the message's own"
+    );
+    assert!(acker.failed.is_empty(), "{:?}", acker.failed);
+    assert_eq!(store.value("hits").unwrap(), 2);
+}
+
+#[test]
+fn a_batch_whose_every_message_fails_alone_while_the_store_is_up_is_rejected_message_by_message() {
+    let (_dir, store) = counter_store();
+    let messages: Vec<Message> = (0..4)
+        .map(|i| inc(&format!("all/{i}"), "hits", 1))
+        .collect();
+    let failing = FailingStore {
+        inner: &store,
+        failing: vec!["all/0", "all/1", "all/2", "all/3"],
+        calls: AtomicUsize::new(0),
+    };
+    let (r, acker) = consume_recording(&failing, &messages, 1, 4);
+    assert_eq!(r, report(0, 0, 4));
+    assert_eq!(acker.rejected, [1, 2, 3, 4]);
+    assert!(acker.failed.is_empty(), "{:?}", acker.failed);
+    // The batch, then every message alone: the store being up, none is skipped.
     assert_eq!(failing.calls.load(Ordering::SeqCst), 5);
 }
 

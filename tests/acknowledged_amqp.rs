@@ -685,6 +685,16 @@ impl ApplyBatch for Outage {
         }
         self.counters.apply_batch(messages)
     }
+    /// Down is down for the check as well.
+    fn check_up(&self) -> acemq_amqp::Result<()> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(Error::Sql {
+                context: "connecting to the database".into(),
+                source: "connection refused".into(),
+            });
+        }
+        self.counters.check_up()
+    }
 }
 
 #[test]
@@ -735,4 +745,111 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
         .unwrap()
         .message_count
         == 0));
+}
+
+/// A message whose effect always fails with a **database** error (here a `CHECK` constraint:
+/// not a refusal) while the database is up, alone in every batch it joins: the store's own
+/// check says the database commits, so the failure is the message's and it is dead-lettered
+/// after its attempts with the database's reason, instead of backing off for ever. The real
+/// SQLite file and its real constraint, no fake.
+#[test]
+fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dead_lettered() {
+    use acemq_amqp::patterns::acknowledged::BatchStore;
+    use acemq_amqp::sql::Sql;
+    const ATTEMPTS: u32 = 3;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ack-amqp-db-poison"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("amounts.db");
+    let open = move || {
+        rusqlite::Connection::open(&path).map_err(|e| Error::Sql {
+            context: "opening the test database".into(),
+            source: e.into(),
+        })
+    };
+    Sql::execute(
+        &mut open().unwrap(),
+        "CREATE TABLE amounts (id TEXT PRIMARY KEY, amount INTEGER NOT NULL CHECK (amount >= 0))",
+        &[],
+    )
+    .unwrap();
+    let tries = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = tries.clone();
+    let store = BatchStore::builder(open.clone(), move |tx: &mut dyn Sql, m: &AckMessage| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+        tx.execute(
+            "INSERT INTO amounts (id, amount) VALUES (?1, ?2)",
+            &[m.identifier.as_str().into(), amount.into()],
+        )?;
+        Ok("stored".to_string())
+    })
+    .table("receipts")
+    .build()
+    .unwrap();
+    store.create_table().unwrap();
+    let store = std::sync::Arc::new(store);
+    // Published alone: every batch it is in holds only it.
+    let poison = Message::new(b"-5".to_vec());
+    let poison_id = poison.id().to_string();
+    conn.publisher().unwrap().publish("", &q, poison).unwrap();
+    let (batcher, stop) = stoppable_batcher(4, 7);
+    let (done, running) = run_on_a_thread(
+        &conn,
+        &q,
+        8,
+        Some(Box::new(|queue: AmqpQueue| {
+            queue
+                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
+                .dead_letter_after(ATTEMPTS)
+        })),
+        store.clone(),
+        batcher,
+    );
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    let dead_lettered = || conn.queue_info(&dlq).is_ok_and(|i| i.message_count == 1);
+    let got_there = eventually(WAIT, dead_lettered);
+    // The database still takes messages: one published after it is applied.
+    let fine = Message::new(b"7".to_vec());
+    let fine_id = fine.id().to_string();
+    conn.publisher().unwrap().publish("", &q, fine).unwrap();
+    let count = |id: &str| -> i64 {
+        let rows = Sql::query(
+            &mut open().unwrap(),
+            "SELECT COUNT(*) FROM amounts WHERE id = ?1",
+            &[id.into()],
+        )
+        .unwrap();
+        match rows[0][0] {
+            acemq_amqp::sql::Value::Integer(n) => n,
+            ref other => panic!("COUNT(*) gave {other:?}"),
+        }
+    };
+    // The store's identity is `{queue}/{message id}`.
+    let applied = eventually(WAIT, || count(&format!("{q}/{fine_id}")) == 1);
+    let report = stop_and_join(&stop, &done, running);
+    assert!(
+        got_there && applied,
+        "dead-lettered: {}, tried {} times, the next message applied: {applied} ({report:?})",
+        dead_lettered(),
+        tries.load(Ordering::SeqCst)
+    );
+    let report = report.unwrap();
+    assert_eq!(report.acknowledged, 1, "{report:?}");
+    assert_eq!(report.failed, u64::from(ATTEMPTS), "{report:?}");
+    assert_eq!(count(&format!("{q}/{poison_id}")), 0);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    let dead = conn.get(&dlq).unwrap().expect("the dead letter");
+    assert_eq!(dead.id(), poison_id);
+    let error = dead.envelope.error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with("exhausted 3 attempts: ") && error.contains("CHECK constraint"),
+        "x-acemq-error: {error:?}"
+    );
 }

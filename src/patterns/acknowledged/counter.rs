@@ -267,6 +267,9 @@ impl ApplyBatch for CounterStore {
     fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
         self.inner.apply_batch(messages)
     }
+    fn check_up(&self) -> Result<()> {
+        self.inner.check_up()
+    }
 }
 
 /// Opens the file in WAL mode with `synchronous=FULL`.

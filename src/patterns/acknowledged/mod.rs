@@ -124,10 +124,15 @@
 //! * [`Acknowledge::rejected`], one delivery at a time, when it was the message's own: the
 //!   store refused it ([`Error::InvalidArgument`], [`Error::InvalidName`],
 //!   [`Error::InvalidHeader`], [`Error::Codec`] — it fails the same way every time), or it
-//!   failed while another message of its batch committed (the database was up).
-//! * [`Acknowledge::failed`], for the rest: a batch of one that failed with anything but a
-//!   refusal (a database error, a panicking effect), or a batch whose first two messages tried
-//!   alone both failed without a refusal and none committed — the store looks down, and the
+//!   failed while another message of its batch committed (the database was up), or it failed
+//!   with anything else (a database error, a panicking effect) while none of its batch
+//!   committed and the store, asked once ([`ApplyBatch::check_up`]: [`BatchStore`] and
+//!   [`CounterStore`] commit an empty transaction), says it is up — so a message whose effect
+//!   always fails with a database error is rejected even when it is alone in every batch (at
+//!   a low rate, the usual case).
+//! * [`Acknowledge::failed`], for the rest: the same failures while the store is not up (or
+//!   cannot tell: `check_up`'s default) — an outage is nobody's fault in particular. Once the
+//!   first two messages of a batch tried alone have failed that way and none committed, the
 //!   rest of the batch is not tried one by one (an outage is not made longer by a transaction
 //!   per message).
 //!
@@ -224,9 +229,10 @@
 //!   topology (`acemq.dlx`, `{queue}.dlq`, `{queue}.parked`). A copy that cannot be sent is
 //!   logged and the delivery held as before: it is tried again after its next failure.
 //!   Failures that are nobody's fault in particular (a database outage rolling back whole
-//!   batches) never count towards it: an outage delays messages, it does not dead-letter them.
-//!   One limit: a message whose effect fails with a database error and that is only ever
-//!   alone in its batch cannot be told from an outage, and keeps backing off.
+//!   batches, and the store's check failing too) never count towards it: an outage delays
+//!   messages, it does not dead-letter them. A store of your own that does not implement
+//!   [`ApplyBatch::check_up`] cannot tell the two apart when a message fails alone: such a
+//!   message keeps backing off.
 //! * **No `multiple` covers a held delivery.** It stays in the queue's unsettled set until its
 //!   requeue, so the acknowledgement of a later batch covers it neither with nor without
 //!   `multiple`. A run that ends first (stopped, or on an error) gives the held deliveries back
@@ -351,17 +357,42 @@ pub trait ApplyBatch: Sync {
     ///
     /// Any error means the whole batch was rolled back (nothing of it stays).
     fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>>;
+
+    /// Whether the store can commit a transaction now: `Ok` if it can. Asked (at most once per
+    /// batch) when messages failed alone with errors that are not refusals and none of the
+    /// batch committed — the one case where a message's own failure and an outage look alike.
+    /// `Ok` makes the failures the messages' own ([`Acknowledge::rejected`]: counted towards
+    /// a dead letter); an error keeps them an outage (nothing rejected).
+    ///
+    /// Defaults to an error (the store cannot tell): such failures are treated as an outage,
+    /// and a message that always fails that way alone is retried, never dead-lettered.
+    /// [`BatchStore`] and [`CounterStore`] check by committing an empty transaction.
+    ///
+    /// # Errors
+    ///
+    /// The reason the store cannot commit now (or cannot tell).
+    fn check_up(&self) -> Result<()> {
+        Err(Error::invalid(
+            "this store cannot tell whether it is up (ApplyBatch::check_up not implemented)",
+        ))
+    }
 }
 
 impl<S: ApplyBatch + ?Sized> ApplyBatch for &S {
     fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
         (**self).apply_batch(messages)
     }
+    fn check_up(&self) -> Result<()> {
+        (**self).check_up()
+    }
 }
 
 impl<S: ApplyBatch + ?Sized + Send> ApplyBatch for std::sync::Arc<S> {
     fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
         (**self).apply_batch(messages)
+    }
+    fn check_up(&self) -> Result<()> {
+        (**self).check_up()
     }
 }
 
@@ -482,8 +513,10 @@ const DOWN_AFTER: usize = 2;
 /// Applies a batch in one transaction; when it rolls back (and it held more than one message),
 /// applies its messages again one at a time, so that one message that cannot be applied fails
 /// alone and its batchmates commit. The second pass stops early when the first messages tried
-/// all fail without a refusal and none commits: the store looks down, and trying every message
-/// of the batch would only make an outage longer.
+/// all fail without a refusal and none commits, unless the store says it is up
+/// ([`ApplyBatch::check_up`]): down, trying every message of the batch would only make an
+/// outage longer. A failure is the message's own ([`Applied::Rejected`]) when it is a refusal,
+/// when a batchmate committed, or when the store says it is up.
 fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]) -> Vec<Applied> {
     let messages: Vec<&Message> = batch.iter().map(|d| &d.message).collect();
     let batch_error = match apply_caught(store, &messages) {
@@ -491,11 +524,13 @@ fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]
         Err(e) => e,
     };
     if messages.len() == 1 {
-        return vec![if is_refusal(&batch_error) {
-            Applied::Rejected(batch_error)
-        } else {
-            Applied::RolledBack(std::sync::Arc::new(batch_error))
-        }];
+        return vec![
+            if is_refusal(&batch_error) || store_is_up(store, &batch_error) {
+                Applied::Rejected(batch_error)
+            } else {
+                Applied::RolledBack(std::sync::Arc::new(batch_error))
+            },
+        ];
     }
     log::debug!(
         "acknowledged consumer: a batch of {} rolled back ({batch_error}); applying its messages \
@@ -503,10 +538,15 @@ fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]
         messages.len()
     );
     let batch_error = std::sync::Arc::new(batch_error);
-    let (mut committed, mut unexplained) = (false, 0);
+    // `up`: asked of the store at most once, when messages failed unexplained and none
+    // committed.
+    let (mut committed, mut unexplained, mut up) = (false, 0, None);
     let mut each = Vec::with_capacity(messages.len());
     for m in &messages {
-        if !committed && unexplained >= DOWN_AFTER {
+        if !committed
+            && unexplained >= DOWN_AFTER
+            && !*up.get_or_insert_with(|| store_is_up(store, &batch_error))
+        {
             each.push(None);
             continue;
         }
@@ -522,14 +562,38 @@ fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]
         }
         each.push(Some(alone));
     }
+    let own_fault = committed
+        || (unexplained > 0 && *up.get_or_insert_with(|| store_is_up(store, &batch_error)));
     each.into_iter()
         .map(|alone| match alone {
             Some(Ok(receipt)) => Applied::Committed(receipt),
-            Some(Err(e)) if committed || is_refusal(&e) => Applied::Rejected(e),
+            Some(Err(e)) if own_fault || is_refusal(&e) => Applied::Rejected(e),
             Some(Err(e)) => Applied::RolledBack(std::sync::Arc::new(e)),
             None => Applied::RolledBack(batch_error.clone()),
         })
         .collect()
+}
+
+/// The store's answer to [`ApplyBatch::check_up`] after `failure` (a panic in it counts as
+/// down).
+fn store_is_up<St: ApplyBatch + ?Sized>(store: &St, failure: &Error) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.check_up())) {
+        Ok(Ok(())) => {
+            log::debug!(
+                "acknowledged consumer: the store commits, so this failure is the message's \
+                 own: {failure}"
+            );
+            true
+        }
+        Ok(Err(e)) => {
+            log::debug!(
+                "acknowledged consumer: the store is not up ({e}); treating this failure as an \
+                 outage: {failure}"
+            );
+            false
+        }
+        Err(_) => false,
+    }
 }
 
 impl<T, F> Acknowledge<T> for F

@@ -353,6 +353,12 @@ impl<E: Effect> ApplyBatch for BatchStore<E> {
         tx.commit()?;
         Ok(receipts)
     }
+
+    /// Opens a connection and commits an empty transaction (`BEGIN IMMEDIATE` on SQLite, so
+    /// the write lock is checked too).
+    fn check_up(&self) -> Result<()> {
+        Tx::begin((self.connect)()?)?.commit()
+    }
 }
 
 /// A transaction begun with a statement on a connection; rolled back unless committed (also
