@@ -580,6 +580,60 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     assert_eq!(inc.counter, "not_allowed");
 }
 
+/// Runs the recipe on `q` (batches of 4, backoff 10–100 ms) dead-lettering after `attempts`
+/// failures of a message's own; returns the stop handle, the result's receiver and the thread.
+fn run_dead_lettering<S: ApplyBatch + Send + 'static>(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    prefetch: u16,
+    attempts: u32,
+    store: std::sync::Arc<S>,
+) -> (
+    StopHandle,
+    mpsc::Receiver<acemq_amqp::Result<Report>>,
+    std::thread::JoinHandle<()>,
+) {
+    let (batcher, stop) = stoppable_batcher(4, usize::from(prefetch) - 1);
+    let (done, running) = run_on_a_thread(
+        conn,
+        q,
+        prefetch,
+        Some(Box::new(move |queue: AmqpQueue| {
+            queue
+                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
+                .dead_letter_after(attempts)
+        })),
+        store,
+        batcher,
+    );
+    (stop, done, running)
+}
+
+/// Once `q` is empty (the original acknowledged after its copy was confirmed), the one dead
+/// letter of `q`: it keeps the message's identity and says why, after how many attempts.
+fn the_dead_letter(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    id: &str,
+    attempts: u32,
+    reason: &str,
+) -> Message {
+    assert!(eventually(WAIT, || conn
+        .queue_info(q)
+        .unwrap()
+        .message_count
+        == 0));
+    let dlq = acemq_amqp::dead_letter_queue(q);
+    let dead = conn.get(&dlq).unwrap().expect("the dead letter");
+    assert_eq!(dead.id(), id, "the copy keeps the message's identity");
+    let error = dead.envelope.error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!("exhausted {attempts} attempts: ")) && error.contains(reason),
+        "x-acemq-error: {error:?}"
+    );
+    dead
+}
+
 #[test]
 fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its_attempts() {
     const N: usize = 20;
@@ -602,19 +656,7 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
         |i| if i == 3 { "not_allowed" } else { "signups" },
     );
     let poisoned_id = ids[3].clone();
-    let (batcher, stop) = stoppable_batcher(4, usize::from(PREFETCH) - 1);
-    let (done, running) = run_on_a_thread(
-        &conn,
-        &q,
-        PREFETCH,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
-                .dead_letter_after(ATTEMPTS)
-        })),
-        store.clone(),
-        batcher,
-    );
+    let (stop, done, running) = run_dead_lettering(&conn, &q, PREFETCH, ATTEMPTS, store.clone());
     let dlq = acemq_amqp::dead_letter_queue(&q);
     let dead_lettered = || conn.queue_info(&dlq).is_ok_and(|i| i.message_count == 1);
     let got_there = eventually(WAIT, || {
@@ -639,23 +681,7 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
         ATTEMPTS as usize
     );
     assert_eq!(store.counters.receipt_count().unwrap(), N as u64 - 1);
-    // Nothing left on the queue: the original was acknowledged once its copy was confirmed.
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
-    let dead = conn.get(&dlq).unwrap().expect("the dead letter");
-    assert_eq!(
-        dead.id(),
-        poisoned_id,
-        "the copy keeps the message's identity"
-    );
-    let error = dead.envelope.error.clone().unwrap_or_default();
-    assert!(
-        error.starts_with("exhausted 3 attempts: ") && error.contains("not authorised"),
-        "x-acemq-error: {error:?}"
-    );
+    let dead = the_dead_letter(&conn, &q, &poisoned_id, ATTEMPTS, "not authorised");
     assert_eq!(
         CounterIncrement::from_payload(&dead.body).unwrap().counter,
         "not_allowed"
@@ -795,19 +821,7 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     let poison = Message::new(b"-5".to_vec());
     let poison_id = poison.id().to_string();
     conn.publisher().unwrap().publish("", &q, poison).unwrap();
-    let (batcher, stop) = stoppable_batcher(4, 7);
-    let (done, running) = run_on_a_thread(
-        &conn,
-        &q,
-        8,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
-                .dead_letter_after(ATTEMPTS)
-        })),
-        store.clone(),
-        batcher,
-    );
+    let (stop, done, running) = run_dead_lettering(&conn, &q, 8, ATTEMPTS, store.clone());
     let dlq = acemq_amqp::dead_letter_queue(&q);
     let dead_lettered = || conn.queue_info(&dlq).is_ok_and(|i| i.message_count == 1);
     let got_there = eventually(WAIT, dead_lettered);
@@ -840,16 +854,5 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     assert_eq!(report.acknowledged, 1, "{report:?}");
     assert_eq!(report.failed, u64::from(ATTEMPTS), "{report:?}");
     assert_eq!(count(&format!("{q}/{poison_id}")), 0);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
-    let dead = conn.get(&dlq).unwrap().expect("the dead letter");
-    assert_eq!(dead.id(), poison_id);
-    let error = dead.envelope.error.clone().unwrap_or_default();
-    assert!(
-        error.starts_with("exhausted 3 attempts: ") && error.contains("CHECK constraint"),
-        "x-acemq-error: {error:?}"
-    );
+    the_dead_letter(&conn, &q, &poison_id, ATTEMPTS, "CHECK constraint");
 }
