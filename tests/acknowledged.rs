@@ -1234,6 +1234,56 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
 
 on_both!(generic_batch_store_with_a_user_effect);
 
+/// A message whose effect the **database** refuses (a `CHECK` constraint: an `Error::Sql`, not
+/// a refusal of the store's), alone in its batch: the store's `check_up` commits an empty
+/// transaction, so the failure is the message's own — rejected (over AMQP: counted towards its
+/// dead letter), not reported as an outage. The real database and its real constraint.
+fn a_message_the_database_refuses_alone_is_rejected_as_its_own_fault(db: &db::Db) {
+    let table = db.table("checked");
+    db.connect()
+        .execute(
+            &format!(
+                "CREATE TABLE {table} (identifier TEXT NOT NULL, amount BIGINT NOT NULL \
+                 CHECK (amount <> 13))"
+            ),
+            &[],
+        )
+        .unwrap();
+    let insert = {
+        let d = db.connect().dialect();
+        format!(
+            "INSERT INTO {table} (identifier, amount) VALUES ({}, {})",
+            d.placeholder(1),
+            d.placeholder(2)
+        )
+    };
+    let store = BatchStore::builder(db.factory(), move |tx: &mut dyn Sql, m: &Message| {
+        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+        tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
+        Ok("booked".to_string())
+    })
+    .table(db.table("checked_receipts"))
+    .build()
+    .unwrap();
+    store.create_table().unwrap();
+    store.check_up().unwrap();
+    let m = |id: &str, amount: i64| Message::new(id, amount.to_string().into_bytes());
+    let messages = vec![m("chk/1", 1), m("chk/13", 13), m("chk/2", 2)];
+    let (r, acker) = consume_recording(&store, &messages, 1, 1);
+    assert_eq!(r, report(2, 0, 1));
+    assert_eq!(acker.acked, [1, 3]);
+    assert_eq!(
+        acker.rejected,
+        [2],
+        "the database is up: the failure is its own"
+    );
+    assert!(acker.failed.is_empty(), "{:?}", acker.failed);
+    assert_eq!(store.receipt("chk/13").unwrap(), None);
+    assert_eq!(store.receipt("chk/2").unwrap().as_deref(), Some("booked"));
+}
+
+on_both!(a_message_the_database_refuses_alone_is_rejected_as_its_own_fault);
+
 #[test]
 fn postgres_is_required_not_skipped() {
     // `Db::postgres` panics with instructions when the server is down: the PostgreSQL test
