@@ -443,13 +443,14 @@ pub trait Acknowledge<T> {
         Ok(())
     }
 
-    /// Told about one delivery that failed **through its own fault**: its batch rolled back,
-    /// the recipe applied the batch's messages again one at a time, and this one failed alone
-    /// — the store refused it (an invalid or unauthorised item, an identity reused with
-    /// another payload, an overflow: [`Error::InvalidArgument`], [`Error::InvalidName`],
-    /// [`Error::InvalidHeader`], [`Error::Codec`]), or it failed while another message of its
-    /// batch committed. A message that keeps being rejected can never be applied; one that is
-    /// only ever [`failed`](Self::failed) may be waiting out a database outage.
+    /// Told about one delivery that failed **through its own fault**: it failed alone (in a
+    /// batch of one, or when the recipe applied its rolled-back batch's messages again one at
+    /// a time) and the store refused it (an invalid or unauthorised item, an identity reused
+    /// with another payload, an overflow: [`Error::InvalidArgument`], [`Error::InvalidName`],
+    /// [`Error::InvalidHeader`], [`Error::Codec`]), or another message of its batch committed,
+    /// or the store says it is up ([`ApplyBatch::check_up`]). A message that keeps being
+    /// rejected can never be applied; one that is only ever [`failed`](Self::failed) may be
+    /// waiting out a database outage.
     ///
     /// Defaults to [`failed`](Self::failed) with this delivery alone. [`AmqpQueue`]'s
     /// acknowledger counts these and dead-letters the delivery to `{queue}.dlq` after
