@@ -363,6 +363,16 @@ struct FailingStore<'a> {
     calls: AtomicUsize,
 }
 
+impl<'a> FailingStore<'a> {
+    fn new(inner: &'a CounterStore, failing: Vec<&'static str>) -> Self {
+        FailingStore {
+            inner,
+            failing,
+            calls: AtomicUsize::new(0),
+        }
+    }
+}
+
 impl ApplyBatch for FailingStore<'_> {
     fn apply_batch(&self, messages: &[&Message]) -> Result<Vec<Receipt>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -442,11 +452,7 @@ fn a_message_that_fails_alone_while_its_batchmates_commit_is_rejected_as_its_own
         inc("own/3", "hits", 1),
         inc("own/4", "hits", 1),
     ];
-    let failing = FailingStore {
-        inner: &store,
-        failing: vec!["own/2"],
-        calls: AtomicUsize::new(0),
-    };
+    let failing = FailingStore::new(&store, vec!["own/2"]);
     let (r, acker) = consume_recording(&failing, &messages, 1, 4);
     assert_eq!(r, report(3, 0, 1));
     assert_eq!(acker.acked, [1, 3, 4]);
@@ -469,11 +475,7 @@ fn a_message_failing_alone_with_a_database_error_while_the_store_is_up_is_reject
         inc("lone/2", "hits", 1),
         inc("lone/3", "hits", 1),
     ];
-    let failing = FailingStore {
-        inner: &store,
-        failing: vec!["lone/2"],
-        calls: AtomicUsize::new(0),
-    };
+    let failing = FailingStore::new(&store, vec!["lone/2"]);
     // Batches of one: the failing message is alone in its batch, nothing commits with it.
     let (r, acker) = consume_recording(&failing, &messages, 1, 1);
     assert_eq!(r, report(2, 0, 1));
@@ -493,11 +495,7 @@ fn a_batch_whose_every_message_fails_alone_while_the_store_is_up_is_rejected_mes
     let messages: Vec<Message> = (0..4)
         .map(|i| inc(&format!("all/{i}"), "hits", 1))
         .collect();
-    let failing = FailingStore {
-        inner: &store,
-        failing: vec!["all/0", "all/1", "all/2", "all/3"],
-        calls: AtomicUsize::new(0),
-    };
+    let failing = FailingStore::new(&store, vec!["all/0", "all/1", "all/2", "all/3"]);
     let (r, acker) = consume_recording(&failing, &messages, 1, 4);
     assert_eq!(r, report(0, 0, 4));
     assert_eq!(acker.rejected, [1, 2, 3, 4]);
@@ -512,11 +510,7 @@ fn a_store_that_is_down_is_not_tried_message_by_message_and_rejects_nothing() {
     let messages: Vec<Message> = (0..8)
         .map(|i| inc(&format!("down/{i}"), "hits", 1))
         .collect();
-    let down = FailingStore {
-        inner: &store,
-        failing: Vec::new(),
-        calls: AtomicUsize::new(0),
-    };
+    let down = FailingStore::new(&store, Vec::new());
     let (r, acker) = consume_recording(&down, &messages, 1, 4);
     assert_eq!(r, report(0, 0, 8));
     assert!(acker.acked.is_empty());

@@ -1264,6 +1264,11 @@ mod sql_store {
         struct Answer(Option<Arc<Mailbox>>);
 
         impl Answer {
+            /// The caller's mailbox, while it is not answered (to hand it the lead).
+            fn mailbox(&self) -> Option<&Arc<Mailbox>> {
+                self.0.as_ref()
+            }
+
             fn send(mut self, done: Result<Done>) {
                 if let Some(to) = self.0.take() {
                     to.put(Wake::Done(done));
@@ -1281,9 +1286,8 @@ mod sql_store {
 
         #[derive(Default)]
         struct State {
-            /// Each operation with its caller's mailbox (to hand it the lead) and the right to
-            /// answer it.
-            queue: Vec<(Op, Arc<Mailbox>, Answer)>,
+            /// Each operation with the right to answer it (which holds its caller's mailbox).
+            queue: Vec<(Op, Answer)>,
             /// A group is running, or the lead was handed to a caller not yet awake.
             running: bool,
         }
@@ -1300,9 +1304,9 @@ mod sql_store {
         impl Drop for Lead<'_> {
             fn drop(&mut self) {
                 let mut state = self.0.state.lock();
-                match state.queue.first() {
-                    Some((_, next, _)) => {
-                        let next = next.clone();
+                // A queued answer is always unanswered, so it has its mailbox.
+                match state.queue.first().and_then(|(_, a)| a.mailbox().cloned()) {
+                    Some(next) => {
                         drop(state);
                         // Its caller waits in its mailbox (it is still queued).
                         next.put(Wake::Lead);
@@ -1323,8 +1327,7 @@ mod sql_store {
                 let mailbox = Arc::new(Mailbox::default());
                 {
                     let mut state = self.state.lock();
-                    let answer = Answer(Some(mailbox.clone()));
-                    state.queue.push((op, mailbox.clone(), answer));
+                    state.queue.push((op, Answer(Some(mailbox.clone()))));
                     if !state.running {
                         state.running = true;
                         drop(state);
@@ -1353,10 +1356,7 @@ mod sql_store {
                 if queued.is_empty() {
                     return;
                 }
-                let (ops, answer_to): (Vec<Op>, Vec<Answer>) = queued
-                    .into_iter()
-                    .map(|(op, _, answer)| (op, answer))
-                    .unzip();
+                let (ops, answer_to): (Vec<Op>, Vec<Answer>) = queued.into_iter().unzip();
                 let answers: Vec<Result<Done>> = match store.run_group(&ops) {
                     Ok(done) => done.into_iter().map(Ok).collect(),
                     Err(e) if ops.len() > 1 => {
