@@ -34,6 +34,14 @@ impl Statements {
         };
         // Leases are written, and compared, with the database's clock.
         let now = dialect.now_ms_sql();
+        // PostgreSQL: `id = ANY(ARRAY(…))` runs the locking subquery once, first, and finds
+        // the rows it picked by the primary key. Written `id IN (SELECT …)`, the planner may
+        // join it by hash against a sequential scan of the whole table (it does with a few
+        // thousand rows pending), so each lease read every pending row.
+        let (picked, end) = match dialect {
+            Dialect::Postgres => ("= ANY(ARRAY(", "))"),
+            Dialect::Sqlite => ("IN (", ")"),
+        };
         Statements {
             add: p(format!(
                 "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
@@ -42,9 +50,9 @@ impl Statements {
             )),
             // $1 owner, $2 lease in ms, $3 max attempts, $4 limit
             pending: p(format!(
-                "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id IN (\
+                "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
                  SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-                 ORDER BY id LIMIT $4{lock}) \
+                 ORDER BY id LIMIT $4{lock}{end} \
                  AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
             )),
             delete: p(format!("DELETE FROM {t} WHERE id = $1")),
@@ -79,27 +87,36 @@ impl Statements {
             .join(", ")
     }
 
+    /// `id IN (…)` for `n` ids from parameter `first + 1` on: on PostgreSQL one array
+    /// parameter (see [`id_list`]), so the statement is the same for every `n`; on SQLite one
+    /// parameter per id.
+    fn id_is_one_of(&self, first: usize, n: usize) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("id = ANY(${}::bigint[])", first + 1),
+            Dialect::Sqlite => format!("id IN ({})", self.ids_in(first, n)),
+        }
+    }
+
     fn delete_many(&self, n: usize) -> String {
         format!(
-            "DELETE FROM {} WHERE id IN ({})",
+            "DELETE FROM {} WHERE {}",
             self.table,
-            self.ids_in(0, n)
+            self.id_is_one_of(0, n)
         )
     }
 
-    /// PostgreSQL: the delete of `n` published ids and the next lease in one statement (one
-    /// round trip, one commit). $1–$4 as `pending`, the ids from $5; the lease never picks an id
+    /// PostgreSQL: the delete of the published ids and the next lease in one statement (one
+    /// round trip, one commit). $1–$4 as `pending`, the ids in $5; the lease never picks an id
     /// being deleted (a row whose lease ran out could otherwise be both deleted and leased by
     /// the one statement).
-    fn delete_and_lease(&self, n: usize) -> String {
+    fn delete_and_lease(&self) -> String {
         let t = &self.table;
-        let ids = self.ids_in(4, n);
         let now = self.dialect.now_ms_sql();
         format!(
-            "WITH gone AS (DELETE FROM {t} WHERE id IN ({ids})) \
-             UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id IN (\
+            "WITH gone AS (DELETE FROM {t} WHERE id = ANY($5::bigint[])) \
+             UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id = ANY(ARRAY(\
              SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-             AND id NOT IN ({ids}) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             AND id <> ALL($5::bigint[]) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
              AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
         )
     }
@@ -107,12 +124,37 @@ impl Statements {
     fn unlease_many(&self, n: usize) -> String {
         format!(
             "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
-             WHERE lease_owner = {} AND id IN ({})",
+             WHERE lease_owner = {} AND {}",
             self.table,
             self.dialect.placeholder(1),
-            self.ids_in(1, n)
+            self.id_is_one_of(1, n)
         )
     }
+
+    /// The parameters for [`id_is_one_of`](Self::id_is_one_of): one text array literal
+    /// (`{1,2,3}`, cast to `bigint[]` by the statement) on PostgreSQL, one integer per id on
+    /// SQLite.
+    fn id_params(&self, ids: &[i64]) -> Vec<Value> {
+        match self.dialect {
+            Dialect::Postgres => vec![id_list(ids)],
+            Dialect::Sqlite => ids.iter().map(|id| Value::Integer(*id)).collect(),
+        }
+    }
+}
+
+/// `ids` as PostgreSQL's text form of an array, `{1,2,3}`, sent as one parameter.
+fn id_list(ids: &[i64]) -> Value {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(ids.len() * 8 + 2);
+    s.push('{');
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{id}");
+    }
+    s.push('}');
+    Value::Text(s)
 }
 
 static OWNERS: AtomicU64 = AtomicU64::new(0);
@@ -480,9 +522,9 @@ impl OutboxStore for SqlOutboxStore {
     fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
         for chunk in ids.chunks(500) {
             let mut conn = (self.connect)()?;
-            let sql = self.statements(&*conn).delete_many(chunk.len());
-            let params: Vec<Value> = chunk.iter().map(|id| Value::Integer(*id)).collect();
-            conn.execute(&sql, &params)
+            let s = self.statements(&*conn);
+            let sql = s.delete_many(chunk.len());
+            conn.execute(&sql, &s.id_params(chunk))
                 .map_err(|e| self.context(e, "deleting published records"))?;
         }
         Ok(())
@@ -506,16 +548,16 @@ impl OutboxStore for SqlOutboxStore {
             Value::Integer(i64::from(self.max_attempts)),
             Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
         ];
-        let ids = published.iter().map(|id| Value::Integer(*id));
+        let ids = s.id_params(published);
         let rows = match s.dialect {
             Dialect::Postgres => {
                 let params: Vec<Value> = lease.into_iter().chain(ids).collect();
-                conn.query(&s.delete_and_lease(published.len()), &params)
+                conn.query(&s.delete_and_lease(), &params)
                     .map_err(|e| self.context(e, "deleting published records and leasing"))?
             }
             Dialect::Sqlite => {
                 let delete = s.delete_many(published.len());
-                let params: Vec<Value> = ids.collect();
+                let params = ids;
                 sql::in_one_transaction(
                     &mut *conn,
                     "a delete and lease",
@@ -535,9 +577,10 @@ impl OutboxStore for SqlOutboxStore {
     fn unlease(&self, ids: &[i64]) -> Result<()> {
         for chunk in ids.chunks(500) {
             let mut conn = (self.connect)()?;
-            let sql = self.statements(&*conn).unlease_many(chunk.len());
+            let s = self.statements(&*conn);
+            let sql = s.unlease_many(chunk.len());
             let mut params = vec![Value::Text(self.owner.clone())];
-            params.extend(chunk.iter().map(|id| Value::Integer(*id)));
+            params.extend(s.id_params(chunk));
             conn.execute(&sql, &params)
                 .map_err(|e| self.context(e, "ending leases"))?;
         }
