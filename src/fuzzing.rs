@@ -54,6 +54,6 @@ pub fn copy_properties(message: &Message, routing_key: &str) -> Result<AmqpPrope
 /// are not a JSON object).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
-    let record = crate::patterns::outbox::record_from_row(row)?;
-    Ok(crate::patterns::relay::to_message(&record))
+    let mut record = crate::patterns::outbox::record_from_row(row)?;
+    Ok(crate::patterns::relay::take_message(&mut record))
 }

@@ -96,10 +96,15 @@ impl From<String> for Message {
 impl Message {
     /// A message with these bytes as its body and a fresh envelope.
     pub fn new(body: impl Into<Vec<u8>>) -> Message {
+        Message::with_envelope(body.into(), Envelope::new())
+    }
+
+    /// A message with this body and envelope, and nothing else set.
+    fn with_envelope(body: Vec<u8>, envelope: Envelope) -> Message {
         Message {
-            envelope: Envelope::new(),
+            envelope,
             headers: BTreeMap::new(),
-            body: body.into(),
+            body,
             content_type: None,
             reply_to: None,
             amqp_correlation_id: None,
@@ -442,26 +447,26 @@ impl Message {
     /// not know are not handed to the application.
     pub(crate) fn from_headers(
         body: Vec<u8>,
-        mut all: BTreeMap<String, HeaderValue>,
+        all: BTreeMap<String, HeaderValue>,
         message_id: Option<&str>,
         routing_key: &str,
         fallback_id: &dyn Fn() -> String,
     ) -> Message {
         let envelope = Envelope::read(&all, message_id, routing_key, fallback_id);
-        // The family strips the namespace case-sensitively on read.
-        let reserved: Vec<String> = all.keys().filter(|k| is_reserved(k)).cloned().collect();
-        let mut engine_headers = BTreeMap::new();
-        for k in reserved {
-            if let Some(v) = all.remove(&k) {
-                if ENGINE_HEADERS.contains(&k.as_str()) {
-                    engine_headers.insert(k, v);
-                }
+        // The family strips the namespace case-sensitively on read. (One pass, in key order:
+        // each map is rebuilt from sorted entries.)
+        let (mut application, mut engine) = (Vec::with_capacity(all.len()), Vec::new());
+        for (k, v) in all {
+            if !is_reserved(&k) {
+                application.push((k, v));
+            } else if ENGINE_HEADERS.contains(&k.as_str()) {
+                engine.push((k, v));
             }
         }
-        let mut m = Message::new(body);
-        m.envelope = envelope;
-        m.headers = all;
-        m.engine_headers = engine_headers;
+        // Not `Message::new`: its fresh envelope (a random id, the clock) would be thrown away.
+        let mut m = Message::with_envelope(body, envelope);
+        m.headers = application.into_iter().collect();
+        m.engine_headers = engine.into_iter().collect();
         m
     }
 }

@@ -203,38 +203,39 @@ fn to_json(name: &str, v: &HeaderValue) -> Result<serde_json::Value> {
     })
 }
 
-fn from_json(v: &serde_json::Value) -> HeaderValue {
+fn from_json(v: serde_json::Value) -> HeaderValue {
     use serde_json::Value as J;
     match v {
         J::Null => HeaderValue::Void,
-        J::Bool(b) => HeaderValue::Bool(*b),
+        J::Bool(b) => HeaderValue::Bool(b),
         J::Number(n) => match n.as_i64() {
             Some(i) => HeaderValue::Int(i),
             None => HeaderValue::Float(n.as_f64().unwrap_or(0.0)),
         },
-        J::String(s) => HeaderValue::Text(s.clone()),
-        J::Array(a) => HeaderValue::Array(a.iter().map(from_json).collect()),
-        J::Object(o) => {
-            HeaderValue::Table(o.iter().map(|(k, x)| (k.clone(), from_json(x))).collect())
-        }
+        J::String(s) => HeaderValue::Text(s),
+        J::Array(a) => HeaderValue::Array(a.into_iter().map(from_json).collect()),
+        J::Object(o) => HeaderValue::Table(o.into_iter().map(|(k, x)| (k, from_json(x))).collect()),
     }
 }
 
-/// The message a record stands for, read with the same forgiving rules as a delivery.
-pub(crate) fn to_message(r: &OutboxRecord) -> Message {
-    let all = r
-        .headers
-        .iter()
-        .map(|(k, v)| (k.clone(), from_json(v)))
+/// The message a record stands for, read with the same forgiving rules as a delivery. The
+/// record's body and headers are moved into it (left empty: the relay needs only the rest of
+/// the record once its message is made).
+pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
+    let headers = std::mem::take(&mut r.headers);
+    let first_seen_given = headers.contains_key(headers::FIRST_SEEN);
+    let all = headers
+        .into_iter()
+        .map(|(k, v)| (k, from_json(v)))
         .collect();
     let mut m = Message::from_headers(
-        r.body.clone(),
+        std::mem::take(&mut r.body),
         all,
         None,
         &r.routing_key,
         &crate::envelope::new_id,
     );
-    if !r.headers.contains_key(headers::FIRST_SEEN) {
+    if !first_seen_given {
         m.envelope.first_seen_ms = r.created_ms;
     }
     if !r.content_type.is_empty() {
@@ -690,12 +691,12 @@ impl Core {
     fn sweep_once(&self) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let publisher = self.publisher()?;
-        let records = self.store.pending(self.options.batch_size)?;
+        let mut records = self.store.pending(self.options.batch_size)?;
         if records.is_empty() {
             return Ok(0);
         }
         let deadline = self.sweep_deadline();
-        let mut handed = self.hand_over(&publisher, &records, deadline);
+        let mut handed = self.hand_over(&publisher, &mut records, deadline);
         let published = self.await_confirms(&records, &mut handed, deadline);
         self.finish(&records, published, handed.failures)
     }
@@ -743,7 +744,7 @@ impl Core {
             };
             Ok((p, records))
         });
-        let (publisher, records) = match publisher_and_records {
+        let (publisher, mut records) = match publisher_and_records {
             Ok(got) => got,
             Err(e) => {
                 if let Some(leased) = next.take() {
@@ -771,12 +772,12 @@ impl Core {
                 return Ok(0);
             }
             let deadline = self.sweep_deadline();
-            let mut handed = self.hand_over(&publisher, &records, deadline);
+            let mut handed = self.hand_over(&publisher, &mut records, deadline);
             let published = self.await_confirms(&records, &mut handed, deadline);
             return self.finish(&records, published, handed.failures);
         }
         let deadline = self.sweep_deadline();
-        let mut handed = self.hand_over(&publisher, &records, deadline);
+        let mut handed = self.hand_over(&publisher, &mut records, deadline);
         let whole = handed.whole_batch && handed.failures.is_empty() && records.len() == batch_size;
         // While the broker confirms the earlier batch and this one: delete what was confirmed
         // before (the batch before the earlier one) and lease the next batch, in one commit
@@ -860,10 +861,13 @@ impl Core {
     /// Hands the batch to the publisher: a record that failed before goes alone and is awaited
     /// first; the rest are pipelined, up to the next record that failed before (it goes alone at
     /// the head of a later sweep, so nothing behind it overtakes it).
+    /// Each record handed over gives its body and headers to its message (see
+    /// [`take_message`]); what the relay reads of it afterwards (id, attempts, exchange, routing
+    /// key, created) stays.
     fn hand_over(
         &self,
         publisher: &Publisher,
-        records: &[OutboxRecord],
+        records: &mut [OutboxRecord],
         deadline: Instant,
     ) -> HandedOver {
         let mut handed = HandedOver {
@@ -874,14 +878,15 @@ impl Core {
         };
         let mut next = 0;
         while next < records.len() && records[next].attempts > 0 {
-            let r = &records[next];
+            let r = &mut records[next];
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 // Out of time in this sweep: the rest is given back, still in order.
                 return handed;
             }
+            let message = take_message(r);
             let sent = publisher
-                .publish_deferred(&r.exchange, &r.routing_key, to_message(r))
+                .publish_deferred(&r.exchange, &r.routing_key, message)
                 .and_then(|t| t.wait_timeout(left));
             match sent {
                 Ok(()) => {
@@ -894,11 +899,12 @@ impl Core {
                 }
             }
         }
-        for (i, r) in records.iter().enumerate().skip(next) {
+        for (i, r) in records.iter_mut().enumerate().skip(next) {
             if r.attempts > 0 {
                 return handed;
             }
-            match publisher.publish_deferred(&r.exchange, &r.routing_key, to_message(r)) {
+            let message = take_message(r);
+            match publisher.publish_deferred(&r.exchange, &r.routing_key, message) {
                 Ok(t) => handed.tickets.push((i, t)),
                 Err(e) => {
                     handed.failures.push((i, e));
