@@ -28,7 +28,7 @@ use acemq_amqp::patterns::{
     by_header, idempotent, idempotent_tx, ordered, record, serve_with, OutboxRelay,
     OutboxRelayOptions, Requester, SqlIdempotencyStore, SqlOutboxStore,
 };
-use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, SqliteManager};
+use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::{
     BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Observer, Outcome,
     PublisherOptions, QueueSpec, Result,
@@ -502,11 +502,13 @@ fn sqlite_pool(path: &std::path::Path, size: u32) -> Result<r2d2::Pool<SqliteMan
     Ok(r2d2::Pool::builder().max_size(size).build(manager)?)
 }
 
-fn pg_pool(size: u32) -> Result<r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>> {
+/// A PostgreSQL pool as the crate recommends it: r2d2's health check on checkout (on by
+/// default) only for connections idle past `CheckIdle`'s window.
+fn pg_pool(size: u32) -> Result<r2d2::Pool<CheckIdle<PostgresConnectionManager<postgres::NoTls>>>> {
     let config: postgres::Config = pg_url().parse()?;
-    Ok(r2d2::Pool::builder()
-        .max_size(size)
-        .build(PostgresConnectionManager::new(config, postgres::NoTls))?)
+    Ok(r2d2::Pool::builder().max_size(size).build(CheckIdle::new(
+        PostgresConnectionManager::new(config, postgres::NoTls),
+    ))?)
 }
 
 fn drop_pg_tables(tables: &[String]) -> Result<()> {

@@ -18,7 +18,7 @@ use acemq_amqp::patterns::{
     SqlOutboxStore,
 };
 use acemq_amqp::sql::r2d2;
-use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
+use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
     dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Handler, Message, Outcome,
     QueueSpec, RetryPolicy,
@@ -43,7 +43,10 @@ const DEADLINE: Duration = Duration::from_secs(8 * 60);
 /// Broker-side and proxy cuts, at least this many in all (and at least 3 of each kind).
 const MIN_CUTS: usize = 10;
 
-type PgPool = r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>;
+/// The pool a service would use: the health check on checkout only for connections idle past
+/// `CheckIdle`'s window, so a session the run terminates may fail the one operation that next
+/// gets it (which retries).
+type PgPool = r2d2::Pool<CheckIdle<PostgresConnectionManager<postgres::NoTls>>>;
 
 fn pg_pool(app: &str, size: u32) -> PgPool {
     let config: postgres::Config = format!("{} application_name={app}", db::PG_URL)
@@ -53,7 +56,10 @@ fn pg_pool(app: &str, size: u32) -> PgPool {
         .max_size(size)
         .test_on_check_out(true)
         .connection_timeout(Duration::from_secs(20))
-        .build(PostgresConnectionManager::new(config, postgres::NoTls))
+        .build(CheckIdle::new(PostgresConnectionManager::new(
+            config,
+            postgres::NoTls,
+        )))
         .unwrap_or_else(|e| panic!("PostgreSQL at {} is not reachable: {e}", db::PG_URL))
 }
 

@@ -289,11 +289,14 @@ mod transactional {
     /// # fn main() -> acemq_amqp::Result<()> {
     /// use std::sync::Arc;
     /// use acemq_amqp::patterns::{idempotent_tx, record, SqlIdempotencyStore, SqlOutboxStore};
-    /// use acemq_amqp::sql::{checkout, PostgresConnectionManager};
+    /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
     /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
     ///
     /// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;
-    /// let pool = r2d2::Pool::new(PostgresConnectionManager::new(config, postgres::NoTls))?;
+    /// let pool = r2d2::Pool::new(CheckIdle::new(PostgresConnectionManager::new(
+    ///     config,
+    ///     postgres::NoTls,
+    /// )))?;
     /// let receipts = Arc::new(SqlIdempotencyStore::builder(checkout(&pool)).build()?);
     /// let outbox = SqlOutboxStore::builder(checkout(&pool)).build()?;
     /// let handler = idempotent_tx(

@@ -28,7 +28,8 @@
 //! the store's operations, the connection dropped at the end of it. A closure that opens a new
 //! connection each time works; an [`r2d2`] pool checkout ([`checkout`], with [`SqliteManager`]
 //! or `r2d2_postgres`'s [`PostgresConnectionManager`]) is faster and replaces connections the
-//! server killed. Work that must commit with the caller's own (outbox `add`, transactional
+//! server killed. On PostgreSQL, wrap the manager in [`CheckIdle`]: r2d2's health check on
+//! checkout is otherwise a round trip before each of the store's operations. Work that must commit with the caller's own (outbox `add`, transactional
 //! idempotency) takes the caller's transaction as `&mut dyn Sql` instead.
 //!
 //! # Tables
@@ -49,11 +50,11 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-pub use pool::checkout;
 #[cfg(feature = "postgres")]
 pub use pool::PostgresConnectionManager;
 #[cfg(feature = "sqlite")]
 pub use pool::SqliteManager;
+pub use pool::{checkout, CheckIdle, Idle};
 /// The r2d2 this crate implements [`Sql`] for (`r2d2::PooledConnection`).
 pub use r2d2;
 

@@ -7,6 +7,9 @@
 //!
 //! - [`SqliteManager`], an [`r2d2::ManageConnection`] for `rusqlite` (feature `sqlite`); for
 //!   PostgreSQL use [`PostgresConnectionManager`] from `r2d2_postgres` (feature `postgres`);
+//! - [`CheckIdle`], a manager around either that runs the health check on checkout only for a
+//!   connection idle longer than a window (500 ms by default, HikariCP's): a connection given
+//!   back a moment ago is handed out again without a round trip to the server;
 //! - [`Sql`] and [`Transactional`] for [`r2d2::PooledConnection`], so a checkout is a
 //!   connection like any other;
 //! - [`checkout`], a connections factory over a pool for the stores' builders and
@@ -31,6 +34,9 @@
 //! # #[cfg(not(feature = "sqlite"))]
 //! # fn main() {}
 //! ```
+
+use std::ops::{Deref, DerefMut};
+use std::time::{Duration, Instant};
 
 use r2d2::{ManageConnection, Pool, PooledConnection};
 
@@ -88,6 +94,157 @@ where
 
     fn begin(&mut self) -> Result<Self::Transaction<'_>> {
         (**self).begin()
+    }
+}
+
+/// An [`r2d2::ManageConnection`] around another that runs the other's health check on checkout
+/// only for a connection idle longer than [`window`](Self::window): a connection given back
+/// within the window is handed out again at once, unless the inner manager reports it broken
+/// (for PostgreSQL: the client saw the connection close).
+///
+/// r2d2's check (`test_on_check_out`, on by default) is a query before every checkout — for
+/// PostgreSQL an empty one, a round trip to the server. A store checks a connection out for
+/// each of its operations, so on PostgreSQL the check doubles the round trips of a claim, a
+/// confirm, a group commit or the relay's delete-and-lease. `CheckIdle` keeps it for what it
+/// is for (a connection that sat idle while the server restarted or a firewall dropped it) and
+/// skips it for one in steady use. The price, as with HikariCP's `aliveBypassWindowMs`: a
+/// connection the server kills within the window after its last use fails the one operation
+/// that next gets it (the operation returns the driver's error: a consumer retries its message,
+/// the relay its sweep), and the pool then drops it, as the driver reports it closed.
+///
+/// Its connections are [`Idle`]`<C>`, which dereference to the inner connection and are [`Sql`]
+/// and [`Transactional`] as it is, so a store, [`checkout`] and a handler of
+/// [`idempotent_tx`](crate::patterns::idempotent_tx) use them unchanged.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # fn main() -> acemq_amqp::Result<()> {
+/// use acemq_amqp::patterns::SqlIdempotencyStore;
+/// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
+///
+/// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;
+/// let pool = r2d2::Pool::builder()
+///     .max_size(8)
+///     .build(CheckIdle::new(PostgresConnectionManager::new(config, postgres::NoTls)))?;
+/// let store = SqlIdempotencyStore::builder(checkout(&pool)).build()?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "postgres"))]
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone)]
+pub struct CheckIdle<M> {
+    inner: M,
+    window: Duration,
+}
+
+impl<M> CheckIdle<M> {
+    /// The window HikariCP uses (`aliveBypassWindowMs`).
+    pub const DEFAULT_WINDOW: Duration = Duration::from_millis(500);
+
+    /// `inner`, its health check skipped for connections given back within the last
+    /// [`DEFAULT_WINDOW`](Self::DEFAULT_WINDOW).
+    pub fn new(inner: M) -> CheckIdle<M> {
+        CheckIdle {
+            inner,
+            window: Self::DEFAULT_WINDOW,
+        }
+    }
+
+    /// How long after a connection is given back it is handed out again without the health
+    /// check. `Duration::ZERO` checks every checkout, as the inner manager alone does. Defaults
+    /// to 500 ms.
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The manager this one wraps.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+}
+
+/// A connection of a [`CheckIdle`] pool: the inner manager's connection and when it was last
+/// given back (or opened). Dereferences to the connection.
+#[derive(Debug)]
+pub struct Idle<C> {
+    conn: C,
+    since: Instant,
+}
+
+impl<C> Idle<C> {
+    /// The connection.
+    pub fn into_inner(self) -> C {
+        self.conn
+    }
+}
+
+impl<C> Deref for Idle<C> {
+    type Target = C;
+    fn deref(&self) -> &C {
+        &self.conn
+    }
+}
+
+impl<C> DerefMut for Idle<C> {
+    fn deref_mut(&mut self) -> &mut C {
+        &mut self.conn
+    }
+}
+
+impl<M: ManageConnection> ManageConnection for CheckIdle<M> {
+    type Connection = Idle<M::Connection>;
+    type Error = M::Error;
+
+    fn connect(&self) -> std::result::Result<Self::Connection, M::Error> {
+        Ok(Idle {
+            conn: self.inner.connect()?,
+            since: Instant::now(),
+        })
+    }
+
+    /// The inner check, unless the connection was given back (or opened) within the window
+    /// and the inner manager does not report it broken.
+    fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), M::Error> {
+        if conn.since.elapsed() < self.window && !self.inner.has_broken(&mut conn.conn) {
+            return Ok(());
+        }
+        self.inner.is_valid(&mut conn.conn)
+    }
+
+    /// The inner manager's answer; r2d2 asks it as the connection is given back, so the
+    /// connection's idle time starts here.
+    fn has_broken(&self, conn: &mut Self::Connection) -> bool {
+        conn.since = Instant::now();
+        self.inner.has_broken(&mut conn.conn)
+    }
+}
+
+impl<C: Sql> Sql for Idle<C> {
+    fn dialect(&self) -> Dialect {
+        self.conn.dialect()
+    }
+    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
+        self.conn.execute(sql, params)
+    }
+    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
+        self.conn.query(sql, params)
+    }
+    fn in_transaction(&self) -> Option<bool> {
+        self.conn.in_transaction()
+    }
+}
+
+impl<C: Transactional> Transactional for Idle<C> {
+    type Transaction<'c>
+        = C::Transaction<'c>
+    where
+        C: 'c;
+
+    fn begin(&mut self) -> Result<Self::Transaction<'_>> {
+        self.conn.begin()
     }
 }
 
