@@ -1016,3 +1016,89 @@ fn a_relay_refuses_a_zero_batch_size_or_interval() {
         );
     }
 }
+
+/// A store that records when each backlog count started and how long it took.
+struct Timed {
+    inner: SqlOutboxStore,
+    counts: Arc<Mutex<Vec<(Instant, Duration)>>>,
+}
+
+impl OutboxStore for Timed {
+    fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.inner.pending(limit)
+    }
+    fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.mark_published(id)
+    }
+    fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
+        self.inner.record_failure(id, error)
+    }
+    fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.inner.retired()
+    }
+    fn release(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.release(id)
+    }
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+    fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
+        let started = Instant::now();
+        let stats = self.inner.stats();
+        self.counts
+            .lock()
+            .unwrap()
+            .push((started, started.elapsed()));
+        stats
+    }
+}
+
+/// The backlog gauge counts the table (`COUNT(*)` over the rows not retired): on a table of
+/// half a million retired rows — nothing to publish, a count of tens of milliseconds — a relay
+/// sweeping every 20 ms counted after every sweep, so it spent most of its time (and the
+/// database's) counting. A count now waits at least twenty times as long as the last one took.
+#[test]
+fn a_relay_whose_backlog_count_is_slow_counts_at_most_a_twentieth_of_the_time() {
+    let db = Db::postgres();
+    let conn = connect();
+    let store = outbox(&db, 10);
+    let table = store.table().to_string();
+    db.connect()
+        .execute(
+            &format!(
+                "INSERT INTO {table} (exchange, routing_key, body, content_type, headers, \
+                 created_ms, attempts, lease_until_ms) \
+                 SELECT '', 'nowhere', '\\x00'::bytea, 'text/plain', '{{}}', 0, 10, 0 \
+                 FROM generate_series(1, 500000)"
+            ),
+            &[],
+        )
+        .unwrap();
+    let counts = Arc::new(Mutex::new(Vec::new()));
+    let timed = Timed {
+        inner: same_table(&db, &store),
+        counts: Arc::clone(&counts),
+    };
+    let options = OutboxRelayOptions::new().interval(Duration::from_millis(20));
+    let relay = OutboxRelay::new(&conn, timed, options)
+        .unwrap()
+        .start()
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(120), || counts.lock().unwrap().len()
+            >= 3),
+        "the relay reported its backlog {} times",
+        counts.lock().unwrap().len()
+    );
+    let report = relay.close().unwrap();
+    assert_eq!(report.published, 0, "{report:?}");
+    let counts = counts.lock().unwrap().clone();
+    for pair in counts.windows(2) {
+        let ((first, took), (next, _)) = (pair[0], pair[1]);
+        assert!(
+            next - first >= took * 20,
+            "a count that took {took:?} was followed by the next {:?} after it started: {counts:?}",
+            next - first
+        );
+    }
+}

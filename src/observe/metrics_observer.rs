@@ -40,7 +40,7 @@ pub const OUTBOX_OLDEST_AGE: &str = "acemq.outbox.oldest.age";
 /// | `acemq.request.total` | counter | as above | |
 /// | `acemq.outbox.total` | counter | `outcome`: `published`, `failed` | a relayed record |
 /// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key` (the family's) | a record's commit to its confirm |
-/// | `acemq.outbox.pending`, `acemq.outbox.oldest.age` | gauges (count, seconds) | — | after each sweep of a started relay |
+/// | `acemq.outbox.pending`, `acemq.outbox.oldest.age` | gauges (count, seconds) | — | as a started relay reports its backlog ([`OutboxEvent::Backlog`](crate::observe::OutboxEvent::Backlog)) |
 ///
 /// The consume outcomes are the family's words (Java, .NET and Python tag `acemq.consume.total`
 /// with `acked`, `retried`, `rejected`, `parked`); this crate's

@@ -576,13 +576,19 @@ impl Drop for Core {
 /// How often a relay working through full batches reports the backlog.
 const BACKLOG_EVERY: Duration = Duration::from_secs(1);
 
+/// A backlog count is asked again only this many times its last duration after it started: the
+/// count (`COUNT(*)` over the table's rows not retired) takes long on a large table, and the
+/// gauge may then cost the relay at most ~5 % of its time.
+const BACKLOG_COST_FACTOR: u32 = 20;
+
 impl Core {
     /// The sweeper thread: sweeps, and after a sweep that found less than a full batch waits
     /// the interval or until told to stop; stopping, it deletes what went out and gives back
     /// what it leased ahead.
     fn run(&self, stop: &Receiver<()>) {
         let (mut next, mut to_delete, mut flying) = (None, Vec::new(), None);
-        let mut reported = Instant::now();
+        // When the last backlog count started, and how long it took.
+        let (mut reported, mut count_took) = (Instant::now(), Duration::ZERO);
         loop {
             let full = match self.pump(&mut next, &mut to_delete, &mut flying) {
                 Ok(n) => n >= self.options.batch_size,
@@ -598,10 +604,14 @@ impl Core {
             }
             // The backlog gauge: after a sweep that found less than a full batch, and while
             // working through a backlog at most every `BACKLOG_EVERY` (its query counts the
-            // table: not a cost to pay per batch).
-            if !full || reported.elapsed() >= self.options.interval.max(BACKLOG_EVERY) {
-                self.report_backlog();
+            // table: not a cost to pay per batch); in either case not before
+            // `BACKLOG_COST_FACTOR` times the last count's duration.
+            let since = reported.elapsed();
+            let due = !full || since >= self.options.interval.max(BACKLOG_EVERY);
+            if due && since >= count_took * BACKLOG_COST_FACTOR {
                 reported = Instant::now();
+                self.report_backlog();
+                count_took = reported.elapsed();
             }
             let wait = if full {
                 Duration::ZERO
