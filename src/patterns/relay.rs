@@ -871,6 +871,7 @@ impl Core {
     /// Hands the batch to the publisher: a record that failed before goes alone and is awaited
     /// first; the rest are pipelined, up to the next record that failed before (it goes alone at
     /// the head of a later sweep, so nothing behind it overtakes it).
+    ///
     /// Each record handed over gives its body and headers to its message (see
     /// [`take_message`]); what the relay reads of it afterwards (id, attempts, exchange, routing
     /// key, created) stays.
