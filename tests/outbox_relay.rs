@@ -875,10 +875,22 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
     );
 }
 
-/// A store that remembers the `limit` of every `pending` call: the batch size the relay used.
+/// A store that remembers the `limit` of every `pending` call (the batch size the relay used),
+/// and when each backlog count started and how long it took.
 struct Watched {
     inner: SqlOutboxStore,
     limits: Arc<Mutex<Vec<usize>>>,
+    counts: Arc<Mutex<Vec<(Instant, Duration)>>>,
+}
+
+impl Watched {
+    fn new(inner: SqlOutboxStore) -> Watched {
+        Watched {
+            inner,
+            limits: Arc::default(),
+            counts: Arc::default(),
+        }
+    }
 }
 
 impl OutboxStore for Watched {
@@ -908,7 +920,13 @@ impl OutboxStore for Watched {
         self.inner.lease()
     }
     fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
-        self.inner.stats()
+        let started = Instant::now();
+        let stats = self.inner.stats();
+        self.counts
+            .lock()
+            .unwrap()
+            .push((started, started.elapsed()));
+        stats
     }
 }
 
@@ -926,11 +944,8 @@ fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
     let store = outbox(&db, 10);
     let table = store.table().to_string();
     add_many(&db, &store, &q, 20);
-    let limits = Arc::new(Mutex::new(Vec::new()));
-    let watched = Watched {
-        inner: same_table(&db, &store),
-        limits: Arc::clone(&limits),
-    };
+    let watched = Watched::new(same_table(&db, &store));
+    let limits = Arc::clone(&watched.limits);
     let options = OutboxRelayOptions::new()
         .batch_size(7)
         .interval(Duration::from_millis(20));
@@ -974,11 +989,8 @@ fn dropping_a_running_relay_joins_its_thread_and_deletes_what_went_out() {
     let store = outbox(&db, 10);
     let table = store.table().to_string();
     add_many(&db, &store, &q, 20);
-    let limits = Arc::new(Mutex::new(Vec::new()));
-    let watched = Watched {
-        inner: same_table(&db, &store),
-        limits: Arc::clone(&limits),
-    };
+    let watched = Watched::new(same_table(&db, &store));
+    let limits = Arc::clone(&watched.limits);
     let options = OutboxRelayOptions::new()
         .batch_size(7)
         .interval(Duration::from_millis(20));
@@ -1017,42 +1029,6 @@ fn a_relay_refuses_a_zero_batch_size_or_interval() {
     }
 }
 
-/// A store that records when each backlog count started and how long it took.
-struct Timed {
-    inner: SqlOutboxStore,
-    counts: Arc<Mutex<Vec<(Instant, Duration)>>>,
-}
-
-impl OutboxStore for Timed {
-    fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
-        self.inner.pending(limit)
-    }
-    fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
-        self.inner.mark_published(id)
-    }
-    fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
-        self.inner.record_failure(id, error)
-    }
-    fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
-        self.inner.retired()
-    }
-    fn release(&self, id: i64) -> acemq_amqp::Result<()> {
-        self.inner.release(id)
-    }
-    fn lease(&self) -> Duration {
-        self.inner.lease()
-    }
-    fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
-        let started = Instant::now();
-        let stats = self.inner.stats();
-        self.counts
-            .lock()
-            .unwrap()
-            .push((started, started.elapsed()));
-        stats
-    }
-}
-
 /// The backlog gauge counts the table (`COUNT(*)` over the rows not retired): on a table of
 /// half a million retired rows — nothing to publish, a count of tens of milliseconds — a relay
 /// sweeping every 20 ms counted after every sweep, so it spent most of its time (and the
@@ -1074,11 +1050,8 @@ fn a_relay_whose_backlog_count_is_slow_counts_at_most_a_twentieth_of_the_time() 
             &[],
         )
         .unwrap();
-    let counts = Arc::new(Mutex::new(Vec::new()));
-    let timed = Timed {
-        inner: same_table(&db, &store),
-        counts: Arc::clone(&counts),
-    };
+    let timed = Watched::new(same_table(&db, &store));
+    let counts = Arc::clone(&timed.counts);
     let options = OutboxRelayOptions::new().interval(Duration::from_millis(20));
     let relay = OutboxRelay::new(&conn, timed, options)
         .unwrap()
