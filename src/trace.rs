@@ -423,7 +423,8 @@ mod otel {
             exchange
         };
         let e = &message.envelope;
-        let span = tracer()
+        let tracer = tracer();
+        let span = tracer
             .span_builder(format!("{destination} publish"))
             .with_kind(SpanKind::Producer)
             .with_attributes([
@@ -444,7 +445,7 @@ mod otel {
                     e.message_type.clone().unwrap_or_default(),
                 ),
             ])
-            .start_with_context(&tracer(), &parent);
+            .start_with_context(&tracer, &parent);
         let context = to_trace_context(span.span_context())?;
         Some((PublishSpan { span: Some(span) }, context))
     }
@@ -488,7 +489,8 @@ mod otel {
             None => Context::new(),
         };
         let e = &message.envelope;
-        let span = tracer()
+        let tracer = tracer();
+        let span = tracer
             .span_builder(format!("{queue} process"))
             .with_kind(SpanKind::Consumer)
             .with_attributes([
@@ -506,7 +508,7 @@ mod otel {
                 ),
                 KeyValue::new("messaging.acemq.attempt", i64::from(e.attempt)),
             ])
-            .start_with_context(&tracer(), &parent);
+            .start_with_context(&tracer, &parent);
         // The context current while the handler runs: the span's when it is a real one, else
         // (no SDK) the message's own, carried unchanged; the message's tracestate goes on when
         // the span has none of its own.
@@ -530,7 +532,8 @@ mod otel {
         } else {
             exchange
         };
-        let span = tracer()
+        let tracer = tracer();
+        let span = tracer
             .span_builder(format!("{destination} request"))
             .with_kind(SpanKind::Client)
             .with_attributes([
@@ -538,7 +541,7 @@ mod otel {
                 KeyValue::new("messaging.destination.name", destination.to_string()),
                 KeyValue::new("messaging.operation", "request"),
             ])
-            .start_with_context(&tracer(), &parent);
+            .start_with_context(&tracer, &parent);
         let attached = attach(&span);
         Some(ProcessSpan(span, attached))
     }
