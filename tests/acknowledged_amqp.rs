@@ -836,10 +836,7 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
             &[id.into()],
         )
         .unwrap();
-        match rows[0][0] {
-            acemq_amqp::sql::Value::Integer(n) => n,
-            ref other => panic!("COUNT(*) gave {other:?}"),
-        }
+        rows[0][0].as_i64().expect("COUNT(*) is an integer")
     };
     // The store's identity is `{queue}/{message id}`.
     let applied = eventually(WAIT, || count(&format!("{q}/{fine_id}")) == 1);

@@ -494,16 +494,16 @@ fn apply_caught<St: ApplyBatch + ?Sized>(
     store: &St,
     messages: &[&Message],
 ) -> Result<Vec<Receipt>> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.apply_batch(messages)))
-        .unwrap_or_else(|panic| {
-            Err(Error::Handler {
-                source: format!(
-                    "the effect panicked: {}",
-                    crate::error::panic_message(&*panic)
-                )
-                .into(),
-            })
+    caught("the effect", || store.apply_batch(messages))
+}
+
+/// `call`'s result, or its panic as an error (`what` panicked).
+fn caught<R>(what: &str, call: impl FnOnce() -> Result<R>) -> Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        Err(Error::Handler {
+            source: format!("{what} panicked: {}", crate::error::panic_message(&*panic)).into(),
         })
+    })
 }
 
 /// Messages tried alone after a rolled-back batch that fail with something other than a
@@ -578,22 +578,21 @@ fn apply_isolating<T, St: ApplyBatch + ?Sized>(store: &St, batch: &[Delivery<T>]
 /// The store's answer to [`ApplyBatch::check_up`] after `failure` (a panic in it counts as
 /// down).
 fn store_is_up<St: ApplyBatch + ?Sized>(store: &St, failure: &Error) -> bool {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| store.check_up())) {
-        Ok(Ok(())) => {
+    match caught("the store's check", || store.check_up()) {
+        Ok(()) => {
             log::debug!(
                 "acknowledged consumer: the store commits, so this failure is the message's \
                  own: {failure}"
             );
             true
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             log::debug!(
                 "acknowledged consumer: the store is not up ({e}); treating this failure as an \
                  outage: {failure}"
             );
             false
         }
-        Err(_) => false,
     }
 }
 
