@@ -1,5 +1,6 @@
 //! The outbox on SQLite or PostgreSQL.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -7,6 +8,9 @@ use std::time::Duration;
 use super::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
 use crate::error::{Error, Result};
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
+
+/// Where `lease_sql` writes the limit into SQLite's lease statement.
+const LIMIT_MARK: &str = "%LIMIT%";
 
 const COLUMNS: &str =
     "id, exchange, routing_key, body, content_type, headers, created_ms, attempts, last_error";
@@ -42,17 +46,22 @@ impl Statements {
             Dialect::Postgres => ("= ANY(ARRAY(", "))"),
             Dialect::Sqlite => ("IN (", ")"),
         };
+        // The limit: a parameter on PostgreSQL, written in by `lease_sql` on SQLite.
+        let limit = match dialect {
+            Dialect::Postgres => "$4",
+            Dialect::Sqlite => LIMIT_MARK,
+        };
         Statements {
             add: p(format!(
                 "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
                  created_ms, attempts, lease_until_ms) \
                  VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
             )),
-            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit
+            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit (see `lease_sql`)
             pending: p(format!(
                 "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
                  SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-                 ORDER BY id LIMIT $4{lock}{end} \
+                 ORDER BY id LIMIT {limit}{lock}{end} \
                  AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
             )),
             delete: p(format!("DELETE FROM {t} WHERE id = $1")),
@@ -77,6 +86,43 @@ impl Statements {
             dialect,
             table: t.to_owned(),
         }
+    }
+
+    /// The lease of up to `limit` records (`pending`, and on SQLite the second statement of
+    /// the delete-and-lease), with [`lease_params`](Self::lease_params).
+    ///
+    /// On SQLite the limit is written into the statement, not bound: SQLite's planner reads a
+    /// bound `LIMIT`, so it marks the prepared statement stale whenever that parameter is
+    /// bound again or cleared — and rusqlite clears a cached statement's parameters each time
+    /// it goes back to the cache — after which SQLite compiles the whole statement anew at its
+    /// next step: a re-prepare on every lease (~250,000 instructions, measured). A relay leases
+    /// `batch_size` records each time, so its statement is one cached text. PostgreSQL
+    /// statements are not cached (see [`crate::sql`]): there it stays parameter `$4`.
+    fn lease_sql(&self, limit: usize) -> Cow<'_, str> {
+        match self.dialect {
+            Dialect::Postgres => Cow::Borrowed(&self.pending),
+            Dialect::Sqlite => Cow::Owned(self.pending.replacen(LIMIT_MARK, &limit.to_string(), 1)),
+        }
+    }
+
+    /// The parameters of [`lease_sql`](Self::lease_sql): the owner, the lease, the attempts
+    /// limit, and on PostgreSQL the record limit.
+    fn lease_params(
+        &self,
+        owner: &str,
+        lease: Duration,
+        max_attempts: u32,
+        limit: usize,
+    ) -> Vec<Value> {
+        let mut params = vec![
+            Value::Text(owner.to_owned()),
+            Value::Integer(sql::duration_ms(lease)),
+            Value::Integer(i64::from(max_attempts)),
+        ];
+        if self.dialect == Dialect::Postgres {
+            params.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+        }
+        params
     }
 
     /// `… WHERE id IN ($2, $3, …)` for `n` ids after `first` other parameters.
@@ -472,16 +518,9 @@ impl OutboxStore for SqlOutboxStore {
         }
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
+        let params = s.lease_params(&self.owner, self.lease, self.max_attempts, limit);
         let rows = conn
-            .query(
-                &s.pending,
-                &[
-                    Value::Text(self.owner.clone()),
-                    Value::Integer(sql::duration_ms(self.lease)),
-                    Value::Integer(i64::from(self.max_attempts)),
-                    Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
-                ],
-            )
+            .query(&s.lease_sql(limit), &params)
             .map_err(|e| self.context(e, "leasing pending records"))?;
         drop(conn);
         self.readable(&rows)
@@ -542,12 +581,7 @@ impl OutboxStore for SqlOutboxStore {
         }
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
-        let lease = [
-            Value::Text(self.owner.clone()),
-            Value::Integer(sql::duration_ms(self.lease)),
-            Value::Integer(i64::from(self.max_attempts)),
-            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
-        ];
+        let lease = s.lease_params(&self.owner, self.lease, self.max_attempts, limit);
         let ids = s.id_params(published);
         let rows = match s.dialect {
             Dialect::Postgres => {
@@ -557,6 +591,7 @@ impl OutboxStore for SqlOutboxStore {
             }
             Dialect::Sqlite => {
                 let delete = s.delete_many(published.len());
+                let lease_sql = s.lease_sql(limit);
                 let params = ids;
                 sql::in_one_transaction(
                     &mut *conn,
@@ -564,7 +599,7 @@ impl OutboxStore for SqlOutboxStore {
                     |e, what| self.context(e, what),
                     |tx| {
                         tx.execute(&delete, &params)
-                            .and_then(|_| tx.query(&s.pending, &lease))
+                            .and_then(|_| tx.query(&lease_sql, &lease))
                             .map_err(|e| self.context(e, "deleting published records and leasing"))
                     },
                 )?
@@ -602,5 +637,61 @@ impl OutboxStore for SqlOutboxStore {
                 .unwrap_or(0),
             oldest_created_ms: row.get(1).and_then(Value::as_i64),
         })
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod tests {
+    use super::*;
+    use crate::sql::{checkout, SqliteManager};
+    use rusqlite::StatementStatus;
+
+    /// rusqlite clears a cached statement's parameters when it goes back to the cache; SQLite
+    /// marks a statement whose plan used a bound value (a `LIMIT ?`) stale when that parameter
+    /// is cleared or bound again, and then compiles it anew at its next step. The lease ran
+    /// every sweep through such a statement: a full re-prepare per batch.
+    #[test]
+    fn a_sqlite_lease_is_not_prepared_again_on_every_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(SqliteManager::file(dir.path().join("outbox.db")))
+            .unwrap();
+        let store = SqlOutboxStore::builder(checkout(&pool))
+            .table("lease_prepared_once")
+            .build()
+            .unwrap();
+        store.create_table().unwrap();
+        {
+            let mut conn = pool.get().unwrap();
+            let mut tx = conn.transaction().unwrap();
+            for i in 0..40 {
+                let record = NewOutboxRecord {
+                    routing_key: "q".into(),
+                    body: format!("{i}").into_bytes(),
+                    content_type: "text/plain".into(),
+                    ..Default::default()
+                };
+                store.add(&mut tx, &record).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let mut leased = store.pending(5).unwrap();
+        for batch in 1..=5 {
+            let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
+            leased = store.mark_published_and_lease(&ids, 5).unwrap();
+            let next: Vec<i64> = leased.iter().map(|r| r.id).collect();
+            assert_eq!(next, (batch * 5 + 1..=batch * 5 + 5).collect::<Vec<i64>>());
+        }
+        let conn = pool.get().unwrap();
+        let sql = store.statements(&*conn).lease_sql(5);
+        let stmt = conn.prepare_cached(&sql).unwrap();
+        // The cached statement is the one the six leases ran (else this test proves nothing).
+        assert_eq!(stmt.get_status(StatementStatus::Run), 6);
+        assert_eq!(
+            stmt.get_status(StatementStatus::RePrepare),
+            0,
+            "the lease statement was compiled again after being prepared: {sql}"
+        );
     }
 }
