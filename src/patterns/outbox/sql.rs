@@ -101,7 +101,12 @@ impl Statements {
     fn lease_sql(&self, limit: usize) -> Cow<'_, str> {
         match self.dialect {
             Dialect::Postgres => Cow::Borrowed(&self.pending),
-            Dialect::Sqlite => Cow::Owned(self.pending.replacen(LIMIT_MARK, &limit.to_string(), 1)),
+            // At most `i64::MAX`: a larger literal reads as a real number, which LIMIT refuses.
+            Dialect::Sqlite => Cow::Owned(self.pending.replacen(
+                LIMIT_MARK,
+                &i64::try_from(limit).unwrap_or(i64::MAX).to_string(),
+                1,
+            )),
         }
     }
 
@@ -693,5 +698,34 @@ mod tests {
             0,
             "the lease statement was compiled again after being prepared: {sql}"
         );
+    }
+
+    /// The limit is written into SQLite's statement: one past `i64::MAX` (a `usize` can be)
+    /// would read as a real number there and fail the lease.
+    #[test]
+    fn a_sqlite_lease_of_usize_max_records_leases_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(SqliteManager::file(dir.path().join("outbox.db")))
+            .unwrap();
+        let store = SqlOutboxStore::builder(checkout(&pool))
+            .table("lease_without_bound")
+            .build()
+            .unwrap();
+        store.create_table().unwrap();
+        {
+            let mut conn = pool.get().unwrap();
+            let mut tx = conn.transaction().unwrap();
+            for _ in 0..3 {
+                let record = NewOutboxRecord {
+                    routing_key: "q".into(),
+                    ..Default::default()
+                };
+                store.add(&mut tx, &record).unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        assert_eq!(store.pending(usize::MAX).unwrap().len(), 3);
     }
 }
