@@ -702,7 +702,13 @@ fn relay_rate(store: impl OutboxStore + 'static, n: usize) -> Result<f64> {
     Ok(rate(n, end - start))
 }
 
-/// Adds `n` records (~200-byte JSON), 500 per transaction.
+/// The suite's `i`-th outbox record to `queue`: ~200 bytes of JSON.
+fn outbox_record(queue: &str, i: usize) -> Result<acemq_amqp::patterns::NewOutboxRecord> {
+    let payload = serde_json::json!({"n": i, "pad": "x".repeat(180)});
+    record(&JsonCodec, "", queue, &payload)
+}
+
+/// Adds `n` records ([`outbox_record`]), 500 per transaction.
 fn fill_outbox(
     store: &SqlOutboxStore,
     mut in_tx: impl FnMut(&mut dyn FnMut(&mut dyn Sql) -> Result<()>) -> Result<()>,
@@ -712,8 +718,7 @@ fn fill_outbox(
     for chunk in 0..n.div_ceil(500) {
         in_tx(&mut |tx: &mut dyn Sql| {
             for i in 0..500.min(n - chunk * 500) {
-                let payload = serde_json::json!({"n": i, "pad": "x".repeat(180)});
-                store.add(tx, &record(&JsonCodec, "", queue, &payload)?)?;
+                store.add(tx, &outbox_record(queue, i)?)?;
             }
             Ok(())
         })?;
@@ -749,8 +754,7 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
         conn.purge_queue(&queue)?;
         let store = InMemoryOutboxStore::new();
         for i in 0..n {
-            let payload = serde_json::json!({"n": i, "pad": "x".repeat(180)});
-            store.add(&record(&JsonCodec, "", &queue, &payload)?)?;
+            store.add(&outbox_record(&queue, i)?)?;
         }
         memory.push(relay_rate(store, n)?);
         conn.purge_queue(&queue)?;

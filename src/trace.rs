@@ -337,8 +337,27 @@ mod otel {
     const SCOPE: &str = "org.acemq.amqp";
     const SYSTEM: &str = "rabbitmq";
 
-    fn tracer() -> global::BoxedTracer {
-        global::tracer(SCOPE)
+    /// Starts the span of `operation` on `destination` (named `"{destination} {operation}"`, as
+    /// the family names them) under `parent`, with the family's three messaging attributes and
+    /// `more`.
+    fn start(
+        destination: &str,
+        operation: &'static str,
+        kind: SpanKind,
+        more: impl IntoIterator<Item = KeyValue>,
+        parent: &Context,
+    ) -> Span {
+        let tracer = global::tracer(SCOPE);
+        let attributes = [
+            KeyValue::new("messaging.system", SYSTEM),
+            KeyValue::new("messaging.destination.name", destination.to_string()),
+            KeyValue::new("messaging.operation", operation),
+        ];
+        tracer
+            .span_builder(format!("{destination} {operation}"))
+            .with_kind(kind)
+            .with_attributes(attributes.into_iter().chain(more))
+            .start_with_context(&tracer, parent)
     }
 
     fn span_context(tc: &TraceContext) -> Option<SpanContext> {
@@ -423,14 +442,11 @@ mod otel {
             exchange
         };
         let e = &message.envelope;
-        let tracer = tracer();
-        let span = tracer
-            .span_builder(format!("{destination} publish"))
-            .with_kind(SpanKind::Producer)
-            .with_attributes([
-                KeyValue::new("messaging.system", SYSTEM),
-                KeyValue::new("messaging.destination.name", destination.to_string()),
-                KeyValue::new("messaging.operation", "publish"),
+        let span = start(
+            destination,
+            "publish",
+            SpanKind::Producer,
+            [
                 KeyValue::new("messaging.message.id", e.id.clone()),
                 KeyValue::new(
                     "messaging.message.conversation_id",
@@ -444,8 +460,9 @@ mod otel {
                     "messaging.acemq.message_type",
                     e.message_type.clone().unwrap_or_default(),
                 ),
-            ])
-            .start_with_context(&tracer, &parent);
+            ],
+            &parent,
+        );
         let context = to_trace_context(span.span_context())?;
         Some((PublishSpan { span: Some(span) }, context))
     }
@@ -489,14 +506,11 @@ mod otel {
             None => Context::new(),
         };
         let e = &message.envelope;
-        let tracer = tracer();
-        let span = tracer
-            .span_builder(format!("{queue} process"))
-            .with_kind(SpanKind::Consumer)
-            .with_attributes([
-                KeyValue::new("messaging.system", SYSTEM),
-                KeyValue::new("messaging.destination.name", queue.to_string()),
-                KeyValue::new("messaging.operation", "process"),
+        let span = start(
+            queue,
+            "process",
+            SpanKind::Consumer,
+            [
                 KeyValue::new("messaging.message.id", e.id.clone()),
                 KeyValue::new(
                     "messaging.message.conversation_id",
@@ -507,8 +521,9 @@ mod otel {
                     e.message_type.clone().unwrap_or_default(),
                 ),
                 KeyValue::new("messaging.acemq.attempt", i64::from(e.attempt)),
-            ])
-            .start_with_context(&tracer, &parent);
+            ],
+            &parent,
+        );
         // The context current while the handler runs: the span's when it is a real one, else
         // (no SDK) the message's own, carried unchanged; the message's tracestate goes on when
         // the span has none of its own.
@@ -532,16 +547,7 @@ mod otel {
         } else {
             exchange
         };
-        let tracer = tracer();
-        let span = tracer
-            .span_builder(format!("{destination} request"))
-            .with_kind(SpanKind::Client)
-            .with_attributes([
-                KeyValue::new("messaging.system", SYSTEM),
-                KeyValue::new("messaging.destination.name", destination.to_string()),
-                KeyValue::new("messaging.operation", "request"),
-            ])
-            .start_with_context(&tracer, &parent);
+        let span = start(destination, "request", SpanKind::Client, [], &parent);
         let attached = attach(&span);
         Some(ProcessSpan(span, attached))
     }

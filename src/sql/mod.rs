@@ -29,8 +29,9 @@
 //! connection each time works; an [`r2d2`] pool checkout ([`checkout`], with [`SqliteManager`]
 //! or `r2d2_postgres`'s [`PostgresConnectionManager`]) is faster and replaces connections the
 //! server killed. On PostgreSQL, wrap the manager in [`CheckIdle`]: r2d2's health check on
-//! checkout is otherwise a round trip before each of the store's operations. Work that must commit with the caller's own (outbox `add`, transactional
-//! idempotency) takes the caller's transaction as `&mut dyn Sql` instead.
+//! checkout is otherwise a round trip before each of the store's operations. Work that must
+//! commit with the caller's own (outbox `add`, transactional idempotency) takes the caller's
+//! transaction as `&mut dyn Sql` instead.
 //!
 //! # Tables
 //!
@@ -43,6 +44,36 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+
+/// `Sql` for a type that dereferences to one that is `Sql` (a `&mut`, a `Box`, a pool's
+/// checkout, a [`CheckIdle`] connection): every method forwarded. The impl's generics and
+/// bounds in brackets, then the type.
+macro_rules! forward_sql {
+    ([$($generics:tt)*] $ty:ty $(, where $($bounds:tt)+)?) => {
+        impl<$($generics)*> $crate::sql::Sql for $ty $(where $($bounds)+)? {
+            fn dialect(&self) -> $crate::sql::Dialect {
+                (**self).dialect()
+            }
+            fn execute(
+                &mut self,
+                sql: &str,
+                params: &[$crate::sql::Value],
+            ) -> $crate::error::Result<u64> {
+                (**self).execute(sql, params)
+            }
+            fn query(
+                &mut self,
+                sql: &str,
+                params: &[$crate::sql::Value],
+            ) -> $crate::error::Result<Vec<Vec<$crate::sql::Value>>> {
+                (**self).query(sql, params)
+            }
+            fn in_transaction(&self) -> Option<bool> {
+                (**self).in_transaction()
+            }
+        }
+    };
+}
 
 mod pool;
 #[cfg(feature = "postgres")]
@@ -254,35 +285,8 @@ pub trait Sql {
     }
 }
 
-impl<T: Sql + ?Sized> Sql for &mut T {
-    fn dialect(&self) -> Dialect {
-        (**self).dialect()
-    }
-    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
-        (**self).execute(sql, params)
-    }
-    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
-        (**self).query(sql, params)
-    }
-    fn in_transaction(&self) -> Option<bool> {
-        (**self).in_transaction()
-    }
-}
-
-impl<T: Sql + ?Sized> Sql for Box<T> {
-    fn dialect(&self) -> Dialect {
-        (**self).dialect()
-    }
-    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
-        (**self).execute(sql, params)
-    }
-    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
-        (**self).query(sql, params)
-    }
-    fn in_transaction(&self) -> Option<bool> {
-        (**self).in_transaction()
-    }
-}
+forward_sql!([T: Sql + ?Sized] &mut T);
+forward_sql!([T: Sql + ?Sized] Box<T>);
 
 /// A connection that begins transactions of its driver's own type.
 ///

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use r2d2::{ManageConnection, Pool, PooledConnection};
 
-use super::{Dialect, Sql, Transactional, Value};
+use super::{Sql, Transactional};
 use crate::error::{Error, Result};
 
 #[cfg(feature = "postgres")]
@@ -66,24 +66,7 @@ where
     move || Ok(pool.get()?)
 }
 
-impl<M> Sql for PooledConnection<M>
-where
-    M: ManageConnection,
-    M::Connection: Sql,
-{
-    fn dialect(&self) -> Dialect {
-        (**self).dialect()
-    }
-    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
-        (**self).execute(sql, params)
-    }
-    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
-        (**self).query(sql, params)
-    }
-    fn in_transaction(&self) -> Option<bool> {
-        (**self).in_transaction()
-    }
-}
+forward_sql!([M] PooledConnection<M>, where M: ManageConnection, M::Connection: Sql);
 
 impl<M> Transactional for PooledConnection<M>
 where
@@ -222,20 +205,7 @@ impl<M: ManageConnection> ManageConnection for CheckIdle<M> {
     }
 }
 
-impl<C: Sql> Sql for Idle<C> {
-    fn dialect(&self) -> Dialect {
-        self.conn.dialect()
-    }
-    fn execute(&mut self, sql: &str, params: &[Value]) -> Result<u64> {
-        self.conn.execute(sql, params)
-    }
-    fn query(&mut self, sql: &str, params: &[Value]) -> Result<Vec<Vec<Value>>> {
-        self.conn.query(sql, params)
-    }
-    fn in_transaction(&self) -> Option<bool> {
-        self.conn.in_transaction()
-    }
-}
+forward_sql!([C: Sql] Idle<C>);
 
 impl<C: Transactional> Transactional for Idle<C> {
     type Transaction<'c>

@@ -9,7 +9,7 @@ use super::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStor
 use crate::error::{Error, Result};
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
 
-/// Where `lease_sql` writes the limit into SQLite's lease statement.
+/// Where `Statements::lease` writes the limit into SQLite's lease statement.
 const LIMIT_MARK: &str = "%LIMIT%";
 
 const COLUMNS: &str =
@@ -25,6 +25,8 @@ struct Statements {
     retired: String,
     release: String,
     stats: String,
+    /// PostgreSQL only (empty on SQLite): see [`delete_and_lease_sql`].
+    delete_and_lease: String,
     dialect: Dialect,
     table: String,
 }
@@ -46,7 +48,7 @@ impl Statements {
             Dialect::Postgres => ("= ANY(ARRAY(", "))"),
             Dialect::Sqlite => ("IN (", ")"),
         };
-        // The limit: a parameter on PostgreSQL, written in by `lease_sql` on SQLite.
+        // The limit: a parameter on PostgreSQL, written in by `lease` on SQLite.
         let limit = match dialect {
             Dialect::Postgres => "$4",
             Dialect::Sqlite => LIMIT_MARK,
@@ -57,7 +59,7 @@ impl Statements {
                  created_ms, attempts, lease_until_ms) \
                  VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
             )),
-            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit (see `lease_sql`)
+            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit (see `lease`)
             pending: p(format!(
                 "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
                  SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
@@ -83,13 +85,18 @@ impl Statements {
             stats: p(format!(
                 "SELECT COUNT(*), MIN(created_ms) FROM {t} WHERE attempts < $1"
             )),
+            delete_and_lease: match dialect {
+                Dialect::Postgres => delete_and_lease_sql(t),
+                Dialect::Sqlite => String::new(),
+            },
             dialect,
             table: t.to_owned(),
         }
     }
 
-    /// The lease of up to `limit` records (`pending`, and on SQLite the second statement of
-    /// the delete-and-lease), with [`lease_params`](Self::lease_params).
+    /// The lease of up to `limit` records for `owner` (`pending`, and on SQLite the second
+    /// statement of the delete-and-lease): the statement and its parameters — the owner, the
+    /// lease, the attempts limit, and on PostgreSQL the record limit.
     ///
     /// On SQLite the limit is written into the statement, not bound: SQLite's planner reads a
     /// bound `LIMIT`, so it marks the prepared statement stale whenever that parameter is
@@ -98,36 +105,29 @@ impl Statements {
     /// next step: a re-prepare on every lease (~250,000 instructions, measured). A relay leases
     /// `batch_size` records each time, so its statement is one cached text. PostgreSQL
     /// statements are not cached (see [`crate::sql`]): there it stays parameter `$4`.
-    fn lease_sql(&self, limit: usize) -> Cow<'_, str> {
-        match self.dialect {
-            Dialect::Postgres => Cow::Borrowed(&self.pending),
-            // At most `i64::MAX`: a larger literal reads as a real number, which LIMIT refuses.
-            Dialect::Sqlite => Cow::Owned(self.pending.replacen(
-                LIMIT_MARK,
-                &i64::try_from(limit).unwrap_or(i64::MAX).to_string(),
-                1,
-            )),
-        }
-    }
-
-    /// The parameters of [`lease_sql`](Self::lease_sql): the owner, the lease, the attempts
-    /// limit, and on PostgreSQL the record limit.
-    fn lease_params(
+    fn lease(
         &self,
         owner: &str,
         lease: Duration,
         max_attempts: u32,
         limit: usize,
-    ) -> Vec<Value> {
+    ) -> (Cow<'_, str>, Vec<Value>) {
+        // At most `i64::MAX`: on SQLite a larger literal reads as a real number, which LIMIT
+        // refuses.
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let mut params = vec![
             Value::Text(owner.to_owned()),
             Value::Integer(sql::duration_ms(lease)),
             Value::Integer(i64::from(max_attempts)),
         ];
-        if self.dialect == Dialect::Postgres {
-            params.push(Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
-        }
-        params
+        let sql = match self.dialect {
+            Dialect::Postgres => {
+                params.push(Value::Integer(limit));
+                Cow::Borrowed(self.pending.as_str())
+            }
+            Dialect::Sqlite => Cow::Owned(self.pending.replacen(LIMIT_MARK, &limit.to_string(), 1)),
+        };
+        (sql, params)
     }
 
     /// `… WHERE id IN ($2, $3, …)` for `n` ids after `first` other parameters.
@@ -156,22 +156,6 @@ impl Statements {
         )
     }
 
-    /// PostgreSQL: the delete of the published ids and the next lease in one statement (one
-    /// round trip, one commit). $1–$4 as `pending`, the ids in $5; the lease never picks an id
-    /// being deleted (a row whose lease ran out could otherwise be both deleted and leased by
-    /// the one statement).
-    fn delete_and_lease(&self) -> String {
-        let t = &self.table;
-        let now = self.dialect.now_ms_sql();
-        format!(
-            "WITH gone AS (DELETE FROM {t} WHERE id = ANY($5::bigint[])) \
-             UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id = ANY(ARRAY(\
-             SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-             AND id <> ALL($5::bigint[]) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
-             AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
-        )
-    }
-
     fn unlease_many(&self, n: usize) -> String {
         format!(
             "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
@@ -191,6 +175,21 @@ impl Statements {
             Dialect::Sqlite => ids.iter().map(|id| Value::Integer(*id)).collect(),
         }
     }
+}
+
+/// PostgreSQL: the delete of the published ids and the next lease in one statement (one
+/// round trip, one commit). $1–$4 as `pending`, the ids in $5; the lease never picks an id
+/// being deleted (a row whose lease ran out could otherwise be both deleted and leased by
+/// the one statement).
+fn delete_and_lease_sql(t: &str) -> String {
+    let now = Dialect::Postgres.now_ms_sql();
+    format!(
+        "WITH gone AS (DELETE FROM {t} WHERE id = ANY($5::bigint[])) \
+         UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id = ANY(ARRAY(\
+         SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
+         AND id <> ALL($5::bigint[]) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
+         AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
+    )
 }
 
 /// `ids` as PostgreSQL's text form of an array, `{1,2,3}`, sent as one parameter.
@@ -523,9 +522,9 @@ impl OutboxStore for SqlOutboxStore {
         }
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
-        let params = s.lease_params(&self.owner, self.lease, self.max_attempts, limit);
+        let (lease_sql, params) = s.lease(&self.owner, self.lease, self.max_attempts, limit);
         let rows = conn
-            .query(&s.lease_sql(limit), &params)
+            .query(&lease_sql, &params)
             .map_err(|e| self.context(e, "leasing pending records"))?;
         drop(conn);
         self.readable(&rows)
@@ -586,17 +585,16 @@ impl OutboxStore for SqlOutboxStore {
         }
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
-        let lease = s.lease_params(&self.owner, self.lease, self.max_attempts, limit);
+        let (lease_sql, lease) = s.lease(&self.owner, self.lease, self.max_attempts, limit);
         let ids = s.id_params(published);
         let rows = match s.dialect {
             Dialect::Postgres => {
                 let params: Vec<Value> = lease.into_iter().chain(ids).collect();
-                conn.query(&s.delete_and_lease(), &params)
+                conn.query(&s.delete_and_lease, &params)
                     .map_err(|e| self.context(e, "deleting published records and leasing"))?
             }
             Dialect::Sqlite => {
                 let delete = s.delete_many(published.len());
-                let lease_sql = s.lease_sql(limit);
                 let params = ids;
                 sql::in_one_transaction(
                     &mut *conn,
@@ -651,36 +649,44 @@ mod tests {
     use crate::sql::{checkout, SqliteManager};
     use rusqlite::StatementStatus;
 
-    /// rusqlite clears a cached statement's parameters when it goes back to the cache; SQLite
-    /// marks a statement whose plan used a bound value (a `LIMIT ?`) stale when that parameter
-    /// is cleared or bound again, and then compiles it anew at its next step. The lease ran
-    /// every sweep through such a statement: a full re-prepare per batch.
-    #[test]
-    fn a_sqlite_lease_is_not_prepared_again_on_every_sweep() {
+    type Pool = r2d2::Pool<SqliteManager>;
+
+    /// A SQLite outbox `table` over a pool of one connection (its statement cache is the one
+    /// the store used), holding `n` records; the directory goes with the first value.
+    fn one_connection_outbox(table: &str, n: usize) -> (tempfile::TempDir, Pool, SqlOutboxStore) {
         let dir = tempfile::tempdir().unwrap();
         let pool = r2d2::Pool::builder()
             .max_size(1)
             .build(SqliteManager::file(dir.path().join("outbox.db")))
             .unwrap();
         let store = SqlOutboxStore::builder(checkout(&pool))
-            .table("lease_prepared_once")
+            .table(table)
             .build()
             .unwrap();
         store.create_table().unwrap();
-        {
-            let mut conn = pool.get().unwrap();
-            let mut tx = conn.transaction().unwrap();
-            for i in 0..40 {
-                let record = NewOutboxRecord {
-                    routing_key: "q".into(),
-                    body: format!("{i}").into_bytes(),
-                    content_type: "text/plain".into(),
-                    ..Default::default()
-                };
-                store.add(&mut tx, &record).unwrap();
-            }
-            tx.commit().unwrap();
+        let mut conn = pool.get().unwrap();
+        let mut tx = conn.transaction().unwrap();
+        for i in 0..n {
+            let record = NewOutboxRecord {
+                routing_key: "q".into(),
+                body: i.to_string().into_bytes(),
+                content_type: "text/plain".into(),
+                ..Default::default()
+            };
+            store.add(&mut tx, &record).unwrap();
         }
+        tx.commit().unwrap();
+        drop(conn);
+        (dir, pool, store)
+    }
+
+    /// rusqlite clears a cached statement's parameters when it goes back to the cache; SQLite
+    /// marks a statement whose plan used a bound value (a `LIMIT ?`) stale when that parameter
+    /// is cleared or bound again, and then compiles it anew at its next step. The lease ran
+    /// every sweep through such a statement: a full re-prepare per batch.
+    #[test]
+    fn a_sqlite_lease_is_not_prepared_again_on_every_sweep() {
+        let (_dir, pool, store) = one_connection_outbox("lease_prepared_once", 40);
         let mut leased = store.pending(5).unwrap();
         for batch in 1..=5 {
             let ids: Vec<i64> = leased.iter().map(|r| r.id).collect();
@@ -689,7 +695,10 @@ mod tests {
             assert_eq!(next, (batch * 5 + 1..=batch * 5 + 5).collect::<Vec<i64>>());
         }
         let conn = pool.get().unwrap();
-        let sql = store.statements(&*conn).lease_sql(5);
+        let (sql, _) =
+            store
+                .statements(&*conn)
+                .lease(store.owner(), store.lease, store.max_attempts, 5);
         let stmt = conn.prepare_cached(&sql).unwrap();
         // The cached statement is the one the six leases ran (else this test proves nothing).
         assert_eq!(stmt.get_status(StatementStatus::Run), 6);
@@ -704,28 +713,7 @@ mod tests {
     /// would read as a real number there and fail the lease.
     #[test]
     fn a_sqlite_lease_of_usize_max_records_leases_them_all() {
-        let dir = tempfile::tempdir().unwrap();
-        let pool = r2d2::Pool::builder()
-            .max_size(1)
-            .build(SqliteManager::file(dir.path().join("outbox.db")))
-            .unwrap();
-        let store = SqlOutboxStore::builder(checkout(&pool))
-            .table("lease_without_bound")
-            .build()
-            .unwrap();
-        store.create_table().unwrap();
-        {
-            let mut conn = pool.get().unwrap();
-            let mut tx = conn.transaction().unwrap();
-            for _ in 0..3 {
-                let record = NewOutboxRecord {
-                    routing_key: "q".into(),
-                    ..Default::default()
-                };
-                store.add(&mut tx, &record).unwrap();
-            }
-            tx.commit().unwrap();
-        }
+        let (_dir, _pool, store) = one_connection_outbox("lease_without_bound", 3);
         assert_eq!(store.pending(usize::MAX).unwrap().len(), 3);
     }
 }
