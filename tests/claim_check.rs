@@ -257,6 +257,27 @@ fn the_filesystem_store_writes_atomically_and_reads_keys_with_directories() {
     );
 }
 
+/// The family's stores write payloads readable by their owner only (Python's `mkstemp`, 0600):
+/// a claim-check directory is often a shared mount, and a payload is the message's whole body.
+#[cfg(unix)]
+#[test]
+fn a_filesystem_claim_check_is_readable_by_its_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
+    let key = store.put(b"a private payload").unwrap();
+    let mode = std::fs::metadata(store.path_of(&key).unwrap())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o777,
+        0o600,
+        "the payload's file mode is {:o}",
+        mode & 0o777
+    );
+}
+
 #[test]
 fn a_one_mib_payload_round_trips_through_the_broker_as_a_claim_check() {
     let conn = connect();

@@ -268,7 +268,8 @@ impl Codec for ClaimCheckCodec {
 /// outside the root. `/` separates directories (`orders/2026/abcd` is a file in
 /// `orders/2026/`). Writes are atomic: a temporary file beside the target, written, `fsync`ed
 /// and renamed over it (then the directory is `fsync`ed), so a reader never sees half a
-/// payload.
+/// payload. On Unix each payload's file is created readable and writable by its owner only
+/// (0600), as the family's stores write them: the root is often a shared mount.
 #[derive(Clone, Debug)]
 pub struct FilesystemClaimCheckStore {
     root: PathBuf,
@@ -333,6 +334,19 @@ impl FilesystemClaimCheckStore {
     }
 }
 
+/// A new file readable and writable by its owner only (0600 on Unix), as the family's stores
+/// write payloads: a claim-check root is often a shared mount.
+fn create_private(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
+}
+
 fn io(context: &str, e: std::io::Error) -> Error {
     Error::Io {
         context: context.to_string(),
@@ -347,7 +361,7 @@ impl ClaimCheckStore for FilesystemClaimCheckStore {
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         let tmp = dir.join(format!(".{key}.tmp"));
         let write = || -> std::io::Result<()> {
-            let mut file = std::fs::File::create(&tmp)?;
+            let mut file = create_private(&tmp)?;
             file.write_all(payload)?;
             file.sync_all()?;
             std::fs::rename(&tmp, &path)?;
