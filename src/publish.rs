@@ -39,6 +39,12 @@ use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 
+mod frame;
+
+pub(crate) use frame::check_fits;
+#[cfg(feature = "internals")]
+pub(crate) use frame::header_frame_size;
+
 use crate::codec::Codec;
 use crate::connection::Connection;
 use crate::envelope::{check_name, Message};
