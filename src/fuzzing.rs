@@ -64,3 +64,9 @@ pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
 pub fn header_frame_size(message: &Message, routing_key: &str, origin: &str) -> usize {
     crate::publish::header_frame_size(&message.to_properties(routing_key, Some(origin)))
 }
+
+/// The encoded size, in bytes, of the content header frame a publish with exactly these
+/// properties sends (framing included).
+pub fn properties_frame_size(properties: &AmqpProperties) -> usize {
+    crate::publish::header_frame_size(properties)
+}

@@ -54,7 +54,8 @@ pub(crate) fn header_frame_size(properties: &AmqpProperties) -> usize {
 /// with its type octet.
 pub(crate) fn table_size(table: &FieldTable) -> usize {
     table.iter().fold(4usize, |n, (name, value)| {
-        n.saturating_add(1 + name.len()).saturating_add(value_size(value))
+        n.saturating_add(1 + name.len())
+            .saturating_add(value_size(value))
     })
 }
 
@@ -97,6 +98,39 @@ pub(crate) fn check_message_fits(
     check_fits(&message.to_properties(routing_key, Some(origin)), limit)
 }
 
+/// The most a publish's trace stamp ([`crate::trace::stamp`]) adds to a message that carries
+/// no `traceparent`: that header (55 characters) and a `tracestate` of up to the W3C limit of
+/// 512.
+const TRACE_RESERVE: usize = (1 + 11 + 1 + 4 + 55) + (1 + 10 + 1 + 4 + 512);
+
+/// [`check_message_fits`] for a copy held now and published later, from another thread (a
+/// retry waiting in the consumer): with room for the trace context that publish may stamp.
+pub(crate) fn check_held_copy_fits(
+    copy: &Message,
+    routing_key: &str,
+    origin: &str,
+    limit: usize,
+) -> Result<()> {
+    let reserve = if copy
+        .headers
+        .contains_key(crate::envelope::headers::TRACEPARENT)
+    {
+        0
+    } else {
+        TRACE_RESERVE
+    };
+    match check_message_fits(copy, routing_key, origin, limit.saturating_sub(reserve)) {
+        Err(Error::FrameTooLarge {
+            message_id, size, ..
+        }) => Err(Error::FrameTooLarge {
+            message_id,
+            size: size.saturating_add(reserve),
+            limit,
+        }),
+        fits => fits,
+    }
+}
+
 /// The most bytes entry `name` of the envelope, whose value is text of `len` bytes or a
 /// number, can take: name, type octet, and a long string's 4-byte length or an 8-byte number.
 fn envelope_entry(name: &str, len: usize) -> usize {
@@ -125,18 +159,18 @@ pub(crate) fn header_frame_bound(message: &Message, routing_key: &str, origin: &
         envelope_entry(h::ERROR, text(&e.error)),
         envelope_entry(h::CLAIM, text(&e.claim)),
     ];
-    let received = message
-        .received_headers
-        .as_deref()
-        .or_else(|| message.properties.as_ref().and_then(|p| p.headers().as_ref()));
+    let received = message.received_headers.as_deref().or_else(|| {
+        message
+            .properties
+            .as_ref()
+            .and_then(|p| p.headers().as_ref())
+    });
     let headers = message
         .headers
         .iter()
         .chain(&message.engine_headers)
         .map(|(name, value)| {
-            let raw = received
-                .and_then(|r| r.get(name))
-                .map_or(0, value_size);
+            let raw = received.and_then(|r| r.get(name)).map_or(0, value_size);
             (1 + name.len()).saturating_add(header_value_size(value).max(raw))
         });
     let short = |s: &Option<String>| s.as_ref().map_or(0, |s| 1 + s.len());
@@ -282,7 +316,10 @@ mod tests {
         let mut raw = every_value();
         raw.insert("x-acemq-id".into(), AmqpValue::LongString("id-1".into()));
         raw.insert("x-acemq-attempt".into(), AmqpValue::ShortShortInt(2));
-        raw.insert("x-acemq-route".into(), AmqpValue::ByteArray(b"[1]".to_vec()));
+        raw.insert(
+            "x-acemq-route".into(),
+            AmqpValue::ByteArray(b"[1]".to_vec()),
+        );
         raw.insert(
             "dec".into(),
             AmqpValue::DecimalValue(amq_protocol::types::DecimalValue {
