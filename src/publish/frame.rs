@@ -8,6 +8,11 @@
 //! every channel on it, every consumer's unacknowledged deliveries. So the size is computed
 //! here, exactly as amq-protocol (amiquip's encoder) writes it, and a message that cannot fit
 //! is refused as [`Error::FrameTooLarge`], a fault of the message.
+//!
+//! The limit is AMQP's: the whole frame, its 8 bytes of framing included, at most `frame_max`.
+//! RabbitMQ itself takes 8 bytes more (it does not count the framing against `frame_max`), so
+//! the check is 8 bytes stricter than the broker, never looser
+//! (`tests/frame_limit.rs::the_computed_header_frame_size_is_the_one_the_broker_measures`).
 
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
