@@ -415,12 +415,12 @@ fn the_computed_header_frame_size_is_the_one_the_broker_measures() {
     let raw = support::raw::Raw::open();
     publish(&raw, limit + 8).unwrap();
     assert!(
-        raw.get(&q).is_some(),
+        eventually(WAIT, || raw.get(&q).is_some()),
         "the broker took a payload of frame_max bytes"
     );
-    publish(&raw, limit + 9).unwrap(); // queued for the socket
-                                       // The broker reads frames in order: once it answers the next call, or closes the connection
-                                       // instead, it has dealt with the frame.
+    // Queued for the socket. The broker reads frames in order: once it answers the next call,
+    // or closes the connection instead, it has dealt with the frame.
+    publish(&raw, limit + 9).unwrap();
     let next = raw.channel.basic_get(q.as_str(), false);
     assert!(next.is_err(), "the broker closed the connection: {next:?}");
     assert_eq!(
