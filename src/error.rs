@@ -96,6 +96,22 @@ pub enum Error {
         /// Why it is refused.
         reason: String,
     },
+    /// A message's header frame — its AMQP properties and header table, which amiquip sends as
+    /// one frame (a body is split across frames, a header is not) — is larger than the
+    /// connection's frame limit ([`Connection::frame_max`](crate::Connection::frame_max)).
+    /// Refused before anything is sent: sent, RabbitMQ would close the whole connection. A
+    /// fault of the message ([`is_message_fault`](Self::is_message_fault)), never retriable as
+    /// it is: shrink its headers (or raise
+    /// [`ConnectionOptions::frame_max`](crate::ConnectionOptions::frame_max) where the broker
+    /// allows it).
+    FrameTooLarge {
+        /// The message's id.
+        message_id: String,
+        /// The header frame's encoded size, in bytes.
+        size: usize,
+        /// The frame limit, in bytes.
+        limit: usize,
+    },
     /// A name (queue, exchange, routing key, table, consumer tag, …) is refused.
     InvalidName {
         /// What kind of name.
@@ -396,6 +412,15 @@ impl fmt::Display for Error {
                 write!(f, "timed out after {after:?} waiting for {what}")
             }
             Error::InvalidHeader { name, reason } => write!(f, "header {name:?} refused: {reason}"),
+            Error::FrameTooLarge {
+                message_id,
+                size,
+                limit,
+            } => write!(
+                f,
+                "message {message_id:?} refused before sending: its header frame (properties and \
+                 headers) is {size} bytes, over the connection's frame limit of {limit} bytes"
+            ),
             Error::InvalidName { kind, name, reason } => {
                 write!(f, "invalid {kind} name {name:?}: {reason}")
             }

@@ -57,3 +57,16 @@ pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
     let mut record = crate::patterns::outbox::record_from_row(row)?;
     Ok(crate::patterns::relay::take_message(&mut record))
 }
+
+/// The encoded size, in bytes, of the content header frame (framing, properties and header
+/// table) a publish of `message` with `routing_key` through a connection whose origin is
+/// `origin` sends — the size checked against the frame limit before it is sent.
+pub fn header_frame_size(message: &Message, routing_key: &str, origin: &str) -> usize {
+    crate::publish::header_frame_size(&message.to_properties(routing_key, Some(origin)))
+}
+
+/// The encoded size, in bytes, of the content header frame a publish with exactly these
+/// properties sends (framing included).
+pub fn properties_frame_size(properties: &AmqpProperties) -> usize {
+    crate::publish::header_frame_size(properties)
+}

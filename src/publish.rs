@@ -39,6 +39,12 @@ use crossbeam_channel::{never, select, Receiver, Sender};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 
+mod frame;
+
+use frame::check_message_fits;
+#[cfg(feature = "internals")]
+pub(crate) use frame::header_frame_size;
+
 use crate::codec::Codec;
 use crate::connection::Connection;
 use crate::envelope::{check_name, Message};
@@ -362,7 +368,8 @@ impl Publisher {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidHeader`] / [`Error::InvalidName`] before anything is sent;
+    /// [`Error::InvalidHeader`] / [`Error::InvalidName`] / [`Error::FrameTooLarge`] (its
+    /// properties and headers cannot fit in one frame) before anything is sent;
     /// [`Error::Unroutable`] (mandatory and no queue bound); [`Error::Nacked`];
     /// [`Error::NotFound`] when the exchange does not exist; [`Error::ConnectionLost`]
     /// (retriable); [`Error::Timeout`].
@@ -397,7 +404,8 @@ impl Publisher {
     ///
     /// # Errors
     ///
-    /// Validation errors, [`Error::Timeout`] waiting for room or recovery ([`Error::Blocked`]
+    /// Validation errors ([`Error::FrameTooLarge`] among them), [`Error::Timeout`] waiting for
+    /// room or recovery ([`Error::Blocked`]
     /// when the broker is blocking publishing then), [`Error::ConnectionLost`],
     /// [`Error::NotFound`] for a missing exchange, [`Error::Closed`].
     pub fn publish_deferred(
@@ -465,6 +473,19 @@ impl Publisher {
             .wait()
     }
 
+    /// Refuses a copy for `routing_key` that is held now and published later (a retry waiting
+    /// in the consumer) when its header frame may not fit the connection's frame limit then:
+    /// [`Error::FrameTooLarge`], as its publish would be.
+    pub(crate) fn check_held_copy(&self, routing_key: &str, copy: &Message) -> Result<()> {
+        let connection = &self.inner.connection;
+        frame::check_held_copy_fits(
+            copy,
+            routing_key,
+            connection.origin(),
+            connection.frame_max(),
+        )
+    }
+
     /// The hand-over itself (after the interceptors, if any); `answered`: the interceptors'
     /// listeners for the broker's answer.
     fn publish_unintercepted(
@@ -494,6 +515,17 @@ impl Publisher {
         answered: Vec<crate::intercept::AnswerListener>,
     ) -> Result<Ticket> {
         let mut span = prepare(exchange, routing_key, &mut message)?;
+        let connection = &self.inner.connection;
+        let fits = check_message_fits(
+            &message,
+            routing_key,
+            connection.origin(),
+            connection.frame_max(),
+        );
+        if let Err(e) = fits {
+            span.end(Err(&e));
+            return Err(e);
+        }
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = self.reserve_bytes(&message, deadline)?;

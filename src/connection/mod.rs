@@ -287,6 +287,15 @@ impl Connection {
         &self.shared.origin
     }
 
+    /// The largest frame this connection sends, in bytes: the `frame_max` it asked for in the
+    /// handshake ([`ConnectionOptions::frame_max`], 131,072 by default), which the broker
+    /// lowers only when its own limit is lower. A message's header frame (properties and
+    /// header table) must fit in one frame; publishes are checked against this before anything
+    /// is sent.
+    pub fn frame_max(&self) -> usize {
+        usize::try_from(self.shared.options.frame_max).unwrap_or(usize::MAX)
+    }
+
     pub(crate) fn budget(&self) -> &Arc<crate::publish::ByteBudget> {
         &self.shared.budget
     }
@@ -401,6 +410,7 @@ fn connect_one(
         .virtual_host(address.vhost.clone())
         .heartbeat(heartbeat)
         .channel_max(options.channel_max)
+        .frame_max(options.frame_max)
         .connection_timeout(Some(options.connect_timeout))
         .information(options.name.clone());
     let mut conn = {

@@ -8,6 +8,12 @@ use crate::codec::{Codec, JsonCodec};
 use crate::error::{Error, Result};
 use crate::observe::{LogObserver, Observer};
 
+/// The `frame_max` asked for by default: RabbitMQ's own default.
+const DEFAULT_FRAME_MAX: u32 = 131_072;
+
+/// AMQP 0-9-1's smallest `frame_max` (`frame-min-size`).
+const MIN_FRAME_MAX: u32 = 4096;
+
 /// One broker address parsed from an `amqp://` or `amqps://` URL.
 ///
 /// `Debug` and `Display` show `amqp://user@host:port/vhost`: the password never appears.
@@ -163,6 +169,7 @@ pub struct ConnectionOptions {
     pub(crate) heartbeat: Duration,
     pub(crate) connect_timeout: Duration,
     pub(crate) channel_max: u16,
+    pub(crate) frame_max: u32,
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) operation_timeout: Duration,
@@ -189,6 +196,7 @@ impl Default for ConnectionOptions {
             heartbeat: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             channel_max: 0,
+            frame_max: DEFAULT_FRAME_MAX,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(30),
@@ -221,6 +229,7 @@ impl fmt::Debug for ConnectionOptions {
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
             .field("channel_max", &self.channel_max)
+            .field("frame_max", &self.frame_max)
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)
             .field("operation_timeout", &self.operation_timeout)
@@ -265,6 +274,23 @@ impl ConnectionOptions {
     /// channel ids are available", and the connection stays up.
     pub fn channel_max(mut self, channel_max: u16) -> Self {
         self.channel_max = channel_max;
+        self
+    }
+
+    /// The largest AMQP frame this connection asks for in the handshake, in bytes (at least
+    /// 4096, AMQP's minimum). Defaults to 131,072, RabbitMQ's own default `frame_max`.
+    ///
+    /// The broker and the client agree on the lower of their two values; amiquip does not say
+    /// which was agreed, so this crate asks for a value it knows and checks every publish
+    /// against it ([`Connection::frame_max`](crate::Connection::frame_max)). A body is split
+    /// across frames, but a message's **header frame** (its properties and header table) must
+    /// fit in one: a publish whose header frame is larger is refused before anything is sent
+    /// ([`Error::FrameTooLarge`](crate::Error::FrameTooLarge)) — sent, RabbitMQ would close the
+    /// whole connection (`FRAME_ERROR`). Raise it for larger headers when the broker allows
+    /// them (its `frame_max` setting); never set it above the broker's own value, which would
+    /// make the agreed limit lower than the one checked.
+    pub fn frame_max(mut self, frame_max: u32) -> Self {
+        self.frame_max = frame_max;
         self
     }
 
@@ -397,6 +423,12 @@ impl ConnectionOptions {
             return Err(Error::invalid(
                 "backoff_min must be above zero and at most backoff_max",
             ));
+        }
+        if self.frame_max < MIN_FRAME_MAX {
+            return Err(Error::invalid(format!(
+                "frame_max {} is below AMQP's minimum of {MIN_FRAME_MAX} bytes",
+                self.frame_max
+            )));
         }
         if self.heartbeat.as_secs() > u64::from(u16::MAX) {
             return Err(Error::invalid("heartbeat is over 65535 s"));

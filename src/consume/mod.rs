@@ -476,6 +476,10 @@ pub(crate) enum SettleAction {
     /// delivery, at most once, only publish it).
     Reply(Box<reply::Reply>),
     Requeue,
+    /// Reject it without requeueing (`basic.nack`, requeue false): to the queue's own
+    /// dead-lettering. For a message no copy of which can be sent (its header frame cannot fit
+    /// the frame limit, even trimmed).
+    Reject,
     /// The handler of a keyed message is done but its delivery stays held (a retry waiting in
     /// the consumer): free its key, settle nothing.
     Released,

@@ -300,6 +300,67 @@ impl Verdict {
     }
 }
 
+/// Why a message whose retry copy cannot be sent (its header frame over the frame limit) is
+/// dead-lettered instead: `why` is the retry's reason.
+pub(crate) fn retry_failed(why: &str) -> String {
+    format!("its retry could not be sent: {why}")
+}
+
+/// Why a message whose in-progress copy cannot be sent is dead-lettered instead.
+pub(crate) const IN_PROGRESS_FAILED: &str =
+    "its in-progress copy (back to the queue, attempt unchanged) could not be sent";
+
+/// The most of a reason a trimmed copy's `x-acemq-error` repeats, and the most of the dropped
+/// headers' names it lists: the copy must stay well inside the frame it was trimmed for.
+const TRIMMED_REASON_MAX: usize = 4096;
+const TRIMMED_NAMES_MAX: usize = 1024;
+
+/// The `x-acemq-error` of a copy sent trimmed because its whole header frame (`size` bytes)
+/// was over the connection's frame `limit`: `reason` (shortened if long), why it was trimmed,
+/// and the application headers `dropped` (named, as many as fit a short list).
+pub(crate) fn trimmed_reason(
+    reason: &str,
+    size: usize,
+    limit: usize,
+    dropped: &[String],
+) -> String {
+    let mut names = String::new();
+    let mut listed = 0;
+    for name in dropped {
+        if names.len() + name.len() > TRIMMED_NAMES_MAX {
+            break;
+        }
+        if !names.is_empty() {
+            names.push_str(", ");
+        }
+        names.push_str(name);
+        listed += 1;
+    }
+    if listed < dropped.len() {
+        names.push_str(&format!(" and {} more", dropped.len() - listed));
+    }
+    if dropped.is_empty() {
+        names.push_str("none");
+    }
+    format!(
+        "{}; its copy's header frame of {size} bytes was over the connection's frame limit of \
+         {limit} bytes, so it was sent trimmed, its application headers dropped: {names}",
+        shorten(reason, TRIMMED_REASON_MAX)
+    )
+}
+
+/// `s` cut to at most `max` bytes (on a character boundary), with `…` when cut.
+fn shorten(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len()).into()
+}
+
 /// Turns what a handler produced into a verdict, with the family's texts: a handler's reject is
 /// "the handler rejected it: …", its park "the handler parked it: …", a [`FatalError`] "the
 /// handler reported an unprocessable message: FatalError: …", a body that could not be decoded

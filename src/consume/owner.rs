@@ -643,6 +643,14 @@ fn settle(
                 }
                 gone(ctx);
             }
+            SettleAction::Reject => {
+                release_key(state, s.tag, jobs);
+                if let Some(d) = s.delivery {
+                    d.nack(channel, false)?;
+                    state.acks.settled(s.tag);
+                }
+                gone(ctx);
+            }
             SettleAction::Released => release_key(state, s.tag, jobs),
             SettleAction::Again(message) => {
                 if let Some(delivery) = s.delivery {

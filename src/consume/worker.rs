@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use amiquip::ConsumerMessage;
 use crossbeam_channel::{select, Receiver, Sender};
 
-use super::outcome::{decide, Handler, HandlerResult, Verdict};
+use super::outcome::{
+    decide, retry_failed, trimmed_reason, Handler, HandlerResult, Verdict, IN_PROGRESS_FAILED,
+};
 use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
 use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
@@ -365,6 +367,12 @@ fn finish(
     // attempt left is dead-lettered (for the trace and the interceptors).
     let decided = decided_label(ctx, &message, &verdict);
     let (step, copy_error) = match carry_out(ctx, &message, &verdict, hold) {
+        // No copy can carry it (its header frame cannot fit, even trimmed): the original is
+        // rejected to the queue's own dead-lettering, and the reason reported.
+        Ok(Step::Rejected(reason)) => {
+            let text = reason.clone();
+            (Step::Rejected(reason), Some(text))
+        }
         Ok(step) => {
             if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, watch.offset) {
                 // Handled and its copy (if any) confirmed: a resumed reader starts after it.
@@ -427,19 +435,21 @@ fn finish(
         message_id: message.id(),
         error: copy_error.as_deref().or(verdict.error()),
     });
-    match step {
-        Step::Now(action) => {
-            // (Unless it went with the reply above.)
-            if let Some(delivery) = delivery {
-                let _ = settle.send(Settle {
-                    generation,
-                    tag,
-                    action,
-                    started: true,
-                    delivery: Some(delivery),
-                });
-            }
+    let now = |action, delivery: Option<_>| {
+        // (Unless it went with the reply above.)
+        if let Some(delivery) = delivery {
+            let _ = settle.send(Settle {
+                generation,
+                tag,
+                action,
+                started: true,
+                delivery: Some(delivery),
+            });
         }
+    };
+    match step {
+        Step::Now(action) => now(action, delivery),
+        Step::Rejected(_) => now(SettleAction::Reject, delivery),
         Step::Later { due, copy, again } => {
             // Only an accepted request's delivery went with its reply, and acceptance is never
             // a delay.
@@ -627,6 +637,9 @@ enum Step {
         copy: Option<Box<Message>>,
         again: bool,
     },
+    /// Reject it without requeueing (to the queue's own dead-lettering, if any): no copy of it
+    /// fits the frame limit, not even trimmed; why.
+    Rejected(String),
 }
 
 /// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
@@ -647,7 +660,8 @@ fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict, hold: bool) ->
                 }
                 NextWait::Wait(wait) => {
                     let wait = delay.unwrap_or(wait);
-                    wait_then_copy(ctx, message, wait, attempt.saturating_add(1), true)
+                    let next = attempt.saturating_add(1);
+                    wait_then_copy(ctx, message, (wait, next, true), &retry_failed(why))
                 }
                 NextWait::Exhausted => {
                     let n = ctx.policy.attempts();
@@ -671,7 +685,9 @@ fn carry_out(ctx: &Context, message: &Message, verdict: &Verdict, hold: bool) ->
             dead_letter(ctx, message, &parked_queue(&ctx.queue), error.clone())
         }
         Verdict::InProgress { delay } if hold => Ok(run_again(message, *delay, attempt)),
-        Verdict::InProgress { delay } => wait_then_copy(ctx, message, *delay, attempt, false),
+        Verdict::InProgress { delay } => {
+            wait_then_copy(ctx, message, (*delay, attempt, false), IN_PROGRESS_FAILED)
+        }
     }
 }
 
@@ -686,9 +702,28 @@ fn run_again(message: &Message, wait: Duration, attempt: u32) -> Step {
     }
 }
 
-/// A retry (or in-progress) copy with `attempt`: on a broker rung when the wait is at least the
-/// threshold, else held in the consumer (jittered when `jitter`) and then sent to the queue.
+/// A retry (or in-progress) copy with `attempt` after `wait`: on a broker rung when the wait is
+/// at least the threshold, else held in the consumer (jittered when `jitter`) and then sent to
+/// the queue. A copy whose header frame cannot fit the frame limit is dead-lettered trimmed
+/// instead ([`trimmed`]), `failed` saying what could not be done.
 fn wait_then_copy(
+    ctx: &Context,
+    message: &Message,
+    (wait, attempt, jitter): (Duration, u32, bool),
+    failed: &str,
+) -> Result<Step> {
+    match wait_then_copy_fitting(ctx, message, wait, attempt, jitter) {
+        Err(Error::FrameTooLarge { size, limit, .. }) => {
+            let dlq = dead_letter_queue(&ctx.queue);
+            trimmed(ctx, message, &dlq, failed, (size, limit))
+        }
+        done => done,
+    }
+}
+
+/// [`wait_then_copy`] up to the frame limit: [`Error::FrameTooLarge`] when the copy cannot fit
+/// (checked before a copy is held, since its publish comes later).
+fn wait_then_copy_fitting(
     ctx: &Context,
     message: &Message,
     wait: Duration,
@@ -718,6 +753,7 @@ fn wait_then_copy(
             }
             Err(e) => return Err(e),
         }
+        ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
         return Ok(Step::Later {
             due: Instant::now() + wait,
             copy: Some(Box::new(copy)),
@@ -733,6 +769,7 @@ fn wait_then_copy(
         publish(ctx, &ctx.queue, copy)?;
         return Ok(Step::Now(SettleAction::Ack));
     }
+    ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
     Ok(Step::Later {
         due: Instant::now() + wait,
         copy: Some(Box::new(copy)),
@@ -744,8 +781,67 @@ fn wait_then_copy(
 /// expiration (RabbitMQ strips it when it dead-letters; kept, the copy would silently expire out
 /// of `.dlq`).
 fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
-    publish(ctx, queue, dead_letter_copy(message, &ctx.queue, error))?;
-    Ok(Step::Now(SettleAction::Ack))
+    match publish(
+        ctx,
+        queue,
+        dead_letter_copy(message, &ctx.queue, error.clone()),
+    ) {
+        Err(Error::FrameTooLarge { size, limit, .. }) => {
+            trimmed(ctx, message, queue, &error, (size, limit))
+        }
+        published => published.map(|()| Step::Now(SettleAction::Ack)),
+    }
+}
+
+/// The copy of `message` to `queue` whose header frame (`size` bytes) was over the connection's
+/// frame `limit`, sent again trimmed to what must stay: the body, the envelope and the family's
+/// headers (`x-acemq-*`, `acemq-*`); the application headers are dropped and named in its
+/// `x-acemq-error`, after `reason` (why it is dead-lettered). When even that cannot fit, no
+/// copy is sent: the original is rejected without requeueing, to the queue's own dead-lettering
+/// (its `x-dead-letter-exchange`, else the broker drops it) — a copy never costs the
+/// connection (RabbitMQ closes it over a frame too large) nor loops.
+fn trimmed(
+    ctx: &Context,
+    message: &Message,
+    queue: &str,
+    reason: &str,
+    (size, limit): (usize, usize),
+) -> Result<Step> {
+    let mut copy = dead_letter_copy(message, &ctx.queue, String::new());
+    let dropped: Vec<String> = copy
+        .headers
+        .keys()
+        .filter(|name| !is_family_header(name))
+        .cloned()
+        .collect();
+    copy.headers.retain(|name, _| is_family_header(name));
+    let error = trimmed_reason(reason, size, limit, &dropped);
+    copy.envelope.error = Some(error.clone());
+    match publish(ctx, queue, copy) {
+        Ok(()) => {
+            log::warn!(
+                "acemq: message {} from {:?} went to {queue:?} trimmed: {error}",
+                message.id(),
+                ctx.queue
+            );
+            Ok(Step::Now(SettleAction::Ack))
+        }
+        Err(Error::FrameTooLarge { size, .. }) => {
+            let why = format!(
+                "rejected without a copy to the queue's own dead-lettering: even trimmed, its \
+                 copy to {queue:?} has a header frame of {size} bytes, over the frame limit of \
+                 {limit} bytes ({error})"
+            );
+            log::error!("acemq: message {} from {:?} {why}", message.id(), ctx.queue);
+            Ok(Step::Rejected(why))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The family's headers, which a trimmed copy keeps: `x-acemq-*` and `acemq-*`.
+fn is_family_header(name: &str) -> bool {
+    name.starts_with("acemq-") || name.starts_with(crate::envelope::headers::RESERVED_PREFIX)
 }
 
 /// The dead-letter (or parked) copy of `message`, consumed from `consumed`, failed with `error`.
