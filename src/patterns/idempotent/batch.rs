@@ -282,6 +282,13 @@ where
                     }
                 }
                 drop(state);
+                // Until the batch is answered, a panic out of it (the connections factory, the
+                // driver) answers the other callers with an error and gives the lead up.
+                let mut lead = Lead {
+                    batch: self,
+                    leader: id,
+                    waiting: batch.iter().map(|e| e.id).collect(),
+                };
                 let items: Vec<Item<'_>> = batch
                     .iter()
                     .map(|e| Item {
@@ -291,14 +298,45 @@ where
                     })
                     .collect();
                 let results = self.run_batch(&items);
+                lead.waiting.clear();
+                drop(lead);
                 state = self.state.lock();
-                state.leading = false;
                 state.done.extend(results);
                 self.changed.notify_all();
                 continue;
             }
             self.changed.wait_for(&mut state, RECHECK);
         }
+    }
+}
+
+/// The lead of a batch gathered across workers: dropped, it gives the lead up and wakes the
+/// waiting callers; dropped with callers still `waiting` for their answers (the batch panicked
+/// outside every handler's `catch_unwind`: in the connections factory, the driver's `BEGIN` or
+/// `COMMIT`), it answers each of them (the leader's own caller excepted: the panic goes on up
+/// its stack) with an error, so that nobody waits for an answer that will never come.
+struct Lead<'a, F, H> {
+    batch: &'a IdempotentTxBatch<F, H>,
+    leader: u64,
+    waiting: Vec<u64>,
+}
+
+impl<F, H> Drop for Lead<'_, F, H> {
+    fn drop(&mut self) {
+        let mut state = self.batch.state.lock();
+        state.leading = false;
+        for id in self.waiting.drain(..).filter(|id| *id != self.leader) {
+            state.done.insert(
+                id,
+                Ok(Err(
+                    "acemq: the batch this message was in panicked outside its handlers \
+                        (the connections factory or the database driver); it is retried, and \
+                        a message whose work did commit is then found a duplicate"
+                        .into(),
+                )),
+            );
+        }
+        self.batch.changed.notify_all();
     }
 }
 
@@ -502,7 +540,13 @@ impl<F, H> IdempotentTxBatch<F, H> {
                 self.savepoints.store(false, Ordering::Relaxed);
             }
             if let Some(f) = &self.on_commit {
-                f(batch.len());
+                // The batch is committed: a panicking hook must not lose its answers.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(batch.len()))) {
+                    log::error!(
+                        "acemq: the batch's on_commit hook panicked ({}); the batch is committed",
+                        crate::error::panic_message(&*panic)
+                    );
+                }
             }
             for i in duplicates {
                 let _ = self
