@@ -177,3 +177,142 @@ fn a_connect_that_panics_once_answers_every_caller_of_its_batch(db: &Db) {
 }
 
 on_both!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
+
+fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
+    let commits = Arc::new(Mutex::new(Vec::new()));
+    let c = commits.clone();
+    (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
+}
+
+/// Publishes `n` messages, each with its own `k` header; their ids.
+fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<String> {
+    let publisher = conn.publisher().unwrap();
+    let mut ids: Vec<String> = (0..n)
+        .map(|i| {
+            let m = Message::new(format!("{i}")).header("k", format!("k{i}"));
+            let id = m.id().to_string();
+            publisher.publish("", queue, m).unwrap();
+            id
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// The number of callers the batched wrapper counts as its workers (from its `Debug`).
+fn workers_of(batch: &dyn Batched) -> usize {
+    let debug = format!("{batch:?}");
+    let at = debug.find("workers: ").expect("workers in the Debug") + "workers: ".len();
+    debug[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("workers in {debug}"))
+}
+
+/// Item 6. The batched wrapper inside every layer of the chain (logging, a deadline, the
+/// idempotency guard, ordering), handed to a consumer with one worker: the worker still
+/// gathers batches (some commit holds more than one message), each effect applied once, all
+/// acknowledged.
+#[test]
+fn a_chained_batched_handler_gets_batches_from_the_consumer() {
+    let db = Db::postgres();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-chain-batch"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(&db);
+    let ids = publish_keyed(&conn, &q, 48);
+    let (commits, on_commit) = recorder();
+    let batch = batched_box(
+        &db,
+        store(&db),
+        &effects,
+        (8, Duration::from_millis(200)),
+        None,
+        on_commit,
+    );
+    let handler = chain(
+        batch.clone(),
+        [
+            with_logging(),
+            with_timeout(Duration::from_secs(20)),
+            with_idempotency(InMemoryIdempotencyStore::default()),
+            with_ordering(by_header("k")),
+        ],
+    );
+    assert_eq!(
+        handler.batch_limits(),
+        Some((8, Duration::from_millis(200))),
+        "the chain passes the batch limits on"
+    );
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(1).prefetch(32))
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    assert!(
+        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 48),
+        "all 48 committed: {:?}",
+        commits.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0, "all acked");
+    assert_eq!(keys(&db, &effects), ids, "each effect once");
+    let commits = commits.lock().unwrap().clone();
+    assert!(
+        commits.iter().any(|&n| n > 1),
+        "the worker gathered batches through the chain: {commits:?}"
+    );
+}
+
+/// Item 6. The batched wrapper under a deadline, hidden from the consumer behind a closure (so
+/// it gathers the calls of concurrent callers, each on a fresh deadline thread): what it counts
+/// as its workers stays bounded by the callers that really run at once, not one per message.
+#[test]
+fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-batch-threads"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let effects = effects_table(&db);
+    let ids = publish_keyed(&conn, &q, 40);
+    let (commits, on_commit) = recorder();
+    let batch = batched_box(
+        &db,
+        store(&db),
+        &effects,
+        (8, Duration::from_millis(100)),
+        None,
+        on_commit,
+    );
+    let chained = chain(batch.clone(), [with_timeout(Duration::from_secs(20))]);
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(16))
+        .unwrap()
+        .start(move |m: &Message| chained.handle(m))
+        .unwrap();
+    assert!(
+        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 40),
+        "all 40 committed: {:?}",
+        commits.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    assert_eq!(keys(&db, &effects), ids, "each effect once");
+    let workers = workers_of(&*batch);
+    assert!(
+        workers <= 2,
+        "two callers at most at once, counted as {workers} workers"
+    );
+}
