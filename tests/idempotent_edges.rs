@@ -316,3 +316,142 @@ fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
         "two callers at most at once, counted as {workers} workers"
     );
 }
+
+/// A layer that records each message's attempt and outcome label as it leaves the layers
+/// inside it.
+fn outcomes(seen: Arc<Mutex<Vec<(u32, String)>>>) -> Layer {
+    struct Rec {
+        seen: Arc<Mutex<Vec<(u32, String)>>>,
+        inner: BoxHandler,
+    }
+    impl Handler for Rec {
+        fn handle(&self, m: &Message) -> HandlerResult {
+            let r = self.inner.handle(m);
+            let label = match &r {
+                Ok(o) => o.label().to_string(),
+                Err(e) => format!("error: {e}"),
+            };
+            self.seen.lock().unwrap().push((m.envelope.attempt, label));
+            r
+        }
+    }
+    Layer::new(move |inner| Box::new(Rec { seen, inner }))
+}
+
+/// What item 11's scenario saw: each start of the user's handler (attempt, when), when the
+/// first run's late end came, and the effects applied.
+#[derive(Default)]
+struct Runs {
+    starts: Mutex<Vec<(u32, Instant)>>,
+    orphan_ended: Mutex<Option<Instant>>,
+    effects: Mutex<Vec<String>>,
+}
+
+/// `with_idempotency` **outside** `with_timeout`: attempt 1 is stuck past the deadline (200
+/// ms) until the test lets it go, then accepts (`late_outcome_accepts`) or fails; the retry
+/// (attempt 2) is handled meanwhile. Returns what ran, once the message is settled.
+fn overrun_under_idempotency(late_outcome_accepts: bool) -> (Arc<Runs>, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-orphan"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let runs = Arc::new(Runs::default());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (let_go, gate) = crossbeam_channel::bounded::<()>(1);
+    let r = runs.clone();
+    let handler = chain(
+        move |m: &Message| -> HandlerResult {
+            r.starts
+                .lock()
+                .unwrap()
+                .push((m.envelope.attempt, Instant::now()));
+            if m.envelope.attempt == 1 {
+                let _ = gate.recv_timeout(WAIT);
+                *r.orphan_ended.lock().unwrap() = Some(Instant::now());
+                if !late_outcome_accepts {
+                    return Err("the first run failed, late".into());
+                }
+            }
+            r.effects.lock().unwrap().push(m.id().to_string());
+            Ok(Outcome::Accept)
+        },
+        [
+            outcomes(seen.clone()),
+            with_idempotency(InMemoryIdempotencyStore::default()),
+            with_timeout(Duration::from_millis(200)),
+        ],
+    );
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .retry(RetryPolicy::fixed(5, Duration::from_millis(100)).jitter(0.0)),
+        )
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    let m = Message::new("charge");
+    let id = m.id().to_string();
+    conn.publisher().unwrap().publish("", &q, m).unwrap();
+    assert!(
+        eventually(WAIT, || seen.lock().unwrap().iter().any(|(a, _)| *a == 2)),
+        "the overrun's retry was handled: {:?}",
+        seen.lock().unwrap()
+    );
+    let_go.send(()).unwrap();
+    assert!(
+        eventually(WAIT, || seen
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, o)| o == "accept")),
+        "the message was accepted in the end: {:?}",
+        seen.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    (runs, id)
+}
+
+/// Item 11 (the order made safe): the retry of an overrun finds the key in progress while the
+/// orphan works; the orphan's accept confirms the claim; the retry is then a duplicate. The
+/// effect is applied once, by the orphan alone.
+#[test]
+fn idempotency_outside_a_deadline_holds_the_claim_until_the_orphan_ends() {
+    let (runs, id) = overrun_under_idempotency(true);
+    assert_eq!(
+        *runs.effects.lock().unwrap(),
+        vec![id],
+        "the effect applied once"
+    );
+    let starts = runs.starts.lock().unwrap();
+    assert_eq!(
+        starts.len(),
+        1,
+        "the handler ran once, as the orphan: {starts:?}"
+    );
+}
+
+/// Item 11: an orphan that fails gives its claim back only when it ends; the retry runs after
+/// it, never beside it, and applies the effect once.
+#[test]
+fn an_orphan_that_fails_gives_its_claim_back_only_when_it_has_ended() {
+    let (runs, id) = overrun_under_idempotency(false);
+    assert_eq!(
+        *runs.effects.lock().unwrap(),
+        vec![id],
+        "the effect applied once"
+    );
+    let ended = runs.orphan_ended.lock().unwrap().expect("the orphan ended");
+    let starts = runs.starts.lock().unwrap();
+    assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
+    assert!(
+        starts[1].1 >= ended,
+        "the retry ran beside the orphan: started {:?} before it ended",
+        ended - starts[1].1
+    );
+}
