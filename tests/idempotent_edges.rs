@@ -350,7 +350,10 @@ struct Runs {
 /// `with_idempotency` **outside** `with_timeout`: attempt 1 is stuck past the deadline (200
 /// ms) until the test lets it go, then accepts (`late_outcome_accepts`) or fails; the retry
 /// (attempt 2) is handled meanwhile. Returns what ran, once the message is settled.
-fn overrun_under_idempotency(late_outcome_accepts: bool) -> (Arc<Runs>, String) {
+fn overrun_under_idempotency(
+    store: impl IdempotencyStore + 'static,
+    late_outcome_accepts: bool,
+) -> (Arc<Runs>, String) {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("idem-orphan"), &[]);
@@ -377,7 +380,7 @@ fn overrun_under_idempotency(late_outcome_accepts: bool) -> (Arc<Runs>, String) 
         },
         [
             outcomes(seen.clone()),
-            with_idempotency(InMemoryIdempotencyStore::default()),
+            with_idempotency(store),
             with_timeout(Duration::from_millis(200)),
         ],
     );
@@ -422,7 +425,7 @@ fn overrun_under_idempotency(late_outcome_accepts: bool) -> (Arc<Runs>, String) 
 /// effect is applied once, by the orphan alone.
 #[test]
 fn idempotency_outside_a_deadline_holds_the_claim_until_the_orphan_ends() {
-    let (runs, id) = overrun_under_idempotency(true);
+    let (runs, id) = overrun_under_idempotency(InMemoryIdempotencyStore::default(), true);
     assert_eq!(
         *runs.effects.lock().unwrap(),
         vec![id],
@@ -440,7 +443,7 @@ fn idempotency_outside_a_deadline_holds_the_claim_until_the_orphan_ends() {
 /// it, never beside it, and applies the effect once.
 #[test]
 fn an_orphan_that_fails_gives_its_claim_back_only_when_it_has_ended() {
-    let (runs, id) = overrun_under_idempotency(false);
+    let (runs, id) = overrun_under_idempotency(InMemoryIdempotencyStore::default(), false);
     assert_eq!(
         *runs.effects.lock().unwrap(),
         vec![id],
@@ -454,4 +457,36 @@ fn an_orphan_that_fails_gives_its_claim_back_only_when_it_has_ended() {
         "the retry ran beside the orphan: started {:?} before it ended",
         ended - starts[1].1
     );
+}
+
+/// A store with `first_time` only (no claims): it cannot tell work in progress from work
+/// done, so the wrapper itself keeps the key in progress while the orphan runs.
+#[derive(Default)]
+struct FirstTimeOnly(Mutex<std::collections::HashSet<String>>);
+
+impl IdempotencyStore for FirstTimeOnly {
+    fn first_time(&self, key: &str) -> acemq_amqp::Result<bool> {
+        Ok(self.0.lock().unwrap().insert(key.to_string()))
+    }
+    fn forget(&self, key: &str) -> acemq_amqp::Result<()> {
+        self.0.lock().unwrap().remove(key);
+        Ok(())
+    }
+}
+
+/// Item 11, over a store without claims: the retry is not taken for a duplicate while the
+/// orphan runs, nor run beside it; the orphan's failure gives the key back when it ends, and
+/// the retry applies the effect once.
+#[test]
+fn a_store_without_claims_keeps_an_orphans_key_in_progress_until_it_ends() {
+    let (runs, id) = overrun_under_idempotency(FirstTimeOnly::default(), false);
+    assert_eq!(
+        *runs.effects.lock().unwrap(),
+        vec![id],
+        "the effect applied once"
+    );
+    let ended = runs.orphan_ended.lock().unwrap().expect("the orphan ended");
+    let starts = runs.starts.lock().unwrap();
+    assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
+    assert!(starts[1].1 >= ended, "the retry ran beside the orphan");
 }

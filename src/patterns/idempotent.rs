@@ -171,7 +171,7 @@ pub struct Idempotent<S, H> {
 /// A claim held for orphaned handlers (a deadline inside the wrapper gave up on them, so the
 /// message's outcome is a retry, while they still work on it): given back only once they have
 /// all ended — confirmed instead if one of them accepted — so that the retry cannot run beside
-/// them. Meanwhile a message with the key is in progress.
+/// them. Meanwhile a message with the key is in progress (until the claim's lease runs out).
 struct Held {
     key: String,
     token: ClaimToken,
@@ -192,7 +192,8 @@ impl Held {
     }
 }
 
-/// The most claims one wrapper holds for orphans; past it a claim is left to run out its lease.
+/// The most claims one wrapper holds for orphans; past it a claim is left to run out its lease
+/// (a store without claims: given back at once, as without a deadline).
 const MAX_HELD: usize = 1024;
 
 fn accepted(result: &std::thread::Result<HandlerResult>) -> bool {
@@ -253,14 +254,17 @@ fn key_of(key: &Option<KeyFn>, m: &Message) -> Result<String, BoxError> {
 }
 
 impl<S: IdempotencyStore, H> Idempotent<S, H> {
-    /// The claim of `key`: in progress while a claim on it is held for orphans.
+    /// The claim of `key`. A store with claims answers in progress by itself while a claim
+    /// held for orphans lasts (until its lease runs out, as for any handler); for one without,
+    /// whose `first_time` would take the key for done, the key is in progress while held.
     fn claim(&self, key: &str) -> crate::Result<Claim> {
+        if self.store.supports_claims() {
+            return self.store.claim(key);
+        }
         if self.held.lock().iter().any(|h| h.key == key) {
             return Ok(Claim::InProgress);
         }
-        Ok(if self.store.supports_claims() {
-            self.store.claim(key)?
-        } else if self.store.first_time(key)? {
+        Ok(if self.store.first_time(key)? {
             Claim::Claimed(ClaimToken::new())
         } else {
             Claim::Duplicate
@@ -288,13 +292,20 @@ impl<S: IdempotencyStore, H> Idempotent<S, H> {
                     token,
                     orphans,
                 });
-            } else {
+                return;
+            }
+            drop(held);
+            if self.store.supports_claims() {
                 log::warn!(
                     "acemq: {MAX_HELD} claims are held for handlers still running past their \
                      deadline; the claim on {key:?} is left to run out its lease"
                 );
+                return;
             }
-            return;
+            log::warn!(
+                "acemq: {MAX_HELD} keys are held for handlers still running past their \
+                 deadline; {key:?} is given back while its handler may still run"
+            );
         }
         self.give_back(&key, &token);
     }
