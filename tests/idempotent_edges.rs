@@ -5,14 +5,13 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::{
     by_header, chain, idempotent_tx, with_idempotency, with_logging, with_ordering, with_timeout,
-    BoxHandler, Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore, Layer,
-    SqlIdempotencyStore,
+    BoxHandler, IdempotencyStore, InMemoryIdempotencyStore, Layer, SqlIdempotencyStore,
 };
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
