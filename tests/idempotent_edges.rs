@@ -489,3 +489,131 @@ fn a_store_without_claims_keeps_an_orphans_key_in_progress_until_it_ends() {
     assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
     assert!(starts[1].1 >= ended, "the retry ran beside the orphan");
 }
+
+/// Items 6 and 11 together: a batched handler under a deadline, inside the idempotency layer,
+/// handed to the consumer through the chain. Its first batches (attempt 1) are stuck past the
+/// deadline until the test lets them go: every message of them is retried on time, and each
+/// message's claim is held until the orphaned batch has ended, so the retries are in progress
+/// meanwhile and then duplicates: each effect applied once, by the orphans.
+#[test]
+fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
+    #[derive(Default)]
+    struct Settled(Mutex<Vec<(u32, String, String)>>);
+    impl acemq_amqp::Observer for Settled {
+        fn settled(&self, s: &acemq_amqp::observe::Settlement<'_>) {
+            self.0.lock().unwrap().push((
+                s.attempt,
+                s.outcome.to_string(),
+                s.message_id.to_string(),
+            ));
+        }
+    }
+    struct Gated {
+        gate: crossbeam_channel::Receiver<()>,
+        effects: Arc<Mutex<Vec<String>>>,
+        batches: Arc<Mutex<Vec<Vec<u32>>>>,
+    }
+    impl Handler for Gated {
+        fn handle(&self, m: &Message) -> HandlerResult {
+            match self.handle_batch(&[m]).pop() {
+                Some(Ok(result)) => result,
+                _ => Err("no result".into()),
+            }
+        }
+        fn batch_limits(&self) -> Option<(usize, Duration)> {
+            Some((4, Duration::from_millis(300)))
+        }
+        fn handle_batch(&self, ms: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+            let attempts: Vec<u32> = ms.iter().map(|m| m.envelope.attempt).collect();
+            self.batches.lock().unwrap().push(attempts.clone());
+            if attempts.contains(&1) {
+                // Until the test drops the sender.
+                let _ = self.gate.recv_timeout(WAIT);
+            }
+            let mut effects = self.effects.lock().unwrap();
+            effects.extend(ms.iter().map(|m| m.id().to_string()));
+            ms.iter().map(|_| Ok(Ok(Outcome::Accept))).collect()
+        }
+    }
+    let settled = Arc::new(Settled::default());
+    let conn = support::connect_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(settled.clone()),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("idem-orphan-batch"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let ids = publish_keyed(&conn, &q, 4);
+    let (let_go, gate) = crossbeam_channel::bounded::<()>(0);
+    let (effects, batches) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let handler = chain(
+        Gated {
+            gate,
+            effects: effects.clone(),
+            batches: batches.clone(),
+        },
+        [
+            with_idempotency(InMemoryIdempotencyStore::default()),
+            with_timeout(Duration::from_millis(200)),
+        ],
+    );
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .prefetch(8)
+                .retry(RetryPolicy::fixed(5, Duration::from_millis(100)).jitter(0.0)),
+        )
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    let of = |attempt: u32, outcome: &str| {
+        let seen = settled.0.lock().unwrap();
+        let mut ids: Vec<String> = seen
+            .iter()
+            .filter(|(a, o, _)| *a == attempt && o == outcome)
+            .map(|(_, _, id)| id.clone())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids.len()
+    };
+    assert!(
+        eventually(WAIT, || of(1, "retry") == 4),
+        "every message of the overrun batches retried: {:?}",
+        settled.0.lock().unwrap()
+    );
+    assert!(
+        eventually(WAIT, || settled
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(a, _, _)| *a == 2)),
+        "a retry was handled while the orphans ran"
+    );
+    drop(let_go);
+    assert!(
+        eventually(WAIT, || of(2, "accept") == 4),
+        "every message accepted in the end: {:?}",
+        settled.0.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0));
+    consumer.close().unwrap();
+    let mut applied = effects.lock().unwrap().clone();
+    applied.sort();
+    assert_eq!(
+        applied,
+        ids,
+        "each effect once; batches: {:?}",
+        batches.lock().unwrap()
+    );
+}
