@@ -129,7 +129,9 @@ pub trait Handler {
     /// more, and hands them to [`handle_batch`](Self::handle_batch) in one call. Each
     /// message's result then goes its own way (acknowledgement, retry, dead letter) as if it
     /// had been handled alone. Defaults to `None`: one message at a time, through
-    /// [`handle`](Self::handle).
+    /// [`handle`](Self::handle). A wrapper around a batched handler passes this and
+    /// [`handle_batch`](Self::handle_batch) on (this crate's wrappers and the chain's layers
+    /// do), or the batching is lost.
     fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
         None
     }

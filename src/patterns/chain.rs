@@ -32,7 +32,12 @@
 //! Each layer is also a plain [`Handler`] wrapper that works alone: [`Logged`],
 //! [`TimeLimited`] (made by a [`Deadline`]), [`idempotent`](fn@idempotent) and [`ordered`]. Every one of them
 //! passes on the ordering of the handler it wraps ([`Handler::ordering`]), so `with_ordering`
-//! works wherever it sits in the list.
+//! works wherever it sits in the list, and its batching ([`Handler::batch_limits`],
+//! [`Handler::handle_batch`]), so a batched [`idempotent_tx`](crate::patterns::idempotent_tx)
+//! inside a chain still gets its batches from the consumer's worker: the logging layer writes a
+//! line per message of a batch (with the batch's duration), the deadline covers the batch as a
+//! whole (below), the idempotency layer claims each message of a batch on its own and hands
+//! the claimed ones on in one batch.
 //!
 //! There is no layer that turns an error into a decision: an `Err` or a panic escaping a handler
 //! is already a retry, which is what most failures want.
@@ -59,6 +64,21 @@
 //! (a strict `max_orphans` would have to refuse to start handlers that may well finish in time).
 //! Its message still retries: the key of an ordered message is freed when the overrun is settled,
 //! so the next message with the key may run beside the orphan.
+//!
+//! **A batch** (a batched handler inside the deadline) runs on one thread as a whole, and the
+//! limit is the batch's: its messages' outcomes come together, so the batch is what overruns,
+//! and then every message of it is a retry (each reported to the observer; one orphan). Give a
+//! batched handler a limit for a whole batch.
+//!
+//! **With the idempotency layer, in either order.** Inside [`idempotent`](fn@idempotent)
+//! (`with_idempotency` after `with_timeout` in the list) the orphan runs the whole idempotent
+//! step and confirms its own claim if it finishes. Outside it (`with_idempotency` before
+//! `with_timeout`) the idempotency layer learns of the overrun and **holds the message's
+//! claim until the orphan has ended** — confirming it if the orphan accepted, giving it back
+//! if not — instead of giving it back at once: meanwhile the retry finds the key in progress
+//! and comes back later, so it never runs beside the orphan and the effect is not applied
+//! twice. (An orphan that outlives the claim's lease can still be taken over, as any handler
+//! that slow can.)
 //!
 //! # `with_logging`
 //!
@@ -142,6 +162,12 @@ impl Handler for Chain {
     fn ordering(&self) -> Option<&OrderBy> {
         self.0.ordering()
     }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.0.batch_limits()
+    }
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<Ran> {
+        self.0.handle_batch(messages)
+    }
 }
 
 /// The logging layer: [`Logged`] around the rest of the chain.
@@ -189,28 +215,7 @@ impl<H: Handler> Handler for Logged<H> {
     fn handle(&self, m: &Message) -> HandlerResult {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| self.handler.handle(m)));
-        let took = started.elapsed();
-        let kind = m.envelope.message_type.as_deref().unwrap_or("-");
-        let attempt = m.envelope.attempt;
-        match &result {
-            Ok(Ok(outcome)) => {
-                let (label, reason) = describe(outcome);
-                log::info!(
-                    "acemq: message {} type={kind} attempt={attempt} took={took:?} outcome={label}{}",
-                    m.id(),
-                    reason.map(|r| format!(": {r}")).unwrap_or_default()
-                );
-            }
-            Ok(Err(e)) => log::warn!(
-                "acemq: message {} type={kind} attempt={attempt} took={took:?} outcome=error: {e}",
-                m.id()
-            ),
-            Err(panic) => log::warn!(
-                "acemq: message {} type={kind} attempt={attempt} took={took:?} outcome=panic: {}",
-                m.id(),
-                crate::error::panic_message(&**panic)
-            ),
-        }
+        log_line(m, started.elapsed(), &result);
         match result {
             Ok(r) => r,
             Err(panic) => resume_unwind(panic),
@@ -220,6 +225,64 @@ impl<H: Handler> Handler for Logged<H> {
     fn ordering(&self) -> Option<&OrderBy> {
         self.handler.ordering()
     }
+
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.handler.batch_limits()
+    }
+
+    /// One line per message of the batch, each with the batch's duration.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<Ran> {
+        let started = Instant::now();
+        let results = catch_unwind(AssertUnwindSafe(|| self.handler.handle_batch(messages)));
+        let took = started.elapsed();
+        match &results {
+            Ok(results) => {
+                for (m, result) in messages.iter().zip(results) {
+                    log_line(m, took, result);
+                }
+            }
+            Err(panic) => {
+                for m in messages {
+                    log_panic(m, took, &**panic);
+                }
+            }
+        }
+        match results {
+            Ok(results) => results,
+            Err(panic) => resume_unwind(panic),
+        }
+    }
+}
+
+/// The logging layer's line for one message.
+fn log_line(m: &Message, took: Duration, result: &Ran) {
+    let kind = m.envelope.message_type.as_deref().unwrap_or("-");
+    let attempt = m.envelope.attempt;
+    match result {
+        Ok(Ok(outcome)) => {
+            let (label, reason) = describe(outcome);
+            log::info!(
+                "acemq: message {} type={kind} attempt={attempt} took={took:?} outcome={label}{}",
+                m.id(),
+                reason.map(|r| format!(": {r}")).unwrap_or_default()
+            );
+        }
+        Ok(Err(e)) => log::warn!(
+            "acemq: message {} type={kind} attempt={attempt} took={took:?} outcome=error: {e}",
+            m.id()
+        ),
+        Err(panic) => log_panic(m, took, &**panic),
+    }
+}
+
+fn log_panic(m: &Message, took: Duration, panic: &(dyn Any + Send)) {
+    let kind = m.envelope.message_type.as_deref().unwrap_or("-");
+    log::warn!(
+        "acemq: message {} type={kind} attempt={} took={took:?} outcome=panic: {}",
+        m.id(),
+        m.envelope.attempt,
+        crate::error::panic_message(panic)
+    );
 }
 
 /// An outcome's label and the reason it carries.
@@ -342,91 +405,266 @@ impl<H> std::fmt::Debug for TimeLimited<H> {
 
 type Ran = std::thread::Result<HandlerResult>;
 
-impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
-    fn handle(&self, m: &Message) -> HandlerResult {
+/// What a deadline thread hands back: the handler's results, and the orphans of deadlines
+/// further in that it saw (see [`orphans`]).
+type Finished<T> = (T, Vec<Arc<orphans::End>>);
+
+/// How waiting for a deadline thread ended.
+enum Waited<T> {
+    Done(T),
+    /// Past the limit: the orphans running now, and the overruns so far.
+    Overran(usize, u64),
+    NotStarted(std::io::Error),
+}
+
+impl<H> TimeLimited<H> {
+    /// `None` to start, or the retry of a message not started because too many orphans run.
+    fn refused(&self, what: &str) -> Option<Outcome> {
         let Deadline {
-            limit,
-            max_orphans,
-            observer,
-            orphans,
+            limit, max_orphans, ..
         } = &self.deadline;
-        let running = orphans.running();
-        if running >= *max_orphans {
-            log::warn!(
-                "acemq: message {} not started: {running} handlers are still running past \
-                 their deadline of {limit:?} (at most {max_orphans})",
-                m.id()
-            );
-            return Ok(Outcome::retry(format!(
-                "acemq: not started: {running} handlers are still running past their deadline"
-            )));
+        let running = self.deadline.orphans.running();
+        if running < *max_orphans {
+            return None;
         }
-        let (tx, rx) = crossbeam_channel::bounded::<Ran>(1);
+        log::warn!(
+            "acemq: {what} not started: {running} handlers are still running past their \
+             deadline of {limit:?} (at most {max_orphans})"
+        );
+        Some(Outcome::retry(format!(
+            "acemq: not started: {running} handlers are still running past their deadline"
+        )))
+    }
+
+    /// Runs `work` on a thread of its own and waits up to the limit. One that overruns runs
+    /// on as an orphan, and is reported to the idempotency layer around this one, if any
+    /// ([`orphans::overran`]), with each message's accept or not (`accepted`) when it ends.
+    fn run<T, W, A>(&self, what: String, work: W, accepted: A) -> Waited<T>
+    where
+        T: Send + 'static,
+        W: FnOnce() -> T + Send + 'static,
+        A: FnOnce(&T) -> Vec<bool> + Send + 'static,
+    {
+        let orphans = &self.deadline.orphans;
+        let (tx, rx) = crossbeam_channel::bounded::<Finished<T>>(1);
         // Set under its lock by whichever side comes second: the waiter giving up, or the
         // handler's thread finishing after that (then it counts itself out).
         let abandoned = Arc::new(parking_lot::Mutex::new(false));
-        let (handler, message) = (self.handler.clone(), m.clone());
-        let (gone, count) = (abandoned.clone(), orphans.clone());
+        let end = Arc::new(orphans::End::default());
+        let (gone, count, orphan_end) = (abandoned.clone(), orphans.clone(), end.clone());
         // The message's trace goes with the handler to its thread.
         let trace = crate::trace::TraceContext::current();
         let spawned = std::thread::Builder::new()
             .name("acemq-handler-deadline".into())
             .spawn(move || {
                 let _trace = trace.map(crate::trace::TraceContext::enter);
-                let ran = catch_unwind(AssertUnwindSafe(|| handler.handle(&message)));
+                let (ran, further) = orphans::watch(work);
                 let gone = gone.lock();
                 if *gone {
+                    orphan_end.finish(accepted(&ran), further);
                     count.0.running.fetch_sub(1, Ordering::SeqCst);
                     log::info!(
-                        "acemq: the orphaned handler of message {} finished; its result is \
-                         discarded",
-                        message.id()
+                        "acemq: the orphaned handler of {what} finished; its result is discarded"
                     );
                 } else {
-                    let _ = tx.send(ran);
+                    let _ = tx.send((ran, further));
                 }
             });
         if let Err(e) = spawned {
-            return Err(format!("acemq: could not start the handler's thread: {e}").into());
+            return Waited::NotStarted(e);
         }
-        let ran = match rx.recv_timeout(*limit) {
-            Ok(ran) => Ok(ran),
+        let (ran, further) = match rx.recv_timeout(self.deadline.limit) {
+            Ok(finished) => finished,
             Err(_) => {
                 let mut gone = abandoned.lock();
                 match rx.try_recv() {
-                    Ok(ran) => Ok(ran),
+                    Ok(finished) => finished,
                     Err(_) => {
                         // Counted in under the lock, so the thread cannot count itself out
                         // first.
                         *gone = true;
                         let now = orphans.0.running.fetch_add(1, Ordering::SeqCst) + 1;
                         let total = orphans.0.total.fetch_add(1, Ordering::SeqCst) + 1;
-                        Err((now, total))
+                        drop(gone);
+                        orphans::overran(end);
+                        return Waited::Overran(now, total);
                     }
                 }
             }
         };
-        match ran {
-            Ok(Ok(result)) => result,
-            Ok(Err(panic)) => resume_unwind(panic as Box<dyn Any + Send>),
-            Err((now, total)) => {
-                observer.overrun(&Overrun {
-                    message_id: m.id(),
-                    limit: *limit,
-                    orphans: now,
-                    total,
-                });
-                Ok(Outcome::retry(format!(
-                    "acemq: handling message {} did not finish within {}",
-                    m.id(),
-                    go_duration(*limit)
-                )))
+        // Orphans of deadlines further in are this thread's idempotency layer's to wait for.
+        further.into_iter().for_each(orphans::overran);
+        Waited::Done(ran)
+    }
+
+    /// The retry of an overrun message, reported to the observer.
+    fn overrun(&self, m: &Message, now: usize, total: u64) -> Outcome {
+        self.deadline.observer.overrun(&Overrun {
+            message_id: m.id(),
+            limit: self.deadline.limit,
+            orphans: now,
+            total,
+        });
+        Outcome::retry(format!(
+            "acemq: handling message {} did not finish within {}",
+            m.id(),
+            go_duration(self.deadline.limit)
+        ))
+    }
+}
+
+fn accepted(ran: &Ran) -> bool {
+    matches!(ran, Ok(Ok(Outcome::Accept)))
+}
+
+impl<H: Handler + Send + Sync + 'static> Handler for TimeLimited<H> {
+    fn handle(&self, m: &Message) -> HandlerResult {
+        if let Some(refused) = self.refused(&format!("message {}", m.id())) {
+            return Ok(refused);
+        }
+        let (handler, message) = (self.handler.clone(), m.clone());
+        let work = move || catch_unwind(AssertUnwindSafe(|| handler.handle(&message)));
+        match self.run(format!("message {}", m.id()), work, |ran| {
+            vec![accepted(ran)]
+        }) {
+            Waited::Done(Ok(result)) => result,
+            Waited::Done(Err(panic)) => resume_unwind(panic as Box<dyn Any + Send>),
+            Waited::Overran(now, total) => Ok(self.overrun(m, now, total)),
+            Waited::NotStarted(e) => {
+                Err(format!("acemq: could not start the handler's thread: {e}").into())
             }
         }
     }
 
     fn ordering(&self) -> Option<&OrderBy> {
         self.handler.ordering()
+    }
+
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.handler.batch_limits()
+    }
+
+    /// The deadline covers the batch as a whole (its messages' outcomes come together, so
+    /// the batch is what overruns): one thread for the batch, and at the limit every message
+    /// of it is a retry, reported to the observer each.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<Ran> {
+        let first = messages.first().map(|m| m.id()).unwrap_or_default();
+        let what = format!("a batch of {} messages from {first}", messages.len());
+        if let Some(refused) = self.refused(&what) {
+            return messages.iter().map(|_| Ok(Ok(refused.clone()))).collect();
+        }
+        let handler = self.handler.clone();
+        let owned: Vec<Message> = messages.iter().map(|m| (*m).clone()).collect();
+        let work = move || {
+            let messages: Vec<&Message> = owned.iter().collect();
+            catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)))
+        };
+        let accepted_each = |ran: &std::thread::Result<Vec<Ran>>| match ran {
+            Ok(results) => results.iter().map(accepted).collect(),
+            Err(_) => Vec::new(),
+        };
+        match self.run(what, work, accepted_each) {
+            Waited::Done(Ok(results)) => results,
+            Waited::Done(Err(panic)) => resume_unwind(panic as Box<dyn Any + Send>),
+            Waited::Overran(now, total) => messages
+                .iter()
+                .map(|m| Ok(Ok(self.overrun(m, now, total))))
+                .collect(),
+            Waited::NotStarted(e) => messages
+                .iter()
+                .map(|_| {
+                    Ok(Err(format!(
+                        "acemq: could not start the handler's thread: {e}"
+                    )
+                    .into()))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// How the deadline tells the idempotency layer around it that a handler it gave up on still
+/// runs: the idempotency layer [`watch`]es the call to the handler inside it; a deadline that
+/// overruns on that thread reports its orphan's [`End`] ([`overran`]), and the idempotency
+/// layer holds the message's claim until the orphan has ended (then confirms it if the orphan
+/// accepted, else gives it back) instead of giving it back while the orphan still works, which
+/// would let the retry run beside it. Whatever order the chain's layers are in.
+pub(crate) mod orphans {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+
+    use parking_lot::Mutex;
+
+    thread_local! {
+        /// The watches open on this thread, innermost last.
+        static WATCHES: RefCell<Vec<Vec<Arc<End>>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    /// The end of an orphaned handler: each message's accept or not, once it has ended (and the
+    /// orphans it saw further in have ended too).
+    #[derive(Default)]
+    pub(crate) struct End {
+        state: Mutex<EndState>,
+    }
+
+    #[derive(Default)]
+    struct EndState {
+        accepted: Option<Vec<bool>>,
+        further: Vec<Arc<End>>,
+    }
+
+    impl End {
+        pub(super) fn finish(&self, accepted: Vec<bool>, further: Vec<Arc<End>>) {
+            let mut state = self.state.lock();
+            state.accepted = Some(accepted);
+            state.further = further;
+        }
+
+        /// Each message's accept or not (in the order the orphan was given them), once it and
+        /// every orphan it saw have ended; `None` while one still runs.
+        pub(crate) fn ended(&self) -> Option<Vec<bool>> {
+            let state = self.state.lock();
+            let accepted = state.accepted.clone()?;
+            state
+                .further
+                .iter()
+                .all(|end| end.ended().is_some())
+                .then_some(accepted)
+        }
+    }
+
+    /// Runs `f` with a watch open on this thread: its result and the orphans reported meanwhile
+    /// (also passed on to a watch around this one).
+    pub(crate) fn watch<T>(f: impl FnOnce() -> T) -> (T, Vec<Arc<End>>) {
+        /// Closes the watch also when `f` panics.
+        struct Open;
+        impl Drop for Open {
+            fn drop(&mut self) {
+                WATCHES.with(|w| {
+                    let mut w = w.borrow_mut();
+                    if let Some(seen) = w.pop() {
+                        if let Some(around) = w.last_mut() {
+                            around.extend(seen);
+                        }
+                    }
+                });
+            }
+        }
+        WATCHES.with(|w| w.borrow_mut().push(Vec::new()));
+        let open = Open;
+        let result = f();
+        let seen = WATCHES.with(|w| w.borrow().last().cloned().unwrap_or_default());
+        drop(open);
+        (result, seen)
+    }
+
+    /// Reports an orphan to the innermost watch on this thread (none: nobody waits for it).
+    pub(crate) fn overran(end: Arc<End>) {
+        WATCHES.with(|w| {
+            if let Some(watch) = w.borrow_mut().last_mut() {
+                watch.push(end);
+            }
+        });
     }
 }
 

@@ -418,9 +418,13 @@ mod sql_store {
                 ))
             };
             let expired = format!(" WHERE {t}.deadline_ms <= {now}");
+            // A claim also takes a key its own token holds: a group commit run again op by op
+            // after its statement committed finds its own claims (fenced by the token).
+            let expired_or_own =
+                format!("{expired} OR ({t}.state = '{CLAIMED}' AND {t}.token = excluded.token)");
             Statements {
                 // $3 the claim's token
-                claim: upsert(CLAIMED, "$3", &expired),
+                claim: upsert(CLAIMED, "$3", &expired_or_own),
                 first_time: upsert(CONFIRMED, "NULL", &expired),
                 confirm: upsert(CONFIRMED, "NULL", ""),
                 // The holder's confirm, fenced by its token ($3). When it changes nothing (the
@@ -839,11 +843,16 @@ mod sql_store {
         }
 
         fn claim_on(&self, conn: &mut dyn Sql, key: &str) -> Result<Claim> {
+            self.claim_as(conn, key, ClaimToken::new())
+        }
+
+        /// Claims `key` under `token`: taken when it is new, expired, or already held by
+        /// `token` itself.
+        fn claim_as(&self, conn: &mut dyn Sql, key: &str, token: ClaimToken) -> Result<Claim> {
             let s = self.statements(conn);
             let lease = sql::duration_ms(self.claim_timeout);
             // The row may be deleted (forget, purge) between the failed upsert and the read:
             // then try again.
-            let token = ClaimToken::new();
             let params = [
                 Value::Text(key.to_owned()),
                 Value::Integer(lease),
@@ -970,21 +979,26 @@ mod sql_store {
         /// One group's operations on one transaction (see [`group`]): each one's answer, or
         /// the error that failed the transaction. On PostgreSQL a group of claims and confirms
         /// is one statement ([`group_statement`](Self::group_statement)).
-        fn run_group(&self, ops: &[group::Op]) -> Result<Vec<group::Done>> {
+        /// The group's claims are made under `token`.
+        fn run_group(&self, ops: &[group::Op], token: &ClaimToken) -> Result<Vec<group::Done>> {
             let mut conn = (self.connect)()?;
             if conn.dialect() == Dialect::Postgres && one_statement_will_do(ops) {
-                return self.group_statement(&mut *conn, ops);
+                return self.group_statement(&mut *conn, ops, token);
             }
             sql::in_one_transaction(
                 &mut *conn,
                 "a group commit",
                 |e, what| self.context(e, what),
-                |tx| self.group_ops(tx, ops),
+                |tx| self.group_ops(tx, ops, token),
             )
         }
 
-        fn group_ops(&self, conn: &mut dyn Sql, ops: &[group::Op]) -> Result<Vec<group::Done>> {
-            let token = ClaimToken::new();
+        fn group_ops(
+            &self,
+            conn: &mut dyn Sql,
+            ops: &[group::Op],
+            token: &ClaimToken,
+        ) -> Result<Vec<group::Done>> {
             let claims: Vec<&str> = ops
                 .iter()
                 .filter_map(|op| match op {
@@ -999,7 +1013,7 @@ mod sql_store {
                     distinct.push(k);
                 }
             }
-            let answers = self.claim_many_in(conn, &distinct, &token)?;
+            let answers = self.claim_many_in(conn, &distinct, token)?;
             let mut answer_of: HashMap<&str, Claim> = distinct.into_iter().zip(answers).collect();
             // Confirms, one statement for all of them (each holds the token of the group that
             // claimed it).
@@ -1052,10 +1066,10 @@ mod sql_store {
             &self,
             conn: &mut dyn Sql,
             ops: &[group::Op],
+            token: &ClaimToken,
         ) -> Result<Vec<group::Done>> {
             let dialect = Dialect::Postgres;
             let t = &self.table;
-            let token = ClaimToken::new();
             let mut claims: Vec<&str> = Vec::new();
             let mut confirms: Vec<(&str, &ClaimToken)> = Vec::new();
             for op in ops {
@@ -1138,7 +1152,7 @@ mod sql_store {
                             Claim::InProgress
                         }
                         group::Op::Claim(key) => {
-                            claim_answer(claimed.contains(key), before.get(key), &token)
+                            claim_answer(claimed.contains(key), before.get(key), token)
                         }
                         _ => Claim::Duplicate,
                     },
@@ -1146,12 +1160,17 @@ mod sql_store {
                 .collect())
         }
 
-        /// One operation alone, on a connection of its own (a failed group's fallback).
-        fn run_alone(&self, op: &group::Op) -> Result<group::Done> {
+        /// One operation alone, on a connection of its own (a failed group's fallback). A claim
+        /// is made under `own`, the failed group's token, when given: the group's statement may
+        /// have committed before the group failed (on PostgreSQL it commits on its own, and a
+        /// confirm's fallback after it can still fail), and then the key is already held by
+        /// that token — the caller's own claim, not one in progress elsewhere.
+        fn run_alone(&self, op: &group::Op, own: Option<&ClaimToken>) -> Result<group::Done> {
             let claim = match op {
                 group::Op::Claim(key) => {
                     let mut conn = (self.connect)()?;
-                    self.claim_on(&mut *conn, key)?
+                    let token = own.cloned().unwrap_or_default();
+                    self.claim_as(&mut *conn, key, token)?
                 }
                 group::Op::Confirm(key, token) => {
                     let mut conn = (self.connect)()?;
@@ -1357,7 +1376,8 @@ mod sql_store {
                     return;
                 }
                 let (ops, answer_to): (Vec<Op>, Vec<Answer>) = queued.into_iter().unzip();
-                let answers: Vec<Result<Done>> = match store.run_group(&ops) {
+                let token = ClaimToken::new();
+                let answers: Vec<Result<Done>> = match store.run_group(&ops, &token) {
                     Ok(done) => done.into_iter().map(Ok).collect(),
                     Err(e) if ops.len() > 1 => {
                         log::debug!(
@@ -1365,7 +1385,19 @@ mod sql_store {
                              one by one",
                             ops.len()
                         );
-                        ops.iter().map(|op| store.run_alone(op)).collect()
+                        // Each key's first claim under the group's token (the group may have
+                        // claimed it already); a key asked for again is in progress, as in
+                        // the group.
+                        let mut claimed = std::collections::HashSet::new();
+                        ops.iter()
+                            .map(|op| {
+                                let own = match op {
+                                    Op::Claim(key) if claimed.insert(key.as_str()) => Some(&token),
+                                    _ => None,
+                                };
+                                store.run_alone(op, own)
+                            })
+                            .collect()
                     }
                     Err(e) => vec![Err(e)],
                 };
@@ -1462,6 +1494,135 @@ mod sql_store {
             assert!(matches!(store.claim("c"), Ok(Claim::Claimed(_))));
             assert_eq!(store.claim("a").unwrap(), Claim::InProgress);
             let _ = std::fs::remove_file(&path);
+        }
+
+        /// Issue 35 item 10, on PostgreSQL. One group holds a claim of `k1` and the confirm of
+        /// a claim whose token no longer holds its key (taken over): the group statement
+        /// commits the claim, then the confirm's fallback fails once (a trigger on the real
+        /// table raises on the receipt it inserts, the first time only), so the group is run
+        /// again op by op. The rerun must recognise the claim of `k1` as the group's own —
+        /// `Claimed`, not `InProgress` (which would leave the message waiting out the lease).
+        #[cfg(all(feature = "postgres", feature = "testing"))]
+        #[test]
+        fn a_group_rerun_after_its_statement_committed_recognises_its_own_claims() {
+            use std::sync::atomic::{AtomicBool, Ordering};
+            const URL: &str = "host=127.0.0.1 port=5432 user=postgres dbname=test";
+            let pg = || {
+                postgres::Client::connect(URL, postgres::NoTls)
+                    .map_err(|e| Error::sql("connecting to the test database", e))
+            };
+            let table = format!(
+                "acemq_group_rerun_{}_{}",
+                std::process::id(),
+                ClaimToken::new().as_str().replace('-', "")
+            );
+            // The next connection opened waits at the gate while `armed`.
+            let gate = Arc::new((Mutex::new(false), parking_lot::Condvar::new()));
+            let armed = Arc::new(AtomicBool::new(false));
+            let (g, a) = (gate.clone(), armed.clone());
+            let store = Arc::new(
+                SqlIdempotencyStore::builder(move || {
+                    if a.swap(false, Ordering::SeqCst) {
+                        let (open, opened) = &*g;
+                        let mut open = open.lock();
+                        let deadline = Instant::now() + Duration::from_secs(30);
+                        while !*open {
+                            if opened.wait_until(&mut open, deadline).timed_out() {
+                                panic!("the test never opened the gate");
+                            }
+                        }
+                    }
+                    pg()
+                })
+                .table(table.clone())
+                .claim_timeout(Duration::from_secs(60))
+                .group_commit(true)
+                .build()
+                .unwrap(),
+            );
+            store.create_table().unwrap();
+            let mut admin = pg().unwrap();
+            // A receipt inserted fails the first time (a sequence is not rolled back).
+            admin
+                .batch_execute(&format!(
+                    "CREATE SEQUENCE {table}_fail; \
+                     CREATE FUNCTION {table}_fail() RETURNS trigger AS $$ BEGIN \
+                       IF NEW.state = 'CONFIRMED' AND nextval('{table}_fail') = 1 THEN \
+                         RAISE EXCEPTION 'the confirm fallback fails once, on purpose'; \
+                       END IF; RETURN NEW; END $$ LANGUAGE plpgsql; \
+                     CREATE TRIGGER {table}_fail BEFORE INSERT ON {table} \
+                       FOR EACH ROW EXECUTE FUNCTION {table}_fail();"
+                ))
+                .unwrap();
+            // A claim whose lease was taken over: its holder's token no longer holds the key.
+            let stale = match store.claim("taken").unwrap() {
+                Claim::Claimed(t) => t,
+                other => panic!("a new key is claimed: {other:?}"),
+            };
+            admin
+                .execute(
+                    &format!("UPDATE {table} SET token = 'successor' WHERE key = 'taken'"),
+                    &[],
+                )
+                .unwrap();
+            let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+                crate::testing::wait_until(Duration::from_secs(30), done)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            };
+            let queued = |n: usize| {
+                wait_for(&format!("{n} queued"), &|| {
+                    store.group.as_ref().is_some_and(|g| g.queued() == n)
+                })
+            };
+            // A first group waits at the gate while the confirm and the claim queue behind it:
+            // they make the next group together.
+            armed.store(true, Ordering::SeqCst);
+            let first = {
+                let store = store.clone();
+                std::thread::spawn(move || store.claim("warm"))
+            };
+            wait_for("the first group", &|| !armed.load(Ordering::SeqCst));
+            let confirm = {
+                let (store, stale) = (store.clone(), stale.clone());
+                std::thread::spawn(move || store.confirm("taken", &stale))
+            };
+            queued(1);
+            let claim = {
+                let store = store.clone();
+                std::thread::spawn(move || store.claim("k1"))
+            };
+            queued(2);
+            *gate.0.lock() = true;
+            gate.1.notify_all();
+            wait_for("every caller's answer", &|| {
+                first.is_finished() && confirm.is_finished() && claim.is_finished()
+            });
+            assert!(first.join().unwrap().unwrap().is_claimed());
+            confirm.join().unwrap().unwrap();
+            let failed_once: i64 = admin
+                .query_one(&format!("SELECT last_value FROM {table}_fail"), &[])
+                .unwrap()
+                .get(0);
+            assert_eq!(
+                failed_once, 2,
+                "the fallback failed once, then the rerun confirmed"
+            );
+            let k1 = claim.join().unwrap().unwrap();
+            let cleanup = |admin: &mut postgres::Client| {
+                let _ = admin.batch_execute(&format!(
+                    "DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_fail(); \
+                     DROP SEQUENCE IF EXISTS {table}_fail;"
+                ));
+            };
+            let Claim::Claimed(token) = k1 else {
+                cleanup(&mut admin);
+                panic!("the group's own committed claim of k1 was answered {k1:?}");
+            };
+            // The claim is the caller's, fenced by the token it was given.
+            store.confirm("k1", &token).unwrap();
+            assert_eq!(store.claim("k1").unwrap(), Claim::Duplicate);
+            assert_eq!(store.claim("taken").unwrap(), Claim::Duplicate);
+            cleanup(&mut admin);
         }
 
         #[test]

@@ -165,6 +165,16 @@ impl<H: Handler> Handler for Ordered<H> {
     fn ordering(&self) -> Option<&OrderBy> {
         Some(&self.order)
     }
+
+    fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
+        self.handler.batch_limits()
+    }
+
+    /// A batch holds no two messages with one key: the consumer hands a key's next message
+    /// out only once the one before it is settled.
+    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
+        self.handler.handle_batch(messages)
+    }
 }
 
 const FNV_OFFSET: u32 = 0x811c_9dc5;

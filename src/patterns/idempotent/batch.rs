@@ -8,7 +8,7 @@
 //! * **across workers** (the wrapper called through [`Handler::handle`], e.g. from another
 //!   handler): each worker puts its message in the wrapper's queue and waits; the first to
 //!   find no batch running leads — it waits for `max_messages` messages (or, once a partial
-//!   batch has waited out `max_wait`, as many as there are workers seen), at most `max_wait`,
+//!   batch has waited out `max_wait`, as many as the callers seen at once), at most `max_wait`,
 //!   takes up to `max_messages` (its own first) and runs them; one batch at a time per wrapper.
 //!
 //! A batch runs on one transaction: its keys claimed in one statement under one token, each
@@ -23,10 +23,9 @@
 //! the next one starts with savepoints; after one without, the next starts without.
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -61,11 +60,16 @@ struct State {
     leading: bool,
     /// Results of the finished batches, by entry id, until their worker takes them.
     done: HashMap<u64, Settled>,
-    /// The workers seen so far.
-    workers: HashSet<ThreadId>,
+    /// Callers inside [`Handler::handle`] now (waiting for their batch, or leading one).
+    inside: usize,
+    /// How many callers come at once: the most seen inside together since the last partial
+    /// batch that waited out `max_wait` (which sets it to those inside then), never over
+    /// `max_messages`. A count, not a set of threads: a caller on a fresh thread per message
+    /// (under a deadline, say) is one caller, not one more worker each time.
+    workers: usize,
     /// A partial batch has waited out `max_wait`: from then on a batch waits for no more
-    /// messages than there are workers seen (the consumer may have fewer than
-    /// `max_messages`). Until then it waits for `max_messages`.
+    /// messages than `workers` (the consumer may have fewer than `max_messages`). Until then
+    /// it waits for `max_messages`.
     learned: bool,
 }
 
@@ -235,8 +239,9 @@ where
             return self.inner.handle(m);
         }
         let key = key_of(&self.inner.key, m)?;
+        // Declared before `state`, so dropped after it: its drop takes the lock.
+        let _inside = Inside::enter(self);
         let mut state = self.state.lock();
-        state.workers.insert(std::thread::current().id());
         let id = state.next_id;
         state.next_id += 1;
         state.queue.push_back(Entry {
@@ -259,7 +264,7 @@ where
                 let deadline = Instant::now() + self.max_wait;
                 loop {
                     let full = if state.learned {
-                        self.max_messages.min(state.workers.len())
+                        self.max_messages.min(state.workers).max(1)
                     } else {
                         self.max_messages
                     };
@@ -268,6 +273,7 @@ where
                     }
                     if self.changed.wait_until(&mut state, deadline).timed_out() {
                         state.learned = true;
+                        state.workers = state.inside.clamp(1, self.max_messages);
                         break;
                     }
                 }
@@ -282,6 +288,13 @@ where
                     }
                 }
                 drop(state);
+                // Until the batch is answered, a panic out of it (the connections factory, the
+                // driver) answers the other callers with an error and gives the lead up.
+                let mut lead = Lead {
+                    batch: self,
+                    leader: id,
+                    waiting: batch.iter().map(|e| e.id).collect(),
+                };
                 let items: Vec<Item<'_>> = batch
                     .iter()
                     .map(|e| Item {
@@ -291,14 +304,64 @@ where
                     })
                     .collect();
                 let results = self.run_batch(&items);
+                lead.waiting.clear();
+                drop(lead);
                 state = self.state.lock();
-                state.leading = false;
                 state.done.extend(results);
                 self.changed.notify_all();
                 continue;
             }
             self.changed.wait_for(&mut state, RECHECK);
         }
+    }
+}
+
+/// A caller inside [`Handler::handle`] of a batch gathered across workers, counted in while it
+/// is there (also when it leaves by a panic).
+struct Inside<'a, F, H>(&'a IdempotentTxBatch<F, H>);
+
+impl<'a, F, H> Inside<'a, F, H> {
+    fn enter(batch: &'a IdempotentTxBatch<F, H>) -> Self {
+        let mut state = batch.state.lock();
+        state.inside += 1;
+        state.workers = state.workers.max(state.inside).min(batch.max_messages);
+        Inside(batch)
+    }
+}
+
+impl<F, H> Drop for Inside<'_, F, H> {
+    fn drop(&mut self) {
+        self.0.state.lock().inside -= 1;
+    }
+}
+
+/// The lead of a batch gathered across workers: dropped, it gives the lead up and wakes the
+/// waiting callers; dropped with callers still `waiting` for their answers (the batch panicked
+/// outside every handler's `catch_unwind`: in the connections factory, the driver's `BEGIN` or
+/// `COMMIT`), it answers each of them (the leader's own caller excepted: the panic goes on up
+/// its stack) with an error, so that nobody waits for an answer that will never come.
+struct Lead<'a, F, H> {
+    batch: &'a IdempotentTxBatch<F, H>,
+    leader: u64,
+    waiting: Vec<u64>,
+}
+
+impl<F, H> Drop for Lead<'_, F, H> {
+    fn drop(&mut self) {
+        let mut state = self.batch.state.lock();
+        state.leading = false;
+        for id in self.waiting.drain(..).filter(|id| *id != self.leader) {
+            state.done.insert(
+                id,
+                Ok(Err(
+                    "acemq: the batch this message was in panicked outside its handlers \
+                        (the connections factory or the database driver); it is retried, and \
+                        a message whose work did commit is then found a duplicate"
+                        .into(),
+                )),
+            );
+        }
+        self.batch.changed.notify_all();
     }
 }
 
@@ -502,7 +565,13 @@ impl<F, H> IdempotentTxBatch<F, H> {
                 self.savepoints.store(false, Ordering::Relaxed);
             }
             if let Some(f) = &self.on_commit {
-                f(batch.len());
+                // The batch is committed: a panicking hook must not lose its answers.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(batch.len()))) {
+                    log::error!(
+                        "acemq: the batch's on_commit hook panicked ({}); the batch is committed",
+                        crate::error::panic_message(&*panic)
+                    );
+                }
             }
             for i in duplicates {
                 let _ = self
@@ -520,6 +589,7 @@ impl<F, H> std::fmt::Debug for IdempotentTxBatch<F, H> {
         f.debug_struct("IdempotentTxBatch")
             .field("max_messages", &self.max_messages)
             .field("max_wait", &self.max_wait)
+            .field("workers", &self.state.lock().workers)
             .finish_non_exhaustive()
     }
 }
