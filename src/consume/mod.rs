@@ -105,6 +105,9 @@ pub struct ConsumerOptions {
     /// Set by a responder: its handler stages replies that the owner publishes on the request's
     /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
     replies: Option<Arc<dyn reply::ReplyHooks>>,
+    /// At most once: how long a worker waits for the owner's word that the ack went out before
+    /// it gives the delivery up (`None`: the shutdown timeout, at least 30 s).
+    ack_first_wait: Option<Duration>,
 }
 
 impl Default for ConsumerOptions {
@@ -124,6 +127,7 @@ impl Default for ConsumerOptions {
             stream_cursor: None,
             any_attempt: false,
             replies: None,
+            ack_first_wait: None,
         }
     }
 }
@@ -239,6 +243,16 @@ impl ConsumerOptions {
     /// the consumer starts.
     pub fn inline(mut self, inline: bool) -> Self {
         self.inline = inline;
+        self
+    }
+
+    /// Not for applications (feature `internals`): how long an at-most-once worker waits for the
+    /// word that its delivery's ack went out (by default the shutdown timeout, at least 30 s),
+    /// so that this crate's tests can make that wait run out without taking 30 s.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn ack_first_wait_for_tests(mut self, wait: Duration) -> Self {
+        self.ack_first_wait = Some(wait);
         self
     }
 
@@ -377,6 +391,8 @@ pub(crate) struct Context {
     pub(crate) lost: AtomicU64,
     /// A responder's reply hooks: the owner listens for returned replies.
     pub(crate) replies: Option<Arc<dyn reply::ReplyHooks>>,
+    /// At most once: how long a worker waits for the owner's word that the ack went out.
+    pub(crate) ack_first_wait: Duration,
 }
 
 impl Context {
@@ -576,6 +592,9 @@ impl Connection {
             inline: options.inline,
             lost: AtomicU64::new(0),
             replies: options.replies,
+            ack_first_wait: options
+                .ack_first_wait
+                .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),
         });
         Ok(Consumer {
             ctx,

@@ -553,7 +553,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         started: false,
         delivery: Some(delivery),
     });
-    let wait = ctx.shutdown_timeout.max(Duration::from_secs(30));
+    let wait = ctx.ack_first_wait;
     if asked.is_err() || !matches!(acked.recv_timeout(wait), Ok(true)) {
         // The channel went away before the ack: the broker delivers it again (or the consumer
         // is ending). Running it now could run it twice.
@@ -770,24 +770,40 @@ pub(crate) fn copy_of(original: &Message) -> Message {
     copy
 }
 
-/// Records on a copy where its original was going — the exchange and routing key it arrived
-/// with and the queue consumed — unless an earlier copy recorded it already, so that a replay
-/// from `.dlq` can send it back there (`patterns::replay`).
+/// Records on a copy where its message was first going — the exchange and routing key of its
+/// first publish, and the queue that first consumed it — so that a replay from `.dlq` can send
+/// it back there (`patterns::replay`). Each of the three the message arrived with (recorded by
+/// whoever copied it first) is kept as it came, and a missing queue is this one. The exchange
+/// and routing key are taken from this delivery only when it is the message's first trip: not
+/// when an earlier copy recorded an origin already, nor when the delivery is itself a copy (on
+/// a later attempt, or back from a retry rung through `acemq.retry`), whose exchange and routing
+/// key are the copy's way here, not the first publish. That one is then not known (the family's
+/// other libraries do not record it) and left out: a replay sends the message to its queue
+/// through the default exchange.
 fn stamp_origin(copy: &mut Message, original: &Message, queue: &str) {
     use crate::envelope::{headers, HeaderValue};
-    if copy.headers.contains_key(headers::ORIGINAL_QUEUE) {
-        return;
-    }
     let Some(received) = &original.received else {
         return;
     };
-    for (name, value) in [
-        (headers::ORIGINAL_EXCHANGE, &received.exchange),
-        (headers::ORIGINAL_ROUTING_KEY, &received.routing_key),
-        (headers::ORIGINAL_QUEUE, &queue.to_string()),
-    ] {
-        copy.headers
-            .insert(name.to_string(), HeaderValue::Text(value.clone()));
+    let names = [
+        headers::ORIGINAL_EXCHANGE,
+        headers::ORIGINAL_ROUTING_KEY,
+        headers::ORIGINAL_QUEUE,
+    ];
+    let first_trip = !names.iter().any(|n| copy.headers.contains_key(*n))
+        && original.envelope.attempt <= 1
+        && received.exchange != super::retry::RETRY_EXCHANGE;
+    let first = |value: &String| first_trip.then(|| value.clone());
+    let values = [
+        first(&received.exchange),
+        first(&received.routing_key),
+        Some(queue.to_string()),
+    ];
+    for (name, value) in names.into_iter().zip(values) {
+        if let (false, Some(value)) = (copy.headers.contains_key(name), value) {
+            copy.headers
+                .insert(name.to_string(), HeaderValue::Text(value));
+        }
     }
 }
 
