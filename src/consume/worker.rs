@@ -302,16 +302,48 @@ fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
     Some(job)
 }
 
-/// The verdict for a message another client sent already past this policy's last attempt: it
-/// can never be retried here, so it goes to `.dlq` without running the handler.
+/// The verdict for a message back on this queue past this policy's last attempt after going
+/// round this queue's own retry ladder (a consumer of the queue with a longer policy sent it
+/// round, or the policy was shortened since): it can never be retried here, so it goes to
+/// `.dlq` without running the handler. Any other message reaches the handler whatever its
+/// attempt — a consumer of another queue's dead letters (`orders.dlq`, whose messages arrive on
+/// `orders`' last attempt) must see them — and a failure of one past the limit is then
+/// dead-lettered as exhausted.
 fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
     let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
-    if attempt > limit && !ctx.any_attempt {
-        let plural = if limit == 1 { "" } else { "s" };
-        let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
-        return Some(Verdict::DeadLetter { error });
+    if attempt <= limit || ctx.any_attempt || !round_own_ladder(&job.message, &ctx.queue) {
+        return None;
     }
-    None
+    let plural = if limit == 1 { "" } else { "s" };
+    let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+    Some(Verdict::DeadLetter { error })
+}
+
+/// Whether `message` came back to `queue` round `queue`'s own retry ladder, as the family's
+/// copies are stamped: a copy of this crate's recording `queue` as the queue that first
+/// consumed it (`acemq-original-queue`); a delivery back from one of `queue`'s rungs (they
+/// dead-letter through `acemq.retry` with the queue's own name as the routing key); or a
+/// retry copy waited out in a consumer (published through the default exchange to the queue by
+/// name, carrying no `x-acemq-error`). A dead letter of another queue read from that queue's
+/// `.dlq` is none of these: it names the other queue, or it carries the reason it was
+/// dead-lettered (every library's dead-letter and parked copies do), or the broker's own
+/// dead-lettering brought it through an exchange.
+fn round_own_ladder(message: &Message, queue: &str) -> bool {
+    use crate::envelope::{headers, HeaderValue};
+    let consumed_here = match message.headers.get(headers::ORIGINAL_QUEUE) {
+        Some(HeaderValue::Text(q)) => q == queue,
+        Some(HeaderValue::Bytes(q)) => q == queue.as_bytes(),
+        _ => false,
+    };
+    let Some(received) = &message.received else {
+        return consumed_here;
+    };
+    let from_rung =
+        received.exchange == super::retry::RETRY_EXCHANGE && received.routing_key == queue;
+    let retried_to_queue = received.exchange.is_empty()
+        && received.routing_key == queue
+        && message.envelope.error.is_none();
+    consumed_here || from_rung || retried_to_queue
 }
 
 /// The handler's result as a verdict (a panic logged: it is a retry).
