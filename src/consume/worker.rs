@@ -570,7 +570,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     job: Job,
     settle: &Sender<Settle>,
 ) {
-    let (reply, acked) = crossbeam_channel::bounded(1);
+    let (question, answer) = super::AckAhead::ask(&job.message);
     let Job {
         generation,
         tag,
@@ -578,23 +578,41 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         message,
         ..
     } = job;
-    let asked = settle.send(Settle {
+    // (Not sent: the owner is gone, and the question, dropped, answers "not acknowledged".)
+    let _ = settle.send(Settle {
         generation,
         tag,
-        action: SettleAction::AckFirst(reply),
+        action: SettleAction::AckFirst(question),
         started: false,
         delivery: Some(delivery),
     });
     let wait = ctx.ack_first_wait;
-    if asked.is_err() || !matches!(acked.recv_timeout(wait), Ok(true)) {
-        // The channel went away before the ack: the broker delivers it again (or the consumer
-        // is ending). Running it now could run it twice.
-        log::debug!(
-            "acemq: message {} from {:?} was not acknowledged ahead of its handler; not running it",
-            message.id(),
-            ctx.queue
-        );
-        return;
+    match answer.wait(wait) {
+        Some(true) => {}
+        Some(false) => {
+            // The channel went away before the ack: the broker delivers it again (or the
+            // consumer is ending). Running it now could run it twice.
+            log::debug!(
+                "acemq: message {} from {:?} was not acknowledged ahead of its handler; not \
+                 running it",
+                message.id(),
+                ctx.queue
+            );
+            return;
+        }
+        None => {
+            // Whether the ack went out is not known yet: running the handler could run it
+            // twice (if it did not, the broker delivers it again). If it did, the owner counts
+            // the message lost when the broker's word comes.
+            log::warn!(
+                "acemq: message {} from {:?}: no word within {wait:?} that its acknowledgement \
+                 went out; not running it (it is counted lost if the acknowledgement did go \
+                 out)",
+                message.id(),
+                ctx.queue
+            );
+            return;
+        }
     }
     let trace = crate::trace::Consuming::start(&message, &ctx.queue);
     let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
