@@ -226,7 +226,11 @@ fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_
     let m = Message::new("order 17");
     let id = m.id().to_string();
     put(&conn, &q, m);
-    assert!(eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 1));
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
     failing.close().unwrap();
     // The dead-letter queue's own consumer (declaring its failure topology, as by default).
     let got = Arc::new(Mutex::new(Vec::<Message>::new()));
@@ -256,7 +260,10 @@ fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_
     let got = got.lock().unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].id(), id);
-    assert_eq!(got[0].envelope.attempt, 2, "it arrives as it was dead-lettered");
+    assert_eq!(
+        got[0].envelope.attempt, 2,
+        "it arrives as it was dead-lettered"
+    );
     assert!(got[0].envelope.error.is_some());
     assert_eq!(
         conn.queue_info(&dead_letter_queue(&dlq))
@@ -392,7 +399,11 @@ fn a_dead_letter_copy_of_a_message_back_from_a_rung_does_not_name_the_rung_as_it
         "the rung's return path is not where the message was published"
     );
     assert_eq!(text(&copy, headers::ORIGINAL_EXCHANGE), None, "not known");
-    assert_eq!(text(&copy, headers::ORIGINAL_ROUTING_KEY), None, "not known");
+    assert_eq!(
+        text(&copy, headers::ORIGINAL_ROUTING_KEY),
+        None,
+        "not known"
+    );
 }
 
 /// A message that arrives on attempt 2 through a rung already carrying `acemq-original-*`
@@ -441,6 +452,10 @@ fn a_dead_letter_copy_keeps_the_original_headers_the_message_arrived_with() {
             Some("orders.placed"),
             "{which}"
         );
-        assert_eq!(text(copy, headers::ORIGINAL_QUEUE), Some(q.as_str()), "{which}");
+        assert_eq!(
+            text(copy, headers::ORIGINAL_QUEUE),
+            Some(q.as_str()),
+            "{which}"
+        );
     }
 }

@@ -205,8 +205,11 @@ impl ConsumerOptions {
     /// message again, and neither does one whose handler is still running when closing gives up
     /// waiting (counted `abandoned`). Deliveries not yet taken by a worker are unacknowledged
     /// and go back to the queue on close, as usual. Each delivery costs one round trip between
-    /// the worker and the owner thread before its handler starts. Defaults to off: at least
-    /// once.
+    /// the worker and the owner thread before its handler starts (the worker waits for the
+    /// broker to have taken the ack). A worker that hears nothing for 30 s (or the shutdown
+    /// timeout, if longer) gives the delivery up without running the handler; if the broker
+    /// then confirms the ack after all, the message is counted and reported `lost` as well.
+    /// Defaults to off: at least once.
     ///
     /// | when the ack goes | guarantee | a failure or crash in the handler |
     /// |---|---|---|
@@ -793,8 +796,9 @@ impl Consumer {
         self.ctx.max_in_flight.load(Ordering::SeqCst)
     }
 
-    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
-    /// therefore lost; 0 otherwise.
+    /// With [`ConsumerOptions::at_most_once`], the messages lost: whose handler failed, or
+    /// that were acknowledged after their worker had stopped waiting to hear so (not handled);
+    /// 0 otherwise.
     pub fn lost(&self) -> u64 {
         self.ctx.lost.load(Ordering::SeqCst)
     }
@@ -1010,8 +1014,9 @@ impl RunningConsumer {
         self.consumer.max_in_flight()
     }
 
-    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
-    /// therefore lost; 0 otherwise.
+    /// With [`ConsumerOptions::at_most_once`], the messages lost: whose handler failed, or
+    /// that were acknowledged after their worker had stopped waiting to hear so (not handled);
+    /// 0 otherwise.
     pub fn lost(&self) -> u64 {
         self.consumer.lost()
     }

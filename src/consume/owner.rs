@@ -716,11 +716,7 @@ fn acked_unhandled(ctx: &Context, question: &super::AckAhead) {
          stopped waiting ({:?}); the handler did not run",
         ctx.ack_first_wait
     );
-    log::warn!(
-        "acemq: message {} from {}: {error}",
-        question.id,
-        ctx.who()
-    );
+    log::warn!("acemq: message {} from {}: {error}", question.id, ctx.who());
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
         outcome: "lost",
