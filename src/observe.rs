@@ -283,7 +283,8 @@ pub struct Settlement<'a> {
     pub queue: &'a str,
     /// The outcome label: accept, retry, reject, park, in_progress, dropped, and with
     /// [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once) lost (the handler
-    /// failed after the ack: nothing is retried).
+    /// failed after the ack, or never ran on a delivery acknowledged after its worker stopped
+    /// waiting: nothing is retried).
     pub outcome: &'a str,
     /// The delivery's attempt.
     pub attempt: u32,

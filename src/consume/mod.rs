@@ -105,6 +105,9 @@ pub struct ConsumerOptions {
     /// Set by a responder: its handler stages replies that the owner publishes on the request's
     /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
     replies: Option<Arc<dyn reply::ReplyHooks>>,
+    /// At most once: how long a worker waits for the owner's word that the ack went out before
+    /// it gives the delivery up (`None`: the shutdown timeout, at least 30 s).
+    ack_first_wait: Option<Duration>,
 }
 
 impl Default for ConsumerOptions {
@@ -124,6 +127,7 @@ impl Default for ConsumerOptions {
             stream_cursor: None,
             any_attempt: false,
             replies: None,
+            ack_first_wait: None,
         }
     }
 }
@@ -201,8 +205,11 @@ impl ConsumerOptions {
     /// message again, and neither does one whose handler is still running when closing gives up
     /// waiting (counted `abandoned`). Deliveries not yet taken by a worker are unacknowledged
     /// and go back to the queue on close, as usual. Each delivery costs one round trip between
-    /// the worker and the owner thread before its handler starts. Defaults to off: at least
-    /// once.
+    /// the worker and the owner thread before its handler starts (the worker waits for the
+    /// broker to have taken the ack). A worker that hears nothing for 30 s (or the shutdown
+    /// timeout, if longer) gives the delivery up without running the handler; if the broker
+    /// then confirms the ack after all, the message is counted and reported `lost` as well.
+    /// Defaults to off: at least once.
     ///
     /// | when the ack goes | guarantee | a failure or crash in the handler |
     /// |---|---|---|
@@ -239,6 +246,16 @@ impl ConsumerOptions {
     /// the consumer starts.
     pub fn inline(mut self, inline: bool) -> Self {
         self.inline = inline;
+        self
+    }
+
+    /// Not for applications (feature `internals`): how long an at-most-once worker waits for the
+    /// word that its delivery's ack went out (by default the shutdown timeout, at least 30 s),
+    /// so that this crate's tests can make that wait run out without taking 30 s.
+    #[cfg(feature = "internals")]
+    #[doc(hidden)]
+    pub fn ack_first_wait_for_tests(mut self, wait: Duration) -> Self {
+        self.ack_first_wait = Some(wait);
         self
     }
 
@@ -356,7 +373,7 @@ pub(crate) struct Context {
     /// shuts down and workers requeue what they have not started.
     pub(crate) stopping: Arc<AtomicBool>,
     /// Deliveries taken from the subscription's buffer and not yet settled.
-    pub(crate) in_flight: AtomicUsize,
+    pub(crate) in_flight: InFlight,
     /// The current subscription's buffer (amiquip's receiver), for what is received but not
     /// yet taken.
     pub(crate) buffer: parking_lot::Mutex<Option<Receiver<amiquip::ConsumerMessage>>>,
@@ -377,6 +394,8 @@ pub(crate) struct Context {
     pub(crate) lost: AtomicU64,
     /// A responder's reply hooks: the owner listens for returned replies.
     pub(crate) replies: Option<Arc<dyn reply::ReplyHooks>>,
+    /// At most once: how long a worker waits for the owner's word that the ack went out.
+    pub(crate) ack_first_wait: Duration,
 }
 
 impl Context {
@@ -401,6 +420,66 @@ impl Context {
     }
 }
 
+/// Deliveries taken from the current subscription's buffer and not yet settled, counted **for
+/// that subscription only**: one word holding the subscription's generation (its low 32 bits)
+/// and the count, changed together. A worker that read a delivery of a subscription that has
+/// just ended (the reconnect came between its read and its count) does not count it, and a
+/// settlement from an ended subscription does not uncount one of the new: neither can leave a
+/// count that nothing will ever settle, which would have every later close wait out its
+/// timeout.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight(AtomicU64);
+
+impl InFlight {
+    /// The count's bits; the generation's are above them.
+    const COUNT: u64 = 0xFFFF_FFFF;
+
+    fn tag(generation: u64) -> u64 {
+        (generation & Self::COUNT) << 32
+    }
+
+    fn count_of(word: u64) -> usize {
+        usize::try_from(word & Self::COUNT).unwrap_or(usize::MAX)
+    }
+
+    /// A new subscription, `generation`, starts with none.
+    pub(crate) fn begin(&self, generation: u64) {
+        self.0.store(Self::tag(generation), Ordering::SeqCst);
+    }
+
+    /// A delivery of subscription `generation` was taken: the new count, or `None` (not
+    /// counted) when that subscription is no longer the current one.
+    pub(crate) fn take(&self, generation: u64) -> Option<usize> {
+        let tag = Self::tag(generation);
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w & !Self::COUNT == tag && w & Self::COUNT < Self::COUNT).then_some(w + 1)
+            })
+            .ok()
+            .map(|w| Self::count_of(w + 1))
+    }
+
+    /// A delivery of subscription `generation` was settled (nothing changes for another one).
+    pub(crate) fn gone(&self, generation: u64) {
+        let tag = Self::tag(generation);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w & !Self::COUNT == tag && w & Self::COUNT > 0).then_some(w - 1)
+            });
+    }
+
+    /// The subscription ended: how many were unsettled (the broker has them back).
+    pub(crate) fn clear(&self) -> usize {
+        Self::count_of(self.0.fetch_and(!Self::COUNT, Ordering::SeqCst))
+    }
+
+    /// How many are in flight now.
+    pub(crate) fn count(&self) -> usize {
+        Self::count_of(self.0.load(Ordering::SeqCst))
+    }
+}
+
 /// A delivery handed to a worker: its message, and the delivery itself (emptied of its body and
 /// properties), which travels with it to whoever settles it.
 pub(crate) struct Job {
@@ -419,11 +498,14 @@ impl Job {
     /// A delivery just taken from the subscription's buffer (by a worker, or by the owner for
     /// an ordered handler), counted in flight, as a job with no ordering key.
     pub(crate) fn taken(ctx: &Context, generation: u64, mut delivery: amiquip::Delivery) -> Job {
-        // Counted before anything else: the owner, closing, waits for it.
-        let n = ctx.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        // (What is still in amiquip's buffer is not added to the high-water mark: read apart,
-        // the two could count one delivery twice.)
-        ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        // Counted before anything else: the owner, closing, waits for it. A delivery of a
+        // subscription that has ended meanwhile is not counted (the broker redelivers it, and
+        // the worker skips it).
+        if let Some(n) = ctx.in_flight.take(generation) {
+            // (What is still in amiquip's buffer is not added to the high-water mark: read
+            // apart, the two could count one delivery twice.)
+            ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
+        }
         let tag = delivery.delivery_tag();
         // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
         // fresh id as it is read, so that its copies carry an identity from here on.
@@ -485,13 +567,102 @@ pub(crate) enum SettleAction {
     Released,
     /// Run the handler again on the same delivery (a held retry of an ordered message).
     Again(Box<Message>),
-    /// At most once: acknowledge it now, before the handler runs; the answer says whether the
-    /// ack went out (false: the delivery is the broker's again, do not run it).
-    AckFirst(Sender<bool>),
+    /// At most once: acknowledge it now, before the handler runs, and answer whether the ack
+    /// went out (false: the delivery is the broker's again, do not run it).
+    AckFirst(AckAhead),
     /// A worker reading the subscription itself read something other than a delivery (the
     /// broker cancelled the consumer, closed the channel, …) or, with `None`, found it ended:
     /// the owner decides what follows.
     Signal(Option<Box<amiquip::ConsumerMessage>>),
+}
+
+/// At most once: a worker's question to the owner — did this delivery's ack go out? — and the
+/// answer, shared by the two. The worker waits for the answer up to a deadline and then gives
+/// up without running the handler; the owner, answering, learns whether the worker still
+/// waited. So a delivery acknowledged after its worker gave up (the broker confirmed late) is
+/// known to the owner, which counts it lost and settled — acknowledged, never handled —
+/// instead of it vanishing uncounted and staying in flight. Dropped unanswered (the owner
+/// discarded it, or is gone), it answers "not acknowledged".
+pub(crate) struct AckAhead {
+    shared: Arc<AckShared>,
+    /// The message's id and attempt, for the owner's report of a loss.
+    pub(crate) id: String,
+    pub(crate) attempt: u32,
+}
+
+#[derive(Default)]
+struct AckShared {
+    state: parking_lot::Mutex<AckState>,
+    answered: parking_lot::Condvar,
+}
+
+#[derive(Clone, Copy, Default, PartialEq)]
+enum AckState {
+    #[default]
+    Waiting,
+    Answered(bool),
+    GaveUp,
+}
+
+impl AckAhead {
+    /// The question about `message`, and the handle its worker waits on.
+    pub(crate) fn ask(message: &Message) -> (AckAhead, AckWait) {
+        let shared = Arc::new(AckShared::default());
+        let question = AckAhead {
+            shared: shared.clone(),
+            id: message.id().to_string(),
+            attempt: message.envelope.attempt,
+        };
+        (question, AckWait(shared))
+    }
+
+    /// The owner's answer: `acked` when the ack went out and the broker has processed it.
+    /// True when the worker was still waiting (it runs the handler, or not, as told); false
+    /// when it had given up.
+    pub(crate) fn answer(&self, acked: bool) -> bool {
+        let mut state = self.shared.state.lock();
+        match *state {
+            AckState::Waiting => {
+                *state = AckState::Answered(acked);
+                self.shared.answered.notify_all();
+                true
+            }
+            AckState::Answered(_) => true,
+            AckState::GaveUp => false,
+        }
+    }
+}
+
+impl Drop for AckAhead {
+    fn drop(&mut self) {
+        self.answer(false);
+    }
+}
+
+/// The worker's side of an [`AckAhead`].
+pub(crate) struct AckWait(Arc<AckShared>);
+
+impl AckWait {
+    /// Waits up to `timeout` for the answer: whether the ack went out, or `None` when no answer
+    /// came in time (the worker gives up; the owner learns of it when it answers).
+    pub(crate) fn wait(&self, timeout: Duration) -> Option<bool> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut state = self.0.state.lock();
+        loop {
+            match *state {
+                AckState::Answered(acked) => return Some(acked),
+                AckState::GaveUp => return None,
+                AckState::Waiting => {}
+            }
+            if self.0.answered.wait_until(&mut state, deadline).timed_out() {
+                if let AckState::Answered(acked) = *state {
+                    return Some(acked);
+                }
+                *state = AckState::GaveUp;
+                return None;
+            }
+        }
+    }
 }
 
 /// A consumer of one queue, not yet running: [`start`](Self::start) it on its own threads, or
@@ -569,7 +740,7 @@ impl Connection {
             copy_failures: worker::CopyFailures::default(),
             generation: AtomicU64::new(0),
             stopping: flag.clone(),
-            in_flight: AtomicUsize::new(0),
+            in_flight: InFlight::default(),
             buffer: parking_lot::Mutex::new(None),
             max_in_flight: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
@@ -580,6 +751,9 @@ impl Connection {
             inline: options.inline,
             lost: AtomicU64::new(0),
             replies: options.replies,
+            ack_first_wait: options
+                .ack_first_wait
+                .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),
         });
         Ok(Consumer {
             ctx,
@@ -613,7 +787,7 @@ impl Consumer {
     /// buffer).
     pub fn in_flight(&self) -> usize {
         // Taken first, then the buffer: a delivery taken in between is counted at most once.
-        let taken = self.ctx.in_flight.load(Ordering::SeqCst);
+        let taken = self.ctx.in_flight.count();
         taken + self.ctx.buffer.lock().as_ref().map_or(0, Receiver::len)
     }
 
@@ -626,8 +800,9 @@ impl Consumer {
         self.ctx.max_in_flight.load(Ordering::SeqCst)
     }
 
-    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
-    /// therefore lost; 0 otherwise.
+    /// With [`ConsumerOptions::at_most_once`], the messages lost: whose handler failed, or
+    /// that were acknowledged after their worker had stopped waiting to hear so (not handled);
+    /// 0 otherwise.
     pub fn lost(&self) -> u64 {
         self.ctx.lost.load(Ordering::SeqCst)
     }
@@ -843,8 +1018,9 @@ impl RunningConsumer {
         self.consumer.max_in_flight()
     }
 
-    /// With [`ConsumerOptions::at_most_once`], the messages whose handler failed and that were
-    /// therefore lost; 0 otherwise.
+    /// With [`ConsumerOptions::at_most_once`], the messages lost: whose handler failed, or
+    /// that were acknowledged after their worker had stopped waiting to hear so (not handled);
+    /// 0 otherwise.
     pub fn lost(&self) -> u64 {
         self.consumer.lost()
     }
@@ -901,5 +1077,51 @@ impl Drop for RunningConsumer {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InFlight;
+
+    /// A worker reads a delivery of subscription 1 just as a reconnect begins subscription 2:
+    /// it must not count in flight (nothing will ever settle it in generation 2), or every
+    /// later close waits out its timeout for it.
+    #[test]
+    fn a_delivery_taken_for_a_subscription_that_ended_is_not_counted_in_flight() {
+        let n = InFlight::default();
+        n.begin(1);
+        n.begin(2);
+        assert_eq!(n.take(1), None);
+        assert_eq!(n.count(), 0);
+        assert_eq!(n.take(2), Some(1));
+    }
+
+    /// A settlement from before the reconnect does not uncount a delivery of the new one.
+    #[test]
+    fn a_settlement_from_an_ended_subscription_does_not_uncount_a_new_delivery() {
+        let n = InFlight::default();
+        n.begin(1);
+        assert_eq!(n.take(1), Some(1));
+        n.begin(2);
+        assert_eq!(n.take(2), Some(1));
+        n.gone(1);
+        assert_eq!(n.count(), 1);
+        n.gone(2);
+        assert_eq!(n.count(), 0);
+        n.gone(2);
+        assert_eq!(n.count(), 0, "never below zero");
+    }
+
+    /// Clearing at the end of a subscription keeps its generation: a delivery of it read
+    /// after the clear and before the next subscription counts until the next begins.
+    #[test]
+    fn clearing_says_how_many_were_unsettled() {
+        let n = InFlight::default();
+        n.begin(3);
+        n.take(3);
+        n.take(3);
+        assert_eq!(n.clear(), 2);
+        assert_eq!(n.count(), 0);
     }
 }

@@ -289,8 +289,10 @@ fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
 /// the hand-off has room for the redeliveries and never blocks this thread (the broker sends at
 /// most `prefetch` unsettled on the new channel).
 fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
+    // The generation first: a worker whose delivery is not counted in flight for it
+    // (`InFlight::take`) then sees that it is from before the reconnect.
     ctx.generation.store(generation, Ordering::SeqCst);
-    ctx.in_flight.store(0, Ordering::SeqCst);
+    ctx.in_flight.begin(generation);
     let dropped = stale.try_iter().count();
     if dropped > 0 {
         log::debug!(
@@ -329,7 +331,7 @@ fn end_subscription(ctx: &Context, end: &Result<End>, consumer: amiquip::Consume
     }
     drop(consumer);
     let buffered = ctx.buffer.lock().take().map_or(0, |b| b.len());
-    let unsettled = ctx.in_flight.swap(0, Ordering::SeqCst) + buffered;
+    let unsettled = ctx.in_flight.clear() + buffered;
     if let Ok(End::Lost(why)) = end {
         log::warn!(
             "acemq: consumer of {} lost its channel ({why}); {unsettled} unsettled deliveries \
@@ -561,11 +563,9 @@ fn finished_in(batch: &[Settle], generation: u64) -> usize {
         .count()
 }
 
-/// A delivery was settled: one fewer in flight.
-fn gone(ctx: &Context) {
-    let _ = ctx
-        .in_flight
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+/// A delivery of subscription `generation` was settled: one fewer in flight.
+fn gone(ctx: &Context, generation: u64) {
+    ctx.in_flight.gone(generation);
 }
 
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next
@@ -619,7 +619,7 @@ fn settle(
                 if let Some(d) = s.delivery {
                     state.acks.done(d);
                 }
-                gone(ctx);
+                gone(ctx, generation);
             }
             SettleAction::Reply(reply) => {
                 // Before the acknowledgement, on the same channel: the broker has routed the
@@ -630,7 +630,7 @@ fn settle(
                 if let Some(d) = s.delivery {
                     state.acks.done(d);
                 }
-                gone(ctx);
+                gone(ctx, generation);
             }
             SettleAction::Requeue => {
                 release_key(state, s.tag, jobs);
@@ -641,7 +641,7 @@ fn settle(
                     d.nack(channel, true)?;
                     state.acks.settled(s.tag);
                 }
-                gone(ctx);
+                gone(ctx, generation);
             }
             SettleAction::Reject => {
                 release_key(state, s.tag, jobs);
@@ -665,17 +665,17 @@ fn settle(
                     });
                 }
             }
-            SettleAction::AckFirst(reply) => match s.delivery {
+            SettleAction::AckFirst(question) => match s.delivery {
                 Some(d) => {
                     if let Err(e) = d.ack(channel) {
-                        let _ = reply.send(false);
+                        question.answer(false);
                         return Err(e);
                     }
                     state.acks.settled(s.tag);
-                    acked_first.push(reply);
+                    acked_first.push((s.tag, question));
                 }
                 None => {
-                    let _ = reply.send(false);
+                    question.answer(false);
                 }
             },
             SettleAction::Signal(None) => state.ended += 1,
@@ -691,12 +691,48 @@ fn settle(
         // on the same channel is answered only after the broker has processed everything sent
         // before it, the acks included; re-stating the prefetch changes nothing.
         let processed = channel.qos(0, ctx.prefetch, false);
-        for reply in acked_first {
-            let _ = reply.send(processed.is_ok());
+        for (tag, question) in acked_first {
+            if question.answer(processed.is_ok()) {
+                continue;
+            }
+            // Its worker gave up waiting for this answer and did not run the handler.
+            if processed.is_ok() {
+                acked_unhandled(ctx, &question);
+                release_key(state, tag, jobs);
+                gone(ctx, generation);
+            } else {
+                log::warn!(
+                    "acemq: message {} from {}: its acknowledgement ahead of the handler may \
+                     have reached the broker before the channel failed; its handler did not \
+                     run",
+                    question.id,
+                    ctx.who()
+                );
+            }
         }
         processed?;
     }
     state.acks.flush(channel)
+}
+
+/// At most once: a delivery the broker has taken the ack of, whose worker had given up waiting
+/// to hear so and did not run the handler: lost, and settled.
+fn acked_unhandled(ctx: &Context, question: &super::AckAhead) {
+    ctx.lost.fetch_add(1, Ordering::SeqCst);
+    let error = format!(
+        "lost (at most once): acknowledged, but the broker's word came after its worker had \
+         stopped waiting ({:?}); the handler did not run",
+        ctx.ack_first_wait
+    );
+    log::warn!("acemq: message {} from {}: {error}", question.id, ctx.who());
+    ctx.observer.settled(&Settlement {
+        queue: &ctx.queue,
+        outcome: "lost",
+        attempt: question.attempt,
+        handler_duration: Duration::ZERO,
+        message_id: &question.id,
+        error: Some(&error),
+    });
 }
 
 /// Cancels `consumer` and reads its receiver until amiquip reports the cancel, handing any
@@ -765,12 +801,12 @@ fn shutdown(
             state.acks.settled(job.tag);
             report.requeued += 1;
         }
-        gone(ctx);
+        gone(ctx, generation);
     }
     // Each worker with a feed reports the end of the subscription once (none for an ordered
     // handler: the owner reads it).
     let deadline = Instant::now() + ctx.shutdown_timeout;
-    while ctx.in_flight.load(Ordering::SeqCst) > 0 || state.ended < lines.feeds.len() {
+    while ctx.in_flight.count() > 0 || state.ended < lines.feeds.len() {
         match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
                 let batch = with_waiting(s, lines.settles);

@@ -304,16 +304,48 @@ fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
     Some(job)
 }
 
-/// The verdict for a message another client sent already past this policy's last attempt: it
-/// can never be retried here, so it goes to `.dlq` without running the handler.
+/// The verdict for a message back on this queue past this policy's last attempt after going
+/// round this queue's own retry ladder (a consumer of the queue with a longer policy sent it
+/// round, or the policy was shortened since): it can never be retried here, so it goes to
+/// `.dlq` without running the handler. Any other message reaches the handler whatever its
+/// attempt — a consumer of another queue's dead letters (`orders.dlq`, whose messages arrive on
+/// `orders`' last attempt) must see them — and a failure of one past the limit is then
+/// dead-lettered as exhausted.
 fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
     let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
-    if attempt > limit && !ctx.any_attempt {
-        let plural = if limit == 1 { "" } else { "s" };
-        let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
-        return Some(Verdict::DeadLetter { error });
+    if attempt <= limit || ctx.any_attempt || !round_own_ladder(&job.message, &ctx.queue) {
+        return None;
     }
-    None
+    let plural = if limit == 1 { "" } else { "s" };
+    let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+    Some(Verdict::DeadLetter { error })
+}
+
+/// Whether `message` came back to `queue` round `queue`'s own retry ladder, as the family's
+/// copies are stamped: a copy of this crate's recording `queue` as the queue that first
+/// consumed it (`acemq-original-queue`); a delivery back from one of `queue`'s rungs (they
+/// dead-letter through `acemq.retry` with the queue's own name as the routing key); or a
+/// retry copy waited out in a consumer (published through the default exchange to the queue by
+/// name, carrying no `x-acemq-error`). A dead letter of another queue read from that queue's
+/// `.dlq` is none of these: it names the other queue, or it carries the reason it was
+/// dead-lettered (every library's dead-letter and parked copies do), or the broker's own
+/// dead-lettering brought it through an exchange.
+fn round_own_ladder(message: &Message, queue: &str) -> bool {
+    use crate::envelope::{headers, HeaderValue};
+    let consumed_here = match message.headers.get(headers::ORIGINAL_QUEUE) {
+        Some(HeaderValue::Text(q)) => q == queue,
+        Some(HeaderValue::Bytes(q)) => q == queue.as_bytes(),
+        _ => false,
+    };
+    let Some(received) = &message.received else {
+        return consumed_here;
+    };
+    let from_rung =
+        received.exchange == super::retry::RETRY_EXCHANGE && received.routing_key == queue;
+    let retried_to_queue = received.exchange.is_empty()
+        && received.routing_key == queue
+        && message.envelope.error.is_none();
+    consumed_here || from_rung || retried_to_queue
 }
 
 /// The handler's result as a verdict (a panic logged: it is a retry).
@@ -548,7 +580,7 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
     job: Job,
     settle: &Sender<Settle>,
 ) {
-    let (reply, acked) = crossbeam_channel::bounded(1);
+    let (question, answer) = super::AckAhead::ask(&job.message);
     let Job {
         generation,
         tag,
@@ -556,23 +588,41 @@ fn at_most_once<H: Handler + Sync + ?Sized>(
         message,
         ..
     } = job;
-    let asked = settle.send(Settle {
+    // (Not sent: the owner is gone, and the question, dropped, answers "not acknowledged".)
+    let _ = settle.send(Settle {
         generation,
         tag,
-        action: SettleAction::AckFirst(reply),
+        action: SettleAction::AckFirst(question),
         started: false,
         delivery: Some(delivery),
     });
-    let wait = ctx.shutdown_timeout.max(Duration::from_secs(30));
-    if asked.is_err() || !matches!(acked.recv_timeout(wait), Ok(true)) {
-        // The channel went away before the ack: the broker delivers it again (or the consumer
-        // is ending). Running it now could run it twice.
-        log::debug!(
-            "acemq: message {} from {:?} was not acknowledged ahead of its handler; not running it",
-            message.id(),
-            ctx.queue
-        );
-        return;
+    let wait = ctx.ack_first_wait;
+    match answer.wait(wait) {
+        Some(true) => {}
+        Some(false) => {
+            // The channel went away before the ack: the broker delivers it again (or the
+            // consumer is ending). Running it now could run it twice.
+            log::debug!(
+                "acemq: message {} from {:?} was not acknowledged ahead of its handler; not \
+                 running it",
+                message.id(),
+                ctx.queue
+            );
+            return;
+        }
+        None => {
+            // Whether the ack went out is not known yet: running the handler could run it
+            // twice (if it did not, the broker delivers it again). If it did, the owner counts
+            // the message lost when the broker's word comes.
+            log::warn!(
+                "acemq: message {} from {:?}: no word within {wait:?} that its acknowledgement \
+                 went out; not running it (it is counted lost if the acknowledgement did go \
+                 out)",
+                message.id(),
+                ctx.queue
+            );
+            return;
+        }
     }
     let trace = crate::trace::Consuming::start(&message, &ctx.queue);
     let mut intercept = crate::intercept::ConsumeContext::new(&ctx.queue);
@@ -866,24 +916,40 @@ pub(crate) fn copy_of(original: &Message) -> Message {
     copy
 }
 
-/// Records on a copy where its original was going — the exchange and routing key it arrived
-/// with and the queue consumed — unless an earlier copy recorded it already, so that a replay
-/// from `.dlq` can send it back there (`patterns::replay`).
+/// Records on a copy where its message was first going — the exchange and routing key of its
+/// first publish, and the queue that first consumed it — so that a replay from `.dlq` can send
+/// it back there (`patterns::replay`). Each of the three the message arrived with (recorded by
+/// whoever copied it first) is kept as it came, and a missing queue is this one. The exchange
+/// and routing key are taken from this delivery only when it is the message's first trip: not
+/// when an earlier copy recorded an origin already, nor when the delivery is itself a copy (on
+/// a later attempt, or back from a retry rung through `acemq.retry`), whose exchange and routing
+/// key are the copy's way here, not the first publish. That one is then not known (the family's
+/// other libraries do not record it) and left out: a replay sends the message to its queue
+/// through the default exchange.
 fn stamp_origin(copy: &mut Message, original: &Message, queue: &str) {
     use crate::envelope::{headers, HeaderValue};
-    if copy.headers.contains_key(headers::ORIGINAL_QUEUE) {
-        return;
-    }
     let Some(received) = &original.received else {
         return;
     };
-    for (name, value) in [
-        (headers::ORIGINAL_EXCHANGE, &received.exchange),
-        (headers::ORIGINAL_ROUTING_KEY, &received.routing_key),
-        (headers::ORIGINAL_QUEUE, &queue.to_string()),
-    ] {
-        copy.headers
-            .insert(name.to_string(), HeaderValue::Text(value.clone()));
+    let names = [
+        headers::ORIGINAL_EXCHANGE,
+        headers::ORIGINAL_ROUTING_KEY,
+        headers::ORIGINAL_QUEUE,
+    ];
+    let first_trip = !names.iter().any(|n| copy.headers.contains_key(*n))
+        && original.envelope.attempt <= 1
+        && received.exchange != super::retry::RETRY_EXCHANGE;
+    let first = |value: &String| first_trip.then(|| value.clone());
+    let values = [
+        first(&received.exchange),
+        first(&received.routing_key),
+        Some(queue.to_string()),
+    ];
+    for (name, value) in names.into_iter().zip(values) {
+        if let (false, Some(value)) = (copy.headers.contains_key(name), value) {
+            copy.headers
+                .insert(name.to_string(), HeaderValue::Text(value));
+        }
     }
 }
 

@@ -1,0 +1,461 @@
+//! Edges of the consumer found by review (issue 35): an at-most-once ack whose answer comes
+//! late, a consumer of another queue's dead letters, and where a copy says it was first
+//! published. On the real broker.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use acemq_amqp::observe::Settlement;
+use acemq_amqp::{
+    dead_letter_queue, headers, retry_queue, Connection, ConnectionOptions, ConsumerOptions,
+    Message, Observer, Outcome, QueueSpec, RetryPolicy,
+};
+use support::raw::Raw;
+use support::{connect, connect_with, eventually, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Every settlement the consumers of one connection report: `(outcome, message id, error)`.
+#[derive(Default)]
+struct Seen(Mutex<Vec<(String, String, Option<String>)>>);
+
+impl Observer for Seen {
+    fn settled(&self, s: &Settlement<'_>) {
+        self.0.lock().unwrap().push((
+            s.outcome.to_string(),
+            s.message_id.to_string(),
+            s.error.map(str::to_string),
+        ));
+    }
+}
+
+impl Seen {
+    fn outcomes_of(&self, id: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, i, _)| i == id)
+            .map(|(o, _, _)| o.clone())
+            .collect()
+    }
+
+    fn any(&self, outcome: &str) -> bool {
+        self.0.lock().unwrap().iter().any(|(o, _, _)| o == outcome)
+    }
+}
+
+/// Log lines of this test binary (all tests share the one logger).
+static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if record.target().starts_with("acemq") {
+            LINES.lock().unwrap().push(record.args().to_string());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+fn capture_logs() {
+    if log::set_logger(&Capture).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
+}
+
+fn logged(id: &str, text: &str) -> bool {
+    LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains(id) && l.contains(text))
+}
+
+/// The header tables of the first `n` messages on `queue`, read (and acknowledged) by a raw
+/// client: what is on the wire, whatever a consumer of ours would make of it.
+fn raw_headers(queue: &str, n: usize) -> Vec<amiquip::FieldTable> {
+    let raw = Raw::open();
+    let mut got = Vec::new();
+    let done = eventually(WAIT, || {
+        if let Some((props, _, _)) = raw.get(queue) {
+            got.push(props.headers().clone().unwrap_or_default());
+        }
+        got.len() >= n
+    });
+    raw.close();
+    assert!(done, "{} of {n} messages on {queue:?}", got.len());
+    got
+}
+
+fn text<'t>(table: &'t amiquip::FieldTable, name: &str) -> Option<&'t str> {
+    match table.get(name) {
+        Some(amiquip::AmqpValue::LongString(s)) => Some(s.as_str()),
+        _ => None,
+    }
+}
+
+/// A rung of one second: waits of 1 s go to `{queue}.retry.1s` (TTL 1 s) and come back through
+/// `acemq.retry`.
+fn one_second_rung() -> RetryPolicy {
+    RetryPolicy::fixed(3, Duration::from_secs(1)).broker_wait_threshold(Duration::from_secs(1))
+}
+
+/// Publishes `m` to `queue` through the default exchange, confirmed.
+fn put(conn: &Connection, queue: &str, m: Message) {
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", queue, m).unwrap();
+    publisher.close().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 9: at most once, the owner's answer late.
+
+/// At most once, the consumer's outgoing traffic held by the fault proxy (the broker's still
+/// flows): the delivery arrives, its worker asks for the ack, and its wait for the answer runs
+/// out before the ack (and the round trip after it) reaches the broker. Once the link lets go,
+/// the ack does go out: the message is gone from the queue and its handler never ran. It must
+/// be counted lost and reported to the observer, nothing may stay counted in flight, and
+/// closing must not wait out its timeout for it.
+///
+/// The proxy makes the owner's answer late for real (the ack and the `basic.qos` round trip
+/// that confirms it sit in the proxy); the `internals` hook only shortens the worker's wait
+/// from its 30 s floor, so that the test does not take 30 s.
+#[cfg(feature = "internals")]
+#[test]
+fn at_most_once_an_ack_answered_after_the_worker_gave_up_is_counted_lost() {
+    use acemq_amqp::testing::FaultProxy;
+    capture_logs();
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.consumed_queue(&unique("amo-late-ack"), &[]);
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
+    let seen = Arc::new(Seen::default());
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(proxy.url())
+            .heartbeat(Duration::from_secs(30))
+            .observer(seen.clone()),
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .at_most_once()
+                .shutdown_timeout(Duration::from_secs(20))
+                .ack_first_wait_for_tests(Duration::from_millis(300)),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    proxy.freeze();
+    let m = Message::new("late");
+    let id = m.id().to_string();
+    put(&direct, &q, m);
+    // The worker took it, asked for the ack and gave up waiting for the answer.
+    assert!(
+        eventually(WAIT, || logged(&id, "not running it")),
+        "the worker never gave up waiting"
+    );
+    proxy.resume();
+    assert!(
+        eventually(WAIT, || direct.queue_info(&q).unwrap().message_count == 0
+            && consumer.in_flight() == 0
+            && consumer.lost() == 1),
+        "acked but not handled must be counted lost and leave nothing in flight: lost {}, in \
+         flight {}, queued {}",
+        consumer.lost(),
+        consumer.in_flight(),
+        direct.queue_info(&q).unwrap().message_count
+    );
+    assert!(
+        eventually(WAIT, || seen.outcomes_of(&id) == ["lost"]),
+        "the observer hears it lost: {:?}",
+        seen.outcomes_of(&id)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "its handler never ran");
+    let closing = Instant::now();
+    let report = consumer.close().unwrap();
+    assert!(
+        closing.elapsed() < Duration::from_secs(10),
+        "closing waited {:?} for a delivery that was settled",
+        closing.elapsed()
+    );
+    assert_eq!(report.abandoned, 0);
+    assert_eq!(direct.queue_info(&q).unwrap().message_count, 0, "not back");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 15: the attempt limit only for this queue's own ladder.
+
+/// A consumer of `orders.dlq` with no retries (an alerting or archiving consumer) gets the
+/// dead letters of `orders` in its handler — here one that `orders`' own consumer dead-lettered
+/// on its second of two attempts, so past this consumer's limit of one — and accepting it
+/// settles it: nothing is copied on to `orders.dlq.dlq`.
+#[test]
+fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_them() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("dlq-reader"), &[]);
+    let dlq = clean.consumed_queue(&dead_letter_queue(&q), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    // `orders`' own consumer: two attempts, then the dead letter.
+    let failing = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new().retry(RetryPolicy::fixed(2, Duration::from_millis(20))),
+        )
+        .unwrap()
+        .start(|_: &Message| Err("the payment service is down".into()))
+        .unwrap();
+    let m = Message::new("order 17");
+    let id = m.id().to_string();
+    put(&conn, &q, m);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
+    failing.close().unwrap();
+    // The dead-letter queue's own consumer (declaring its failure topology, as by default).
+    let got = Arc::new(Mutex::new(Vec::<Message>::new()));
+    let g = got.clone();
+    let reader = conn
+        .consumer(&dlq, ConsumerOptions::new().no_retry())
+        .unwrap()
+        .start(move |m: &Message| {
+            g.lock().unwrap().push(m.clone());
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(
+        eventually(WAIT, || !got.lock().unwrap().is_empty()),
+        "the dead-letter queue's consumer never saw its message (copied on to {:?}: {})",
+        dead_letter_queue(&dlq),
+        conn.queue_info(&dead_letter_queue(&dlq))
+            .unwrap()
+            .message_count
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 0));
+    reader.close().unwrap();
+    let got = got.lock().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id(), id);
+    assert_eq!(
+        got[0].envelope.attempt, 2,
+        "it arrives as it was dead-lettered"
+    );
+    assert!(got[0].envelope.error.is_some());
+    assert_eq!(
+        conn.queue_info(&dead_letter_queue(&dlq))
+            .unwrap()
+            .message_count,
+        0,
+        "nothing copied on to the dead-letter queue's own dead-letter queue"
+    );
+}
+
+/// The same consumer with `declare(false)` (no `orders.dlq.dlq` exists), reading a dead letter
+/// as another library writes it (attempt 5, `x-acemq-error`, no `acemq-original-*`): before,
+/// every such message was dead-lettered ahead of the handler into a queue that does not exist,
+/// failed and went back to the queue, round and round. Now the handler gets it, once, and
+/// accepts it.
+#[test]
+fn a_dead_letter_queue_consumer_without_declarations_handles_its_messages_instead_of_requeueing_them(
+) {
+    let seen = Arc::new(Seen::default());
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .observer(seen.clone()),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = unique("dlq-undeclared");
+    let dlq = clean.consumed_queue(&dead_letter_queue(&q), &[]);
+    conn.declare_queue(&QueueSpec::new(&dlq).classic()).unwrap();
+    let mut m = Message::new("order 18");
+    m.envelope.attempt = 5;
+    m.envelope.error = Some("exhausted 5 attempts: TimeoutError: the payment service".into());
+    let id = m.id().to_string();
+    put(&conn, &dlq, m);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let reader = conn
+        .consumer(&dlq, ConsumerOptions::new().no_retry().declare(false))
+        .unwrap()
+        .start(move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    assert!(
+        eventually(WAIT, || calls.load(Ordering::SeqCst) == 1
+            && conn.queue_info(&dlq).unwrap().message_count == 0
+            && reader.in_flight() == 0),
+        "handled {} times; outcomes {:?}",
+        calls.load(Ordering::SeqCst),
+        seen.outcomes_of(&id)
+    );
+    reader.close().unwrap();
+    assert_eq!(seen.outcomes_of(&id), ["accept"]);
+    assert!(!seen.any("copy_failed"), "no copy was tried");
+    assert!(
+        conn.queue_info(&dead_letter_queue(&dlq)).is_err(),
+        "nothing declared"
+    );
+}
+
+/// The rule where it belongs: a message back on this queue past this policy's last attempt
+/// after going round this queue's own ladder is dead-lettered without running the handler —
+/// one carrying this queue as its `acemq-original-queue` (this crate's copies), and one that
+/// came back from one of this queue's rungs through `acemq.retry` (any family library's).
+#[test]
+fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_still_dead_lettered_unhandled(
+) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("own-ladder"), &[Duration::from_secs(1)]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
+        .unwrap()
+        .start(move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    // Our own consumer-side retry copy, as it arrives: through the default exchange, stamped.
+    let mut own = Message::new("own").header(headers::ORIGINAL_QUEUE, q.as_str());
+    own.envelope.attempt = 4;
+    put(&conn, &q, own);
+    // A family library's rung copy (no `acemq-original-*`): back through `acemq.retry`.
+    let mut rung = Message::new("rung");
+    rung.envelope.attempt = 4;
+    put(&conn, &retry_queue(&q, Duration::from_secs(1)), rung);
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 2));
+    consumer.close().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "no handler ran");
+    for copy in raw_headers(&dlq, 2) {
+        assert_eq!(
+            text(&copy, "x-acemq-error"),
+            Some("exhausted 3 attempts: it arrived at attempt 4")
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 16: the first publish, not a rung's.
+
+/// A consumer that handles attempt 2 of a message another library sent round one of this
+/// queue's rungs (the family's copies carry no `acemq-original-*`) and dead-letters it: the
+/// copy records the queue, and not `acemq.retry` (the rung's way back) as the exchange the
+/// message was published to.
+#[test]
+fn a_dead_letter_copy_of_a_message_back_from_a_rung_does_not_name_the_rung_as_its_origin() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("rung-origin"), &[Duration::from_secs(1)]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::reject("no such customer")))
+        .unwrap();
+    let mut m = Message::new("from python");
+    m.envelope.attempt = 2;
+    put(&conn, &retry_queue(&q, Duration::from_secs(1)), m);
+    let copy = raw_headers(&dead_letter_queue(&q), 1).remove(0);
+    consumer.close().unwrap();
+    assert_eq!(text(&copy, headers::ORIGINAL_QUEUE), Some(q.as_str()));
+    assert_ne!(
+        text(&copy, headers::ORIGINAL_EXCHANGE),
+        Some("acemq.retry"),
+        "the rung's return path is not where the message was published"
+    );
+    assert_eq!(text(&copy, headers::ORIGINAL_EXCHANGE), None, "not known");
+    assert_eq!(
+        text(&copy, headers::ORIGINAL_ROUTING_KEY),
+        None,
+        "not known"
+    );
+}
+
+/// A message that arrives on attempt 2 through a rung already carrying `acemq-original-*`
+/// (recorded by whoever handled attempt 1): its dead-letter copy keeps them as they came —
+/// all three, and also when only some were recorded (the missing one is added, the others
+/// are not overwritten).
+#[test]
+fn a_dead_letter_copy_keeps_the_original_headers_the_message_arrived_with() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("kept-origin"), &[Duration::from_secs(1)]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::reject("no such customer")))
+        .unwrap();
+    let rung = retry_queue(&q, Duration::from_secs(1));
+    let mut all = Message::new("all three")
+        .header(headers::ORIGINAL_EXCHANGE, "orders.events")
+        .header(headers::ORIGINAL_ROUTING_KEY, "orders.placed")
+        .header(headers::ORIGINAL_QUEUE, q.as_str());
+    all.envelope.attempt = 2;
+    let all_id = all.id().to_string();
+    put(&conn, &rung, all);
+    let mut some = Message::new("two of them")
+        .header(headers::ORIGINAL_EXCHANGE, "orders.events")
+        .header(headers::ORIGINAL_ROUTING_KEY, "orders.placed");
+    some.envelope.attempt = 2;
+    put(&conn, &rung, some);
+    let copies = raw_headers(&dead_letter_queue(&q), 2);
+    consumer.close().unwrap();
+    for copy in &copies {
+        let which = if text(copy, "x-acemq-id") == Some(all_id.as_str()) {
+            "all three"
+        } else {
+            "two of them"
+        };
+        assert_eq!(
+            text(copy, headers::ORIGINAL_EXCHANGE),
+            Some("orders.events"),
+            "{which}"
+        );
+        assert_eq!(
+            text(copy, headers::ORIGINAL_ROUTING_KEY),
+            Some("orders.placed"),
+            "{which}"
+        );
+        assert_eq!(
+            text(copy, headers::ORIGINAL_QUEUE),
+            Some(q.as_str()),
+            "{which}"
+        );
+    }
+}
