@@ -649,7 +649,7 @@ fn settle(
                     d.nack(channel, false)?;
                     state.acks.settled(s.tag);
                 }
-                gone(ctx);
+                gone(ctx, generation);
             }
             SettleAction::Released => release_key(state, s.tag, jobs),
             SettleAction::Again(message) => {
