@@ -207,7 +207,7 @@ fn copy_failed(
          (failure {failures} here): {e}",
         held.envelope.attempt, ctx.queue
     );
-    let action = if e.is_message_fault() && !e.is_retriable() {
+    let action = if never_clears(e) {
         // It can never be published as it is (the engine refused it, the queue is gone): to
         // `.dlq`, at the attempt the handler saw, with the reason.
         held.envelope.attempt = d.attempt;
@@ -258,6 +258,13 @@ fn copy_failed(
     action
 }
 
+/// A publish failure that trying again later cannot cure as the copy is: a fault of the message
+/// (the engine refused it before sending, or the broker could not route it) that is not
+/// retriable. A nack (a full queue, say) is retriable: waited out, never dead-lettered.
+fn never_clears(e: &Error) -> bool {
+    e.is_message_fault() && !e.is_retriable()
+}
+
 fn requeue(ctx: &Context, settle: &Sender<Settle>, d: Delayed) {
     if d.generation != ctx.generation.load(Ordering::SeqCst) {
         return;
@@ -273,3 +280,52 @@ fn requeue(ctx: &Context, settle: &Sender<Settle>, d: Delayed) {
 
 /// How long a stop waits for room in the timer's input.
 pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::never_clears;
+    use crate::error::Error;
+    use std::time::Duration;
+
+    /// Which failures of a held copy dead-letter it (the rest back off and requeue it).
+    #[test]
+    fn a_held_copy_is_dead_lettered_only_for_a_failure_that_never_clears() {
+        let unroutable = Error::Unroutable {
+            exchange: String::new(),
+            routing_key: "orders".into(),
+            message_id: "m".into(),
+            reply_code: 312,
+            reply_text: "NO_ROUTE".into(),
+        };
+        let too_large = Error::FrameTooLarge {
+            message_id: "m".into(),
+            size: 200_000,
+            limit: 131_072,
+        };
+        let invalid = Error::InvalidHeader {
+            name: "x".into(),
+            reason: "no".into(),
+        };
+        for e in [unroutable, too_large, invalid] {
+            assert!(never_clears(&e), "{e:?}");
+        }
+        let nacked = Error::Nacked {
+            message_id: "m".into(),
+        };
+        let lost = Error::ConnectionLost {
+            context: "waiting for a publish confirm".into(),
+        };
+        let timeout = Error::Timeout {
+            what: "a confirm".into(),
+            after: Duration::from_secs(30),
+        };
+        let blocked = Error::Blocked {
+            reason: "low on memory".into(),
+            after: Duration::from_secs(30),
+        };
+        let closed = Error::Closed { what: "publisher" };
+        for e in [nacked, lost, timeout, blocked, closed] {
+            assert!(!never_clears(&e), "{e:?}");
+        }
+    }
+}
