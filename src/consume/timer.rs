@@ -189,7 +189,7 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, mut d: Box<Delayed>) -> Option<B
 /// A held copy whose publish failed with `e`: the action for its original when the copy went to
 /// `.dlq` instead (a failure that can never clear as it is), or `None` with `d` set to hold the
 /// original for the copy-failure pause and then requeue it. Either way logged and reported to
-/// the observer as `copy_failed`.
+/// the observer: `copy_failed`, or `reject` once its copy is in `.dlq`.
 fn copy_failed(
     ctx: &Context,
     d: &mut Delayed,
@@ -232,8 +232,10 @@ fn copy_failed(
     } else {
         None
     };
-    let error = match &action {
-        Some(_) => text,
+    // Dead-lettered, it is reported as the worker reports a dead-letter (`reject`).
+    let (outcome, error) = match &action {
+        Some(SettleAction::Ack) => ("reject", text),
+        Some(_) => ("copy_failed", text),
         None => {
             let pause = copy_failure_pause(failures);
             log::error!(
@@ -244,12 +246,12 @@ fn copy_failed(
             );
             d.due = Instant::now() + pause;
             d.copy = None;
-            text
+            ("copy_failed", text)
         }
     };
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        outcome: "copy_failed",
+        outcome,
         attempt: d.attempt,
         handler_duration: Duration::ZERO,
         message_id: held.id(),
