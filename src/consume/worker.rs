@@ -410,7 +410,17 @@ fn finish(
                 // Handled and its copy (if any) confirmed: a resumed reader starts after it.
                 cursor.finished(offset);
             }
-            ctx.copy_failures.succeeded(message.id());
+            // (A copy held for the timer is not published yet: the timer says how it went.)
+            if !matches!(
+                step,
+                Step::Later {
+                    copy: Some(_),
+                    again: false,
+                    ..
+                }
+            ) {
+                ctx.copy_failures.succeeded(message.id());
+            }
             (step, None)
         }
         Err(e) => {
@@ -502,6 +512,7 @@ fn finish(
                 tag,
                 delivery,
                 due,
+                attempt: message.envelope.attempt,
                 copy: copy.map(|c| *c),
                 again,
             });
@@ -977,10 +988,27 @@ pub(crate) fn publish_copy(
     publisher.publish_copy("", queue, copy)
 }
 
+/// For the timer: sends `held`, a retry or in-progress copy that waited in the consumer and can
+/// never be published as it is, to `.dlq` instead with `error` (trimmed, or no copy and the
+/// original rejected, as [`dead_letter`] does over the frame limit); the action for its original.
+pub(crate) fn dead_letter_held(
+    ctx: &Context,
+    held: &Message,
+    error: String,
+) -> Result<SettleAction> {
+    Ok(
+        match dead_letter(ctx, held, &dead_letter_queue(&ctx.queue), error)? {
+            Step::Now(action) => action,
+            Step::Rejected(_) => SettleAction::Reject,
+            Step::Later { .. } => SettleAction::Requeue,
+        },
+    )
+}
+
 /// The pause before an original whose copy failed goes back: 1 s, doubling with each failure
 /// of the same message here, at most 30 s, drawn between half and all of that (the
 /// connection's reconnect back-off).
-fn copy_failure_pause(failures: u32) -> Duration {
+pub(crate) fn copy_failure_pause(failures: u32) -> Duration {
     crate::connection::backoff(Duration::from_secs(1), Duration::from_secs(30), failures)
 }
 
@@ -992,7 +1020,7 @@ pub(crate) struct CopyFailures(parking_lot::Mutex<std::collections::HashMap<Stri
 impl CopyFailures {
     const CAPACITY: usize = 10_000;
 
-    fn failed(&self, id: &str) -> u32 {
+    pub(crate) fn failed(&self, id: &str) -> u32 {
         let mut map = self.0.lock();
         if map.len() >= Self::CAPACITY && !map.contains_key(id) {
             map.clear();
@@ -1002,7 +1030,7 @@ impl CopyFailures {
         *n
     }
 
-    fn succeeded(&self, id: &str) {
+    pub(crate) fn succeeded(&self, id: &str) {
         let mut map = self.0.lock();
         if !map.is_empty() {
             map.remove(id);
