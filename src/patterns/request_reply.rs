@@ -13,9 +13,19 @@
 //! * The reply goes to the default exchange with the address as routing key,
 //!   `x-acemq-correlation` = the request's correlation and `x-acemq-causation` = the request's
 //!   id. (The AMQP `correlation_id` property of the request, if any, is echoed too, for plain
-//!   AMQP clients; the family never pairs by it.) A failing handler sends an empty reply with
-//!   the error text in the header `acemq-error` ([`headers::REPLY_ERROR`]); the asking side
-//!   returns [`Error::Responder`] at once.
+//!   AMQP clients; the family never pairs by it.)
+//! * A failing handler (an error or a panic) is answered as the family's responders answer it:
+//!   the body JSON `null` with content type `application/json` (a Python or Ruby requester
+//!   decodes every reply, and an empty body would not decode: the caller would wait out its
+//!   timeout), and the error text in the header `acemq-error` ([`headers::REPLY_ERROR`]) as
+//!   `{type}: {message}` — `Error: …`, `FatalError: …` or `panic: …` here (Python writes
+//!   `ValueError: …`). The reply is confirmed, and then the request is **dead-lettered** to
+//!   `{queue}.dlq` (`x-acemq-error`: `the handler rejected it: Error: …`), as the Python, Go and
+//!   Ruby responders reject it after their failure reply: the caller has its answer, a retry
+//!   would answer it twice, and the failed request is kept for a person. (Java's responder
+//!   sends no failure reply; its failed request is retried.) The asking side returns
+//!   [`Error::Responder`] at once, with the header's text, for this reply and for the older
+//!   empty one alike.
 //! * The requester pairs a reply with its call by the reply envelope's correlation id only. A
 //!   reply no call waits for (it came after its call timed out, or was never asked) is counted
 //!   ([`Requester::unmatched`]) and dropped with a debug log line.
@@ -984,7 +994,9 @@ impl Drop for Responder {
 /// Answers the requests on `queue` with `handler` on threads of its own, with default consumer
 /// options (one worker; the queue's failure topology declared as for any consumer). The handler
 /// returns the reply (anything that is `Into<Message>`: bytes, text, a [`Message`]) or an error,
-/// which goes back as the reply's `acemq-error`. The queue must exist.
+/// which goes back as the family's failure reply (body `null`, `application/json`, the error in
+/// `acemq-error` as `Error: {message}`; see the [module docs](self)), after which the request
+/// is dead-lettered to `{queue}.dlq`. The queue must exist.
 ///
 /// # Errors
 ///
@@ -1086,10 +1098,16 @@ where
                 headers::REPLY_TO
             ))));
         };
-        let mut reply = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
-            Ok(Ok(reply)) => reply.into(),
-            Ok(Err(e)) => failure(e.into().to_string()),
-            Err(panic) => failure(format!("panic: {}", panic_message(panic.as_ref()))),
+        let (mut reply, failed) = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
+            Ok(Ok(reply)) => (reply.into(), None),
+            Ok(Err(e)) => {
+                let text = failure_text(&*e.into());
+                (failure(&text), Some(text))
+            }
+            Err(panic) => {
+                let text = format!("panic: {}", panic_message(panic.as_ref()));
+                (failure(&text), Some(text))
+            }
         };
         let correlation = request
             .envelope
@@ -1104,14 +1122,24 @@ where
         reply.received = None;
         reply.properties = None;
         self.counters.answered.fetch_add(1, Ordering::SeqCst);
-        if !self.intercepted && transient_reply_queue(&address) {
+        // A failure reply goes through the confirming publisher whatever the queue: the
+        // request is dead-lettered after it (as the family's responders do), and its `.dlq`
+        // copy and acknowledgement must not overtake an unconfirmed reply.
+        if failed.is_none() && !self.intercepted && transient_reply_queue(&address) {
             return self.stage(request, address, reply);
         }
+        // Answered (or unroutable): a success is accepted, a failure dead-lettered.
+        let settled = || match &failed {
+            None => Outcome::Accept,
+            Some(text) => Outcome::Reject {
+                reason: text.clone(),
+            },
+        };
         match self.publisher.publish("", &address, reply) {
-            Ok(()) => Ok(Outcome::Accept),
+            Ok(()) => Ok(settled()),
             Err(e) if e.is_unroutable() => {
                 self.counters.unroutable(request.id(), &address);
-                Ok(Outcome::Accept)
+                Ok(settled())
             }
             Err(e) => {
                 self.counters.answered.fetch_sub(1, Ordering::SeqCst);
@@ -1138,9 +1166,24 @@ where
     }
 }
 
-/// An empty reply carrying the responder's failure.
-fn failure(text: String) -> Message {
-    Message::new(Vec::new()).header(headers::REPLY_ERROR, text)
+/// The family's failure reply: the body JSON `null` (`application/json`), so that a requester
+/// whose reply consumer decodes every reply (Python's, Ruby's) reads it, and the error text in
+/// `acemq-error`.
+fn failure(text: &str) -> Message {
+    Message::new(&b"null"[..])
+        .content_type("application/json")
+        .header(headers::REPLY_ERROR, text)
+}
+
+/// A handler's error as the family writes it in `acemq-error`: `{type}: {message}` (Python's
+/// `ValueError: …`, Ruby's `RuntimeError: …`). A Rust error's type is not known behind a
+/// [`BoxError`], so it is written as the consumer writes a handler's error in
+/// `x-acemq-error`: `FatalError: …` for a [`FatalError`], `Error: …` for any other.
+fn failure_text(e: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    match e.downcast_ref::<FatalError>() {
+        Some(fatal) => format!("FatalError: {fatal}"),
+        None => format!("Error: {e}"),
+    }
 }
 
 /// Where a request's reply goes: the `acemq-reply-to` header (text or UTF-8 bytes) first, then
@@ -1175,10 +1218,24 @@ mod tests {
 
     #[test]
     fn a_failure_reply_reads_as_a_responder_error() {
-        match answer(failure("no such sku".into())) {
-            Err(Error::Responder { message }) => assert_eq!(message, "no such sku"),
+        match answer(failure("Error: no such sku")) {
+            Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku"),
             other => panic!("{other:?}"),
         }
+        // The old form (an empty body, no content type) too.
+        let old = Message::new(Vec::new()).header(headers::REPLY_ERROR, "no such sku");
+        assert!(matches!(answer(old), Err(Error::Responder { .. })));
         assert!(answer(Message::new("ok")).is_ok());
+    }
+
+    #[test]
+    fn a_failure_is_written_with_its_type() {
+        let plain: BoxError = "no such sku".into();
+        assert_eq!(failure_text(&*plain), "Error: no such sku");
+        let fatal: BoxError = Box::new(FatalError::new("bad sku"));
+        assert_eq!(failure_text(&*fatal), "FatalError: bad sku");
+        let reply = failure("Error: x");
+        assert_eq!(reply.body, b"null");
+        assert_eq!(reply.content_type.as_deref(), Some("application/json"));
     }
 }
