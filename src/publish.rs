@@ -640,7 +640,8 @@ impl Publisher {
     fn open_channel(&self, deadline: Instant) -> Result<()> {
         let wait = deadline.saturating_duration_since(Instant::now());
         let link = self.inner.connection.link(wait)?;
-        let channel = link.open_channel()?;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let channel = link.open_channel_within(wait)?;
         let setup = || -> std::result::Result<_, amiquip::Error> {
             let returns = channel.listen_for_returns()?;
             let confirms = channel.listen_for_publisher_confirms()?;
