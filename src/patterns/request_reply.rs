@@ -55,10 +55,19 @@
 //! reply, which can only come after the broker routed the request, so a confirm would add a
 //! broker round trip and a thread wake-up to every call and tell it nothing the reply does not.
 //! An unroutable request comes back as a return; a request the broker loses (a rare internal
-//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. The reply
-//! consumer takes replies without acknowledgements (a reply is tiny and only comes for a request
-//! this requester sent), and at most [`RequesterOptions::window`] calls wait at once, so what
-//! amiquip buffers is bounded by the calls made.
+//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. A request's
+//! bytes are reserved in the connection's byte budget
+//! ([`ConnectionOptions::max_unconfirmed_bytes`](crate::ConnectionOptions::max_unconfirmed_bytes))
+//! like every publish's, waited for within the call's timeout, and given back when the call
+//! ends — or, for a call that ends without its reply while the broker blocks publishing (a memory
+//! alarm), once the broker unblocks: so requests never fill amiquip's buffer past the point
+//! where it would block a thread without a deadline.
+//!
+//! The reply consumer acknowledges what it takes and has a prefetch of twice
+//! [`RequesterOptions::window`] (at most 65,535): a backlog on a named reply queue (replies to a
+//! requester that went away) stays in the broker rather than in amiquip's buffer. The
+//! acknowledgements are `multiple`, sent by `acemq-requester` when half the prefetch is taken or
+//! while idle, so a round trip pays no extra thread hand-off for them.
 //!
 //! A call blocks only the thread that made it. [`Responder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
@@ -136,6 +145,9 @@ pub const REPLY_QUEUE_PREFIX: &str = "acemq-reply-";
 /// While no call waits, `acemq-requester` reads the reply queue itself this often.
 const IDLE_READ: Duration = Duration::from_millis(100);
 
+/// … and this soon again while it finds replies there (a backlog).
+const BACKLOG_READ: Duration = Duration::from_millis(1);
+
 /// Options for a [`Requester`].
 #[derive(Clone, Debug)]
 pub struct RequesterOptions {
@@ -198,6 +210,57 @@ struct Session {
     /// Taken out and closed by `acemq-requester` when the session ends.
     requests: Arc<Mutex<Option<amiquip::Channel>>>,
     replies: Receiver<ConsumerMessage>,
+    /// The reply deliveries taken and acknowledged on this session's channel.
+    acks: Arc<ReplyAcks>,
+}
+
+/// The reply deliveries taken (by the calls, or by `acemq-requester`) and not yet acknowledged;
+/// `acemq-requester`, which owns the channel, acknowledges them (`multiple`, the highest tag).
+#[derive(Debug)]
+struct ReplyAcks {
+    taken: Sender<amiquip::Delivery>,
+    queue: Receiver<amiquip::Delivery>,
+    /// Half the prefetch: this many taken, `acemq-requester` is woken to acknowledge.
+    half: usize,
+}
+
+impl ReplyAcks {
+    /// Room for the prefetch: no more deliveries than that are ever unacknowledged.
+    fn new(prefetch: u16) -> ReplyAcks {
+        let (taken, queue) = crossbeam_channel::bounded(usize::from(prefetch).max(1));
+        ReplyAcks {
+            taken,
+            queue,
+            half: usize::from(prefetch / 2).max(1),
+        }
+    }
+
+    /// A delivery was taken (its message read out); true when it is time to acknowledge.
+    fn took(&self, delivery: amiquip::Delivery) -> bool {
+        // Full cannot happen (at most the prefetch is unacknowledged); a delivery not kept is
+        // covered by the `multiple` acknowledgement of a later one anyway.
+        let _ = self.taken.try_send(delivery);
+        self.taken.len() >= self.half
+    }
+
+    /// Acknowledges everything taken so far, on the reply channel.
+    fn ack(&self, channel: &amiquip::Channel) {
+        let mut highest: Option<amiquip::Delivery> = None;
+        while let Ok(d) = self.queue.try_recv() {
+            if highest
+                .as_ref()
+                .is_none_or(|h| d.delivery_tag() > h.delivery_tag())
+            {
+                highest = Some(d);
+            }
+        }
+        if let Some(d) = highest {
+            if let Err(e) = d.ack_multiple(channel) {
+                // The channel is gone: the consumer's end is noticed on its receiver.
+                log::debug!("acemq: acknowledging replies: {e}");
+            }
+        }
+    }
 }
 
 /// The live session and the calls waiting on it, under one lock so that a call never registers
@@ -221,6 +284,9 @@ struct Inner {
     ready: Condvar,
     /// A call saw the reply consumer of this session end: `acemq-requester` replaces it.
     ended: Sender<u64>,
+    /// Calls took half the prefetch of replies: `acemq-requester` acknowledges them.
+    ack_wake: Sender<()>,
+    ack_woken: Receiver<()>,
     stopping: AtomicBool,
     timed_out: AtomicU64,
     unmatched: AtomicU64,
@@ -293,6 +359,7 @@ impl Requester {
             return Err(Error::invalid("the requester's window must be at least 1"));
         }
         let (ended, ended_rx) = crossbeam_channel::bounded(1);
+        let (ack_wake, ack_woken) = crossbeam_channel::bounded(1);
         let inner = Arc::new(Inner {
             connection: connection.clone(),
             exchange: exchange.to_string(),
@@ -306,6 +373,8 @@ impl Requester {
             }),
             ready: Condvar::new(),
             ended,
+            ack_wake,
+            ack_woken,
             stopping: AtomicBool::new(false),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
@@ -438,6 +507,9 @@ impl Requester {
                 recv(replies) -> msg => match msg {
                     Ok(ConsumerMessage::Delivery(mut d)) => {
                         let reply = Message::take_delivery(&mut d);
+                        if session.acks.took(d) {
+                            let _ = inner.ack_wake.try_send(());
+                        }
                         // Ours (the usual case): straight back, once taken out of the map.
                         let mine = reply.envelope.correlation_id.as_deref() == Some(&correlation);
                         if mine && inner.forget(&correlation) {
@@ -649,21 +721,35 @@ impl Inner {
         }
     }
 
-    /// While no call waits, reads what reached the reply queue (late replies). False when the
-    /// reply consumer has ended.
-    fn read_idle(&self, replies: &Receiver<ConsumerMessage>) -> bool {
-        loop {
+    /// While no call waits, reads what reached the reply queue (late replies), acknowledging
+    /// on `channel` (the reply channel) as it goes. `None` when the reply consumer has ended,
+    /// else how many it read.
+    fn read_idle(
+        &self,
+        replies: &Receiver<ConsumerMessage>,
+        acks: &ReplyAcks,
+        channel: &amiquip::Channel,
+    ) -> Option<usize> {
+        let mut read = 0;
+        let alive = loop {
             if !self.state.lock().pending.is_empty() {
-                return true; // the calls read it
+                break true; // the calls read it
             }
             match replies.try_recv() {
                 Ok(ConsumerMessage::Delivery(mut d)) => {
-                    self.deliver(Message::take_delivery(&mut d))
+                    let reply = Message::take_delivery(&mut d);
+                    if acks.took(d) {
+                        acks.ack(channel);
+                    }
+                    read += 1;
+                    self.deliver(reply)
                 }
-                Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
-                Err(crossbeam_channel::TryRecvError::Empty) => return true,
+                Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => break false,
+                Err(crossbeam_channel::TryRecvError::Empty) => break true,
             }
-        }
+        };
+        acks.ack(channel);
+        alive.then_some(read)
     }
 
     /// The session is gone: every waiting call fails with `error`.
@@ -788,8 +874,14 @@ fn run_session(
     let returns = requests
         .listen_for_returns()
         .map_err(|e| Error::amqp("listening for returned requests", e))?;
+    // Acknowledged, with a prefetch: a backlog stays in the broker (see the module docs).
+    let prefetch = u16::try_from(inner.options.window.saturating_mul(2)).unwrap_or(u16::MAX);
+    channel
+        .qos(0, prefetch, false)
+        .map_err(|e| Error::amqp("setting the reply consumer's prefetch", e))?;
+    let acks = Arc::new(ReplyAcks::new(prefetch));
     let options = AmqpConsumerOptions {
-        no_ack: true,
+        no_ack: false,
         exclusive: true,
         ..AmqpConsumerOptions::default()
     };
@@ -802,11 +894,14 @@ fn run_session(
         queue: spec.name.clone(),
         requests: requests.clone(),
         replies: consumer.receiver().clone(),
+        acks: acks.clone(),
     });
     inner.ready.notify_all();
     if let Some(tx) = started.take() {
         let _ = tx.send(Ok(()));
     }
+    // While a backlog is being read, the next idle read comes soon.
+    let mut idle = IDLE_READ;
     let how = loop {
         select! {
             recv(stop) -> _ => break Ended::Stopped,
@@ -819,10 +914,12 @@ fn run_session(
                     break Ended::Replies;
                 }
             },
-            default(IDLE_READ) => {
-                if !inner.read_idle(consumer.receiver()) {
-                    break Ended::Replies;
+            recv(inner.ack_woken) -> _ => acks.ack(&channel),
+            default(idle) => match inner.read_idle(consumer.receiver(), &acks, &channel) {
+                Some(read) => {
+                    idle = if read > 0 { BACKLOG_READ } else { IDLE_READ };
                 }
+                None => break Ended::Replies,
             },
         }
     };
@@ -853,8 +950,12 @@ fn run_session(
         }
     }
     crate::consume::owner::cancel_and_drain(&spec.name, &consumer, |mut d| {
-        inner.deliver(Message::take_delivery(&mut d))
+        let reply = Message::take_delivery(&mut d);
+        acks.took(d);
+        inner.deliver(reply)
     });
+    // What was read is not handed back to the queue (a named one would deliver it again).
+    acks.ack(&channel);
     drop(consumer);
     let _ = channel.close();
     if let Some(requests) = requests.lock().take() {
