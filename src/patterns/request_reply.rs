@@ -133,7 +133,7 @@ use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Ou
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
-use crate::publish::{send_unconfirmed, Publisher};
+use crate::publish::{blocked_or, send_unconfirmed, ByteBudget, Publisher, Reservation};
 use crate::StopHandle;
 
 /// How long [`Requester::ask`] waits for a reply unless told otherwise: 30 s.
@@ -287,6 +287,10 @@ struct Inner {
     /// Calls took half the prefetch of replies: `acemq-requester` acknowledges them.
     ack_wake: Sender<()>,
     ack_woken: Receiver<()>,
+    /// The bytes of requests whose calls ended without their reply while the broker blocked
+    /// publishing: they may still be in amiquip's buffer, so they stay reserved until the broker
+    /// unblocks (released by `acemq-requester`).
+    parked: Mutex<Vec<Reservation>>,
     stopping: AtomicBool,
     timed_out: AtomicU64,
     unmatched: AtomicU64,
@@ -375,6 +379,7 @@ impl Requester {
             ended,
             ack_wake,
             ack_woken,
+            parked: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
@@ -463,6 +468,35 @@ impl Requester {
         message.validate()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let session = inner.register(&correlation, tx, deadline, timeout)?;
+        // The request's bytes, from the connection's budget like every publish's (the module
+        // docs say when they are given back).
+        let budget = inner.connection.budget();
+        let Some(bytes) = budget.reserve(ByteBudget::size_of(&message), deadline) else {
+            inner.forget(&correlation);
+            let e = Error::Timeout {
+                what: "room among the connection's unconfirmed bytes for the request (the \
+                       broker is not reading them: blocked, or a stalled connection)"
+                    .into(),
+                after: timeout,
+            };
+            return Err(blocked_or(&inner.connection.shared.blocked, e));
+        };
+        let result = self.send_and_wait(message, &correlation, session, rx, deadline, timeout);
+        inner.give_back(bytes, &result);
+        result
+    }
+
+    /// Publishes the registered call's request on `session` and waits for its reply.
+    fn send_and_wait(
+        &self,
+        mut message: Message,
+        correlation: &str,
+        session: Session,
+        rx: Receiver<Result<Message>>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Message> {
+        let inner = &*self.inner;
         message.headers.insert(
             headers::REPLY_TO.to_string(),
             HeaderValue::Text(session.queue.clone()),
@@ -478,15 +512,30 @@ impl Requester {
             immediate: false,
             properties: message.to_properties(&inner.routing_key, Some(inner.connection.origin())),
         };
-        let published = match session.requests.lock().as_ref() {
-            Some(channel) => send_unconfirmed(channel, &inner.exchange, publish, &*inner.observer)
-                .map_err(|e| Error::amqp("publishing a request", e)),
-            None => Err(Error::ConnectionLost {
-                context: "publishing a request (the requester is reconnecting)".into(),
-            }),
+        // Requests go out one at a time on the request channel; the wait for it has the call's
+        // deadline.
+        let published = match session.requests.try_lock_until(deadline) {
+            Some(requests) => match requests.as_ref() {
+                Some(channel) => {
+                    send_unconfirmed(channel, &inner.exchange, publish, &*inner.observer)
+                        .map_err(|e| Error::amqp("publishing a request", e))
+                }
+                None => Err(Error::ConnectionLost {
+                    context: "publishing a request (the requester is reconnecting)".into(),
+                }),
+            },
+            None => Err(blocked_or(
+                &inner.connection.shared.blocked,
+                Error::Timeout {
+                    what: "the request channel (a request before this one is still being \
+                           handed over: the broker is not reading?)"
+                        .into(),
+                    after: timeout,
+                },
+            )),
         };
         if let Err(e) = published {
-            if inner.forget(&correlation) {
+            if inner.forget(correlation) {
                 return Err(e);
             }
             // `acemq-requester` already answered the call (the channel closed under it).
@@ -511,8 +560,8 @@ impl Requester {
                             let _ = inner.ack_wake.try_send(());
                         }
                         // Ours (the usual case): straight back, once taken out of the map.
-                        let mine = reply.envelope.correlation_id.as_deref() == Some(&correlation);
-                        if mine && inner.forget(&correlation) {
+                        let mine = reply.envelope.correlation_id.as_deref() == Some(correlation);
+                        if mine && inner.forget(correlation) {
                             return answer(reply);
                         }
                         inner.deliver(reply);
@@ -525,11 +574,11 @@ impl Requester {
                     }
                 },
                 default(left) => {
-                    if inner.forget(&correlation) {
+                    if inner.forget(correlation) {
                         inner.timed_out.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::RequestTimeout {
                             routing_key: inner.routing_key.clone(),
-                            correlation_id: correlation,
+                            correlation_id: correlation.to_string(),
                             after: timeout,
                         });
                     }
@@ -660,6 +709,24 @@ impl Inner {
                     }
                 });
             }
+        }
+    }
+
+    /// A call ends: its request's bytes go back to the budget — unless it ended without its
+    /// reply while the broker blocks publishing (the request may still be in amiquip's buffer),
+    /// then once the broker unblocks.
+    fn give_back(&self, bytes: Reservation, result: &Result<Message>) {
+        let unanswered = matches!(result, Err(Error::RequestTimeout { .. }));
+        if unanswered && self.connection.is_blocked() {
+            self.parked.lock().push(bytes);
+        }
+    }
+
+    /// Releases the parked reservations once the broker no longer blocks publishing.
+    fn release_parked(&self) {
+        if !self.connection.is_blocked() {
+            let parked = std::mem::take(&mut *self.parked.lock());
+            drop(parked);
         }
     }
 
@@ -914,9 +981,13 @@ fn run_session(
                     break Ended::Replies;
                 }
             },
-            recv(inner.ack_woken) -> _ => acks.ack(&channel),
+            recv(inner.ack_woken) -> _ => {
+                acks.ack(&channel);
+                inner.release_parked();
+            },
             default(idle) => match inner.read_idle(consumer.receiver(), &acks, &channel) {
                 Some(read) => {
+                    inner.release_parked();
                     idle = if read > 0 { BACKLOG_READ } else { IDLE_READ };
                 }
                 None => break Ended::Replies,
