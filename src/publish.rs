@@ -2,10 +2,11 @@
 //!
 //! # Threads
 //!
-//! A [`Publisher`] is `Clone + Send + Sync`. A publish runs on the **caller's thread** under the
-//! publisher's lock: it numbers the message (confirm delivery tags start at 1 per channel),
-//! records it as pending and hands the frames to amiquip's I/O thread — it never waits for the
-//! network there. One **confirm thread** per publisher (`acemq-confirms`) receives the broker's
+//! A [`Publisher`] is `Clone + Send + Sync`. A publish runs on the **caller's thread**: under the
+//! channel's lock (waited for with the caller's deadline) it numbers the message (confirm
+//! delivery tags start at 1 per channel) and records it as pending under the publisher's state
+//! lock, then, with the state lock released, hands the frames to amiquip's I/O thread — it never
+//! waits for the network there, and the confirm thread never waits for it. One **confirm thread** per publisher (`acemq-confirms`) receives the broker's
 //! `basic.ack`/`basic.nack` and `basic.return`, matches them to pending publishes and answers
 //! each caller through its [`Ticket`]. A return arrives before the ack of the same message, so on
 //! each confirm the thread first drains the returns; returns carry no delivery tag and are
