@@ -550,3 +550,71 @@ fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {
     requester.close().expect("close");
     publisher.close().expect("close");
 }
+
+/// `publisher.in_flight()`, asked on a thread of its own; panics when it does not answer within
+/// 2 s (the state lock held across a call into amiquip).
+fn in_flight_on_time(publisher: &acemq_amqp::Publisher) -> usize {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let p = publisher.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(p.in_flight());
+    });
+    rx.recv_timeout(Duration::from_secs(2))
+        .expect("in_flight() answered within 2 s while a publish is stuck in amiquip")
+}
+
+#[test]
+fn a_publish_stuck_in_amiquip_under_a_memory_alarm_does_not_hold_up_the_publishers_state() {
+    let _g = exclusive();
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = clean.queue(&unique("stuck-publish"));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .expect("declare");
+    let timeout = Duration::from_secs(1);
+    let publisher = connection
+        .publisher_with(PublisherOptions::new().timeout(timeout))
+        .expect("publisher");
+    publisher
+        .publish("", &q, Message::new("before"))
+        .expect("published before the alarm");
+    // Another connection tells when the alarm holds (the broker blocks a connection once it
+    // publishes), so that this one's byte budget stays empty.
+    let probe = connect();
+    let probe_publisher = probe.publisher().expect("probe publisher");
+    // Larger than the whole byte budget (8 MiB), so it goes alone — and than amiquip's buffer
+    // (16 MiB): under the alarm, amiquip blocks the publishing thread part way through it.
+    let big = vec![b'b'; 40 << 20];
+    std::thread::scope(|s| {
+        let alarm = Watermark::alarm();
+        let mut nudges = Vec::new();
+        assert!(eventually(WAIT, || {
+            if let Ok(t) = probe_publisher.publish_deferred("", &q, Message::new("nudge")) {
+                nudges.push(t);
+            }
+            probe.is_blocked()
+        }));
+        let stuck = s.spawn(|| publisher.publish_deferred("", &q, Message::new(big.clone())));
+        // Until the big publish is handed over (counted in flight), the publisher's state
+        // answers on time, and afterwards too, while amiquip holds that thread.
+        assert!(eventually(WAIT, || in_flight_on_time(&publisher) > 0
+            || stuck.is_finished()));
+        for _ in 0..3 {
+            in_flight_on_time(&publisher);
+        }
+        let started = Instant::now();
+        let other = publisher.publish_deferred("", &q, Message::new("small"));
+        assert!(
+            started.elapsed() < timeout + Duration::from_secs(3),
+            "a second publish took {:?} ({other:?})",
+            started.elapsed()
+        );
+        drop(alarm);
+        let _ = stuck.join();
+        drop(nudges);
+    });
+    assert!(eventually(Duration::from_secs(30), || !connection.is_blocked()));
+    let _ = publisher.close();
+    let _ = probe_publisher.close();
+}
