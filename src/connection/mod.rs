@@ -13,11 +13,14 @@
 //!   deadline (the operation timeout for [`Connection::close`], at most 5 s when the last
 //!   handle is dropped), and left to end by itself past it (logged).
 //!
-//! A channel open is a round trip amiquip does not bound, made under the link's lock (amiquip's
-//! `open_channel` takes the connection `&mut`). The lock is only ever *waited for* with a
-//! deadline: a second open behind a hung one fails with [`Error::ConnectionLost`] after the
-//! operation timeout, and [`Connection::close`] gives up on it after the operation timeout,
-//! leaving the hung open to close the AMQP connection when it returns.
+//! * A channel open is a round trip amiquip does not bound, made under the link's lock
+//!   (amiquip's `open_channel` takes the connection `&mut`), so it runs on a short-lived thread
+//!   of its own (`acemq-channel-open`), and its caller waits for it with a deadline (the
+//!   operation timeout, or a publish's own): past it the caller gets [`Error::ConnectionLost`]
+//!   and a channel opened later is closed by that thread. The lock is only ever waited for with
+//!   a deadline too: a second open behind a hung one fails on time, and [`Connection::close`]
+//!   gives up on it after the operation timeout, leaving the hung open to close the AMQP
+//!   connection when it returns.
 //!
 //! Publishers and consumers ask for the current link (waiting while it
 //! recovers), open their own channels on it, and remember its generation; a failure on their
@@ -157,42 +160,27 @@ enum LinkState {
 pub(crate) struct Link {
     pub(crate) generation: u64,
     pub(crate) address: String,
-    /// Held across a channel open (amiquip takes the connection `&mut`), only ever waited for
-    /// with a deadline.
-    amqp: Mutex<Option<amiquip::Connection>>,
-    /// How long a channel open waits for another one to finish: the operation timeout.
+    /// The AMQP connection and what a channel open needs of the link, shared with the threads
+    /// that make the opens.
+    opener: Arc<Opener>,
+    /// How long a channel open waits: the operation timeout.
     open_wait: Duration,
+}
+
+/// The AMQP connection, held across a channel open (amiquip takes it `&mut`) by the thread that
+/// makes it; only ever waited for with a deadline.
+struct Opener {
+    address: String,
+    amqp: Mutex<Option<amiquip::Connection>>,
     /// The connection was closed while a channel open held `amqp`: that open closes the AMQP
     /// connection when it returns.
     closing: AtomicBool,
 }
 
-impl Link {
-    fn new(
-        generation: u64,
-        address: &Address,
-        amqp: amiquip::Connection,
-        open_wait: Duration,
-    ) -> Link {
-        Link {
-            generation,
-            address: address.to_string(),
-            amqp: Mutex::new(Some(amqp)),
-            open_wait,
-            closing: AtomicBool::new(false),
-        }
-    }
-
-    /// Opens a channel on this link, waiting up to the operation timeout for another open.
-    pub(crate) fn open_channel(&self) -> Result<amiquip::Channel> {
-        self.open_channel_within(self.open_wait)
-    }
-
-    /// Opens a channel on this link, waiting up to `wait` for another open to finish. (The open
-    /// itself is amiquip's round trip, which it does not bound: on a stalled link it returns
-    /// when the heartbeats give up.)
-    pub(crate) fn open_channel_within(&self, wait: Duration) -> Result<amiquip::Channel> {
-        let Some(mut amqp) = self.amqp.try_lock_for(wait) else {
+impl Opener {
+    /// Opens a channel, waiting up to `deadline` for another open to finish.
+    fn open(&self, deadline: Instant, wait: Duration) -> Result<amiquip::Channel> {
+        let Some(mut amqp) = self.amqp.try_lock_until(deadline) else {
             return Err(Error::ConnectionLost {
                 context: format!(
                     "opening a channel: another channel open on this connection has not been \
@@ -222,12 +210,68 @@ impl Link {
         }
         opened
     }
+}
+
+impl Link {
+    fn new(
+        generation: u64,
+        address: &Address,
+        amqp: amiquip::Connection,
+        open_wait: Duration,
+    ) -> Link {
+        Link {
+            generation,
+            address: address.to_string(),
+            opener: Arc::new(Opener {
+                address: address.to_string(),
+                amqp: Mutex::new(Some(amqp)),
+                closing: AtomicBool::new(false),
+            }),
+            open_wait,
+        }
+    }
+
+    /// Opens a channel on this link, within the operation timeout.
+    pub(crate) fn open_channel(&self) -> Result<amiquip::Channel> {
+        self.open_channel_within(self.open_wait)
+    }
+
+    /// Opens a channel on this link, within `wait`. amiquip's open is a round trip it does not
+    /// bound (on a stalled link it returns when the heartbeats give up; under a memory alarm the
+    /// broker does not read it at all), so it is made on a thread of its own
+    /// (`acemq-channel-open`): past `wait` the caller gets [`Error::ConnectionLost`], and a
+    /// channel opened after that is closed by that thread.
+    pub(crate) fn open_channel_within(&self, wait: Duration) -> Result<amiquip::Channel> {
+        let deadline = Instant::now() + wait;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let opener = self.opener.clone();
+        let spawned = std::thread::Builder::new()
+            .name("acemq-channel-open".into())
+            .spawn(move || {
+                let opened = opener.open(deadline, wait);
+                // Nobody waits for it any more: the channel is closed (dropped) here.
+                drop(tx.send(opened));
+            });
+        if let Err(e) = spawned {
+            log::debug!("acemq: no thread for a channel open ({e}); opening on this one");
+            return self.opener.open(deadline, wait);
+        }
+        match rx.recv_deadline(deadline) {
+            Ok(opened) => opened,
+            Err(_) => Err(Error::ConnectionLost {
+                context: format!(
+                    "opening a channel: not answered in {wait:?} (a stalled or blocked \
+                     connection?)"
+                ),
+            }),
+        }
+    }
 
     /// Closes the AMQP connection, waiting up to `deadline` for a channel open under way;
     /// past it, that open closes the connection when it returns.
     fn close_within(&self, deadline: Instant, timeout: Duration) -> Result<()> {
-        self.closing.store(true, Ordering::SeqCst);
-        let Some(mut amqp) = self.amqp.try_lock_until(deadline) else {
+        self.opener.closing.store(true, Ordering::SeqCst);
+        let Some(mut amqp) = self.opener.amqp.try_lock_until(deadline) else {
             return Err(Error::Timeout {
                 what: "a channel open on the connection to finish before closing it (it closes \
                        the AMQP connection when it returns)"
@@ -647,7 +691,7 @@ fn supervise(
             return;
         }
         // The I/O thread has ended: close to learn why.
-        let reason = match link.amqp.lock().take() {
+        let reason = match link.opener.amqp.lock().take() {
             Some(amqp) => match amqp.close() {
                 Ok(()) => "closed".to_string(),
                 Err(e) => e.to_string(),
@@ -784,8 +828,8 @@ fn reconnect(
 /// Closes the link's AMQP connection; when a channel open holds it (a stalled link), that
 /// open closes it when it returns.
 fn close_link(link: &Link) {
-    link.closing.store(true, Ordering::SeqCst);
-    let Some(mut amqp) = link.amqp.try_lock() else {
+    link.opener.closing.store(true, Ordering::SeqCst);
+    let Some(mut amqp) = link.opener.amqp.try_lock() else {
         return;
     };
     let taken = amqp.take();
