@@ -2,10 +2,11 @@
 //!
 //! # Threads
 //!
-//! A [`Publisher`] is `Clone + Send + Sync`. A publish runs on the **caller's thread** under the
-//! publisher's lock: it numbers the message (confirm delivery tags start at 1 per channel),
-//! records it as pending and hands the frames to amiquip's I/O thread — it never waits for the
-//! network there. One **confirm thread** per publisher (`acemq-confirms`) receives the broker's
+//! A [`Publisher`] is `Clone + Send + Sync`. A publish runs on the **caller's thread**: under the
+//! channel's lock (waited for with the caller's deadline) it numbers the message (confirm
+//! delivery tags start at 1 per channel) and records it as pending under the publisher's state
+//! lock, then, with the state lock released, hands the frames to amiquip's I/O thread — it never
+//! waits for the network there, and the confirm thread never waits for it. One **confirm thread** per publisher (`acemq-confirms`) receives the broker's
 //! `basic.ack`/`basic.nack` and `basic.return`, matches them to pending publishes and answers
 //! each caller through its [`Ticket`]. A return arrives before the ack of the same message, so on
 //! each confirm the thread first drains the returns; returns carry no delivery tag and are
@@ -170,7 +171,11 @@ struct State {
 }
 
 struct Current {
-    channel: amiquip::Channel,
+    /// The channel, under a lock of its own: a publish is numbered under the state lock and
+    /// handed to amiquip under this one alone (taken with the caller's deadline), so that
+    /// `basic_publish` — which blocks, without a deadline, once amiquip's buffer is full —
+    /// never holds up the confirm thread, [`Publisher::in_flight`] or [`Publisher::close`].
+    channel: Arc<Mutex<Option<amiquip::Channel>>>,
     next_tag: u64,
 }
 
@@ -212,9 +217,19 @@ impl ByteBudget {
         })
     }
 
+    /// What `message` takes of the budget: its body and a generous allowance for the frame
+    /// and header overhead.
+    pub(crate) fn size_of(message: &Message) -> usize {
+        message.body.len().saturating_add(4096)
+    }
+
     /// Takes `bytes` (a message larger than the whole budget goes alone), waiting for room up
     /// to `deadline`.
-    fn reserve(self: &Arc<Self>, bytes: usize, deadline: Instant) -> Option<Reservation> {
+    pub(crate) fn reserve(
+        self: &Arc<Self>,
+        bytes: usize,
+        deadline: Instant,
+    ) -> Option<Reservation> {
         let mut used = self.used.lock();
         while *used > 0 && used.saturating_add(bytes) > self.max {
             if self.freed.wait_until(&mut used, deadline).timed_out() {
@@ -231,7 +246,7 @@ impl ByteBudget {
 
 /// Bytes taken from a [`ByteBudget`], given back when dropped.
 #[derive(Debug)]
-struct Reservation {
+pub(crate) struct Reservation {
     budget: Arc<ByteBudget>,
     bytes: usize,
 }
@@ -623,11 +638,42 @@ impl Publisher {
         let mut properties = Some(message.to_properties(routing_key, origin));
         let mut pending = Some(pending);
         loop {
-            let mut state = self.room_and_channel(deadline)?;
-            let Some(current) = state.current.as_mut() else {
-                continue;
+            let (sender, epoch) = {
+                let state = self.room_and_channel(deadline)?;
+                match state.current.as_ref() {
+                    Some(current) => (current.channel.clone(), state.epoch),
+                    None => continue,
+                }
             };
-            let tag = current.next_tag;
+            // Publishes on one channel go out one at a time, in the order they are numbered.
+            let Some(mut channel) = sender.try_lock_until(deadline) else {
+                return Err(Error::Timeout {
+                    what: "the publisher's channel (a publish before this one is still being \
+                           handed over: the broker is not reading?)"
+                        .into(),
+                    after: self.inner.options.timeout,
+                });
+            };
+            let tag = {
+                let mut state = shared.state.lock();
+                if state.closed {
+                    return Err(Error::Closed { what: "publisher" });
+                }
+                let full = state.pending.len() >= self.inner.options.window;
+                let same = state.epoch == epoch && channel.is_some();
+                match state.current.as_mut() {
+                    Some(current) if same && !full => {
+                        let tag = current.next_tag;
+                        current.next_tag += 1;
+                        if let Some(p) = pending.take() {
+                            state.pending.insert(tag, p);
+                        }
+                        tag
+                    }
+                    // Replaced, broken or full meanwhile: again from the top.
+                    _ => continue,
+                }
+            };
             let publish = Publish {
                 body: &message.body,
                 routing_key: routing_key.to_string(),
@@ -637,32 +683,38 @@ impl Publisher {
                     .take()
                     .unwrap_or_else(|| message.to_properties(routing_key, origin)),
             };
-            match current.channel.basic_publish(exchange, publish) {
-                Ok(()) => {
-                    current.next_tag += 1;
-                    if let Some(p) = pending.take() {
-                        state.pending.insert(tag, p);
-                    }
-                    return Ok(());
-                }
-                Err(e) => {
-                    let broken = state.current.take();
-                    let failure = channel_failure(broken, e);
-                    fail_all(&mut state, &shared.observer, |p| {
-                        failure.error_for(&p.exchange)
-                    });
-                    shared.room.notify_all();
-                    if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
-                        drop(state);
-                        shared.observer.published(exchange, PublishOutcome::Failed);
-                        return Err(err);
-                    }
-                    if Instant::now() >= deadline {
-                        return Err(Error::ConnectionLost {
-                            context: format!("publishing message {:?}", message.envelope.id),
-                        });
-                    }
-                }
+            let sent = match channel.as_ref() {
+                Some(c) => c.basic_publish(exchange, publish),
+                None => Err(amiquip::Error::EventLoopDropped),
+            };
+            let Err(e) = sent else {
+                return Ok(());
+            };
+            // Nothing was handed over: the channel is gone. Learn why (outside the state lock:
+            // amiquip reports the broker's reason on the channel's close), fail what was in
+            // flight on it, and take this publish back to try again on a new channel.
+            let broken = channel.take();
+            drop(channel);
+            let failure = channel_failure(broken, e);
+            let mut state = shared.state.lock();
+            pending = state.pending.remove(&tag);
+            if state.epoch == epoch {
+                state.current = None;
+                fail_all(&mut state, &shared.observer, |p| {
+                    failure.error_for(&p.exchange)
+                });
+                shared.room.notify_all();
+            }
+            drop(state);
+            if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
+                shared.observer.published(exchange, PublishOutcome::Failed);
+                return Err(err);
+            }
+            if pending.is_none() || Instant::now() >= deadline {
+                // (Without `pending`, it was failed already, by the confirm thread.)
+                return Err(Error::ConnectionLost {
+                    context: format!("publishing message {:?}", message.envelope.id),
+                });
             }
         }
     }
@@ -672,7 +724,8 @@ impl Publisher {
     fn open_channel(&self, deadline: Instant) -> Result<()> {
         let wait = deadline.saturating_duration_since(Instant::now());
         let link = self.inner.connection.link(wait)?;
-        let channel = link.open_channel()?;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let channel = link.open_channel_within(wait)?;
         let setup = || -> std::result::Result<_, amiquip::Error> {
             let returns = channel.listen_for_returns()?;
             let confirms = channel.listen_for_publisher_confirms()?;
@@ -694,7 +747,7 @@ impl Publisher {
         });
         state.epoch += 1;
         state.current = Some(Current {
-            channel,
+            channel: Arc::new(Mutex::new(Some(channel))),
             next_tag: 1,
         });
         let _ = self.inner.control.send(Control::Channel {
@@ -744,9 +797,15 @@ impl Publisher {
                 after: self.inner.options.timeout,
             });
         }
-        match current {
+        // A publish stuck in amiquip (the broker not reading) holds the channel: it is then
+        // closed with the connection.
+        let channel = current.and_then(|c| {
+            c.channel
+                .try_lock_for(self.inner.options.timeout)
+                .and_then(|mut c| c.take())
+        });
+        match channel {
             Some(c) => c
-                .channel
                 .close()
                 .map_err(|e| Error::amqp("closing the publisher's channel", e)),
             None => Ok(()),
@@ -816,7 +875,9 @@ pub(crate) fn prepare(
     Ok(crate::trace::stamp(message, exchange, routing_key))
 }
 
-fn channel_failure(broken: Option<Current>, e: amiquip::Error) -> ChannelFailure {
+/// Why the channel went away, from its error `e` or (amiquip reports the broker's reason on the
+/// channel's next call) from closing `broken`. Never called under the state lock.
+fn channel_failure(broken: Option<amiquip::Channel>, e: amiquip::Error) -> ChannelFailure {
     let server = |e: &amiquip::Error| match e {
         amiquip::Error::ServerClosedChannel { code, message, .. } => Some((*code, message.clone())),
         _ => None,
@@ -825,7 +886,7 @@ fn channel_failure(broken: Option<Current>, e: amiquip::Error) -> ChannelFailure
     if found.is_none() {
         // amiquip reports the broker's reason on the channel's next call.
         if let Some(c) = broken {
-            if let Err(e) = c.channel.close() {
+            if let Err(e) = c.close() {
                 found = server(&e);
             }
         }
@@ -887,12 +948,30 @@ fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                 Err(_) => {
                     confirms = never();
                     returns = never();
-                    let mut state = shared.state.lock();
-                    if state.epoch == epoch {
-                        let broken = state.current.take();
-                        let failure = channel_failure(broken, amiquip::Error::EventLoopDropped);
-                        fail_all(&mut state, &shared.observer, |p| failure.error_for(&p.exchange));
-                        shared.room.notify_all();
+                    // The channel is gone: taken out under the state lock, closed (to learn the
+                    // broker's reason) outside it.
+                    let broken = {
+                        let mut state = shared.state.lock();
+                        if state.epoch == epoch {
+                            state.current.take()
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some(current) = broken {
+                        let channel = current
+                            .channel
+                            .try_lock_for(CHANNEL_FAILURE_WAIT)
+                            .and_then(|mut c| c.take());
+                        let failure = channel_failure(channel, amiquip::Error::EventLoopDropped);
+                        let mut state = shared.state.lock();
+                        // (A new channel installed meanwhile failed these already.)
+                        if state.epoch == epoch {
+                            fail_all(&mut state, &shared.observer, |p| {
+                                failure.error_for(&p.exchange)
+                            });
+                            shared.room.notify_all();
+                        }
                     }
                 }
             },
@@ -928,6 +1007,10 @@ fn mark_returned(shared: &Shared, epoch: u64, r: Return) {
 
 /// The most confirms the confirm thread resolves under one lock.
 const CONFIRM_BATCH: usize = 256;
+
+/// How long the confirm thread waits for a broken channel's lock (a publish failing on it) to
+/// learn the broker's reason; past it the publishes are failed without it.
+const CHANNEL_FAILURE_WAIT: Duration = Duration::from_secs(5);
 
 fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
     let mut done = Vec::new();
@@ -981,7 +1064,7 @@ fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
 }
 
 /// A timeout while the broker blocks publishing is reported as [`Error::Blocked`].
-fn blocked_or(blocked: &parking_lot::Mutex<Option<String>>, e: Error) -> Error {
+pub(crate) fn blocked_or(blocked: &parking_lot::Mutex<Option<String>>, e: Error) -> Error {
     match e {
         Error::Timeout { after, .. } => match blocked.lock().clone() {
             Some(reason) => Error::Blocked { reason, after },

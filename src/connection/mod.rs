@@ -9,7 +9,18 @@
 //!   and when it drops it closes it to learn the cause, reconnects with capped exponential
 //!   backoff and jitter across the addresses, re-declares the remembered topology, and publishes
 //!   the new link with a generation one higher. It holds only a `Weak` reference and ends when
-//!   the connection is closed or the last handle is dropped.
+//!   the connection is closed or the last handle is dropped; either way it is joined, with a
+//!   deadline (the operation timeout for [`Connection::close`], at most 5 s when the last
+//!   handle is dropped), and left to end by itself past it (logged).
+//!
+//! * A channel open is a round trip amiquip does not bound, made under the link's lock
+//!   (amiquip's `open_channel` takes the connection `&mut`), so it runs on a short-lived thread
+//!   of its own (`acemq-channel-open`), and its caller waits for it with a deadline (the
+//!   operation timeout, or a publish's own): past it the caller gets [`Error::ConnectionLost`]
+//!   and a channel opened later is closed by that thread. The lock is only ever waited for with
+//!   a deadline too: a second open behind a hung one fails on time, and [`Connection::close`]
+//!   gives up on it after the operation timeout, leaving the hung open to close the AMQP
+//!   connection when it returns.
 //!
 //! Publishers and consumers ask for the current link (waiting while it
 //! recovers), open their own channels on it, and remember its generation; a failure on their
@@ -25,6 +36,7 @@ pub use topology::{
 };
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,7 +51,8 @@ use crate::observe::{ConnectionEvent, Observer};
 use topology::Topology;
 
 /// A connection to RabbitMQ that recovers by itself. `Clone + Send + Sync`: clones share one
-/// AMQP connection and one supervisor.
+/// AMQP connection and one supervisor. Dropping the last clone without [`close`](Self::close)
+/// closes the AMQP connection and joins the supervisor thread (waiting up to 5 s).
 ///
 /// ```no_run
 /// use acemq_amqp::{Connection, QueueSpec};
@@ -84,13 +97,52 @@ pub(crate) struct Shared {
     /// unblocks or the link is replaced.
     pub(crate) blocked: Arc<Mutex<Option<String>>>,
     control: Sender<Control>,
-    supervisor: Mutex<Option<JoinHandle<()>>>,
+    supervisor: Mutex<Option<Supervisor>>,
+}
+
+/// The supervisor thread, and a receiver that disconnects when it ends (so that it can be
+/// joined with a deadline).
+struct Supervisor {
+    handle: JoinHandle<()>,
+    ended: Receiver<()>,
+}
+
+/// How long dropping the last [`Connection`] handle waits for the supervisor to close the AMQP
+/// connection and end: 5 s (or the operation timeout, if shorter).
+const SUPERVISOR_DROP_JOIN: Duration = Duration::from_secs(5);
+
+impl Shared {
+    /// Joins the supervisor thread, waiting up to `deadline` for it to end; past it (or when
+    /// called on the supervisor thread itself, which may drop the last handle) it is left to
+    /// end by itself.
+    fn join_supervisor(&self, deadline: Instant) {
+        let Some(s) = self.supervisor.lock().take() else {
+            return;
+        };
+        if s.handle.thread().id() == std::thread::current().id() {
+            return; // it returns once this drop is over
+        }
+        match s.ended.recv_deadline(deadline) {
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                if s.handle.join().is_err() {
+                    log::error!("acemq: the supervisor thread panicked");
+                }
+            }
+            _ => log::warn!(
+                "acemq: the supervisor thread did not end in time (closing the AMQP connection \
+                 takes long: a stalled link?); it ends by itself"
+            ),
+        }
+    }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // The supervisor holds only a Weak: tell it to close the AMQP connection and end.
+        // The supervisor holds only a Weak: tell it to close the AMQP connection and end, and
+        // join it (with a deadline).
         let _ = self.control.send(Control::Close);
+        let wait = SUPERVISOR_DROP_JOIN.min(self.options.operation_timeout);
+        self.join_supervisor(Instant::now() + wait);
     }
 }
 
@@ -108,19 +160,132 @@ enum LinkState {
 pub(crate) struct Link {
     pub(crate) generation: u64,
     pub(crate) address: String,
-    amqp: Mutex<Option<amiquip::Connection>>,
+    /// The AMQP connection and what a channel open needs of the link, shared with the threads
+    /// that make the opens.
+    opener: Arc<Opener>,
+    /// How long a channel open waits: the operation timeout.
+    open_wait: Duration,
 }
 
-impl Link {
-    /// Opens a channel on this link.
-    pub(crate) fn open_channel(&self) -> Result<amiquip::Channel> {
-        match self.amqp.lock().as_mut() {
+/// The AMQP connection, held across a channel open (amiquip takes it `&mut`) by the thread that
+/// makes it; only ever waited for with a deadline.
+struct Opener {
+    address: String,
+    amqp: Mutex<Option<amiquip::Connection>>,
+    /// The connection was closed while a channel open held `amqp`: that open closes the AMQP
+    /// connection when it returns.
+    closing: AtomicBool,
+}
+
+impl Opener {
+    /// Opens a channel, waiting up to `deadline` for another open to finish.
+    fn open(&self, deadline: Instant, wait: Duration) -> Result<amiquip::Channel> {
+        let Some(mut amqp) = self.amqp.try_lock_until(deadline) else {
+            return Err(Error::ConnectionLost {
+                context: format!(
+                    "opening a channel: another channel open on this connection has not been \
+                     answered in {wait:?} (a stalled connection?)"
+                ),
+            });
+        };
+        let opened = match amqp.as_mut() {
             Some(c) => c
                 .open_channel(None)
                 .map_err(|e| Error::amqp("opening a channel", e)),
             None => Err(Error::ConnectionLost {
                 context: "opening a channel".into(),
             }),
+        };
+        if self.closing.load(Ordering::SeqCst) {
+            // Closed while this open was under way: closing the AMQP connection fell to it.
+            let taken = amqp.take();
+            drop(amqp);
+            if let Some(c) = taken {
+                if let Err(e) = c.close() {
+                    log::debug!("acemq: closing the connection to {}: {e}", self.address);
+                }
+            }
+            drop(opened);
+            return Err(Error::Closed { what: "connection" });
+        }
+        opened
+    }
+}
+
+impl Link {
+    fn new(
+        generation: u64,
+        address: &Address,
+        amqp: amiquip::Connection,
+        open_wait: Duration,
+    ) -> Link {
+        Link {
+            generation,
+            address: address.to_string(),
+            opener: Arc::new(Opener {
+                address: address.to_string(),
+                amqp: Mutex::new(Some(amqp)),
+                closing: AtomicBool::new(false),
+            }),
+            open_wait,
+        }
+    }
+
+    /// Opens a channel on this link, within the operation timeout.
+    pub(crate) fn open_channel(&self) -> Result<amiquip::Channel> {
+        self.open_channel_within(self.open_wait)
+    }
+
+    /// Opens a channel on this link, within `wait`. amiquip's open is a round trip it does not
+    /// bound (on a stalled link it returns when the heartbeats give up; under a memory alarm the
+    /// broker does not read it at all), so it is made on a thread of its own
+    /// (`acemq-channel-open`): past `wait` the caller gets [`Error::ConnectionLost`], and a
+    /// channel opened after that is closed by that thread.
+    pub(crate) fn open_channel_within(&self, wait: Duration) -> Result<amiquip::Channel> {
+        let deadline = Instant::now() + wait;
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let opener = self.opener.clone();
+        let spawned = std::thread::Builder::new()
+            .name("acemq-channel-open".into())
+            .spawn(move || {
+                let opened = opener.open(deadline, wait);
+                // Nobody waits for it any more: the channel is closed (dropped) here.
+                drop(tx.send(opened));
+            });
+        if let Err(e) = spawned {
+            log::debug!("acemq: no thread for a channel open ({e}); opening on this one");
+            return self.opener.open(deadline, wait);
+        }
+        match rx.recv_deadline(deadline) {
+            Ok(opened) => opened,
+            Err(_) => Err(Error::ConnectionLost {
+                context: format!(
+                    "opening a channel: not answered in {wait:?} (a stalled or blocked \
+                     connection?)"
+                ),
+            }),
+        }
+    }
+
+    /// Closes the AMQP connection, waiting up to `deadline` for a channel open under way;
+    /// past it, that open closes the connection when it returns.
+    fn close_within(&self, deadline: Instant, timeout: Duration) -> Result<()> {
+        self.opener.closing.store(true, Ordering::SeqCst);
+        let Some(mut amqp) = self.opener.amqp.try_lock_until(deadline) else {
+            return Err(Error::Timeout {
+                what: "a channel open on the connection to finish before closing it (it closes \
+                       the AMQP connection when it returns)"
+                    .into(),
+                after: timeout,
+            });
+        };
+        let taken = amqp.take();
+        drop(amqp);
+        match taken {
+            Some(c) => c
+                .close()
+                .map_err(|e| Error::amqp("closing the connection", e)),
+            None => Ok(()),
         }
     }
 }
@@ -146,11 +311,7 @@ impl Connection {
         let addresses = options.validate()?;
         let (amqp, blocked, address) = connect_any(&options, &addresses)?;
         let (control, control_rx) = crossbeam_channel::unbounded();
-        let link = Arc::new(Link {
-            generation: 1,
-            address: address.to_string(),
-            amqp: Mutex::new(Some(amqp)),
-        });
+        let link = Arc::new(Link::new(1, &address, amqp, options.operation_timeout));
         options.observer.connection(&ConnectionEvent::Connected {
             address: &link.address,
             generation: 1,
@@ -168,14 +329,18 @@ impl Connection {
             supervisor: Mutex::new(None),
         });
         let weak = Arc::downgrade(&shared);
+        let (ended_tx, ended) = crossbeam_channel::bounded::<()>(0);
         let handle = std::thread::Builder::new()
             .name("acemq-supervisor".into())
-            .spawn(move || supervise(weak, control_rx, link, blocked))
+            .spawn(move || {
+                let _ended = ended_tx; // dropped (disconnecting `ended`) when the thread ends
+                supervise(weak, control_rx, link, blocked)
+            })
             .map_err(|e| Error::Io {
                 context: "spawning the supervisor thread".into(),
                 source: e,
             })?;
-        *shared.supervisor.lock() = Some(handle);
+        *shared.supervisor.lock() = Some(Supervisor { handle, ended });
         Ok(Connection { shared })
     }
 
@@ -308,29 +473,27 @@ impl Connection {
     /// publishers and consumers on it fail with [`Error::Closed`] or
     /// [`Error::ConnectionLost`]. Closing twice is harmless.
     ///
+    /// A channel open under way (a stalled link) is waited for up to the operation timeout;
+    /// past it, close returns [`Error::Timeout`] and that open closes the AMQP connection when
+    /// it returns. The supervisor is joined within the operation timeout too.
+    ///
     /// # Errors
     ///
-    /// The error amiquip reported when closing the AMQP connection.
+    /// The error amiquip reported when closing the AMQP connection; [`Error::Timeout`] as
+    /// above.
     pub fn close(&self) -> Result<()> {
         let previous = std::mem::replace(&mut *self.shared.state.lock(), LinkState::Closed);
         self.shared.changed.notify_all();
+        let timeout = self.shared.options.operation_timeout;
+        let deadline = Instant::now() + timeout;
         // Close the AMQP connection here, to return its error; the supervisor then sees the I/O
         // thread end, finds the state Closed and returns.
         let result = match previous {
-            LinkState::Up(link) => match link.amqp.lock().take() {
-                Some(amqp) => amqp
-                    .close()
-                    .map_err(|e| Error::amqp("closing the connection", e)),
-                None => Ok(()),
-            },
+            LinkState::Up(link) => link.close_within(deadline, timeout),
             _ => Ok(()),
         };
         let _ = self.shared.control.send(Control::Close);
-        if let Some(h) = self.shared.supervisor.lock().take() {
-            if h.join().is_err() {
-                log::error!("acemq: the supervisor thread panicked");
-            }
-        }
+        self.shared.join_supervisor(deadline);
         result
     }
 }
@@ -538,7 +701,7 @@ fn supervise(
             return;
         }
         // The I/O thread has ended: close to learn why.
-        let reason = match link.amqp.lock().take() {
+        let reason = match link.opener.amqp.lock().take() {
             Some(amqp) => match amqp.close() {
                 Ok(()) => "closed".to_string(),
                 Err(e) => e.to_string(),
@@ -623,11 +786,12 @@ fn reconnect(
         let shared = weak.upgrade()?;
         match connect_any(&shared.options, &shared.addresses) {
             Ok((amqp, blocked, address)) => {
-                let new = Arc::new(Link {
+                let new = Arc::new(Link::new(
                     generation,
-                    address: address.to_string(),
-                    amqp: Mutex::new(Some(amqp)),
-                });
+                    &address,
+                    amqp,
+                    shared.options.operation_timeout,
+                ));
                 topology::redeclare(&shared, &new);
                 let mut state = shared.state.lock();
                 if matches!(*state, LinkState::Closed) {
@@ -671,8 +835,16 @@ fn reconnect(
     }
 }
 
+/// Closes the link's AMQP connection; when a channel open holds it (a stalled link), that
+/// open closes it when it returns.
 fn close_link(link: &Link) {
-    if let Some(amqp) = link.amqp.lock().take() {
+    link.opener.closing.store(true, Ordering::SeqCst);
+    let Some(mut amqp) = link.opener.amqp.try_lock() else {
+        return;
+    };
+    let taken = amqp.take();
+    drop(amqp);
+    if let Some(amqp) = taken {
         if let Err(e) = amqp.close() {
             log::debug!("acemq: closing the connection to {}: {e}", link.address);
         }

@@ -13,9 +13,19 @@
 //! * The reply goes to the default exchange with the address as routing key,
 //!   `x-acemq-correlation` = the request's correlation and `x-acemq-causation` = the request's
 //!   id. (The AMQP `correlation_id` property of the request, if any, is echoed too, for plain
-//!   AMQP clients; the family never pairs by it.) A failing handler sends an empty reply with
-//!   the error text in the header `acemq-error` ([`headers::REPLY_ERROR`]); the asking side
-//!   returns [`Error::Responder`] at once.
+//!   AMQP clients; the family never pairs by it.)
+//! * A failing handler (an error or a panic) is answered as the family's responders answer it:
+//!   the body JSON `null` with content type `application/json` (a Python or Ruby requester
+//!   decodes every reply, and an empty body would not decode: the caller would wait out its
+//!   timeout), and the error text in the header `acemq-error` ([`headers::REPLY_ERROR`]) as
+//!   `{type}: {message}` — `Error: …`, `FatalError: …` or `panic: …` here (Python writes
+//!   `ValueError: …`). The reply is confirmed, and then the request is **dead-lettered** to
+//!   `{queue}.dlq` (`x-acemq-error`: `the handler rejected it: Error: …`), as the Python, Go and
+//!   Ruby responders reject it after their failure reply: the caller has its answer, a retry
+//!   would answer it twice, and the failed request is kept for a person. (Java's responder
+//!   sends no failure reply; its failed request is retried.) The asking side returns
+//!   [`Error::Responder`] at once, with the header's text, for this reply and for the older
+//!   empty one alike.
 //! * The requester pairs a reply with its call by the reply envelope's correlation id only. A
 //!   reply no call waits for (it came after its call timed out, or was never asked) is counted
 //!   ([`Requester::unmatched`]) and dropped with a debug log line.
@@ -45,10 +55,19 @@
 //! reply, which can only come after the broker routed the request, so a confirm would add a
 //! broker round trip and a thread wake-up to every call and tell it nothing the reply does not.
 //! An unroutable request comes back as a return; a request the broker loses (a rare internal
-//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. The reply
-//! consumer takes replies without acknowledgements (a reply is tiny and only comes for a request
-//! this requester sent), and at most [`RequesterOptions::window`] calls wait at once, so what
-//! amiquip buffers is bounded by the calls made.
+//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. A request's
+//! bytes are reserved in the connection's byte budget
+//! ([`ConnectionOptions::max_unconfirmed_bytes`](crate::ConnectionOptions::max_unconfirmed_bytes))
+//! like every publish's, waited for within the call's timeout, and given back when the call
+//! ends — or, for a call that ends without its reply while the broker blocks publishing (a memory
+//! alarm), once the broker unblocks: so requests never fill amiquip's buffer past the point
+//! where it would block a thread without a deadline.
+//!
+//! The reply consumer acknowledges what it takes and has a prefetch of twice
+//! [`RequesterOptions::window`] (at most 65,535): a backlog on a named reply queue (replies to a
+//! requester that went away) stays in the broker rather than in amiquip's buffer. The
+//! acknowledgements are `multiple`, sent by `acemq-requester` when half the prefetch is taken or
+//! while idle, so a round trip pays no extra thread hand-off for them.
 //!
 //! A call blocks only the thread that made it. [`Responder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
@@ -114,7 +133,7 @@ use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Ou
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
-use crate::publish::{send_unconfirmed, Publisher};
+use crate::publish::{blocked_or, send_unconfirmed, ByteBudget, Publisher, Reservation};
 use crate::StopHandle;
 
 /// How long [`Requester::ask`] waits for a reply unless told otherwise: 30 s.
@@ -125,6 +144,9 @@ pub const REPLY_QUEUE_PREFIX: &str = "acemq-reply-";
 
 /// While no call waits, `acemq-requester` reads the reply queue itself this often.
 const IDLE_READ: Duration = Duration::from_millis(100);
+
+/// … and this soon again while it finds replies there (a backlog).
+const BACKLOG_READ: Duration = Duration::from_millis(1);
 
 /// Options for a [`Requester`].
 #[derive(Clone, Debug)]
@@ -188,6 +210,57 @@ struct Session {
     /// Taken out and closed by `acemq-requester` when the session ends.
     requests: Arc<Mutex<Option<amiquip::Channel>>>,
     replies: Receiver<ConsumerMessage>,
+    /// The reply deliveries taken and acknowledged on this session's channel.
+    acks: Arc<ReplyAcks>,
+}
+
+/// The reply deliveries taken (by the calls, or by `acemq-requester`) and not yet acknowledged;
+/// `acemq-requester`, which owns the channel, acknowledges them (`multiple`, the highest tag).
+#[derive(Debug)]
+struct ReplyAcks {
+    taken: Sender<amiquip::Delivery>,
+    queue: Receiver<amiquip::Delivery>,
+    /// Half the prefetch: this many taken, `acemq-requester` is woken to acknowledge.
+    half: usize,
+}
+
+impl ReplyAcks {
+    /// Room for the prefetch: no more deliveries than that are ever unacknowledged.
+    fn new(prefetch: u16) -> ReplyAcks {
+        let (taken, queue) = crossbeam_channel::bounded(usize::from(prefetch).max(1));
+        ReplyAcks {
+            taken,
+            queue,
+            half: usize::from(prefetch / 2).max(1),
+        }
+    }
+
+    /// A delivery was taken (its message read out); true when it is time to acknowledge.
+    fn took(&self, delivery: amiquip::Delivery) -> bool {
+        // Full cannot happen (at most the prefetch is unacknowledged); a delivery not kept is
+        // covered by the `multiple` acknowledgement of a later one anyway.
+        let _ = self.taken.try_send(delivery);
+        self.taken.len() >= self.half
+    }
+
+    /// Acknowledges everything taken so far, on the reply channel.
+    fn ack(&self, channel: &amiquip::Channel) {
+        let mut highest: Option<amiquip::Delivery> = None;
+        while let Ok(d) = self.queue.try_recv() {
+            if highest
+                .as_ref()
+                .is_none_or(|h| d.delivery_tag() > h.delivery_tag())
+            {
+                highest = Some(d);
+            }
+        }
+        if let Some(d) = highest {
+            if let Err(e) = d.ack_multiple(channel) {
+                // The channel is gone: the consumer's end is noticed on its receiver.
+                log::debug!("acemq: acknowledging replies: {e}");
+            }
+        }
+    }
 }
 
 /// The live session and the calls waiting on it, under one lock so that a call never registers
@@ -211,6 +284,13 @@ struct Inner {
     ready: Condvar,
     /// A call saw the reply consumer of this session end: `acemq-requester` replaces it.
     ended: Sender<u64>,
+    /// Calls took half the prefetch of replies: `acemq-requester` acknowledges them.
+    ack_wake: Sender<()>,
+    ack_woken: Receiver<()>,
+    /// The bytes of requests whose calls ended without their reply while the broker blocked
+    /// publishing: they may still be in amiquip's buffer, so they stay reserved until the broker
+    /// unblocks (released by `acemq-requester`).
+    parked: Mutex<Vec<Reservation>>,
     stopping: AtomicBool,
     timed_out: AtomicU64,
     unmatched: AtomicU64,
@@ -283,6 +363,7 @@ impl Requester {
             return Err(Error::invalid("the requester's window must be at least 1"));
         }
         let (ended, ended_rx) = crossbeam_channel::bounded(1);
+        let (ack_wake, ack_woken) = crossbeam_channel::bounded(1);
         let inner = Arc::new(Inner {
             connection: connection.clone(),
             exchange: exchange.to_string(),
@@ -296,6 +377,9 @@ impl Requester {
             }),
             ready: Condvar::new(),
             ended,
+            ack_wake,
+            ack_woken,
+            parked: Mutex::new(Vec::new()),
             stopping: AtomicBool::new(false),
             timed_out: AtomicU64::new(0),
             unmatched: AtomicU64::new(0),
@@ -384,6 +468,35 @@ impl Requester {
         message.validate()?;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let session = inner.register(&correlation, tx, deadline, timeout)?;
+        // The request's bytes, from the connection's budget like every publish's (the module
+        // docs say when they are given back).
+        let budget = inner.connection.budget();
+        let Some(bytes) = budget.reserve(ByteBudget::size_of(&message), deadline) else {
+            inner.forget(&correlation);
+            let e = Error::Timeout {
+                what: "room among the connection's unconfirmed bytes for the request (the \
+                       broker is not reading them: blocked, or a stalled connection)"
+                    .into(),
+                after: timeout,
+            };
+            return Err(blocked_or(&inner.connection.shared.blocked, e));
+        };
+        let result = self.send_and_wait(message, &correlation, session, rx, deadline, timeout);
+        inner.give_back(bytes, &result);
+        result
+    }
+
+    /// Publishes the registered call's request on `session` and waits for its reply.
+    fn send_and_wait(
+        &self,
+        mut message: Message,
+        correlation: &str,
+        session: Session,
+        rx: Receiver<Result<Message>>,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<Message> {
+        let inner = &*self.inner;
         message.headers.insert(
             headers::REPLY_TO.to_string(),
             HeaderValue::Text(session.queue.clone()),
@@ -399,15 +512,30 @@ impl Requester {
             immediate: false,
             properties: message.to_properties(&inner.routing_key, Some(inner.connection.origin())),
         };
-        let published = match session.requests.lock().as_ref() {
-            Some(channel) => send_unconfirmed(channel, &inner.exchange, publish, &*inner.observer)
-                .map_err(|e| Error::amqp("publishing a request", e)),
-            None => Err(Error::ConnectionLost {
-                context: "publishing a request (the requester is reconnecting)".into(),
-            }),
+        // Requests go out one at a time on the request channel; the wait for it has the call's
+        // deadline.
+        let published = match session.requests.try_lock_until(deadline) {
+            Some(requests) => match requests.as_ref() {
+                Some(channel) => {
+                    send_unconfirmed(channel, &inner.exchange, publish, &*inner.observer)
+                        .map_err(|e| Error::amqp("publishing a request", e))
+                }
+                None => Err(Error::ConnectionLost {
+                    context: "publishing a request (the requester is reconnecting)".into(),
+                }),
+            },
+            None => Err(blocked_or(
+                &inner.connection.shared.blocked,
+                Error::Timeout {
+                    what: "the request channel (a request before this one is still being \
+                           handed over: the broker is not reading?)"
+                        .into(),
+                    after: timeout,
+                },
+            )),
         };
         if let Err(e) = published {
-            if inner.forget(&correlation) {
+            if inner.forget(correlation) {
                 return Err(e);
             }
             // `acemq-requester` already answered the call (the channel closed under it).
@@ -428,9 +556,12 @@ impl Requester {
                 recv(replies) -> msg => match msg {
                     Ok(ConsumerMessage::Delivery(mut d)) => {
                         let reply = Message::take_delivery(&mut d);
+                        if session.acks.took(d) {
+                            let _ = inner.ack_wake.try_send(());
+                        }
                         // Ours (the usual case): straight back, once taken out of the map.
-                        let mine = reply.envelope.correlation_id.as_deref() == Some(&correlation);
-                        if mine && inner.forget(&correlation) {
+                        let mine = reply.envelope.correlation_id.as_deref() == Some(correlation);
+                        if mine && inner.forget(correlation) {
                             return answer(reply);
                         }
                         inner.deliver(reply);
@@ -443,11 +574,11 @@ impl Requester {
                     }
                 },
                 default(left) => {
-                    if inner.forget(&correlation) {
+                    if inner.forget(correlation) {
                         inner.timed_out.fetch_add(1, Ordering::Relaxed);
                         return Err(Error::RequestTimeout {
                             routing_key: inner.routing_key.clone(),
-                            correlation_id: correlation,
+                            correlation_id: correlation.to_string(),
                             after: timeout,
                         });
                     }
@@ -581,6 +712,24 @@ impl Inner {
         }
     }
 
+    /// A call ends: its request's bytes go back to the budget — unless it ended without its
+    /// reply while the broker blocks publishing (the request may still be in amiquip's buffer),
+    /// then once the broker unblocks.
+    fn give_back(&self, bytes: Reservation, result: &Result<Message>) {
+        let unanswered = matches!(result, Err(Error::RequestTimeout { .. }));
+        if unanswered && self.connection.is_blocked() {
+            self.parked.lock().push(bytes);
+        }
+    }
+
+    /// Releases the parked reservations once the broker no longer blocks publishing.
+    fn release_parked(&self) {
+        if !self.connection.is_blocked() {
+            let parked = std::mem::take(&mut *self.parked.lock());
+            drop(parked);
+        }
+    }
+
     /// Forgets a call; true if it was still waiting.
     fn forget(&self, correlation: &str) -> bool {
         let removed = self.state.lock().pending.remove(correlation);
@@ -639,21 +788,35 @@ impl Inner {
         }
     }
 
-    /// While no call waits, reads what reached the reply queue (late replies). False when the
-    /// reply consumer has ended.
-    fn read_idle(&self, replies: &Receiver<ConsumerMessage>) -> bool {
-        loop {
+    /// While no call waits, reads what reached the reply queue (late replies), acknowledging
+    /// on `channel` (the reply channel) as it goes. `None` when the reply consumer has ended,
+    /// else how many it read.
+    fn read_idle(
+        &self,
+        replies: &Receiver<ConsumerMessage>,
+        acks: &ReplyAcks,
+        channel: &amiquip::Channel,
+    ) -> Option<usize> {
+        let mut read = 0;
+        let alive = loop {
             if !self.state.lock().pending.is_empty() {
-                return true; // the calls read it
+                break true; // the calls read it
             }
             match replies.try_recv() {
                 Ok(ConsumerMessage::Delivery(mut d)) => {
-                    self.deliver(Message::take_delivery(&mut d))
+                    let reply = Message::take_delivery(&mut d);
+                    if acks.took(d) {
+                        acks.ack(channel);
+                    }
+                    read += 1;
+                    self.deliver(reply)
                 }
-                Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => return false,
-                Err(crossbeam_channel::TryRecvError::Empty) => return true,
+                Ok(_) | Err(crossbeam_channel::TryRecvError::Disconnected) => break false,
+                Err(crossbeam_channel::TryRecvError::Empty) => break true,
             }
-        }
+        };
+        acks.ack(channel);
+        alive.then_some(read)
     }
 
     /// The session is gone: every waiting call fails with `error`.
@@ -778,8 +941,14 @@ fn run_session(
     let returns = requests
         .listen_for_returns()
         .map_err(|e| Error::amqp("listening for returned requests", e))?;
+    // Acknowledged, with a prefetch: a backlog stays in the broker (see the module docs).
+    let prefetch = u16::try_from(inner.options.window.saturating_mul(2)).unwrap_or(u16::MAX);
+    channel
+        .qos(0, prefetch, false)
+        .map_err(|e| Error::amqp("setting the reply consumer's prefetch", e))?;
+    let acks = Arc::new(ReplyAcks::new(prefetch));
     let options = AmqpConsumerOptions {
-        no_ack: true,
+        no_ack: false,
         exclusive: true,
         ..AmqpConsumerOptions::default()
     };
@@ -792,11 +961,14 @@ fn run_session(
         queue: spec.name.clone(),
         requests: requests.clone(),
         replies: consumer.receiver().clone(),
+        acks: acks.clone(),
     });
     inner.ready.notify_all();
     if let Some(tx) = started.take() {
         let _ = tx.send(Ok(()));
     }
+    // While a backlog is being read, the next idle read comes soon.
+    let mut idle = IDLE_READ;
     let how = loop {
         select! {
             recv(stop) -> _ => break Ended::Stopped,
@@ -809,10 +981,16 @@ fn run_session(
                     break Ended::Replies;
                 }
             },
-            default(IDLE_READ) => {
-                if !inner.read_idle(consumer.receiver()) {
-                    break Ended::Replies;
+            recv(inner.ack_woken) -> _ => {
+                acks.ack(&channel);
+                inner.release_parked();
+            },
+            default(idle) => match inner.read_idle(consumer.receiver(), &acks, &channel) {
+                Some(read) => {
+                    inner.release_parked();
+                    idle = if read > 0 { BACKLOG_READ } else { IDLE_READ };
                 }
+                None => break Ended::Replies,
             },
         }
     };
@@ -843,8 +1021,12 @@ fn run_session(
         }
     }
     crate::consume::owner::cancel_and_drain(&spec.name, &consumer, |mut d| {
-        inner.deliver(Message::take_delivery(&mut d))
+        let reply = Message::take_delivery(&mut d);
+        acks.took(d);
+        inner.deliver(reply)
     });
+    // What was read is not handed back to the queue (a named one would deliver it again).
+    acks.ack(&channel);
     drop(consumer);
     let _ = channel.close();
     if let Some(requests) = requests.lock().take() {
@@ -984,7 +1166,9 @@ impl Drop for Responder {
 /// Answers the requests on `queue` with `handler` on threads of its own, with default consumer
 /// options (one worker; the queue's failure topology declared as for any consumer). The handler
 /// returns the reply (anything that is `Into<Message>`: bytes, text, a [`Message`]) or an error,
-/// which goes back as the reply's `acemq-error`. The queue must exist.
+/// which goes back as the family's failure reply (body `null`, `application/json`, the error in
+/// `acemq-error` as `Error: {message}`; see the [module docs](self)), after which the request
+/// is dead-lettered to `{queue}.dlq`. The queue must exist.
 ///
 /// # Errors
 ///
@@ -1086,10 +1270,16 @@ where
                 headers::REPLY_TO
             ))));
         };
-        let mut reply = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
-            Ok(Ok(reply)) => reply.into(),
-            Ok(Err(e)) => failure(e.into().to_string()),
-            Err(panic) => failure(format!("panic: {}", panic_message(panic.as_ref()))),
+        let (mut reply, failed) = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
+            Ok(Ok(reply)) => (reply.into(), None),
+            Ok(Err(e)) => {
+                let text = failure_text(&*e.into());
+                (failure(&text), Some(text))
+            }
+            Err(panic) => {
+                let text = format!("panic: {}", panic_message(panic.as_ref()));
+                (failure(&text), Some(text))
+            }
         };
         let correlation = request
             .envelope
@@ -1104,14 +1294,24 @@ where
         reply.received = None;
         reply.properties = None;
         self.counters.answered.fetch_add(1, Ordering::SeqCst);
-        if !self.intercepted && transient_reply_queue(&address) {
+        // A failure reply goes through the confirming publisher whatever the queue: the
+        // request is dead-lettered after it (as the family's responders do), and its `.dlq`
+        // copy and acknowledgement must not overtake an unconfirmed reply.
+        if failed.is_none() && !self.intercepted && transient_reply_queue(&address) {
             return self.stage(request, address, reply);
         }
+        // Answered (or unroutable): a success is accepted, a failure dead-lettered.
+        let settled = || match &failed {
+            None => Outcome::Accept,
+            Some(text) => Outcome::Reject {
+                reason: text.clone(),
+            },
+        };
         match self.publisher.publish("", &address, reply) {
-            Ok(()) => Ok(Outcome::Accept),
+            Ok(()) => Ok(settled()),
             Err(e) if e.is_unroutable() => {
                 self.counters.unroutable(request.id(), &address);
-                Ok(Outcome::Accept)
+                Ok(settled())
             }
             Err(e) => {
                 self.counters.answered.fetch_sub(1, Ordering::SeqCst);
@@ -1138,9 +1338,24 @@ where
     }
 }
 
-/// An empty reply carrying the responder's failure.
-fn failure(text: String) -> Message {
-    Message::new(Vec::new()).header(headers::REPLY_ERROR, text)
+/// The family's failure reply: the body JSON `null` (`application/json`), so that a requester
+/// whose reply consumer decodes every reply (Python's, Ruby's) reads it, and the error text in
+/// `acemq-error`.
+fn failure(text: &str) -> Message {
+    Message::new(&b"null"[..])
+        .content_type("application/json")
+        .header(headers::REPLY_ERROR, text)
+}
+
+/// A handler's error as the family writes it in `acemq-error`: `{type}: {message}` (Python's
+/// `ValueError: …`, Ruby's `RuntimeError: …`). A Rust error's type is not known behind a
+/// [`BoxError`], so it is written as the consumer writes a handler's error in
+/// `x-acemq-error`: `FatalError: …` for a [`FatalError`], `Error: …` for any other.
+fn failure_text(e: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    match e.downcast_ref::<FatalError>() {
+        Some(fatal) => format!("FatalError: {fatal}"),
+        None => format!("Error: {e}"),
+    }
 }
 
 /// Where a request's reply goes: the `acemq-reply-to` header (text or UTF-8 bytes) first, then
@@ -1175,10 +1390,24 @@ mod tests {
 
     #[test]
     fn a_failure_reply_reads_as_a_responder_error() {
-        match answer(failure("no such sku".into())) {
-            Err(Error::Responder { message }) => assert_eq!(message, "no such sku"),
+        match answer(failure("Error: no such sku")) {
+            Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku"),
             other => panic!("{other:?}"),
         }
+        // The old form (an empty body, no content type) too.
+        let old = Message::new(Vec::new()).header(headers::REPLY_ERROR, "no such sku");
+        assert!(matches!(answer(old), Err(Error::Responder { .. })));
         assert!(answer(Message::new("ok")).is_ok());
+    }
+
+    #[test]
+    fn a_failure_is_written_with_its_type() {
+        let plain: BoxError = "no such sku".into();
+        assert_eq!(failure_text(&*plain), "Error: no such sku");
+        let fatal: BoxError = Box::new(FatalError::new("bad sku"));
+        assert_eq!(failure_text(&*fatal), "FatalError: bad sku");
+        let reply = failure("Error: x");
+        assert_eq!(reply.body, b"null");
+        assert_eq!(reply.content_type.as_deref(), Some("application/json"));
     }
 }
