@@ -221,6 +221,11 @@ fn from_json(v: serde_json::Value) -> HeaderValue {
 /// The message a record stands for, read with the same forgiving rules as a delivery. The
 /// record's body and headers are moved into it (left empty: the relay needs only the rest of
 /// the record once its message is made).
+///
+/// A record without a usable `x-acemq-id` (another program wrote the row: headers `{}`, an
+/// empty column, an id that is not a string) is published with [`record_id`], derived from the
+/// row, the same on every publish of it — so that a row published again (after its lease,
+/// by another relay) is recognised downstream as the same message.
 pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
     let headers = std::mem::take(&mut r.headers);
     let first_seen_given = headers.contains_key(headers::FIRST_SEEN);
@@ -228,13 +233,18 @@ pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
         .into_iter()
         .map(|(k, v)| (k, from_json(v)))
         .collect();
-    let mut m = Message::from_headers(
-        std::mem::take(&mut r.body),
-        all,
-        None,
-        &r.routing_key,
-        &crate::envelope::new_id,
-    );
+    // The body is moved in after the envelope is read: the derived id reads it.
+    let mut m = Message::from_headers(Vec::new(), all, None, &r.routing_key, &|| record_id(r));
+    m.body = std::mem::take(&mut r.body);
+    if let Some(why) = m.replaced_id {
+        log::warn!(
+            "acemq: outbox record {} has an {} it cannot carry as it came ({why}); it is \
+             published as message {}",
+            r.id,
+            headers::ID,
+            m.envelope.id
+        );
+    }
     if !first_seen_given {
         m.envelope.first_seen_ms = r.created_ms;
     }
@@ -242,6 +252,28 @@ pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
         m.content_type = Some(r.content_type.clone());
     }
     m
+}
+
+/// The id of an outbox record without a usable `x-acemq-id`: derived from what identifies the
+/// row and never changes while it waits — its id, when it was added, exchange, routing key,
+/// content type and body — in the UUID form (version 8) the family's readers expect. Two rows
+/// alike in all of these (two tables of one database each holding a row of the same id, added
+/// in the same millisecond, with the same message) are, by this rule, one message.
+fn record_id(r: &OutboxRecord) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(b"acemq-outbox-record");
+    field(&r.id.to_be_bytes());
+    field(&r.created_ms.to_be_bytes());
+    field(r.exchange.as_bytes());
+    field(r.routing_key.as_bytes());
+    field(r.content_type.as_bytes());
+    field(&r.body);
+    crate::envelope::uuid_v8(&h.finalize())
 }
 
 /// Options for an [`OutboxRelay`], fixed when it is made ([`OutboxRelay::new`]).
