@@ -4,11 +4,13 @@
 
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{OutboxRelay, OutboxRelayOptions, SqlOutboxStore};
+use acemq_amqp::patterns::{
+    OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats, OutboxStore, SqlOutboxStore,
+};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
@@ -361,4 +363,285 @@ fn a_non_string_id_is_replaced_by_one_derived_id_on_every_attempt_and_reported()
     assert_eq!(events[0].1, seen[0]);
     assert!(events[0].2.contains("not a string"), "{events:?}");
     assert!(!logged(&seen[0]).is_empty(), "a log line names the id used");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Item 7: the pipelined relay under a stalled link.
+
+/// Holds a fault for `d`: the fault's duration (what the scenario is made of), not a wait for
+/// anything to happen.
+fn for_a_while(d: Duration) {
+    std::thread::sleep(d);
+}
+
+/// Renewing is fenced as leasing is: only the store holding a lease renews it, and only while
+/// the lease holds; once it ran out, another store's lease is not renewed by the first.
+fn a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds(db: &Db) {
+    let lease = Duration::from_millis(400);
+    let a = outbox(db, lease);
+    let b = same_table(db, &a, lease);
+    for body in ["r1", "r2"] {
+        insert_raw(db, a.table(), "q", body, "{}");
+    }
+    let ids: Vec<i64> = a.pending(10).unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(ids.len(), 2);
+    assert!(b.renew(&ids).unwrap().is_empty(), "not b's to renew");
+    assert_eq!(a.renew(&ids).unwrap(), ids, "a holds them");
+    // Renewed, they stay a's past the first lease: b is offered nothing meanwhile…
+    assert!(b.pending(10).unwrap().is_empty());
+    // …until the renewed lease runs out; then b leases them, and a renews nothing.
+    let mut taken = Vec::new();
+    assert!(eventually(WAIT, || {
+        taken = b.pending(10).unwrap();
+        !taken.is_empty()
+    }));
+    assert_eq!(taken.len(), 2);
+    assert!(a.renew(&ids).unwrap().is_empty(), "a's lease ran out");
+    assert_eq!(b.renew(&ids).unwrap().len(), 2, "b holds them now");
+}
+
+on_both!(a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds);
+
+/// A store that notes when it leased each record (just before the lease statement went).
+struct Timed {
+    inner: SqlOutboxStore,
+    leased: Arc<Mutex<HashMap<i64, Instant>>>,
+    /// (id, how long after its last lease the relay asked for its delete)
+    deleted: Arc<Mutex<Vec<(i64, Duration)>>>,
+}
+
+impl Timed {
+    fn deleting(&self, ids: &[i64]) {
+        let now = Instant::now();
+        let leased = self.leased.lock().unwrap();
+        let mut deleted = self.deleted.lock().unwrap();
+        for id in ids {
+            if let Some(at) = leased.get(id) {
+                deleted.push((*id, now.duration_since(*at)));
+            }
+        }
+    }
+
+    fn note(&self, at: Instant, records: &[OutboxRecord]) {
+        let mut leased = self.leased.lock().unwrap();
+        for r in records {
+            leased.insert(r.id, at);
+        }
+    }
+}
+
+impl OutboxStore for Timed {
+    fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        let at = Instant::now();
+        let records = self.inner.pending(limit)?;
+        self.note(at, &records);
+        Ok(records)
+    }
+    fn mark_published_and_lease(
+        &self,
+        published: &[i64],
+        limit: usize,
+    ) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.deleting(published);
+        let at = Instant::now();
+        let records = self.inner.mark_published_and_lease(published, limit)?;
+        self.note(at, &records);
+        Ok(records)
+    }
+    fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.deleting(&[id]);
+        self.inner.mark_published(id)
+    }
+    fn mark_published_many(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.deleting(ids);
+        self.inner.mark_published_many(ids)
+    }
+    fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
+        self.inner.record_failure(id, error)
+    }
+    fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.inner.retired()
+    }
+    fn release(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.release(id)
+    }
+    fn unlease(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.inner.unlease(ids)
+    }
+    fn renew(&self, ids: &[i64]) -> acemq_amqp::Result<Vec<i64>> {
+        let at = Instant::now();
+        let renewed = self.inner.renew(ids)?;
+        let mut leased = self.leased.lock().unwrap();
+        for id in &renewed {
+            leased.insert(*id, at);
+        }
+        Ok(renewed)
+    }
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+    fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
+        self.inner.stats()
+    }
+}
+
+/// The records whose confirm a relay took in, and when (`OutboxEvent::Published`), and how
+/// often it was told a record was not published (a confirm that did not come in time).
+#[derive(Clone, Default)]
+struct Confirms {
+    published: Arc<Mutex<Vec<(i64, Instant)>>>,
+}
+
+impl acemq_amqp::Observer for Confirms {
+    fn outbox(&self, event: &acemq_amqp::observe::OutboxEvent<'_>) {
+        if let acemq_amqp::observe::OutboxEvent::Published { id, .. } = event {
+            self.published.lock().unwrap().push((*id, Instant::now()));
+        }
+    }
+}
+
+/// A started (pipelined) relay on a PostgreSQL table with a short lease, through a link that
+/// stalls again and again for a little less than half the lease: confirms come slower than half
+/// the lease, twice in a row and more. The lease is the fence: the relay must never still be
+/// awaiting a record's confirm once the record's lease ran out (another relay — or this one —
+/// may lease and publish it again then), and downstream each record arrives once.
+#[test]
+fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
+    capture_logs();
+    let db = Db::postgres();
+    let direct = connect();
+    let mut clean = Cleanup::new(&direct);
+    let q = clean.queue(&unique("outbox-stalled"));
+    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let lease = Duration::from_millis(1500);
+    let store = outbox(&db, lease);
+    let n = 1000;
+    let mut expected = std::collections::HashSet::new();
+    for chunk in 0..n / 100 {
+        db.in_tx(true, |tx| {
+            for i in 0..100 {
+                let r = acemq_amqp::patterns::record(
+                    &acemq_amqp::JsonCodec,
+                    "",
+                    &q,
+                    &serde_json::json!({ "n": chunk * 100 + i }),
+                )
+                .unwrap();
+                expected.insert(r.message_id().unwrap().to_string());
+                store.add(tx, &r).unwrap();
+            }
+        });
+    }
+    let copies: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let c = copies.clone();
+    let consumer = direct
+        .consumer(&q, ConsumerOptions::new().prefetch(500).declare(false))
+        .unwrap()
+        .start(move |m: &Message| {
+            *c.lock().unwrap().entry(m.id().to_string()).or_insert(0) += 1;
+            Ok(acemq_amqp::Outcome::Accept)
+        })
+        .unwrap();
+    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let confirms = Confirms::default();
+    let stalled = support::connect_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(proxy.url())
+            .observer(confirms.clone()),
+    );
+    let leased: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
+    let deleted: Arc<Mutex<Vec<(i64, Duration)>>> = Arc::default();
+    let timed = Timed {
+        inner: same_table(&db, &store, lease),
+        leased: leased.clone(),
+        deleted: deleted.clone(),
+    };
+    let options = OutboxRelayOptions::new()
+        .batch_size(20)
+        .interval(Duration::from_millis(20));
+    let relay = OutboxRelay::new(&stalled, timed, options)
+        .unwrap()
+        .start()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while db.count(store.table()) > 0 && Instant::now() < deadline {
+        proxy.stall();
+        for_a_while(lease * 49 / 100);
+        proxy.resume();
+        for_a_while(lease / 100);
+    }
+    proxy.resume();
+    let published = eventually(WAIT, || db.count(store.table()) == 0);
+    if !published {
+        let rows = db
+            .connect()
+            .query(
+                &format!(
+                    "SELECT id, attempts, lease_owner, lease_until_ms FROM {} ORDER BY id",
+                    store.table()
+                ),
+                &[],
+            )
+            .unwrap();
+        let lines = LINES.lock().unwrap();
+        panic!(
+            "not everything published: {} row(s) left, {:?} …; log: {:?}",
+            rows.len(),
+            &rows[..rows.len().min(3)],
+            &lines[lines.len().saturating_sub(8)..]
+        );
+    }
+    assert!(eventually(WAIT, || copies.lock().unwrap().len() >= n
+        && direct.queue_info(&q).unwrap().message_count == 0));
+    let report = relay.close().unwrap();
+    consumer.close().unwrap();
+    // A confirm taken in after the record's (last) lease ran out: the relay was still
+    // publishing a record it no longer held.
+    let leased = leased.lock().unwrap();
+    let late: Vec<(i64, Duration)> = confirms
+        .published
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(id, at)| {
+            let held = at.duration_since(leased[id]);
+            (held >= lease).then_some((*id, held))
+        })
+        .collect();
+    let max_held = confirms
+        .published
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, at)| at.duration_since(leased[id]))
+        .max();
+    let deleted = deleted.lock().unwrap().clone();
+    let max_deleted = deleted.iter().map(|(_, d)| *d).max();
+    eprintln!("longest lease-to-confirm: {max_held:?}; to delete {max_deleted:?}; {report:?}");
+    let late_deletes: Vec<&(i64, Duration)> = deleted.iter().filter(|(_, d)| *d >= lease).collect();
+    let copies = copies.lock().unwrap().clone();
+    let twice: Vec<(&String, &usize)> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        late_deletes.is_empty(),
+        "{} record(s) deleted past their {lease:?} lease, when another relay may have \
+         published them again ({:?} …)",
+        late_deletes.len(),
+        &late_deletes[..late_deletes.len().min(5)]
+    );
+    assert!(
+        late.is_empty(),
+        "{} confirm(s) awaited past the {lease:?} lease ({:?} …); {} record(s) published more \
+         than once; {report:?}",
+        late.len(),
+        &late[..late.len().min(5)],
+        twice.len()
+    );
+    assert_eq!(copies.len(), n, "distinct ids downstream");
+    assert!(copies.keys().all(|id| expected.contains(id)));
+    assert!(
+        twice.is_empty(),
+        "{} of {n} records published more than once ({:?} …); {report:?}",
+        twice.len(),
+        &twice[..twice.len().min(5)]
+    );
 }
