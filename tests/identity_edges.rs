@@ -645,3 +645,130 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
         &twice[..twice.len().min(5)]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Item 13 (relay part): the in-flight batch's store errors on the relay's error path.
+
+/// A real SQL store that, once its first delete-and-lease has run, is slow (that commit takes
+/// a third of the lease, so the batch it leased ahead is stale when its turn comes) and then
+/// refuses every later call. A fake only in this: the sequence — a slow commit, then a database
+/// that fails every statement, at exactly these two points of a started relay's loop — cannot
+/// be had from a real database on demand.
+struct FailsAfterTheFirstCommit {
+    inner: SqlOutboxStore,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl FailsAfterTheFirstCommit {
+    fn check(&self, what: &str) -> acemq_amqp::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(acemq_amqp::Error::Sql {
+                context: format!("{what} (refused by the test)"),
+                source: format!("refused by the test: {what}").into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl OutboxStore for FailsAfterTheFirstCommit {
+    fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.check("lease")?;
+        self.inner.pending(limit)
+    }
+    fn mark_published_and_lease(
+        &self,
+        published: &[i64],
+        limit: usize,
+    ) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.check("delete and lease")?;
+        let leased = self.inner.mark_published_and_lease(published, limit)?;
+        // A slow commit (the fault, not a wait for anything).
+        for_a_while(self.inner.lease() / 3);
+        self.failing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(leased)
+    }
+    fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.check("delete")?;
+        self.inner.mark_published(id)
+    }
+    fn mark_published_many(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.check("delete")?;
+        self.inner.mark_published_many(ids)
+    }
+    fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
+        self.check("count a failure")?;
+        self.inner.record_failure(id, error)
+    }
+    fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
+        self.inner.retired()
+    }
+    fn release(&self, id: i64) -> acemq_amqp::Result<()> {
+        self.inner.release(id)
+    }
+    fn unlease(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        self.check("end leases")?;
+        self.inner.unlease(ids)
+    }
+    fn renew(&self, ids: &[i64]) -> acemq_amqp::Result<Vec<i64>> {
+        self.check("renew")?;
+        self.inner.renew(ids)
+    }
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+    fn stats(&self) -> acemq_amqp::Result<OutboxStats> {
+        self.inner.stats()
+    }
+}
+
+/// A started relay has a batch in flight (one record of it unroutable) when the store starts
+/// failing: the next lease fails, and settling the batch in flight fails too (its delete, the
+/// count of its unroutable record). That second error was dropped (`let _ = self.settle(…)`);
+/// it must be logged, naming what failed.
+#[test]
+fn a_store_error_settling_the_batch_in_flight_on_the_error_path_is_logged() {
+    capture_logs();
+    let db = Db::sqlite();
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("outbox-settle-error"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let lease = Duration::from_millis(600);
+    let store = outbox(&db, lease);
+    let nowhere = unique("nowhere");
+    for (rk, body) in [(&q, "r1"), (&nowhere, "r2"), (&q, "r3"), (&q, "r4")] {
+        insert_raw(&db, store.table(), rk, body, "{}");
+    }
+    let failing = FailsAfterTheFirstCommit {
+        inner: same_table(&db, &store, lease),
+        failing: std::sync::atomic::AtomicBool::new(false),
+    };
+    let options = OutboxRelayOptions::new()
+        .batch_size(2)
+        .interval(Duration::from_millis(20));
+    let relay = OutboxRelay::new(&conn, failing, options)
+        .unwrap()
+        .start()
+        .unwrap();
+    // The batch in flight: r1 went out (confirmed), r2 was unroutable.
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        >= 1));
+    let settled = eventually(WAIT, || {
+        logged("refused by the test: delete")
+            .iter()
+            .chain(&logged("refused by the test: count a failure"))
+            .count()
+            > 0
+    });
+    relay.close().unwrap();
+    assert!(
+        settled,
+        "the in-flight batch's store error was not reported; logged: {:?}",
+        logged("refused by the test")
+    );
+}

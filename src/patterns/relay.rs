@@ -865,7 +865,15 @@ impl Core {
                     self.give_back(&leased.records);
                 }
                 if let Some(f) = flying.take() {
-                    let _ = self.settle(f, to_delete, None);
+                    // The sweep's own error is the one returned; what settling the batch in
+                    // flight ran into (a delete, a count, a lease not ended) is logged, as the
+                    // relay does for every store error it cannot return.
+                    if let Err(settling) = self.settle(f, to_delete, None) {
+                        log::warn!(
+                            "acemq: outbox sweep failed ({e}); settling the batch in flight \
+                             then failed too: {settling}"
+                        );
+                    }
                 }
                 return Err(e);
             }
@@ -937,7 +945,12 @@ impl Core {
             // The commit failed: try the delete alone (what is not deleted stays in
             // `to_delete` for the next commit); the commit's error is the one reported.
             Err(e) => {
-                let _ = self.flush(to_delete);
+                if let Err(deleting) = self.flush(to_delete) {
+                    log::warn!(
+                        "acemq: deleting published outbox records after a failed commit \
+                         ({e}): {deleting}; they are deleted with a later commit"
+                    );
+                }
                 Err(e)
             }
         };
