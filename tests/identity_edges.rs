@@ -640,9 +640,10 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
     assert!(copies.keys().all(|id| expected.contains(id)));
     assert!(
         twice.is_empty(),
-        "{} of {n} records published more than once ({:?} …); {report:?}",
+        "{} of {n} records published more than once ({:?} …); {report:?}; the relay said: {:?}",
         twice.len(),
-        &twice[..twice.len().min(5)]
+        &twice[..twice.len().min(5)],
+        logged("outbox")
     );
 }
 

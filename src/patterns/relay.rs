@@ -880,12 +880,15 @@ impl Core {
         };
         if records.is_empty() || records[0].attempts > 0 || batch_size == 1 {
             // Nothing to overlap with, a failed record that must go alone first, or strict
-            // order: the batch in flight settles first, then this one alone.
+            // order: the batch in flight settles first, then this one alone. What was confirmed
+            // before is deleted first: its leases are not renewed while the batch in flight is
+            // awaited.
+            let flushed_before = self.flush(to_delete);
             let earlier = match flying.take() {
                 Some(f) => self.settle(f, to_delete, None),
                 None => Ok(0),
             };
-            let flushed = self.flush(to_delete);
+            let flushed = flushed_before.and_then(|()| self.flush(to_delete));
             if let Err(e) = earlier.and_then(|n| flushed.map(|()| n)) {
                 self.give_back(&records);
                 return Err(e);
@@ -931,16 +934,11 @@ impl Core {
         } else {
             Ok(())
         };
-        // The earlier batch has had this batch's hand-over and the commit to be confirmed.
-        let handed_ids = ids(&records);
-        let earlier = match flying.take() {
-            Some(f) => self.settle(f, to_delete, Some((&handed_ids, &mut deadline))),
-            None => Ok(0),
-        };
+        // Not full, or the commit failed: what was confirmed before is deleted now, before the
+        // batch in flight is awaited (which may take half a lease and more, while the leases
+        // of these confirmed records are not renewed).
         let overlap = match overlap {
-            Ok(()) if whole && earlier.is_ok() => Ok(()),
-            // Not full, or something failed: what was confirmed is deleted now (what was
-            // leased ahead is given back below).
+            Ok(()) if whole => Ok(()),
             Ok(()) => self.flush(to_delete),
             // The commit failed: try the delete alone (what is not deleted stays in
             // `to_delete` for the next commit); the commit's error is the one reported.
@@ -953,6 +951,19 @@ impl Core {
                 }
                 Err(e)
             }
+        };
+        // The earlier batch has had this batch's hand-over and the commit to be confirmed.
+        let handed_ids = ids(&records);
+        let earlier = match flying.take() {
+            Some(f) => self.settle(f, to_delete, Some((&handed_ids, &mut deadline))),
+            None => Ok(0),
+        };
+        // Unless this batch stays in flight, what the earlier batch had confirmed is deleted now
+        // (what was leased ahead is given back below).
+        let overlap = match overlap {
+            Ok(()) if whole && earlier.is_ok() => Ok(()),
+            Ok(()) => self.flush(to_delete),
+            Err(e) => Err(e),
         };
         if whole && earlier.is_ok() && overlap.is_ok() {
             *flying = Some(InFlight {
@@ -1079,7 +1090,8 @@ impl Core {
     /// store still holds) and the relay goes on waiting for them, up to `MAX_RENEWALS` times:
     /// giving them back instead would have them published again while the first copies may
     /// still reach the broker. A record whose lease could not be renewed is given up on (a
-    /// timeout, not its fault: its lease is ended and it goes out again). The leases of `also`
+    /// timeout, not its fault: its lease is ended and it goes out again). The records already
+    /// confirmed are renewed with them (they are deleted once the batch settles). The leases of `also`
     /// (another batch in flight meanwhile) are renewed with them, and its deadline moved when
     /// they all were.
     fn await_confirms(
@@ -1110,7 +1122,10 @@ impl Core {
                 Err(ticket) => ticket,
             };
             waiting.push_front((i, ticket));
+            // The records still awaited, those of the batch already confirmed (they are
+            // deleted only after it settles) and the other batch in flight.
             let mut ids: Vec<i64> = waiting.iter().map(|(i, _)| records[*i].id).collect();
+            ids.extend_from_slice(&published);
             if let Some((other, _)) = &also {
                 ids.extend_from_slice(other);
             }
