@@ -158,6 +158,26 @@ pub trait Observer: Send + Sync + 'static {
     fn overrun(&self, overrun: &Overrun<'_>) {
         LogObserver.overrun(overrun)
     }
+
+    /// A consumer read a message whose `x-acemq-id` it cannot carry as it came (longer than a
+    /// short string, not UTF-8, not a string) and replaced it, for this attempt and every copy
+    /// (the rule: [`Envelope`](crate::Envelope)'s `id`). The replacement is also logged at warn,
+    /// whatever the observer.
+    fn id_replaced(&self, event: &IdReplaced<'_>) {
+        LogObserver.id_replaced(event)
+    }
+}
+
+/// A foreign message id replaced as it was read (see [`Observer::id_replaced`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct IdReplaced<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// The id the message is handled and copied with.
+    pub id: &'a str,
+    /// Why the id it arrived with was not used as it came.
+    pub reason: &'a str,
 }
 
 /// Progress of a dead-letter replay pass (see [`Observer::replay`]).
@@ -386,6 +406,16 @@ impl Observer for LogObserver {
             );
         }
     }
+    fn id_replaced(&self, e: &IdReplaced<'_>) {
+        // The warn line is the reader's own (`Message::from_delivery`), whatever the observer.
+        log::debug!(
+            "acemq: a message on {:?} is handled as {} ({})",
+            e.queue,
+            e.id,
+            e.reason
+        );
+    }
+
     fn overrun(&self, o: &Overrun<'_>) {
         log::warn!(
             "acemq: the handler of message {} ran past its deadline of {:?}; settled as a retry, \
@@ -478,6 +508,9 @@ impl Observer for Guarded {
     fn overrun(&self, overrun: &Overrun<'_>) {
         self.guard("overrun", |o| o.overrun(overrun))
     }
+    fn id_replaced(&self, event: &IdReplaced<'_>) {
+        self.guard("id_replaced", |o| o.id_replaced(event))
+    }
 }
 
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
@@ -504,5 +537,8 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn overrun(&self, overrun: &Overrun<'_>) {
         self.as_ref().overrun(overrun)
+    }
+    fn id_replaced(&self, event: &IdReplaced<'_>) {
+        self.as_ref().id_replaced(event)
     }
 }

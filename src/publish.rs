@@ -312,6 +312,27 @@ impl Ticket {
         result
     }
 
+    /// Waits up to `deadline`; when no answer came by then, hands the ticket back (to go on
+    /// waiting, as the outbox relay does once it has renewed its lease) instead of a timeout.
+    pub(crate) fn wait_or_keep(
+        mut self,
+        deadline: Instant,
+    ) -> std::result::Result<Result<()>, Ticket> {
+        match self.reply.recv_deadline(deadline) {
+            Err(oneshot::RecvTimeoutError::Timeout) => Err(self),
+            Ok(r) => {
+                let r = r.map_err(|e| blocked_or(&self.blocked, e));
+                self.span.end(r.as_ref().map(|_| ()));
+                Ok(r)
+            }
+            Err(oneshot::RecvTimeoutError::Disconnected) => {
+                let r = Err(Error::Closed { what: "publisher" });
+                self.span.end(r.as_ref().map(|_| ()));
+                Ok(r)
+            }
+        }
+    }
+
     fn answer(&self, deadline: Instant) -> Result<()> {
         match self.reply.recv_deadline(deadline) {
             Ok(r) => r,

@@ -510,6 +510,13 @@ impl Job {
         // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
         // fresh id as it is read, so that its copies carry an identity from here on.
         let mut message = Message::take_delivery(&mut delivery);
+        if let Some(reason) = message.replaced_id {
+            ctx.observer.id_replaced(&crate::observe::IdReplaced {
+                queue: &ctx.queue,
+                id: message.id(),
+                reason,
+            });
+        }
         message.codec = Some(ctx.codec.clone());
         Job {
             generation,

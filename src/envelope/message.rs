@@ -63,6 +63,9 @@ pub struct Message {
     /// The header table as received, kept by a copy that no longer carries the received
     /// `properties` (see [`Message::received_table`]).
     pub(crate) received_headers: Option<std::sync::Arc<FieldTable>>,
+    /// On a message as read: why the `x-acemq-id` it arrived with was not used as it came
+    /// (see `envelope::read_id`), for the reader's log line and observer.
+    pub(crate) replaced_id: Option<&'static str>,
 }
 
 impl From<Vec<u8>> for Message {
@@ -116,6 +119,7 @@ impl Message {
             engine_headers: BTreeMap::new(),
             codec: None,
             received_headers: None,
+            replaced_id: None,
         }
     }
 
@@ -324,11 +328,8 @@ impl Message {
     pub(crate) fn drop_invalid_headers(&mut self) {
         let e = &mut self.envelope;
         if e.id.len() > MAX_SHORT_STRING {
-            use sha2::Digest;
-            e.id = sha2::Sha256::digest(e.id.as_bytes())
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
+            // (A received message's id is already short: `envelope::read_id` hashes it so.)
+            e.id = super::hash_id(e.id.as_bytes());
         }
         self.headers.retain(|name, value| {
             check_header_name(name).is_ok() && !is_reserved(name) && value.validate(name).is_ok()
@@ -429,6 +430,15 @@ impl Message {
             &received.routing_key,
             &derive,
         );
+        if let Some(why) = m.replaced_id {
+            log::warn!(
+                "acemq: a message on {:?} arrived with an {} it cannot carry as it came ({why}); \
+                 it is handled, and copied, as message {}",
+                received.routing_key,
+                headers::ID,
+                m.envelope.id
+            );
+        }
         m.body = body;
         m.content_type = props.content_type().clone();
         m.reply_to = props.reply_to().clone();
@@ -452,7 +462,7 @@ impl Message {
         routing_key: &str,
         fallback_id: &dyn Fn() -> String,
     ) -> Message {
-        let envelope = Envelope::read(&all, message_id, routing_key, fallback_id);
+        let (envelope, replaced_id) = Envelope::read(&all, message_id, routing_key, fallback_id);
         // The family strips the namespace case-sensitively on read. (One pass, in key order:
         // each map is rebuilt from sorted entries.)
         let (mut application, mut engine) = (Vec::with_capacity(all.len()), Vec::new());
@@ -465,6 +475,7 @@ impl Message {
         }
         // Not `Message::new`: its fresh envelope (a random id, the clock) would be thrown away.
         let mut m = Message::with_envelope(body, envelope);
+        m.replaced_id = replaced_id;
         m.headers = application.into_iter().collect();
         m.engine_headers = engine.into_iter().collect();
         m

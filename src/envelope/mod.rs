@@ -51,6 +51,13 @@ pub struct Envelope {
     /// Stable identity, the same on every redelivery and retry; also the AMQP `message_id`. On a
     /// received message without `x-acemq-id` and `message_id`, an id derived from the delivery
     /// (exchange, routing key, properties, body), the same on every redelivery.
+    ///
+    /// A foreign `x-acemq-id` that cannot go on the wire as it came is replaced **as it is
+    /// read**, so the handler sees on attempt 1 the id every copy carries: a string over 255
+    /// bytes (it could not be the `message_id`, a short string) or a byte array that is not
+    /// UTF-8 by the SHA-256 hex of its bytes; a value that is not a string (an integer) by
+    /// `message_id`, else the derived id. Each replacement is logged at warn and reported to the
+    /// consumer's [`Observer::id_replaced`](crate::Observer::id_replaced).
     pub id: String,
     /// Message type, e.g. `order.placed`. When not set, the routing key it is published with
     /// (`message` when that is empty).
@@ -150,13 +157,14 @@ impl Envelope {
 
     /// Reads the envelope from received headers, the AMQP `message_id` and the routing key it
     /// arrived on, applying every default; `fallback_id` gives the id when neither `x-acemq-id`
-    /// nor `message_id` is there.
+    /// nor `message_id` is there. Also returns why a foreign `x-acemq-id` was not used as it
+    /// came, if it was not (see [`read_id`]).
     fn read(
         table: &BTreeMap<String, HeaderValue>,
         message_id: Option<&str>,
         routing_key: &str,
         fallback_id: &dyn Fn() -> String,
-    ) -> Envelope {
+    ) -> (Envelope, Option<&'static str>) {
         let text = |name: &str| table.get(name).and_then(read_text);
         let int = |name: &str| table.get(name).and_then(read_int);
         // Version and attempt travel as the family's 32-bit integers: a larger value (another
@@ -168,10 +176,11 @@ impl Envelope {
                 .map(|n| u32::try_from(n.min(i64::from(i32::MAX))).unwrap_or(1))
                 .unwrap_or(1)
         };
-        let id = text(headers::ID)
+        let (id, replaced) = read_id(table.get(headers::ID));
+        let id = id
             .or_else(|| message_id.filter(|m| !m.is_empty()).map(str::to_string))
             .unwrap_or_else(fallback_id);
-        Envelope {
+        let envelope = Envelope {
             message_type: Some(text(headers::TYPE).unwrap_or_else(|| routing_key.to_string()))
                 .filter(|t| !t.is_empty()),
             version: counter(headers::VERSION),
@@ -183,8 +192,60 @@ impl Envelope {
             error: text(headers::ERROR),
             claim: text(headers::CLAIM),
             id,
-        }
+        };
+        (envelope, replaced)
     }
+}
+
+/// Reads `x-acemq-id` so that a message has **one identity on every attempt**: the id its
+/// first reader sees is the one every copy (retry, dead letter, parked, replay) carries, also
+/// as the AMQP `message_id`, a short string. The rule:
+///
+/// - a string (a long string, or a byte array holding UTF-8) of 1 to 255 bytes is the id, as
+///   it came;
+/// - a longer string cannot be a `message_id`: the id is the SHA-256 hex of its bytes (64
+///   characters), already when it is read, so the handler sees the same id on attempt 1 as on
+///   every copy;
+/// - a byte array that is not UTF-8 is not dropped: the id is the SHA-256 hex of its bytes;
+/// - any other value (an integer, a table, …) is not an id this crate can carry as it came:
+///   the message falls back to `message_id`, then to the derived id, as without one;
+/// - absent, empty or void: `message_id`, then the derived id (nothing was replaced).
+///
+/// Returns the id (`None`: fall back) and, when a foreign id was there but not used as it
+/// came, why — for the caller's log line and [`Observer::id_replaced`](crate::Observer::id_replaced).
+/// (The family's readers differ here: Python decodes bytes lossily and prints other values,
+/// Go keeps the raw bytes and prints other values; neither can happen on this crate's wire,
+/// where the id must be a UTF-8 short string.)
+pub(crate) fn read_id(value: Option<&HeaderValue>) -> (Option<String>, Option<&'static str>) {
+    let text = match value {
+        None | Some(HeaderValue::Void) => return (None, None),
+        Some(HeaderValue::Text(s)) => s.as_str(),
+        Some(HeaderValue::Bytes(b)) => match std::str::from_utf8(b) {
+            Ok(s) => s,
+            Err(_) => return (Some(hash_id(b)), Some("it is not UTF-8")),
+        },
+        Some(_) => return (None, Some("it is not a string")),
+    };
+    if text.is_empty() {
+        (None, None)
+    } else if text.len() > MAX_SHORT_STRING {
+        (
+            Some(hash_id(text.as_bytes())),
+            Some("it is longer than 255 bytes (an AMQP short string)"),
+        )
+    } else {
+        (Some(text.to_string()), None)
+    }
+}
+
+/// The id that stands for an id that cannot go on the wire as it is: the SHA-256 hex of its
+/// bytes (64 characters), the same every time.
+pub(crate) fn hash_id(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A string header as the family reads it: a long string or a byte array holding UTF-8; empty

@@ -32,6 +32,16 @@
 //!   confirm and its delete does). A batch that is not full, a record that failed before and any
 //!   failure end the overlap: what is out settles, what was confirmed is deleted and what was
 //!   leased ahead is given back before anything more goes.
+//! * **A lease is the fence**: the relay publishes, awaits and deletes a record only while it
+//!   holds the record's lease, so no other relay (nor this one) leases it meanwhile. Each
+//!   batch's time counts from its lease, not from its hand-over: a batch leased ahead that
+//!   waited past a quarter of its lease behind slow confirms has its leases renewed
+//!   ([`OutboxStore::renew`]) before it goes, or is given back and leased afresh; and when
+//!   confirms are slower than half the lease (a stalled link), the leases of every record in
+//!   flight — the batch awaited and the one handed over behind it — are renewed and the relay
+//!   goes on waiting, up to eight times, rather than giving back records whose first copies may
+//!   still reach the broker. (A store that cannot renew gives up at half the lease, as a
+//!   timeout.)
 //! * What is not the record's fault is not counted: a dropped connection, a channel the broker
 //!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
 //!   that timed out. Those records' leases are ended and they go out after recovery.
@@ -221,6 +231,11 @@ fn from_json(v: serde_json::Value) -> HeaderValue {
 /// The message a record stands for, read with the same forgiving rules as a delivery. The
 /// record's body and headers are moved into it (left empty: the relay needs only the rest of
 /// the record once its message is made).
+///
+/// A record without a usable `x-acemq-id` (another program wrote the row: headers `{}`, an
+/// empty column, an id that is not a string) is published with [`record_id`], derived from the
+/// row, the same on every publish of it — so that a row published again (after its lease,
+/// by another relay) is recognised downstream as the same message.
 pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
     let headers = std::mem::take(&mut r.headers);
     let first_seen_given = headers.contains_key(headers::FIRST_SEEN);
@@ -228,13 +243,18 @@ pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
         .into_iter()
         .map(|(k, v)| (k, from_json(v)))
         .collect();
-    let mut m = Message::from_headers(
-        std::mem::take(&mut r.body),
-        all,
-        None,
-        &r.routing_key,
-        &crate::envelope::new_id,
-    );
+    // The body is moved in after the envelope is read: the derived id reads it.
+    let mut m = Message::from_headers(Vec::new(), all, None, &r.routing_key, &|| record_id(r));
+    m.body = std::mem::take(&mut r.body);
+    if let Some(why) = m.replaced_id {
+        log::warn!(
+            "acemq: outbox record {} has an {} it cannot carry as it came ({why}); it is \
+             published as message {}",
+            r.id,
+            headers::ID,
+            m.envelope.id
+        );
+    }
     if !first_seen_given {
         m.envelope.first_seen_ms = r.created_ms;
     }
@@ -242,6 +262,28 @@ pub(crate) fn take_message(r: &mut OutboxRecord) -> Message {
         m.content_type = Some(r.content_type.clone());
     }
     m
+}
+
+/// The id of an outbox record without a usable `x-acemq-id`: derived from what identifies the
+/// row and never changes while it waits — its id, when it was added, exchange, routing key,
+/// content type and body — in the UUID form (version 8) the family's readers expect. Two rows
+/// alike in all of these (two tables of one database each holding a row of the same id, added
+/// in the same millisecond, with the same message) are, by this rule, one message.
+fn record_id(r: &OutboxRecord) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+    };
+    field(b"acemq-outbox-record");
+    field(&r.id.to_be_bytes());
+    field(&r.created_ms.to_be_bytes());
+    field(r.exchange.as_bytes());
+    field(r.routing_key.as_bytes());
+    field(r.content_type.as_bytes());
+    field(&r.body);
+    crate::envelope::uuid_v8(&h.finalize())
 }
 
 /// Options for an [`OutboxRelay`], fixed when it is made ([`OutboxRelay::new`]).
@@ -345,6 +387,13 @@ struct HandedOver {
     failures: Vec<(usize, Error)>,
     /// Every record of the batch was handed over (none held back behind a failure).
     whole_batch: bool,
+}
+
+/// A batch leased ahead by a started relay (in the commit that deleted the batch before), and
+/// when: its lease, and so its deadline, counts from then, not from its hand-over.
+struct Leased {
+    records: Vec<OutboxRecord>,
+    at: Instant,
 }
 
 /// A full batch handed to the broker whose confirms the started relay awaits only after it has
@@ -573,6 +622,11 @@ impl Drop for Core {
     }
 }
 
+/// How many times the relay renews the leases of a batch whose confirms are slow to come
+/// before it gives up on them (see `Core::await_confirms`): with the first half lease, a wait
+/// of at most four and a half leases.
+const MAX_RENEWALS: u32 = 8;
+
 /// How often a relay working through full batches reports the backlog.
 const BACKLOG_EVERY: Duration = Duration::from_secs(1);
 
@@ -586,7 +640,8 @@ impl Core {
     /// the interval or until told to stop; stopping, it deletes what went out and gives back
     /// what it leased ahead.
     fn run(&self, stop: &Receiver<()>) {
-        let (mut next, mut to_delete, mut flying) = (None, Vec::new(), None);
+        let (mut next, mut to_delete, mut flying): (Option<Leased>, _, _) =
+            (None, Vec::new(), None);
         // When the last backlog count started, and how long it took.
         let (mut reported, mut count_took) = (Instant::now(), Duration::ZERO);
         loop {
@@ -622,7 +677,7 @@ impl Core {
                 // Stopping: await the batch in flight, delete what went out, give back what
                 // was leased.
                 if let Some(f) = flying.take() {
-                    if let Err(e) = self.settle(f, &mut to_delete) {
+                    if let Err(e) = self.settle(f, &mut to_delete, None) {
                         log::warn!("acemq: outbox sweep failed: {e}");
                     }
                 }
@@ -630,7 +685,7 @@ impl Core {
                     log::warn!("acemq: deleting published outbox records: {e}");
                 }
                 if let Some(leased) = next.take() {
-                    self.give_back(&leased);
+                    self.give_back(&leased.records);
                 }
                 return;
             }
@@ -701,21 +756,57 @@ impl Core {
     fn sweep_once(&self) -> Result<usize> {
         let _one_at_a_time = self.sweeping.lock();
         let publisher = self.publisher()?;
+        let leased_at = Instant::now();
         let mut records = self.store.pending(self.options.batch_size)?;
         if records.is_empty() {
             return Ok(0);
         }
-        let deadline = self.sweep_deadline();
+        let deadline = self.deadline(leased_at);
         let mut handed = self.hand_over(&publisher, &mut records, deadline);
-        let published = self.await_confirms(&records, &mut handed, deadline);
+        let published = self.await_confirms(&records, &mut handed, deadline, None);
         self.finish(&records, published, handed.failures)
     }
 
-    /// When publishing a just-leased batch must be over: half the lease from now, so that the
-    /// lease never runs out while this relay still publishes (another relay would then publish
-    /// the same records too).
-    fn sweep_deadline(&self) -> Instant {
-        Instant::now() + self.store.lease() / 2
+    /// When publishing a batch leased at `leased_at` (taken just before the lease statement
+    /// went, so no later than the database's lease began) must be over: half the lease after
+    /// it, so that the lease never runs out while this relay still publishes, awaits or has yet
+    /// to delete the records (another relay would then publish them too). Counted from the
+    /// lease, not from the hand-over: a batch leased ahead waits while the batch before it is
+    /// confirmed.
+    fn deadline(&self, leased_at: Instant) -> Instant {
+        leased_at + self.store.lease() / 2
+    }
+
+    /// A batch leased ahead that waited too long to be handed over (see
+    /// [`still_fresh`](Self::still_fresh)): its leases renewed, or, where the store cannot
+    /// renew them all, given back and a batch leased afresh (the same records, most often).
+    fn refresh(&self, l: Leased) -> Result<Leased> {
+        let at = Instant::now();
+        let ids = ids(&l.records);
+        match self.store.renew(&ids) {
+            Ok(renewed) if renewed.len() == ids.len() => {
+                return Ok(Leased {
+                    records: l.records,
+                    at,
+                })
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("acemq: renewing the leases of outbox records: {e}"),
+        }
+        self.give_back(&l.records);
+        let at = Instant::now();
+        Ok(Leased {
+            records: self.store.pending(self.options.batch_size)?,
+            at,
+        })
+    }
+
+    /// Whether a batch leased ahead at `leased_at` may still be handed over: while at least
+    /// half of its time to publish is left (a quarter of the lease). One that waited longer
+    /// behind slow confirms (a stalled link) is given back unpublished and a fresh batch
+    /// leased, rather than published with too little of its lease left to be confirmed in.
+    fn still_fresh(&self, leased_at: Instant) -> bool {
+        leased_at.elapsed() < self.store.lease() / 4
     }
 
     /// The started relay's loop: like [`sweep`](Self::sweep), but pipelined. A full batch is
@@ -728,7 +819,7 @@ impl Core {
     /// `to_delete` and `flying` carry over between calls.
     fn pump(
         &self,
-        next: &mut Option<Vec<OutboxRecord>>,
+        next: &mut Option<Leased>,
         to_delete: &mut Vec<i64>,
         flying: &mut Option<InFlight>,
     ) -> Result<usize> {
@@ -738,7 +829,7 @@ impl Core {
 
     fn pump_once(
         &self,
-        next: &mut Option<Vec<OutboxRecord>>,
+        next: &mut Option<Leased>,
         to_delete: &mut Vec<i64>,
         flying: &mut Option<InFlight>,
     ) -> Result<usize> {
@@ -748,45 +839,84 @@ impl Core {
         // nothing new goes out and the batch in flight settles (what was leased ahead is given
         // back).
         let publisher_and_records = self.publisher().and_then(|p| {
-            let records = match next.take() {
-                Some(r) => r,
-                None => self.store.pending(batch_size)?,
+            let leased = match next.take() {
+                Some(l) if self.still_fresh(l.at) => l,
+                Some(l) => self.refresh(l)?,
+                None => {
+                    let at = Instant::now();
+                    Leased {
+                        records: self.store.pending(batch_size)?,
+                        at,
+                    }
+                }
             };
-            Ok((p, records))
+            Ok((p, leased))
         });
-        let (publisher, mut records) = match publisher_and_records {
+        let (
+            publisher,
+            Leased {
+                mut records,
+                at: leased_at,
+            },
+        ) = match publisher_and_records {
             Ok(got) => got,
             Err(e) => {
                 if let Some(leased) = next.take() {
-                    self.give_back(&leased);
+                    self.give_back(&leased.records);
                 }
                 if let Some(f) = flying.take() {
-                    let _ = self.settle(f, to_delete);
+                    // The sweep's own error is the one returned; what settling the batch in
+                    // flight ran into (a delete, a count, a lease not ended) is logged, as the
+                    // relay does for every store error it cannot return.
+                    if let Err(settling) = self.settle(f, to_delete, None) {
+                        log::warn!(
+                            "acemq: outbox sweep failed ({e}); settling the batch in flight \
+                             then failed too: {settling}"
+                        );
+                    }
                 }
                 return Err(e);
             }
         };
         if records.is_empty() || records[0].attempts > 0 || batch_size == 1 {
             // Nothing to overlap with, a failed record that must go alone first, or strict
-            // order: the batch in flight settles first, then this one alone.
+            // order: the batch in flight settles first, then this one alone. What was confirmed
+            // before is deleted first: its leases are not renewed while the batch in flight is
+            // awaited.
+            let flushed_before = self.flush(to_delete);
             let earlier = match flying.take() {
-                Some(f) => self.settle(f, to_delete),
+                Some(f) => self.settle(f, to_delete, None),
                 None => Ok(0),
             };
-            let flushed = self.flush(to_delete);
+            let flushed = flushed_before.and_then(|()| self.flush(to_delete));
             if let Err(e) = earlier.and_then(|n| flushed.map(|()| n)) {
                 self.give_back(&records);
                 return Err(e);
             }
+            let Leased {
+                mut records,
+                at: leased_at,
+            } = if records.is_empty() || self.still_fresh(leased_at) {
+                Leased {
+                    records,
+                    at: leased_at,
+                }
+            } else {
+                // The batch in flight took long to settle.
+                self.refresh(Leased {
+                    records,
+                    at: leased_at,
+                })?
+            };
             if records.is_empty() {
                 return Ok(0);
             }
-            let deadline = self.sweep_deadline();
+            let deadline = self.deadline(leased_at);
             let mut handed = self.hand_over(&publisher, &mut records, deadline);
-            let published = self.await_confirms(&records, &mut handed, deadline);
+            let published = self.await_confirms(&records, &mut handed, deadline, None);
             return self.finish(&records, published, handed.failures);
         }
-        let deadline = self.sweep_deadline();
+        let mut deadline = self.deadline(leased_at);
         let mut handed = self.hand_over(&publisher, &mut records, deadline);
         let whole = handed.whole_batch && handed.failures.is_empty() && records.len() == batch_size;
         // While the broker confirms the earlier batch and this one: delete what was confirmed
@@ -794,31 +924,46 @@ impl Core {
         // where the store can. (Measured here: awaiting the earlier batch first and committing
         // after left the broker idle during the commit; this way the two overlap.)
         let overlap = if whole {
+            let at = Instant::now();
             self.store
                 .mark_published_and_lease(to_delete, batch_size)
-                .map(|leased| {
+                .map(|records| {
                     to_delete.clear();
-                    *next = Some(leased);
+                    *next = Some(Leased { records, at });
                 })
         } else {
             Ok(())
         };
-        // The earlier batch has had this batch's hand-over and the commit to be confirmed.
-        let earlier = match flying.take() {
-            Some(f) => self.settle(f, to_delete),
-            None => Ok(0),
-        };
+        // Not full, or the commit failed: what was confirmed before is deleted now, before the
+        // batch in flight is awaited (which may take half a lease and more, while the leases
+        // of these confirmed records are not renewed).
         let overlap = match overlap {
-            Ok(()) if whole && earlier.is_ok() => Ok(()),
-            // Not full, or something failed: what was confirmed is deleted now (what was
-            // leased ahead is given back below).
+            Ok(()) if whole => Ok(()),
             Ok(()) => self.flush(to_delete),
             // The commit failed: try the delete alone (what is not deleted stays in
             // `to_delete` for the next commit); the commit's error is the one reported.
             Err(e) => {
-                let _ = self.flush(to_delete);
+                if let Err(deleting) = self.flush(to_delete) {
+                    log::warn!(
+                        "acemq: deleting published outbox records after a failed commit \
+                         ({e}): {deleting}; they are deleted with a later commit"
+                    );
+                }
                 Err(e)
             }
+        };
+        // The earlier batch has had this batch's hand-over and the commit to be confirmed.
+        let handed_ids = ids(&records);
+        let earlier = match flying.take() {
+            Some(f) => self.settle(f, to_delete, Some((&handed_ids, &mut deadline))),
+            None => Ok(0),
+        };
+        // Unless this batch stays in flight, what the earlier batch had confirmed is deleted now
+        // (what was leased ahead is given back below).
+        let overlap = match overlap {
+            Ok(()) if whole && earlier.is_ok() => Ok(()),
+            Ok(()) => self.flush(to_delete),
+            Err(e) => Err(e),
         };
         if whole && earlier.is_ok() && overlap.is_ok() {
             *flying = Some(InFlight {
@@ -830,9 +975,9 @@ impl Core {
         }
         // Not full, or something failed: this batch settles now, and what was leased ahead is
         // given back.
-        let published = self.await_confirms(&records, &mut handed, deadline);
+        let published = self.await_confirms(&records, &mut handed, deadline, None);
         let gave_back = match next.take() {
-            Some(leased) => self.store.unlease(&ids(&leased)),
+            Some(leased) => self.store.unlease(&ids(&leased.records)),
             None => Ok(()),
         };
         let n = self.finish(&records, published, handed.failures)?;
@@ -845,8 +990,17 @@ impl Core {
     /// Awaits a batch left in flight: all confirmed → its ids join `to_delete` (deleted with the
     /// next commit); otherwise it is finished at once (deleted what went out, failures counted,
     /// leases ended).
-    fn settle(&self, mut f: InFlight, to_delete: &mut Vec<i64>) -> Result<usize> {
-        let published = self.await_confirms(&f.records, &mut f.handed, f.deadline);
+    ///
+    /// `also`: the batch handed over behind it (its ids and deadline), still in flight while
+    /// this one is awaited: its leases are renewed with this batch's (see
+    /// [`await_confirms`](Self::await_confirms)), so that they never run out meanwhile.
+    fn settle(
+        &self,
+        mut f: InFlight,
+        to_delete: &mut Vec<i64>,
+        also: Option<(&[i64], &mut Instant)>,
+    ) -> Result<usize> {
+        let published = self.await_confirms(&f.records, &mut f.handed, f.deadline, also);
         if published.len() == f.records.len() && f.handed.failures.is_empty() {
             let n = published.len();
             to_delete.extend(published);
@@ -911,7 +1065,9 @@ impl Core {
             }
         }
         for (i, r) in records.iter_mut().enumerate().skip(next) {
-            if r.attempts > 0 {
+            if r.attempts > 0 || Instant::now() >= deadline {
+                // A record that failed before waits for a later sweep; past the deadline (a
+                // publish waited long for room), the rest is given back, still in order.
                 return handed;
             }
             let message = take_message(r);
@@ -928,25 +1084,86 @@ impl Core {
     }
 
     /// Waits for the confirms; returns the ids the broker took, in order.
+    ///
+    /// At the deadline (half the lease) with confirms still to come — a stalled link — the
+    /// leases of the records still awaited are renewed ([`OutboxStore::renew`], only those this
+    /// store still holds) and the relay goes on waiting for them, up to `MAX_RENEWALS` times:
+    /// giving them back instead would have them published again while the first copies may
+    /// still reach the broker. A record whose lease could not be renewed is given up on (a
+    /// timeout, not its fault: its lease is ended and it goes out again). The records already
+    /// confirmed are renewed with them (they are deleted once the batch settles). The leases of `also`
+    /// (another batch in flight meanwhile) are renewed with them, and its deadline moved when
+    /// they all were.
     fn await_confirms(
         &self,
         records: &[OutboxRecord],
         handed: &mut HandedOver,
         deadline: Instant,
+        mut also: Option<(&[i64], &mut Instant)>,
     ) -> Vec<i64> {
         let mut published = Vec::with_capacity(records.len());
         for i in std::mem::take(&mut handed.confirmed) {
             self.published(&records[i]);
             published.push(records[i].id);
         }
-        for (i, ticket) in std::mem::take(&mut handed.tickets) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match ticket.wait_timeout(left) {
-                Ok(()) => {
+        let (mut deadline, mut renewals, started) = (deadline, 0, Instant::now());
+        let mut waiting: std::collections::VecDeque<_> = std::mem::take(&mut handed.tickets).into();
+        while let Some((i, ticket)) = waiting.pop_front() {
+            let ticket = match ticket.wait_or_keep(deadline) {
+                Ok(Ok(())) => {
                     self.published(&records[i]);
                     published.push(records[i].id);
+                    continue;
                 }
-                Err(e) => handed.failures.push((i, e)),
+                Ok(Err(e)) => {
+                    handed.failures.push((i, e));
+                    continue;
+                }
+                Err(ticket) => ticket,
+            };
+            waiting.push_front((i, ticket));
+            // The records still awaited, those of the batch already confirmed (they are
+            // deleted only after it settles) and the other batch in flight.
+            let mut ids: Vec<i64> = waiting.iter().map(|(i, _)| records[*i].id).collect();
+            ids.extend_from_slice(&published);
+            if let Some((other, _)) = &also {
+                ids.extend_from_slice(other);
+            }
+            let renewed_at = Instant::now();
+            let renewed = if renewals < MAX_RENEWALS {
+                self.store.renew(&ids).unwrap_or_else(|e| {
+                    log::warn!("acemq: renewing the leases of outbox records in flight: {e}");
+                    Vec::new()
+                })
+            } else {
+                Vec::new()
+            };
+            renewals += 1;
+            let (kept, lost): (Vec<_>, Vec<_>) = waiting
+                .drain(..)
+                .partition(|(i, _)| renewed.contains(&records[*i].id));
+            for (i, _) in lost {
+                handed.failures.push((
+                    i,
+                    Error::Timeout {
+                        what: format!("the confirm of outbox record {}", records[i].id),
+                        after: started.elapsed(),
+                    },
+                ));
+            }
+            if !kept.is_empty() {
+                log::warn!(
+                    "acemq: {} outbox record(s) in flight not confirmed within half their \
+                     lease; their leases renewed, the relay goes on waiting",
+                    kept.len()
+                );
+            }
+            waiting = kept.into();
+            deadline = self.deadline(renewed_at);
+            if let Some((other, other_deadline)) = &mut also {
+                if other.iter().all(|id| renewed.contains(id)) {
+                    **other_deadline = deadline;
+                }
             }
         }
         published

@@ -157,6 +157,21 @@ impl OutboxStore for InMemoryOutboxStore {
         Ok(())
     }
 
+    fn renew(&self, ids: &[i64]) -> Result<Vec<i64>> {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        let mut renewed = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((_, lease)) = state.records.get_mut(id) {
+                if lease.is_some_and(|until| until > now) {
+                    *lease = Some(now + self.lease);
+                    renewed.push(*id);
+                }
+            }
+        }
+        Ok(renewed)
+    }
+
     fn stats(&self) -> Result<OutboxStats> {
         let state = self.state.lock();
         let live = state

@@ -67,7 +67,9 @@ impl NewOutboxRecord {
     /// `message_id`, the same however often it is published: store it beside the business row
     /// to point at its message. Always there on a record made by
     /// [`record`](crate::patterns::record) or [`record_message`](crate::patterns::record_message);
-    /// `None` on one built by hand without an `x-acemq-id` header.
+    /// `None` on one built by hand (or a row another program wrote) without a string
+    /// `x-acemq-id`: the relay then publishes it with an id derived from the row (its id, when
+    /// it was added, exchange, routing key, content type and body), the same on every publish.
     pub fn message_id(&self) -> Option<&str> {
         self.headers
             .get(crate::envelope::headers::ID)
@@ -178,9 +180,25 @@ pub trait OutboxStore: Send + Sync {
         Ok(())
     }
 
+    /// Extends this store's lease on those of `ids` it still holds — leased to it, the lease
+    /// not run out — by a whole [`lease`](Self::lease) from now, and returns them; a record
+    /// whose lease ran out (another relay may hold it now) is not renewed. The relay renews the
+    /// leases of a batch whose confirms are slow to come (a stalled link) instead of giving the
+    /// records back while they may still reach the broker (which would publish them twice).
+    /// Defaults to renewing none: the relay then gives up on such a batch at half its lease.
+    ///
+    /// # Errors
+    ///
+    /// A store error, such as [`Error::Sql`].
+    fn renew(&self, ids: &[i64]) -> Result<Vec<i64>> {
+        let _ = ids;
+        Ok(Vec::new())
+    }
+
     /// How long a record [`pending`](Self::pending) returns stays leased. The relay keeps each
-    /// sweep well inside it (half of it), so that a lease never runs out while this relay is
-    /// still publishing the record and another relay takes it too. Defaults to 30 s.
+    /// batch well inside it (half of it from the lease, then [`renew`](Self::renew)ing it), so
+    /// that a lease never runs out while this relay is still publishing the record and another
+    /// relay takes it too. Defaults to 30 s.
     fn lease(&self) -> Duration {
         Duration::from_secs(30)
     }

@@ -156,6 +156,20 @@ impl Statements {
         )
     }
 
+    /// $1 owner, $2 lease in ms, the ids from $3: the leases this owner still holds (not run
+    /// out by the database's clock) extended by a whole lease from now.
+    fn renew_many(&self, n: usize) -> String {
+        let now = self.dialect.now_ms_sql();
+        format!(
+            "UPDATE {} SET lease_until_ms = {now} + {} \
+             WHERE lease_owner = {} AND lease_until_ms > {now} AND {} RETURNING id",
+            self.table,
+            self.dialect.placeholder(2),
+            self.dialect.placeholder(1),
+            self.id_is_one_of(2, n)
+        )
+    }
+
     fn unlease_many(&self, n: usize) -> String {
         format!(
             "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
@@ -623,6 +637,27 @@ impl OutboxStore for SqlOutboxStore {
                 .map_err(|e| self.context(e, "ending leases"))?;
         }
         Ok(())
+    }
+
+    fn renew(&self, ids: &[i64]) -> Result<Vec<i64>> {
+        let mut renewed = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut conn = (self.connect)()?;
+            let s = self.statements(&*conn);
+            let sql = s.renew_many(chunk.len());
+            let mut params = vec![
+                Value::Text(self.owner.clone()),
+                Value::Integer(sql::duration_ms(self.lease)),
+            ];
+            params.extend(s.id_params(chunk));
+            let rows = conn
+                .query(&sql, &params)
+                .map_err(|e| self.context(e, "renewing leases"))?;
+            for row in &rows {
+                renewed.push(sql::col_i64(row, 0)?);
+            }
+        }
+        Ok(renewed)
     }
 
     fn stats(&self) -> Result<OutboxStats> {
