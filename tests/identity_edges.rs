@@ -349,15 +349,26 @@ fn a_non_utf8_id_is_hashed_from_its_bytes_on_every_attempt_and_reported() {
     assert!(!logged(&hashed).is_empty(), "a log line names the id used");
 }
 
-/// A foreign `x-acemq-id` that is not a string (an integer) is not an id this crate can use as
-/// it is: the message reads under the id derived from the delivery, the same on every attempt,
-/// and that is logged and reported.
+/// A foreign `x-acemq-id` that is an integer reads as its decimal text, as the family's Python
+/// and Go readers read it, so consumers of one queue in two languages agree on its identity: the
+/// same on every attempt and on the dead-letter copy, and nothing was replaced.
+#[test]
+fn an_integer_id_is_read_as_its_decimal_text_on_every_attempt_as_the_family_reads_it() {
+    let (seen, dead, events) = ids_over_every_attempt("id-int", AmqpValue::LongInt(777));
+    assert_eq!(seen, vec!["777".to_string(); 3], "every attempt");
+    assert_eq!(dead, "777", "the dead-letter copy");
+    assert!(events.is_empty(), "{events:?}");
+}
+
+/// A foreign `x-acemq-id` that is neither a string nor an integer (a boolean) is not an id this
+/// crate can use as it is: the message reads under the id derived from the delivery, the same
+/// on every attempt, and that is logged and reported.
 #[test]
 fn a_non_string_id_is_replaced_by_one_derived_id_on_every_attempt_and_reported() {
-    let (seen, dead, events) = ids_over_every_attempt("id-int", AmqpValue::LongInt(777));
+    let (seen, dead, events) = ids_over_every_attempt("id-bool", AmqpValue::Boolean(true));
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|id| *id == seen[0]), "{seen:?}");
-    assert_ne!(seen[0], "777");
+    assert_ne!(seen[0], "true");
     assert_eq!(dead, seen[0], "the dead-letter copy");
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].1, seen[0]);

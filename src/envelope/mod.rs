@@ -55,9 +55,10 @@ pub struct Envelope {
     /// A foreign `x-acemq-id` that cannot go on the wire as it came is replaced **as it is
     /// read**, so the handler sees on attempt 1 the id every copy carries: a string over 255
     /// bytes (it could not be the `message_id`, a short string) or a byte array that is not
-    /// UTF-8 by the SHA-256 hex of its bytes; a value that is not a string (an integer) by
-    /// `message_id`, else the derived id. Each replacement is logged at warn and reported to the
-    /// consumer's [`Observer::id_replaced`](crate::Observer::id_replaced).
+    /// UTF-8 by the SHA-256 hex of its bytes; a value that is neither a string nor an integer
+    /// (an integer reads as its decimal text, as the family reads it) by `message_id`, else the
+    /// derived id. Each replacement is logged at warn and reported to the consumer's
+    /// [`Observer::id_replaced`](crate::Observer::id_replaced).
     pub id: String,
     /// Message type, e.g. `order.placed`. When not set, the routing key it is published with
     /// (`message` when that is empty).
@@ -207,15 +208,17 @@ impl Envelope {
 ///   characters), already when it is read, so the handler sees the same id on attempt 1 as on
 ///   every copy;
 /// - a byte array that is not UTF-8 is not dropped: the id is the SHA-256 hex of its bytes;
-/// - any other value (an integer, a table, …) is not an id this crate can carry as it came:
-///   the message falls back to `message_id`, then to the derived id, as without one;
+/// - an integer (any width) is its decimal text, as the family's Python and Go readers read it
+///   (`777` is `"777"`), so that consumers of one queue in two languages agree on its identity;
+/// - any other value (a float, a boolean, a table, …) is not an id this crate can carry as it
+///   came: the message falls back to `message_id`, then to the derived id, as without one;
 /// - absent, empty or void: `message_id`, then the derived id (nothing was replaced).
 ///
 /// Returns the id (`None`: fall back) and, when a foreign id was there but not used as it
 /// came, why — for the caller's log line and [`Observer::id_replaced`](crate::Observer::id_replaced).
-/// (The family's readers differ here: Python decodes bytes lossily and prints other values,
-/// Go keeps the raw bytes and prints other values; neither can happen on this crate's wire,
-/// where the id must be a UTF-8 short string.)
+/// (The family's readers differ beyond integers: Python decodes bytes lossily and prints
+/// other values, Go keeps the raw bytes and prints other values; neither can happen on this
+/// crate's wire, where the id must be a UTF-8 short string.)
 pub(crate) fn read_id(value: Option<&HeaderValue>) -> (Option<String>, Option<&'static str>) {
     let text = match value {
         None | Some(HeaderValue::Void) => return (None, None),
@@ -224,6 +227,7 @@ pub(crate) fn read_id(value: Option<&HeaderValue>) -> (Option<String>, Option<&'
             Ok(s) => s,
             Err(_) => return (Some(hash_id(b)), Some("it is not UTF-8")),
         },
+        Some(HeaderValue::Int(i)) => return (Some(i.to_string()), None),
         Some(_) => return (None, Some("it is not a string")),
     };
     if text.is_empty() {
