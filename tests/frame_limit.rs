@@ -662,3 +662,94 @@ fn a_reply_too_large_for_the_frame_sends_the_failure_reply_and_dead_letters_the_
 fn a_reply_too_large_for_a_named_reply_queue_sends_the_failure_reply_and_dead_letters_it() {
     a_reply_too_large_for_the_frame_sends_the_failure_reply(true);
 }
+
+/// A request whose correlation id (copied onto every reply, the failure reply too) leaves no
+/// room for a reply: none is sent — neither the reply nor the failure reply fits — and the
+/// request, handled once, is dead-lettered with the reason (here by the broker: even its
+/// trimmed copy keeps the family's `x-acemq-correlation`, too large), with no connection lost.
+#[test]
+fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_unanswered() {
+    use acemq_amqp::headers;
+    use amiquip::{AmqpProperties, AmqpValue, FieldTable, QueueDeclareOptions};
+    let (conn, watch) = watched();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("frame-reply-correlation"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).with_dead_letter())
+        .unwrap();
+    let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
+    let raw = support::raw::Raw::open();
+    // A transient reply queue as the family's requesters declare theirs.
+    let reply_queue = format!("acemq-reply-{}", acemq_amqp::new_id().replace('-', ""));
+    raw.channel
+        .queue_declare(
+            reply_queue.as_str(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+        )
+        .unwrap();
+    let id = acemq_amqp::new_id();
+    let props = |pad: usize| {
+        let mut h = FieldTable::new();
+        h.insert("x-acemq-id".into(), support::raw::text(&id));
+        h.insert(
+            "x-acemq-correlation".into(),
+            AmqpValue::LongString("c".repeat(pad)),
+        );
+        h.insert(headers::REPLY_TO.into(), support::raw::text(&reply_queue));
+        AmqpProperties::default()
+            .with_headers(h)
+            .with_message_id(id.clone())
+            .with_reply_to(reply_queue.clone())
+    };
+    // The request fits, 100 bytes under the limit; a reply, with its own envelope, does not.
+    let empty = acemq_amqp::fuzzing::properties_frame_size(&props(0));
+    let request = props(conn.frame_max() - 100 - empty);
+    assert_eq!(
+        acemq_amqp::fuzzing::properties_frame_size(&request),
+        conn.frame_max() - 100
+    );
+    raw.publish("", &q, b"huge-correlation", request);
+
+    let dlq = dead_letter_queue(&q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
+        "the request is dead-lettered; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        responder_watch.lost.load(Ordering::SeqCst)
+    );
+    // The responder goes on.
+    let requester = acemq_amqp::patterns::Requester::open(&conn, "", &q).unwrap();
+    let reply = requester
+        .ask_timeout(Message::new("small"), WAIT)
+        .expect("the next request is answered");
+    assert_eq!(reply.body, b"pong");
+    requester.close().unwrap();
+    responder.close().unwrap();
+    assert!(raw.get(&reply_queue).is_none(), "no reply was sent");
+    assert_eq!(conn.queue_info(&dlq).unwrap().message_count, 1);
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.get("huge-correlation"),
+        Some(&1),
+        "handled once: {calls:?}"
+    );
+    let settled = responder_watch
+        .settled
+        .lock()
+        .unwrap()
+        .get(&id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    let error = settled[0].1.clone().unwrap_or_default();
+    assert!(
+        error.contains("reply could not be sent") && error.contains("frame limit"),
+        "the reason reported: {settled:?}"
+    );
+    watch.assert_never_lost(&conn);
+    responder_watch.assert_never_lost(&responder_conn);
+}
