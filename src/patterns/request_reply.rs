@@ -430,7 +430,9 @@ impl Requester {
     /// [`timed_out`](Self::timed_out); a late reply is dropped); [`Error::Unroutable`] at once
     /// when no queue takes the request; [`Error::NotFound`] when the exchange does not exist;
     /// [`Error::ConnectionLost`] (retriable) when the connection dropped while waiting, or did
-    /// not come back in time; [`Error::Closed`]; validation errors before anything is sent.
+    /// not come back in time; [`Error::Closed`]; validation errors before anything is sent,
+    /// among them [`Error::FrameTooLarge`] for a request whose header frame (properties and
+    /// headers) would not fit in the connection's frame ([`Connection::frame_max`]).
     pub fn ask_timeout(&self, request: impl Into<Message>, timeout: Duration) -> Result<Message> {
         let start = Instant::now();
         let span = crate::trace::RequestSpan::start(&self.inner.exchange, &self.inner.routing_key);
@@ -1177,7 +1179,12 @@ impl Drop for Responder {
 /// returns the reply (anything that is `Into<Message>`: bytes, text, a [`Message`]) or an error,
 /// which goes back as the family's failure reply (body `null`, `application/json`, the error in
 /// `acemq-error` as `Error: {message}`; see the [module docs](self)), after which the request
-/// is dead-lettered to `{queue}.dlq`. The queue must exist.
+/// is dead-lettered to `{queue}.dlq`. A reply whose header frame would not fit in the
+/// connection's frame ([`Connection::frame_max`]; the broker would close the whole connection)
+/// is not sent: the failure reply goes instead (`Error: the reply could not be sent: …`) and
+/// the request is dead-lettered with that reason; if the failure reply cannot fit either (the
+/// request's correlation id fills the frame), the request is dead-lettered unanswered. The
+/// queue must exist.
 ///
 /// # Errors
 ///
