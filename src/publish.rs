@@ -42,6 +42,7 @@ use serde::Serialize;
 
 mod frame;
 
+pub(crate) use frame::check_fits;
 use frame::check_message_fits;
 #[cfg(feature = "internals")]
 pub(crate) use frame::header_frame_size;

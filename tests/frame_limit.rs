@@ -514,3 +514,242 @@ fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering
     );
     watch.assert_never_lost(&conn);
 }
+
+// ---- the request/reply paths, which build their own properties ----------------------------
+
+/// A responder on `q` (its own connection, watched) answering `pong`, with a 200 KB header on
+/// the reply to a request whose body is `big`; and how often it ran per body.
+fn pong_responder(q: &str) -> (acemq_amqp::patterns::Responder, Connection, Watch, Calls) {
+    let (conn, watch) = watched();
+    let calls: Calls = Arc::default();
+    let c = calls.clone();
+    let responder = acemq_amqp::patterns::serve(&conn, q, move |m: &Message| {
+        let body = String::from_utf8_lossy(&m.body).into_owned();
+        *c.lock().unwrap().entry(body.clone()).or_insert(0) += 1;
+        let reply = Message::new("pong");
+        Ok::<_, acemq_amqp::BoxError>(if body == "big" {
+            reply.header("big", "x".repeat(200_000))
+        } else {
+            reply
+        })
+    })
+    .unwrap();
+    (responder, conn, watch, calls)
+}
+
+/// A request whose header frame cannot fit is refused at once, before anything is sent: the
+/// connection stays up, the call is forgotten (with a window of one, the next call finds room)
+/// and the next request is answered.
+#[test]
+fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_on() {
+    let (conn, watch) = watched();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("frame-request"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
+    let requester = acemq_amqp::patterns::Requester::open_with(
+        &conn,
+        "",
+        &q,
+        acemq_amqp::patterns::RequesterOptions::new()
+            .window(1)
+            .timeout(Duration::from_secs(10)),
+    )
+    .unwrap();
+
+    let big = Message::new("small").header("big", "x".repeat(200_000));
+    let e = requester.ask(big).unwrap_err();
+    assert!(
+        matches!(e, acemq_amqp::Error::FrameTooLarge { size, limit, .. }
+            if size > 200_000 && limit == conn.frame_max()),
+        "refused before sending: {e:?}"
+    );
+    assert!(e.is_message_fault() && !e.is_retriable(), "{e:?}");
+    assert_eq!(requester.timed_out(), 0);
+
+    // Forgotten: with a window of one a leaked call would leave no room for this one.
+    let reply = requester
+        .ask_timeout(Message::new("small"), Duration::from_secs(10))
+        .expect("the next request is answered");
+    assert_eq!(reply.body, b"pong");
+    let reply = requester
+        .ask_timeout(Message::new("small"), Duration::from_secs(10))
+        .expect("and the one after it");
+    assert_eq!(reply.body, b"pong");
+    requester.close().unwrap();
+    responder.close().unwrap();
+    assert_eq!(calls.lock().unwrap().get("small"), Some(&2));
+    assert_eq!(
+        conn.queue_info(&q).unwrap().message_count,
+        0,
+        "nothing sent"
+    );
+    watch.assert_never_lost(&conn);
+    responder_watch.assert_never_lost(&responder_conn);
+}
+
+/// A responder whose reply cannot fit in a frame: the reply is never sent as is (RabbitMQ would
+/// close the responder's connection, and the request would come back and go round again). The
+/// caller gets the family's failure reply naming the frame limit at once, rather than a
+/// timeout, and the request, handled once, is dead-lettered with that reason — as any request
+/// whose reply is a failure.
+///
+/// `named`: replies go to a durable reply queue of that name (confirmed by the responder's
+/// publisher) rather than to the requester's transient one (staged, sent on the request's
+/// channel).
+fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
+    let (conn, watch) = watched();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("frame-reply"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
+    let mut options =
+        acemq_amqp::patterns::RequesterOptions::new().timeout(Duration::from_secs(10));
+    if named {
+        options = options.reply_queue(clean.queue(&unique("frame-reply-to")));
+    }
+    let requester = acemq_amqp::patterns::Requester::open_with(&conn, "", &q, options).unwrap();
+
+    let request = Message::new("big");
+    let id = request.id().to_string();
+    let e = requester.ask(request).unwrap_err();
+    match &e {
+        acemq_amqp::Error::Responder { message } => {
+            assert!(
+                message.contains("frame limit") && message.contains("reply"),
+                "the failure reply says why: {message}"
+            );
+        }
+        other => panic!("the family's failure reply, at once: {other:?}"),
+    }
+    let reply = requester
+        .ask(Message::new("small"))
+        .expect("the next request is answered");
+    assert_eq!(reply.body, b"pong");
+
+    let dlq = dead_letter_queue(&q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
+        "the request is dead-lettered; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        responder_watch.lost.load(Ordering::SeqCst)
+    );
+    requester.close().unwrap();
+    responder.close().unwrap();
+    let copy = conn.get(&dlq).unwrap().expect("the request's copy");
+    assert!(conn.get(&dlq).unwrap().is_none(), "exactly one copy");
+    assert_eq!(copy.id(), id);
+    assert_eq!(copy.body, b"big");
+    let error = copy.envelope.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("frame limit") && error.contains("reply"),
+        "the reason: {error}"
+    );
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.get("big"), Some(&1), "handled once: {calls:?}");
+    assert_eq!(calls.get("small"), Some(&1), "{calls:?}");
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    watch.assert_never_lost(&conn);
+    responder_watch.assert_never_lost(&responder_conn);
+}
+
+#[test]
+fn a_reply_too_large_for_the_frame_sends_the_failure_reply_and_dead_letters_the_request() {
+    a_reply_too_large_for_the_frame_sends_the_failure_reply(false);
+}
+
+#[test]
+fn a_reply_too_large_for_a_named_reply_queue_sends_the_failure_reply_and_dead_letters_it() {
+    a_reply_too_large_for_the_frame_sends_the_failure_reply(true);
+}
+
+/// A request whose correlation id (copied onto every reply, the failure reply too) leaves no
+/// room for a reply: none is sent — neither the reply nor the failure reply fits — and the
+/// request, handled once, is dead-lettered with the reason (here by the broker: even its
+/// trimmed copy keeps the family's `x-acemq-correlation`, too large), with no connection lost.
+#[test]
+fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_unanswered() {
+    use acemq_amqp::headers;
+    use amiquip::{AmqpProperties, AmqpValue, FieldTable, QueueDeclareOptions};
+    let (conn, watch) = watched();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("frame-reply-correlation"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).with_dead_letter())
+        .unwrap();
+    let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
+    let raw = support::raw::Raw::open();
+    // A transient reply queue as the family's requesters declare theirs.
+    let reply_queue = format!("acemq-reply-{}", acemq_amqp::new_id().replace('-', ""));
+    raw.channel
+        .queue_declare(
+            reply_queue.as_str(),
+            QueueDeclareOptions {
+                exclusive: true,
+                auto_delete: true,
+                ..QueueDeclareOptions::default()
+            },
+        )
+        .unwrap();
+    let id = acemq_amqp::new_id();
+    let props = |pad: usize| {
+        let mut h = FieldTable::new();
+        h.insert("x-acemq-id".into(), support::raw::text(&id));
+        h.insert(
+            "x-acemq-correlation".into(),
+            AmqpValue::LongString("c".repeat(pad)),
+        );
+        h.insert(headers::REPLY_TO.into(), support::raw::text(&reply_queue));
+        AmqpProperties::default()
+            .with_headers(h)
+            .with_message_id(id.clone())
+            .with_reply_to(reply_queue.clone())
+    };
+    // The request fits, 100 bytes under the limit; a reply, with its own envelope, does not.
+    let empty = acemq_amqp::fuzzing::properties_frame_size(&props(0));
+    let request = props(conn.frame_max() - 100 - empty);
+    assert_eq!(
+        acemq_amqp::fuzzing::properties_frame_size(&request),
+        conn.frame_max() - 100
+    );
+    raw.publish("", &q, b"huge-correlation", request);
+
+    let dlq = dead_letter_queue(&q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
+        "the request is dead-lettered; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        responder_watch.lost.load(Ordering::SeqCst)
+    );
+    // The responder goes on.
+    let requester = acemq_amqp::patterns::Requester::open(&conn, "", &q).unwrap();
+    let reply = requester
+        .ask_timeout(Message::new("small"), WAIT)
+        .expect("the next request is answered");
+    assert_eq!(reply.body, b"pong");
+    requester.close().unwrap();
+    responder.close().unwrap();
+    assert!(raw.get(&reply_queue).is_none(), "no reply was sent");
+    assert_eq!(conn.queue_info(&dlq).unwrap().message_count, 1);
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(
+        calls.get("huge-correlation"),
+        Some(&1),
+        "handled once: {calls:?}"
+    );
+    let settled = responder_watch
+        .settled
+        .lock()
+        .unwrap()
+        .get(&id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    let error = settled[0].1.clone().unwrap_or_default();
+    assert!(
+        error.contains("reply could not be sent") && error.contains("frame limit"),
+        "the reason reported: {settled:?}"
+    );
+    watch.assert_never_lost(&conn);
+    responder_watch.assert_never_lost(&responder_conn);
+}

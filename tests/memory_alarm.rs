@@ -1,7 +1,8 @@
 //! A broker memory alarm (`connection.blocked`): the broker stops reading from publishing
 //! connections. Its own test binary — cargo runs test binaries one at a time, so the alarm
-//! cannot stall other tests — and the watermark is restored on every exit path (a guard that
-//! runs on panic too). One test only: two alarms in one binary would overlap.
+//! cannot stall other tests — and the watermark is restored on every exit path (the guard
+//! `support::alarm::Watermark`, which runs on panic too and, from a watchdog, after 40 s at
+//! most). One test only: two alarms in one binary would overlap.
 
 mod support;
 
@@ -10,49 +11,8 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::ConnectionEvent;
 use acemq_amqp::{ConnectionOptions, Message, Observer, PublisherOptions, QueueSpec};
-use support::{amqp_url, eventually, rabbitmqctl, unique, Cleanup};
-
-/// Restores the broker's memory watermark when dropped. Holds an exclusive lock on a file
-/// while the alarm is on, so that two runs on one machine (two checkouts testing against the
-/// same broker) take turns instead of restoring each other's alarm.
-struct Watermark {
-    previous: String,
-    _lock: std::fs::File,
-}
-
-impl Watermark {
-    fn alarm() -> Watermark {
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
-            .expect("the memory alarm's lock file");
-        lock.lock().expect("the memory alarm's lock");
-        let out = rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]);
-        let mut previous = out.trim().to_string();
-        let value: f64 = previous
-            .parse()
-            .unwrap_or_else(|_| panic!("the current watermark: {previous:?}"));
-        if value < 0.01 {
-            // An alarm left behind by a run that was killed: restore RabbitMQ's default.
-            previous = "0.4".into();
-        }
-        rabbitmqctl(&["set_vm_memory_high_watermark", "0.0001"]);
-        Watermark {
-            previous,
-            _lock: lock,
-        }
-    }
-}
-
-impl Drop for Watermark {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
-            .args(["set_vm_memory_high_watermark", &self.previous])
-            .output();
-    }
-}
+use support::alarm::Watermark;
+use support::{amqp_url, eventually, unique, Cleanup};
 
 /// Records the blocked / unblocked notices.
 #[derive(Clone, Default)]

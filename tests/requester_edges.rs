@@ -20,6 +20,7 @@ use acemq_amqp::{
 use amiquip::{AmqpProperties, AmqpValue, FieldTable, QueueDeclareOptions};
 
 use acemq_amqp::testing::FaultProxy;
+use support::alarm::Watermark;
 use support::raw::{text, Raw};
 use support::{amqp_url, connect, connect_with, eventually, rabbitmqctl, unique, Cleanup};
 
@@ -404,65 +405,6 @@ fn dropping_the_last_connection_clone_without_close_joins_the_supervisor() {
 }
 
 // ---- item 8: requests under a memory alarm ----------------------------------------------------
-
-/// Restores the broker's memory watermark when dropped (as in tests/memory_alarm.rs), holding
-/// the same lock file so that two alarm tests never overlap — and, should the test get stuck
-/// (a call with no deadline, which is what it looks for), after [`ALARM_AT_MOST`] anyway, from
-/// a watchdog thread: an alarm left on stalls every client of the broker.
-struct Watermark {
-    disarm: Option<crossbeam_channel::Sender<()>>,
-    watchdog: Option<std::thread::JoinHandle<()>>,
-    _lock: std::fs::File,
-}
-
-const ALARM_AT_MOST: Duration = Duration::from_secs(40);
-
-fn set_watermark(value: &str) {
-    let _ = std::process::Command::new("rabbitmqctl")
-        .args(["set_vm_memory_high_watermark", value])
-        .output();
-}
-
-impl Watermark {
-    fn alarm() -> Watermark {
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
-            .expect("the memory alarm's lock file");
-        lock.lock().expect("the memory alarm's lock");
-        let out = rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]);
-        let mut previous = out.trim().to_string();
-        let value: f64 = previous
-            .parse()
-            .unwrap_or_else(|_| panic!("the current watermark: {previous:?}"));
-        if value < 0.01 {
-            previous = "0.4".into();
-        }
-        let (disarm, disarmed) = crossbeam_channel::bounded::<()>(0);
-        let watchdog = std::thread::spawn(move || {
-            // Ends at the drop (disconnected) or after ALARM_AT_MOST: either way, restored.
-            let _ = disarmed.recv_timeout(ALARM_AT_MOST);
-            set_watermark(&previous);
-        });
-        rabbitmqctl(&["set_vm_memory_high_watermark", "0.0001"]);
-        Watermark {
-            disarm: Some(disarm),
-            watchdog: Some(watchdog),
-            _lock: lock,
-        }
-    }
-}
-
-impl Drop for Watermark {
-    fn drop(&mut self) {
-        drop(self.disarm.take());
-        if let Some(w) = self.watchdog.take() {
-            let _ = w.join();
-        }
-    }
-}
 
 #[test]
 fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {

@@ -62,17 +62,25 @@ impl Reply {
     /// # Errors
     ///
     /// [`Error::InvalidName`](crate::Error::InvalidName),
-    /// [`Error::InvalidHeader`](crate::Error::InvalidHeader), as for any publish.
+    /// [`Error::InvalidHeader`](crate::Error::InvalidHeader), as for any publish;
+    /// [`Error::FrameTooLarge`](crate::Error::FrameTooLarge) when its header frame would not
+    /// fit in a frame of `frame_max` bytes (the broker would close the whole connection).
     pub(crate) fn build(
         address: String,
         mut message: Message,
         origin: &str,
+        frame_max: usize,
         request_id: &str,
         hooks: Arc<dyn ReplyHooks>,
     ) -> crate::Result<Reply> {
-        let span = crate::publish::prepare("", &address, &mut message)?;
+        let mut span = crate::publish::prepare("", &address, &mut message)?;
+        let properties = message.to_properties(&address, Some(origin));
+        if let Err(e) = crate::publish::check_fits(&properties, frame_max) {
+            span.end(Err(&e));
+            return Err(e);
+        }
         Ok(Reply {
-            properties: message.to_properties(&address, Some(origin)),
+            properties,
             routing_key: address,
             body: message.body,
             request_id: request_id.to_string(),

@@ -133,7 +133,9 @@ use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Ou
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
-use crate::publish::{blocked_or, send_unconfirmed, ByteBudget, Publisher, Reservation};
+use crate::publish::{
+    blocked_or, check_fits, send_unconfirmed, ByteBudget, Publisher, Reservation,
+};
 use crate::StopHandle;
 
 /// How long [`Requester::ask`] waits for a reply unless told otherwise: 30 s.
@@ -428,7 +430,9 @@ impl Requester {
     /// [`timed_out`](Self::timed_out); a late reply is dropped); [`Error::Unroutable`] at once
     /// when no queue takes the request; [`Error::NotFound`] when the exchange does not exist;
     /// [`Error::ConnectionLost`] (retriable) when the connection dropped while waiting, or did
-    /// not come back in time; [`Error::Closed`]; validation errors before anything is sent.
+    /// not come back in time; [`Error::Closed`]; validation errors before anything is sent,
+    /// among them [`Error::FrameTooLarge`] for a request whose header frame (properties and
+    /// headers) would not fit in the connection's frame ([`Connection::frame_max`]).
     pub fn ask_timeout(&self, request: impl Into<Message>, timeout: Duration) -> Result<Message> {
         let start = Instant::now();
         let span = crate::trace::RequestSpan::start(&self.inner.exchange, &self.inner.routing_key);
@@ -505,12 +509,19 @@ impl Requester {
         // The exchange and routing key were checked when the requester opened; the reply
         // address is the requester's own queue.
         let _ = crate::trace::stamp(&mut message, &inner.exchange, &inner.routing_key);
+        let properties = message.to_properties(&inner.routing_key, Some(inner.connection.origin()));
+        // A header frame over the limit would make the broker close the whole connection:
+        // refused here, before anything is sent, and the call forgotten.
+        if let Err(e) = check_fits(&properties, inner.connection.frame_max()) {
+            inner.forget(correlation);
+            return Err(e);
+        }
         let publish = Publish {
             body: &message.body,
             routing_key: inner.routing_key.clone(),
             mandatory: true,
             immediate: false,
-            properties: message.to_properties(&inner.routing_key, Some(inner.connection.origin())),
+            properties,
         };
         // Requests go out one at a time on the request channel; the wait for it has the call's
         // deadline.
@@ -1168,7 +1179,12 @@ impl Drop for Responder {
 /// returns the reply (anything that is `Into<Message>`: bytes, text, a [`Message`]) or an error,
 /// which goes back as the family's failure reply (body `null`, `application/json`, the error in
 /// `acemq-error` as `Error: {message}`; see the [module docs](self)), after which the request
-/// is dead-lettered to `{queue}.dlq`. The queue must exist.
+/// is dead-lettered to `{queue}.dlq`. A reply whose header frame would not fit in the
+/// connection's frame ([`Connection::frame_max`]; the broker would close the whole connection)
+/// is not sent: the failure reply goes instead (`Error: the reply could not be sent: …`) and
+/// the request is dead-lettered with that reason; if the failure reply cannot fit either (the
+/// request's correlation id fills the frame), the request is dead-lettered unanswered. The
+/// queue must exist.
 ///
 /// # Errors
 ///
@@ -1223,6 +1239,7 @@ where
         publisher: publisher.clone(),
         intercepted: !connection.shared.options.publish_interceptors.is_empty(),
         origin: connection.origin().to_string(),
+        frame_max: connection.frame_max(),
         counters: counters.clone(),
     };
     let options = options.replies(counters.clone());
@@ -1252,6 +1269,8 @@ struct Answering<F> {
     intercepted: bool,
     /// The connection's origin, stamped on replies built here.
     origin: String,
+    /// The connection's frame limit, which a reply staged here must fit.
+    frame_max: usize,
     counters: Arc<Counters>,
 }
 
@@ -1270,7 +1289,7 @@ where
                 headers::REPLY_TO
             ))));
         };
-        let (mut reply, failed) = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
+        let (reply, mut failed) = match catch_unwind(AssertUnwindSafe(|| (self.handler)(request))) {
             Ok(Ok(reply)) => (reply.into(), None),
             Ok(Err(e)) => {
                 let text = failure_text(&*e.into());
@@ -1281,61 +1300,101 @@ where
                 (failure(&text), Some(text))
             }
         };
-        let correlation = request
-            .envelope
-            .correlation_id
-            .clone()
-            .unwrap_or_else(|| request.id().to_string());
-        reply.envelope.correlation_id = Some(correlation);
-        reply.envelope.causation_id = Some(request.id().to_string());
-        if reply.amqp_correlation_id.is_none() {
-            reply.amqp_correlation_id = request.amqp_correlation_id.clone();
-        }
-        reply.received = None;
-        reply.properties = None;
+        let mut reply = addressed(reply, request);
         self.counters.answered.fetch_add(1, Ordering::SeqCst);
         // A failure reply goes through the confirming publisher whatever the queue: the
         // request is dead-lettered after it (as the family's responders do), and its `.dlq`
         // copy and acknowledgement must not overtake an unconfirmed reply.
         if failed.is_none() && !self.intercepted && transient_reply_queue(&address) {
-            return self.stage(request, address, reply);
+            let hooks = self.counters.clone();
+            let built = Reply::build(
+                address.clone(),
+                reply,
+                &self.origin,
+                self.frame_max,
+                request.id(),
+                hooks,
+            );
+            match built {
+                Ok(reply) => {
+                    crate::consume::reply::stage(reply);
+                    return Ok(Outcome::Accept);
+                }
+                // Never sent as is (the broker would close the connection, the request
+                // would come back and go round again): the caller gets the family's failure
+                // reply instead, and the request is dead-lettered as after any failure.
+                Err(e @ Error::FrameTooLarge { .. }) => {
+                    let text = reply_too_large(&e);
+                    reply = addressed(failure(&text), request);
+                    failed = Some(text);
+                }
+                Err(e) => {
+                    self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                    return Err(Box::new(e));
+                }
+            }
         }
         // Answered (or unroutable): a success is accepted, a failure dead-lettered.
-        let settled = || match &failed {
+        let settled = |failed: &Option<String>| match failed {
             None => Outcome::Accept,
             Some(text) => Outcome::Reject {
                 reason: text.clone(),
             },
         };
-        match self.publisher.publish("", &address, reply) {
-            Ok(()) => Ok(settled()),
-            Err(e) if e.is_unroutable() => {
-                self.counters.unroutable(request.id(), &address);
-                Ok(settled())
-            }
-            Err(e) => {
-                self.counters.answered.fetch_sub(1, Ordering::SeqCst);
-                Err(Box::new(e))
+        loop {
+            match self.publisher.publish("", &address, reply) {
+                Ok(()) => return Ok(settled(&failed)),
+                Err(e) if e.is_unroutable() => {
+                    self.counters.unroutable(request.id(), &address);
+                    return Ok(settled(&failed));
+                }
+                // Refused before sending; handling the request again would make the same
+                // reply. A reply that cannot fit is replaced by the family's failure reply;
+                // a failure reply that cannot fit (a huge correlation id) by none.
+                Err(e @ Error::FrameTooLarge { .. }) => match failed {
+                    None => {
+                        let text = reply_too_large(&e);
+                        reply = addressed(failure(&text), request);
+                        failed = Some(text);
+                    }
+                    Some(text) => {
+                        self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                        return Ok(Outcome::Reject {
+                            reason: format!("{text}; its failure reply could not be sent: {e}"),
+                        });
+                    }
+                },
+                Err(e) => {
+                    self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                    return Err(Box::new(e));
+                }
             }
         }
     }
+}
 
-    /// Stages `reply` for the consumer's owner thread, which publishes it on the request's
-    /// channel just before it acknowledges the request (`consume/reply.rs`); built here, on the
-    /// worker, so that the owner only hands it over.
-    fn stage(&self, request: &Message, address: String, reply: Message) -> HandlerResult {
-        let hooks = self.counters.clone();
-        match Reply::build(address, reply, &self.origin, request.id(), hooks) {
-            Ok(reply) => {
-                crate::consume::reply::stage(reply);
-                Ok(Outcome::Accept)
-            }
-            Err(e) => {
-                self.counters.answered.fetch_sub(1, Ordering::SeqCst);
-                Err(Box::new(e))
-            }
-        }
+/// `reply` made the answer to `request`: its correlation id (the request's, else the
+/// request's id), its causation (the request), the AMQP correlation id kept from the request
+/// unless set; what it carried as received is dropped.
+fn addressed(mut reply: Message, request: &Message) -> Message {
+    let correlation = request
+        .envelope
+        .correlation_id
+        .clone()
+        .unwrap_or_else(|| request.id().to_string());
+    reply.envelope.correlation_id = Some(correlation);
+    reply.envelope.causation_id = Some(request.id().to_string());
+    if reply.amqp_correlation_id.is_none() {
+        reply.amqp_correlation_id = request.amqp_correlation_id.clone();
     }
+    reply.received = None;
+    reply.properties = None;
+    reply
+}
+
+/// The failure text for a reply refused by the frame limit (`e`, [`Error::FrameTooLarge`]).
+fn reply_too_large(e: &Error) -> String {
+    format!("Error: the reply could not be sent: {e}")
 }
 
 /// The family's failure reply: the body JSON `null` (`application/json`), so that a requester

@@ -1,7 +1,8 @@
-//! Test helpers: the broker's address, unique names, clean-up, a TCP fault proxy and
-//! `rabbitmqctl` wrappers. Tests that need RabbitMQ fail (never skip) when it is unreachable.
+//! Test helpers: the broker's address, unique names, clean-up, a TCP fault proxy,
+//! `rabbitmqctl` wrappers and a broker memory alarm ([`alarm::Watermark`]). Tests that need RabbitMQ fail (never skip) when it is unreachable.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod alarm;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
 pub mod proxy;
