@@ -14,6 +14,7 @@ use acemq_amqp::{
     dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
     Message, Observer, Outcome, QueueSpec, RetryPolicy,
 };
+use support::observe::CopyFailures;
 use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -718,19 +719,6 @@ fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration() {
             &None,
             "no expiration on the wire"
         );
-    }
-}
-
-#[derive(Default)]
-struct CopyFailures(Mutex<Vec<String>>);
-impl Observer for CopyFailures {
-    fn settled(&self, s: &Settlement<'_>) {
-        if s.outcome == "copy_failed" {
-            self.0
-                .lock()
-                .unwrap()
-                .push(s.error.unwrap_or_default().to_string());
-        }
     }
 }
 

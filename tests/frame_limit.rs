@@ -670,7 +670,7 @@ fn a_reply_too_large_for_a_named_reply_queue_sends_the_failure_reply_and_dead_le
 #[test]
 fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_unanswered() {
     use acemq_amqp::headers;
-    use amiquip::{AmqpProperties, AmqpValue, FieldTable, QueueDeclareOptions};
+    use amiquip::{AmqpProperties, AmqpValue, FieldTable};
     let (conn, watch) = watched();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("frame-reply-correlation"), &[]);
@@ -679,17 +679,7 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
     let raw = support::raw::Raw::open();
     // A transient reply queue as the family's requesters declare theirs.
-    let reply_queue = format!("acemq-reply-{}", acemq_amqp::new_id().replace('-', ""));
-    raw.channel
-        .queue_declare(
-            reply_queue.as_str(),
-            QueueDeclareOptions {
-                exclusive: true,
-                auto_delete: true,
-                ..QueueDeclareOptions::default()
-            },
-        )
-        .unwrap();
+    let reply_queue = raw.family_reply_queue();
     let id = acemq_amqp::new_id();
     let props = |pad: usize| {
         let mut h = FieldTable::new();

@@ -9,27 +9,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::observe::Settlement;
-use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Message, Observer, Outcome, QueueSpec, RetryPolicy,
-};
+use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec, RetryPolicy};
+use support::observe::CopyFailures;
 use support::{connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// The `copy_failed` settlements the observer hears, with their error text.
-#[derive(Default)]
-struct CopyFailures(Mutex<Vec<String>>);
-impl Observer for CopyFailures {
-    fn settled(&self, s: &Settlement<'_>) {
-        if s.outcome == "copy_failed" {
-            self.0
-                .lock()
-                .unwrap()
-                .push(s.error.unwrap_or_default().to_string());
-        }
-    }
-}
 
 /// A consumer of a queue that holds at most one ready message and refuses (nacks) publishes
 /// past that (`x-overflow: reject-publish`), with message A's retry held in the consumer and B

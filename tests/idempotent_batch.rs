@@ -10,56 +10,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::{idempotent_tx, DuplicateCount, SqlIdempotencyStore};
-use acemq_amqp::sql::{Sql, Value};
+use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
     QueueSpec,
 };
 use support::db::{self, Backend, Db};
+use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
 use support::{connect, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn effects_table(db: &Db) -> String {
-    let t = db.table("effects");
-    db.connect()
-        .execute(
-            &format!("CREATE TABLE {t} (key TEXT NOT NULL, note TEXT)"),
-            &[],
-        )
-        .unwrap();
-    t
-}
-
-fn store(db: &Db) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem"))
-        .claim_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    s.create_table().unwrap();
-    Arc::new(s)
-}
-
-fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
-    let p = conn.dialect().placeholder(1);
-    conn.execute(
-        &format!("INSERT INTO {table} (key) VALUES ({p})"),
-        &[Value::Text(key.to_string())],
-    )
-}
-
-fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {table}"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
-    keys
-}
 
 type Work = dyn Fn(&Message, &mut dyn Sql) -> HandlerResult + Send + Sync;
 
@@ -117,14 +77,6 @@ impl Handler for Forward {
     fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
         self.0.handle_batch(messages)
     }
-}
-
-type OnCommit = Arc<dyn Fn(usize) + Send + Sync>;
-
-fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
-    let commits = Arc::new(Mutex::new(Vec::new()));
-    let c = commits.clone();
-    (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
 }
 
 fn effect_work(effects: &str) -> Arc<Work> {

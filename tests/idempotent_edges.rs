@@ -13,46 +13,15 @@ use acemq_amqp::patterns::{
     by_header, chain, idempotent_tx, with_idempotency, with_logging, with_ordering, with_timeout,
     BoxHandler, IdempotencyStore, InMemoryIdempotencyStore, Layer, SqlIdempotencyStore,
 };
-use acemq_amqp::sql::{Sql, Value};
+use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     ConsumerOptions, Handler, HandlerResult, Message, Outcome, QueueSpec, RetryPolicy,
 };
 use support::db::{self, Backend, Db};
+use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
 use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn effects_table(db: &Db) -> String {
-    let t = db.table("effects");
-    db.connect()
-        .execute(&format!("CREATE TABLE {t} (key TEXT NOT NULL)"), &[])
-        .unwrap();
-    t
-}
-
-fn store(db: &Db) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem"))
-        .claim_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
-    s.create_table().unwrap();
-    Arc::new(s)
-}
-
-fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {table}"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
-    keys
-}
-
-type OnCommit = Arc<dyn Fn(usize) + Send + Sync>;
 
 /// A batched wrapper whose `Debug` the test can read (what it learned of its callers).
 trait Batched: Handler + std::fmt::Debug + Send + Sync {}
@@ -69,11 +38,7 @@ fn batched_box(
 ) -> Arc<dyn Batched> {
     let effects = effects.to_string();
     let work = move |m: &Message, tx: &mut dyn Sql| -> HandlerResult {
-        let p = tx.dialect().placeholder(1);
-        tx.execute(
-            &format!("INSERT INTO {effects} (key) VALUES ({p})"),
-            &[Value::Text(m.id().to_string())],
-        )?;
+        record_effect(tx, &effects, m.id())?;
         Ok(Outcome::Accept)
     };
     let maybe_panic = move || {
@@ -177,12 +142,6 @@ fn a_connect_that_panics_once_answers_every_caller_of_its_batch(db: &Db) {
 
 on_both!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
 
-fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
-    let commits = Arc::new(Mutex::new(Vec::new()));
-    let c = commits.clone();
-    (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
-}
-
 /// Publishes `n` messages, each with its own `k` header; their ids.
 fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<String> {
     let publisher = conn.publisher().unwrap();
@@ -196,6 +155,25 @@ fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<St
         .collect();
     ids.sort();
     ids
+}
+
+/// Waits until the batched wrapper has committed `n` messages and `queue` is empty.
+fn all_committed_and_drained(
+    conn: &acemq_amqp::Connection,
+    queue: &str,
+    commits: &Mutex<Vec<usize>>,
+    n: usize,
+) {
+    assert!(
+        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == n),
+        "all {n} committed: {:?}",
+        commits.lock().unwrap()
+    );
+    assert!(eventually(WAIT, || conn
+        .queue_info(queue)
+        .unwrap()
+        .message_count
+        == 0));
 }
 
 /// The number of callers the batched wrapper counts as its workers (from its `Debug`).
@@ -250,16 +228,7 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
         .unwrap()
         .start(handler)
         .unwrap();
-    assert!(
-        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 48),
-        "all 48 committed: {:?}",
-        commits.lock().unwrap()
-    );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    all_committed_and_drained(&conn, &q, &commits, 48);
     consumer.close().unwrap();
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0, "all acked");
     assert_eq!(keys(&db, &effects), ids, "each effect once");
@@ -297,16 +266,7 @@ fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
         .unwrap()
         .start(move |m: &Message| chained.handle(m))
         .unwrap();
-    assert!(
-        eventually(WAIT, || commits.lock().unwrap().iter().sum::<usize>() == 40),
-        "all 40 committed: {:?}",
-        commits.lock().unwrap()
-    );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    all_committed_and_drained(&conn, &q, &commits, 40);
     consumer.close().unwrap();
     assert_eq!(keys(&db, &effects), ids, "each effect once");
     let workers = workers_of(&*batch);

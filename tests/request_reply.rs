@@ -18,19 +18,10 @@ use acemq_amqp::{
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
 use acemq_amqp::testing::FaultProxy;
-use support::raw::Raw;
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use support::raw::{text_of, Raw};
+use support::{connect, connect_with, eventually, request_queue, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// A request queue (classic, for speed) with the responder's `.dlq` / `.parked` cleaned up.
-fn request_queue(connection: &Connection, clean: &mut Cleanup, prefix: &str) -> String {
-    let q = clean.consumed_queue(&unique(prefix), &[]);
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .expect("declare the request queue");
-    q
-}
 
 fn echo(connection: &Connection, queue: &str, workers: usize) -> Responder {
     echo_with(
@@ -45,14 +36,6 @@ fn echo_with(connection: &Connection, queue: &str, options: ConsumerOptions) -> 
         Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
     })
     .expect("serve")
-}
-
-fn text(v: Option<&AmqpValue>) -> Option<String> {
-    match v? {
-        AmqpValue::LongString(s) => Some(s.clone()),
-        AmqpValue::ByteArray(b) => String::from_utf8(b.clone()).ok(),
-        _ => None,
-    }
 }
 
 /// What the responder saw of a request: header address, property address, correlation.
@@ -272,8 +255,8 @@ fn requests_with_only_the_property_or_only_the_header_are_both_answered() {
     assert!(eventually(WAIT, || {
         while let Some((props, _, body)) = raw.get(&replies) {
             let h = props.headers().clone().unwrap_or_default();
-            let correlation = text(h.get(headers::CORRELATION)).unwrap_or_default();
-            let causation = text(h.get(headers::CAUSATION)).unwrap_or_default();
+            let correlation = text_of(h.get(headers::CORRELATION)).unwrap_or_default();
+            let causation = text_of(h.get(headers::CAUSATION)).unwrap_or_default();
             got.insert(correlation, (causation, body));
         }
         got.len() == 2

@@ -14,15 +14,17 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::{serve, Requester, RequesterOptions};
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, Connection, ConnectionOptions, Error, Message,
-    PublisherOptions, QueueSpec,
+    dead_letter_queue, headers, BoxError, ConnectionOptions, Error, Message, PublisherOptions,
+    QueueSpec,
 };
-use amiquip::{AmqpProperties, AmqpValue, FieldTable, QueueDeclareOptions};
+use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
 use acemq_amqp::testing::FaultProxy;
 use support::alarm::Watermark;
-use support::raw::{text, Raw};
-use support::{amqp_url, connect, connect_with, eventually, rabbitmqctl, unique, Cleanup};
+use support::raw::{header_text, text, Raw};
+use support::{
+    amqp_url, connect, connect_with, eventually, rabbitmqctl, request_queue, unique, Cleanup,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -38,23 +40,6 @@ fn shared() -> RwLockReadGuard<'static, ()> {
     ALONE.read().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A request queue (classic) with the responder's `.dlq` / `.parked` cleaned up.
-fn request_queue(connection: &Connection, clean: &mut Cleanup, prefix: &str) -> String {
-    let q = clean.consumed_queue(&unique(prefix), &[]);
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .expect("declare the request queue");
-    q
-}
-
-fn header_text(props: &AmqpProperties, name: &str) -> Option<String> {
-    match props.headers().as_ref()?.get(name)? {
-        AmqpValue::LongString(s) => Some(s.clone()),
-        AmqpValue::ByteArray(b) => String::from_utf8(b.clone()).ok(),
-        _ => None,
-    }
-}
-
 /// A raw `basic.get` of one message, waited for.
 fn raw_get(raw: &Raw, queue: &str) -> (AmqpProperties, String, Vec<u8>) {
     let mut got = None;
@@ -66,24 +51,6 @@ fn raw_get(raw: &Raw, queue: &str) -> (AmqpProperties, String, Vec<u8>) {
         "nothing arrived on {queue:?}"
     );
     got.expect("a message")
-}
-
-/// A transient reply queue as the Python library declares its own: `acemq-reply-<hex>`,
-/// classic, exclusive, auto-delete (it goes with the raw connection).
-fn python_reply_queue(raw: &Raw) -> String {
-    let name = format!("acemq-reply-{}", acemq_amqp::new_id().replace('-', ""));
-    raw.channel
-        .queue_declare(
-            name.as_str(),
-            QueueDeclareOptions {
-                durable: false,
-                exclusive: true,
-                auto_delete: true,
-                ..QueueDeclareOptions::default()
-            },
-        )
-        .expect("declare the reply queue");
-    name
 }
 
 /// A request as the Python library's `Requester.ask` writes it: the envelope headers (text,
@@ -127,7 +94,7 @@ fn a_python_style_request_gets_the_familys_failure_reply_and_is_dead_lettered() 
     })
     .expect("serve");
     let raw = Raw::open();
-    let reply_queue = python_reply_queue(&raw);
+    let reply_queue = raw.family_reply_queue();
     let (id, correlation) = python_request(&raw, &q, &reply_queue);
 
     let (props, _, body) = raw_get(&raw, &reply_queue);
@@ -177,7 +144,7 @@ fn a_panicking_responder_sends_the_familys_failure_reply() {
     )
     .expect("serve");
     let raw = Raw::open();
-    let reply_queue = python_reply_queue(&raw);
+    let reply_queue = raw.family_reply_queue();
     python_request(&raw, &q, &reply_queue);
     let (props, _, body) = raw_get(&raw, &reply_queue);
     assert_eq!(body, b"null");

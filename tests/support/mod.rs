@@ -5,6 +5,9 @@
 pub mod alarm;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub mod idem;
+pub mod observe;
 pub mod proxy;
 pub mod raw;
 #[cfg(feature = "tls")]
@@ -74,6 +77,16 @@ impl std::ops::DerefMut for Cleanup {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.0
     }
+}
+
+/// A request queue (classic, for speed) named after `prefix`, declared, with the responder's
+/// `.dlq` / `.parked` cleaned up.
+pub fn request_queue(connection: &Connection, clean: &mut Cleanup, prefix: &str) -> String {
+    let q = clean.consumed_queue(&unique(prefix), &[]);
+    connection
+        .declare_queue(&acemq_amqp::QueueSpec::new(&q).classic())
+        .expect("declare the request queue");
+    q
 }
 
 /// Publishes `n` small messages to `queue` through the default exchange, confirmed, in windows;

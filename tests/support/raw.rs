@@ -75,6 +75,25 @@ impl Raw {
             .map(|_| ())
     }
 
+    /// A transient reply queue as the family's requesters (the Python library's, say) declare
+    /// theirs: `acemq-reply-<hex>`, classic, exclusive, auto-delete (it goes with this
+    /// connection). Its name.
+    pub fn family_reply_queue(&self) -> String {
+        let name = format!("acemq-reply-{}", acemq_amqp::new_id().replace('-', ""));
+        self.channel
+            .queue_declare(
+                name.as_str(),
+                QueueDeclareOptions {
+                    durable: false,
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+            )
+            .expect("declare the reply queue");
+        name
+    }
+
     pub fn bind(&self, queue: &str, exchange: &str, key: &str) {
         self.channel
             .queue_bind(queue, exchange, key, FieldTable::new())
@@ -88,6 +107,20 @@ impl Raw {
 
 pub fn text(s: &str) -> AmqpValue {
     AmqpValue::LongString(s.to_string())
+}
+
+/// A wire value read as text: a long string, or bytes that are UTF-8.
+pub fn text_of(v: Option<&AmqpValue>) -> Option<String> {
+    match v? {
+        AmqpValue::LongString(s) => Some(s.clone()),
+        AmqpValue::ByteArray(b) => String::from_utf8(b.clone()).ok(),
+        _ => None,
+    }
+}
+
+/// The header `name` of these properties, read as text ([`text_of`]).
+pub fn header_text(props: &AmqpProperties, name: &str) -> Option<String> {
+    text_of(props.headers().as_ref()?.get(name))
 }
 
 /// A typed value as the fixtures spell it (`longstr`, `bytes`, `i8`, `u16`, `i32`, `i64`).
