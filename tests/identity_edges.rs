@@ -414,6 +414,15 @@ fn a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds(db: &Db) {
 
 on_both!(a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds);
 
+/// Lets the proxy's links through again when dropped.
+struct ResumedOnDrop<'a>(&'a acemq_amqp::testing::FaultProxy);
+
+impl Drop for ResumedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
 /// Keeps the broker's memory alarm off while it is held: a shared lock on the file that the
 /// memory-alarm tests (`tests/memory_alarm.rs`, `tests/requester_edges.rs`) lock exclusively
 /// while they raise the alarm on the one broker the tests share (another binary, or another
@@ -693,6 +702,9 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
         .unwrap()
         .start()
         .unwrap();
+    // Dropped before the relay: a panic with the link stalled must not leave the relay's
+    // close (its channel's close round trip, which has no deadline) waiting on it.
+    let _resumed = ResumedOnDrop(&proxy);
     let mut faults: Vec<(Instant, &str)> = Vec::new();
     let deadline = Instant::now() + WAIT;
     while db.count(store.table()) > 0 && Instant::now() < deadline {
