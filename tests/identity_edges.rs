@@ -23,6 +23,8 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Every log line of this test binary (its own global logger), for the tests that need to see
 /// that something was logged.
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The same lines with when they were logged, for a timeline.
+static STAMPED: Mutex<Vec<(Instant, String)>> = Mutex::new(Vec::new());
 
 struct Capture;
 impl log::Log for Capture {
@@ -31,10 +33,9 @@ impl log::Log for Capture {
     }
     fn log(&self, record: &log::Record<'_>) {
         if self.enabled(record.metadata()) {
-            LINES
-                .lock()
-                .unwrap()
-                .push(format!("{} {}", record.level(), record.args()));
+            let line = format!("{} {}", record.level(), record.args());
+            STAMPED.lock().unwrap().push((Instant::now(), line.clone()));
+            LINES.lock().unwrap().push(line);
         }
     }
     fn flush(&self) {}
@@ -177,6 +178,9 @@ impl Drop for RefuseDeletes<'_> {
 /// a second relay publishes them again. Each row's two copies carry one id (and the AMQP
 /// `message_id` is that id), and the three rows three different ids.
 fn an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time(db: &Db) {
+    // It counts exactly 3, then 6 copies: a memory alarm raised meanwhile by another run's
+    // test makes the relay give up publishes the broker still holds (see the stalled-link test).
+    let _no_alarm = no_memory_alarm_meanwhile();
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("outbox-id-less"));
@@ -413,30 +417,80 @@ fn a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds(db: &Db) {
 
 on_both!(a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds);
 
-/// A store that notes when it leased each record (just before the lease statement went).
+/// Lets the proxy's links through again when dropped.
+struct ResumedOnDrop<'a>(&'a acemq_amqp::testing::FaultProxy);
+
+impl Drop for ResumedOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// Keeps the broker's memory alarm off while it is held: a shared lock on the file that the
+/// memory-alarm tests (`tests/memory_alarm.rs`, `tests/requester_edges.rs`) lock exclusively
+/// while they raise the alarm on the one broker the tests share (another binary, or another
+/// checkout on the machine). Under that alarm the broker stops taking publishes — a fault this
+/// scenario does not intend (see the test). Waited for with a deadline.
+fn no_memory_alarm_meanwhile() -> std::fs::File {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
+        .expect("the memory alarm's lock file");
+    assert!(
+        eventually(WAIT, || lock.try_lock_shared().is_ok()),
+        "a memory alarm test held the broker's alarm for {WAIT:?}"
+    );
+    lock
+}
+
+/// What happened to a record, as the relay's store and observer saw it (see [`Timed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Did {
+    /// Leased by a lease statement (the time is taken just before the statement went, so no
+    /// later than the database's lease began).
+    Leased,
+    /// Its lease renewed (the time as for `Leased`).
+    Renewed,
+    /// A renewal asked for and not made (the lease had run out).
+    NotRenewed,
+    /// Its lease ended by the relay (`unlease`, `release`): no longer held.
+    GivenBack,
+    /// A failure counted against it (which ends its lease).
+    Failed,
+    /// Its delete asked for.
+    Deleted,
+    /// Its confirm taken in by the relay (`OutboxEvent::Published`).
+    Confirmed,
+}
+
+/// Every record's history, in the order the relay did it.
+type History = Arc<Mutex<HashMap<i64, Vec<(Instant, Did)>>>>;
+
+fn note(history: &History, at: Instant, did: Did, ids: impl IntoIterator<Item = i64>) {
+    let mut history = history.lock().unwrap();
+    for id in ids {
+        history.entry(id).or_default().push((at, did));
+    }
+}
+
+/// A store that notes what the relay did to each record, and when.
 struct Timed {
     inner: SqlOutboxStore,
-    leased: Arc<Mutex<HashMap<i64, Instant>>>,
-    /// (id, how long after its last lease the relay asked for its delete)
-    deleted: Arc<Mutex<Vec<(i64, Duration)>>>,
+    history: History,
+    /// Each leased record's message id.
+    message_ids: Arc<Mutex<HashMap<String, i64>>>,
 }
 
 impl Timed {
-    fn deleting(&self, ids: &[i64]) {
-        let now = Instant::now();
-        let leased = self.leased.lock().unwrap();
-        let mut deleted = self.deleted.lock().unwrap();
-        for id in ids {
-            if let Some(at) = leased.get(id) {
-                deleted.push((*id, now.duration_since(*at)));
-            }
-        }
-    }
-
-    fn note(&self, at: Instant, records: &[OutboxRecord]) {
-        let mut leased = self.leased.lock().unwrap();
+    fn leased(&self, at: Instant, records: &[OutboxRecord]) {
+        note(&self.history, at, Did::Leased, records.iter().map(|r| r.id));
+        let mut ids = self.message_ids.lock().unwrap();
         for r in records {
-            leased.insert(r.id, at);
+            if let Some(id) = r.headers.get("x-acemq-id").and_then(|v| v.as_str()) {
+                ids.insert(id.to_string(), r.id);
+            }
         }
     }
 }
@@ -445,7 +499,7 @@ impl OutboxStore for Timed {
     fn pending(&self, limit: usize) -> acemq_amqp::Result<Vec<OutboxRecord>> {
         let at = Instant::now();
         let records = self.inner.pending(limit)?;
-        self.note(at, &records);
+        self.leased(at, &records);
         Ok(records)
     }
     fn mark_published_and_lease(
@@ -453,39 +507,50 @@ impl OutboxStore for Timed {
         published: &[i64],
         limit: usize,
     ) -> acemq_amqp::Result<Vec<OutboxRecord>> {
-        self.deleting(published);
         let at = Instant::now();
         let records = self.inner.mark_published_and_lease(published, limit)?;
-        self.note(at, &records);
+        note(&self.history, at, Did::Deleted, published.iter().copied());
+        self.leased(at, &records);
         Ok(records)
     }
     fn mark_published(&self, id: i64) -> acemq_amqp::Result<()> {
-        self.deleting(&[id]);
-        self.inner.mark_published(id)
+        let at = Instant::now();
+        self.inner.mark_published(id)?;
+        note(&self.history, at, Did::Deleted, [id]);
+        Ok(())
     }
     fn mark_published_many(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
-        self.deleting(ids);
-        self.inner.mark_published_many(ids)
+        let at = Instant::now();
+        self.inner.mark_published_many(ids)?;
+        note(&self.history, at, Did::Deleted, ids.iter().copied());
+        Ok(())
     }
     fn record_failure(&self, id: i64, error: &str) -> acemq_amqp::Result<()> {
+        note(&self.history, Instant::now(), Did::Failed, [id]);
         self.inner.record_failure(id, error)
     }
     fn retired(&self) -> acemq_amqp::Result<Vec<OutboxRecord>> {
         self.inner.retired()
     }
     fn release(&self, id: i64) -> acemq_amqp::Result<()> {
+        note(&self.history, Instant::now(), Did::GivenBack, [id]);
         self.inner.release(id)
     }
     fn unlease(&self, ids: &[i64]) -> acemq_amqp::Result<()> {
+        note(
+            &self.history,
+            Instant::now(),
+            Did::GivenBack,
+            ids.iter().copied(),
+        );
         self.inner.unlease(ids)
     }
     fn renew(&self, ids: &[i64]) -> acemq_amqp::Result<Vec<i64>> {
         let at = Instant::now();
         let renewed = self.inner.renew(ids)?;
-        let mut leased = self.leased.lock().unwrap();
-        for id in &renewed {
-            leased.insert(*id, at);
-        }
+        note(&self.history, at, Did::Renewed, renewed.iter().copied());
+        let not = ids.iter().filter(|id| !renewed.contains(id)).copied();
+        note(&self.history, at, Did::NotRenewed, not);
         Ok(renewed)
     }
     fn lease(&self) -> Duration {
@@ -496,29 +561,87 @@ impl OutboxStore for Timed {
     }
 }
 
-/// The records whose confirm a relay took in, and when (`OutboxEvent::Published`), and how
-/// often it was told a record was not published (a confirm that did not come in time).
-#[derive(Clone, Default)]
+/// Notes each confirm the relay took in (`OutboxEvent::Published`) in the records' history,
+/// and what happened to the connection, with when.
+#[derive(Clone)]
 struct Confirms {
-    published: Arc<Mutex<Vec<(i64, Instant)>>>,
+    history: History,
+    connection: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
 impl acemq_amqp::Observer for Confirms {
     fn outbox(&self, event: &acemq_amqp::observe::OutboxEvent<'_>) {
         if let acemq_amqp::observe::OutboxEvent::Published { id, .. } = event {
-            self.published.lock().unwrap().push((*id, Instant::now()));
+            note(&self.history, Instant::now(), Did::Confirmed, [*id]);
         }
     }
+    fn connection(&self, event: &acemq_amqp::observe::ConnectionEvent<'_>) {
+        self.connection
+            .lock()
+            .unwrap()
+            .push((Instant::now(), format!("{event:?}")));
+    }
+}
+
+/// Where a record's history breaks the fence: the relay took in a confirm or asked for a
+/// delete at or past a lease after it last (re)leased the record, or the store leased the
+/// record again while the relay still held it (neither given back, failed nor deleted: its
+/// lease ran out in the database while the relay held it).
+fn fence_breaches(events: &[(Instant, Did)], lease: Duration) -> Vec<String> {
+    let mut held: Option<Instant> = None;
+    let mut breaches = Vec::new();
+    for (at, did) in events {
+        match did {
+            Did::Leased => {
+                if let Some(since) = held {
+                    breaches.push(format!(
+                        "leased again {:?} after its last (re)lease, still held",
+                        at.duration_since(since)
+                    ));
+                }
+                held = Some(*at);
+            }
+            Did::Renewed => held = Some(*at),
+            Did::NotRenewed => {}
+            Did::GivenBack | Did::Failed => held = None,
+            Did::Deleted | Did::Confirmed => {
+                match held {
+                    Some(since) if at.duration_since(since) < lease => {}
+                    Some(since) => breaches.push(format!(
+                        "{did:?} {:?} after its last (re)lease",
+                        at.duration_since(since)
+                    )),
+                    None => breaches.push(format!("{did:?} while not leased")),
+                }
+                if *did == Did::Deleted {
+                    held = None;
+                }
+            }
+        }
+    }
+    breaches
 }
 
 /// A started (pipelined) relay on a PostgreSQL table with a short lease, through a link that
 /// stalls again and again for a little less than half the lease: confirms come slower than half
 /// the lease, twice in a row and more. The lease is the fence: the relay must never still be
-/// awaiting a record's confirm once the record's lease ran out (another relay — or this one —
-/// may lease and publish it again then), and downstream each record arrives once.
+/// awaiting a record's confirm, nor have its delete to ask for, once the record's lease ran out
+/// (another relay — or this one — may lease and publish it again then), and downstream each
+/// record arrives once.
+///
+/// The fence is checked on each record's whole history (every lease, renewal, give-back,
+/// confirm and delete, in order): a record the store leased again while the relay still held
+/// it is a breach even when its later lease hides how long the first was held. One sweep may
+/// fail without breaking anything: the first, whose channel open meets the first stall and
+/// times out (nothing was handed over; it is given back). The only second copy allowed is the
+/// documented at-least-once one of a broker that stopped taking publishes (a memory alarm the
+/// tests do not raise meanwhile: see `no_memory_alarm_meanwhile`), for a record the relay says
+/// it gave up on while the broker was refusing publishes (or after the connection was lost).
 #[test]
 fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
     capture_logs();
+    let _no_alarm = no_memory_alarm_meanwhile();
+    let t0 = Instant::now();
     let db = Db::postgres();
     let direct = connect();
     let mut clean = Cleanup::new(&direct);
@@ -543,29 +666,37 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
             }
         });
     }
-    let copies: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    // Each id's copies downstream, and when each arrived.
+    let copies: Arc<Mutex<BTreeMap<String, Vec<Instant>>>> = Arc::default();
     let c = copies.clone();
     let consumer = direct
         .consumer(&q, ConsumerOptions::new().prefetch(500).declare(false))
         .unwrap()
         .start(move |m: &Message| {
-            *c.lock().unwrap().entry(m.id().to_string()).or_insert(0) += 1;
+            c.lock()
+                .unwrap()
+                .entry(m.id().to_string())
+                .or_default()
+                .push(Instant::now());
             Ok(acemq_amqp::Outcome::Accept)
         })
         .unwrap();
     let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
-    let confirms = Confirms::default();
+    let history: History = Arc::default();
+    let confirms = Confirms {
+        history: history.clone(),
+        connection: Arc::default(),
+    };
     let stalled = support::connect_with(
         acemq_amqp::ConnectionOptions::new()
             .address(proxy.url())
             .observer(confirms.clone()),
     );
-    let leased: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
-    let deleted: Arc<Mutex<Vec<(i64, Duration)>>> = Arc::default();
+    let message_ids: Arc<Mutex<HashMap<String, i64>>> = Arc::default();
     let timed = Timed {
         inner: same_table(&db, &store, lease),
-        leased: leased.clone(),
-        deleted: deleted.clone(),
+        history: history.clone(),
+        message_ids: message_ids.clone(),
     };
     let options = OutboxRelayOptions::new()
         .batch_size(20)
@@ -574,11 +705,17 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
         .unwrap()
         .start()
         .unwrap();
+    // Dropped before the relay: a panic with the link stalled must not leave the relay's
+    // close (its channel's close round trip, which has no deadline) waiting on it.
+    let _resumed = ResumedOnDrop(&proxy);
+    let mut faults: Vec<(Instant, &str)> = Vec::new();
     let deadline = Instant::now() + WAIT;
     while db.count(store.table()) > 0 && Instant::now() < deadline {
         proxy.stall();
+        faults.push((Instant::now(), "stall"));
         for_a_while(lease * 49 / 100);
         proxy.resume();
+        faults.push((Instant::now(), "resume"));
         for_a_while(lease / 100);
     }
     proxy.resume();
@@ -606,56 +743,156 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
         && direct.queue_info(&q).unwrap().message_count == 0));
     let report = relay.close().unwrap();
     consumer.close().unwrap();
-    // A confirm taken in after the record's (last) lease ran out: the relay was still
-    // publishing a record it no longer held.
-    let leased = leased.lock().unwrap();
-    let late: Vec<(i64, Duration)> = confirms
-        .published
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(id, at)| {
-            let held = at.duration_since(leased[id]);
-            (held >= lease).then_some((*id, held))
-        })
-        .collect();
-    let max_held = confirms
-        .published
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|(id, at)| at.duration_since(leased[id]))
-        .max();
-    let deleted = deleted.lock().unwrap().clone();
-    let max_deleted = deleted.iter().map(|(_, d)| *d).max();
-    eprintln!("longest lease-to-confirm: {max_held:?}; to delete {max_deleted:?}; {report:?}");
-    let late_deletes: Vec<&(i64, Duration)> = deleted.iter().filter(|(_, d)| *d >= lease).collect();
+    let history = history.lock().unwrap().clone();
+    let message_ids = message_ids.lock().unwrap().clone();
     let copies = copies.lock().unwrap().clone();
-    let twice: Vec<(&String, &usize)> = copies.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        late_deletes.is_empty(),
-        "{} record(s) deleted past their {lease:?} lease, when another relay may have \
-         published them again ({:?} …)",
-        late_deletes.len(),
-        &late_deletes[..late_deletes.len().min(5)]
+    let twice: Vec<(&String, usize)> = copies
+        .iter()
+        .filter(|(_, at)| at.len() > 1)
+        .map(|(id, at)| (id, at.len()))
+        .collect();
+    let mut breaches: Vec<(i64, Vec<String>)> = history
+        .iter()
+        .map(|(id, events)| (*id, fence_breaches(events, lease)))
+        .filter(|(_, b)| !b.is_empty())
+        .collect();
+    breaches.sort();
+    // How close the relay came to the fence: the longest from a record's (re)lease to each
+    // kind of thing done to it before its next (re)lease.
+    let mut closest: BTreeMap<String, Duration> = BTreeMap::new();
+    for events in history.values() {
+        let mut since = None;
+        for (at, did) in events {
+            if let Some(since) = since {
+                let e = closest.entry(format!("{did:?}")).or_default();
+                *e = (*e).max(at.duration_since(since));
+            }
+            if matches!(did, Did::Leased | Did::Renewed) {
+                since = Some(*at);
+            }
+        }
+    }
+    let ms = |at: &Instant| at.saturating_duration_since(t0).as_millis();
+    // On a failure, a culprit's life (a breached record's, else a duplicated one's) beside the
+    // link's faults and the relay's log around it.
+    let culprit = breaches.first().map(|(id, _)| *id).or_else(|| {
+        twice
+            .first()
+            .and_then(|(message, _)| message_ids.get(*message).copied())
+    });
+    let timeline = || {
+        let Some(id) = culprit else {
+            return String::new();
+        };
+        let events = &history[&id];
+        let (from, to) = (events[0].0, events[events.len() - 1].0);
+        let near = |at: &Instant| *at + lease >= from && *at <= to + lease;
+        let mut lines: Vec<(u128, String)> = events
+            .iter()
+            .map(|(at, did)| (ms(at), format!("record {id}: {did:?}")))
+            .collect();
+        let message = message_ids.iter().find(|(_, r)| **r == id).map(|(m, _)| m);
+        if let Some(arrived) = message.and_then(|m| copies.get(m)) {
+            lines.extend(
+                arrived
+                    .iter()
+                    .map(|at| (ms(at), format!("record {id}: downstream"))),
+            );
+        }
+        lines.extend(
+            faults
+                .iter()
+                .filter(|(at, _)| near(at))
+                .map(|(at, f)| (ms(at), f.to_string())),
+        );
+        lines.extend(
+            STAMPED
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(at, _)| near(at))
+                .map(|(at, l)| (ms(at), l.clone())),
+        );
+        lines.extend(
+            confirms
+                .connection
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(at, e)| (ms(at), e.clone())),
+        );
+        lines.sort();
+        lines
+            .iter()
+            .map(|(t, l)| format!("\n  {t:>6} ms {l}"))
+            .collect::<String>()
+    };
+    eprintln!(
+        "{report:?}; {} fence breach(es), {} record(s) twice downstream; longest from a \
+         (re)lease to: {closest:?}",
+        breaches.len(),
+        twice.len()
     );
     assert!(
-        late.is_empty(),
-        "{} confirm(s) awaited past the {lease:?} lease ({:?} …); {} record(s) published more \
-         than once; {report:?}",
-        late.len(),
-        &late[..late.len().min(5)],
-        twice.len()
+        breaches.is_empty(),
+        "{} record(s) held past their {lease:?} lease, when another relay may have published \
+         them again ({:?} …); {} record(s) published more than once; {report:?}; timeline:{}",
+        breaches.len(),
+        &breaches[..breaches.len().min(3)],
+        twice.len(),
+        timeline()
     );
     assert_eq!(copies.len(), n, "distinct ids downstream");
     assert!(copies.keys().all(|id| expected.contains(id)));
+    // The one second copy this scenario allows: the documented at-least-once path, when the
+    // broker itself stopped taking publishes — the relay gave the record up (it says so, naming
+    // the record) *while* the broker reported blocking this connection (a memory or disk alarm
+    // not raised by these tests), or after the connection was lost — and published it again.
+    // Any other second copy — a stall of the link alone, which the relay must ride out, or a
+    // give-up at another time — fails.
+    let events = confirms.connection.lock().unwrap().clone();
+    let refused_at = |t: Instant| {
+        let blocked = events
+            .iter()
+            .rfind(|(at, e)| *at <= t && (e.starts_with("Blocked") || e.starts_with("Unblocked")))
+            .is_some_and(|(_, e)| e.starts_with("Blocked"));
+        let lost = events
+            .iter()
+            .any(|(at, e)| *at <= t && e.starts_with("Lost"));
+        blocked || lost
+    };
+    let gave_up_while_refused = |record: i64| {
+        let said = format!("outbox record {record} not published");
+        STAMPED
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(at, l)| *at >= t0 && l.contains(&said) && refused_at(*at))
+    };
+    let unexcused: Vec<&(&String, usize)> = twice
+        .iter()
+        .filter(|(message, _)| {
+            !message_ids
+                .get(*message)
+                .is_some_and(|r| gave_up_while_refused(*r))
+        })
+        .collect();
     assert!(
-        twice.is_empty(),
-        "{} of {n} records published more than once ({:?} …); {report:?}; the relay said: {:?}",
+        unexcused.is_empty(),
+        "{} of {n} records published more than once ({:?} …; {} of them given up on while \
+         the broker refused publishes); {report:?}; timeline:{}",
         twice.len(),
-        &twice[..twice.len().min(5)],
-        logged("outbox")
+        &unexcused[..unexcused.len().min(5)],
+        twice.len() - unexcused.len(),
+        timeline()
     );
+    if !twice.is_empty() {
+        eprintln!(
+            "{} record(s) published twice, each given up on by the relay while the broker \
+             refused publishes (the at-least-once path; the fence held)",
+            twice.len()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
