@@ -372,6 +372,23 @@ fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_still_dea
 // ---------------------------------------------------------------------------------------------
 // Item 16: the first publish, not a rung's.
 
+/// A queue with one 1 s rung, consumed by a handler that rejects every message (so each
+/// message it gets is dead-lettered at once, its copy stamped with where it came from).
+fn rejecting_behind_a_rung(
+    conn: &Connection,
+    clean: &mut Cleanup,
+    name: &str,
+) -> (String, acemq_amqp::RunningConsumer) {
+    let q = clean.consumed_queue(&unique(name), &[Duration::from_secs(1)]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::reject("no such customer")))
+        .unwrap();
+    (q, consumer)
+}
+
 /// A consumer that handles attempt 2 of a message another library sent round one of this
 /// queue's rungs (the family's copies carry no `acemq-original-*`) and dead-letters it: the
 /// copy records the queue, and not `acemq.retry` (the rung's way back) as the exchange the
@@ -380,13 +397,7 @@ fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_still_dea
 fn a_dead_letter_copy_of_a_message_back_from_a_rung_does_not_name_the_rung_as_its_origin() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("rung-origin"), &[Duration::from_secs(1)]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
-        .unwrap()
-        .start(|_: &Message| Ok(Outcome::reject("no such customer")))
-        .unwrap();
+    let (q, consumer) = rejecting_behind_a_rung(&conn, &mut clean, "rung-origin");
     let mut m = Message::new("from python");
     m.envelope.attempt = 2;
     put(&conn, &retry_queue(&q, Duration::from_secs(1)), m);
@@ -414,13 +425,7 @@ fn a_dead_letter_copy_of_a_message_back_from_a_rung_does_not_name_the_rung_as_it
 fn a_dead_letter_copy_keeps_the_original_headers_the_message_arrived_with() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("kept-origin"), &[Duration::from_secs(1)]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
-        .unwrap()
-        .start(|_: &Message| Ok(Outcome::reject("no such customer")))
-        .unwrap();
+    let (q, consumer) = rejecting_behind_a_rung(&conn, &mut clean, "kept-origin");
     let rung = retry_queue(&q, Duration::from_secs(1));
     let mut all = Message::new("all three")
         .header(headers::ORIGINAL_EXCHANGE, "orders.events")

@@ -1415,6 +1415,21 @@ mod sql_store {
         use super::group::Op;
         use super::*;
 
+        /// Waits up to 30 s for `done` (a hang fails the test).
+        #[cfg(feature = "testing")]
+        fn wait_for(what: &str, done: &dyn Fn() -> bool) {
+            crate::testing::wait_until(Duration::from_secs(30), done)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+
+        /// Waits until `n` operations are queued for the store's next group.
+        #[cfg(feature = "testing")]
+        fn queued_in(store: &SqlIdempotencyStore, n: usize) {
+            wait_for(&format!("{n} queued"), &|| {
+                store.group.as_ref().is_some_and(|g| g.queued() == n)
+            })
+        }
+
         /// The first group's connection waits at a gate until two more callers are queued;
         /// the second group (those two) panics while opening its connection. The caller that
         /// led it panics; the other is answered with an error instead of waiting for ever; and
@@ -1456,16 +1471,7 @@ mod sql_store {
                 .unwrap(),
             );
             store.create_table().unwrap();
-            // Up to 30 s for `done` (a hang fails the test).
-            let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-                crate::testing::wait_until(Duration::from_secs(30), done)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-            };
-            let queued = |n: usize| {
-                wait_for(&format!("{n} queued"), &|| {
-                    store.group.as_ref().is_some_and(|g| g.queued() == n)
-                })
-            };
+            let queued = |n: usize| queued_in(&store, n);
             // Threads of their own, not scoped: a caller that is never answered must fail the
             // test, not hang it.
             let claim = |key: &'static str| {
@@ -1565,15 +1571,7 @@ mod sql_store {
                     &[],
                 )
                 .unwrap();
-            let wait_for = |what: &str, done: &dyn Fn() -> bool| {
-                crate::testing::wait_until(Duration::from_secs(30), done)
-                    .unwrap_or_else(|e| panic!("{what}: {e}"));
-            };
-            let queued = |n: usize| {
-                wait_for(&format!("{n} queued"), &|| {
-                    store.group.as_ref().is_some_and(|g| g.queued() == n)
-                })
-            };
+            let queued = |n: usize| queued_in(&store, n);
             // A first group waits at the gate while the confirm and the claim queue behind it:
             // they make the next group together.
             armed.store(true, Ordering::SeqCst);
