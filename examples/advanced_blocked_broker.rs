@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::ConnectionEvent;
-use acemq_amqp::{ConnectionOptions, Message, Observer, PublisherOptions, QueueSpec, Result};
+use acemq_amqp::observe::Observer;
+use acemq_amqp::{ConnectionOptions, Message, PublisherOptions, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
 mod ex;

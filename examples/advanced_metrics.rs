@@ -18,12 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{
-    record_message, serve, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, Requester,
-};
-use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Message, MetricsObserver, Outcome, QueueSpec,
-};
+use acemq_amqp::observe::MetricsObserver;
+use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 
 fn main() {
     fail::run(run);

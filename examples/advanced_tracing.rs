@@ -6,7 +6,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use acemq_amqp::{Message, Outcome, QueueSpec, Result, TraceContext};
+use acemq_amqp::trace::TraceContext;
+use acemq_amqp::{Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
 mod ex;

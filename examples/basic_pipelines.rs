@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::{follow_slip, start, RoutingSlip};
+use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
 use acemq_amqp::{Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

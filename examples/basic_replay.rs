@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::replay;
+use acemq_amqp::patterns::replay::replay;
 use acemq_amqp::{dead_letter_queue, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
+use acemq_amqp::patterns::streams::{
     declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
 };
 use acemq_amqp::{Message, Outcome, Result};

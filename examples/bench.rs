@@ -19,18 +19,21 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
     ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource, StopHandle,
 };
-use acemq_amqp::patterns::{
-    by_header, idempotent, idempotent_tx, ordered, record, serve_with, InMemoryOutboxStore,
-    OutboxRelay, OutboxRelayOptions, OutboxStore, Requester, SqlIdempotencyStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::ordering::{by_header, ordered};
+use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::request_reply::{serve_with, Requester};
 use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::{
-    BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Observer, Outcome,
+    BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Outcome,
     PublisherOptions, QueueSpec, Result,
 };
 use amiquip::{AmqpProperties, ConsumerMessage, ConsumerOptions as RawConsumerOptions, Publish};
@@ -703,7 +706,7 @@ fn relay_rate(store: impl OutboxStore + 'static, n: usize) -> Result<f64> {
 }
 
 /// The suite's `i`-th outbox record to `queue`: ~200 bytes of JSON.
-fn outbox_record(queue: &str, i: usize) -> Result<acemq_amqp::patterns::NewOutboxRecord> {
+fn outbox_record(queue: &str, i: usize) -> Result<acemq_amqp::patterns::outbox::NewOutboxRecord> {
     let payload = serde_json::json!({"n": i, "pad": "x".repeat(180)});
     record(&JsonCodec, "", queue, &payload)
 }
@@ -824,8 +827,8 @@ fn commits_rate(
     Ok((n * commits_per_op) as f64 / start.elapsed().as_secs_f64())
 }
 
-fn store_record(n: u64) -> acemq_amqp::patterns::NewOutboxRecord {
-    acemq_amqp::patterns::NewOutboxRecord {
+fn store_record(n: u64) -> acemq_amqp::patterns::outbox::NewOutboxRecord {
+    acemq_amqp::patterns::outbox::NewOutboxRecord {
         exchange: "bench".into(),
         routing_key: format!("bench.{n}"),
         body: vec![0u8; 256],
@@ -844,14 +847,15 @@ fn store_figures<M>(
     begin_add: impl Fn(
         &mut M::Connection,
         &SqlOutboxStore,
-        &acemq_amqp::patterns::NewOutboxRecord,
+        &acemq_amqp::patterns::outbox::NewOutboxRecord,
     ) -> Result<i64>,
 ) -> Result<(f64, f64, f64)>
 where
     M: r2d2::ManageConnection,
     M::Connection: Sql,
 {
-    use acemq_amqp::patterns::{Claim, IdempotencyStore, OutboxStore};
+    use acemq_amqp::patterns::idempotency::{Claim, IdempotencyStore};
+    use acemq_amqp::patterns::outbox::OutboxStore;
     let raw_table = format!("bench_raw_{tag}");
     pool.get()?.execute(
         &format!("CREATE TABLE {raw_table} (k TEXT PRIMARY KEY, v BIGINT)"),
@@ -1610,7 +1614,7 @@ fn now_ms() -> i64 {
 
 /// Messages scheduled 1–3 s ahead through the TTL ladder: how late each is delivered.
 fn scheduler_accuracy(s: &mut Suite, conn: &Connection) -> Result<()> {
-    use acemq_amqp::patterns::Scheduler;
+    use acemq_amqp::patterns::scheduler::Scheduler;
     let n = s.n(100, 20);
     let queue = format!("bench.scheduled.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue).classic())?;

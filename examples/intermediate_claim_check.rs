@@ -3,7 +3,7 @@
 //! reads both with the same codec.
 //! Run: `cargo run --example intermediate_claim_check`.
 
-use acemq_amqp::patterns::{
+use acemq_amqp::patterns::claim_check::{
     claim_key_of, is_claim_check, ClaimCheckCodec, FilesystemClaimCheckStore,
 };
 use acemq_amqp::{BytesCodec, Error, Message, QueueSpec, Result};

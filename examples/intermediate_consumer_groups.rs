@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use acemq_amqp::patterns::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

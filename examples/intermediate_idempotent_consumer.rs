@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::{idempotent, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::idempotent;
 use acemq_amqp::{Error, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

@@ -3,7 +3,7 @@
 //! an unknown SKU comes back as the responder's error in milliseconds, not a timeout.
 //! Run: `cargo run --example intermediate_request_reply`.
 
-use acemq_amqp::patterns::{serve_with, Requester};
+use acemq_amqp::patterns::request_reply::{serve_with, Requester};
 use acemq_amqp::{BoxError, ConsumerOptions, Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

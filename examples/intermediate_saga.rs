@@ -3,7 +3,7 @@
 //! release). The report says what happened; nothing here needs a broker.
 //! Run: `cargo run --example intermediate_saga`.
 
-use acemq_amqp::patterns::Saga;
+use acemq_amqp::patterns::saga::Saga;
 
 type Step = std::result::Result<(), String>;
 

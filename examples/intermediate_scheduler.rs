@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{hop_plan, Scheduler};
+use acemq_amqp::patterns::scheduler::{hop_plan, Scheduler};
 use acemq_amqp::{Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::{SchemaRegistry, SqlSchemaRegistry};
+use acemq_amqp::patterns::schema_registry::{SchemaRegistry, SqlSchemaRegistry};
 use acemq_amqp::{
     dead_letter_queue, Error, FatalError, HeaderValue, JsonCodec, Message, Outcome, QueueSpec,
     Result,

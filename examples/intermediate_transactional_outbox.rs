@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use acemq_amqp::patterns::{record, OutboxRelay, OutboxRelayOptions, SqlOutboxStore};
+use acemq_amqp::patterns::outbox::SqlOutboxStore;
+use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::{Error, JsonCodec, QueueSpec, Result};
 
 #[path = "common/ex.rs"]

@@ -5,10 +5,11 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    idempotent_tx, record, serve, OutboxRelay, OutboxRelayOptions, Requester, SqlIdempotencyStore,
-    SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::outbox::SqlOutboxStore;
+use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::request_reply::{serve, Requester};
 use acemq_amqp::{
     dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
     Outcome, QueueSpec, Result, RetryPolicy,
@@ -243,7 +244,9 @@ fn replay_slip_and_saga(
     publisher: &acemq_amqp::Publisher,
     run: u32,
 ) -> Result<()> {
-    use acemq_amqp::patterns::{follow_slip, replay, start, RoutingSlip, Saga};
+    use acemq_amqp::patterns::replay::replay;
+    use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
+    use acemq_amqp::patterns::saga::Saga;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 
@@ -346,9 +349,9 @@ fn replay_slip_and_saga(
 /// validated order's id as causation; a digital order goes no further, an invalid one is
 /// rejected), `ship` runs a chain (logging, a deadline, ordering per order).
 fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
-    use acemq_amqp::patterns::{
-        by_correlation, chain, then, with_logging, with_ordering, with_timeout, Next, NOTHING,
-    };
+    use acemq_amqp::patterns::chain::{chain, with_logging, with_ordering, with_timeout};
+    use acemq_amqp::patterns::ordering::by_correlation;
+    use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
     let validate_q = format!("tour.pipeline.validate.{run}");
     let ship_q = format!("tour.pipeline.ship.{run}");
     for q in [&validate_q, &ship_q] {
@@ -437,9 +440,12 @@ fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
 /// The scheduler (an invoice delivered 3 s later), a stream (an event log read twice) and a
 /// claim check (a 1 MiB document sent as a key to a file).
 fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<()> {
-    use acemq_amqp::patterns::{
-        claim_key_of, declare_stream, read_stream, stream_offset_of, ClaimCheckCodec,
-        FilesystemClaimCheckStore, Offset, Scheduler, StreamRetention,
+    use acemq_amqp::patterns::claim_check::{
+        claim_key_of, ClaimCheckCodec, FilesystemClaimCheckStore,
+    };
+    use acemq_amqp::patterns::scheduler::Scheduler;
+    use acemq_amqp::patterns::streams::{
+        declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
     };
     use acemq_amqp::BytesCodec;
     use std::sync::{Arc, Mutex};
@@ -558,7 +564,7 @@ fn operator_tools(connection: &Connection, run: u32) -> Result<()> {
         publisher.publish("", &queue, Message::new(format!("parcel {n}")))?;
     }
     publisher.close()?;
-    let head = acemq_amqp::patterns::peek(connection, &queue, 2)?;
+    let head = acemq_amqp::patterns::peek::peek(connection, &queue, 2)?;
     println!(
         "peeked at the first {} message(s) of {queue} ({:?} first); it still holds {}",
         head.len(),

@@ -12,7 +12,7 @@
 //! [`Message::encode`](crate::Message::encode) is captured as bytes (a 16 MiB `Vec<u8>` is not
 //! turned into sixteen million JSON numbers) and handed to [`Codec::encode_bytes`]; decoding
 //! reads [`Codec::decode_bytes`] and builds the `Vec<u8>` straight from it. [`BytesCodec`] has
-//! the fast path, and so does a [`ClaimCheckCodec`](crate::patterns::ClaimCheckCodec) over it.
+//! the fast path, and so does a [`ClaimCheckCodec`](crate::patterns::claim_check::ClaimCheckCodec) over it.
 //! The result is the same bytes as the `Value` path gave; a codec without the fast path (all
 //! existing implementations: the new methods have defaults) is used exactly as before.
 

@@ -24,7 +24,7 @@
 //! nothing is sent), and observe the result of handing over (the [`Ticket`], or the error).
 //! The broker's answer comes later: [`PublishContext::when_answered`] tells it (confirmed and
 //! routed, unroutable, nacked, lost) to the interceptor, as the family's interceptors see it;
-//! the [`Observer`](crate::Observer) hears of it too. A retry, dead-letter or parked **copy** a
+//! the [`Observer`](crate::observe::Observer) hears of it too. A retry, dead-letter or parked **copy** a
 //! consumer publishes is not intercepted: it is the original message moving, not a new
 //! publish. The trace context is written after the chain (an interceptor may set its own
 //! `traceparent`, which is then kept).
@@ -32,7 +32,7 @@
 //! # Consuming
 //!
 //! [`ConsumeInterceptor::consume`] runs around the handler (and around its
-//! [`chain`](fn@crate::patterns::chain) layers, which are part of the handler), on the worker
+//! [`chain`](fn@crate::patterns::chain::chain) layers, which are part of the handler), on the worker
 //! thread, with the message's trace context current, inside the consumer's panic guard. What it
 //! returns is the handler's result: an error or a panic is treated as the handler's (retried,
 //! then dead-lettered), `Ok(outcome)` decides. It may hand `next` a different message (a
@@ -86,7 +86,7 @@ impl PublishContext {
     /// end a span); a panic in it is caught and logged. Not called when the publish never
     /// reaches the broker (the hand-over returns an error, which the interceptor sees from
     /// `next.run`). It may run while the publisher's lock is held (a lost channel fails every
-    /// publish at once), so, like an [`Observer`](crate::Observer), it must not publish through
+    /// publish at once), so, like an [`Observer`](crate::observe::Observer), it must not publish through
     /// the same publisher.
     pub fn when_answered(&mut self, listener: impl FnOnce(&Result<()>) + Send + 'static) {
         self.answered.push(Box::new(listener));

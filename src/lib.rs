@@ -37,21 +37,21 @@
 //!   `{queue}.dlq` and `{queue}.parked` on `acemq.dlx`; recovery with the connection; graceful
 //!   shutdown ([`CloseReport`]); and a scoped [`Consumer::run`] whose handler may borrow local
 //!   state.
-//! * [`observe`]: the [`Observer`] hook and the family's metric names; with the `metrics`
+//! * [`observe`]: the [`Observer`](observe::Observer) hook and the family's metric names; with the `metrics`
 //!   feature, `observe::MetricsObserver` records them through the `metrics` crate facade for
 //!   any exporter (Prometheus and the like).
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   the consumer group, request/reply ([`patterns::Requester`], [`patterns::serve`]), the
+//!   the consumer group, request/reply ([`patterns::request_reply::Requester`], [`patterns::request_reply::serve`]), the
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
-//!   slips ([`patterns::RoutingSlip`], [`patterns::follow_slip`]), sagas ([`patterns::Saga`]),
-//!   the scheduler ([`patterns::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
-//!   ([`patterns::declare_stream`], [`patterns::read_stream`]), claim checks
-//!   ([`patterns::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordered`],
-//!   [`patterns::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain)) and
-//!   pipelines ([`patterns::then`]). At-most-once delivery is a consumer option, chosen on
+//!   slips ([`patterns::routing_slip::RoutingSlip`], [`patterns::routing_slip::follow_slip`]), sagas ([`patterns::saga::Saga`]),
+//!   the scheduler ([`patterns::scheduler::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
+//!   ([`patterns::streams::declare_stream`], [`patterns::streams::read_stream`]), claim checks
+//!   ([`patterns::claim_check::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordering::ordered`],
+//!   [`patterns::ordering::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain::chain)) and
+//!   pipelines ([`patterns::pipeline::then`]). At-most-once delivery is a consumer option, chosen on
 //!   purpose ([`ConsumerOptions::at_most_once`], with the delivery-guarantee table).
-//! * For operators: [`patterns::peek()`] (the head of a classic queue, left unchanged and in
+//! * For operators: [`patterns::peek::peek()`] (the head of a classic queue, left unchanged and in
 //!   order), [`Connection::compare_queue`] / [`Connection::compare_exchange`] (the broker's
 //!   queue or exchange against a spec, argument by argument, changing nothing) and
 //!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
@@ -64,7 +64,7 @@
 //!   family does) and, each behind its feature, the family's YAML, TOML, XML, Avro, Protobuf and
 //!   encrypted (AES-GCM) codecs.
 //! * [`trace`]: W3C trace context carried from consumed to published messages
-//!   ([`TraceContext`]); OpenTelemetry spans behind the `opentelemetry` feature.
+//!   ([`TraceContext`](trace::TraceContext)); OpenTelemetry spans behind the `opentelemetry` feature.
 //! * [`intercept`]: publish and consume interceptors on a connection.
 //! * [`credentials`]: the broker login from the environment or a file; flow control
 //!   ([`Connection::is_blocked`], [`Error::Blocked`]); `test_ca` (feature `test-ca`): a
@@ -88,14 +88,14 @@
 //!    it and returns `Err` rather than panicking. Nothing runs yet, and the options cannot
 //!    change afterwards: there is no setter to be ignored later.
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
-//!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::OutboxRelay::start`] →
-//!    [`patterns::RunningRelay`]. Starting twice cannot be written. A
-//!    [`patterns::ConsumerGroup`] is configured and started in one call
-//!    ([`patterns::ConsumerGroup::start_with`], which checks its options first) and is itself the
+//!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::relay::OutboxRelay::start`] →
+//!    [`patterns::relay::RunningRelay`]. Starting twice cannot be written. A
+//!    [`patterns::consumer_group::ConsumerGroup`] is configured and started in one call
+//!    ([`patterns::consumer_group::ConsumerGroup::start_with`], which checks its options first) and is itself the
 //!    running handle.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
-//!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::RunningRelay::close`] →
-//!    [`patterns::RelayReport`], [`patterns::ConsumerGroup::close`] → the members'
+//!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::relay::RunningRelay::close`] →
+//!    [`patterns::relay::RelayReport`], [`patterns::consumer_group::ConsumerGroup::close`] → the members'
 //!    [`CloseReport`]s summed, or the error. Its `Drop` does the same best-effort: it
 //!    **blocks** until the threads are joined (within the handle's own deadline, documented on
 //!    it) and logs the errors instead of returning them.
@@ -106,7 +106,7 @@
 //! [`Error::Closed`], and closing twice is harmless. What runs on the caller's thread
 //! ([`Consumer::run`], [`patterns::acknowledged::consume`]) ends when it returns and has
 //! nothing to close. A configured value that was never started holds no thread of its own
-//! (an [`patterns::OutboxRelay`] that was swept by hand holds a publisher, which its
+//! (an [`patterns::relay::OutboxRelay`] that was swept by hand holds a publisher, which its
 //! `close(self)`, or its `Drop`, closes).
 //!
 //! ## Threads
@@ -122,18 +122,18 @@
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks; with [`ConsumerOptions::inline`] the handler too), `acemq-worker-N` (none inline) and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
-//! | [`patterns::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
-//! | [`patterns::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
-//! | [`patterns::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
-//! | [`patterns::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
-//! | [`patterns::Responder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |
-//! | [`patterns::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
-//! | [`patterns::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
-//! | [`patterns::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
+//! | [`patterns::relay::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
+//! | [`patterns::relay::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
+//! | [`patterns::consumer_group::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
+//! | [`patterns::request_reply::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
+//! | [`patterns::request_reply::Responder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |
+//! | [`patterns::scheduler::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
+//! | [`patterns::streams::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
+//! | [`patterns::chain::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |
 //! | [`patterns::acknowledged::Batcher`] | yes | yes | `acemq-ack-worker` while `consume` runs; the source and the acknowledgements stay on the caller's thread |
-//! | [`patterns::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
-//! | [`patterns::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
-//! | [`patterns::Saga`] | yes | yes | none: runs on the caller's thread |
+//! | [`patterns::replay::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
+//! | [`patterns::routing_slip::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
+//! | [`patterns::saga::Saga`] | yes | yes | none: runs on the caller's thread |
 //! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
 //! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |
 //!
@@ -217,8 +217,8 @@
 
 mod codec;
 pub mod codecs;
-pub mod connection;
-pub mod consume;
+mod connection;
+mod consume;
 pub mod credentials;
 mod envelope;
 mod error;
@@ -228,7 +228,7 @@ pub mod fuzzing;
 pub mod intercept;
 pub mod observe;
 pub mod patterns;
-pub mod publish;
+mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 #[cfg(feature = "test-ca")]
@@ -246,15 +246,11 @@ pub use connection::{
 pub use consume::{
     dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, CloseReport,
     Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, OrderBy,
-    Outcome, RetryPolicy, RunningConsumer, StopHandle,
+    Outcome, RetryPolicy, RunningConsumer, StopHandle, DEAD_LETTER_EXCHANGE,
+    DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
 };
-pub use credentials::Credentials;
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
 pub use error::{BoxError, Error, Result};
-#[cfg(feature = "metrics")]
-pub use observe::MetricsObserver;
-pub use observe::{LogObserver, Observer};
 pub use publish::{Publisher, PublisherOptions, Ticket};
-pub use trace::{TraceContext, TraceScope};

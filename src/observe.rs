@@ -44,9 +44,9 @@ pub enum PublishOutcome {
     /// The connection or channel failed before an answer.
     Failed,
     /// Handed to the broker without a publisher confirm: a
-    /// [`Requester`](crate::patterns::Requester)'s request (its reply is its confirmation), and
+    /// [`Requester`](crate::patterns::request_reply::Requester)'s request (its reply is its confirmation), and
     /// a responder's reply to a transient reply queue, published on the request's channel just
-    /// before the request's acknowledgement (see [`serve_with`](crate::patterns::serve_with)).
+    /// before the request's acknowledgement (see [`serve_with`](crate::patterns::request_reply::serve_with)).
     /// If the broker returns one (no queue for the request; the requester went away), it is
     /// reported [`Unroutable`](Self::Unroutable) as well.
     Unconfirmed,
@@ -134,27 +134,27 @@ pub trait Observer: Send + Sync + 'static {
     /// An idempotent wrapper absorbed a duplicate: it accepted a message whose key was already
     /// confirmed, without running the handler. The consumer settles it as `accept`, like a real
     /// run; this event is how an operator sees duplicates being absorbed. Reported by the
-    /// wrappers given this observer ([`Idempotent::observer`](crate::patterns::Idempotent::observer)).
+    /// wrappers given this observer ([`Idempotent::observer`](crate::patterns::idempotent::Idempotent::observer)).
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         LogObserver.duplicate(duplicate)
     }
 
     /// A request/reply round trip ended ([`metrics::REQUEST_DURATION`]), reported by a
-    /// [`Requester`](crate::patterns::Requester) on the calling thread.
+    /// [`Requester`](crate::patterns::request_reply::Requester) on the calling thread.
     fn request(&self, event: &RequestEvent<'_>) {
         LogObserver.request(event)
     }
 
     /// A dead-letter replay pass made progress (every
-    /// [`progress_every`](crate::patterns::Replay::progress_every) messages read) or ended
+    /// [`progress_every`](crate::patterns::replay::Replay::progress_every) messages read) or ended
     /// (`finished`), reported on the thread running it.
     fn replay(&self, event: &ReplayEvent<'_>) {
         LogObserver.replay(event)
     }
-    /// A handler ran past its [`with_timeout`](crate::patterns::with_timeout) deadline: its
+    /// A handler ran past its [`with_timeout`](crate::patterns::chain::with_timeout) deadline: its
     /// message was settled as a retry and its thread, which cannot be interrupted, runs on as an
     /// orphan. Reported by the wrapper given this observer
-    /// ([`Deadline::observer`](crate::patterns::Deadline::observer)).
+    /// ([`Deadline::observer`](crate::patterns::chain::Deadline::observer)).
     fn overrun(&self, overrun: &Overrun<'_>) {
         LogObserver.overrun(overrun)
     }
@@ -185,7 +185,7 @@ pub struct IdReplaced<'a> {
 #[non_exhaustive]
 pub struct ReplayEvent<'a> {
     /// The report so far (its `stopped` means something only when `finished`).
-    pub report: &'a crate::patterns::ReplayReport,
+    pub report: &'a crate::patterns::replay::ReplayReport,
     /// True for the last event of the pass.
     pub finished: bool,
 }

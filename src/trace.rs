@@ -11,17 +11,17 @@
 //! While a consumer's handler runs (and while the consumer publishes the retry, dead-letter or
 //! parked copy of that message), the message's trace context is **current on the handler's
 //! thread** ([`TraceContext::current`]). Every message published then through this crate —
-//! [`Publisher`](crate::Publisher) (so a handler's own publishes, [`then`](crate::patterns::then)
-//! pipeline steps, [`follow_slip`](crate::patterns::follow_slip) hops, replies of
-//! [`serve`](crate::patterns::serve), the scheduler's hops and deliveries),
-//! [`Requester`](crate::patterns::Requester) requests, and outbox records made with
-//! [`record`](crate::patterns::record) / [`record_message`](crate::patterns::record_message)
+//! [`Publisher`](crate::Publisher) (so a handler's own publishes, [`then`](crate::patterns::pipeline::then)
+//! pipeline steps, [`follow_slip`](crate::patterns::routing_slip::follow_slip) hops, replies of
+//! [`serve`](crate::patterns::request_reply::serve), the scheduler's hops and deliveries),
+//! [`Requester`](crate::patterns::request_reply::Requester) requests, and outbox records made with
+//! [`record`](crate::patterns::relay::record) / [`record_message`](crate::patterns::relay::record_message)
 //! (the relay later publishes the stored headers) — gets the current context's `traceparent`
 //! and `tracestate` **unless it carries a `traceparent` of its own** (an application's choice
 //! wins, and a copy keeps its original's as written). Retry, dead-letter and parked copies and
 //! replayed messages are copies: they carry the original's headers unchanged.
 //!
-//! [`with_timeout`](crate::patterns::with_timeout) runs the handler on a thread of its own; the
+//! [`with_timeout`](crate::patterns::chain::with_timeout) runs the handler on a thread of its own; the
 //! context goes with it. A thread of the application's own does not inherit it: take
 //! [`TraceContext::current`] and [`enter`](TraceContext::enter) it there.
 //!
@@ -46,7 +46,7 @@
 //! |---|---|---|
 //! | `<queue> process` | CONSUMER | a handler runs (child of the message's `traceparent`), until the consumer settled it |
 //! | `<destination> publish` | PRODUCER | a message goes out (`destination` = exchange, or the routing key on the default exchange); its context is what the message carries |
-//! | `<destination> request` | CLIENT | a [`Requester`](crate::patterns::Requester) waits for a reply; outcome `answered` or `timed_out` |
+//! | `<destination> request` | CLIENT | a [`Requester`](crate::patterns::request_reply::Requester) waits for a reply; outcome `answered` or `timed_out` |
 //!
 //! Attributes (the family's): `messaging.system` = `rabbitmq`, `messaging.destination.name`,
 //! `messaging.operation`, `messaging.message.id`, `messaging.message.conversation_id` (the

@@ -7,12 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Overrun;
-use acemq_amqp::patterns::{
-    by_header, chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler,
-    Deadline, InMemoryIdempotencyStore, Layer,
+use acemq_amqp::patterns::chain::{
+    chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler, Deadline, Layer,
 };
-use acemq_amqp::{ConsumerOptions, Handler, Message, Observer, Outcome, QueueSpec, RetryPolicy};
+use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
+use acemq_amqp::patterns::ordering::by_header;
+use acemq_amqp::{ConsumerOptions, Handler, Message, Outcome, QueueSpec, RetryPolicy};
 use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{
-    idempotent_tx, record_message, OutboxRelay, OutboxRelayOptions, SqlIdempotencyStore,
-    SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::outbox::SqlOutboxStore;
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::sql::r2d2;
 use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
+use acemq_amqp::patterns::claim_check::{
     claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
 };
 use acemq_amqp::{
@@ -61,7 +61,7 @@ fn every_vector_case_decodes_as_the_family_says() {
     let v = vector();
     assert_eq!(
         v["threshold_default_bytes"].as_u64().unwrap() as usize,
-        acemq_amqp::patterns::DEFAULT_CLAIM_CHECK_THRESHOLD
+        acemq_amqp::patterns::claim_check::DEFAULT_CLAIM_CHECK_THRESHOLD
     );
     let store = MemoryStore::default();
     let codec = ClaimCheckCodec::new(BytesCodec, store.clone());

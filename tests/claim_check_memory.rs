@@ -7,7 +7,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use acemq_amqp::patterns::{is_claim_check, ClaimCheckCodec, FilesystemClaimCheckStore};
+use acemq_amqp::patterns::claim_check::{
+    is_claim_check, ClaimCheckCodec, FilesystemClaimCheckStore,
+};
 use acemq_amqp::{BytesCodec, Message};
 
 struct Counting;

@@ -6,9 +6,8 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::outbox::{OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::{Connection, Message, QueueSpec};
 use serde_json::Value;
 use support::db::{Backend, Db};
@@ -699,7 +698,7 @@ fn acemq_db_is_the_default_database() {
 
 #[test]
 fn peek_shows_a_slips_position_and_a_claim_checks_key() {
-    use acemq_amqp::patterns::RoutingSlip;
+    use acemq_amqp::patterns::routing_slip::RoutingSlip;
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
     let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.peek-slip")));
@@ -741,7 +740,7 @@ fn peek_shows_a_slips_position_and_a_claim_checks_key() {
 #[test]
 fn topology_check_without_a_queue_checks_the_scheduler_topology() {
     let connection = support::connect();
-    acemq_amqp::patterns::schedule_topology()
+    acemq_amqp::patterns::scheduler::schedule_topology()
         .apply(&connection)
         .unwrap();
     let out = acemq(&["--json", "topology", "check"]);

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
-    Message, Observer, Outcome, QueueSpec, RetryPolicy,
+    Message, Outcome, QueueSpec, RetryPolicy,
 };
 use support::observe::CopyFailures;
 use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};

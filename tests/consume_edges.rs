@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
 use acemq_amqp::{
     dead_letter_queue, headers, retry_queue, Connection, ConnectionOptions, ConsumerOptions,
-    Message, Observer, Outcome, QueueSpec, RetryPolicy,
+    Message, Outcome, QueueSpec, RetryPolicy,
 };
 use support::raw::Raw;
 use support::{connect, connect_with, eventually, unique, Cleanup};

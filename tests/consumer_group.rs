@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
 use support::{amqp_url, connect, connect_with, eventually, publish_n, unique, Cleanup};
 

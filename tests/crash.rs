@@ -30,16 +30,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{OutboxEvent, PublishOutcome, Settlement};
-use acemq_amqp::patterns::{
-    by_header, idempotent, idempotent_tx, ordered, record_message, replay,
-    InMemoryIdempotencyStore, OutboxRelay, OutboxRelayOptions, Scheduler, SchedulerOptions,
-    SqlIdempotencyStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::{InMemoryIdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::ordering::{by_header, ordered};
+use acemq_amqp::patterns::outbox::SqlOutboxStore;
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
-    headers, Connection, ConnectionOptions, ConsumerOptions, Handler, Message, Observer, Outcome,
-    QueueSpec, RetryPolicy,
+    headers, Connection, ConnectionOptions, ConsumerOptions, Handler, Message, Outcome, QueueSpec,
+    RetryPolicy,
 };
 use support::db::{self, Db};
 use support::{connect, connect_with, unique, Cleanup};
@@ -712,7 +715,7 @@ fn scheduler_killed_between_a_hop_and_the_ack_loses_nothing() {
         let now = acemq_amqp::now_ms();
         for i in 0..count {
             let m = Message::new(format!("m{}", ids.len()))
-                .message_type(acemq_amqp::patterns::SCHEDULED_MESSAGE_TYPE)
+                .message_type(acemq_amqp::patterns::scheduler::SCHEDULED_MESSAGE_TYPE)
                 .header(headers::SCHEDULE_EXCHANGE, "")
                 .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
                 .header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 50)

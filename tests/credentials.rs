@@ -3,7 +3,8 @@
 
 mod support;
 
-use acemq_amqp::{credentials, ConnectionOptions, Credentials};
+use acemq_amqp::credentials::Credentials;
+use acemq_amqp::{credentials, ConnectionOptions};
 
 /// The test broker's address without its login.
 fn bare_url() -> String {

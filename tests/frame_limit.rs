@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{ConnectionEvent, Settlement};
-use acemq_amqp::patterns::{
-    record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::outbox::{OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::{
-    dead_letter_queue, Connection, ConnectionOptions, ConsumerOptions, Message, Observer, Outcome,
-    QueueSpec, RetryPolicy,
+    dead_letter_queue, Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec,
+    RetryPolicy,
 };
 use support::db::Db;
 use support::{amqp_url, connect_with, eventually, unique, Cleanup};
@@ -519,11 +519,18 @@ fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering
 
 /// A responder on `q` (its own connection, watched) answering `pong`, with a 200 KB header on
 /// the reply to a request whose body is `big`; and how often it ran per body.
-fn pong_responder(q: &str) -> (acemq_amqp::patterns::Responder, Connection, Watch, Calls) {
+fn pong_responder(
+    q: &str,
+) -> (
+    acemq_amqp::patterns::request_reply::Responder,
+    Connection,
+    Watch,
+    Calls,
+) {
     let (conn, watch) = watched();
     let calls: Calls = Arc::default();
     let c = calls.clone();
-    let responder = acemq_amqp::patterns::serve(&conn, q, move |m: &Message| {
+    let responder = acemq_amqp::patterns::request_reply::serve(&conn, q, move |m: &Message| {
         let body = String::from_utf8_lossy(&m.body).into_owned();
         *c.lock().unwrap().entry(body.clone()).or_insert(0) += 1;
         let reply = Message::new("pong");
@@ -547,11 +554,11 @@ fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_o
     let q = clean.consumed_queue(&unique("frame-request"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
-    let requester = acemq_amqp::patterns::Requester::open_with(
+    let requester = acemq_amqp::patterns::request_reply::Requester::open_with(
         &conn,
         "",
         &q,
-        acemq_amqp::patterns::RequesterOptions::new()
+        acemq_amqp::patterns::request_reply::RequesterOptions::new()
             .window(1)
             .timeout(Duration::from_secs(10)),
     )
@@ -603,12 +610,13 @@ fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
     let q = clean.consumed_queue(&unique("frame-reply"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
-    let mut options =
-        acemq_amqp::patterns::RequesterOptions::new().timeout(Duration::from_secs(10));
+    let mut options = acemq_amqp::patterns::request_reply::RequesterOptions::new()
+        .timeout(Duration::from_secs(10));
     if named {
         options = options.reply_queue(clean.queue(&unique("frame-reply-to")));
     }
-    let requester = acemq_amqp::patterns::Requester::open_with(&conn, "", &q, options).unwrap();
+    let requester =
+        acemq_amqp::patterns::request_reply::Requester::open_with(&conn, "", &q, options).unwrap();
 
     let request = Message::new("big");
     let id = request.id().to_string();
@@ -711,7 +719,7 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
         responder_watch.lost.load(Ordering::SeqCst)
     );
     // The responder goes on.
-    let requester = acemq_amqp::patterns::Requester::open(&conn, "", &q).unwrap();
+    let requester = acemq_amqp::patterns::request_reply::Requester::open(&conn, "", &q).unwrap();
     let reply = requester
         .ask_timeout(Message::new("small"), WAIT)
         .expect("the next request is answered");

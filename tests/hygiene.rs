@@ -10,10 +10,13 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::AmqpQueue;
-use acemq_amqp::patterns::{
-    declare_stream, read_stream, replay, serve, ConsumerGroup, InMemoryOutboxStore, Offset,
-    OutboxRelay, OutboxRelayOptions, Requester, Scheduler, StreamRetention,
-};
+use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
+use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::scheduler::Scheduler;
+use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
 

@@ -6,13 +6,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::patterns::{
-    idempotent, idempotent_tx, record, IdempotencyStore, SqlIdempotencyStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::{IdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::outbox::SqlOutboxStore;
+use acemq_amqp::patterns::relay::record;
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Observer, Outcome, QueueSpec,
+    ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Outcome, QueueSpec,
     RetryPolicy,
 };
 use support::db::{self, Backend, Db};

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{idempotent_tx, DuplicateCount, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount};
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
@@ -504,34 +505,35 @@ fn group_store_leasing(db: &Db, lease: Duration) -> Arc<SqlIdempotencyStore> {
 /// claimed by exactly one of them; a confirmed key is a duplicate for everyone; a released one
 /// can be claimed again; a release under another token gives nothing back.
 fn group_commit_keeps_claims_atomic_and_fenced(db: &Db) {
-    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    use acemq_amqp::patterns::idempotency::{Claim, IdempotencyStore};
     let store = group_store(db);
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
-    let won: Vec<Vec<(String, acemq_amqp::patterns::ClaimToken)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..8)
-            .map(|_| {
-                let (store, keys) = (&store, &keys);
-                s.spawn(move || {
-                    keys.iter()
-                        .filter_map(|k| match store.claim(k).unwrap() {
-                            Claim::Claimed(t) => Some((k.clone(), t)),
-                            Claim::InProgress => None,
-                            Claim::Duplicate => panic!("nothing was confirmed yet"),
-                        })
-                        .collect()
+    let won: Vec<Vec<(String, acemq_amqp::patterns::idempotency::ClaimToken)>> =
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    let (store, keys) = (&store, &keys);
+                    s.spawn(move || {
+                        keys.iter()
+                            .filter_map(|k| match store.claim(k).unwrap() {
+                                Claim::Claimed(t) => Some((k.clone(), t)),
+                                Claim::InProgress => None,
+                                Claim::Duplicate => panic!("nothing was confirmed yet"),
+                            })
+                            .collect()
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
     let mut all: Vec<&String> = won.iter().flatten().map(|(k, _)| k).collect();
     all.sort();
     let mut expected: Vec<&String> = keys.iter().collect();
     expected.sort();
     assert_eq!(all, expected, "every key claimed exactly once");
-    let claims: Vec<(String, acemq_amqp::patterns::ClaimToken)> =
+    let claims: Vec<(String, acemq_amqp::patterns::idempotency::ClaimToken)> =
         won.into_iter().flatten().collect();
-    let other = acemq_amqp::patterns::ClaimToken::new();
+    let other = acemq_amqp::patterns::idempotency::ClaimToken::new();
     std::thread::scope(|s| {
         for (i, (k, t)) in claims.iter().enumerate() {
             let store = &store;
@@ -561,7 +563,7 @@ fn group_commit_keeps_claims_atomic_and_fenced(db: &Db) {
 /// concurrent group statements meet the same rows in different orders. Every claim answers;
 /// each key is won exactly once per round.
 fn concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock(db: &Db) {
-    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    use acemq_amqp::patterns::idempotency::{Claim, IdempotencyStore};
     let store = group_store(db);
     for round in 0..20 {
         let keys: Vec<String> = (0..24).map(|i| format!("r{round}-k{i}")).collect();
@@ -598,7 +600,7 @@ fn concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock(d
 /// another confirms a claim whose lease was taken over meanwhile: its receipt is recorded all
 /// the same, and the key is a duplicate for everyone after.
 fn claims_and_confirms_sharing_groups_answer_as_alone(db: &Db) {
-    use acemq_amqp::patterns::{Claim, IdempotencyStore};
+    use acemq_amqp::patterns::idempotency::{Claim, IdempotencyStore};
     let store = group_store_leasing(db, Duration::from_secs(1));
     let stale = match store.claim("taken").unwrap() {
         Claim::Claimed(t) => t,
@@ -655,11 +657,12 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
     let e = effects.clone();
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let handler = acemq_amqp::patterns::idempotent(group_store(db), move |m: &Message| {
-        record_effect(&mut effect_db()?, &e, m.id())?;
-        h.fetch_add(1, Ordering::SeqCst);
-        Ok(Outcome::Accept)
-    });
+    let handler =
+        acemq_amqp::patterns::idempotent::idempotent(group_store(db), move |m: &Message| {
+            record_effect(&mut effect_db()?, &e, m.id())?;
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        });
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
         .unwrap()

@@ -9,10 +9,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{
-    by_header, chain, idempotent_tx, with_idempotency, with_logging, with_ordering, with_timeout,
-    BoxHandler, IdempotencyStore, InMemoryIdempotencyStore, Layer, SqlIdempotencyStore,
+use acemq_amqp::patterns::chain::{
+    chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler, Layer,
 };
+use acemq_amqp::patterns::idempotency::{
+    IdempotencyStore, InMemoryIdempotencyStore, SqlIdempotencyStore,
+};
+use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::ordering::by_header;
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     ConsumerOptions, Handler, HandlerResult, Message, Outcome, QueueSpec, RetryPolicy,
@@ -459,7 +463,7 @@ fn a_store_without_claims_keeps_an_orphans_key_in_progress_until_it_ends() {
 fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
     #[derive(Default)]
     struct Settled(Mutex<Vec<(u32, String, String)>>);
-    impl acemq_amqp::Observer for Settled {
+    impl acemq_amqp::observe::Observer for Settled {
         fn settled(&self, s: &acemq_amqp::observe::Settlement<'_>) {
             self.0.lock().unwrap().push((
                 s.attempt,

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
+use acemq_amqp::patterns::idempotent::idempotent;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};

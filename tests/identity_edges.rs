@@ -8,9 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{
-    OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats, OutboxStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStats, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
@@ -251,7 +250,7 @@ on_both!(an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_t
 #[derive(Clone, Default)]
 struct Replaced(Arc<Mutex<Vec<(String, String, String)>>>);
 
-impl acemq_amqp::Observer for Replaced {
+impl acemq_amqp::observe::Observer for Replaced {
     fn id_replaced(&self, e: &acemq_amqp::observe::IdReplaced<'_>) {
         self.0
             .lock()
@@ -569,7 +568,7 @@ struct Confirms {
     connection: Arc<Mutex<Vec<(Instant, String)>>>,
 }
 
-impl acemq_amqp::Observer for Confirms {
+impl acemq_amqp::observe::Observer for Confirms {
     fn outbox(&self, event: &acemq_amqp::observe::OutboxEvent<'_>) {
         if let acemq_amqp::observe::OutboxEvent::Published { id, .. } = event {
             note(&self.history, Instant::now(), Did::Confirmed, [*id]);
@@ -654,7 +653,7 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
     for chunk in 0..n / 100 {
         db.in_tx(true, |tx| {
             for i in 0..100 {
-                let r = acemq_amqp::patterns::record(
+                let r = acemq_amqp::patterns::relay::record(
                     &acemq_amqp::JsonCodec,
                     "",
                     &q,

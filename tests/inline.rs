@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::ordered;
+use acemq_amqp::patterns::ordering::ordered;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec,

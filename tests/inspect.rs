@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use acemq_amqp::patterns::{peek, peek_unordered, PEEK_MAX};
+use acemq_amqp::patterns::peek::{peek, peek_unordered, PEEK_MAX};
 use acemq_amqp::{Error, ExchangeKind, ExchangeSpec, Message, QueueSpec};
 use support::Cleanup;
 

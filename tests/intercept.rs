@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::intercept::{ConsumeContext, ConsumeNext, PublishContext, PublishNext, Settled};
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
 use acemq_amqp::{
     dead_letter_queue, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error,
-    HandlerResult, Message, Observer, Outcome, QueueSpec, RetryPolicy, Ticket,
+    HandlerResult, Message, Outcome, QueueSpec, RetryPolicy, Ticket,
 };
 use support::{amqp_url, eventually, unique, Cleanup};
 

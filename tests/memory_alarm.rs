@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::ConnectionEvent;
-use acemq_amqp::{ConnectionOptions, Message, Observer, PublisherOptions, QueueSpec};
+use acemq_amqp::observe::Observer;
+use acemq_amqp::{ConnectionOptions, Message, PublisherOptions, QueueSpec};
 use support::alarm::Watermark;
 use support::{amqp_url, eventually, unique, Cleanup};
 

@@ -4,10 +4,11 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore, InMemoryOutboxStore,
-    InMemorySchemaRegistry, NewOutboxRecord, OutboxStore, SchemaRegistry,
+use acemq_amqp::patterns::idempotency::{
+    Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore,
 };
+use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxStore};
+use acemq_amqp::patterns::schema_registry::{InMemorySchemaRegistry, SchemaRegistry};
 use acemq_amqp::Error;
 
 #[test]
@@ -143,9 +144,9 @@ fn stores_are_send_and_sync() {
     check::<InMemorySchemaRegistry>();
     #[cfg(feature = "sqlite")]
     {
-        check::<acemq_amqp::patterns::SqlIdempotencyStore>();
-        check::<acemq_amqp::patterns::SqlOutboxStore>();
-        check::<acemq_amqp::patterns::SqlSchemaRegistry>();
+        check::<acemq_amqp::patterns::idempotency::SqlIdempotencyStore>();
+        check::<acemq_amqp::patterns::outbox::SqlOutboxStore>();
+        check::<acemq_amqp::patterns::schema_registry::SqlSchemaRegistry>();
     }
     let _: Arc<dyn IdempotencyStore> = Arc::new(InMemoryIdempotencyStore::default());
     let _: Arc<dyn OutboxStore> = Arc::new(InMemoryOutboxStore::default());

@@ -11,12 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    record_message, serve, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, Requester,
-};
-use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Message, MetricsObserver, Outcome, QueueSpec,
-};
+use acemq_amqp::observe::MetricsObserver;
+use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
+use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{eventually, Cleanup};
 
 /// The sample lines of `name` (Prometheus spelling) in a scrape.

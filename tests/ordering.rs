@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{by_header, ordered, partition, partitioned_routing_key};
+use acemq_amqp::patterns::ordering::{by_header, ordered, partition, partitioned_routing_key};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, ConnectionOptions, ConsumerOptions, Message, Outcome, PublisherOptions,

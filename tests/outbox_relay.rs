@@ -7,15 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
-use acemq_amqp::patterns::{
-    record, record_message, OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats,
-    OutboxStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStats, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{record, record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Observer, Outcome, QueueSpec,
+    ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec,
 };
 use support::db::{self, Backend, Db};
 use support::{connect, connect_with, eventually, unique, Cleanup};
@@ -84,7 +83,7 @@ fn an_unroutable_record_retires_and_then_the_queue_behind_it_moves(db: &Db) {
     let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     let add = |rk: &str, body: &str| {
         let m = Message::new(body.to_string());
-        let r = acemq_amqp::patterns::record_message("", rk, &m).unwrap();
+        let r = acemq_amqp::patterns::relay::record_message("", rk, &m).unwrap();
         db.in_tx(true, |tx| store.add(tx, &r).unwrap())
     };
     let nowhere = unique("nowhere");

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{then, Next, NOTHING};
+use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
 use acemq_amqp::{dead_letter_queue, ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use serde_json::json;
 use support::{collect, connect, eventually, unique, Cleanup};

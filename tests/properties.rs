@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use acemq_amqp::fuzzing::{copy_properties, read_delivery};
-use acemq_amqp::patterns::{partition, partitioned_routing_key};
+use acemq_amqp::patterns::ordering::{partition, partitioned_routing_key};
 use acemq_amqp::{Envelope, HeaderValue, Message};
 use proptest::prelude::*;
 

@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::ReplayEvent;
-use acemq_amqp::patterns::{replay, Stopped};
+use acemq_amqp::patterns::replay::{replay, Stopped};
 use acemq_amqp::{
     dead_letter_queue, headers, Connection, ConsumerOptions, Error, ExchangeSpec, HandlerResult,
-    HeaderValue, Message, Observer, Outcome, QueueSpec, RetryPolicy,
+    HeaderValue, Message, Outcome, QueueSpec, RetryPolicy,
 };
 use support::{connect, eventually, publish_n, unique, Cleanup};
 

@@ -9,11 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::intercept::{PublishContext, PublishNext};
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::PublishOutcome;
-use acemq_amqp::patterns::{serve, serve_with, Requester, RequesterOptions, Responder};
+use acemq_amqp::patterns::request_reply::{
+    serve, serve_with, Requester, RequesterOptions, Responder,
+};
 use acemq_amqp::{
-    headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, Observer,
-    QueueSpec, Ticket,
+    headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, QueueSpec,
+    Ticket,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 

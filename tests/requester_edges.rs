@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{serve, Requester, RequesterOptions};
+use acemq_amqp::patterns::request_reply::{serve, Requester, RequesterOptions};
 use acemq_amqp::{
     dead_letter_queue, headers, BoxError, ConnectionOptions, Error, Message, PublisherOptions,
     QueueSpec,

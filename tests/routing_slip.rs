@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    follow_slip, replay, route_of, route_queue, slip_from, start, RoutingSlip, SlipForm,
+use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::routing_slip::{
+    follow_slip, route_of, route_queue, slip_from, start, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
     dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, ExchangeSpec, FatalError,

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use acemq_amqp::patterns::Saga;
+use acemq_amqp::patterns::saga::Saga;
 
 /// What ran, in order: `do:x`, `undo:x`.
 #[derive(Default)]

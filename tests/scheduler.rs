@@ -9,7 +9,9 @@ mod support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{hop_plan, hop_plan_on, schedule_topology, Scheduler, SchedulerOptions};
+use acemq_amqp::patterns::scheduler::{
+    hop_plan, hop_plan_on, schedule_topology, Scheduler, SchedulerOptions,
+};
 use acemq_amqp::{headers, Connection, Error, HeaderValue, Message, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use serde_json::Value;

@@ -9,10 +9,9 @@ use std::thread;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message as AckMessage};
-use acemq_amqp::patterns::{
-    fingerprint, Claim, ClaimToken, IdempotencyStore, NewOutboxRecord, OutboxStore, SchemaRegistry,
-    SqlIdempotencyStore, SqlOutboxStore, SqlSchemaRegistry,
-};
+use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::schema_registry::{fingerprint, SchemaRegistry, SqlSchemaRegistry};
 use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
 use acemq_amqp::Error;
 use db::{Backend, Db};

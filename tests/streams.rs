@@ -7,7 +7,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
+use acemq_amqp::patterns::streams::{
     declare_stream, read_stream, read_stream_with, stream_offset_of, Offset, StreamOptions,
     StreamReader, StreamRetention,
 };

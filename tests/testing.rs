@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::{
-    by_header, chain, idempotent, ordered, with_idempotency, with_logging, with_ordering,
-    InMemoryIdempotencyStore,
-};
+use acemq_amqp::patterns::chain::{chain, with_idempotency, with_logging, with_ordering};
+use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
+use acemq_amqp::patterns::idempotent::idempotent;
+use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::testing::{received, wait_until, Cleanup, FaultProxy, TestNames};
 use acemq_amqp::{
     Connection, ConnectionOptions, Error, ExchangeSpec, Handler, Message, Outcome, QueueSpec,

@@ -21,31 +21,31 @@ fn handles_are_send_and_sync() {
 #[cfg(feature = "sqlite")]
 #[test]
 fn stores_and_the_relay_are_send_and_sync() {
-    send_sync::<acemq_amqp::patterns::OutboxRelay>();
-    send_sync::<acemq_amqp::patterns::RunningRelay>();
-    send_sync::<acemq_amqp::patterns::OutboxRelayOptions>();
-    send_sync::<acemq_amqp::patterns::SqlOutboxStore>();
-    send_sync::<acemq_amqp::patterns::SqlIdempotencyStore>();
-    send_sync::<acemq_amqp::patterns::SqlSchemaRegistry>();
+    send_sync::<acemq_amqp::patterns::relay::OutboxRelay>();
+    send_sync::<acemq_amqp::patterns::relay::RunningRelay>();
+    send_sync::<acemq_amqp::patterns::relay::OutboxRelayOptions>();
+    send_sync::<acemq_amqp::patterns::outbox::SqlOutboxStore>();
+    send_sync::<acemq_amqp::patterns::idempotency::SqlIdempotencyStore>();
+    send_sync::<acemq_amqp::patterns::schema_registry::SqlSchemaRegistry>();
 }
 
 #[test]
 fn replay_reports_slips_and_sagas_are_send_and_sync() {
     type Step =
         fn(&acemq_amqp::Message) -> Result<Option<acemq_amqp::Message>, acemq_amqp::BoxError>;
-    send_sync::<acemq_amqp::patterns::ReplayReport>();
-    send_sync::<acemq_amqp::patterns::RoutingSlip>();
-    send_sync::<acemq_amqp::patterns::FollowSlip<Step>>();
-    send_sync::<acemq_amqp::patterns::Saga<String>>();
-    send_sync::<acemq_amqp::patterns::SagaReport>();
+    send_sync::<acemq_amqp::patterns::replay::ReplayReport>();
+    send_sync::<acemq_amqp::patterns::routing_slip::RoutingSlip>();
+    send_sync::<acemq_amqp::patterns::routing_slip::FollowSlip<Step>>();
+    send_sync::<acemq_amqp::patterns::saga::Saga<String>>();
+    send_sync::<acemq_amqp::patterns::saga::SagaReport>();
 }
 
 #[test]
 fn scheduler_streams_and_claim_checks_are_send_and_sync() {
-    send_sync::<acemq_amqp::patterns::Scheduler>();
-    send_sync::<acemq_amqp::patterns::StreamReader>();
-    send_sync::<acemq_amqp::patterns::ClaimCheckCodec>();
-    send_sync::<acemq_amqp::patterns::FilesystemClaimCheckStore>();
+    send_sync::<acemq_amqp::patterns::scheduler::Scheduler>();
+    send_sync::<acemq_amqp::patterns::streams::StreamReader>();
+    send_sync::<acemq_amqp::patterns::claim_check::ClaimCheckCodec>();
+    send_sync::<acemq_amqp::patterns::claim_check::FilesystemClaimCheckStore>();
 }
 
 #[test]

@@ -7,13 +7,14 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    chain, record, serve, then, with_timeout, InMemoryOutboxStore, Next, OutboxRelay,
-    OutboxRelayOptions, Requester,
-};
+use acemq_amqp::patterns::chain::{chain, with_timeout};
+use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
+use acemq_amqp::patterns::pipeline::{then, Next};
+use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::trace::TraceContext;
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, ConsumerOptions, HeaderValue, Message, Outcome,
-    QueueSpec, TraceContext,
+    dead_letter_queue, headers, BoxError, ConsumerOptions, HeaderValue, Message, Outcome, QueueSpec,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use serde_json::json;
@@ -269,7 +270,7 @@ fn traceparent_is_parsed_as_w3c_says() {
 /// they copy or carry on.
 #[test]
 fn retry_copies_and_a_slip_hop_keep_the_trace() {
-    use acemq_amqp::patterns::{follow_slip, RoutingSlip};
+    use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
     use acemq_amqp::RetryPolicy;
     let conn = connect();
     let mut clean = Cleanup::new(&conn);

@@ -5,7 +5,7 @@
 use std::path::{Component, PathBuf};
 use std::sync::OnceLock;
 
-use acemq_amqp::patterns::{claim_key_of, is_claim_check, ClaimCheckCodec, FilesystemClaimCheckStore};
+use acemq_amqp::patterns::claim_check::{claim_key_of, is_claim_check, ClaimCheckCodec, FilesystemClaimCheckStore};
 use acemq_amqp::{BytesCodec, Codec};
 use libfuzzer_sys::fuzz_target;
 

@@ -4,7 +4,7 @@
 #![no_main]
 
 use acemq_amqp::fuzzing::read_delivery;
-use acemq_amqp::patterns::{slip_from, RoutingSlip};
+use acemq_amqp::patterns::routing_slip::{slip_from, RoutingSlip};
 use libfuzzer_sys::fuzz_target;
 
 #[path = "common.rs"]

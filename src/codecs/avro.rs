@@ -9,7 +9,7 @@
 //!   the schema identifier as four bytes big-endian, then the body — with content type
 //!   `application/vnd.acemq.avro`; reads a framed body with the writer schema registered under
 //!   its identifier ([`learn`](AvroCodec::learn) the versions it will meet; e.g. from a
-//!   [`SchemaRegistry`](crate::patterns::SchemaRegistry)), resolved onto the codec's reader
+//!   [`SchemaRegistry`](crate::patterns::schema_registry::SchemaRegistry)), resolved onto the codec's reader
 //!   schema (a field the writer added is skipped, one it did not write takes the reader's
 //!   default). [`AvroCodec::reading`] reads only.
 //!

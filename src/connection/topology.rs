@@ -97,7 +97,7 @@ impl QueueSpec {
     }
 
     /// A stream named `name` (durable, `x-queue-type: stream`) with this retention. **A
-    /// default [`StreamRetention`](crate::patterns::StreamRetention) keeps every message for
+    /// default [`StreamRetention`](crate::patterns::streams::StreamRetention) keeps every message for
     /// ever.** See [`patterns::streams`](crate::patterns::streams).
     pub fn stream(
         name: impl Into<String>,

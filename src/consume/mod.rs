@@ -21,19 +21,19 @@
 //!
 //! So a delivery passes from amiquip's thread to one worker and is settled by the owner, with no
 //! thread in between on the way to the handler. An ordered handler ([`Handler::ordering`], set by
-//! [`ordered`](crate::patterns::ordered)) is the exception: there the owner reads the buffer,
+//! [`ordered`](crate::patterns::ordering::ordered)) is the exception: there the owner reads the buffer,
 //! because it decides which delivery may run, and holds a delivery whose key is busy until the
 //! key is free before sending it to the workers through a bounded channel; see
 //! [`patterns::ordering`](crate::patterns::ordering).
 //!
 //! A handler with [`Handler::batch_limits`] (the batched
-//! [`idempotent_tx`](crate::patterns::idempotent_tx)) is given batches instead: each worker
+//! [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx)) is given batches instead: each worker
 //! gathers up to that many deliveries (at most its share of the prefetch, waiting a bounded time
 //! for a partial batch), calls [`Handler::handle_batch`] once, then settles each message as in
 //! step 2. With [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the
 //! delivery before the handler runs and publishes no copy.
 //!
-//! A responder's handler ([`serve`](crate::patterns::serve)) stages its reply on the worker's
+//! A responder's handler ([`serve`](crate::patterns::request_reply::serve)) stages its reply on the worker's
 //! thread; the worker sends it with the accepted settlement and the owner publishes it on the
 //! request's channel just before the acknowledgement (`reply.rs` says why).
 //!
@@ -93,7 +93,7 @@ pub struct ConsumerOptions {
     shutdown_timeout: Duration,
     at_most_once: bool,
     inline: bool,
-    /// Set by a [`ConsumerGroup`](crate::patterns::ConsumerGroup) for its members: a suffix of
+    /// Set by a [`ConsumerGroup`](crate::patterns::consumer_group::ConsumerGroup) for its members: a suffix of
     /// the thread names (`acemq-consumer-3`) and a tag in log lines.
     label: Option<String>,
     /// Set by a stream reader: where the reader is, for resuming after a reconnect; it also
@@ -218,7 +218,7 @@ impl ConsumerOptions {
     ///
     /// Exactly once is not on offer end to end: no broker acknowledgement can be atomic with
     /// an effect elsewhere. At least once with an idempotent handler
-    /// ([`idempotent`](fn@crate::patterns::idempotent)) makes duplicates harmless, which is what
+    /// ([`idempotent`](fn@crate::patterns::idempotent::idempotent)) makes duplicates harmless, which is what
     /// most services want; at most once is for data cheaper to lose than to handle twice (a
     /// metrics sample).
     pub fn at_most_once(mut self) -> Self {
@@ -231,7 +231,7 @@ impl ConsumerOptions {
     /// worker thread: each delivery is read, handled,
     /// published from (retry copies, a responder's reply) and acknowledged on one thread, with
     /// no hand-off between threads. For quick handlers where latency counts — a
-    /// [`serve`](crate::patterns::serve) responder answers ~10 % more requests a second with it
+    /// [`serve`](crate::patterns::request_reply::serve) responder answers ~10 % more requests a second with it
     /// on this crate's benchmark machine (README). Defaults to off.
     ///
     /// The price: while a handler runs, nothing else on this consumer moves (a retry held in
@@ -241,8 +241,8 @@ impl ConsumerOptions {
     /// `abandoned`. A handler that may block for long belongs on a worker (the default).
     ///
     /// Requires concurrency 1 and at-least-once delivery ([`Error::InvalidArgument`] when the
-    /// consumer is made otherwise); a handler with ordering ([`ordered`](crate::patterns::ordered))
-    /// or batches (the batched [`idempotent_tx`](crate::patterns::idempotent_tx)) is refused when
+    /// consumer is made otherwise); a handler with ordering ([`ordered`](crate::patterns::ordering::ordered))
+    /// or batches (the batched [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx)) is refused when
     /// the consumer starts.
     pub fn inline(mut self, inline: bool) -> Self {
         self.inline = inline;

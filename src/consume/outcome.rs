@@ -148,8 +148,8 @@ pub trait Handler {
     }
 
     /// The per-key ordering this handler asks the consumer running it for: `None` (the
-    /// default) for none. Set by [`ordered`](crate::patterns::ordered); a wrapper around another
-    /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent)) passes on its inner
+    /// default) for none. Set by [`ordered`](crate::patterns::ordering::ordered); a wrapper around another
+    /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent::idempotent)) passes on its inner
     /// handler's, so that the ordering holds wherever it sits in a chain. A handler written by
     /// hand around an ordered one should do the same, or the ordering is lost.
     fn ordering(&self) -> Option<&OrderBy> {
@@ -162,7 +162,7 @@ type OrderKeyFn = Box<dyn Fn(&Message) -> Option<String> + Send + Sync>;
 
 /// What an ordered handler asks of the consumer that runs it (see
 /// [`patterns::ordering`](crate::patterns::ordering)): a key per message, and whether a retry
-/// holds its key. Made by [`ordered`](crate::patterns::ordered).
+/// holds its key. Made by [`ordered`](crate::patterns::ordering::ordered).
 pub struct OrderBy {
     key: OrderKeyFn,
     hold_on_retry: bool,

@@ -58,7 +58,7 @@ pub struct Envelope {
     /// UTF-8 by the SHA-256 hex of its bytes; a value that is neither a string nor an integer
     /// (an integer reads as its decimal text, as the family reads it) by `message_id`, else the
     /// derived id. Each replacement is logged at warn and reported to the consumer's
-    /// [`Observer::id_replaced`](crate::Observer::id_replaced).
+    /// [`Observer::id_replaced`](crate::observe::Observer::id_replaced).
     pub id: String,
     /// Message type, e.g. `order.placed`. When not set, the routing key it is published with
     /// (`message` when that is empty).
@@ -215,7 +215,7 @@ impl Envelope {
 /// - absent, empty or void: `message_id`, then the derived id (nothing was replaced).
 ///
 /// Returns the id (`None`: fall back) and, when a foreign id was there but not used as it
-/// came, why — for the caller's log line and [`Observer::id_replaced`](crate::Observer::id_replaced).
+/// came, why — for the caller's log line and [`Observer::id_replaced`](crate::observe::Observer::id_replaced).
 /// (The family's readers differ beyond integers: Python decodes bytes lossily and prints
 /// other values, Go keeps the raw bytes and prints other values; neither can happen on this
 /// crate's wire, where the id must be a UTF-8 short string.)

@@ -2,10 +2,9 @@
 //! guard, ordering — put around one handler in an order you can read.
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::{
-//!     by_header, chain, with_idempotency, with_logging, with_ordering, with_timeout,
-//!     InMemoryIdempotencyStore,
-//! };
+//! use acemq_amqp::patterns::ordering::by_header;
+//! use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
+//! use acemq_amqp::patterns::chain::{chain, with_idempotency, with_logging, with_ordering, with_timeout};
 //! use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome};
 //! use std::time::Duration;
 //! # fn main() -> acemq_amqp::Result<()> {
@@ -33,7 +32,7 @@
 //! [`TimeLimited`] (made by a [`Deadline`]), [`idempotent`](fn@idempotent) and [`ordered`]. Every one of them
 //! passes on the ordering of the handler it wraps ([`Handler::ordering`]), so `with_ordering`
 //! works wherever it sits in the list, and its batching ([`Handler::batch_limits`],
-//! [`Handler::handle_batch`]), so a batched [`idempotent_tx`](crate::patterns::idempotent_tx)
+//! [`Handler::handle_batch`]), so a batched [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx)
 //! inside a chain still gets its batches from the consumer's worker: the logging layer writes a
 //! line per message of a batch (with the batch's duration), the deadline covers the batch as a
 //! whole (below), the idempotency layer claims each message of a batch on its own and hands
@@ -96,7 +95,9 @@ use std::time::{Duration, Instant};
 use crate::consume::{format_duration, Handler, HandlerResult, OrderBy, Outcome};
 use crate::envelope::Message;
 use crate::observe::{LogObserver, Observer, Overrun};
-use crate::patterns::{idempotent, ordered, IdempotencyStore};
+use crate::patterns::idempotency::IdempotencyStore;
+use crate::patterns::idempotent::idempotent;
+use crate::patterns::ordering::ordered;
 
 /// A handler behind a box, as the chain's layers take and return it.
 pub type BoxHandler = Box<dyn Handler + Send + Sync>;

@@ -114,7 +114,7 @@ fn frame(kind: u8, rest: &[u8]) -> Vec<u8> {
 /// the key instead (see the [module docs](self) for the exact framing and failures).
 ///
 /// ```no_run
-/// use acemq_amqp::patterns::{ClaimCheckCodec, FilesystemClaimCheckStore};
+/// use acemq_amqp::patterns::claim_check::{ClaimCheckCodec, FilesystemClaimCheckStore};
 /// use acemq_amqp::{BytesCodec, Connection, ConnectionOptions};
 /// # fn main() -> acemq_amqp::Result<()> {
 /// let store = FilesystemClaimCheckStore::new("/var/lib/claims")?;

@@ -2,7 +2,7 @@
 //! together, reported as one.
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::ConsumerGroup;
+//! use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 //! use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome};
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://127.0.0.1")?;

@@ -457,7 +457,7 @@ mod sql_store {
     /// ```
     /// # #[cfg(feature = "sqlite")]
     /// # fn main() -> acemq_amqp::Result<()> {
-    /// use acemq_amqp::patterns::{Claim, IdempotencyStore, SqlIdempotencyStore};
+    /// use acemq_amqp::patterns::idempotency::{Claim, IdempotencyStore, SqlIdempotencyStore};
     /// use std::time::Duration;
     /// let path = std::env::temp_dir().join(format!("acemq-idem-{}.db", std::process::id()));
     /// let store = SqlIdempotencyStore::builder(move || {

@@ -22,7 +22,7 @@
 //! are reached as without the wrapper. A worker whose lease ran out mid-handler and was taken
 //! over gives back nothing of its successor's, and a receipt is never given back. The one
 //! exception: a retry because a deadline inside this wrapper
-//! ([`with_timeout`](crate::patterns::with_timeout)) gave up on a handler that still runs. Then
+//! ([`with_timeout`](crate::patterns::chain::with_timeout)) gave up on a handler that still runs. Then
 //! the claim is held until that orphan ends (confirmed if it accepted, given back if not), and
 //! meanwhile the key is in progress, so the retry never runs beside the orphan.
 //!
@@ -41,7 +41,7 @@
 //! `postgres::Transaction`), claims the key **on it**, runs the handler with the same
 //! transaction, confirms the receipt on it and commits; the message is acknowledged only after
 //! the commit. The handler can record the messages it causes in the outbox on that transaction
-//! ([`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add)): they are published by the
+//! ([`SqlOutboxStore::add`](crate::patterns::outbox::SqlOutboxStore::add)): they are published by the
 //! relay if and only if the work commits. So the receipt commits if and only if the work does:
 //! a crash between the commit and the acknowledgement leads to a redelivery that finds the
 //! receipt and is acknowledged without running the effect again. Effects **outside** the
@@ -65,8 +65,8 @@
 //! uncommitted effect. A crash before the commit redelivers the batch with nothing applied;
 //! after it, every redelivery finds its receipt and is a duplicate.
 //!
-//! For the plain form over a [`SqlIdempotencyStore`](crate::patterns::SqlIdempotencyStore),
-//! [`group_commit`](crate::patterns::SqlIdempotencyStoreBuilder::group_commit) lets the
+//! For the plain form over a [`SqlIdempotencyStore`](crate::patterns::idempotency::SqlIdempotencyStore),
+//! [`group_commit`](crate::patterns::idempotency::SqlIdempotencyStoreBuilder::group_commit) lets the
 //! claims and confirms of concurrent workers share commits.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -81,7 +81,7 @@ use crate::envelope::Message;
 use crate::error::BoxError;
 use crate::observe::{Duplicate, LogObserver, Observer};
 use crate::patterns::chain::orphans::{self, End};
-use crate::patterns::{Claim, ClaimToken, IdempotencyStore};
+use crate::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore};
 
 type KeyFn = Box<dyn Fn(&Message) -> Result<String, BoxError> + Send + Sync>;
 
@@ -129,7 +129,8 @@ impl Duplicates {
 /// Wraps `handler` so that each key's effect is applied once. See the [module docs](self).
 ///
 /// ```no_run
-/// use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+/// use acemq_amqp::patterns::idempotent::idempotent;
+/// use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 /// use acemq_amqp::{Connection, Message, Outcome};
 /// # fn main() -> acemq_amqp::Result<()> {
 /// let connection = Connection::open("amqp://127.0.0.1")?;
@@ -469,7 +470,7 @@ mod batch;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transactional {
     use super::*;
-    use crate::patterns::SqlIdempotencyStore;
+    use crate::patterns::idempotency::SqlIdempotencyStore;
     use crate::sql::{SqlTransaction, Transactional};
 
     /// The transactional idempotent consumer: claim, effect and receipt in one database
@@ -482,7 +483,7 @@ mod transactional {
     /// transaction** (`rusqlite::Transaction`, `postgres::Transaction`; see
     /// [`Transactional`]), so it writes its business SQL with the driver's API, and passes the
     /// same transaction to the stores that write on the caller's transaction, such as
-    /// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add) to record the next
+    /// [`SqlOutboxStore::add`](crate::patterns::outbox::SqlOutboxStore::add) to record the next
     /// message. Only [`Outcome::Accept`] commits; anything else rolls back, claim included.
     ///
     /// A connection that fails at `BEGIN`, before the handler ran, is replaced by another (up
@@ -492,7 +493,10 @@ mod transactional {
     /// # #[cfg(feature = "postgres")]
     /// # fn main() -> acemq_amqp::Result<()> {
     /// use std::sync::Arc;
-    /// use acemq_amqp::patterns::{idempotent_tx, record, SqlIdempotencyStore, SqlOutboxStore};
+    /// use acemq_amqp::patterns::idempotent::idempotent_tx;
+    /// use acemq_amqp::patterns::relay::record;
+    /// use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+    /// use acemq_amqp::patterns::outbox::SqlOutboxStore;
     /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
     /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
     ///

@@ -7,7 +7,7 @@
 //! [`ordered`] asks the consumer to keep the order **per key** and run different keys at once:
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::{by_header, ordered};
+//! use acemq_amqp::patterns::ordering::{by_header, ordered};
 //! use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome};
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://127.0.0.1")?;
@@ -61,7 +61,7 @@
 //!   and the broker sends no more than `prefetch` of them. If one slow (or retrying, with
 //!   `hold_on_retry`) key's messages fill the window, other keys wait for room too. Give an
 //!   ordered consumer a prefetch well above `concurrency` (e.g. the longest burst one key gets).
-//! * **Within one consumer only.** Members of a [`ConsumerGroup`](crate::patterns::ConsumerGroup)
+//! * **Within one consumer only.** Members of a [`ConsumerGroup`](crate::patterns::consumer_group::ConsumerGroup)
 //!   or consumers in other processes each order their own deliveries; two of them may run the
 //!   same key at once. For ordering across consumers, route each key to one queue with
 //!   [`partitioned_routing_key`] and give each partition queue one consumer.
@@ -70,10 +70,10 @@
 //!   may come after later ones. After a reconnect the keys start free: a handler still running
 //!   on the old channel may overlap its key's redeliveries.
 //! * **What sees the key.** The consumer asks its handler ([`Handler::ordering`]); the wrappers
-//!   of this crate ([`chain`](fn@crate::patterns::chain), [`idempotent`](fn@crate::patterns::idempotent),
+//!   of this crate ([`chain`](fn@crate::patterns::chain::chain), [`idempotent`](fn@crate::patterns::idempotent::idempotent),
 //!   the chain's layers) pass it on from the handler they wrap. A closure that calls an ordered
 //!   handler hides it: no ordering then. A handler's `handle` called by hand is not ordered.
-//! * [`with_timeout`](crate::patterns::with_timeout) settles an overrun on time while the
+//! * [`with_timeout`](crate::patterns::chain::with_timeout) settles an overrun on time while the
 //!   handler's thread runs on: that message's key is freed then, and the next one may run beside
 //!   the overrunning handler.
 //!
@@ -192,7 +192,7 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
 /// `partitions <= 1`.
 ///
 /// ```
-/// use acemq_amqp::patterns::partition;
+/// use acemq_amqp::patterns::ordering::partition;
 /// assert_eq!(partition("o-1", 8), 0);
 /// assert_eq!(partition("Ωmega", 7), 3);
 /// ```
@@ -207,7 +207,7 @@ pub fn partition(key: &str, partitions: u32) -> u32 {
 /// to one partition queue.
 ///
 /// ```
-/// use acemq_amqp::patterns::partitioned_routing_key;
+/// use acemq_amqp::patterns::ordering::partitioned_routing_key;
 /// assert_eq!(partitioned_routing_key("orders", "customer-42", 8), "orders.6");
 /// ```
 pub fn partitioned_routing_key(base: &str, key: &str, partitions: u32) -> String {

@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use acemq_amqp::{dead_letter_queue, Connection};
-//! use acemq_amqp::patterns::peek;
+//! use acemq_amqp::patterns::peek::peek;
 //!
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;

@@ -2,7 +2,7 @@
 //! the correlation forward, so that a whole run can be followed from any message in it.
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::{then, Next, NOTHING};
+//! use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
 //! use acemq_amqp::{Connection, Message};
 //! use serde_json::{json, Value};
 //! # fn main() -> acemq_amqp::Result<()> {
@@ -38,7 +38,7 @@
 //! * The next message's id is **derived** from the consumed message's id and the destination
 //!   for [`Next::Publish`], so a step that runs again (a retry, a redelivery after a crash
 //!   between the confirm and the ack) publishes the same id, and an
-//!   [`idempotent`](fn@crate::patterns::idempotent) consumer of the next hop sees the duplicate for
+//!   [`idempotent`](fn@crate::patterns::idempotent::idempotent) consumer of the next hop sees the duplicate for
 //!   what it is. A [`Next::Message`] keeps the id the step gave it.
 //!
 //! Since a failed publish runs the step again, **a step that changes anything (a database, an

@@ -86,7 +86,7 @@ use crate::connection::Connection;
 use crate::envelope::{headers, now_ms, HeaderValue, Message};
 use crate::error::{Error, Result};
 use crate::observe::{Observer, OutboxEvent};
-use crate::patterns::{NewOutboxRecord, OutboxRecord, OutboxStore};
+use crate::patterns::outbox::{NewOutboxRecord, OutboxRecord, OutboxStore};
 use crate::publish::{Publisher, PublisherOptions};
 
 /// Encodes `payload` there and then into an outbox record: bytes, content type and the
@@ -289,7 +289,7 @@ fn record_id(r: &OutboxRecord) -> String {
 /// Options for an [`OutboxRelay`], fixed when it is made ([`OutboxRelay::new`]).
 ///
 /// ```
-/// use acemq_amqp::patterns::OutboxRelayOptions;
+/// use acemq_amqp::patterns::relay::OutboxRelayOptions;
 /// use std::time::Duration;
 /// let options = OutboxRelayOptions::new()
 ///     .interval(Duration::from_millis(200))
@@ -421,7 +421,8 @@ fn ids(records: &[OutboxRecord]) -> Vec<i64> {
 /// ```no_run
 /// # #[cfg(feature = "sqlite")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::{OutboxRelay, OutboxRelayOptions, SqlOutboxStore};
+/// use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
+/// use acemq_amqp::patterns::outbox::SqlOutboxStore;
 /// use acemq_amqp::Connection;
 /// use std::time::Duration;
 /// let connection = Connection::open("amqp://127.0.0.1")?;

@@ -4,7 +4,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use acemq_amqp::{dead_letter_queue, Connection};
-//! use acemq_amqp::patterns::replay;
+//! use acemq_amqp::patterns::replay::replay;
 //!
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;

@@ -99,7 +99,7 @@
 //! ([`Responder::unroutable`]) and the request is acknowledged all the same.
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::{serve, Requester};
+//! use acemq_amqp::patterns::request_reply::{serve, Requester};
 //! use acemq_amqp::{BoxError, Connection, Message, QueueSpec};
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;

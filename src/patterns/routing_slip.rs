@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use acemq_amqp::{Connection, ConsumerOptions, Message};
-//! use acemq_amqp::patterns::{follow_slip, start, RoutingSlip};
+//! use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
 //!
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;

@@ -2,7 +2,7 @@
 //! step fails, the compensations of the steps already completed run in reverse order.
 //!
 //! ```
-//! use acemq_amqp::patterns::Saga;
+//! use acemq_amqp::patterns::saga::Saga;
 //!
 //! struct Order { id: String }
 //!

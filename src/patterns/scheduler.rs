@@ -306,7 +306,7 @@ struct Scheduled {
 /// Delivers messages later, by hops down a TTL ladder (see the [module docs](self)).
 ///
 /// ```no_run
-/// use acemq_amqp::patterns::Scheduler;
+/// use acemq_amqp::patterns::scheduler::Scheduler;
 /// use acemq_amqp::{Connection, Message};
 /// use std::time::Duration;
 /// # fn main() -> acemq_amqp::Result<()> {

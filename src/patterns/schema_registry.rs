@@ -27,7 +27,7 @@ use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
 /// The fingerprint of a schema definition: lowercase hex SHA-256 of its exact bytes.
 ///
 /// ```
-/// use acemq_amqp::patterns::fingerprint;
+/// use acemq_amqp::patterns::schema_registry::fingerprint;
 /// assert_eq!(
 ///     fingerprint(""),
 ///     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

@@ -219,8 +219,8 @@ impl Dialect {
     ///   the process, so this is the client's clock; the processes sharing a database file run
     ///   on one host and share its clock.
     ///
-    /// [`SqlIdempotencyStore`]: crate::patterns::SqlIdempotencyStore
-    /// [`SqlOutboxStore`]: crate::patterns::SqlOutboxStore
+    /// [`SqlIdempotencyStore`]: crate::patterns::idempotency::SqlIdempotencyStore
+    /// [`SqlOutboxStore`]: crate::patterns::outbox::SqlOutboxStore
     pub fn now_ms_sql(self) -> &'static str {
         match self {
             Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
@@ -293,10 +293,10 @@ forward_sql!([T: Sql + ?Sized] Box<T>);
 /// Implemented for `rusqlite::Connection` (its transaction is `rusqlite::Transaction`, begun
 /// with `BEGIN IMMEDIATE` so that it holds the write lock from its first statement),
 /// `postgres::Client` (`postgres::Transaction`) and an r2d2 [`PooledConnection`] of either.
-/// [`idempotent_tx`](crate::patterns::idempotent_tx) runs its handler on such a transaction,
+/// [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx) runs its handler on such a transaction,
 /// so the handler writes its business SQL with the driver's own API and can pass the same
 /// transaction to the stores (`&mut dyn Sql`), for example to
-/// [`SqlOutboxStore::add`](crate::patterns::SqlOutboxStore::add).
+/// [`SqlOutboxStore::add`](crate::patterns::outbox::SqlOutboxStore::add).
 ///
 /// A method-name note for rusqlite: with [`Sql`] imported, `tx.execute(…)` on a
 /// `&mut rusqlite::Transaction` calls [`Sql::execute`] (a method of the transaction itself is

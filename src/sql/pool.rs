@@ -13,7 +13,7 @@
 //! - [`Sql`] and [`Transactional`] for [`r2d2::PooledConnection`], so a checkout is a
 //!   connection like any other;
 //! - [`checkout`], a connections factory over a pool for the stores' builders and
-//!   [`idempotent_tx`](crate::patterns::idempotent_tx);
+//!   [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx);
 //! - `From<r2d2::Error>` for [`Error`], so `pool.get()?` works in a factory of your own.
 //!
 //! # Example
@@ -21,7 +21,7 @@
 //! ```
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
-//! use acemq_amqp::patterns::SqlIdempotencyStore;
+//! use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 //! use acemq_amqp::sql::{checkout, SqliteManager};
 //! let path = std::env::temp_dir().join(format!("acemq-pool-{}.db", std::process::id()));
 //! let pool = r2d2::Pool::builder()
@@ -97,12 +97,12 @@ where
 ///
 /// Its connections are [`Idle`]`<C>`, which dereference to the inner connection and are [`Sql`]
 /// and [`Transactional`] as it is, so a store, [`checkout`] and a handler of
-/// [`idempotent_tx`](crate::patterns::idempotent_tx) use them unchanged.
+/// [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx) use them unchanged.
 ///
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::SqlIdempotencyStore;
+/// use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
 ///
 /// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;

@@ -9,8 +9,8 @@
 //!
 //! * [`received`]: a [`Message`](crate::Message) exactly as a consumer hands it to a handler
 //!   (attempt, first seen, redelivered flag, headers read back from the wire form), so a
-//!   handler — wrapped by [`idempotent`](fn@crate::patterns::idempotent),
-//!   [`ordered`](crate::patterns::ordered) or [`chain`](fn@crate::patterns::chain) or not —
+//!   handler — wrapped by [`idempotent`](fn@crate::patterns::idempotent::idempotent),
+//!   [`ordered`](crate::patterns::ordering::ordered) or [`chain`](fn@crate::patterns::chain::chain) or not —
 //!   can be tested by calling [`Handler::handle`](crate::Handler::handle) directly.
 //! * [`FaultProxy`]: a loopback TCP proxy in front of the broker that cuts, stalls (holds) or
 //!   refuses connections on cue, and counts them and their bytes: how a test shows that a
@@ -24,7 +24,7 @@
 //! The guide, `docs/testing.md` in the repository (also rendered here as the
 //! module `guide`), shows them together: unit-testing a handler, a consumer inside
 //! `std::thread::scope` whose handler borrows the test's locals, surviving a cut and a stall,
-//! exactly-once effects with [`idempotent_tx`](crate::patterns::idempotent_tx) across a cut.
+//! exactly-once effects with [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx) across a cut.
 //!
 //! This is test tooling, not for production code paths: the clean-up reports what it could
 //! not delete on standard error (where the test harness shows it), and the proxy runs a

@@ -15,8 +15,8 @@ pub const DEFAULT_ROUTING_KEY: &str = "test";
 /// `message` as a consumer would hand it to its handler: put on the wire and read back exactly
 /// as a delivery is read, so that a handler can be unit-tested by calling
 /// [`Handler::handle`](crate::Handler::handle) directly, without a broker — the pattern
-/// wrappers too ([`idempotent`](fn@crate::patterns::idempotent),
-/// [`ordered`](crate::patterns::ordered), [`chain`](fn@crate::patterns::chain), …).
+/// wrappers too ([`idempotent`](fn@crate::patterns::idempotent::idempotent),
+/// [`ordered`](crate::patterns::ordering::ordered), [`chain`](fn@crate::patterns::chain::chain), …).
 ///
 /// What the handler sees is what a consumer would give it: the envelope read back with every
 /// default (type = routing key when it has none, correlation = its id, attempt and version at
@@ -28,7 +28,8 @@ pub const DEFAULT_ROUTING_KEY: &str = "test";
 /// `handler.handle(&received(m))` works as it is.
 ///
 /// ```
-/// use acemq_amqp::patterns::{idempotent, InMemoryIdempotencyStore};
+/// use acemq_amqp::patterns::idempotent::idempotent;
+/// use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 /// use acemq_amqp::testing::received;
 /// use acemq_amqp::{Handler, Message, Outcome};
 /// use std::sync::atomic::{AtomicUsize, Ordering};

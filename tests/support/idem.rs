@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::sql::{Sql, Value};
 
 use super::db::Db;

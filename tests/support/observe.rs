@@ -2,8 +2,8 @@
 
 use std::sync::Mutex;
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::Observer;
 
 /// The `copy_failed` settlements the observer hears, with their error text.
 #[derive(Default)]

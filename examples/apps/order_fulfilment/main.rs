@@ -59,9 +59,11 @@ fn app() -> Result<()> {
         "shipping: one order could not be shipped (bad address) and is on its dead-letter queue"
     );
     shipping.fix_address_book();
-    let report =
-        acemq_amqp::patterns::replay(&admin, &acemq_amqp::dead_letter_queue(&names.shipping))
-            .run()?;
+    let report = acemq_amqp::patterns::replay::replay(
+        &admin,
+        &acemq_amqp::dead_letter_queue(&names.shipping),
+    )
+    .run()?;
     println!("operator: address book fixed; replayed the dead letter: {report}");
 
     ex::wait_for("every order shipped or compensated", || {

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::{
-    idempotent, record, serve, DuplicateCount, NewOutboxRecord, OutboxRelay, OutboxRelayOptions,
-    Requester, Responder, RunningRelay, Saga, SqlIdempotencyStore, SqlOutboxStore,
-};
+use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
+use acemq_amqp::patterns::outbox::{NewOutboxRecord, SqlOutboxStore};
+use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions, RunningRelay};
+use acemq_amqp::patterns::request_reply::{serve, Requester, Responder};
+use acemq_amqp::patterns::saga::Saga;
 use acemq_amqp::{
     dead_letter_queue, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec, Message,
     Outcome, QueueSpec, Result, RetryPolicy, RunningConsumer,

@@ -1,6 +1,6 @@
 //! `acemq outbox status|retired|release`.
 
-use acemq_amqp::patterns::{OutboxRecord, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStore, SqlOutboxStore};
 use serde_json::json;
 
 use crate::db::Db;

@@ -2,9 +2,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::ReplayEvent;
-use acemq_amqp::patterns::{claim_key_of, slip_from, Stopped};
-use acemq_amqp::{headers, HeaderValue, Message, Observer};
+use acemq_amqp::patterns::claim_check::claim_key_of;
+use acemq_amqp::patterns::replay::Stopped;
+use acemq_amqp::patterns::routing_slip::slip_from;
+use acemq_amqp::{headers, HeaderValue, Message};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
@@ -79,7 +82,7 @@ fn run_replay(
     let record = listed.clone();
     let dry_run = a.dry_run;
     let needle = a.error_contains.clone();
-    let mut pass = acemq_amqp::patterns::replay(connection, source)
+    let mut pass = acemq_amqp::patterns::replay::replay(connection, source)
         .restart(!a.no_restart)
         .dry_run(a.dry_run)
         .progress_every(1)
@@ -179,9 +182,9 @@ fn run_replay(
 pub fn peek(url: &str, a: &PeekArgs, out: &mut Out) -> Outcome {
     let connection = connect(url)?;
     let result = if a.unordered {
-        acemq_amqp::patterns::peek_unordered(&connection, &a.queue, a.limit)
+        acemq_amqp::patterns::peek::peek_unordered(&connection, &a.queue, a.limit)
     } else {
-        acemq_amqp::patterns::peek(&connection, &a.queue, a.limit)
+        acemq_amqp::patterns::peek::peek(&connection, &a.queue, a.limit)
     };
     let _ = connection.close();
     let messages =

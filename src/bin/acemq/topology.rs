@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use acemq_amqp::patterns::schedule_topology;
+use acemq_amqp::patterns::scheduler::schedule_topology;
 use acemq_amqp::{
     failure_topology, Binding, ExchangeKind, ExchangeSpec, HeaderValue, QueueKind, QueueSpec,
     TopologyDifference,

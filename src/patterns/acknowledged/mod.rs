@@ -66,8 +66,8 @@
 //!   stopping this one is final for its batcher (later runs return as soon as they start).
 //! * [`consume`] here is a function: it applies batches in one transaction each, acknowledges
 //!   after the commit, runs on the caller's thread until the source ends or is stopped, and
-//!   returns a [`Report`]. The crate root's [`consume`](mod@crate::consume) is the module of
-//!   the AMQP consumer runtime, and [`Connection::consume`](crate::Connection::consume) starts
+//!   returns a [`Report`]. The crate's AMQP consumer runtime is
+//!   elsewhere: [`Connection::consume`](crate::Connection::consume) starts
 //!   one: a handler per message on worker threads, settled by its [`Outcome`](crate::Outcome)
 //!   (retry, dead-letter, park).
 //!

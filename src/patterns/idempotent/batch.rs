@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::transactional::{rollback, BEGIN_TRIES};
 use super::*;
-use crate::patterns::SqlIdempotencyStore;
+use crate::patterns::idempotency::SqlIdempotencyStore;
 use crate::sql::{SqlTransaction, Transactional};
 
 /// A message's result, or the panic its handler raised (resumed on its own worker).
@@ -107,7 +107,7 @@ impl<F, H> IdempotentTx<F, H> {
     ///   message under its own savepoint, rolled back to for the failing one. So the handlers
     ///   of the messages before the failure **run twice**, the first run's work rolled back:
     ///   their effects are applied once, provided they are in the transaction (as
-    ///   [`idempotent_tx`](crate::patterns::idempotent_tx) requires: a crash before the commit
+    ///   [`idempotent_tx`](crate::patterns::idempotent::idempotent_tx) requires: a crash before the commit
     ///   runs them again too). After a batch with a failure the next starts with savepoints,
     ///   and after one without, without. A duplicate is accepted without
     ///   running, a key claimed elsewhere comes back later (in progress), as in the single form;

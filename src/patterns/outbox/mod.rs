@@ -66,7 +66,7 @@ impl NewOutboxRecord {
     /// The message id the relay publishes this record with, as `x-acemq-id` and as the AMQP
     /// `message_id`, the same however often it is published: store it beside the business row
     /// to point at its message. Always there on a record made by
-    /// [`record`](crate::patterns::record) or [`record_message`](crate::patterns::record_message);
+    /// [`record`](crate::patterns::relay::record) or [`record_message`](crate::patterns::relay::record_message);
     /// `None` on one built by hand (or a row another program wrote) without a string
     /// `x-acemq-id`: the relay then publishes it with an id derived from the row (its id, when
     /// it was added, exchange, routing key, content type and body), the same on every publish.

@@ -236,7 +236,7 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+/// use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
 /// let path = std::env::temp_dir().join(format!("acemq-outbox-{}.db", std::process::id()));
 /// let open = move || {
 ///     rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
