@@ -23,7 +23,7 @@ use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
-    ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource, StopHandle,
+    ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
@@ -32,6 +32,7 @@ use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxSt
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::request_reply::{serve_with, Requester};
 use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, SqliteManager};
+use acemq_amqp::StopHandle;
 use acemq_amqp::{
     BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Outcome,
     PublisherOptions, QueueSpec, Result,

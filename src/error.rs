@@ -495,6 +495,30 @@ impl StdError for Error {
     }
 }
 
+/// An error that retrying cannot fix: a handler returning it (as the `Err` of its result)
+/// rejects the message to `{queue}.dlq` at once, without spending the retry policy.
+#[derive(Debug)]
+pub struct FatalError(pub BoxError);
+
+impl FatalError {
+    /// Wraps any error (or a message) as fatal.
+    pub fn new(error: impl Into<BoxError>) -> FatalError {
+        FatalError(error.into())
+    }
+}
+
+impl fmt::Display for FatalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for FatalError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.0.as_ref())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -226,11 +226,13 @@ mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod intercept;
+mod names;
 pub mod observe;
 pub mod patterns;
 mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
+mod stop;
 #[cfg(feature = "test-ca")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-ca")))]
 pub mod test_ca;
@@ -244,13 +246,15 @@ pub use connection::{
     QueueKind, QueueSpec, TopologyDifference,
 };
 pub use consume::{
-    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, CloseReport,
-    Consumer, ConsumerOptions, FailureTopology, FatalError, Handler, HandlerResult, OrderBy,
-    Outcome, RetryPolicy, RunningConsumer, StopHandle, DEAD_LETTER_EXCHANGE,
-    DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
+    failure_topology, CloseReport, Consumer, ConsumerOptions, FailureTopology, Handler,
+    HandlerResult, OrderBy, Outcome, RetryPolicy, RunningConsumer, DEFAULT_BROKER_WAIT_THRESHOLD,
 };
 pub use envelope::{
     headers, new_id, now_ms, Envelope, HeaderValue, Message, Received, MAX_SHORT_STRING,
 };
-pub use error::{BoxError, Error, Result};
+pub use error::{BoxError, Error, FatalError, Result};
+pub use names::{
+    dead_letter_queue, parked_queue, retry_queue, rung_name, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE,
+};
 pub use publish::{Publisher, PublisherOptions, Ticket};
+pub use stop::StopHandle;

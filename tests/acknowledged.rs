@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, ConsumeOptions,
     CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled, Receipt, Report,
-    Source, StopHandle,
+    Source,
 };
 use acemq_amqp::sql::Sql;
-use acemq_amqp::{Error, Result};
+use acemq_amqp::{Error, Result, StopHandle};
 use parking_lot::Mutex;
 
 // ---------------------------------------------------------------------------------------------

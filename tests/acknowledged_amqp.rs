@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
     consume_with, AmqpQueue, ApplyBatch, Batcher, CounterIncrement, CounterStore,
-    Message as AckMessage, Receipt, Report, StopHandle,
+    Message as AckMessage, Receipt, Report,
 };
-use acemq_amqp::{Error, Message, QueueSpec};
+use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
 use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);

@@ -15,7 +15,6 @@ fn handles_are_send_and_sync() {
     send_sync::<acemq_amqp::RunningConsumer>();
     send_sync::<acemq_amqp::StopHandle>();
     send_sync::<acemq_amqp::patterns::acknowledged::Batcher>();
-    send_sync::<acemq_amqp::patterns::acknowledged::StopHandle>();
 }
 
 #[cfg(feature = "sqlite")]

@@ -39,7 +39,7 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use crate::codec::Codec;
-use crate::consume::FatalError;
+use crate::error::FatalError;
 use crate::error::{BoxError, Error, Result};
 
 /// What the encrypted codec writes (and reads: a content type starting with it).

@@ -112,8 +112,8 @@ impl QueueSpec {
     /// (`x-dead-letter-exchange: acemq.dlx`, `x-dead-letter-routing-key: {name}.dlq`), as the
     /// family's `dead_letter` topology option does.
     pub fn with_dead_letter(self) -> Self {
-        let dlq = crate::consume::dead_letter_queue(&self.name);
-        self.dead_letter_exchange(crate::consume::DEAD_LETTER_EXCHANGE)
+        let dlq = crate::names::dead_letter_queue(&self.name);
+        self.dead_letter_exchange(crate::names::DEAD_LETTER_EXCHANGE)
             .dead_letter_routing_key(dlq)
     }
 

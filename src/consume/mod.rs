@@ -57,11 +57,8 @@ mod stream_cursor;
 mod timer;
 pub(crate) mod worker;
 
-pub use outcome::{FatalError, Handler, HandlerResult, OrderBy, Outcome};
-pub use retry::{
-    dead_letter_queue, failure_topology, parked_queue, retry_queue, rung_name, FailureTopology,
-    RetryPolicy, DEAD_LETTER_EXCHANGE, DEFAULT_BROKER_WAIT_THRESHOLD, RETRY_EXCHANGE,
-};
+pub use outcome::{Handler, HandlerResult, OrderBy, Outcome};
+pub use retry::{failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD};
 pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};
 pub(crate) use worker::format_duration;
 
@@ -79,6 +76,7 @@ use crate::envelope::{check_name, HeaderValue, Message};
 use crate::error::{Error, Result};
 use crate::observe::Observer;
 use crate::publish::{Publisher, PublisherOptions};
+use crate::stop::StopHandle;
 
 /// Options for a consumer.
 #[derive(Clone, Debug)]
@@ -329,26 +327,6 @@ pub struct CloseReport {
     /// reconnect): not settled by us, not waited for; the broker requeues their messages when
     /// the channel closes.
     pub abandoned: usize,
-}
-
-/// Stops a consumer from any thread. `Clone + Send + Sync`.
-#[derive(Clone, Debug)]
-pub struct StopHandle {
-    flag: Arc<AtomicBool>,
-    tx: Sender<()>,
-}
-
-impl StopHandle {
-    /// Asks the consumer to stop; returns at once. Stopping twice is harmless.
-    pub fn stop(&self) {
-        self.flag.store(true, Ordering::SeqCst);
-        let _ = self.tx.try_send(());
-    }
-
-    /// True once stop was asked.
-    pub fn is_stopped(&self) -> bool {
-        self.flag.load(Ordering::SeqCst)
-    }
 }
 
 /// What the owner and workers of one consumer share.
@@ -765,7 +743,7 @@ impl Connection {
         Ok(Consumer {
             ctx,
             concurrency: options.concurrency,
-            stop: StopHandle { flag, tx },
+            stop: StopHandle::with_waker(flag, tx),
             stop_rx,
         })
     }

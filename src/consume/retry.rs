@@ -15,11 +15,10 @@ use std::time::Duration;
 use crate::connection::{Binding, Connection, ExchangeSpec, QueueSpec};
 use crate::envelope::HeaderValue;
 use crate::error::{Error, Result};
+use crate::names::{
+    dead_letter_queue, parked_queue, retry_queue, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE,
+};
 
-/// The exchange rungs dead-letter through, back to their source queue.
-pub const RETRY_EXCHANGE: &str = "acemq.retry";
-/// The exchange `.dlq` and `.parked` queues are bound to.
-pub const DEAD_LETTER_EXCHANGE: &str = "acemq.dlx";
 /// Waits at least this long go to a broker rung; shorter ones are spent in the consumer.
 pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
 
@@ -287,37 +286,6 @@ pub(crate) enum NextWait {
     TooOld(Duration),
 }
 
-/// The family's name for a rung's wait: whole hours `Nh`, whole minutes `Nm`, else whole
-/// seconds `Ns` (fractions truncated, as the Python, Go and Ruby libraries do; under a second is
-/// `0s`).
-pub fn rung_name(delay: Duration) -> String {
-    let secs = delay.as_secs();
-    if secs == 0 {
-        "0s".into()
-    } else if secs.is_multiple_of(3600) {
-        format!("{}h", secs / 3600)
-    } else if secs.is_multiple_of(60) {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
-    }
-}
-
-/// `{queue}.retry.{rung}`.
-pub fn retry_queue(queue: &str, delay: Duration) -> String {
-    format!("{queue}.retry.{}", rung_name(delay))
-}
-
-/// `{queue}.dlq`.
-pub fn dead_letter_queue(queue: &str) -> String {
-    format!("{queue}.dlq")
-}
-
-/// `{queue}.parked`.
-pub fn parked_queue(queue: &str) -> String {
-    format!("{queue}.parked")
-}
-
 /// The declaration of one rung: durable, classic, exactly three arguments (the family's); or,
 /// with `quorum` ([`RetryPolicy::quorum_rungs`]), a quorum queue with the same three and
 /// `x-dead-letter-strategy: at-least-once`, `x-overflow: reject-publish`.
@@ -419,6 +387,7 @@ pub(crate) fn declare_failure_topology(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::rung_name;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
 

@@ -15,11 +15,12 @@ use crossbeam_channel::{select, Receiver, Sender};
 use super::outcome::{
     decide, retry_failed, trimmed_reason, Handler, HandlerResult, Verdict, IN_PROGRESS_FAILED,
 };
-use super::retry::{dead_letter_queue, parked_queue, retry_queue, NextWait};
+use super::retry::NextWait;
 use super::timer::{Delayed, TimerMsg};
 use super::{Context, Job, Settle, SettleAction};
 use crate::envelope::{now_ms, Message};
 use crate::error::{Error, Result};
+use crate::names::{dead_letter_queue, parked_queue, retry_queue};
 use crate::observe::Settlement;
 
 /// One subscription's buffer of deliveries, handed by the owner to each worker that reads it
@@ -341,7 +342,7 @@ fn round_own_ladder(message: &Message, queue: &str) -> bool {
         return consumed_here;
     };
     let from_rung =
-        received.exchange == super::retry::RETRY_EXCHANGE && received.routing_key == queue;
+        received.exchange == crate::names::RETRY_EXCHANGE && received.routing_key == queue;
     let retried_to_queue = received.exchange.is_empty()
         && received.routing_key == queue
         && message.envelope.error.is_none();
@@ -949,7 +950,7 @@ fn stamp_origin(copy: &mut Message, original: &Message, queue: &str) {
     ];
     let first_trip = !names.iter().any(|n| copy.headers.contains_key(*n))
         && original.envelope.attempt <= 1
-        && received.exchange != super::retry::RETRY_EXCHANGE;
+        && received.exchange != crate::names::RETRY_EXCHANGE;
     let first = |value: &String| first_trip.then(|| value.clone());
     let values = [
         first(&received.exchange),

@@ -41,7 +41,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::codec::Codec;
-use crate::consume::FatalError;
+use crate::error::FatalError;
 use crate::error::{BoxError, Error, Result};
 
 /// The first byte of a framed body.

@@ -76,9 +76,10 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
+use crate::consume::{Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
 use crate::error::BoxError;
+use crate::error::FatalError;
 use crate::observe::{Duplicate, LogObserver, Observer};
 use crate::patterns::chain::orphans::{self, End};
 use crate::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore};

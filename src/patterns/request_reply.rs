@@ -129,8 +129,9 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::connection::{declare_queue_on, Connection, Link, QueueSpec};
 use crate::consume::reply::{Reply, ReplyHooks};
-use crate::consume::{CloseReport, ConsumerOptions, FatalError, HandlerResult, Outcome};
+use crate::consume::{CloseReport, ConsumerOptions, HandlerResult, Outcome};
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
+use crate::error::FatalError;
 use crate::error::{panic_message, BoxError, Error, Result};
 use crate::observe::{Observer, PublishOutcome, RequestEvent, RequestOutcome};
 use crate::publish::{

@@ -79,8 +79,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::consume::{FatalError, Handler, HandlerResult, Outcome};
+use crate::consume::{Handler, HandlerResult, Outcome};
 use crate::envelope::{check_name, headers, new_id, HeaderValue, Message};
+use crate::error::FatalError;
 use crate::error::{BoxError, Error, Result};
 use crate::publish::Publisher;
 

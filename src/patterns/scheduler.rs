@@ -57,10 +57,9 @@ use std::time::Duration;
 use time::OffsetDateTime;
 
 use crate::connection::{Binding, Connection, ExchangeSpec, QueueSpec};
-use crate::consume::{
-    CloseReport, ConsumerOptions, FatalError, HandlerResult, Outcome, RunningConsumer,
-};
+use crate::consume::{CloseReport, ConsumerOptions, HandlerResult, Outcome, RunningConsumer};
 use crate::envelope::{check_name, headers, now_ms, HeaderValue, Message};
+use crate::error::FatalError;
 use crate::error::{Error, Result};
 use crate::publish::Publisher;
 

@@ -43,11 +43,11 @@ use time::OffsetDateTime;
 
 use crate::connection::{Connection, QueueInfo, QueueSpec};
 use crate::consume::{
-    CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer, StopHandle,
-    StreamCursor,
+    CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer, StreamCursor,
 };
 use crate::envelope::{HeaderValue, Message};
 use crate::error::{panic_message, Error, Result};
+use crate::stop::StopHandle;
 
 /// How much of a stream to keep. **All `None` (the default) keeps everything for ever.**
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -411,7 +411,7 @@ impl<H: Handler> Handler for StreamHandler<H> {
 
 /// True when the consumer would retry a handler's `Err(e)` (rather than reject or park it).
 fn is_retry(e: &crate::error::BoxError) -> bool {
-    use crate::consume::FatalError;
+    use crate::error::FatalError;
     if e.downcast_ref::<FatalError>().is_some() {
         return false;
     }

@@ -685,7 +685,7 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
                     "acemq: message {:?} of {:?} dead-lettered to {:?}: {reason}",
                     delivery.message.identifier,
                     self.queue.queue,
-                    crate::consume::dead_letter_queue(&self.queue.queue)
+                    crate::names::dead_letter_queue(&self.queue.queue)
                 );
                 Ok(())
             }
@@ -746,7 +746,7 @@ impl AmqpAcknowledge<'_> {
             crate::consume::worker::dead_letter_copy(&received, &queue.queue, reason.to_string());
         crate::consume::worker::publish_copy(
             &publisher,
-            &crate::consume::dead_letter_queue(&queue.queue),
+            &crate::names::dead_letter_queue(&queue.queue),
             copy,
         )
     }

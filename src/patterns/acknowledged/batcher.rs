@@ -1,8 +1,7 @@
 //! The batcher: bounded intake from a source, batches on one worker thread, outcomes in order.
 
-use std::fmt;
+use crate::StopHandle;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::Scope;
 use std::time::Duration;
@@ -95,42 +94,6 @@ impl<It: Iterator> Source for IterSource<It> {
     type Item = It::Item;
     fn poll(&mut self, _timeout: Duration) -> Result<Polled<It::Item>> {
         Ok(self.items.next().map_or(Polled::End, Polled::Item))
-    }
-}
-
-/// Asks a [`Batcher`] (and so [`consume_with`](super::consume_with)) to stop from another
-/// thread. `Clone + Send + Sync`; all clones control the same batcher.
-///
-/// Stopping is final: a batcher whose handle was stopped returns from later runs as soon as
-/// they start (after closing their source).
-#[derive(Clone, Default)]
-pub struct StopHandle {
-    stopped: Arc<AtomicBool>,
-}
-
-impl StopHandle {
-    /// A handle that is not stopped.
-    pub fn new() -> StopHandle {
-        StopHandle::default()
-    }
-
-    /// Asks the batcher to stop taking items. Returns at once; the batcher finishes the items
-    /// it has taken (within one poll interval of an idle source) and returns.
-    pub fn stop(&self) {
-        self.stopped.store(true, Ordering::SeqCst);
-    }
-
-    /// True once [`stop`](Self::stop) was called.
-    pub fn is_stopped(&self) -> bool {
-        self.stopped.load(Ordering::SeqCst)
-    }
-}
-
-impl fmt::Debug for StopHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StopHandle")
-            .field("stopped", &self.is_stopped())
-            .finish()
     }
 }
 

@@ -46,7 +46,7 @@
 //!
 //! # Names shared with the crate root
 //!
-//! This module keeps the recipe's own names, [`Message`], [`Delivery`], [`StopHandle`] and
+//! This module keeps the recipe's own names, [`Message`], [`Delivery`] and
 //! [`consume`], though the crate root has types and a module of the same names. They are
 //! different things; import this module's by path (`acknowledged::Message`) where both are in
 //! scope.
@@ -60,10 +60,9 @@
 //!   The crate root has no `Delivery`: its consumer hands a handler a `&crate::Message` and
 //!   settles the delivery itself. Over AMQP the token is an [`AmqpToken`], which holds
 //!   amiquip's `Delivery`.
-//! * [`StopHandle`] here stops a [`Batcher`] (and so [`consume_with`]); the crate root's
-//!   [`crate::StopHandle`] stops a [`crate::Consumer`] or [`crate::RunningConsumer`]. Both
-//!   are `Clone + Send + Sync` and return at once; neither stops the other's kind, and
-//!   stopping this one is final for its batcher (later runs return as soon as they start).
+//! * A [`Batcher`] (and so [`consume_with`]) is stopped with the crate's one
+//!   [`StopHandle`](crate::StopHandle)(crate::StopHandle), as a consumer is; stopping it is final for its batcher
+//!   (later runs return as soon as they start).
 //! * [`consume`] here is a function: it applies batches in one transaction each, acknowledges
 //!   after the commit, runs on the caller's thread until the source ends or is stopped, and
 //!   returns a [`Report`]. The crate's AMQP consumer runtime is
@@ -169,7 +168,7 @@
 //!    them, closes the source and returns the error: everything not acknowledged is redelivered
 //!    and resolves as case 1 or 2.
 //!
-//! Cancellation through a [`StopHandle`] is an orderly version of the same: the batcher stops
+//! Cancellation through a [`StopHandle`](crate::StopHandle) is an orderly version of the same: the batcher stops
 //! taking deliveries, applies and acknowledges every delivery it has already taken, closes the
 //! source and returns the report. A source error does the same and then returns the error. In
 //! every case, including a panic in the acknowledgement callback, the source is closed
@@ -244,7 +243,7 @@
 //! that always fails. Ending the run with an error would turn a passing database outage into a
 //! stopped consumer that its caller must restart, with the same backoff decision moved to every
 //! caller; a backoff on the rolled-back deliveries keeps the run going, and a run can still be
-//! stopped at any time with its [`StopHandle`].
+//! stopped at any time with its [`StopHandle`](crate::StopHandle).
 
 mod amqp;
 mod batcher;
@@ -258,7 +257,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 
 pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpSource, AmqpToken};
-pub use batcher::{Batcher, BatcherBuilder, IterSource, Polled, Source, StopHandle};
+pub use batcher::{Batcher, BatcherBuilder, IterSource, Polled, Source};
 #[cfg(feature = "sqlite")]
 pub use counter::{CounterIncrement, CounterStore, CounterStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -682,7 +681,7 @@ impl ConsumeOptions {
 /// not yet acknowledged (or failed). The source is closed before this returns, on every path
 /// but an invalid option (then it is dropped unpolled). See the [module docs](self) for what
 /// happens on failures and crashes; to stop it from another thread use [`consume_with`] and a
-/// [`Batcher`]'s [`StopHandle`].
+/// [`Batcher`]'s [`StopHandle`](crate::StopHandle).
 ///
 /// # Errors
 ///
@@ -708,7 +707,7 @@ where
 /// [`consume`] with a configured [`Batcher`] (its batch size, intake bound, poll interval and
 /// stop handle).
 ///
-/// When the batcher's [`StopHandle`] is stopped, this stops taking deliveries, applies and
+/// When the batcher's [`StopHandle`](crate::StopHandle) is stopped, this stops taking deliveries, applies and
 /// acknowledges those it has taken, closes the source and returns the report.
 ///
 /// # Errors
