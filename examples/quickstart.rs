@@ -7,7 +7,7 @@ fn main() -> acemq_amqp::Result<()> {
     let (done, handled) = std::sync::mpsc::sync_channel(1);
     let consumer = connection.consume("quickstart", move |m: &Message| {
         println!("handled {}: {}", m.id(), String::from_utf8_lossy(&m.body));
-        let _ = done.try_send(()); // an Err here would be retried, then dead-lettered
+        let _ = done.try_send(()); // an Err here is dead-lettered at once (RetryPolicy::none())
         Ok(Outcome::Accept)
     })?;
     let order = Message::new(r#"{"order_id":"o-1"}"#);
