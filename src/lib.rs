@@ -55,8 +55,8 @@
 //!   order), [`Connection::compare_queue`] / [`Connection::compare_exchange`] (the broker's
 //!   queue or exchange against a spec, argument by argument, changing nothing) and
 //!   [`failure_topology`] (what a consumer declares for its failures) — and the `acemq`
-//!   command line built on them and the rest of this API (`src/bin/acemq/`, feature `cli`, on
-//!   by default: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
+//!   command line built on them and the rest of this API (the `acemq-cli` crate of this
+//!   workspace: `acemq replay|peek|outbox|schema|topology`, `acemq --help`).
 //! * `testing` (feature `testing`, for your tests): a fault proxy that cuts, stalls or refuses
 //!   connections, unique test names, clean-up after a panicking test, `wait_until`, and
 //!   `received` to unit-test a handler without a broker; its guide is `docs/testing.md`.
@@ -73,8 +73,7 @@
 //! ## Features
 //!
 //! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
-//! (`amqps://`), `cli` (default: the `acemq` binary, with clap, indicatif and both SQL back
-//! ends; `default-features = false` leaves them out of a library build), `metrics`
+//! (`amqps://`), `metrics`
 //! (`observe::MetricsObserver` and the `metrics` crate), `testing` (the `acemq_amqp::testing` module, for
 //! your own tests).
 //!

@@ -1,6 +1,13 @@
 //! The `acemq` command line, run as a process on the built binary against the real broker and
 //! databases.
 
+// The library's test helpers. They gate some parts on the library's features, which this crate
+// does not have: those parts are left out (hence the allow), and the SQL helpers these tests
+// need are taken in directly (this crate always has both SQL back ends).
+#[path = "../../tests/support/db.rs"]
+mod db;
+#[allow(unexpected_cfgs)]
+#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::process::{Command, Output};
@@ -9,8 +16,8 @@ use std::time::Duration;
 use acemq_amqp::patterns::outbox::{OutboxStore, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::{Connection, Message, QueueSpec};
+use db::{Backend, Db};
 use serde_json::Value;
-use support::db::{Backend, Db};
 use support::Cleanup;
 
 /// Runs `acemq` with `args` (and `--url` of the test broker unless the args give one).
@@ -336,7 +343,7 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
     let table = db.table("outbox");
     let db_url = match backend {
         Backend::Sqlite => format!("sqlite:{}", db.sqlite_path().display()),
-        Backend::Postgres => support::db::PG_URL.to_string(),
+        Backend::Postgres => db::PG_URL.to_string(),
     };
     let store = || {
         SqlOutboxStore::builder(db.factory())
@@ -772,7 +779,7 @@ fn topology_check_without_a_queue_checks_the_scheduler_topology() {
 #[test]
 fn schema_create_applies_on_postgres() {
     let name = support::unique("acemq_cli_schema").replace(['.', '-'], "_");
-    let mut admin = support::db::pg_client();
+    let mut admin = db::pg_client();
     admin
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .unwrap();
