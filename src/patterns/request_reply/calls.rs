@@ -37,9 +37,9 @@ pub(super) struct Inner {
     pub(super) connection: Connection,
     pub(super) exchange: String,
     pub(super) routing_key: String,
-    /// The most calls waiting at once ([`RequesterOptions::window`](super::RequesterOptions::window)).
+    /// The most calls waiting at once (`RequesterOptions::window`).
     pub(super) window: usize,
-    /// A named reply queue ([`RequesterOptions::reply_queue`](super::RequesterOptions::reply_queue)).
+    /// A named reply queue (`RequesterOptions::reply_queue`).
     pub(super) reply_queue: Option<String>,
     pub(super) observer: Arc<dyn Observer>,
     pub(super) state: Mutex<State>,

@@ -1,13 +1,13 @@
-//! Request/reply over RabbitMQ, as the AceMQ family does it: a [`RunningRequester`] asks and blocks for
-//! the answer; a [`RunningResponder`] answers the requests arriving on a queue. Both are made
-//! and started one way: `Requester::new(&connection, options)?.start()?` and
+//! Request/reply over RabbitMQ, as the AceMQ family does it: a [`RunningRequester`] asks and
+//! blocks for the answer; a [`RunningResponder`] answers the requests arriving on a queue. Both
+//! are made and started one way: `Requester::new(&connection, options)?.start()?` and
 //! `Responder::new(&connection, queue, options)?.start(handler)?`; each closes with `close()`.
 //!
 //! # The wire (the family's contract)
 //!
 //! * Every request carries a fresh correlation id in `x-acemq-correlation` (the envelope's
 //!   [`correlation_id`](crate::Envelope::correlation_id)) and its reply address twice: in the
-//!   application header `acemq-reply-to` ([`headers::REPLY_TO`](crate::headers::REPLY_TO)) and in the AMQP `reply_to`
+//!   application header `acemq-reply-to` ([`headers::REPLY_TO`]) and in the AMQP `reply_to`
 //!   property.
 //! * A responder reads the address from the header first (text or bytes), then from the
 //!   property. A request with neither cannot be answered: it is dead-lettered to `{queue}.dlq`
@@ -19,14 +19,14 @@
 //! * A failing handler (an error or a panic) is answered as the family's responders answer it:
 //!   the body JSON `null` with content type `application/json` (a Python or Ruby requester
 //!   decodes every reply, and an empty body would not decode: the caller would wait out its
-//!   timeout), and the error text in the header `acemq-error` ([`headers::REPLY_ERROR`](crate::headers::REPLY_ERROR)) as
+//!   timeout), and the error text in the header `acemq-error` ([`headers::REPLY_ERROR`]) as
 //!   `{type}: {message}` — `Error: …`, `FatalError: …` or `panic: …` here (Python writes
 //!   `ValueError: …`). The reply is confirmed, and then the request is **dead-lettered** to
 //!   `{queue}.dlq` (`x-acemq-error`: `the handler rejected it: Error: …`), as the Python, Go and
 //!   Ruby responders reject it after their failure reply: the caller has its answer, a retry
 //!   would answer it twice, and the failed request is kept for a person. (Java's responder
 //!   sends no failure reply; its failed request is retried.) The asking side returns
-//!   [`Error::Responder`](crate::Error::Responder) at once, with the header's text, for this reply and for the older
+//!   [`Error::Responder`] at once, with the header's text, for this reply and for the older
 //!   empty one alike.
 //! * The requester pairs a reply with its call by the reply envelope's correlation id only. A
 //!   reply no call waits for (it came after its call timed out, or was never asked) is counted
@@ -37,8 +37,9 @@
 //!
 //! # Threads
 //!
-//! [`RunningRequester`] is `Send + Sync`: share it by reference (scoped threads) or in an `Arc`, and
-//! ask from as many threads at once as you like; each call gets exactly its own answer.
+//! [`RunningRequester`] is `Send + Sync`: share it by reference (scoped threads) or in an
+//! `Arc`, and ask from as many threads at once as you like; each call gets exactly its own
+//! answer.
 //!
 //! * A call publishes its request itself (on the requester's request channel, under a lock held
 //!   only for the hand-over to amiquip) and then **reads the reply queue itself**: every waiting
@@ -50,14 +51,14 @@
 //! * `acemq-requester` owns the amiquip channel that consumes the reply queue (amiquip's
 //!   consumer cannot leave the thread that made it) and (re)declares it on each connection. It
 //!   listens for the broker's returns of unroutable requests (each fails its call at once with
-//!   [`Error::Unroutable`](crate::Error::Unroutable)) and for the end of the reply consumer; while no call waits it reads
+//!   [`Error::Unroutable`]) and for the end of the reply consumer; while no call waits it reads
 //!   the replies itself every 100 ms (a late reply is counted and dropped).
 //!
 //! Requests are published `mandatory` **without** publisher confirms: a call waits for its
 //! reply, which can only come after the broker routed the request, so a confirm would add a
 //! broker round trip and a thread wake-up to every call and tell it nothing the reply does not.
 //! An unroutable request comes back as a return; a request the broker loses (a rare internal
-//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`](crate::Error::RequestTimeout). A request's
+//! failure that a confirm would report as a nack) ends in [`Error::RequestTimeout`]. A request's
 //! bytes are reserved in the connection's byte budget
 //! ([`ConnectionOptions::max_unconfirmed_bytes`](crate::ConnectionOptions::max_unconfirmed_bytes))
 //! like every publish's, waited for within the call's timeout, and given back when the call
@@ -74,11 +75,10 @@
 //! A call blocks only the thread that made it. [`RunningResponder`] is `Send + Sync` too; it is a
 //! [`RunningConsumer`](crate::RunningConsumer) underneath (`acemq-consumer`,
 //! `acemq-worker-N`, `acemq-retry-timer`). The handler runs on a worker, which builds the reply
-//! — or, with [`ConsumerOptions::inline`](crate::ConsumerOptions::inline) in
-//! [`ResponderOptions::consumer`], on `acemq-consumer` itself, which
-//! then reads the request, answers and acknowledges it on one thread as a hand-written
-//! responder does (the fastest round trip: see the README's figures; closing then waits for a
-//! running handler);
+//! — or, with [`ConsumerOptions::inline`] in [`ResponderOptions::consumer`], on `acemq-consumer`
+//! itself, which then reads the request, answers and acknowledges it on one thread as a
+//! hand-written responder does (the fastest round trip: see the README's figures; closing then
+//! waits for a running handler);
 //! a reply to a transient reply queue (`acemq-reply-<id>`, `amq.gen-…`, direct reply-to) is
 //! handed with the request's settlement to `acemq-consumer`, which publishes it on the request's
 //! channel **just before** acknowledging the request, without a publisher confirm: RabbitMQ
@@ -95,7 +95,7 @@
 //! # Recovery
 //!
 //! When the connection drops, every call waiting for a reply fails at once with a retriable
-//! [`Error::ConnectionLost`](crate::Error::ConnectionLost) (its reply queue is gone with the connection); calls made while
+//! [`Error::ConnectionLost`] (its reply queue is gone with the connection); calls made while
 //! the connection recovers wait (within their own timeout) for the new reply queue, which
 //! `acemq-requester` declares on the new connection under a new name. A responder resumes as
 //! any consumer does; a reply whose requester went away is unroutable: it is logged and counted
@@ -123,6 +123,14 @@
 //! responder.close()?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`Error::ConnectionLost`]: crate::Error::ConnectionLost
+//! [`Error::RequestTimeout`]: crate::Error::RequestTimeout
+//! [`Error::Responder`]: crate::Error::Responder
+//! [`Error::Unroutable`]: crate::Error::Unroutable
+//! [`headers::REPLY_ERROR`]: crate::headers::REPLY_ERROR
+//! [`headers::REPLY_TO`]: crate::headers::REPLY_TO
+//! [`ConsumerOptions::inline`]: crate::ConsumerOptions::inline
 
 mod answering;
 mod calls;
