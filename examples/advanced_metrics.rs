@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 
 fn main() {
@@ -83,10 +85,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // A request/reply round trip.
     let prices = format!("{queue}.prices");
     connection.declare_queue(&QueueSpec::new(&prices).classic())?;
-    let responder = serve(&connection, &prices, |_: &Message| {
-        Ok::<_, acemq_amqp::BoxError>(Message::new("42"))
-    })?;
-    let requester = Requester::open(&connection, "", &prices)?;
+    let responder = Responder::new(&connection, &prices, ResponderOptions::new())?
+        .start(|_: &Message| Ok::<_, acemq_amqp::BoxError>(Message::new("42")))?;
+    let requester =
+        Requester::new(&connection, RequesterOptions::new().routing_key(&prices))?.start()?;
     requester.ask(Message::new("price?"))?;
     requester.close()?;
     responder.close()?;

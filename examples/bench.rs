@@ -30,7 +30,9 @@ use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::request_reply::{serve_with, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester,
+};
 use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, SqliteManager};
 use acemq_amqp::StopHandle;
 use acemq_amqp::{
@@ -1283,7 +1285,11 @@ fn raw_caller(queue: &str, n: usize, envelope: bool) -> Vec<Duration> {
 }
 
 /// `callers` threads asking `n` each through one requester; all latencies and the wall time.
-fn acemq_callers(requester: &Requester, callers: usize, n: usize) -> (Vec<Duration>, Duration) {
+fn acemq_callers(
+    requester: &RunningRequester,
+    callers: usize,
+    n: usize,
+) -> (Vec<Duration>, Duration) {
     let start = Instant::now();
     let lat: Vec<Duration> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..callers)
@@ -1348,21 +1354,22 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     let server = Connection::open(AMQP)?;
     // The raw responder answers on the thread that reads the requests: ours does too (inline).
     let price = |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]);
-    let responder = serve_with(
+    let responder = Responder::new(
         &server,
         &our_q,
-        ConsumerOptions::new().inline(true).declare(false),
-        price,
-    )?;
+        ResponderOptions::new().consumer(ConsumerOptions::new().inline(true).declare(false)),
+    )?
+    .start(price)?;
     // `serve`'s default: the handler on a worker thread.
-    let worker_responder = serve_with(
+    let worker_responder = Responder::new(
         &server,
         &worker_q,
-        ConsumerOptions::new().declare(false),
-        price,
-    )?;
-    let requester = Requester::open(conn, "", &our_q)?;
-    let worker_requester = Requester::open(conn, "", &worker_q)?;
+        ResponderOptions::new().consumer(ConsumerOptions::new().declare(false)),
+    )?
+    .start(price)?;
+    let requester = Requester::new(conn, RequesterOptions::new().routing_key(&our_q))?.start()?;
+    let worker_requester =
+        Requester::new(conn, RequesterOptions::new().routing_key(&worker_q))?.start()?;
     raw_caller(&raw_q, 100, false);
     raw_caller(&env_q, 100, true);
     acemq_callers(&requester, 1, 100);
@@ -1371,7 +1378,8 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     let mut on_worker = Stats::default();
     let mut env = Stats::default();
     let (mut raw_to_ours, mut ours_to_raw) = (Stats::default(), Stats::default());
-    let env_requester = Requester::open(conn, "", &env_q)?;
+    let env_requester =
+        Requester::new(conn, RequesterOptions::new().routing_key(&env_q))?.start()?;
     for _ in 0..s.rounds {
         let t = Instant::now();
         let lat = raw_caller(&raw_q, n, false);

@@ -3,7 +3,9 @@
 //! an unknown SKU comes back as the responder's error in milliseconds, not a timeout.
 //! Run: `cargo run --example intermediate_request_reply`.
 
-use acemq_amqp::patterns::request_reply::{serve_with, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::{BoxError, ConsumerOptions, Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -19,10 +21,12 @@ fn example() -> Result<()> {
     let connection = ex::connect()?;
     let prices = ex::name("prices");
     connection.declare_queue(&QueueSpec::new(&prices).classic())?;
-    let responder = serve_with(
+    let responder = Responder::new(
         &connection,
         &prices,
-        ConsumerOptions::new().concurrency(4),
+        ResponderOptions::new().consumer(ConsumerOptions::new().concurrency(4)),
+    )?
+    .start(
         |request: &Message| -> std::result::Result<String, BoxError> {
             let sku = String::from_utf8_lossy(&request.body).to_string();
             match sku.strip_prefix("sku-").and_then(|n| n.parse::<u32>().ok()) {
@@ -31,7 +35,8 @@ fn example() -> Result<()> {
             }
         },
     )?;
-    let requester = Requester::open(&connection, "", &prices)?;
+    let requester =
+        Requester::new(&connection, RequesterOptions::new().routing_key(&prices))?.start()?;
     std::thread::scope(|s| {
         for t in 1..=8 {
             let requester = &requester;

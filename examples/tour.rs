@@ -9,7 +9,9 @@ use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::idempotent_tx;
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::{
     dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
     Outcome, QueueSpec, Result, RetryPolicy,
@@ -206,12 +208,15 @@ fn tour() -> Result<()> {
     // thread blocks in `ask` until its reply (paired by x-acemq-correlation) comes back.
     let prices = format!("tour.prices.{run}");
     connection.declare_queue(&QueueSpec::new(&prices).classic())?;
-    let responder = serve(&connection, &prices, |request: &Message| {
-        let sku: serde_json::Value = request.payload()?;
-        let price = serde_json::json!({"sku": sku["sku"], "price_cents": 1250});
-        Message::encode(&JsonCodec, &price).map_err(acemq_amqp::BoxError::from)
-    })?;
-    let requester = Requester::open(&connection, "", &prices)?;
+    let responder = Responder::new(&connection, &prices, ResponderOptions::new())?.start(
+        |request: &Message| {
+            let sku: serde_json::Value = request.payload()?;
+            let price = serde_json::json!({"sku": sku["sku"], "price_cents": 1250});
+            Message::encode(&JsonCodec, &price).map_err(acemq_amqp::BoxError::from)
+        },
+    )?;
+    let requester =
+        Requester::new(&connection, RequesterOptions::new().routing_key(&prices))?.start()?;
     let question = Message::encode(&JsonCodec, &serde_json::json!({"sku": "sku-42"}))?;
     let answer: serde_json::Value = requester.ask(question)?.payload()?;
     println!(

@@ -42,7 +42,7 @@
 //!   any exporter (Prometheus and the like).
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
-//!   the consumer group, request/reply ([`patterns::request_reply::Requester`], [`patterns::request_reply::serve`]), the
+//!   the consumer group, request/reply ([`patterns::request_reply::Requester`], [`patterns::request_reply::Responder`]), the
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::routing_slip::RoutingSlip`], [`patterns::routing_slip::follow_slip`]), sagas ([`patterns::saga::Saga`]),
 //!   the scheduler ([`patterns::scheduler::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
@@ -124,8 +124,8 @@
 //! | [`patterns::relay::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
 //! | [`patterns::relay::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
 //! | [`patterns::consumer_group::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
-//! | [`patterns::request_reply::Requester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
-//! | [`patterns::request_reply::Responder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |
+//! | [`patterns::request_reply::RunningRequester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
+//! | [`patterns::request_reply::RunningResponder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |
 //! | [`patterns::scheduler::Scheduler`] | yes | yes | its control consumer's `acemq-consumer`, `acemq-worker-N`, `acemq-retry-timer`, and its publisher's `acemq-confirms` |
 //! | [`patterns::streams::StreamReader`] | yes | yes | a [`RunningConsumer`]'s threads (named after its `consumer_name`, if any) |
 //! | [`patterns::chain::TimeLimited`] | yes | yes | one `acemq-handler-deadline` per message it handles; one that overruns runs on as an orphan (counted, at most `max_orphans` at once) |

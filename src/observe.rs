@@ -46,7 +46,7 @@ pub enum PublishOutcome {
     /// Handed to the broker without a publisher confirm: a
     /// [`Requester`](crate::patterns::request_reply::Requester)'s request (its reply is its confirmation), and
     /// a responder's reply to a transient reply queue, published on the request's channel just
-    /// before the request's acknowledgement (see [`serve_with`](crate::patterns::request_reply::serve_with)).
+    /// before the request's acknowledgement (see [`Responder`](crate::patterns::request_reply::Responder)).
     /// If the broker returns one (no queue for the request; the requester went away), it is
     /// reported [`Unroutable`](Self::Unroutable) as well.
     Unconfirmed,

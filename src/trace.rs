@@ -13,7 +13,7 @@
 //! thread** ([`TraceContext::current`]). Every message published then through this crate —
 //! [`Publisher`](crate::Publisher) (so a handler's own publishes, [`then`](crate::patterns::pipeline::then)
 //! pipeline steps, [`follow_slip`](crate::patterns::routing_slip::follow_slip) hops, replies of
-//! [`serve`](crate::patterns::request_reply::serve), the scheduler's hops and deliveries),
+//! [`Responder`](crate::patterns::request_reply::Responder), the scheduler's hops and deliveries),
 //! [`Requester`](crate::patterns::request_reply::Requester) requests, and outbox records made with
 //! [`record`](crate::patterns::relay::record) / [`record_message`](crate::patterns::relay::record_message)
 //! (the relay later publishes the stored headers) — gets the current context's `traceparent`

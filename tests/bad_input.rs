@@ -66,16 +66,18 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
     );
     is_invalid(
         "requester window 0",
-        Requester::open_with(&conn, "", &q, RequesterOptions::new().window(0)),
+        Requester::new(&conn, RequesterOptions::new().window(0).routing_key(&q))
+            .and_then(Requester::start),
     );
     is_invalid(
         "requester timeout 0",
-        Requester::open_with(
+        Requester::new(
             &conn,
-            "",
-            &q,
-            RequesterOptions::new().timeout(Duration::ZERO),
-        ),
+            RequesterOptions::new()
+                .timeout(Duration::ZERO)
+                .routing_key(&q),
+        )
+        .and_then(Requester::start),
     );
     is_invalid("replay window 0", replay(&conn, &q).window(0).run());
     is_invalid("batch size 0", Batcher::new(0, 10));

@@ -522,7 +522,7 @@ fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering
 fn pong_responder(
     q: &str,
 ) -> (
-    acemq_amqp::patterns::request_reply::Responder,
+    acemq_amqp::patterns::request_reply::RunningResponder,
     Connection,
     Watch,
     Calls,
@@ -530,14 +530,21 @@ fn pong_responder(
     let (conn, watch) = watched();
     let calls: Calls = Arc::default();
     let c = calls.clone();
-    let responder = acemq_amqp::patterns::request_reply::serve(&conn, q, move |m: &Message| {
-        let body = String::from_utf8_lossy(&m.body).into_owned();
-        *c.lock().unwrap().entry(body.clone()).or_insert(0) += 1;
-        let reply = Message::new("pong");
-        Ok::<_, acemq_amqp::BoxError>(if body == "big" {
-            reply.header("big", "x".repeat(200_000))
-        } else {
-            reply
+    let responder = acemq_amqp::patterns::request_reply::Responder::new(
+        &conn,
+        q,
+        acemq_amqp::patterns::request_reply::ResponderOptions::new(),
+    )
+    .and_then(|responder| {
+        responder.start(move |m: &Message| {
+            let body = String::from_utf8_lossy(&m.body).into_owned();
+            *c.lock().unwrap().entry(body.clone()).or_insert(0) += 1;
+            let reply = Message::new("pong");
+            Ok::<_, acemq_amqp::BoxError>(if body == "big" {
+                reply.header("big", "x".repeat(200_000))
+            } else {
+                reply
+            })
         })
     })
     .unwrap();
@@ -554,14 +561,14 @@ fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_o
     let q = clean.consumed_queue(&unique("frame-request"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
-    let requester = acemq_amqp::patterns::request_reply::Requester::open_with(
+    let requester = acemq_amqp::patterns::request_reply::Requester::new(
         &conn,
-        "",
-        &q,
         acemq_amqp::patterns::request_reply::RequesterOptions::new()
             .window(1)
-            .timeout(Duration::from_secs(10)),
+            .timeout(Duration::from_secs(10))
+            .routing_key(&q),
     )
+    .and_then(acemq_amqp::patterns::request_reply::Requester::start)
     .unwrap();
 
     let big = Message::new("small").header("big", "x".repeat(200_000));
@@ -616,7 +623,9 @@ fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
         options = options.reply_queue(clean.queue(&unique("frame-reply-to")));
     }
     let requester =
-        acemq_amqp::patterns::request_reply::Requester::open_with(&conn, "", &q, options).unwrap();
+        acemq_amqp::patterns::request_reply::Requester::new(&conn, options.routing_key(&q))
+            .and_then(acemq_amqp::patterns::request_reply::Requester::start)
+            .unwrap();
 
     let request = Message::new("big");
     let id = request.id().to_string();
@@ -719,7 +728,12 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
         responder_watch.lost.load(Ordering::SeqCst)
     );
     // The responder goes on.
-    let requester = acemq_amqp::patterns::request_reply::Requester::open(&conn, "", &q).unwrap();
+    let requester = acemq_amqp::patterns::request_reply::Requester::new(
+        &conn,
+        acemq_amqp::patterns::request_reply::RequesterOptions::new().routing_key(&q),
+    )
+    .and_then(acemq_amqp::patterns::request_reply::Requester::start)
+    .unwrap();
     let reply = requester
         .ask_timeout(Message::new("small"), WAIT)
         .expect("the next request is answered");

@@ -14,7 +14,9 @@ use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::replay;
-use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::patterns::scheduler::Scheduler;
 use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
@@ -156,16 +158,19 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{relay:?}"));
     let relay = relay.start().unwrap();
     seen.push(format!("{relay:?}"));
-    let requester = Requester::open(&conn, "", &q).unwrap();
+    let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .unwrap();
     seen.push(format!("{requester:?}"));
     let rq = clean.consumed_queue(&unique("hyg-serve"), &[]);
     conn.declare_queue(&QueueSpec::new(&rq)).unwrap();
-    let responder = serve(
-        &conn,
-        &rq,
-        |m: &Message| -> Result<Message, std::io::Error> { Ok(Message::new(m.body.clone())) },
-    )
-    .unwrap();
+    let responder = Responder::new(&conn, &rq, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(|m: &Message| -> Result<Message, std::io::Error> {
+                Ok(Message::new(m.body.clone()))
+            })
+        })
+        .unwrap();
     seen.push(format!("{responder:?}"));
     seen.push(format!("{:?}", replay(&conn, &q)));
     let scheduler = Scheduler::open(&conn).unwrap();

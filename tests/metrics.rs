@@ -14,7 +14,9 @@ use std::time::Duration;
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{eventually, Cleanup};
 
@@ -85,11 +87,14 @@ fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_requ
     relay.close().unwrap();
 
     // A request/reply round trip.
-    let responder = serve(&connection, &prices, |_: &Message| {
-        Ok::<_, acemq_amqp::BoxError>(Message::new("42"))
-    })
-    .unwrap();
-    let requester = Requester::open(&connection, "", &prices).unwrap();
+    let responder = Responder::new(&connection, &prices, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(|_: &Message| Ok::<_, acemq_amqp::BoxError>(Message::new("42")))
+        })
+        .unwrap();
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&prices))
+        .and_then(Requester::start)
+        .unwrap();
     requester.ask(Message::new("price?")).unwrap();
     requester.close().unwrap();
     responder.close().unwrap();

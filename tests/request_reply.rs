@@ -12,7 +12,7 @@ use acemq_amqp::intercept::{PublishContext, PublishNext};
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::PublishOutcome;
 use acemq_amqp::patterns::request_reply::{
-    serve, serve_with, Requester, RequesterOptions, Responder,
+    Requester, RequesterOptions, Responder, ResponderOptions, RunningResponder,
 };
 use acemq_amqp::{
     headers, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error, Message, QueueSpec,
@@ -26,7 +26,7 @@ use support::{connect, connect_with, eventually, request_queue, unique, Cleanup}
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn echo(connection: &Connection, queue: &str, workers: usize) -> Responder {
+fn echo(connection: &Connection, queue: &str, workers: usize) -> RunningResponder {
     echo_with(
         connection,
         queue,
@@ -34,11 +34,14 @@ fn echo(connection: &Connection, queue: &str, workers: usize) -> Responder {
     )
 }
 
-fn echo_with(connection: &Connection, queue: &str, options: ConsumerOptions) -> Responder {
-    serve_with(connection, queue, options, |m: &Message| {
-        Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
-    })
-    .expect("serve")
+fn echo_with(connection: &Connection, queue: &str, options: ConsumerOptions) -> RunningResponder {
+    Responder::new(connection, queue, ResponderOptions::new().consumer(options))
+        .and_then(|responder| {
+            responder.start(|m: &Message| {
+                Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
+            })
+        })
+        .expect("serve")
 }
 
 /// What the responder saw of a request: header address, property address, correlation.
@@ -51,23 +54,28 @@ fn a_request_gets_its_reply_with_the_family_wire() {
     let q = request_queue(&connection, &mut clean, "rr-round-trip");
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let s = seen.clone();
-    let responder = serve(&connection, &q, move |m: &Message| {
-        let header = m
-            .headers
-            .get(headers::REPLY_TO)
-            .and_then(|v| v.as_str().map(String::from));
-        s.lock().unwrap().push((
-            header,
-            m.reply_to.clone(),
-            m.envelope.correlation_id.clone(),
-        ));
-        Ok::<_, BoxError>(Message::new(format!(
-            "pong:{}",
-            String::from_utf8_lossy(&m.body)
-        )))
-    })
-    .expect("serve");
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(move |m: &Message| {
+                let header = m
+                    .headers
+                    .get(headers::REPLY_TO)
+                    .and_then(|v| v.as_str().map(String::from));
+                s.lock().unwrap().push((
+                    header,
+                    m.reply_to.clone(),
+                    m.envelope.correlation_id.clone(),
+                ));
+                Ok::<_, BoxError>(Message::new(format!(
+                    "pong:{}",
+                    String::from_utf8_lossy(&m.body)
+                )))
+            })
+        })
+        .expect("serve");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     let reply_queue = requester.reply_queue().expect("a reply queue");
     assert!(reply_queue.starts_with("acemq-reply-"), "{reply_queue}");
     let info = connection
@@ -121,7 +129,9 @@ fn sixteen_threads_ask(options: ConsumerOptions) {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-threads");
     let responder = echo_with(&connection, &q, options);
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     std::thread::scope(|s| {
         for t in 0..16 {
             let requester = &requester;
@@ -148,11 +158,14 @@ fn a_responder_error_arrives_as_error_responder_well_inside_the_timeout() {
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-error");
-    let responder = serve(&connection, &q, |_: &Message| {
-        Err::<Vec<u8>, BoxError>("no such sku: sku-9".into())
-    })
-    .expect("serve");
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(|_: &Message| Err::<Vec<u8>, BoxError>("no such sku: sku-9".into()))
+        })
+        .expect("serve");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     let started = Instant::now();
     match requester.ask_timeout("sku-9", Duration::from_secs(20)) {
         Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku: sku-9"),
@@ -181,12 +194,17 @@ fn a_timed_out_request_fails_and_its_late_reply_is_counted_unmatched() {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-timeout");
     let (release, gate) = crossbeam_channel::bounded::<()>(1);
-    let responder = serve(&connection, &q, move |_: &Message| {
-        let _ = gate.recv_timeout(WAIT);
-        Ok::<_, BoxError>("late")
-    })
-    .expect("serve");
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(move |_: &Message| {
+                let _ = gate.recv_timeout(WAIT);
+                Ok::<_, BoxError>("late")
+            })
+        })
+        .expect("serve");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     let started = Instant::now();
     match requester.ask_timeout("slow", Duration::from_millis(300)) {
         Err(e @ Error::RequestTimeout { .. }) => {
@@ -285,11 +303,14 @@ fn a_request_without_a_reply_address_is_counted_unanswerable_and_dead_lettered()
     let q = request_queue(&connection, &mut clean, "rr-unanswerable");
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
-    let responder = serve(&connection, &q, move |_: &Message| {
-        r.fetch_add(1, Ordering::SeqCst);
-        Ok::<_, BoxError>("never")
-    })
-    .expect("serve");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(move |_: &Message| {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>("never")
+            })
+        })
+        .expect("serve");
     let raw = Raw::open();
     let id = unique("nowhere");
     raw_request(&raw, &q, "corr-nowhere", &id, Reply::Nowhere);
@@ -317,7 +338,9 @@ fn answered_already_counts_a_reply_when_the_caller_holds_it() {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-answered");
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     for i in 1..=20u64 {
         requester.ask(format!("{i}")).expect("a reply");
         assert_eq!(responder.answered(), i);
@@ -333,12 +356,13 @@ fn a_named_reply_queue_is_durable_and_kept() {
     let q = request_queue(&connection, &mut clean, "rr-named");
     let replies = clean.queue(&unique("rr-named-replies"));
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::open_with(
+    let requester = Requester::new(
         &connection,
-        "",
-        &q,
-        RequesterOptions::new().reply_queue(&replies),
+        RequesterOptions::new()
+            .reply_queue(&replies)
+            .routing_key(&q),
     )
+    .and_then(Requester::start)
     .expect("requester");
     assert_eq!(requester.reply_queue().as_deref(), Some(replies.as_str()));
     assert_eq!(requester.ask("x").unwrap().body, b"answer:x");
@@ -350,8 +374,12 @@ fn a_named_reply_queue_is_durable_and_kept() {
 #[test]
 fn an_unroutable_request_fails_at_once() {
     let connection = connect();
-    let requester =
-        Requester::open(&connection, "", &unique("rr-nobody-listens")).expect("requester");
+    let requester = Requester::new(
+        &connection,
+        RequesterOptions::new().routing_key(unique("rr-nobody-listens")),
+    )
+    .and_then(Requester::start)
+    .expect("requester");
     let started = Instant::now();
     let e = requester
         .ask_timeout("x", Duration::from_secs(20))
@@ -387,16 +415,21 @@ fn survive_a_cut(options: ConsumerOptions) {
     let (release, gate) = crossbeam_channel::bounded::<()>(0);
     let blocked = Arc::new(AtomicUsize::new(0));
     let b = blocked.clone();
-    let responder = serve_with(&connection, &q, options, move |m: &Message| {
-        if m.body == b"block" {
-            b.fetch_add(1, Ordering::SeqCst);
-            // Ends when the sender is dropped.
-            let _ = gate.recv_timeout(WAIT);
-        }
-        Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
-    })
-    .expect("serve");
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new().consumer(options))
+        .and_then(|responder| {
+            responder.start(move |m: &Message| {
+                if m.body == b"block" {
+                    b.fetch_add(1, Ordering::SeqCst);
+                    // Ends when the sender is dropped.
+                    let _ = gate.recv_timeout(WAIT);
+                }
+                Ok::<_, BoxError>(format!("answer:{}", String::from_utf8_lossy(&m.body)))
+            })
+        })
+        .expect("serve");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     assert_eq!(requester.ask("before").unwrap().body, b"answer:before");
     let first_queue = requester.reply_queue().unwrap();
 
@@ -459,7 +492,7 @@ fn reply_paths() -> Vec<(&'static str, Connection)> {
 /// Sends a request (raw, as another library would) whose reply queue `gone` no longer exists
 /// (its requester closed before the answer came) and waits until `responder` has counted the
 /// reply the broker returned.
-fn ask_for_a_requester_that_went_away(queue: &str, gone: &str, responder: &Responder) {
+fn ask_for_a_requester_that_went_away(queue: &str, gone: &str, responder: &RunningResponder) {
     let raw = Raw::open();
     raw_request(
         &raw,
@@ -490,7 +523,9 @@ fn a_reply_to_a_requester_that_went_away_is_counted_unroutable_and_its_request_a
             ask_for_a_requester_that_went_away(&q, &gone, &responder);
             assert_eq!(responder.answered(), 0, "{path}, {gone}: not answered");
             // Still answering the next one.
-            let requester = Requester::open(&connection, "", &q).expect("requester");
+            let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+                .and_then(Requester::start)
+                .expect("requester");
             assert_eq!(requester.ask("next").unwrap().body, b"answer:next");
             assert_eq!(responder.answered(), 1, "{path}, {gone}");
             requester.close().unwrap();
@@ -530,7 +565,9 @@ fn replies_pass_through_the_connections_publish_interceptors() {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-intercepted");
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     let reply = requester.ask("stamp me").expect("a reply");
     assert_eq!(reply.body, b"answer:stamp me");
     assert_eq!(
@@ -551,12 +588,13 @@ fn replies_pass_through_the_connections_publish_interceptors() {
 #[test]
 fn a_named_reply_queue_may_not_take_the_generated_prefix() {
     let connection = connect();
-    let e = Requester::open_with(
+    let e = Requester::new(
         &connection,
-        "",
-        "anywhere",
-        RequesterOptions::new().reply_queue("acemq-reply-mine"),
+        RequesterOptions::new()
+            .reply_queue("acemq-reply-mine")
+            .routing_key("anywhere"),
     )
+    .and_then(Requester::start)
     .expect_err("refused");
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(e.to_string().contains("acemq-reply-"), "{e}");
@@ -571,8 +609,12 @@ fn a_request_with_a_reserved_header_is_refused_at_once_and_leaves_no_call_waitin
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-bad");
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::open_with(&connection, "", &q, RequesterOptions::new().window(1))
-        .expect("requester");
+    let requester = Requester::new(
+        &connection,
+        RequesterOptions::new().window(1).routing_key(&q),
+    )
+    .and_then(Requester::start)
+    .expect("requester");
     let started = Instant::now();
     let bad = Message::new("bad").header("x-acemq-mine", "not mine to set");
     match requester.ask_timeout(bad, WAIT) {
@@ -631,7 +673,9 @@ fn requests_and_replies_sent_without_confirms_reach_the_observer() {
     let mut clean = Cleanup::new(&requests);
     let q = request_queue(&requests, &mut clean, "rr-observed");
     let responder = echo(&replies, &q, 1);
-    let requester = Requester::open(&requests, "", &q).expect("requester");
+    let requester = Requester::new(&requests, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     for i in 0..3 {
         requester.ask(format!("q{i}")).expect("a reply");
     }
@@ -653,7 +697,12 @@ fn requests_and_replies_sent_without_confirms_reach_the_observer() {
     let sent_and_returned = |seen: &[PublishOutcome]| {
         seen.len() == 2 && seen.contains(&Unconfirmed) && seen.contains(&Unroutable)
     };
-    let nowhere = Requester::open(&requests, "", &unique("rr-no-queue")).expect("requester");
+    let nowhere = Requester::new(
+        &requests,
+        RequesterOptions::new().routing_key(unique("rr-no-queue")),
+    )
+    .and_then(Requester::start)
+    .expect("requester");
     let e = nowhere.ask("lost").expect_err("no queue takes it");
     assert!(e.is_unroutable(), "{e}");
     assert!(

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::request_reply::{serve, Requester, RequesterOptions};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::{
     dead_letter_queue, headers, BoxError, ConnectionOptions, Error, Message, PublisherOptions,
     QueueSpec,
@@ -89,10 +91,11 @@ fn a_python_style_request_gets_the_familys_failure_reply_and_is_dead_lettered() 
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-family-failure");
-    let responder = serve(&connection, &q, |_: &Message| {
-        Err::<Vec<u8>, BoxError>("no such sku: A-1".into())
-    })
-    .expect("serve");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(|_: &Message| Err::<Vec<u8>, BoxError>("no such sku: A-1".into()))
+        })
+        .expect("serve");
     let raw = Raw::open();
     let reply_queue = raw.family_reply_queue();
     let (id, correlation) = python_request(&raw, &q, &reply_queue);
@@ -137,12 +140,13 @@ fn a_panicking_responder_sends_the_familys_failure_reply() {
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-family-panic");
-    let responder = serve(
-        &connection,
-        &q,
-        |_: &Message| -> Result<Vec<u8>, BoxError> { panic!("the price list is gone") },
-    )
-    .expect("serve");
+    let responder = Responder::new(&connection, &q, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(|_: &Message| -> Result<Vec<u8>, BoxError> {
+                panic!("the price list is gone")
+            })
+        })
+        .expect("serve");
     let raw = Raw::open();
     let reply_queue = raw.family_reply_queue();
     python_request(&raw, &q, &reply_queue);
@@ -179,7 +183,9 @@ fn our_requester_reads_the_old_and_the_new_failure_reply_as_a_failure() {
     let connection = connect();
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-both-failures");
-    let requester = Requester::open(&connection, "", &q).expect("requester");
+    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
+        .and_then(Requester::start)
+        .expect("requester");
     let raw = Raw::open();
     for (body, content_type, error) in [
         (&b""[..], None, "no such sku"),
@@ -284,12 +290,14 @@ fn a_named_reply_queues_backlog_is_consumed_with_acks_and_a_bounded_prefetch() {
     let n = 3000;
     support::publish_n(&connection, &replies, n, false);
     let window = 8;
-    let requester = Requester::open_with(
+    let requester = Requester::new(
         &connection,
-        "",
-        &q,
-        RequesterOptions::new().reply_queue(&replies).window(window),
+        RequesterOptions::new()
+            .reply_queue(&replies)
+            .window(window)
+            .routing_key(&q),
     )
+    .and_then(Requester::start)
     .expect("requester");
     // The broker hands the reply consumer a bounded number at a time, acknowledged.
     let listing = rabbitmqctl(&[
@@ -382,12 +390,11 @@ fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {
     // blocks).
     let q = request_queue(&connection, &mut clean, "rr-alarm");
     let timeout = Duration::from_millis(500);
-    let requester = Requester::open_with(
+    let requester = Requester::new(
         &connection,
-        "",
-        &q,
-        RequesterOptions::new().timeout(timeout),
+        RequesterOptions::new().timeout(timeout).routing_key(&q),
     )
+    .and_then(Requester::start)
     .expect("requester");
     let publisher = connection
         .publisher_with(PublisherOptions::new().timeout(timeout))

@@ -11,7 +11,9 @@ use acemq_amqp::patterns::chain::{chain, with_timeout};
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::pipeline::{then, Next};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::request_reply::{serve, Requester};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions,
+};
 use acemq_amqp::trace::TraceContext;
 use acemq_amqp::{
     dead_letter_queue, headers, BoxError, ConsumerOptions, HeaderValue, Message, Outcome, QueueSpec,
@@ -94,13 +96,20 @@ fn a_trace_on_an_incoming_message_reaches_everything_published_because_of_it() {
     // Hop 3: the responder (its reply).
     let requests = Arc::new(Mutex::new(Vec::new()));
     let r = requests.clone();
-    let responder = serve(&conn, &rr, move |m: &Message| {
-        r.lock().unwrap().push(m.clone());
-        Ok::<_, BoxError>(Message::new("pong"))
-    })
-    .unwrap();
+    let responder = Responder::new(&conn, &rr, ResponderOptions::new())
+        .and_then(|responder| {
+            responder.start(move |m: &Message| {
+                r.lock().unwrap().push(m.clone());
+                Ok::<_, BoxError>(Message::new("pong"))
+            })
+        })
+        .unwrap();
     // Hop 2: a handler that asks (request), records an outbox record, then rejects its message.
-    let requester = Arc::new(Requester::open(&conn, "", &rr).unwrap());
+    let requester = Arc::new(
+        Requester::new(&conn, RequesterOptions::new().routing_key(&rr))
+            .and_then(Requester::start)
+            .unwrap(),
+    );
     let replies = Arc::new(Mutex::new(Vec::new()));
     let records = Arc::new(Mutex::new(Vec::new()));
     let (rq, rp, rc, out_q) = (

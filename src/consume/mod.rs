@@ -33,7 +33,7 @@
 //! step 2. With [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the
 //! delivery before the handler runs and publishes no copy.
 //!
-//! A responder's handler ([`serve`](crate::patterns::request_reply::serve)) stages its reply on the worker's
+//! A responder's handler ([`Responder`](crate::patterns::request_reply::Responder)) stages its reply on the worker's
 //! thread; the worker sends it with the accepted settlement and the owner publishes it on the
 //! request's channel just before the acknowledgement (`reply.rs` says why).
 //!
@@ -229,7 +229,7 @@ impl ConsumerOptions {
     /// worker thread: each delivery is read, handled,
     /// published from (retry copies, a responder's reply) and acknowledged on one thread, with
     /// no hand-off between threads. For quick handlers where latency counts — a
-    /// [`serve`](crate::patterns::request_reply::serve) responder answers ~10 % more requests a second with it
+    /// [`Responder`](crate::patterns::request_reply::Responder) answers ~10 % more requests a second with it
     /// on this crate's benchmark machine (README). Defaults to off.
     ///
     /// The price: while a handler runs, nothing else on this consumer moves (a retry held in

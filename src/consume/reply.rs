@@ -1,5 +1,5 @@
 //! Replies sent on the request's own channel, just before the request is acknowledged (the
-//! request/reply pattern's [`serve`](crate::patterns::request_reply::serve)).
+//! request/reply pattern's [`Responder`](crate::patterns::request_reply::Responder)).
 //!
 //! **Why here and not through a [`Publisher`](crate::Publisher).** A reply published with
 //! confirms costs the responder more thread wake-ups per request than raw amiquip's

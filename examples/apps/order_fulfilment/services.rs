@@ -10,7 +10,9 @@ use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
 use acemq_amqp::patterns::outbox::{NewOutboxRecord, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions, RunningRelay};
-use acemq_amqp::patterns::request_reply::{serve, Requester, Responder};
+use acemq_amqp::patterns::request_reply::{
+    Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester, RunningResponder,
+};
 use acemq_amqp::patterns::saga::Saga;
 use acemq_amqp::{
     dead_letter_queue, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec, Message,
@@ -148,8 +150,8 @@ pub fn gateway(
 pub struct Fulfilment {
     consumer: RunningConsumer,
     duplicates: DuplicateCount,
-    inventory: Arc<Requester>,
-    payments: Arc<Requester>,
+    inventory: Arc<RunningRequester>,
+    payments: Arc<RunningRequester>,
 }
 
 impl Fulfilment {
@@ -172,8 +174,20 @@ impl Fulfilment {
 pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<Fulfilment> {
     connection.declare_queue(&QueueSpec::new(&names.fulfilment))?;
     connection.bind_queue(&names.fulfilment, &names.events, "order.placed")?;
-    let inventory = Arc::new(Requester::open(connection, "", &names.inventory)?);
-    let payments = Arc::new(Requester::open(connection, "", &names.payments)?);
+    let inventory = Arc::new(
+        Requester::new(
+            connection,
+            RequesterOptions::new().routing_key(&names.inventory),
+        )?
+        .start()?,
+    );
+    let payments = Arc::new(
+        Requester::new(
+            connection,
+            RequesterOptions::new().routing_key(&names.payments),
+        )?
+        .start()?,
+    );
     let publisher = connection.publisher()?;
     let receipts = SqlIdempotencyStore::builder(sqlite(dir.join("fulfilment.db"))).build()?;
     receipts.create_table()?;
@@ -240,7 +254,7 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
 
 /// Inventory: answers `reserve` and `release` requests.
 pub struct Inventory {
-    responder: Responder,
+    responder: RunningResponder,
     stock: Arc<Mutex<i64>>,
     released: Arc<AtomicUsize>,
 }
@@ -262,9 +276,7 @@ pub fn inventory(connection: &Connection, names: &Names) -> Result<Inventory> {
     let stock = Arc::new(Mutex::new(100i64));
     let released = Arc::new(AtomicUsize::new(0));
     let (s, r) = (stock.clone(), released.clone());
-    let responder = serve(
-        connection,
-        &names.inventory,
+    let responder = Responder::new(connection, &names.inventory, ResponderOptions::new())?.start(
         move |m: &Message| -> std::result::Result<&'static str, BoxError> {
             let request: Value = m.payload()?;
             let mut stock = s.lock().expect("stock");
@@ -286,7 +298,7 @@ pub fn inventory(connection: &Connection, names: &Names) -> Result<Inventory> {
 
 /// Payments: declines a charge over 2,000.00.
 pub struct Payments {
-    responder: Responder,
+    responder: RunningResponder,
 }
 
 impl Payments {
@@ -297,9 +309,7 @@ impl Payments {
 
 pub fn payments(connection: &Connection, names: &Names) -> Result<Payments> {
     connection.declare_queue(&QueueSpec::new(&names.payments).classic())?;
-    let responder = serve(
-        connection,
-        &names.payments,
+    let responder = Responder::new(connection, &names.payments, ResponderOptions::new())?.start(
         |m: &Message| -> std::result::Result<&'static str, BoxError> {
             let order: Value = m.payload()?;
             if order["total_cents"].as_i64().unwrap_or(0) > 200_000 {
