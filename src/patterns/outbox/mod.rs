@@ -6,7 +6,7 @@
 //! - [`SqlOutboxStore::add`] inserts on **the caller's transaction** and never commits, rolls
 //!   back or opens one of its own: the record exists exactly when the caller's work commits. On a
 //!   connection in autocommit mode (a `rusqlite::Connection` outside `BEGIN`, a
-//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`].
+//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 //! - [`OutboxStore::pending`] returns records in insertion order (by `id`) and **leases** them
 //!   to this store instance for `lease` (default 30 s): until the lease runs out no other
 //!   `SqlOutboxStore` on the same table (another relay thread, process or host) is offered them.

@@ -17,7 +17,7 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 
 /// An outbox in a SQL table (SQLite or PostgreSQL).
 ///
-/// See the [module docs](super) for the transaction and lease rules. `add` runs on the
+/// See the [module docs](crate::patterns::outbox) for the transaction and lease rules. `add` runs on the
 /// caller's transaction; every other operation gets a connection from the connections
 /// factory given to [`open`](Self::open), one per call, in autocommit mode.
 ///
@@ -444,11 +444,10 @@ impl OutboxStore for SqlOutboxStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
-    #![cfg(feature = "sqlite")]
-
-    use super::*;
+    use super::{SqlOutboxStore, SqlOutboxStoreOptions};
+    use crate::patterns::outbox::store::{NewOutboxRecord, OutboxStore};
     use crate::sql::{checkout, SqliteManager};
     use rusqlite::StatementStatus;
 
