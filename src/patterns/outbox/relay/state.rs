@@ -15,6 +15,8 @@ use crate::observe::{Observer, OutboxEvent};
 use crate::patterns::outbox::store::{OutboxRecord, OutboxStore};
 use crate::publish::{Publisher, PublisherOptions};
 
+/// A relay's state: one per relay, shared by the [`OutboxRelay`](super::OutboxRelay) or
+/// [`RunningRelay`](super::RunningRelay) and the sweeper thread.
 pub(super) struct Core {
     pub(super) connection: Connection,
     pub(super) store: Arc<dyn OutboxStore>,
