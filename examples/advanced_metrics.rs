@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::MetricsObserver;
-use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
-use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record_message, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions,
+};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };

@@ -28,8 +28,10 @@ use acemq_amqp::patterns::acknowledged::{
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
-use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
+    SqlOutboxStoreOptions,
+};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester,
 };
@@ -739,16 +741,18 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
     let n = s.n(5_000, 1_000);
     let lite_pool = sqlite_pool(&dir.join("outbox.db"), 4)?;
     let lite_store = || {
-        SqlOutboxStore::builder(checkout(&lite_pool))
-            .table("bench_outbox")
-            .build()
+        SqlOutboxStore::open(
+            checkout(&lite_pool),
+            SqlOutboxStoreOptions::default().table("bench_outbox"),
+        )
     };
     let pg_table = format!("bench_outbox_{run}");
     let pg = pg_pool(4)?;
     let pg_store = || {
-        SqlOutboxStore::builder(checkout(&pg))
-            .table(pg_table.clone())
-            .build()
+        SqlOutboxStore::open(
+            checkout(&pg),
+            SqlOutboxStoreOptions::default().table(pg_table.clone()),
+        )
     };
     lite_store()?.create_table()?;
     pg_store()?.create_table()?;
@@ -868,9 +872,10 @@ where
         .table(format!("bench_sidem_{tag}"))
         .build()?;
     idem.create_table()?;
-    let outbox = SqlOutboxStore::builder(checkout(pool))
-        .table(format!("bench_soutbox_{tag}"))
-        .build()?;
+    let outbox = SqlOutboxStore::open(
+        checkout(pool),
+        SqlOutboxStoreOptions::default().table(format!("bench_soutbox_{tag}")),
+    )?;
     outbox.create_table()?;
     let mut round = 0;
     let mut raw_rate = || -> Result<f64> {

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use acemq_amqp::patterns::outbox::SqlOutboxStore;
-use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::{Error, JsonCodec, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -30,7 +31,7 @@ fn example() -> Result<()> {
         "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)",
         [],
     )?;
-    let outbox = SqlOutboxStore::builder(open.clone()).build()?;
+    let outbox = SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?;
     outbox.create_table()?;
 
     let connection = ex::connect()?;
@@ -63,7 +64,7 @@ fn example() -> Result<()> {
 
     let relay = OutboxRelay::new(
         &connection,
-        SqlOutboxStore::builder(open).build()?,
+        SqlOutboxStore::open(open, SqlOutboxStoreOptions::default())?,
         OutboxRelayOptions::new().interval(Duration::from_millis(100)),
     )?
     .start()?;

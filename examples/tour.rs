@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::idempotent_tx;
-use acemq_amqp::patterns::outbox::SqlOutboxStore;
-use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };
@@ -125,7 +126,10 @@ fn tour() -> Result<()> {
         "PRAGMA journal_mode=WAL; \
          CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER, shipped INTEGER DEFAULT 0)",
     )?;
-    let outbox = std::sync::Arc::new(SqlOutboxStore::builder(open.clone()).build()?);
+    let outbox = std::sync::Arc::new(SqlOutboxStore::open(
+        open.clone(),
+        SqlOutboxStoreOptions::default(),
+    )?);
     outbox.create_table()?;
     let receipts = std::sync::Arc::new(SqlIdempotencyStore::builder(open.clone()).build()?);
     receipts.create_table()?;
@@ -149,7 +153,7 @@ fn tour() -> Result<()> {
     // Not started: this tour sweeps by hand, between its steps.
     let relay = OutboxRelay::new(
         &connection,
-        SqlOutboxStore::builder(open.clone()).build()?,
+        SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?,
         OutboxRelayOptions::new(),
     )?;
     println!("relay published {} record(s)", relay.sweep()?);

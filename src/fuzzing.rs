@@ -55,7 +55,7 @@ pub fn copy_properties(message: &Message, routing_key: &str) -> Result<AmqpPrope
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
     let mut record = crate::patterns::outbox::record_from_row(row)?;
-    Ok(crate::patterns::relay::take_message(&mut record))
+    Ok(crate::patterns::outbox::take_message(&mut record))
 }
 
 /// The encoded size, in bytes, of the content header frame (framing, properties and header

@@ -87,14 +87,14 @@
 //!    it and returns `Err` rather than panicking. Nothing runs yet, and the options cannot
 //!    change afterwards: there is no setter to be ignored later.
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
-//!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::relay::OutboxRelay::start`] →
-//!    [`patterns::relay::RunningRelay`]. Starting twice cannot be written. A
+//!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::outbox::OutboxRelay::start`] →
+//!    [`patterns::outbox::RunningRelay`]. Starting twice cannot be written. A
 //!    [`patterns::consumer_group::ConsumerGroup`] is configured and started in one call
 //!    ([`patterns::consumer_group::ConsumerGroup::start_with`], which checks its options first) and is itself the
 //!    running handle.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
-//!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::relay::RunningRelay::close`] →
-//!    [`patterns::relay::RelayReport`], [`patterns::consumer_group::ConsumerGroup::close`] → the members'
+//!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::outbox::RunningRelay::close`] →
+//!    [`patterns::outbox::RelayReport`], [`patterns::consumer_group::ConsumerGroup::close`] → the members'
 //!    [`CloseReport`]s summed, or the error. Its `Drop` does the same best-effort: it
 //!    **blocks** until the threads are joined (within the handle's own deadline, documented on
 //!    it) and logs the errors instead of returning them.
@@ -105,7 +105,7 @@
 //! [`Error::Closed`], and closing twice is harmless. What runs on the caller's thread
 //! ([`Consumer::run`], [`patterns::acknowledged::consume`]) ends when it returns and has
 //! nothing to close. A configured value that was never started holds no thread of its own
-//! (an [`patterns::relay::OutboxRelay`] that was swept by hand holds a publisher, which its
+//! (an [`patterns::outbox::OutboxRelay`] that was swept by hand holds a publisher, which its
 //! `close(self)`, or its `Drop`, closes).
 //!
 //! ## Threads
@@ -121,8 +121,8 @@
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks; with [`ConsumerOptions::inline`] the handler too), `acemq-worker-N` (none inline) and `acemq-retry-timer` (retries waiting in the consumer) |
 //! | [`StopHandle`] | yes | yes | — |
-//! | [`patterns::relay::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
-//! | [`patterns::relay::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
+//! | [`patterns::outbox::OutboxRelay`] | yes | yes | none until started; its publisher's `acemq-confirms` once a sweep opened it |
+//! | [`patterns::outbox::RunningRelay`] | yes | yes | `acemq-outbox-relay` (sweeps until closed) and its publisher's `acemq-confirms` |
 //! | [`patterns::consumer_group::ConsumerGroup`] | yes | yes | none of its own; member `k` (from 1) runs `acemq-consumer-k`, `acemq-worker-k-N` and `acemq-retry-timer-k` |
 //! | [`patterns::request_reply::RunningRequester`] | yes | yes | `acemq-requester` (owns the channel consuming the reply queue, reads late replies and returned requests); each call publishes its request and reads its reply on its own thread, which it blocks |
 //! | [`patterns::request_reply::RunningResponder`] | yes | yes | a [`RunningConsumer`]'s threads (its owner publishes replies to transient reply queues, just before each request's ack), and a publisher's `acemq-confirms` for replies to named queues |

@@ -15,7 +15,7 @@
 //! pipeline steps, [`follow_slip`](crate::patterns::routing_slip::follow_slip) hops, replies of
 //! [`Responder`](crate::patterns::request_reply::Responder), the scheduler's hops and deliveries),
 //! [`Requester`](crate::patterns::request_reply::Requester) requests, and outbox records made with
-//! [`record`](crate::patterns::relay::record) / [`record_message`](crate::patterns::relay::record_message)
+//! [`record`](crate::patterns::outbox::record) / [`record_message`](crate::patterns::outbox::record_message)
 //! (the relay later publishes the stored headers) — gets the current context's `traceparent`
 //! and `tracestate` **unless it carries a `traceparent` of its own** (an application's choice
 //! wins, and a copy keeps its original's as written). Retry, dead-letter and parked copies and

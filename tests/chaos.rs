@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::idempotent_tx;
-use acemq_amqp::patterns::outbox::SqlOutboxStore;
-use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::sql::r2d2;
 use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
@@ -123,12 +124,14 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
     let relay_pool = pg_pool(&app, 2);
     let consumer_pool = pg_pool(&app, 6);
     let outbox = Arc::new(
-        SqlOutboxStore::builder(checkout(&relay_pool))
-            .table(&outbox_table)
-            .max_attempts(1000)
-            .lease(Duration::from_secs(10))
-            .build()
-            .unwrap(),
+        SqlOutboxStore::open(
+            checkout(&relay_pool),
+            SqlOutboxStoreOptions::default()
+                .table(&outbox_table)
+                .max_attempts(1000)
+                .lease(Duration::from_secs(10)),
+        )
+        .unwrap(),
     );
     outbox.create_table().unwrap();
     let idem = Arc::new(
@@ -184,12 +187,14 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
         .unwrap();
     let relay = OutboxRelay::new(
         &relay_conn,
-        SqlOutboxStore::builder(checkout(&relay_pool))
-            .table(&outbox_table)
-            .max_attempts(1000)
-            .lease(Duration::from_secs(10))
-            .build()
-            .unwrap(),
+        SqlOutboxStore::open(
+            checkout(&relay_pool),
+            SqlOutboxStoreOptions::default()
+                .table(&outbox_table)
+                .max_attempts(1000)
+                .lease(Duration::from_secs(10)),
+        )
+        .unwrap(),
         OutboxRelayOptions::new()
             .interval(Duration::from_millis(50))
             .batch_size(500),

@@ -35,8 +35,9 @@ use acemq_amqp::observe::{OutboxEvent, PublishOutcome, Settlement};
 use acemq_amqp::patterns::idempotency::{InMemoryIdempotencyStore, SqlIdempotencyStore};
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
-use acemq_amqp::patterns::outbox::SqlOutboxStore;
-use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::patterns::replay::replay;
 use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::sql::{Sql, Value};
@@ -105,11 +106,13 @@ fn pg_factory() -> impl Fn() -> acemq_amqp::Result<Box<dyn Sql + Send>> + Send +
 }
 
 fn outbox_store(table: &str) -> SqlOutboxStore {
-    SqlOutboxStore::builder(pg_factory())
-        .table(table)
-        .lease(Duration::from_millis(500))
-        .build()
-        .unwrap()
+    SqlOutboxStore::open(
+        pg_factory(),
+        SqlOutboxStoreOptions::default()
+            .table(table)
+            .lease(Duration::from_millis(500)),
+    )
+    .unwrap()
 }
 
 fn idem_store(table: &str) -> Arc<SqlIdempotencyStore> {

@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{ConnectionEvent, Settlement};
-use acemq_amqp::patterns::outbox::{OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
+    SqlOutboxStoreOptions,
+};
 use acemq_amqp::{
     dead_letter_queue, Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec,
     RetryPolicy,
@@ -192,17 +194,21 @@ fn an_outbox_row_too_large_for_the_frame_is_counted_and_retired(db: &Db) {
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("frame-outbox"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = SqlOutboxStore::builder(db.factory())
-        .table(db.table("outbox"))
-        .max_attempts(3)
-        .build()
-        .unwrap();
+    let store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(db.table("outbox"))
+            .max_attempts(3),
+    )
+    .unwrap();
     store.create_table().unwrap();
-    let relay_store = SqlOutboxStore::builder(db.factory())
-        .table(store.table())
-        .max_attempts(3)
-        .build()
-        .unwrap();
+    let relay_store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(store.table())
+            .max_attempts(3),
+    )
+    .unwrap();
     let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();
     let big = Message::new("big").header("big", "x".repeat(200_000));
     let big_id = db.in_tx(true, |tx| {

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::AmqpQueue;
 use acemq_amqp::patterns::consumer_group::ConsumerGroup;
-use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
-use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::replay;
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,

@@ -10,8 +10,7 @@ use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
 use acemq_amqp::patterns::idempotency::{IdempotencyStore, SqlIdempotencyStore};
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
-use acemq_amqp::patterns::outbox::SqlOutboxStore;
-use acemq_amqp::patterns::relay::record;
+use acemq_amqp::patterns::outbox::{record, SqlOutboxStore, SqlOutboxStoreOptions};
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Outcome, QueueSpec,
@@ -262,12 +261,7 @@ fn outbox_store(
     factory: impl Fn() -> acemq_amqp::Result<db::Conn> + Send + Sync + 'static,
     table: &str,
 ) -> Arc<SqlOutboxStore> {
-    Arc::new(
-        SqlOutboxStore::builder(factory)
-            .table(table)
-            .build()
-            .unwrap(),
-    )
+    Arc::new(SqlOutboxStore::open(factory, SqlOutboxStoreOptions::default().table(table)).unwrap())
 }
 
 /// Runs in a child process (see `crash_after_commit_before_ack`).
@@ -610,10 +604,11 @@ fn consume_then_record_in_one_transaction(db: &Db) {
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let effects = effects_table(db);
     let outbox = Arc::new(
-        SqlOutboxStore::builder(db.factory())
-            .table(db.table("outbox"))
-            .build()
-            .unwrap(),
+        SqlOutboxStore::open(
+            db.factory(),
+            SqlOutboxStoreOptions::default().table(db.table("outbox")),
+        )
+        .unwrap(),
     );
     outbox.create_table().unwrap();
     let store = Arc::new(store(db, Duration::from_secs(30)));

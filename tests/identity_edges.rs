@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStats, OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats, OutboxStore, SqlOutboxStore,
+    SqlOutboxStoreOptions,
+};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
@@ -70,22 +72,26 @@ fn sha256_hex(bytes: &[u8]) -> String {
 // Item 3: an outbox row without a string `x-acemq-id`.
 
 fn outbox(db: &Db, lease: Duration) -> SqlOutboxStore {
-    let s = SqlOutboxStore::builder(db.factory())
-        .table(db.table("outbox"))
-        .lease(lease)
-        .build()
-        .unwrap();
+    let s = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(db.table("outbox"))
+            .lease(lease),
+    )
+    .unwrap();
     s.create_table().unwrap();
     s
 }
 
 /// Another relay's store on `first`'s table.
 fn same_table(db: &Db, first: &SqlOutboxStore, lease: Duration) -> SqlOutboxStore {
-    SqlOutboxStore::builder(db.factory())
-        .table(first.table())
-        .lease(lease)
-        .build()
-        .unwrap()
+    SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(first.table())
+            .lease(lease),
+    )
+    .unwrap()
 }
 
 /// A row as another program writes it: raw SQL, these headers (the column's text as is).
@@ -653,7 +659,7 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
     for chunk in 0..n / 100 {
         db.in_tx(true, |tx| {
             for i in 0..100 {
-                let r = acemq_amqp::patterns::relay::record(
+                let r = acemq_amqp::patterns::outbox::record(
                     &acemq_amqp::JsonCodec,
                     "",
                     &q,

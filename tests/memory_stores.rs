@@ -7,7 +7,9 @@ use std::time::Duration;
 use acemq_amqp::patterns::idempotency::{
     Claim, ClaimToken, IdempotencyStore, InMemoryIdempotencyStore,
 };
-use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, NewOutboxRecord, OutboxStore};
+use acemq_amqp::patterns::outbox::{
+    InMemoryOutboxStore, InMemoryOutboxStoreOptions, NewOutboxRecord, OutboxStore,
+};
 use acemq_amqp::patterns::schema_registry::{InMemorySchemaRegistry, SchemaRegistry};
 use acemq_amqp::Error;
 
@@ -88,7 +90,12 @@ fn stale_holder_cannot_forget_the_new_holders_claim_in_memory() {
 
 #[test]
 fn outbox_order_leases_retirement_release() {
-    let store = InMemoryOutboxStore::with_limits(2, Duration::from_millis(200));
+    let store = InMemoryOutboxStore::open(
+        InMemoryOutboxStoreOptions::default()
+            .max_attempts(2)
+            .lease(Duration::from_millis(200)),
+    )
+    .unwrap();
     let ids: Vec<i64> = (0..3)
         .map(|n| {
             store

@@ -9,8 +9,10 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
-use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStats, OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{record, record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record, record_message, OutboxRecord, OutboxRelay, OutboxRelayOptions, OutboxStats,
+    OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
@@ -22,22 +24,26 @@ use support::{connect, connect_with, eventually, unique, Cleanup};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn outbox(db: &Db, max_attempts: u32) -> SqlOutboxStore {
-    let s = SqlOutboxStore::builder(db.factory())
-        .table(db.table("outbox"))
-        .max_attempts(max_attempts)
-        .build()
-        .unwrap();
+    let s = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(db.table("outbox"))
+            .max_attempts(max_attempts),
+    )
+    .unwrap();
     s.create_table().unwrap();
     s
 }
 
 /// A second store (another relay) on the same table.
 fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::builder(db.factory())
-        .table(first.table())
-        .max_attempts(first.max_attempts())
-        .build()
-        .unwrap()
+    SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(first.table())
+            .max_attempts(first.max_attempts()),
+    )
+    .unwrap()
 }
 
 fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
@@ -83,7 +89,7 @@ fn an_unroutable_record_retires_and_then_the_queue_behind_it_moves(db: &Db) {
     let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
     let add = |rk: &str, body: &str| {
         let m = Message::new(body.to_string());
-        let r = acemq_amqp::patterns::relay::record_message("", rk, &m).unwrap();
+        let r = acemq_amqp::patterns::outbox::record_message("", rk, &m).unwrap();
         db.in_tx(true, |tx| store.add(tx, &r).unwrap())
     };
     let nowhere = unique("nowhere");
@@ -559,12 +565,14 @@ impl Drop for Refusal<'_> {
 
 /// A relay's store on `first`'s table with the long test lease.
 fn leasing_store(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::builder(db.factory())
-        .table(first.table())
-        .max_attempts(first.max_attempts())
-        .lease(LEASE)
-        .build()
-        .unwrap()
+    SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(first.table())
+            .max_attempts(first.max_attempts())
+            .lease(LEASE),
+    )
+    .unwrap()
 }
 
 /// A sweep publishes r2 and finds r1 unroutable, and then the database refuses `event`:
@@ -845,12 +853,14 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     let lease = Duration::from_secs(4);
     let store = outbox(&db, 10);
-    let relay_store = SqlOutboxStore::builder(db.factory())
-        .table(store.table())
-        .max_attempts(10)
-        .lease(lease)
-        .build()
-        .unwrap();
+    let relay_store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(store.table())
+            .max_attempts(10)
+            .lease(lease),
+    )
+    .unwrap();
     let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
     let conn = connect_with(ConnectionOptions::new().address(proxy.url()));
     let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();

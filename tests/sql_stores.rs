@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message as AckMessage};
 use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
-use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::outbox::{
+    NewOutboxRecord, OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use acemq_amqp::patterns::schema_registry::{fingerprint, SchemaRegistry, SqlSchemaRegistry};
 use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
 use acemq_amqp::Error;
@@ -27,10 +29,8 @@ fn idem(db: &Db) -> (SqlIdempotencyStore, String) {
 }
 
 fn outbox(db: &Db, table: &str) -> SqlOutboxStore {
-    let store = SqlOutboxStore::builder(db.factory())
-        .table(table)
-        .build()
-        .unwrap();
+    let store =
+        SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(table)).unwrap();
     store.create_table().unwrap();
     store
 }
@@ -179,9 +179,7 @@ fn invalid_table_names_refused(db: &Db) {
                 .map(drop),
         );
         check(
-            SqlOutboxStore::builder(db.factory())
-                .table(bad)
-                .build()
+            SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(bad))
                 .map(drop),
         );
         check(
@@ -195,9 +193,7 @@ fn invalid_table_names_refused(db: &Db) {
             &[Table::Outbox(bad.to_owned())],
         ));
     }
-    let e = SqlOutboxStore::builder(db.factory())
-        .table("x y")
-        .build()
+    let e = SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table("x y"))
         .unwrap_err();
     assert_eq!(
         e.to_string(),
@@ -228,10 +224,8 @@ fn database_error_has_source(db: &Db) {
         }
     }
     assert!(e.to_string().contains(&table));
-    let outbox = SqlOutboxStore::builder(db.factory())
-        .table(&table)
-        .build()
-        .unwrap();
+    let outbox =
+        SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(&table)).unwrap();
     assert!(matches!(outbox.pending(1), Err(Error::Sql { .. })));
 }
 
@@ -505,11 +499,13 @@ fn outbox_refuses_autocommit(db: &Db) {
 
 fn outbox_order_failures_retirement_release(db: &Db) {
     let table = db.table("ob");
-    let store = SqlOutboxStore::builder(db.factory())
-        .table(&table)
-        .max_attempts(2)
-        .build()
-        .unwrap();
+    let store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(&table)
+            .max_attempts(2),
+    )
+    .unwrap();
     store.create_table().unwrap();
     let ids: Vec<i64> = db.in_tx(true, |tx| {
         (0..5).map(|n| store.add(tx, &record(n)).unwrap()).collect()
@@ -563,10 +559,7 @@ fn outbox_two_relays_never_share(db: &Db) {
     let table = db.table("ob");
     let a = Arc::new(outbox(db, &table));
     let b = Arc::new(
-        SqlOutboxStore::builder(db.factory())
-            .table(&table)
-            .build()
-            .unwrap(),
+        SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(&table)).unwrap(),
     );
     assert_ne!(a.owner(), b.owner());
     let n = 60;
@@ -611,11 +604,13 @@ fn outbox_two_relays_never_share(db: &Db) {
 fn outbox_lease_expiry_reoffers(db: &Db) {
     let table = db.table("ob");
     let short = |_: ()| {
-        SqlOutboxStore::builder(db.factory())
-            .table(&table)
-            .lease(Duration::from_millis(300))
-            .build()
-            .unwrap()
+        SqlOutboxStore::open(
+            db.factory(),
+            SqlOutboxStoreOptions::default()
+                .table(&table)
+                .lease(Duration::from_millis(300)),
+        )
+        .unwrap()
     };
     let a = short(());
     a.create_table().unwrap();
@@ -649,11 +644,13 @@ fn outbox_delete_and_lease_in_one_step(db: &Db) {
     // Leases of 1 ms: by the time the batch is confirmed they have run out, so the lease half
     // of the step could pick the very records its delete half removes.
     let expired_table = db.table("obdl2");
-    let c = SqlOutboxStore::builder(db.factory())
-        .table(&expired_table)
-        .lease(Duration::from_millis(1))
-        .build()
-        .unwrap();
+    let c = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(&expired_table)
+            .lease(Duration::from_millis(1)),
+    )
+    .unwrap();
     c.create_table().unwrap();
     let mine: Vec<i64> = db.in_tx(true, |tx| {
         (0..5).map(|n| c.add(tx, &record(n)).unwrap()).collect()
@@ -1008,11 +1005,11 @@ fn clock_skew_child() {
             assert!(store.first_time("seen").unwrap());
         }
         "outbox" => {
-            let store = SqlOutboxStore::builder(db::pg_connect)
-                .table(&table)
-                .lease(lease)
-                .build()
-                .unwrap();
+            let store = SqlOutboxStore::open(
+                db::pg_connect,
+                SqlOutboxStoreOptions::default().table(&table).lease(lease),
+            )
+            .unwrap();
             assert_eq!(
                 store.pending(10).unwrap().len(),
                 1,
@@ -1126,11 +1123,11 @@ fn idem_claims_from_a_clock_ahead_expire_by_the_database_clock() {
 }
 
 fn skew_outbox(db: &Db, table: &str, lease: Duration) -> (SqlOutboxStore, i64) {
-    let store = SqlOutboxStore::builder(db.factory())
-        .table(table)
-        .lease(lease)
-        .build()
-        .unwrap();
+    let store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default().table(table).lease(lease),
+    )
+    .unwrap();
     store.create_table().unwrap();
     let id = db.in_tx(true, |tx| store.add(tx, &record(1)).unwrap());
     (store, id)

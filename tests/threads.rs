@@ -20,9 +20,9 @@ fn handles_are_send_and_sync() {
 #[cfg(feature = "sqlite")]
 #[test]
 fn stores_and_the_relay_are_send_and_sync() {
-    send_sync::<acemq_amqp::patterns::relay::OutboxRelay>();
-    send_sync::<acemq_amqp::patterns::relay::RunningRelay>();
-    send_sync::<acemq_amqp::patterns::relay::OutboxRelayOptions>();
+    send_sync::<acemq_amqp::patterns::outbox::OutboxRelay>();
+    send_sync::<acemq_amqp::patterns::outbox::RunningRelay>();
+    send_sync::<acemq_amqp::patterns::outbox::OutboxRelayOptions>();
     send_sync::<acemq_amqp::patterns::outbox::SqlOutboxStore>();
     send_sync::<acemq_amqp::patterns::idempotency::SqlIdempotencyStore>();
     send_sync::<acemq_amqp::patterns::schema_registry::SqlSchemaRegistry>();

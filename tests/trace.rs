@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::chain::{chain, with_timeout};
-use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
+use acemq_amqp::patterns::outbox::{record, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::pipeline::{then, Next};
-use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };

@@ -1,6 +1,8 @@
 //! `acemq outbox status|retired|release`.
 
-use acemq_amqp::patterns::outbox::{OutboxRecord, OutboxStore, SqlOutboxStore};
+use acemq_amqp::patterns::outbox::{
+    OutboxRecord, OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
+};
 use serde_json::json;
 
 use crate::db::Db;
@@ -12,11 +14,13 @@ pub fn run(url: &str, a: &OutboxArgs, out: &mut Out) -> Outcome {
     // Reach the database once first: an unreachable one is exit 3, not a store error.
     drop(db.connect(false)?);
     let factory = db.clone();
-    let store = SqlOutboxStore::builder(move || factory.open(false))
-        .table(a.table.clone())
-        .max_attempts(a.max_attempts)
-        .build()
-        .map_err(|e| Failure::from_error("bad outbox options", e))?;
+    let store = SqlOutboxStore::open(
+        move || factory.open(false),
+        SqlOutboxStoreOptions::default()
+            .table(a.table.clone())
+            .max_attempts(a.max_attempts),
+    )
+    .map_err(|e| Failure::from_error("bad outbox options", e))?;
     let failed = |what: &str| {
         let what = format!("{what} on table {}", a.table);
         move |e| Failure::from_error(&what, e)

@@ -13,8 +13,10 @@ mod support;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use acemq_amqp::patterns::outbox::{OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
+use acemq_amqp::patterns::outbox::{
+    record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
+    SqlOutboxStoreOptions,
+};
 use acemq_amqp::{Connection, Message, QueueSpec};
 use db::{Backend, Db};
 use serde_json::Value;
@@ -346,11 +348,13 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
         Backend::Postgres => db::PG_URL.to_string(),
     };
     let store = || {
-        SqlOutboxStore::builder(db.factory())
-            .table(table.clone())
-            .max_attempts(1)
-            .build()
-            .unwrap()
+        SqlOutboxStore::open(
+            db.factory(),
+            SqlOutboxStoreOptions::default()
+                .table(table.clone())
+                .max_attempts(1),
+        )
+        .unwrap()
     };
     store().create_table().unwrap();
     // Two records for a queue that does not exist yet: the sweep fails them, and with one

@@ -495,9 +495,9 @@ mod transactional {
     /// # fn main() -> acemq_amqp::Result<()> {
     /// use std::sync::Arc;
     /// use acemq_amqp::patterns::idempotent::idempotent_tx;
-    /// use acemq_amqp::patterns::relay::record;
+    /// use acemq_amqp::patterns::outbox::record;
     /// use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-    /// use acemq_amqp::patterns::outbox::SqlOutboxStore;
+    /// use acemq_amqp::patterns::outbox::{SqlOutboxStore, SqlOutboxStoreOptions};
     /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
     /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
     ///
@@ -507,7 +507,7 @@ mod transactional {
     ///     postgres::NoTls,
     /// )))?;
     /// let receipts = Arc::new(SqlIdempotencyStore::builder(checkout(&pool)).build()?);
-    /// let outbox = SqlOutboxStore::builder(checkout(&pool)).build()?;
+    /// let outbox = SqlOutboxStore::open(checkout(&pool), SqlOutboxStoreOptions::default())?;
     /// let handler = idempotent_tx(
     ///     receipts,
     ///     checkout(&pool),

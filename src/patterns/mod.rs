@@ -10,7 +10,6 @@ pub mod ordering;
 pub mod outbox;
 pub mod peek;
 pub mod pipeline;
-pub mod relay;
 pub mod replay;
 pub mod request_reply;
 pub mod routing_slip;

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
-use acemq_amqp::patterns::outbox::{NewOutboxRecord, SqlOutboxStore};
-use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions, RunningRelay};
+use acemq_amqp::patterns::outbox::{
+    record, NewOutboxRecord, OutboxRelay, OutboxRelayOptions, RunningRelay, SqlOutboxStore,
+    SqlOutboxStoreOptions,
+};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester, RunningResponder,
 };
@@ -102,7 +104,7 @@ pub fn gateway(
         "CREATE TABLE orders (id TEXT PRIMARY KEY, total_cents INTEGER, address TEXT)",
         [],
     )?;
-    let outbox = SqlOutboxStore::builder(open.clone()).build()?;
+    let outbox = SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?;
     outbox.create_table()?;
     let mut first_event = None;
     for i in 1..=orders {
@@ -132,7 +134,7 @@ pub fn gateway(
     }
     let relay = OutboxRelay::new(
         connection,
-        SqlOutboxStore::builder(open.clone()).build()?,
+        SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?,
         OutboxRelayOptions::new().interval(Duration::from_millis(100)),
     )?
     .start()?;

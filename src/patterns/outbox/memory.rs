@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
-use crate::error::Result;
+use super::store::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
+use crate::error::{Error, Result};
 
 /// An outbox in a map, for tests. **Not for production**: see the [module docs](super).
 ///
@@ -24,17 +24,79 @@ struct MemState {
     records: BTreeMap<i64, (OutboxRecord, Option<Instant>)>,
 }
 
-impl InMemoryOutboxStore {
-    /// An empty outbox with `max_attempts` 10 and a 30 s lease.
-    pub fn new() -> InMemoryOutboxStore {
-        InMemoryOutboxStore::with_limits(10, Duration::from_secs(30))
+/// Options for an [`InMemoryOutboxStore`], checked by [`InMemoryOutboxStore::open`].
+///
+/// ```
+/// use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, InMemoryOutboxStoreOptions};
+/// use std::time::Duration;
+/// let store = InMemoryOutboxStore::open(
+///     InMemoryOutboxStoreOptions::default()
+///         .max_attempts(2)
+///         .lease(Duration::from_millis(200)),
+/// )?;
+/// # let _ = store;
+/// # Ok::<(), acemq_amqp::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InMemoryOutboxStoreOptions {
+    max_attempts: u32,
+    lease: Duration,
+}
+
+impl Default for InMemoryOutboxStoreOptions {
+    fn default() -> Self {
+        InMemoryOutboxStoreOptions {
+            max_attempts: 10,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+impl InMemoryOutboxStoreOptions {
+    /// Failed attempts after which a record is retired (at least 1). Defaults to 10.
+    #[must_use]
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
     }
 
-    /// An empty outbox retiring records after `max_attempts` failures and leasing for `lease`.
-    pub fn with_limits(max_attempts: u32, lease: Duration) -> InMemoryOutboxStore {
+    /// How long `pending` leases the records it returns (at least 1 ms). Defaults to 30 s.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+impl InMemoryOutboxStore {
+    /// An empty outbox with the default options: `max_attempts` 10 and a 30 s lease.
+    pub fn new() -> InMemoryOutboxStore {
+        InMemoryOutboxStore::from_valid(InMemoryOutboxStoreOptions::default())
+    }
+
+    /// An empty outbox with these options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms (as
+    /// [`SqlOutboxStore::open`](super::SqlOutboxStore::open)).
+    pub fn open(options: InMemoryOutboxStoreOptions) -> Result<InMemoryOutboxStore> {
+        if options.max_attempts == 0 {
+            return Err(Error::invalid("max_attempts must be at least 1"));
+        }
+        if options.lease.as_millis() == 0 {
+            return Err(Error::invalid(format!(
+                "the outbox lease must be at least 1 ms, got {:?}",
+                options.lease
+            )));
+        }
+        Ok(InMemoryOutboxStore::from_valid(options))
+    }
+
+    fn from_valid(options: InMemoryOutboxStoreOptions) -> InMemoryOutboxStore {
         InMemoryOutboxStore {
-            max_attempts: i64::from(max_attempts),
-            lease,
+            max_attempts: i64::from(options.max_attempts),
+            lease: options.lease,
             state: Mutex::new(MemState::default()),
         }
     }

@@ -1,12 +1,12 @@
-//! The transactional outbox, store part: records written with the business data, published
-//! later by a relay.
+//! The transactional outbox: records written with the business data (the stores), published
+//! later by the relay ([`OutboxRelay`], below).
 //!
 //! # Guarantees
 //!
 //! - [`SqlOutboxStore::add`] inserts on **the caller's transaction** and never commits, rolls
 //!   back or opens one of its own: the record exists exactly when the caller's work commits. On a
 //!   connection in autocommit mode (a `rusqlite::Connection` outside `BEGIN`, a
-//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`].
+//!   `postgres::Client`) it refuses with [`Error::InvalidArgument`](crate::Error::InvalidArgument).
 //! - [`OutboxStore::pending`] returns records in insertion order (by `id`) and **leases** them
 //!   to this store instance for `lease` (default 30 s): until the lease runs out no other
 //!   `SqlOutboxStore` on the same table (another relay thread, process or host) is offered them.
@@ -32,198 +32,97 @@
 //!
 //! [`InMemoryOutboxStore`] follows the same rules in one process; it is for tests, **not for
 //! production** (it is not transactional with anything and forgets everything on restart).
-
-use std::time::Duration;
-
-use crate::error::{Error, Result};
+//!
+//! # The relay
+//!
+//! [`OutboxRelay`] publishes what the outbox holds, mandatory with confirms, and deletes a
+//! record only after its confirm.
+//!
+//! ```text
+//!  service transaction ──add──▶ outbox table ──pending(batch)──▶ relay ──publish──▶ broker
+//!                                    ▲                              │ confirm
+//!                                    └─ mark_published_and_lease ◀──┘
+//! ```
+//!
+//! ## What the relay guarantees
+//!
+//! * **Nothing is lost**: a record leaves the outbox only after the broker confirmed it. A
+//!   crash or a dropped connection between the confirm and the delete publishes it again
+//!   (with the same `x-acemq-id`, so an [idempotent](mod@super::idempotent) consumer ignores the
+//!   second one).
+//! * **Order**: records are offered oldest first and published in that order. A batch is
+//!   pipelined (all of it handed to the broker, then the confirms awaited). When a record fails
+//!   through its own fault (unroutable, nacked, no such exchange) the failure is counted against
+//!   it; a record that failed before is published **alone**, at the head of a sweep, before
+//!   anything behind it (a batch stops short of it), so the queue behind a failing record waits
+//!   until it goes out or retires at `max_attempts` — except records of the very batch in which
+//!   it first failed that the broker had already confirmed (sending them again would duplicate
+//!   them) and, on a started relay, the batch after it: a started relay hands over the next
+//!   full batch before it awaits the confirms of the one before (see below). Use
+//!   [`OutboxRelayOptions::batch_size`]`(1)` for strict order (a started relay then never has
+//!   two batches out at once).
+//! * **Pipelined**: a started relay keeps at most two batches out — the one whose confirms it
+//!   awaits and the next, handed over meanwhile — and, while the broker confirms them, deletes
+//!   the batch confirmed before them and leases the next in one commit
+//!   ([`OutboxStore::mark_published_and_lease`]); so a confirmed batch is deleted one batch
+//!   later than it could be (a crash in between publishes it again, as any crash between a
+//!   confirm and its delete does). A batch that is not full, a record that failed before and any
+//!   failure end the overlap: what is out settles, what was confirmed is deleted and what was
+//!   leased ahead is given back before anything more goes.
+//! * **A lease is the fence**: the relay publishes, awaits and deletes a record only while it
+//!   holds the record's lease, so no other relay (nor this one) leases it meanwhile. Each
+//!   batch's time counts from its lease, not from its hand-over: a batch leased ahead that
+//!   waited past a quarter of its lease behind slow confirms has its leases renewed
+//!   ([`OutboxStore::renew`]) before it goes, or is given back and leased afresh; and when
+//!   confirms are slower than half the lease (a stalled link), the leases of every record in
+//!   flight — the batch awaited and the one handed over behind it — are renewed and the relay
+//!   goes on waiting, up to eight times, rather than giving back records whose first copies may
+//!   still reach the broker. (A store that cannot renew gives up at half the lease, as a
+//!   timeout.)
+//! * What is not the record's fault is not counted: a dropped connection, a channel the broker
+//!   closed over another record's failure (that record's own `NotFound` is counted), a confirm
+//!   that timed out. Those records' leases are ended and they go out after recovery.
+//! * **Leases are given back** on every path: a record the relay leased and did not publish is
+//!   offered again at once (to this relay or another), not after the lease ran out, also when
+//!   the store fails mid-sweep (deleting what went out, counting a failure). A record that went
+//!   out but could not be deleted stays leased and is published again after the lease.
+//!
+//! ## Life cycle and threads
+//!
+//! The crate's rule (see the crate docs, "Life cycle"): configure, then start, then close.
+//!
+//! 1. [`OutboxRelay::new`] takes the connection, the store and [`OutboxRelayOptions`] (interval,
+//!    batch size), checks the options and starts nothing. The options are fixed from then on:
+//!    there is no setter on a relay, so none can be ignored.
+//! 2. [`OutboxRelay::start`] consumes the relay and returns a [`RunningRelay`] with one sweeper
+//!    thread (`acemq-outbox-relay`): it sweeps, and when a sweep finds less than a full batch
+//!    it waits the interval (or until it is closed).
+//! 3. [`RunningRelay::close`] stops the thread after its current sweep, deletes what went out,
+//!    gives back what it had leased, joins the thread, closes the relay's publisher and returns
+//!    a [`RelayReport`]. Dropping a [`RunningRelay`] does the same best-effort (blocking; errors
+//!    are logged).
+//!
+//! `sweep()` publishes one batch on the caller's thread, on a relay that was never started
+//! ([`OutboxRelay::sweep`]: tests, a service that flushes at the end of each request) or on a
+//! running one ([`RunningRelay::sweep`]); it may be called from any thread at any time, and
+//! sweeps of one relay never overlap. [`OutboxRelay::close`] closes the publisher of a relay
+//! that was never started. Two relays (threads or processes) on one table are kept apart by the
+//! store's leases.
 
 mod memory;
+mod record;
+mod relay;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql;
+mod store;
+
+pub use memory::{InMemoryOutboxStore, InMemoryOutboxStoreOptions};
+#[cfg(feature = "internals")]
+pub(crate) use record::take_message;
+pub use record::{record, record_message};
+pub use relay::{OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay};
 #[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres")))]
 pub(crate) use sql::record as record_from_row;
-
-pub use memory::InMemoryOutboxStore;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::{SqlOutboxStore, SqlOutboxStoreBuilder};
-
-/// A message to put in the outbox.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NewOutboxRecord {
-    /// The exchange to publish to (`""` for the default exchange).
-    pub exchange: String,
-    /// The routing key.
-    pub routing_key: String,
-    /// The message body.
-    pub body: Vec<u8>,
-    /// The body's content type, e.g. `application/json`.
-    pub content_type: String,
-    /// AMQP headers, stored as JSON text in the `headers` column.
-    pub headers: serde_json::Map<String, serde_json::Value>,
-}
-
-impl NewOutboxRecord {
-    /// The message id the relay publishes this record with, as `x-acemq-id` and as the AMQP
-    /// `message_id`, the same however often it is published: store it beside the business row
-    /// to point at its message. Always there on a record made by
-    /// [`record`](crate::patterns::relay::record) or [`record_message`](crate::patterns::relay::record_message);
-    /// `None` on one built by hand (or a row another program wrote) without a string
-    /// `x-acemq-id`: the relay then publishes it with an id derived from the row (its id, when
-    /// it was added, exchange, routing key, content type and body), the same on every publish.
-    pub fn message_id(&self) -> Option<&str> {
-        self.headers
-            .get(crate::envelope::headers::ID)
-            .and_then(serde_json::Value::as_str)
-            .filter(|id| !id.is_empty())
-    }
-}
-
-/// A record in the outbox.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OutboxRecord {
-    /// The record's id, increasing in insertion order.
-    pub id: i64,
-    /// The exchange to publish to.
-    pub exchange: String,
-    /// The routing key.
-    pub routing_key: String,
-    /// The message body.
-    pub body: Vec<u8>,
-    /// The body's content type.
-    pub content_type: String,
-    /// AMQP headers.
-    pub headers: serde_json::Map<String, serde_json::Value>,
-    /// When the record was added, in epoch milliseconds (the outbox lag is measured from here).
-    pub created_ms: i64,
-    /// Failed publish attempts so far.
-    pub attempts: i64,
-    /// The last failure's error text.
-    pub last_error: Option<String>,
-}
-
-/// The relay's view of an outbox: what to publish, and what became of it.
-pub trait OutboxStore: Send + Sync {
-    /// Up to `limit` records to publish, oldest first, leased to this store so that no other
-    /// relay is offered them while the lease holds. Retired records are not offered.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>>;
-
-    /// The record was published and confirmed: delete it. An unknown id is not an error.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn mark_published(&self, id: i64) -> Result<()>;
-
-    /// Publishing the record failed: count the attempt, keep `error`, end the lease.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn record_failure(&self, id: i64, error: &str) -> Result<()>;
-
-    /// The records that reached `max_attempts`, oldest first.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn retired(&self) -> Result<Vec<OutboxRecord>>;
-
-    /// Puts a (retired) record back in play: resets its attempts and lease.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn release(&self, id: i64) -> Result<()>;
-
-    /// Deletes several published records at once (one commit). Defaults to
-    /// [`mark_published`](Self::mark_published) for each.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
-        ids.iter().try_for_each(|id| self.mark_published(*id))
-    }
-
-    /// Deletes the published records `published`, then leases up to `limit` records as
-    /// [`pending`](Self::pending) does — in **one commit** where the store can, so that a relay
-    /// pays one database round trip and one durable commit per batch instead of two. On an
-    /// error neither happened (the published records stay, to be deleted by a later call).
-    /// Defaults to [`mark_published_many`](Self::mark_published_many) then `pending`.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn mark_published_and_lease(
-        &self,
-        published: &[i64],
-        limit: usize,
-    ) -> Result<Vec<OutboxRecord>> {
-        self.mark_published_many(published)?;
-        self.pending(limit)
-    }
-
-    /// Ends this store's lease on records it was offered but did not publish (the connection
-    /// dropped, the batch stopped short of them, the store failed mid-sweep), without counting
-    /// an attempt, so that they are offered again at once. Defaults to doing nothing: the
-    /// leases then run out by themselves.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn unlease(&self, ids: &[i64]) -> Result<()> {
-        let _ = ids;
-        Ok(())
-    }
-
-    /// Extends this store's lease on those of `ids` it still holds — leased to it, the lease
-    /// not run out — by a whole [`lease`](Self::lease) from now, and returns them; a record
-    /// whose lease ran out (another relay may hold it now) is not renewed. The relay renews the
-    /// leases of a batch whose confirms are slow to come (a stalled link) instead of giving the
-    /// records back while they may still reach the broker (which would publish them twice).
-    /// Defaults to renewing none: the relay then gives up on such a batch at half its lease.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn renew(&self, ids: &[i64]) -> Result<Vec<i64>> {
-        let _ = ids;
-        Ok(Vec::new())
-    }
-
-    /// How long a record [`pending`](Self::pending) returns stays leased. The relay keeps each
-    /// batch well inside it (half of it from the lease, then [`renew`](Self::renew)ing it), so
-    /// that a lease never runs out while this relay is still publishing the record and another
-    /// relay takes it too. Defaults to 30 s.
-    fn lease(&self) -> Duration {
-        Duration::from_secs(30)
-    }
-
-    /// How many records wait to be published (retired ones excluded) and when the oldest of
-    /// them was added.
-    ///
-    /// # Errors
-    ///
-    /// A store error, such as [`Error::Sql`].
-    fn stats(&self) -> Result<OutboxStats>;
-}
-
-/// The backlog of an outbox.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OutboxStats {
-    /// Records waiting to be published (not retired).
-    pub pending: u64,
-    /// `created_ms` of the oldest of them.
-    pub oldest_created_ms: Option<i64>,
-}
-
-fn headers_json(headers: &serde_json::Map<String, serde_json::Value>) -> Result<String> {
-    serde_json::to_string(headers).map_err(|e| Error::Codec {
-        content_type: "application/json".into(),
-        source: e.into(),
-    })
-}
+pub use sql::{SqlOutboxStore, SqlOutboxStoreOptions};
+pub use store::{NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};

@@ -1,233 +1,25 @@
-//! The outbox on SQLite or PostgreSQL.
+//! The SQL outbox store: its options, `add` on the caller's transaction, and the
+//! [`OutboxStore`] operations on connections of its own.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
+use super::row::{record, record_lossy};
+use super::statements::Statements;
 use crate::error::{Error, Result};
+use crate::patterns::outbox::store::{
+    headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore,
+};
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
-
-/// Where `Statements::lease` writes the limit into SQLite's lease statement.
-const LIMIT_MARK: &str = "%LIMIT%";
-
-const COLUMNS: &str =
-    "id, exchange, routing_key, body, content_type, headers, created_ms, attempts, last_error";
-
-#[derive(Debug)]
-struct Statements {
-    add: String,
-    pending: String,
-    delete: String,
-    failure: String,
-    retire: String,
-    retired: String,
-    release: String,
-    stats: String,
-    /// PostgreSQL only (empty on SQLite): see [`delete_and_lease_sql`].
-    delete_and_lease: String,
-    dialect: Dialect,
-    table: String,
-}
-
-impl Statements {
-    fn new(t: &str, dialect: Dialect) -> Statements {
-        let p = |s: String| dialect.placeholders(&s);
-        let lock = match dialect {
-            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
-            Dialect::Sqlite => "",
-        };
-        // Leases are written, and compared, with the database's clock.
-        let now = dialect.now_ms_sql();
-        // PostgreSQL: `id = ANY(ARRAY(…))` runs the locking subquery once, first, and finds
-        // the rows it picked by the primary key. Written `id IN (SELECT …)`, the planner may
-        // join it by hash against a sequential scan of the whole table (it does with a few
-        // thousand rows pending), so each lease read every pending row.
-        let (picked, end) = match dialect {
-            Dialect::Postgres => ("= ANY(ARRAY(", "))"),
-            Dialect::Sqlite => ("IN (", ")"),
-        };
-        // The limit: a parameter on PostgreSQL, written in by `lease` on SQLite.
-        let limit = match dialect {
-            Dialect::Postgres => "$4",
-            Dialect::Sqlite => LIMIT_MARK,
-        };
-        Statements {
-            add: p(format!(
-                "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
-                 created_ms, attempts, lease_until_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
-            )),
-            // $1 owner, $2 lease in ms, $3 max attempts, $4 limit (see `lease`)
-            pending: p(format!(
-                "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
-                 SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-                 ORDER BY id LIMIT {limit}{lock}{end} \
-                 AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
-            )),
-            delete: p(format!("DELETE FROM {t} WHERE id = $1")),
-            failure: p(format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
-                 lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
-            )),
-            retire: p(format!(
-                "UPDATE {t} SET attempts = $3, last_error = $2, \
-                 lease_owner = NULL, lease_until_ms = 0 WHERE id = $1"
-            )),
-            retired: p(format!(
-                "SELECT {COLUMNS} FROM {t} WHERE attempts >= $1 ORDER BY id"
-            )),
-            release: p(format!(
-                "UPDATE {t} SET attempts = 0, lease_owner = NULL, lease_until_ms = 0 \
-                 WHERE id = $1"
-            )),
-            stats: p(format!(
-                "SELECT COUNT(*), MIN(created_ms) FROM {t} WHERE attempts < $1"
-            )),
-            delete_and_lease: match dialect {
-                Dialect::Postgres => delete_and_lease_sql(t),
-                Dialect::Sqlite => String::new(),
-            },
-            dialect,
-            table: t.to_owned(),
-        }
-    }
-
-    /// The lease of up to `limit` records for `owner` (`pending`, and on SQLite the second
-    /// statement of the delete-and-lease): the statement and its parameters — the owner, the
-    /// lease, the attempts limit, and on PostgreSQL the record limit.
-    ///
-    /// On SQLite the limit is written into the statement, not bound: SQLite's planner reads a
-    /// bound `LIMIT`, so it marks the prepared statement stale whenever that parameter is
-    /// bound again or cleared — and rusqlite clears a cached statement's parameters each time
-    /// it goes back to the cache — after which SQLite compiles the whole statement anew at its
-    /// next step: a re-prepare on every lease (~250,000 instructions, measured). A relay leases
-    /// `batch_size` records each time, so its statement is one cached text. PostgreSQL
-    /// statements are not cached (see [`crate::sql`]): there it stays parameter `$4`.
-    fn lease(
-        &self,
-        owner: &str,
-        lease: Duration,
-        max_attempts: u32,
-        limit: usize,
-    ) -> (Cow<'_, str>, Vec<Value>) {
-        // At most `i64::MAX`: on SQLite a larger literal reads as a real number, which LIMIT
-        // refuses.
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut params = vec![
-            Value::Text(owner.to_owned()),
-            Value::Integer(sql::duration_ms(lease)),
-            Value::Integer(i64::from(max_attempts)),
-        ];
-        let sql = match self.dialect {
-            Dialect::Postgres => {
-                params.push(Value::Integer(limit));
-                Cow::Borrowed(self.pending.as_str())
-            }
-            Dialect::Sqlite => Cow::Owned(self.pending.replacen(LIMIT_MARK, &limit.to_string(), 1)),
-        };
-        (sql, params)
-    }
-
-    /// `… WHERE id IN ($2, $3, …)` for `n` ids after `first` other parameters.
-    fn ids_in(&self, first: usize, n: usize) -> String {
-        (first + 1..=first + n)
-            .map(|i| self.dialect.placeholder(i))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// `id IN (…)` for `n` ids from parameter `first + 1` on: on PostgreSQL one array
-    /// parameter (see [`id_list`]), so the statement is the same for every `n`; on SQLite one
-    /// parameter per id.
-    fn id_is_one_of(&self, first: usize, n: usize) -> String {
-        match self.dialect {
-            Dialect::Postgres => format!("id = ANY(${}::bigint[])", first + 1),
-            Dialect::Sqlite => format!("id IN ({})", self.ids_in(first, n)),
-        }
-    }
-
-    fn delete_many(&self, n: usize) -> String {
-        format!(
-            "DELETE FROM {} WHERE {}",
-            self.table,
-            self.id_is_one_of(0, n)
-        )
-    }
-
-    /// $1 owner, $2 lease in ms, the ids from $3: the leases this owner still holds (not run
-    /// out by the database's clock) extended by a whole lease from now.
-    fn renew_many(&self, n: usize) -> String {
-        let now = self.dialect.now_ms_sql();
-        format!(
-            "UPDATE {} SET lease_until_ms = {now} + {} \
-             WHERE lease_owner = {} AND lease_until_ms > {now} AND {} RETURNING id",
-            self.table,
-            self.dialect.placeholder(2),
-            self.dialect.placeholder(1),
-            self.id_is_one_of(2, n)
-        )
-    }
-
-    fn unlease_many(&self, n: usize) -> String {
-        format!(
-            "UPDATE {} SET lease_owner = NULL, lease_until_ms = 0 \
-             WHERE lease_owner = {} AND {}",
-            self.table,
-            self.dialect.placeholder(1),
-            self.id_is_one_of(1, n)
-        )
-    }
-
-    /// The parameters for [`id_is_one_of`](Self::id_is_one_of): one text array literal
-    /// (`{1,2,3}`, cast to `bigint[]` by the statement) on PostgreSQL, one integer per id on
-    /// SQLite.
-    fn id_params(&self, ids: &[i64]) -> Vec<Value> {
-        match self.dialect {
-            Dialect::Postgres => vec![id_list(ids)],
-            Dialect::Sqlite => ids.iter().map(|id| Value::Integer(*id)).collect(),
-        }
-    }
-}
-
-/// PostgreSQL: the delete of the published ids and the next lease in one statement (one
-/// round trip, one commit). $1–$4 as `pending`, the ids in $5; the lease never picks an id
-/// being deleted (a row whose lease ran out could otherwise be both deleted and leased by
-/// the one statement).
-fn delete_and_lease_sql(t: &str) -> String {
-    let now = Dialect::Postgres.now_ms_sql();
-    format!(
-        "WITH gone AS (DELETE FROM {t} WHERE id = ANY($5::bigint[])) \
-         UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id = ANY(ARRAY(\
-         SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-         AND id <> ALL($5::bigint[]) ORDER BY id LIMIT $4 FOR UPDATE SKIP LOCKED)) \
-         AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
-    )
-}
-
-/// `ids` as PostgreSQL's text form of an array, `{1,2,3}`, sent as one parameter.
-fn id_list(ids: &[i64]) -> Value {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(ids.len() * 8 + 2);
-    s.push('{');
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let _ = write!(s, "{id}");
-    }
-    s.push('}');
-    Value::Text(s)
-}
 
 static OWNERS: AtomicU64 = AtomicU64::new(0);
 
 /// An outbox in a SQL table (SQLite or PostgreSQL).
 ///
-/// See the [module docs](super) for the transaction and lease rules. `add` runs on the
+/// See the [module docs](crate::patterns::outbox) for the transaction and lease rules. `add` runs on the
 /// caller's transaction; every other operation gets a connection from the connections
-/// factory given to [`builder`](Self::builder), one per call, in autocommit mode.
+/// factory given to [`open`](Self::open), one per call, in autocommit mode.
 ///
 /// Each instance has its own lease owner id: two instances on one table are two relays.
 ///
@@ -236,7 +28,9 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
+/// use acemq_amqp::patterns::outbox::{
+///     NewOutboxRecord, OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
+/// };
 /// let path = std::env::temp_dir().join(format!("acemq-outbox-{}.db", std::process::id()));
 /// let open = move || {
 ///     rusqlite::Connection::open(&path).map_err(|e| acemq_amqp::Error::Sql {
@@ -245,7 +39,7 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 ///     })
 /// };
 /// let mut conn = open()?;
-/// let outbox = SqlOutboxStore::builder(open).table("doc_outbox").build()?;
+/// let outbox = SqlOutboxStore::open(open, SqlOutboxStoreOptions::default().table("doc_outbox"))?;
 /// outbox.create_table()?;
 ///
 /// let mut tx = conn.transaction().map_err(|e| acemq_amqp::Error::Sql {
@@ -281,67 +75,54 @@ pub struct SqlOutboxStore {
     statements: sql::PerDialect<Statements>,
 }
 
-/// Builds a [`SqlOutboxStore`].
-pub struct SqlOutboxStoreBuilder {
-    connect: Connect,
+/// Options for a [`SqlOutboxStore`], checked by [`SqlOutboxStore::open`].
+///
+/// ```
+/// use acemq_amqp::patterns::outbox::SqlOutboxStoreOptions;
+/// use std::time::Duration;
+/// let options = SqlOutboxStoreOptions::default()
+///     .table("orders_outbox")
+///     .max_attempts(5)
+///     .lease(Duration::from_secs(10));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqlOutboxStoreOptions {
     table: String,
     max_attempts: u32,
     lease: Duration,
 }
 
-impl SqlOutboxStoreBuilder {
+impl Default for SqlOutboxStoreOptions {
+    fn default() -> Self {
+        SqlOutboxStoreOptions {
+            table: sql::DEFAULT_OUTBOX_TABLE.to_owned(),
+            max_attempts: 10,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+impl SqlOutboxStoreOptions {
     /// The table's name, a plain identifier. Defaults to `acemq_outbox`.
+    #[must_use]
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
     }
 
-    /// Failed attempts after which a record is retired. Defaults to 10.
+    /// Failed attempts after which a record is retired (at least 1). Defaults to 10.
+    #[must_use]
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;
         self
     }
 
-    /// How long `pending` leases the records it returns. Defaults to 30 s.
+    /// How long `pending` leases the records it returns (at least 1 ms). Defaults to 30 s.
+    #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
-    }
-
-    /// Checks the settings and builds the store. Does not touch the database.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] for a table name that is not a plain identifier,
-    /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms.
-    pub fn build(self) -> Result<SqlOutboxStore> {
-        sql::check_identifier(&self.table)?;
-        if self.max_attempts == 0 {
-            return Err(Error::invalid("max_attempts must be at least 1"));
-        }
-        if self.lease.as_millis() == 0 {
-            return Err(Error::invalid("the outbox lease must be at least 1 ms"));
-        }
-        let n = OWNERS.fetch_add(1, Ordering::Relaxed);
-        let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
-        Ok(SqlOutboxStore {
-            statements: sql::PerDialect::new(),
-            connect: self.connect,
-            table: self.table,
-            max_attempts: self.max_attempts,
-            lease: self.lease,
-            owner,
-        })
-    }
-}
-
-impl fmt::Debug for SqlOutboxStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqlOutboxStoreBuilder")
-            .field("table", &self.table)
-            .field("max_attempts", &self.max_attempts)
-            .field("lease", &self.lease)
-            .finish_non_exhaustive()
     }
 }
 
@@ -357,19 +138,43 @@ impl fmt::Debug for SqlOutboxStore {
 }
 
 impl SqlOutboxStore {
-    /// A builder using `connect` as the connections factory for the store's own operations
-    /// (`pending`, `mark_published`, …): called once per operation.
-    pub fn builder<F, C>(connect: F) -> SqlOutboxStoreBuilder
+    /// A store with these options, using `connect` as the connections factory for its own
+    /// operations (`pending`, `mark_published`, …): called once per operation. Checks the
+    /// options; does not touch the database.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a table name that is not a plain identifier,
+    /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms.
+    pub fn open<F, C>(connect: F, options: SqlOutboxStoreOptions) -> Result<SqlOutboxStore>
     where
         F: Fn() -> Result<C> + Send + Sync + 'static,
         C: Sql + 'static,
     {
-        SqlOutboxStoreBuilder {
-            connect: sql::erase(connect),
-            table: sql::DEFAULT_OUTBOX_TABLE.to_owned(),
-            max_attempts: 10,
-            lease: Duration::from_secs(30),
+        let SqlOutboxStoreOptions {
+            table,
+            max_attempts,
+            lease,
+        } = options;
+        sql::check_identifier(&table)?;
+        if max_attempts == 0 {
+            return Err(Error::invalid("max_attempts must be at least 1"));
         }
+        if lease.as_millis() == 0 {
+            return Err(Error::invalid(format!(
+                "the outbox lease must be at least 1 ms, got {lease:?}"
+            )));
+        }
+        let n = OWNERS.fetch_add(1, Ordering::Relaxed);
+        let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
+        Ok(SqlOutboxStore {
+            statements: sql::PerDialect::new(),
+            connect: sql::erase(connect),
+            table,
+            max_attempts,
+            lease,
+            owner,
+        })
     }
 
     /// The table's name.
@@ -484,45 +289,6 @@ impl SqlOutboxStore {
             .map_err(|e| self.context(e, what))?;
         Ok(())
     }
-}
-
-pub(crate) fn record(row: &[Value]) -> Result<OutboxRecord> {
-    let headers = sql::col_text(row, 5)?;
-    let headers = if headers.is_empty() {
-        serde_json::Map::new()
-    } else {
-        serde_json::from_str(&headers).map_err(|e| Error::Codec {
-            content_type: "application/json".into(),
-            source: format!("the headers column is not a JSON object: {e}").into(),
-        })?
-    };
-    Ok(OutboxRecord {
-        id: sql::col_i64(row, 0)?,
-        exchange: sql::col_text(row, 1)?,
-        routing_key: sql::col_text(row, 2)?,
-        body: sql::col_bytes(row, 3)?,
-        content_type: sql::col_text(row, 4)?,
-        headers,
-        created_ms: sql::col_i64(row, 6)?,
-        attempts: sql::col_i64(row, 7)?,
-        last_error: sql::col_opt_text(row, 8)?,
-    })
-}
-
-/// What can be read of a row [`record`] refuses (a retired row another program wrote): its id,
-/// and every other column that reads, the rest left empty.
-fn record_lossy(row: &[Value]) -> Result<OutboxRecord> {
-    Ok(OutboxRecord {
-        id: sql::col_i64(row, 0)?,
-        exchange: sql::col_text(row, 1).unwrap_or_default(),
-        routing_key: sql::col_text(row, 2).unwrap_or_default(),
-        body: sql::col_bytes(row, 3).unwrap_or_default(),
-        content_type: sql::col_text(row, 4).unwrap_or_default(),
-        headers: serde_json::Map::new(),
-        created_ms: sql::col_i64(row, 6).unwrap_or_default(),
-        attempts: sql::col_i64(row, 7).unwrap_or_default(),
-        last_error: sql::col_opt_text(row, 8).unwrap_or_default(),
-    })
 }
 
 impl OutboxStore for SqlOutboxStore {
@@ -680,7 +446,8 @@ impl OutboxStore for SqlOutboxStore {
 
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
-    use super::*;
+    use super::{SqlOutboxStore, SqlOutboxStoreOptions};
+    use crate::patterns::outbox::store::{NewOutboxRecord, OutboxStore};
     use crate::sql::{checkout, SqliteManager};
     use rusqlite::StatementStatus;
 
@@ -694,10 +461,11 @@ mod tests {
             .max_size(1)
             .build(SqliteManager::file(dir.path().join("outbox.db")))
             .unwrap();
-        let store = SqlOutboxStore::builder(checkout(&pool))
-            .table(table)
-            .build()
-            .unwrap();
+        let store = SqlOutboxStore::open(
+            checkout(&pool),
+            SqlOutboxStoreOptions::default().table(table),
+        )
+        .unwrap();
         store.create_table().unwrap();
         let mut conn = pool.get().unwrap();
         let mut tx = conn.transaction().unwrap();

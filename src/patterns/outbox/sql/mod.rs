@@ -1,0 +1,9 @@
+//! The outbox on SQLite or PostgreSQL.
+
+mod row;
+mod statements;
+mod store;
+
+#[cfg(feature = "internals")]
+pub(crate) use row::record;
+pub use store::{SqlOutboxStore, SqlOutboxStoreOptions};
