@@ -26,9 +26,11 @@
 //! recovers), open their own channels on it, and remember its generation; a failure on their
 //! channel sends them back here for the next link.
 
+mod budget;
 mod options;
 mod topology;
 
+pub(crate) use budget::{ByteBudget, Reservation};
 pub use options::{Address, ConnectionOptions};
 pub(crate) use topology::{declare_queue_on, to_table};
 pub use topology::{
@@ -88,7 +90,7 @@ pub(crate) struct Shared {
     /// `service@host`, stamped as `x-acemq-origin` on what this connection publishes.
     pub(crate) origin: String,
     /// The bytes its publishers have handed over and not yet had answered.
-    pub(crate) budget: Arc<crate::publish::ByteBudget>,
+    pub(crate) budget: Arc<ByteBudget>,
     addresses: Vec<Address>,
     state: Mutex<LinkState>,
     changed: Condvar,
@@ -318,7 +320,7 @@ impl Connection {
         });
         let shared = Arc::new(Shared {
             origin: options.origin(),
-            budget: crate::publish::ByteBudget::new(options.max_unconfirmed_bytes),
+            budget: ByteBudget::new(options.max_unconfirmed_bytes),
             options,
             addresses,
             state: Mutex::new(LinkState::Up(link.clone())),
@@ -461,7 +463,7 @@ impl Connection {
         usize::try_from(self.shared.options.frame_max).unwrap_or(usize::MAX)
     }
 
-    pub(crate) fn budget(&self) -> &Arc<crate::publish::ByteBudget> {
+    pub(crate) fn budget(&self) -> &Arc<ByteBudget> {
         &self.shared.budget
     }
 
