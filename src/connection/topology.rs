@@ -13,7 +13,8 @@ use amiquip::{
     QueueDeleteOptions,
 };
 
-use super::{Connection, Link, Shared};
+use super::shared::Shared;
+use super::{Connection, Link};
 use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
 use crate::observe::ConnectionEvent;
