@@ -16,7 +16,8 @@ use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::replay;
 use acemq_amqp::patterns::request_reply::{serve, Requester};
 use acemq_amqp::patterns::scheduler::Scheduler;
-use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
+use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset};
+use acemq_amqp::StreamRetention;
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
 

@@ -42,5 +42,6 @@ pub use options::{Address, ConnectionOptions};
 pub(crate) use supervisor::backoff;
 pub(crate) use topology::{declare_queue_on, to_table};
 pub use topology::{
-    Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec, TopologyDifference,
+    Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec, StreamRetention,
+    TopologyDifference,
 };

@@ -138,7 +138,7 @@ fn reconnect(
                     amqp,
                     shared.options.operation_timeout,
                 ));
-                topology::redeclare(&shared, &new);
+                topology::redeclare(&shared.topology, shared.options.observer.as_ref(), &new);
                 let mut state = shared.state.lock();
                 if matches!(*state, LinkState::Closed) {
                     drop(state);
