@@ -256,3 +256,14 @@ impl Connection {
         result
     }
 }
+
+impl ConnectionOptions {
+    /// Opens the connection: see [`Connection::open_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::open_with`].
+    pub fn open(self) -> Result<Connection> {
+        Connection::open_with(self)
+    }
+}

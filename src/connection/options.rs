@@ -446,15 +446,6 @@ impl ConnectionOptions {
         }
         Ok(addresses)
     }
-
-    /// Opens the connection: see [`Connection::open_with`](crate::Connection::open_with).
-    ///
-    /// # Errors
-    ///
-    /// As [`Connection::open_with`](crate::Connection::open_with).
-    pub fn open(self) -> Result<crate::Connection> {
-        crate::Connection::open_with(self)
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use super::connect::connect_any;
 use super::link::{close_link, Link};
 use super::shared::{Control, LinkState, Shared};
-use super::topology;
+use super::topology::redeclare;
 use crate::observe::{ConnectionEvent, Observer};
 
 /// The capped exponential backoff with jitter for reconnect attempt `attempt` (from 1): a delay
@@ -138,7 +138,7 @@ fn reconnect(
                     amqp,
                     shared.options.operation_timeout,
                 ));
-                topology::redeclare(&shared.topology, shared.options.observer.as_ref(), &new);
+                redeclare(&shared.topology, shared.options.observer.as_ref(), &new);
                 let mut state = shared.state.lock();
                 if matches!(*state, LinkState::Closed) {
                     drop(state);
