@@ -1,5 +1,6 @@
 //! Connection options and AMQP URLs. Passwords are kept in [`Address`] and never shown.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,10 +181,12 @@ pub struct ConnectionOptions {
     pub(crate) observer: Arc<dyn Observer>,
     /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
     pub(crate) credentials: Option<crate::credentials::SharedSource>,
-    /// Run around every publish, outermost first.
-    pub(crate) publish_interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
-    /// Run around every handler, outermost first.
-    pub(crate) consume_interceptors: Vec<Arc<dyn crate::intercept::ConsumeInterceptor>>,
+    /// Run around every publish, outermost first. Type-erased: the engine's publish
+    /// interceptors, added and run by [`intercept`](crate::intercept) (which downcasts them), so
+    /// that the transport does not depend on the engine above it.
+    pub(crate) publish_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Run around every handler, outermost first. Type-erased, as `publish_interceptors`.
+    pub(crate) consume_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
     #[cfg(feature = "tls")]
     pub(crate) tls_roots: Vec<Vec<u8>>,
@@ -375,26 +378,6 @@ impl ConnectionOptions {
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
-        self
-    }
-
-    /// Adds a publish interceptor, run around every publish of this connection's publishers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    pub fn intercept_publish(
-        mut self,
-        interceptor: impl crate::intercept::PublishInterceptor,
-    ) -> Self {
-        self.publish_interceptors.push(Arc::new(interceptor));
-        self
-    }
-
-    /// Adds a consume interceptor, run around every handler of this connection's consumers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    pub fn intercept_consume(
-        mut self,
-        interceptor: impl crate::intercept::ConsumeInterceptor,
-    ) -> Self {
-        self.consume_interceptors.push(Arc::new(interceptor));
         self
     }
 
