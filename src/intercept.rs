@@ -2,7 +2,7 @@
 //!
 //! The family's shape (Python `interceptors.py`: one function handed the message and the rest
 //! of the work), in Rust's idiom: a trait whose method receives a `next` to call. Register them
-//! on [`ConnectionOptions`](crate::ConnectionOptions) with
+//! on [`ConnectionOptions`] with
 //! [`intercept_publish`](crate::ConnectionOptions::intercept_publish) and
 //! [`intercept_consume`](crate::ConnectionOptions::intercept_consume); every
 //! [`Publisher`](crate::Publisher) and consumer of that connection runs them.

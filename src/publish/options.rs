@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::codec::Codec;
 
-/// Options for a [`Publisher`].
+/// Options for a [`Publisher`](crate::Publisher).
 #[derive(Clone, Debug)]
 pub struct PublisherOptions {
     pub(super) window: usize,
@@ -38,7 +38,7 @@ impl PublisherOptions {
         self
     }
 
-    /// How long [`Publisher::publish`] and [`Ticket::wait`] wait for room, for recovery and for
+    /// How long [`Publisher::publish`](crate::Publisher::publish) and [`Ticket::wait`](crate::Ticket::wait) wait for room, for recovery and for
     /// the confirm. Defaults to 30 s.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -52,7 +52,7 @@ impl PublisherOptions {
         self
     }
 
-    /// The codec for [`Publisher::publish_value`]. Defaults to the connection's.
+    /// The codec for [`Publisher::publish_value`](crate::Publisher::publish_value). Defaults to the connection's.
     pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
         self.codec = Some(Arc::new(codec));
         self

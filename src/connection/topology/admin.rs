@@ -9,11 +9,11 @@ use crate::envelope::check_name;
 use crate::error::Result;
 
 impl Connection {
-    /// Passive check of a queue: its counts, or [`Error::NotFound`].
+    /// Passive check of a queue: its counts, or [`Error::NotFound`](crate::Error::NotFound).
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] when there is no such queue.
+    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such queue.
     pub fn queue_info(&self, name: &str) -> Result<QueueInfo> {
         check_name("queue", name, false)?;
         self.with_channel(|c| {
@@ -32,7 +32,7 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] when there is no such exchange.
+    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such exchange.
     pub fn check_exchange(&self, name: &str) -> Result<()> {
         check_name("exchange", name, false)?;
         self.with_channel(|c| {
@@ -80,7 +80,7 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] when there is no such queue.
+    /// [`Error::NotFound`](crate::Error::NotFound) when there is no such queue.
     pub fn purge_queue(&self, name: &str) -> Result<u32> {
         check_name("queue", name, false)?;
         self.with_channel(|c| {

@@ -26,8 +26,8 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::TopologyConflict`] when it exists with other settings (the broker's reason
-    /// names the argument; the connection keeps working); [`Error::ConnectionLost`] when the
+    /// [`Error::TopologyConflict`](crate::Error::TopologyConflict) when it exists with other settings (the broker's reason
+    /// names the argument; the connection keeps working); [`Error::ConnectionLost`](crate::Error::ConnectionLost) when the
     /// connection does not recover within the operation timeout.
     pub fn declare_exchange(&self, spec: &ExchangeSpec) -> Result<()> {
         check_name("exchange", &spec.name, false)?;
@@ -42,7 +42,7 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::TopologyConflict`] naming the queue and, in the broker's reason, the argument,
+    /// [`Error::TopologyConflict`](crate::Error::TopologyConflict) naming the queue and, in the broker's reason, the argument,
     /// when it exists with other settings; the connection keeps working.
     pub fn declare_queue(&self, spec: &QueueSpec) -> Result<QueueInfo> {
         spec.validate()?;
@@ -58,7 +58,7 @@ impl Connection {
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] when the queue or exchange does not exist.
+    /// [`Error::NotFound`](crate::Error::NotFound) when the queue or exchange does not exist.
     pub fn bind(&self, binding: &Binding) -> Result<()> {
         check_name("queue", &binding.queue, false)?;
         check_name("exchange", &binding.exchange, false)?;
