@@ -7,7 +7,8 @@ use amiquip::{Auth, ConnectionBlockedNotification, ConnectionTuning};
 use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use super::options::{Address, ConnectionOptions};
+use super::address::Address;
+use super::options::ConnectionOptions;
 use crate::error::{Error, Result};
 
 /// Tries each address once, in order.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::options::Address;
+use super::address::Address;
 use crate::error::{Error, Result};
 
 /// One live amiquip connection, with the generation it was made in.

@@ -26,6 +26,7 @@
 //! recovers), open their own channels on it, and remember its generation; a failure on their
 //! channel sends them back here for the next link.
 
+mod address;
 mod budget;
 mod connect;
 mod handle;
@@ -35,10 +36,11 @@ mod shared;
 mod supervisor;
 mod topology;
 
+pub use address::Address;
 pub(crate) use budget::{ByteBudget, Reservation};
 pub use handle::Connection;
 pub(crate) use link::Link;
-pub use options::{Address, ConnectionOptions};
+pub use options::ConnectionOptions;
 pub(crate) use supervisor::backoff;
 pub(crate) use topology::{declare_queue_on, to_table};
 pub use topology::{

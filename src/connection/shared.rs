@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use super::address::Address;
 use super::budget::ByteBudget;
 use super::link::Link;
-use super::options::{Address, ConnectionOptions};
+use super::options::ConnectionOptions;
 use super::topology::Topology;
 
 pub(crate) struct Shared {
