@@ -125,6 +125,7 @@ type Erased = Arc<dyn Any + Send + Sync>;
 impl ConnectionOptions {
     /// Adds a publish interceptor, run around every publish of this connection's publishers,
     /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
     pub fn intercept_publish(mut self, interceptor: impl PublishInterceptor) -> Self {
         let layer: Arc<dyn PublishInterceptor> = Arc::new(interceptor);
         self.publish_interceptors.push(Arc::new(layer));
@@ -133,6 +134,7 @@ impl ConnectionOptions {
 
     /// Adds a consume interceptor, run around every handler of this connection's consumers,
     /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
     pub fn intercept_consume(mut self, interceptor: impl ConsumeInterceptor) -> Self {
         let layer: Arc<dyn ConsumeInterceptor> = Arc::new(interceptor);
         self.consume_interceptors.push(Arc::new(layer));

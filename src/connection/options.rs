@@ -124,6 +124,7 @@ impl ConnectionOptions {
 
     /// Adds a broker address (`amqp://user:pass@host:port/vhost`). Several addresses form a
     /// cluster: each is tried in turn when connecting and reconnecting.
+    #[must_use]
     pub fn address(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
         self
@@ -131,6 +132,7 @@ impl ConnectionOptions {
 
     /// The AMQP heartbeat: a silent peer is noticed after about two intervals. Defaults to 10 s;
     /// zero disables it (not recommended: a dead peer then goes unnoticed).
+    #[must_use]
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = heartbeat;
         self
@@ -142,6 +144,7 @@ impl ConnectionOptions {
     /// connected, a running consumer one for its deliveries and its copy publisher's; opening
     /// one past the limit fails with an [`Error::Amqp`](crate::Error::Amqp) saying "no more
     /// channel ids are available", and the connection stays up.
+    #[must_use]
     pub fn channel_max(mut self, channel_max: u16) -> Self {
         self.channel_max = channel_max;
         self
@@ -159,12 +162,14 @@ impl ConnectionOptions {
     /// whole connection (`FRAME_ERROR`). Raise it for larger headers when the broker allows
     /// them (its `frame_max` setting); never set it above the broker's own value, which would
     /// make the agreed limit lower than the one checked.
+    #[must_use]
     pub fn frame_max(mut self, frame_max: u32) -> Self {
         self.frame_max = frame_max;
         self
     }
 
     /// Time allowed for the TCP connect and the AMQP handshake. Defaults to 10 s.
+    #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -172,12 +177,14 @@ impl ConnectionOptions {
 
     /// First delay before reconnecting; it doubles per failed attempt, with jitter, up to
     /// [`backoff_max`](Self::backoff_max). Defaults to 100 ms.
+    #[must_use]
     pub fn backoff_min(mut self, delay: Duration) -> Self {
         self.backoff_min = delay;
         self
     }
 
     /// Longest delay between reconnection attempts. Defaults to 10 s.
+    #[must_use]
     pub fn backoff_max(mut self, delay: Duration) -> Self {
         self.backoff_max = delay;
         self
@@ -185,6 +192,7 @@ impl ConnectionOptions {
 
     /// How long a declaration or channel open waits for a connection that is recovering.
     /// Defaults to 30 s.
+    #[must_use]
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
         self
@@ -193,6 +201,7 @@ impl ConnectionOptions {
     /// The connection's name, sent to the broker as the client property `information` (amiquip
     /// offers no `connection_name`) and shown by `rabbitmqctl list_connections client_properties`.
     /// Defaults to none.
+    #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -201,6 +210,7 @@ impl ConnectionOptions {
     /// The name of the service publishing, stamped on every message as
     /// `x-acemq-origin: {service}@{host}` (the host is this machine's hostname), as the Java and
     /// Go libraries stamp it. Defaults to `acemq`.
+    #[must_use]
     pub fn service(mut self, service: impl Into<String>) -> Self {
         self.service = service.into();
         self
@@ -211,6 +221,7 @@ impl ConnectionOptions {
     /// every publish out of amiquip's blocking path when the broker stops reading (a memory
     /// alarm, a stalled socket): amiquip's buffer is sized at twice this, at least 16 MiB. A
     /// single larger message goes alone. Defaults to 8 MiB.
+    #[must_use]
     pub fn max_unconfirmed_bytes(mut self, bytes: usize) -> Self {
         self.max_unconfirmed_bytes = bytes;
         self
@@ -226,6 +237,7 @@ impl ConnectionOptions {
 
     /// The default codec for publishers and consumers on this connection. Defaults to
     /// [`JsonCodec`].
+    #[must_use]
     pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
         self.codec = Arc::new(codec);
         self
@@ -234,6 +246,7 @@ impl ConnectionOptions {
     /// The observer of this connection and everything on it. A panic in it is caught and
     /// logged (at error the first time); the engine's threads go on. Defaults to
     /// [`LogObserver`].
+    #[must_use]
     pub fn observer(mut self, observer: impl Observer) -> Self {
         self.observer = crate::observe::Guarded::wrap(observer);
         self
@@ -243,6 +256,7 @@ impl ConnectionOptions {
     /// (for a private CA). The host name of the URL is verified against the broker's
     /// certificate. Defaults to the system's roots only.
     #[cfg(feature = "tls")]
+    #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
         self
@@ -251,6 +265,7 @@ impl ConnectionOptions {
     /// Takes the broker login from `source` (see [`credentials`](crate::credentials)), asked
     /// each time a connection is made, instead of the addresses' user and password. Defaults
     /// to the addresses' (`guest`/`guest` when they have none).
+    #[must_use]
     pub fn credentials(mut self, source: impl crate::credentials::CredentialsSource) -> Self {
         self.credentials = Some(Arc::new(source));
         self

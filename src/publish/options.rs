@@ -33,6 +33,7 @@ impl PublisherOptions {
 
     /// The most publishes awaiting a confirm at once; further callers wait for room. Defaults
     /// to 1024.
+    #[must_use]
     pub fn window(mut self, window: usize) -> Self {
         self.window = window;
         self
@@ -40,6 +41,7 @@ impl PublisherOptions {
 
     /// How long [`Publisher::publish`](crate::Publisher::publish) and [`Ticket::wait`](crate::Ticket::wait) wait for room, for recovery and for
     /// the confirm. Defaults to 30 s.
+    #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -47,12 +49,14 @@ impl PublisherOptions {
 
     /// Publish with the mandatory flag, so an unroutable message is returned rather than
     /// dropped. Defaults to true.
+    #[must_use]
     pub fn mandatory(mut self, mandatory: bool) -> Self {
         self.mandatory = mandatory;
         self
     }
 
     /// The codec for [`Publisher::publish_value`](crate::Publisher::publish_value). Defaults to the connection's.
+    #[must_use]
     pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
         self.codec = Some(Arc::new(codec));
         self
