@@ -6,10 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::streams::{
-    declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
-};
-use acemq_amqp::{Message, Outcome, Result};
+use acemq_amqp::patterns::streams::{declare_stream, read_stream, stream_offset_of, Offset};
+use acemq_amqp::{Message, Outcome, Result, StreamRetention};
 
 #[path = "common/ex.rs"]
 mod ex;

@@ -3,7 +3,7 @@
 //! ideas of it) is refused with a clear error and the connection stays usable.
 //! Run: `cargo run --example basic_topology_and_drift`.
 
-use acemq_amqp::{ExchangeKind, ExchangeSpec, Message, QueueSpec, Result};
+use acemq_amqp::{Binding, ExchangeKind, ExchangeSpec, Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
 mod ex;
@@ -20,7 +20,12 @@ fn example() -> Result<()> {
     let queue = ex::name("billing");
     connection.declare_exchange(&ExchangeSpec::new(&exchange, ExchangeKind::Topic))?;
     connection.declare_queue(&QueueSpec::new(&queue))?;
-    connection.bind_queue(&queue, &exchange, "order.*")?;
+    connection.bind(
+        &Binding::new()
+            .queue(&queue)
+            .exchange(&exchange)
+            .routing_key("order.*"),
+    )?;
     println!("declared topic exchange {exchange}, quorum queue {queue}, bound on order.*");
 
     connection.declare_queue(&QueueSpec::new(&queue))?;

@@ -14,8 +14,8 @@ use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };
 use acemq_amqp::{
-    dead_letter_queue, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec, Message,
-    Outcome, QueueSpec, Result, RetryPolicy,
+    dead_letter_queue, Binding, Connection, ConsumerOptions, ExchangeKind, ExchangeSpec, JsonCodec,
+    Message, Outcome, QueueSpec, Result, RetryPolicy,
 };
 
 #[path = "common/fail.rs"]
@@ -37,7 +37,12 @@ fn tour() -> Result<()> {
     let queue = format!("tour.orders.placed.{run}");
     connection.declare_exchange(&ExchangeSpec::new(&exchange, ExchangeKind::Topic))?;
     connection.declare_queue(&QueueSpec::new(&queue))?;
-    connection.bind_queue(&queue, &exchange, "order.placed")?;
+    connection.bind(
+        &Binding::new()
+            .queue(&queue)
+            .exchange(&exchange)
+            .routing_key("order.placed"),
+    )?;
 
     // A confirmed publish: `publish` returns once the broker has the message.
     let publisher = connection.publisher()?;
@@ -453,10 +458,8 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
         claim_key_of, ClaimCheckCodec, FilesystemClaimCheckStore,
     };
     use acemq_amqp::patterns::scheduler::Scheduler;
-    use acemq_amqp::patterns::streams::{
-        declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
-    };
-    use acemq_amqp::BytesCodec;
+    use acemq_amqp::patterns::streams::{declare_stream, read_stream, stream_offset_of, Offset};
+    use acemq_amqp::{BytesCodec, StreamRetention};
     use std::sync::{Arc, Mutex};
 
     // Scheduler: the invoice hops down the family's TTL ladder (acemq.schedule.1s here) and is

@@ -2,7 +2,7 @@
 //!
 //! The family's shape (Python `interceptors.py`: one function handed the message and the rest
 //! of the work), in Rust's idiom: a trait whose method receives a `next` to call. Register them
-//! on [`ConnectionOptions`](crate::ConnectionOptions) with
+//! on [`ConnectionOptions`] with
 //! [`intercept_publish`](crate::ConnectionOptions::intercept_publish) and
 //! [`intercept_consume`](crate::ConnectionOptions::intercept_consume); every
 //! [`Publisher`](crate::Publisher) and consumer of that connection runs them.
@@ -43,9 +43,11 @@
 //!
 //! The observer keeps working as before, beside the interceptors.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::connection::ConnectionOptions;
 use crate::consume::HandlerResult;
 use crate::envelope::Message;
 use crate::error::Result;
@@ -113,9 +115,36 @@ pub(crate) fn tell_answered(listeners: Vec<AnswerListener>, answer: &Result<()>)
     }
 }
 
+/// The connection's interceptors as [`ConnectionOptions`] keeps them: type-erased (the transport
+/// does not know this module), each an `Arc<dyn PublishInterceptor>` or an
+/// `Arc<dyn ConsumeInterceptor>` in an `Arc<dyn Any>`, added and downcast only here.
+type Erased = Arc<dyn Any + Send + Sync>;
+
+/// Registering interceptors: here, beside the traits, rather than with the rest of the options
+/// (the transport does not depend on the engine).
+impl ConnectionOptions {
+    /// Adds a publish interceptor, run around every publish of this connection's publishers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
+    pub fn intercept_publish(mut self, interceptor: impl PublishInterceptor) -> Self {
+        let layer: Arc<dyn PublishInterceptor> = Arc::new(interceptor);
+        self.publish_interceptors.push(Arc::new(layer));
+        self
+    }
+
+    /// Adds a consume interceptor, run around every handler of this connection's consumers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
+    pub fn intercept_consume(mut self, interceptor: impl ConsumeInterceptor) -> Self {
+        let layer: Arc<dyn ConsumeInterceptor> = Arc::new(interceptor);
+        self.consume_interceptors.push(Arc::new(layer));
+        self
+    }
+}
+
 /// The rest of a publish: the next interceptor, or the hand-over itself.
 pub struct PublishNext<'a> {
-    rest: &'a [Arc<dyn PublishInterceptor>],
+    rest: &'a [Erased],
     send: &'a dyn Fn(PublishContext) -> Result<Ticket>,
 }
 
@@ -126,14 +155,24 @@ impl PublishNext<'_> {
     ///
     /// What a later interceptor or the publish returns.
     pub fn run(self, context: PublishContext) -> Result<Ticket> {
-        match self.rest.split_first() {
-            Some((first, rest)) => first.publish(
+        // (Only `intercept_publish` adds to the list: every entry downcasts.)
+        let first = self.rest.split_first().map(|(first, rest)| {
+            let first = first.downcast_ref::<Arc<dyn PublishInterceptor>>();
+            (first, rest)
+        });
+        match first {
+            Some((Some(first), rest)) => first.publish(
                 context,
                 PublishNext {
                     rest,
                     send: self.send,
                 },
             ),
+            Some((None, rest)) => PublishNext {
+                rest,
+                send: self.send,
+            }
+            .run(context),
             None => (self.send)(context),
         }
     }
@@ -160,7 +199,7 @@ where
 
 /// Runs `interceptors` (outermost first) around `send`.
 pub(crate) fn run_publish(
-    interceptors: &[Arc<dyn PublishInterceptor>],
+    interceptors: &[Erased],
     context: PublishContext,
     send: &dyn Fn(PublishContext) -> Result<Ticket>,
 ) -> Result<Ticket> {
@@ -230,7 +269,7 @@ impl<'a> ConsumeContext<'a> {
 
 /// The rest of a delivery: the next interceptor, or the handler.
 pub struct ConsumeNext<'a> {
-    rest: &'a [Arc<dyn ConsumeInterceptor>],
+    rest: &'a [Erased],
     handler: &'a dyn Fn(&Message) -> HandlerResult,
 }
 
@@ -238,8 +277,13 @@ impl ConsumeNext<'_> {
     /// Runs the rest of the chain and the handler on `message` (the delivered one, or a
     /// changed clone of it).
     pub fn run(self, context: &mut ConsumeContext<'_>, message: &Message) -> HandlerResult {
-        match self.rest.split_first() {
-            Some((first, rest)) => first.consume(
+        // (Only `intercept_consume` adds to the list: every entry downcasts.)
+        let first = self.rest.split_first().map(|(first, rest)| {
+            let first = first.downcast_ref::<Arc<dyn ConsumeInterceptor>>();
+            (first, rest)
+        });
+        match first {
+            Some((Some(first), rest)) => first.consume(
                 context,
                 message,
                 ConsumeNext {
@@ -247,6 +291,11 @@ impl ConsumeNext<'_> {
                     handler: self.handler,
                 },
             ),
+            Some((None, rest)) => ConsumeNext {
+                rest,
+                handler: self.handler,
+            }
+            .run(context, message),
             None => (self.handler)(message),
         }
     }
@@ -287,7 +336,7 @@ where
 
 /// Runs `interceptors` (outermost first) around `handler`.
 pub(crate) fn run_consume(
-    interceptors: &[Arc<dyn ConsumeInterceptor>],
+    interceptors: &[Erased],
     context: &mut ConsumeContext<'_>,
     message: &Message,
     handler: &dyn Fn(&Message) -> HandlerResult,

@@ -242,7 +242,7 @@ pub mod trace;
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
-    QueueKind, QueueSpec, TopologyDifference,
+    QueueKind, QueueSpec, StreamRetention, TopologyDifference,
 };
 pub use consume::{
     failure_topology, CloseReport, Consumer, ConsumerOptions, FailureTopology, Handler,

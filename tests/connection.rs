@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
-    Connection, ConnectionOptions, Error, ExchangeKind, ExchangeSpec, Message, PublisherOptions,
-    QueueSpec,
+    Binding, Connection, ConnectionOptions, Error, ExchangeKind, ExchangeSpec, Message,
+    PublisherOptions, QueueSpec,
 };
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
@@ -81,7 +81,13 @@ fn declares_quorum_and_stream_queues_and_bindings() {
         .unwrap();
     conn.declare_queue(&QueueSpec::stream(&stream, Default::default()))
         .unwrap();
-    conn.bind_queue(&quorum, &x, "orders.*").unwrap();
+    conn.bind(
+        &Binding::new()
+            .queue(&quorum)
+            .exchange(&x)
+            .routing_key("orders.*"),
+    )
+    .unwrap();
     let p = conn.publisher().unwrap();
     p.publish(&x, "orders.placed", Message::new("a")).unwrap();
     assert!(p

@@ -39,7 +39,8 @@ fn exchange_and_queue(
     conn.declare_exchange(&ExchangeSpec::direct(&x)).unwrap();
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     for k in keys {
-        conn.bind(&Binding::new(&q, &x, *k)).unwrap();
+        conn.bind(&Binding::new().queue(&q).exchange(&x).routing_key(*k))
+            .unwrap();
     }
     (x, q)
 }
@@ -196,7 +197,8 @@ fn what_we_publish_carries_the_family_header_names_and_types() {
     let fanout = clean.exchange(&unique("contract-fanout"));
     conn.declare_exchange(&ExchangeSpec::new(&fanout, ExchangeKind::Fanout))
         .unwrap();
-    conn.bind(&Binding::new(&q, &fanout, "")).unwrap();
+    conn.bind(&Binding::new().queue(&q).exchange(&fanout).routing_key(""))
+        .unwrap();
     publisher.publish(&fanout, "", Message::new("{}")).unwrap();
     let (props, _, _) = raw.get(&q).expect("the message arrived");
     let table = props.headers().clone().unwrap();

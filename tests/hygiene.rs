@@ -17,7 +17,8 @@ use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };
 use acemq_amqp::patterns::scheduler::Scheduler;
-use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
+use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset};
+use acemq_amqp::StreamRetention;
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
 

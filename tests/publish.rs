@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use acemq_amqp::{
-    Error, ExchangeKind, ExchangeSpec, HeaderValue, Message, PublisherOptions, QueueSpec,
+    Binding, Error, ExchangeKind, ExchangeSpec, HeaderValue, Message, PublisherOptions, QueueSpec,
 };
 use support::{connect, unique, Cleanup};
 
@@ -258,7 +258,8 @@ fn one_message_to_two_routing_keys_the_second_unroutable_answers_each_caller_tru
     conn.declare_exchange(&ExchangeSpec::new(&x, ExchangeKind::Direct))
         .unwrap();
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    conn.bind_queue(&q, &x, "routed").unwrap();
+    conn.bind(&Binding::new().queue(&q).exchange(&x).routing_key("routed"))
+        .unwrap();
     let publisher = conn.publisher().unwrap();
     for _ in 0..20 {
         let m = Message::new("same message, two keys");

@@ -12,8 +12,8 @@ use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::ReplayEvent;
 use acemq_amqp::patterns::replay::{replay, Stopped};
 use acemq_amqp::{
-    dead_letter_queue, headers, Connection, ConsumerOptions, Error, ExchangeSpec, HandlerResult,
-    HeaderValue, Message, Outcome, QueueSpec, RetryPolicy,
+    dead_letter_queue, headers, Binding, Connection, ConsumerOptions, Error, ExchangeSpec,
+    HandlerResult, HeaderValue, Message, Outcome, QueueSpec, RetryPolicy,
 };
 use support::{connect, eventually, publish_n, unique, Cleanup};
 
@@ -44,7 +44,13 @@ fn dead_letters(conn: &Connection, clean: &mut Cleanup, n: usize) -> (String, St
     let x = clean.exchange(&unique("replay-x"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     conn.declare_exchange(&ExchangeSpec::direct(&x)).unwrap();
-    conn.bind_queue(&q, &x, "order.placed").unwrap();
+    conn.bind(
+        &Binding::new()
+            .queue(&q)
+            .exchange(&x)
+            .routing_key("order.placed"),
+    )
+    .unwrap();
     let publisher = conn.publisher().unwrap();
     let ids: Vec<String> = (0..n)
         .map(|i| {

@@ -13,8 +13,8 @@ use acemq_amqp::patterns::routing_slip::{
     follow_slip, route_of, route_queue, slip_from, start, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, ExchangeSpec, FatalError,
-    HeaderValue, Message, QueueSpec, RetryPolicy, RunningConsumer,
+    dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, ExchangeSpec,
+    FatalError, HeaderValue, Message, QueueSpec, RetryPolicy, RunningConsumer,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::raw::Raw;
@@ -122,7 +122,8 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
     let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
     queues(&conn, &mut clean, &names);
     for (s, q) in steps.iter().zip(&names) {
-        conn.bind_queue(q, &pipeline, s).unwrap();
+        conn.bind(&Binding::new().queue(q).exchange(&pipeline).routing_key(*s))
+            .unwrap();
     }
     let publisher = conn.publisher().unwrap();
     let seen: Seen = Arc::default();
@@ -355,7 +356,8 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
     let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
     queues(&conn, &mut clean, &names);
     for (s, q) in steps.iter().zip(&names) {
-        conn.bind_queue(q, &pipeline, s).unwrap();
+        conn.bind(&Binding::new().queue(q).exchange(&pipeline).routing_key(*s))
+            .unwrap();
     }
     let publisher = conn.publisher().unwrap();
     let fixed = Arc::new(AtomicBool::new(false));

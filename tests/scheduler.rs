@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use acemq_amqp::patterns::scheduler::{
     hop_plan, hop_plan_on, schedule_topology, Scheduler, SchedulerOptions,
 };
-use acemq_amqp::{headers, Connection, Error, HeaderValue, Message, QueueSpec};
+use acemq_amqp::{headers, Binding, Connection, Error, HeaderValue, Message, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use serde_json::Value;
 use support::raw::Raw;
@@ -410,7 +410,13 @@ fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound
     assert_eq!(scheduler.delivered(), 0);
     let q = clean.queue(&unique("sched-keep-dest"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    conn.bind_queue(&q, &x, "invoices").unwrap();
+    conn.bind(
+        &Binding::new()
+            .queue(&q)
+            .exchange(&x)
+            .routing_key("invoices"),
+    )
+    .unwrap();
     let raw = Raw::open();
     let (_, body) = receive(&raw, &q, WAIT).expect("delivered once bound");
     raw.close();

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::streams::{
     declare_stream, read_stream, read_stream_with, stream_offset_of, Offset, StreamOptions,
-    StreamReader, StreamRetention,
+    StreamReader,
 };
 use acemq_amqp::testing::FaultProxy;
+use acemq_amqp::StreamRetention;
 use acemq_amqp::{Connection, ConnectionOptions, Error, FatalError, Message, Outcome};
 use support::{connect, connect_with, eventually, unique, Cleanup};
 

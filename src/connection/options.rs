@@ -1,9 +1,11 @@
-//! Connection options and AMQP URLs. Passwords are kept in [`Address`] and never shown.
+//! Connection options. Passwords are kept in [`Address`] and never shown.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::address::Address;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{Error, Result};
 use crate::observe::{LogObserver, Observer};
@@ -13,140 +15,6 @@ const DEFAULT_FRAME_MAX: u32 = 131_072;
 
 /// AMQP 0-9-1's smallest `frame_max` (`frame-min-size`).
 const MIN_FRAME_MAX: u32 = 4096;
-
-/// One broker address parsed from an `amqp://` or `amqps://` URL.
-///
-/// `Debug` and `Display` show `amqp://user@host:port/vhost`: the password never appears.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Address {
-    pub(crate) tls: bool,
-    pub(crate) host: String,
-    pub(crate) port: u16,
-    pub(crate) user: String,
-    pub(crate) password: String,
-    pub(crate) vhost: String,
-}
-
-impl Address {
-    /// Parses `amqp[s]://[user[:password]@]host[:port][/vhost]`. User and password default to
-    /// `guest`, the port to 5672 (5671 for `amqps`), the vhost to `/`; `%2f` in the vhost is `/`.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for any other shape (the message never repeats the password).
-    pub fn parse(url: &str) -> Result<Address> {
-        let bad = |why: &str| Error::invalid(format!("bad AMQP URL: {why}"));
-        let (tls, rest) = if let Some(r) = url.strip_prefix("amqp://") {
-            (false, r)
-        } else if let Some(r) = url.strip_prefix("amqps://") {
-            (true, r)
-        } else {
-            return Err(bad("it must start with amqp:// or amqps://"));
-        };
-        if rest.contains('?') {
-            return Err(bad(
-                "query parameters are not supported; use ConnectionOptions",
-            ));
-        }
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], Some(&rest[i + 1..])),
-            None => (rest, None),
-        };
-        let (userinfo, hostport) = match authority.rfind('@') {
-            Some(i) => (Some(&authority[..i]), &authority[i + 1..]),
-            None => (None, authority),
-        };
-        let (user, password) = match userinfo {
-            Some(ui) => match ui.find(':') {
-                Some(i) => (decode(&ui[..i])?, decode(&ui[i + 1..])?),
-                None => (decode(ui)?, String::new()),
-            },
-            None => ("guest".to_string(), "guest".to_string()),
-        };
-        let default_port = if tls { 5671 } else { 5672 };
-        let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
-            let end = h.find(']').ok_or_else(|| bad("unclosed [ in host"))?;
-            let port = match &h[end + 1..] {
-                "" => default_port,
-                p => parse_port(p.strip_prefix(':').ok_or_else(|| bad("bad port"))?)?,
-            };
-            (h[..end].to_string(), port)
-        } else {
-            match hostport.rfind(':') {
-                Some(i) => (hostport[..i].to_string(), parse_port(&hostport[i + 1..])?),
-                None => (hostport.to_string(), default_port),
-            }
-        };
-        if host.is_empty() {
-            return Err(bad("the host is missing"));
-        }
-        let vhost = match path {
-            None | Some("") => "/".to_string(),
-            Some(p) => decode(p)?,
-        };
-        Ok(Address {
-            tls,
-            host,
-            port,
-            user,
-            password,
-            vhost,
-        })
-    }
-
-    /// `host:port`.
-    pub fn host_port(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-}
-
-fn parse_port(p: &str) -> Result<u16> {
-    p.parse()
-        .map_err(|_| Error::invalid(format!("bad AMQP URL: port {p:?} is not a number")))
-}
-
-fn decode(s: &str) -> Result<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| Error::invalid("bad AMQP URL: bad percent-escape"))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| Error::invalid("bad AMQP URL: escape is not UTF-8"))
-}
-
-impl fmt::Display for Address {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scheme = if self.tls { "amqps" } else { "amqp" };
-        let vhost = if self.vhost == "/" {
-            String::new()
-        } else {
-            self.vhost.replace('/', "%2f")
-        };
-        write!(f, "{scheme}://{}@{}/{vhost}", self.user, self.host_port())
-    }
-}
-
-impl fmt::Debug for Address {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Address({self})")
-    }
-}
 
 /// Options for [`Connection`](crate::Connection): addresses, heartbeat, timeouts, reconnect
 /// backoff, name, default codec and observer.
@@ -180,10 +48,12 @@ pub struct ConnectionOptions {
     pub(crate) observer: Arc<dyn Observer>,
     /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
     pub(crate) credentials: Option<crate::credentials::SharedSource>,
-    /// Run around every publish, outermost first.
-    pub(crate) publish_interceptors: Vec<Arc<dyn crate::intercept::PublishInterceptor>>,
-    /// Run around every handler, outermost first.
-    pub(crate) consume_interceptors: Vec<Arc<dyn crate::intercept::ConsumeInterceptor>>,
+    /// Run around every publish, outermost first. Type-erased: the engine's publish
+    /// interceptors, added and run by [`intercept`](crate::intercept) (which downcasts them), so
+    /// that the transport does not depend on the engine above it.
+    pub(crate) publish_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Run around every handler, outermost first. Type-erased, as `publish_interceptors`.
+    pub(crate) consume_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
     /// Extra trusted roots (PEM) for `amqps://` addresses.
     #[cfg(feature = "tls")]
     pub(crate) tls_roots: Vec<Vec<u8>>,
@@ -254,6 +124,7 @@ impl ConnectionOptions {
 
     /// Adds a broker address (`amqp://user:pass@host:port/vhost`). Several addresses form a
     /// cluster: each is tried in turn when connecting and reconnecting.
+    #[must_use]
     pub fn address(mut self, url: impl Into<String>) -> Self {
         self.urls.push(url.into());
         self
@@ -261,6 +132,7 @@ impl ConnectionOptions {
 
     /// The AMQP heartbeat: a silent peer is noticed after about two intervals. Defaults to 10 s;
     /// zero disables it (not recommended: a dead peer then goes unnoticed).
+    #[must_use]
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = heartbeat;
         self
@@ -272,6 +144,7 @@ impl ConnectionOptions {
     /// connected, a running consumer one for its deliveries and its copy publisher's; opening
     /// one past the limit fails with an [`Error::Amqp`](crate::Error::Amqp) saying "no more
     /// channel ids are available", and the connection stays up.
+    #[must_use]
     pub fn channel_max(mut self, channel_max: u16) -> Self {
         self.channel_max = channel_max;
         self
@@ -289,12 +162,14 @@ impl ConnectionOptions {
     /// whole connection (`FRAME_ERROR`). Raise it for larger headers when the broker allows
     /// them (its `frame_max` setting); never set it above the broker's own value, which would
     /// make the agreed limit lower than the one checked.
+    #[must_use]
     pub fn frame_max(mut self, frame_max: u32) -> Self {
         self.frame_max = frame_max;
         self
     }
 
     /// Time allowed for the TCP connect and the AMQP handshake. Defaults to 10 s.
+    #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -302,12 +177,14 @@ impl ConnectionOptions {
 
     /// First delay before reconnecting; it doubles per failed attempt, with jitter, up to
     /// [`backoff_max`](Self::backoff_max). Defaults to 100 ms.
+    #[must_use]
     pub fn backoff_min(mut self, delay: Duration) -> Self {
         self.backoff_min = delay;
         self
     }
 
     /// Longest delay between reconnection attempts. Defaults to 10 s.
+    #[must_use]
     pub fn backoff_max(mut self, delay: Duration) -> Self {
         self.backoff_max = delay;
         self
@@ -315,6 +192,7 @@ impl ConnectionOptions {
 
     /// How long a declaration or channel open waits for a connection that is recovering.
     /// Defaults to 30 s.
+    #[must_use]
     pub fn operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = timeout;
         self
@@ -323,6 +201,7 @@ impl ConnectionOptions {
     /// The connection's name, sent to the broker as the client property `information` (amiquip
     /// offers no `connection_name`) and shown by `rabbitmqctl list_connections client_properties`.
     /// Defaults to none.
+    #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -331,6 +210,7 @@ impl ConnectionOptions {
     /// The name of the service publishing, stamped on every message as
     /// `x-acemq-origin: {service}@{host}` (the host is this machine's hostname), as the Java and
     /// Go libraries stamp it. Defaults to `acemq`.
+    #[must_use]
     pub fn service(mut self, service: impl Into<String>) -> Self {
         self.service = service.into();
         self
@@ -341,6 +221,7 @@ impl ConnectionOptions {
     /// every publish out of amiquip's blocking path when the broker stops reading (a memory
     /// alarm, a stalled socket): amiquip's buffer is sized at twice this, at least 16 MiB. A
     /// single larger message goes alone. Defaults to 8 MiB.
+    #[must_use]
     pub fn max_unconfirmed_bytes(mut self, bytes: usize) -> Self {
         self.max_unconfirmed_bytes = bytes;
         self
@@ -356,6 +237,7 @@ impl ConnectionOptions {
 
     /// The default codec for publishers and consumers on this connection. Defaults to
     /// [`JsonCodec`].
+    #[must_use]
     pub fn codec(mut self, codec: impl Codec + 'static) -> Self {
         self.codec = Arc::new(codec);
         self
@@ -364,6 +246,7 @@ impl ConnectionOptions {
     /// The observer of this connection and everything on it. A panic in it is caught and
     /// logged (at error the first time); the engine's threads go on. Defaults to
     /// [`LogObserver`].
+    #[must_use]
     pub fn observer(mut self, observer: impl Observer) -> Self {
         self.observer = crate::observe::Guarded::wrap(observer);
         self
@@ -373,34 +256,16 @@ impl ConnectionOptions {
     /// (for a private CA). The host name of the URL is verified against the broker's
     /// certificate. Defaults to the system's roots only.
     #[cfg(feature = "tls")]
+    #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
-        self
-    }
-
-    /// Adds a publish interceptor, run around every publish of this connection's publishers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    pub fn intercept_publish(
-        mut self,
-        interceptor: impl crate::intercept::PublishInterceptor,
-    ) -> Self {
-        self.publish_interceptors.push(Arc::new(interceptor));
-        self
-    }
-
-    /// Adds a consume interceptor, run around every handler of this connection's consumers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    pub fn intercept_consume(
-        mut self,
-        interceptor: impl crate::intercept::ConsumeInterceptor,
-    ) -> Self {
-        self.consume_interceptors.push(Arc::new(interceptor));
         self
     }
 
     /// Takes the broker login from `source` (see [`credentials`](crate::credentials)), asked
     /// each time a connection is made, instead of the addresses' user and password. Defaults
     /// to the addresses' (`guest`/`guest` when they have none).
+    #[must_use]
     pub fn credentials(mut self, source: impl crate::credentials::CredentialsSource) -> Self {
         self.credentials = Some(Arc::new(source));
         self
@@ -446,15 +311,6 @@ impl ConnectionOptions {
         }
         Ok(addresses)
     }
-
-    /// Opens the connection: see [`Connection::open_with`](crate::Connection::open_with).
-    ///
-    /// # Errors
-    ///
-    /// As [`Connection::open_with`](crate::Connection::open_with).
-    pub fn open(self) -> Result<crate::Connection> {
-        crate::Connection::open_with(self)
-    }
 }
 
 #[cfg(test)]
@@ -473,27 +329,5 @@ mod tests {
         assert!(shown.contains("bob@broker:5673"), "{shown}");
         let opts = ConnectionOptions::new().address("amqp://bob:hunter2@h/");
         assert!(!format!("{opts:?}").contains("hunter2"));
-    }
-
-    #[test]
-    fn defaults() {
-        let a = Address::parse("amqp://localhost").unwrap();
-        assert_eq!((a.user.as_str(), a.password.as_str()), ("guest", "guest"));
-        assert_eq!(a.port, 5672);
-        assert_eq!(a.vhost, "/");
-        assert_eq!(Address::parse("amqps://h/").unwrap().port, 5671);
-    }
-
-    #[test]
-    fn refuses_bad_urls_without_echoing_passwords() {
-        for bad in [
-            "http://x",
-            "amqp://",
-            "amqp://u:pw@h:notaport/",
-            "amqp://h/?heartbeat=5",
-        ] {
-            let e = Address::parse(bad).unwrap_err();
-            assert!(!e.to_string().contains("pw@"), "{e}");
-        }
     }
 }

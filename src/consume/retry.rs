@@ -318,7 +318,12 @@ pub(crate) fn declare_rung(
 ) -> Result<()> {
     connection.declare_exchange(&ExchangeSpec::direct(RETRY_EXCHANGE))?;
     connection.declare_queue(&rung_spec(queue, delay, quorum))?;
-    connection.bind(&Binding::new(queue, RETRY_EXCHANGE, queue))
+    connection.bind(
+        &Binding::new()
+            .queue(queue)
+            .exchange(RETRY_EXCHANGE)
+            .routing_key(queue),
+    )
 }
 
 /// Everything a consumer of one queue declares for its failures (see [`failure_topology`]).
@@ -348,15 +353,24 @@ pub fn failure_topology(queue: &str, rungs: &[Duration]) -> FailureTopology {
     };
     for name in [dead_letter_queue(queue), parked_queue(queue)] {
         t.queues.push(QueueSpec::new(name.clone()).classic());
-        t.bindings
-            .push(Binding::new(name.clone(), DEAD_LETTER_EXCHANGE, name));
+        t.bindings.push(
+            Binding::new()
+                .queue(name.clone())
+                .exchange(DEAD_LETTER_EXCHANGE)
+                .routing_key(name),
+        );
     }
     if !rungs.is_empty() {
         t.exchanges.push(ExchangeSpec::direct(RETRY_EXCHANGE));
         for rung in rungs {
             t.queues.push(rung_spec(queue, *rung, false));
         }
-        t.bindings.push(Binding::new(queue, RETRY_EXCHANGE, queue));
+        t.bindings.push(
+            Binding::new()
+                .queue(queue)
+                .exchange(RETRY_EXCHANGE)
+                .routing_key(queue),
+        );
     }
     t
 }
@@ -372,11 +386,12 @@ pub(crate) fn declare_failure_topology(
     connection.declare_exchange(&ExchangeSpec::direct(DEAD_LETTER_EXCHANGE))?;
     for name in [dead_letter_queue(queue), parked_queue(queue)] {
         connection.declare_queue(&QueueSpec::new(name.clone()).classic())?;
-        connection.bind(&Binding::new(
-            name.clone(),
-            DEAD_LETTER_EXCHANGE,
-            name.clone(),
-        ))?;
+        connection.bind(
+            &Binding::new()
+                .queue(name.clone())
+                .exchange(DEAD_LETTER_EXCHANGE)
+                .routing_key(name.clone()),
+        )?;
     }
     for rung in policy.broker_rungs() {
         declare_rung(connection, queue, rung, policy.quorum_rungs)?;

@@ -268,7 +268,12 @@ impl SchedulerOptions {
         queues.push(QueueSpec::new(self.control_queue()).classic());
         let bindings = queues
             .iter()
-            .map(|q| Binding::new(q.name(), self.base.clone(), q.name()))
+            .map(|q| {
+                Binding::new()
+                    .queue(q.name())
+                    .exchange(self.base.clone())
+                    .routing_key(q.name())
+            })
             .collect();
         ScheduleTopology {
             exchange,

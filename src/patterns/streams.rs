@@ -41,7 +41,7 @@ use std::time::Duration;
 
 use time::OffsetDateTime;
 
-use crate::connection::{Connection, QueueInfo, QueueSpec};
+use crate::connection::{Connection, QueueInfo, QueueSpec, StreamRetention};
 use crate::consume::{
     CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer, StreamCursor,
 };
@@ -49,77 +49,8 @@ use crate::envelope::{HeaderValue, Message};
 use crate::error::{panic_message, Error, Result};
 use crate::stop::StopHandle;
 
-/// How much of a stream to keep. **All `None` (the default) keeps everything for ever.**
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StreamRetention {
-    /// Messages older than this are discarded (`x-max-age`, written in whole seconds rounded
-    /// up, with the largest unit that divides it: `7D`, `2h`, `10m`, `90s`). Defaults to none.
-    pub max_age: Option<Duration>,
-    /// The oldest messages are discarded once the stream holds more bytes than this
-    /// (`x-max-length-bytes`). Defaults to none.
-    pub max_bytes: Option<u64>,
-    /// How large each segment file grows (`x-stream-max-segment-size-bytes`); retention
-    /// discards whole segments, so a large segment makes retention coarse. Defaults to the
-    /// broker's (500 MB).
-    pub segment_bytes: Option<u64>,
-}
-
-impl StreamRetention {
-    /// Keeps everything: the default, spelled out.
-    pub fn unbounded() -> Self {
-        StreamRetention::default()
-    }
-
-    /// Sets [`max_age`](Self::max_age).
-    pub fn max_age(mut self, age: Duration) -> Self {
-        self.max_age = Some(age);
-        self
-    }
-
-    /// Sets [`max_bytes`](Self::max_bytes).
-    pub fn max_bytes(mut self, bytes: u64) -> Self {
-        self.max_bytes = Some(bytes);
-        self
-    }
-
-    /// Sets [`segment_bytes`](Self::segment_bytes).
-    pub fn segment_bytes(mut self, bytes: u64) -> Self {
-        self.segment_bytes = Some(bytes);
-        self
-    }
-
-    /// The queue arguments this retention declares.
-    pub(crate) fn apply(&self, mut spec: QueueSpec) -> QueueSpec {
-        if let Some(age) = self.max_age {
-            spec = spec.argument("x-max-age", max_age_arg(age));
-        }
-        if let Some(bytes) = self.max_bytes {
-            spec = spec.argument("x-max-length-bytes", clamp(bytes));
-        }
-        if let Some(bytes) = self.segment_bytes {
-            spec = spec.argument("x-stream-max-segment-size-bytes", clamp(bytes));
-        }
-        spec
-    }
-}
-
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// RabbitMQ's `x-max-age` text: whole seconds (rounded up, at least 1) in the largest unit
-/// that divides them.
-fn max_age_arg(age: Duration) -> String {
-    let mut secs = age.as_secs();
-    if age.subsec_nanos() > 0 || secs == 0 {
-        secs += 1;
-    }
-    match secs {
-        s if s.is_multiple_of(86_400) => format!("{}D", s / 86_400),
-        s if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
-        s if s.is_multiple_of(60) => format!("{}m", s / 60),
-        s => format!("{s}s"),
-    }
 }
 
 /// A stream as topology: the same as [`QueueSpec::stream`].
@@ -427,16 +358,6 @@ fn is_retry(e: &crate::error::BoxError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn max_age_is_written_in_the_largest_whole_unit() {
-        assert_eq!(max_age_arg(Duration::from_secs(7 * 86_400)), "7D");
-        assert_eq!(max_age_arg(Duration::from_secs(7_200)), "2h");
-        assert_eq!(max_age_arg(Duration::from_secs(600)), "10m");
-        assert_eq!(max_age_arg(Duration::from_secs(90)), "90s");
-        assert_eq!(max_age_arg(Duration::from_millis(1_500)), "2s");
-        assert_eq!(max_age_arg(Duration::ZERO), "1s");
-    }
 
     #[test]
     fn offsets_are_the_brokers_arguments() {

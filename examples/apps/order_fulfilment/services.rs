@@ -17,8 +17,8 @@ use acemq_amqp::patterns::request_reply::{
 };
 use acemq_amqp::patterns::saga::Saga;
 use acemq_amqp::{
-    dead_letter_queue, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec, Message,
-    Outcome, QueueSpec, Result, RetryPolicy, RunningConsumer,
+    dead_letter_queue, Binding, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec,
+    Message, Outcome, QueueSpec, Result, RetryPolicy, RunningConsumer,
 };
 use serde_json::{json, Value};
 
@@ -175,7 +175,12 @@ impl Fulfilment {
 
 pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<Fulfilment> {
     connection.declare_queue(&QueueSpec::new(&names.fulfilment))?;
-    connection.bind_queue(&names.fulfilment, &names.events, "order.placed")?;
+    connection.bind(
+        &Binding::new()
+            .queue(&names.fulfilment)
+            .exchange(&names.events)
+            .routing_key("order.placed"),
+    )?;
     let inventory = Arc::new(
         Requester::new(
             connection,
@@ -395,8 +400,18 @@ impl Notifications {
 
 pub fn notifications(connection: &Connection, names: &Names) -> Result<Notifications> {
     connection.declare_queue(&QueueSpec::new(&names.notifications))?;
-    connection.bind_queue(&names.notifications, &names.events, "order.shipped")?;
-    connection.bind_queue(&names.notifications, &names.events, "order.compensated")?;
+    connection.bind(
+        &Binding::new()
+            .queue(&names.notifications)
+            .exchange(&names.events)
+            .routing_key("order.shipped"),
+    )?;
+    connection.bind(
+        &Binding::new()
+            .queue(&names.notifications)
+            .exchange(&names.events)
+            .routing_key("order.compensated"),
+    )?;
     let (shipped, compensated) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (s, c) = (shipped.clone(), compensated.clone());
     let consumer = connection.consume(&names.notifications, move |m: &Message| {

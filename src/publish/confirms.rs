@@ -1,0 +1,171 @@
+//! The confirm thread (`acemq-confirms`): matches the broker's confirms and returns to the
+//! pending publishes and answers each caller.
+
+use std::time::Duration;
+
+use amiquip::{Confirm, Return};
+use crossbeam_channel::{never, select, Receiver};
+
+use super::state::{channel_failure, fail_all, Control, Shared};
+use crate::error::Error;
+use crate::observe::PublishOutcome;
+
+/// The confirm thread: matches confirms and returns to pending publishes.
+pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
+    let mut epoch = 0u64;
+    let mut confirms: Receiver<Confirm> = never();
+    let mut returns: Receiver<Return> = never();
+    loop {
+        select! {
+            recv(control) -> msg => match msg {
+                Ok(Control::Channel { epoch: e, confirms: c, returns: r }) => {
+                    epoch = e;
+                    confirms = c;
+                    returns = r;
+                }
+                Ok(Control::Stop) | Err(_) => {
+                    let mut state = shared.state.lock();
+                    state.closed = true;
+                    fail_all(&mut state, &shared.observer, |_| Error::Closed { what: "publisher" });
+                    shared.room.notify_all();
+                    return;
+                }
+            },
+            recv(returns) -> r => match r {
+                Ok(r) => mark_returned(shared, epoch, r),
+                Err(_) => returns = never(),
+            },
+            recv(confirms) -> c => match c {
+                Ok(confirm) => {
+                    // Every confirm already queued, resolved under one lock. A return is queued
+                    // before the ack of the same message: the returns are drained after the
+                    // confirms taken, so each of those confirms finds its return marked.
+                    let mut batch = vec![confirm];
+                    while batch.len() < CONFIRM_BATCH {
+                        match confirms.try_recv() {
+                            Ok(c) => batch.push(c),
+                            Err(_) => break,
+                        }
+                    }
+                    while let Ok(r) = returns.try_recv() {
+                        mark_returned(shared, epoch, r);
+                    }
+                    resolve(shared, epoch, batch);
+                }
+                Err(_) => {
+                    confirms = never();
+                    returns = never();
+                    // The channel is gone: taken out under the state lock, closed (to learn the
+                    // broker's reason) outside it.
+                    let broken = {
+                        let mut state = shared.state.lock();
+                        if state.epoch == epoch {
+                            state.current.take()
+                        } else {
+                            None
+                        }
+                    };
+                    if let Some(current) = broken {
+                        let channel = current
+                            .channel
+                            .try_lock_for(CHANNEL_FAILURE_WAIT)
+                            .and_then(|mut c| c.take());
+                        let failure = channel_failure(channel, amiquip::Error::EventLoopDropped);
+                        let mut state = shared.state.lock();
+                        // (A new channel installed meanwhile failed these already.)
+                        if state.epoch == epoch {
+                            fail_all(&mut state, &shared.observer, |p| {
+                                failure.error_for(&p.exchange)
+                            });
+                            shared.room.notify_all();
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
+fn mark_returned(shared: &Shared, epoch: u64, r: Return) {
+    let mut state = shared.state.lock();
+    if state.epoch != epoch {
+        return;
+    }
+    // The same message may be pending more than once (one id, several routing keys): a return
+    // belongs to the earliest pending publish of that id to that exchange and routing key (the
+    // broker returns in publish order, before the ack of the same message).
+    let id = r.properties.message_id().clone().unwrap_or_default();
+    if let Some(p) = state.pending.values_mut().find(|p| {
+        p.returned.is_none()
+            && p.message_id == id
+            && p.exchange == r.exchange
+            && p.routing_key == r.routing_key
+    }) {
+        p.returned = Some((r.reply_code, r.reply_text));
+    } else {
+        log::warn!(
+            "acemq: a return for message {id:?} to {:?} with routing key {:?} matched no \
+             pending publish",
+            r.exchange,
+            r.routing_key
+        );
+    }
+}
+
+/// The most confirms the confirm thread resolves under one lock.
+const CONFIRM_BATCH: usize = 256;
+
+/// How long the confirm thread waits for a broken channel's lock (a publish failing on it) to
+/// learn the broker's reason; past it the publishes are failed without it.
+const CHANNEL_FAILURE_WAIT: Duration = Duration::from_secs(5);
+
+fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
+    let mut done = Vec::new();
+    {
+        let mut state = shared.state.lock();
+        if state.epoch != epoch {
+            return;
+        }
+        for confirm in confirms {
+            let (payload, acked) = match confirm {
+                Confirm::Ack(p) => (p, true),
+                Confirm::Nack(p) => (p, false),
+            };
+            if payload.multiple {
+                let rest = state.pending.split_off(&(payload.delivery_tag + 1));
+                done.extend(
+                    std::mem::replace(&mut state.pending, rest)
+                        .into_values()
+                        .map(|p| (p, acked)),
+                );
+            } else if let Some(p) = state.pending.remove(&payload.delivery_tag) {
+                done.push((p, acked));
+            }
+        }
+        shared.room.notify_all();
+    }
+    for (p, acked) in done {
+        let (outcome, result) = match (acked, p.returned) {
+            (true, None) => (PublishOutcome::Confirmed, Ok(())),
+            (true, Some((reply_code, reply_text))) => (
+                PublishOutcome::Unroutable,
+                Err(Error::Unroutable {
+                    exchange: p.exchange.clone(),
+                    routing_key: p.routing_key,
+                    message_id: p.message_id,
+                    reply_code,
+                    reply_text,
+                }),
+            ),
+            (false, _) => (
+                PublishOutcome::Nacked,
+                Err(Error::Nacked {
+                    message_id: p.message_id,
+                }),
+            ),
+        };
+        shared.observer.published(&p.exchange, outcome);
+        crate::intercept::tell_answered(p.answered, &result);
+        let _ = p.reply.send(result);
+    }
+}

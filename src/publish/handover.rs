@@ -1,0 +1,289 @@
+//! Handing a publish to the channel: validated and checked against the frame limit, its bytes
+//! reserved, numbered under the state lock, handed to amiquip (waiting for room, recovery and
+//! the channel with the caller's deadline); and the checks every other publish shares.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use amiquip::Publish;
+use parking_lot::{Mutex, MutexGuard};
+
+use super::frame::check_message_fits;
+use super::publisher::Publisher;
+use super::state::{channel_failure, fail_all, Control, Current, Pending, State};
+use super::ticket::Ticket;
+use crate::connection::Reservation;
+use crate::envelope::{check_name, Message};
+use crate::error::{Error, Result};
+use crate::observe::{Observer, PublishOutcome};
+
+impl Publisher {
+    pub(super) fn publish_deferred_inner(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        mut message: Message,
+        mandatory: bool,
+        answered: Vec<crate::intercept::AnswerListener>,
+    ) -> Result<Ticket> {
+        let mut span = prepare(exchange, routing_key, &mut message)?;
+        let connection = &self.inner.connection;
+        let fits = check_message_fits(
+            &message,
+            routing_key,
+            connection.origin(),
+            connection.frame_max(),
+        );
+        if let Err(e) = fits {
+            span.end(Err(&e));
+            return Err(e);
+        }
+        let timeout = self.inner.options.timeout;
+        let deadline = Instant::now() + timeout;
+        let bytes = self.reserve_bytes(&message, deadline)?;
+        let (tx, rx) = oneshot::channel();
+        let pending = Pending {
+            _bytes: Some(bytes),
+            message_id: message.envelope.id.clone(),
+            exchange: exchange.to_string(),
+            routing_key: routing_key.to_string(),
+            returned: None,
+            reply: tx,
+            answered,
+        };
+        if let Err(e) = self.hand_over(
+            exchange,
+            routing_key,
+            &message,
+            pending,
+            mandatory,
+            deadline,
+        ) {
+            span.end(Err(&e));
+            return Err(e);
+        }
+        Ok(Ticket {
+            reply: rx,
+            message_id: message.envelope.id,
+            deadline,
+            timeout,
+            span,
+            blocked: self.inner.connection.shared.blocked.clone(),
+        })
+    }
+
+    /// Reserves the message's bytes among the connection's unconfirmed bytes, waiting for room
+    /// up to `deadline`.
+    fn reserve_bytes(&self, message: &Message, deadline: Instant) -> Result<Reservation> {
+        // The body and a generous allowance for the frame and header overhead.
+        let size = message.body.len().saturating_add(4096);
+        self.inner
+            .connection
+            .budget()
+            .reserve(size, deadline)
+            .ok_or_else(|| Error::Timeout {
+                what: "room among the connection's unconfirmed bytes (the broker is not \
+                       taking them: blocked, or a stalled connection)"
+                    .into(),
+                after: self.inner.options.timeout,
+            })
+    }
+
+    /// Waits (up to `deadline`) for room in the window and for a channel, opening one when
+    /// there is none; returns the locked state with a current channel.
+    fn room_and_channel(&self, deadline: Instant) -> Result<MutexGuard<'_, State>> {
+        let shared = &self.inner.shared;
+        let mut state = shared.state.lock();
+        loop {
+            if state.closed {
+                return Err(Error::Closed { what: "publisher" });
+            }
+            if state.pending.len() >= self.inner.options.window {
+                if shared.room.wait_until(&mut state, deadline).timed_out() {
+                    return Err(Error::Timeout {
+                        what: "room in the publisher's window".into(),
+                        after: self.inner.options.timeout,
+                    });
+                }
+                continue;
+            }
+            if state.current.is_none() {
+                drop(state);
+                self.open_channel(deadline)?;
+                state = shared.state.lock();
+                continue;
+            }
+            return Ok(state);
+        }
+    }
+
+    /// Numbers the message, hands its frames to amiquip and records it as pending. When the
+    /// channel turns out to be gone (nothing was handed over), fails what was in flight on it
+    /// and either reports (the broker closed the channel over this publish: a missing exchange)
+    /// or tries again on a new channel until `deadline`.
+    fn hand_over(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        message: &Message,
+        pending: Pending,
+        mandatory: bool,
+        deadline: Instant,
+    ) -> Result<()> {
+        let shared = &self.inner.shared;
+        let origin = Some(self.inner.connection.origin());
+        let mut properties = Some(message.to_properties(routing_key, origin));
+        let mut pending = Some(pending);
+        loop {
+            let (sender, epoch) = {
+                let state = self.room_and_channel(deadline)?;
+                match state.current.as_ref() {
+                    Some(current) => (current.channel.clone(), state.epoch),
+                    None => continue,
+                }
+            };
+            // Publishes on one channel go out one at a time, in the order they are numbered.
+            let Some(mut channel) = sender.try_lock_until(deadline) else {
+                return Err(Error::Timeout {
+                    what: "the publisher's channel (a publish before this one is still being \
+                           handed over: the broker is not reading?)"
+                        .into(),
+                    after: self.inner.options.timeout,
+                });
+            };
+            let tag = {
+                let mut state = shared.state.lock();
+                if state.closed {
+                    return Err(Error::Closed { what: "publisher" });
+                }
+                let full = state.pending.len() >= self.inner.options.window;
+                let same = state.epoch == epoch && channel.is_some();
+                match state.current.as_mut() {
+                    Some(current) if same && !full => {
+                        let tag = current.next_tag;
+                        current.next_tag += 1;
+                        if let Some(p) = pending.take() {
+                            state.pending.insert(tag, p);
+                        }
+                        tag
+                    }
+                    // Replaced, broken or full meanwhile: again from the top.
+                    _ => continue,
+                }
+            };
+            let publish = Publish {
+                body: &message.body,
+                routing_key: routing_key.to_string(),
+                mandatory,
+                immediate: false,
+                properties: properties
+                    .take()
+                    .unwrap_or_else(|| message.to_properties(routing_key, origin)),
+            };
+            let sent = match channel.as_ref() {
+                Some(c) => c.basic_publish(exchange, publish),
+                None => Err(amiquip::Error::EventLoopDropped),
+            };
+            let Err(e) = sent else {
+                return Ok(());
+            };
+            // Nothing was handed over: the channel is gone. Learn why (outside the state lock:
+            // amiquip reports the broker's reason on the channel's close), fail what was in
+            // flight on it, and take this publish back to try again on a new channel.
+            let broken = channel.take();
+            drop(channel);
+            let failure = channel_failure(broken, e);
+            let mut state = shared.state.lock();
+            pending = state.pending.remove(&tag);
+            if state.epoch == epoch {
+                state.current = None;
+                fail_all(&mut state, &shared.observer, |p| {
+                    failure.error_for(&p.exchange)
+                });
+                shared.room.notify_all();
+            }
+            drop(state);
+            if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
+                shared.observer.published(exchange, PublishOutcome::Failed);
+                return Err(err);
+            }
+            if pending.is_none() || Instant::now() >= deadline {
+                // (Without `pending`, it was failed already, by the confirm thread.)
+                return Err(Error::ConnectionLost {
+                    context: format!("publishing message {:?}", message.envelope.id),
+                });
+            }
+        }
+    }
+
+    /// Opens a confirm-mode channel on the current link and installs it, unless another caller
+    /// got there first.
+    fn open_channel(&self, deadline: Instant) -> Result<()> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let link = self.inner.connection.link(wait)?;
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let channel = link.open_channel_within(wait)?;
+        let setup = || -> std::result::Result<_, amiquip::Error> {
+            let returns = channel.listen_for_returns()?;
+            let confirms = channel.listen_for_publisher_confirms()?;
+            channel.enable_publisher_confirms()?;
+            Ok((confirms, returns))
+        };
+        let (confirms, returns) =
+            setup().map_err(|e| Error::amqp("opening the publisher's channel", e))?;
+        let shared = &self.inner.shared;
+        let mut state = shared.state.lock();
+        if state.closed {
+            return Err(Error::Closed { what: "publisher" });
+        }
+        if state.current.is_some() {
+            return Ok(()); // another caller installed one; ours is closed on drop
+        }
+        fail_all(&mut state, &shared.observer, |_| Error::ConnectionLost {
+            context: "waiting for a publish confirm".into(),
+        });
+        state.epoch += 1;
+        state.current = Some(Current {
+            channel: Arc::new(Mutex::new(Some(channel))),
+            next_tag: 1,
+        });
+        let _ = self.inner.control.send(Control::Channel {
+            epoch: state.epoch,
+            confirms,
+            returns,
+        });
+        Ok(())
+    }
+}
+
+/// Publishes on `channel` without a publisher confirm — a request (its reply is its
+/// confirmation), a reply to a transient reply queue — and reports it to `observer` as
+/// [`PublishOutcome::Unconfirmed`] (or [`Failed`](PublishOutcome::Failed)), as the
+/// [`Publisher`] reports its own publishes; a return of it is reported where it is read.
+pub(crate) fn send_unconfirmed(
+    channel: &amiquip::Channel,
+    exchange: &str,
+    publish: Publish<'_>,
+    observer: &dyn Observer,
+) -> std::result::Result<(), amiquip::Error> {
+    let sent = channel.basic_publish(exchange, publish);
+    let outcome = match sent {
+        Ok(()) => PublishOutcome::Unconfirmed,
+        Err(_) => PublishOutcome::Failed,
+    };
+    observer.published(exchange, outcome);
+    sent
+}
+
+/// What every publish does before its frames are built: the names and headers checked, the
+/// trace context stamped (with the `opentelemetry` feature, the `publish` span started).
+pub(crate) fn prepare(
+    exchange: &str,
+    routing_key: &str,
+    message: &mut Message,
+) -> Result<crate::trace::PublishSpan> {
+    check_name("exchange", exchange, true)?;
+    check_name("routing key", routing_key, true)?;
+    message.validate()?;
+    Ok(crate::trace::stamp(message, exchange, routing_key))
+}
