@@ -96,11 +96,6 @@ impl ConsumerOptions {
         self
     }
 
-    /// Shorthand for `retry(RetryPolicy::no_retry())`: the first failure dead-letters.
-    pub fn no_retry(self) -> Self {
-        self.retry(RetryPolicy::no_retry())
-    }
-
     /// Declare where the queue's failures go when the consumer is made, as the family's consumers
     /// do: `acemq.dlx` with `{queue}.dlq` and `{queue}.parked` bound to it, and, when the policy
     /// has broker rungs, `acemq.retry`, the rungs and the queue's binding to `acemq.retry`. The
