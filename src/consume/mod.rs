@@ -48,6 +48,31 @@
 //! dropped with a log line, because the broker redelivers them.
 //!
 //! amiquip always lets the broker choose the consumer tag, so no tag prefix can be set.
+//!
+//! # Files
+//!
+//! | file | its job |
+//! |---|---|
+//! | `options.rs` | [`ConsumerOptions`] and their validation |
+//! | `consumer.rs` | [`Consumer`]: made by `Connection::consumer` (validated, no threads), [`Consumer::run`] on the caller's thread |
+//! | `running.rs` | [`Consumer::start`], `Connection::consume`, [`RunningConsumer`] (close, wait, drop) |
+//! | `report.rs` | [`CloseReport`] |
+//! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
+//! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
+//! | `protocol.rs` | the messages between the threads: `Job`, `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg` |
+//! | `owner.rs` | the owner thread's loop: serving one subscription, settling (`settle`), shutting down |
+//! | `subscribe.rs` | one subscription's start and end: link, channel, `basic.consume`, `cancel_and_drain` |
+//! | `acks.rs` | `Acks`: which tags are settled; `Acks::flush`, the acknowledgements |
+//! | `ordered.rs` | ordered dispatch: keys, deliveries held behind a busy key |
+//! | `worker.rs` | the worker loop (`run`) and one delivery's step (`take`, also run inline by the owner) |
+//! | `source.rs` | where a worker reads (`Source::next`): the subscription's buffer, or the owner |
+//! | `step.rs` | a delivery's pieces: admitted, judged, finished (copy, then settlement), its trace and interceptors |
+//! | `batches.rs` | the batched worker loop ([`Handler::batch_limits`]) |
+//! | `at_most_once.rs` | at most once: the ack ahead of the handler, and a late ack's loss on the owner's side |
+//! | `copies.rs` | the copies a verdict needs (`carry_out`): retry, dead-letter, park, trimmed; published before the settlement |
+//! | `copy_failures.rs` | the back-off of an original whose copy failed |
+//! | `timer.rs` | the timer thread: retries held in the consumer (`fire`) |
+//! | `outcome.rs`, `retry.rs`, `reply.rs`, `stream_cursor.rs` | outcomes and verdicts; the family's retry policy and topology; a responder's staged replies; a stream reader's position |
 
 mod acks;
 mod at_most_once;

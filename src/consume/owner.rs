@@ -27,7 +27,7 @@
 //! A new subscription (reconnect) starts with no keys.
 //!
 //! [`Handler::ordering`]: super::Handler::ordering
-//! [`Feed`]: super::worker::Feed
+//! [`Feed`]: super::source::Feed
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
