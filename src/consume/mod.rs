@@ -60,7 +60,8 @@
 //! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
 //! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
 //! | `protocol.rs` | the messages between the threads: `Job`, `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg` |
-//! | `owner.rs` | the owner thread's loop: serving one subscription, settling (`settle`), shutting down |
+//! | `owner.rs` | the owner thread's loop: subscribing again after a reconnect, serving one subscription, shutting down |
+//! | `settle.rs` | one subscription's settlement state and applying settlements to it (`settle`) |
 //! | `subscribe.rs` | one subscription's start and end: link, channel, `basic.consume`, `cancel_and_drain` |
 //! | `acks.rs` | `Acks`: which tags are settled; `Acks::flush`, the acknowledgements |
 //! | `ordered.rs` | ordered dispatch: keys, deliveries held behind a busy key |
@@ -91,6 +92,7 @@ mod report;
 pub(crate) mod retry;
 mod running;
 mod runtime;
+mod settle;
 mod source;
 mod step;
 mod stream_cursor;
