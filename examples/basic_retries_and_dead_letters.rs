@@ -27,7 +27,10 @@ fn example() -> Result<()> {
     connection.declare_queue(&QueueSpec::new(&queue))?;
     // Three attempts: wait ~100 ms, then ~200 ms. Waits under 30 s are held in the consumer
     // (the delivery stays unacknowledged); longer ones go through `{queue}.retry.{N}` queues.
-    let policy = RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_secs(1));
+    let policy = RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_secs(1));
     let recovered = Arc::new(AtomicBool::new(false));
     let r = recovered.clone();
     let consumer = connection

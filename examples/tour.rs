@@ -73,7 +73,10 @@ fn tour() -> Result<()> {
     // family's arithmetic). Three attempts, waiting 200 ms then 400 ms (±20 % jitter): waits
     // under 30 s are spent in the consumer, longer ones on `{queue}.retry.{N}` rungs. The
     // default policy is the family's: no retry, the first failure goes to `{queue}.dlq`.
-    let ladder = RetryPolicy::exponential(3, Duration::from_millis(200), Duration::from_secs(1));
+    let ladder = RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(200))
+        .max_delay(Duration::from_secs(1));
     let flaky = format!("tour.flaky.{run}");
     connection.declare_queue(&QueueSpec::new(&flaky))?;
     let done = std::sync::Arc::new(AtomicU32::new(0));

@@ -47,7 +47,12 @@ fn run(
     publish_n(&conn, &q, n, false);
     let sizes = Arc::new(Mutex::new(Vec::new()));
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().prefetch(prefetch).no_retry())
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .prefetch(prefetch)
+                .retry(acemq_amqp::RetryPolicy::none()),
+        )
         .unwrap()
         .start(Batches {
             max,

@@ -262,7 +262,7 @@ fn logging_records_id_type_attempt_outcome_and_never_the_payload() {
         [with_logging()],
     );
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().no_retry())
+        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(handler)
         .unwrap();

@@ -178,7 +178,10 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
         .consumer(
             &q,
             ConsumerOptions::new().concurrency(4).prefetch(64).retry(
-                RetryPolicy::exponential(1000, Duration::from_millis(50), Duration::from_secs(2))
+                RetryPolicy::exponential()
+                    .max_attempts(1000)
+                    .initial_delay(Duration::from_millis(50))
+                    .max_delay(Duration::from_secs(2))
                     .jitter(0.2),
             ),
         )

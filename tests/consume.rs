@@ -23,7 +23,11 @@ const WAIT: Duration = Duration::from_secs(20);
 /// Three attempts, waiting 100 ms then 200 ms in the consumer (under the broker-wait
 /// threshold), without jitter.
 fn short_ladder() -> RetryPolicy {
-    RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_secs(1)).jitter(0.0)
+    RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_secs(1))
+        .jitter(0.0)
 }
 
 /// A gate handlers block at until the test opens it (drops `open`), at most `limit` each: no
@@ -277,7 +281,7 @@ fn in_progress_comes_back_later_with_its_attempt_unchanged_and_is_never_dead_let
     let s = seen.clone();
     // no_retry: a single failure would dead-letter, but in-progress never does.
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().no_retry())
+        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(move |m: &Message| {
             let mut s = s.lock().unwrap();
@@ -637,7 +641,7 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().no_retry())
+        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(move |m: &Message| {
             assert!(

@@ -237,7 +237,7 @@ fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_
     let got = Arc::new(Mutex::new(Vec::<Message>::new()));
     let g = got.clone();
     let reader = conn
-        .consumer(&dlq, ConsumerOptions::new().no_retry())
+        .consumer(&dlq, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(move |m: &Message| {
             g.lock().unwrap().push(m.clone());
@@ -301,7 +301,12 @@ fn a_dead_letter_queue_consumer_without_declarations_handles_its_messages_instea
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let reader = conn
-        .consumer(&dlq, ConsumerOptions::new().no_retry().declare(false))
+        .consumer(
+            &dlq,
+            ConsumerOptions::new()
+                .retry(RetryPolicy::none())
+                .declare(false),
+        )
         .unwrap()
         .start(move |_: &Message| {
             c.fetch_add(1, Ordering::SeqCst);

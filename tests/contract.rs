@@ -768,8 +768,14 @@ fn retry_names_and_policy_schedules_match_the_fixture() {
     };
     let s = Duration::from_secs;
     let policies = [
-        RetryPolicy::exponential(5, s(1), s(60)),
-        RetryPolicy::exponential(6, s(10), s(300)),
+        RetryPolicy::exponential()
+            .max_attempts(5)
+            .initial_delay(s(1))
+            .max_delay(s(60)),
+        RetryPolicy::exponential()
+            .max_attempts(6)
+            .initial_delay(s(10))
+            .max_delay(s(300)),
         RetryPolicy::fixed(4, s(60)),
         RetryPolicy::none(),
     ];

@@ -76,7 +76,10 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
         .consumer(
             &q,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(3)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )
@@ -127,7 +130,10 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
         .consumer(
             &q,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(5, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(5)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )
@@ -170,7 +176,7 @@ fn a_claim_held_by_a_live_lease_is_in_progress(db: &Db) {
     })
     .in_progress_delay(Duration::from_millis(150));
     let consumer = conn
-        .consumer(&q, ConsumerOptions::new().no_retry())
+        .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(move |m: &Message| {
             s.lock().unwrap().push(m.envelope.attempt);
@@ -448,7 +454,10 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
         .consumer(
             &q,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(3)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )
@@ -565,7 +574,10 @@ fn a_lease_taken_over_mid_handler_keeps_the_first_receipt(db: &Db) {
         .consumer(
             &q,
             ConsumerOptions::new().concurrency(2).prefetch(4).retry(
-                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(3)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )
@@ -655,7 +667,10 @@ fn consume_then_record_in_one_transaction(db: &Db) {
         .consumer(
             &q,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(3, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(3)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )
@@ -822,7 +837,10 @@ fn settle_one(
         .consumer(
             q,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(5, Duration::from_millis(100), Duration::from_millis(200))
+                RetryPolicy::exponential()
+                    .max_attempts(5)
+                    .initial_delay(Duration::from_millis(100))
+                    .max_delay(Duration::from_millis(200))
                     .jitter(0.0),
             ),
         )

@@ -68,7 +68,10 @@ fn an_inline_consumer_retries_in_the_consumer_and_dead_letters_the_last_attempt(
     let (flaky, doomed) = (ids[0].clone(), ids[1].clone());
     let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
-    let policy = RetryPolicy::exponential(3, Duration::from_millis(50), Duration::from_millis(100))
+    let policy = RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(100))
         .jitter(0.0);
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().retry(policy).inline(true))

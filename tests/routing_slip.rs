@@ -63,7 +63,7 @@ fn step(
         Some(p) => handler.pipeline(p),
         None => handler,
     };
-    conn.consumer(queue, ConsumerOptions::new().no_retry())
+    conn.consumer(queue, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(handler)
         .unwrap()
@@ -144,7 +144,7 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
                 Ok::<_, BoxError>(None)
             })
             .pipeline(pipeline.clone());
-            conn.consumer(q, ConsumerOptions::new().no_retry())
+            conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
                 .unwrap()
                 .start(handler)
                 .unwrap()
@@ -305,8 +305,10 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let publisher = conn.publisher().unwrap();
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
-    let policy =
-        RetryPolicy::exponential(50, Duration::from_millis(50), Duration::from_millis(200));
+    let policy = RetryPolicy::exponential()
+        .max_attempts(50)
+        .initial_delay(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(200));
     let consumer = conn
         .consumer(&first, ConsumerOptions::new().retry(policy))
         .unwrap()
@@ -375,7 +377,7 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
                 Ok(None)
             })
             .pipeline(pipeline.clone());
-            conn.consumer(q, ConsumerOptions::new().no_retry())
+            conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
                 .unwrap()
                 .start(handler)
                 .unwrap()

@@ -409,7 +409,10 @@ fn received_matches_what_a_consumer_hands_the_handler() {
         .unwrap();
     let got = std::sync::Mutex::new(None);
     let consumer = conn
-        .consumer(&q, acemq_amqp::ConsumerOptions::new().no_retry())
+        .consumer(
+            &q,
+            acemq_amqp::ConsumerOptions::new().retry(acemq_amqp::RetryPolicy::none()),
+        )
         .unwrap();
     let stop = consumer.stop_handle();
     std::thread::scope(|s| {

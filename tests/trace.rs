@@ -297,7 +297,10 @@ fn retry_copies_and_a_slip_hop_keep_the_trace() {
         .consumer(
             &retried,
             ConsumerOptions::new().retry(
-                RetryPolicy::exponential(3, Duration::from_millis(50), Duration::from_secs(1))
+                RetryPolicy::exponential()
+                    .max_attempts(3)
+                    .initial_delay(Duration::from_millis(50))
+                    .max_delay(Duration::from_secs(1))
                     .jitter(0.0)
                     .broker_wait_threshold(Duration::from_millis(80)),
             ),

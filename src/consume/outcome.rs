@@ -400,6 +400,27 @@ pub(crate) fn decide(result: std::thread::Result<HandlerResult>) -> Verdict {
     }
 }
 
+/// A duration the way Go prints one (`30s`, `2m0s`, `6h0m0s`, `1.5s`): the family's three
+/// libraries each print their own way, and this one reads best in a log line.
+pub(crate) fn format_duration(d: Duration) -> String {
+    let total = d.as_secs();
+    let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
+    let millis = d.subsec_millis();
+    let secs = if millis == 0 {
+        format!("{s}s")
+    } else {
+        let frac = format!("{millis:03}");
+        format!("{s}.{}s", frac.trim_end_matches('0'))
+    };
+    if h > 0 {
+        format!("{h}h{m}m{secs}")
+    } else if m > 0 {
+        format!("{m}m{secs}")
+    } else {
+        secs
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +464,13 @@ mod tests {
         let v = decide(panic);
         assert_eq!(v.label(), "retry");
         assert_eq!(v.error(), Some("panic: oops"));
+    }
+
+    #[test]
+    fn durations_print_as_go_does() {
+        assert_eq!(format_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m0s");
+        assert_eq!(format_duration(Duration::from_secs(6 * 3600)), "6h0m0s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
     }
 }

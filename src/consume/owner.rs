@@ -27,23 +27,30 @@
 //! A new subscription (reconnect) starts with no keys.
 //!
 //! [`Handler::ordering`]: super::Handler::ordering
-//! [`Feed`]: super::worker::Feed
+//! [`Feed`]: super::source::Feed
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Delivery};
+use amiquip::{Channel, ConsumerMessage, Delivery};
 use crossbeam_channel::{select, Receiver, Sender};
 
-use super::timer::TimerMsg;
-use super::worker::Feed;
-use super::{CloseReport, Context, Job, OrderBy, Settle, SettleAction};
-use std::sync::Arc;
-
-use crate::connection::Link;
+use super::acks::Acks;
+use super::context::Context;
+use super::ordered::Ordered;
+use super::outcome::OrderBy;
+use super::protocol::{Job, Settle, TimerMsg};
+use super::report::CloseReport;
+use super::settle::{finished_in, gone, settle, with_waiting, State};
+use super::source::Feed;
+use super::subscribe::{
+    begin_generation, consume_error, consume_on, count_returned, fail, reply_returned,
+    subscribe_channel, wait_for_link,
+};
+use super::timer::STOP_TIMEOUT;
 use crate::error::{Error, Result};
-use crate::observe::{PublishOutcome, Settlement};
+
+pub(crate) use super::subscribe::cancel_and_drain;
 
 /// Why the inner loop ended.
 enum End {
@@ -51,121 +58,6 @@ enum End {
     Stop(CloseReport),
     /// The channel or connection went away: subscribe again.
     Lost(String),
-}
-
-/// Which deliveries of one subscription are settled, by tag, and the acknowledgements that
-/// follow. Tags on a channel are consecutive from 1 (RabbitMQ numbers every delivery on a
-/// channel), so `front`, the lowest tag not known to be settled, is a delivery still running,
-/// held, or not yet read: nothing at or behind it is covered by a `multiple` ack.
-struct Acks {
-    front: u64,
-    /// Done, waiting for the next [`flush`](Self::flush).
-    done: BTreeMap<u64, Delivery>,
-    /// Settled above `front` (acknowledged alone, rejected, or acknowledged ahead of the
-    /// handler): passed over when `front` reaches them.
-    ahead: BTreeSet<u64>,
-    /// Set when `ahead` outgrew its bound (a tag that never settles, which would be a bug): from
-    /// then on every delivery is acknowledged alone, which is always exact.
-    single_only: bool,
-}
-
-impl Acks {
-    /// More than this many settled above a front that does not move: something never settles.
-    const AHEAD_BOUND: usize = 100_000;
-
-    fn new() -> Acks {
-        Acks {
-            front: 1,
-            done: BTreeMap::new(),
-            ahead: BTreeSet::new(),
-            single_only: false,
-        }
-    }
-
-    /// `delivery` may be acknowledged.
-    fn done(&mut self, delivery: Delivery) {
-        self.done.insert(delivery.delivery_tag(), delivery);
-    }
-
-    /// `tag` was settled some other way (rejected, or acknowledged already).
-    fn settled(&mut self, tag: u64) {
-        if tag >= self.front && !self.single_only {
-            self.ahead.insert(tag);
-        }
-    }
-
-    /// Acknowledges what is done: the completed run at the front with one `multiple` ack, every
-    /// other done delivery alone.
-    fn flush(&mut self, channel: &Channel) -> std::result::Result<(), amiquip::Error> {
-        let mut last = None;
-        while !self.single_only {
-            if let Some(d) = self.done.remove(&self.front) {
-                last = Some(d);
-            } else if !self.ahead.remove(&self.front) {
-                break;
-            }
-            self.front += 1;
-        }
-        if let Some(d) = last {
-            d.ack_multiple(channel)?;
-        }
-        while let Some((tag, d)) = self.done.pop_first() {
-            d.ack(channel)?;
-            self.settled(tag);
-        }
-        if self.ahead.len() > Self::AHEAD_BOUND {
-            log::error!(
-                "acemq: delivery {} was never settled; acknowledging every delivery on its own \
-                 from now on",
-                self.front
-            );
-            self.ahead.clear();
-            self.single_only = true;
-        }
-        Ok(())
-    }
-}
-
-/// Ordering keys busy in this subscription, each with the deliveries waiting for it, in
-/// delivery order.
-#[derive(Default)]
-struct Keys {
-    waiting: HashMap<String, VecDeque<Job>>,
-}
-
-impl Keys {
-    /// Takes `key` for a delivery: true when it was free (send the job now), false when the job
-    /// must wait (it was queued behind the key's holder).
-    fn take_or_queue(&mut self, key: &str, job: Job) -> Option<Job> {
-        match self.waiting.get_mut(key) {
-            Some(queue) => {
-                queue.push_back(job);
-                None
-            }
-            None => {
-                self.waiting.insert(key.to_string(), VecDeque::new());
-                Some(job)
-            }
-        }
-    }
-
-    /// The holder of `key` is done with it: the next job waiting for it, which now holds it,
-    /// or `None` (the key is free).
-    fn release(&mut self, key: &str) -> Option<Job> {
-        let queue = self.waiting.get_mut(key)?;
-        match queue.pop_front() {
-            Some(next) => Some(next),
-            None => {
-                self.waiting.remove(key);
-                None
-            }
-        }
-    }
-
-    /// Every job waiting for a key, emptied (closing).
-    fn drain(&mut self) -> Vec<Job> {
-        self.waiting.drain().flat_map(|(_, q)| q).collect()
-    }
 }
 
 /// Runs until stopped, recovering with the connection. `started` hears about the first
@@ -231,9 +123,7 @@ pub(crate) fn run(
         let mut state = State {
             generation,
             acks: Acks::new(),
-            keys: Keys::default(),
-            key_of: HashMap::new(),
-            order,
+            ordered: Ordered::new(order),
             ended: 0,
             reason: None,
         };
@@ -250,77 +140,6 @@ pub(crate) fn run(
             Err(e) => return Err(e),
         }
     }
-}
-
-/// Hands the responder's replies returned so far to its hooks.
-fn count_returned(ctx: &Context, returns: &Receiver<amiquip::Return>) {
-    for r in returns.try_iter() {
-        reply_returned(ctx, r);
-    }
-}
-
-/// A responder's reply the broker could not route.
-fn reply_returned(ctx: &Context, r: amiquip::Return) {
-    ctx.observer
-        .published(&r.exchange, PublishOutcome::Unroutable);
-    if let Some(hooks) = &ctx.replies {
-        hooks.returned(r);
-    }
-}
-
-/// Waits for a live link; `None` when stop was asked meanwhile. While recovering it waits on;
-/// before the first subscription (`first`) any error is returned, after it only `Closed`.
-fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
-    loop {
-        if ctx.stop_requested() {
-            return Ok(None);
-        }
-        match ctx.connection.link(Duration::from_millis(250)) {
-            Ok(link) => return Ok(Some(link)),
-            Err(e @ Error::Closed { .. }) => return Err(e),
-            Err(e) if first => return Err(e),
-            Err(_) => {}
-        }
-    }
-}
-
-/// A new subscription: its generation makes workers skip and the owner drop what belongs to the
-/// old channel. Jobs from the old channel still waiting for a worker are dropped now, so that
-/// the hand-off has room for the redeliveries and never blocks this thread (the broker sends at
-/// most `prefetch` unsettled on the new channel).
-fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
-    // The generation first: a worker whose delivery is not counted in flight for it
-    // (`InFlight::take`) then sees that it is from before the reconnect.
-    ctx.generation.store(generation, Ordering::SeqCst);
-    ctx.in_flight.begin(generation);
-    let dropped = stale.try_iter().count();
-    if dropped > 0 {
-        log::debug!(
-            "acemq: dropped {dropped} jobs on {:?} from before the reconnect",
-            ctx.queue
-        );
-    }
-}
-
-/// `basic.consume` on the queue with the consumer's options.
-fn consume_on<'c>(ctx: &Context, channel: &'c Channel) -> Result<amiquip::Consumer<'c>> {
-    let mut arguments = crate::connection::to_table(&ctx.arguments);
-    if let Some(next) = ctx.stream_cursor.as_ref().and_then(|c| c.resume_at()) {
-        // A stream reader subscribing again after a reconnect goes on where it was, not from
-        // the offset it first asked for.
-        arguments.insert(
-            "x-stream-offset".into(),
-            amiquip::AmqpValue::LongLongInt(i64::try_from(next).unwrap_or(i64::MAX)),
-        );
-    }
-    let options = AmqpConsumerOptions {
-        exclusive: ctx.exclusive,
-        arguments,
-        ..AmqpConsumerOptions::default()
-    };
-    channel
-        .basic_consume(ctx.queue.clone(), options)
-        .map_err(|e| consume_error(&ctx.queue, e))
 }
 
 /// Ends one subscription: cancels the amiquip consumer (unless stop already did) and says why.
@@ -341,28 +160,6 @@ fn end_subscription(ctx: &Context, end: &Result<End>, consumer: amiquip::Consume
     }
 }
 
-fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result<CloseReport> {
-    match started.take() {
-        Some(tx) => {
-            let _ = tx.send(Err(e));
-            Ok(CloseReport::default())
-        }
-        None => Err(e),
-    }
-}
-
-fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
-    let channel = link.open_channel()?;
-    channel
-        .qos(0, ctx.prefetch, false)
-        .map_err(|e| Error::amqp(format!("setting prefetch on {:?}", ctx.queue), e))?;
-    Ok(channel)
-}
-
-fn consume_error(queue: &str, e: amiquip::Error) -> Error {
-    Error::from_amqp_on("queue", queue, "consuming from", e)
-}
-
 /// The channels the owner thread talks through.
 pub(crate) struct Lines<'a> {
     /// Runs one delivery's handler on this thread, for a consumer without worker threads.
@@ -380,22 +177,6 @@ pub(crate) struct Lines<'a> {
     pub(crate) stop: &'a Receiver<()>,
     /// To the timer thread.
     pub(crate) timer: &'a Sender<TimerMsg>,
-}
-
-/// One subscription's settlement state.
-struct State<'a> {
-    generation: u64,
-    acks: Acks,
-    /// Ordering keys busy, with the deliveries waiting for each.
-    keys: Keys,
-    /// The key each delivery holding one holds, by tag.
-    key_of: HashMap<u64, String>,
-    order: Option<&'a OrderBy>,
-    /// Workers that found the subscription ended (its buffer disconnected).
-    ended: usize,
-    /// What ended it, when a worker read why (the broker cancelled the consumer, closed the
-    /// channel, …).
-    reason: Option<ConsumerMessage>,
 }
 
 fn serve(
@@ -527,233 +308,11 @@ fn wait_for_reason(
 
 /// A delivery the owner read (an ordered handler): to the workers, or held behind its key.
 fn dispatch(ctx: &Context, d: Delivery, state: &mut State<'_>, jobs: &Sender<Job>) {
-    let mut job = Job::taken(ctx, state.generation, d);
-    let key = state.order.and_then(|o| o.key_of(&job.message));
-    job.keyed = key.is_some();
-    job.hold = job.keyed && state.order.is_some_and(|o| o.holds_retries());
-    let job = match key {
-        Some(key) => {
-            state.key_of.insert(job.tag, key.clone());
-            state.keys.take_or_queue(&key, job)
-        }
-        None => Some(job),
-    };
-    if let Some(job) = job {
+    let job = Job::taken(ctx, state.generation, d);
+    if let Some(job) = state.ordered.admit(job) {
         // Never blocks: the channel holds `prefetch` jobs, each an unsettled delivery, and the
         // broker sends no more than that unsettled.
         let _ = jobs.send(job);
-    }
-}
-
-/// `first` and every settlement already waiting behind it: settled (and acknowledged) as one
-/// batch.
-fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Settle> {
-    let mut batch = vec![first];
-    batch.extend(settles.try_iter());
-    batch
-}
-
-/// The settlements in `batch` of handlers of this `generation` that ran: each, settled while
-/// closing, is a handler that finished in time.
-fn finished_in(batch: &[Settle], generation: u64) -> usize {
-    batch
-        .iter()
-        .filter(|s| s.generation == generation && s.started)
-        .filter(|s| !matches!(s.action, SettleAction::Signal(_)))
-        .count()
-}
-
-/// A delivery of subscription `generation` was settled: one fewer in flight.
-fn gone(ctx: &Context, generation: u64) {
-    ctx.in_flight.gone(generation);
-}
-
-/// The delivery `tag` no longer holds its key (settled, or its handler is done): the next
-/// delivery waiting for the key goes to the workers.
-fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
-    let Some(key) = state.key_of.remove(&tag) else {
-        return;
-    };
-    if let Some(next) = state.keys.release(&key) {
-        let _ = jobs.send(next);
-    }
-}
-
-/// Applies settlements, then acknowledges what is done (see [`Acks`]). The workers' signals of
-/// this subscription are recorded in `state` for the caller to act on.
-fn settle(
-    ctx: &Context,
-    channel: &Channel,
-    state: &mut State<'_>,
-    jobs: &Sender<Job>,
-    batch: Vec<Settle>,
-    report: &mut CloseReport,
-) -> std::result::Result<(), amiquip::Error> {
-    let generation = state.generation;
-    // At-most-once handlers waiting for their delivery's ack to reach the broker.
-    let mut acked_first = Vec::new();
-    for s in batch {
-        if s.generation != generation {
-            if matches!(s.action, SettleAction::Signal(_)) {
-                continue;
-            }
-            log::info!(
-                "acemq: dropping the outcome of a delivery on {:?} from before a reconnect; \
-                 the broker redelivers it",
-                ctx.queue
-            );
-            ctx.observer.settled(&Settlement {
-                queue: &ctx.queue,
-                outcome: "dropped",
-                attempt: 0,
-                handler_duration: Duration::ZERO,
-                message_id: "",
-                error: None,
-            });
-            continue;
-        }
-        match s.action {
-            SettleAction::Ack => {
-                release_key(state, s.tag, jobs);
-                // Without its delivery it was acknowledged ahead of its handler (at most once).
-                if let Some(d) = s.delivery {
-                    state.acks.done(d);
-                }
-                gone(ctx, generation);
-            }
-            SettleAction::Reply(reply) => {
-                // Before the acknowledgement, on the same channel: the broker has routed the
-                // reply by the time it takes the ack (`reply.rs`). If it cannot go out, neither
-                // can the ack: the request is redelivered and answered again.
-                reply.publish(channel, &*ctx.observer)?;
-                release_key(state, s.tag, jobs);
-                if let Some(d) = s.delivery {
-                    state.acks.done(d);
-                }
-                gone(ctx, generation);
-            }
-            SettleAction::Requeue => {
-                release_key(state, s.tag, jobs);
-                if !s.started {
-                    report.requeued += 1;
-                }
-                if let Some(d) = s.delivery {
-                    d.nack(channel, true)?;
-                    state.acks.settled(s.tag);
-                }
-                gone(ctx, generation);
-            }
-            SettleAction::Reject => {
-                release_key(state, s.tag, jobs);
-                if let Some(d) = s.delivery {
-                    d.nack(channel, false)?;
-                    state.acks.settled(s.tag);
-                }
-                gone(ctx, generation);
-            }
-            SettleAction::Released => release_key(state, s.tag, jobs),
-            SettleAction::Again(message) => {
-                if let Some(delivery) = s.delivery {
-                    let hold = state.order.is_some_and(|o| o.holds_retries());
-                    let _ = jobs.send(Job {
-                        generation,
-                        tag: s.tag,
-                        delivery,
-                        message: *message,
-                        keyed: true,
-                        hold,
-                    });
-                }
-            }
-            SettleAction::AckFirst(question) => match s.delivery {
-                Some(d) => {
-                    if let Err(e) = d.ack(channel) {
-                        question.answer(false);
-                        return Err(e);
-                    }
-                    state.acks.settled(s.tag);
-                    acked_first.push((s.tag, question));
-                }
-                None => {
-                    question.answer(false);
-                }
-            },
-            SettleAction::Signal(None) => state.ended += 1,
-            SettleAction::Signal(Some(reason)) => {
-                state.reason.get_or_insert(*reason);
-            }
-        }
-    }
-    if !acked_first.is_empty() {
-        // AMQP never answers an ack, and amiquip only queues it for the socket: a handler let
-        // go now could run while the ack is still on its way, and a cut then has the broker
-        // deliver the message again — a second run at most once forbids. A synchronous method
-        // on the same channel is answered only after the broker has processed everything sent
-        // before it, the acks included; re-stating the prefetch changes nothing.
-        let processed = channel.qos(0, ctx.prefetch, false);
-        for (tag, question) in acked_first {
-            if question.answer(processed.is_ok()) {
-                continue;
-            }
-            // Its worker gave up waiting for this answer and did not run the handler.
-            if processed.is_ok() {
-                acked_unhandled(ctx, &question);
-                release_key(state, tag, jobs);
-                gone(ctx, generation);
-            } else {
-                log::warn!(
-                    "acemq: message {} from {}: its acknowledgement ahead of the handler may \
-                     have reached the broker before the channel failed; its handler did not \
-                     run",
-                    question.id,
-                    ctx.who()
-                );
-            }
-        }
-        processed?;
-    }
-    state.acks.flush(channel)
-}
-
-/// At most once: a delivery the broker has taken the ack of, whose worker had given up waiting
-/// to hear so and did not run the handler: lost, and settled.
-fn acked_unhandled(ctx: &Context, question: &super::AckAhead) {
-    ctx.lost.fetch_add(1, Ordering::SeqCst);
-    let error = format!(
-        "lost (at most once): acknowledged, but the broker's word came after its worker had \
-         stopped waiting ({:?}); the handler did not run",
-        ctx.ack_first_wait
-    );
-    log::warn!("acemq: message {} from {}: {error}", question.id, ctx.who());
-    ctx.observer.settled(&Settlement {
-        queue: &ctx.queue,
-        outcome: "lost",
-        attempt: question.attempt,
-        handler_duration: Duration::ZERO,
-        message_id: &question.id,
-        error: Some(&error),
-    });
-}
-
-/// Cancels `consumer` and reads its receiver until amiquip reports the cancel, handing any
-/// delivery that was still on its way to `on_delivery`.
-///
-/// amiquip answers the cancel RPC first and only then sends `ClientCancelled` to the
-/// consumer's receiver; if the receiver is gone by then, amiquip's I/O thread treats it as an
-/// internal error and **drops the whole connection**. So an amiquip consumer must never be
-/// dropped before this has run (amiquip's own `Drop` cancels without waiting).
-pub(crate) fn cancel_and_drain(
-    queue: &str,
-    consumer: &amiquip::Consumer<'_>,
-    mut on_delivery: impl FnMut(Delivery),
-) {
-    if let Err(e) = consumer.cancel() {
-        // The channel or connection is gone: nothing more will be sent to the receiver.
-        log::debug!("acemq: cancelling the consumer of {queue:?}: {e}");
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while let Ok(ConsumerMessage::Delivery(d)) = consumer.receiver().recv_deadline(deadline) {
-        on_delivery(d);
     }
 }
 
@@ -776,9 +335,7 @@ fn shutdown(
     let generation = state.generation;
     ctx.stopping.store(true, Ordering::SeqCst);
     // Held retries go back to the queue unchanged; the timer answers on `settles`.
-    let _ = lines
-        .timer
-        .send_timeout(TimerMsg::Stop, super::timer::STOP_TIMEOUT);
+    let _ = lines.timer.send_timeout(TimerMsg::Stop, STOP_TIMEOUT);
     // Deliveries that were on their way before the cancel: back to the queue (workers reading
     // the subscription put back those they read; they see `stopping`).
     let acks = &mut state.acks;
@@ -791,12 +348,12 @@ fn shutdown(
     });
     // Jobs no worker has taken yet, and those waiting for their ordering key: back to the queue
     // now, not counted as running.
-    let waiting = state.keys.drain();
+    let waiting = state.ordered.drain();
     for job in lines.queued.try_iter().chain(waiting) {
         if job.generation != generation {
             continue;
         }
-        state.key_of.remove(&job.tag);
+        state.ordered.forget(job.tag);
         if job.delivery.nack(channel, true).is_ok() {
             state.acks.settled(job.tag);
             report.requeued += 1;

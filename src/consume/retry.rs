@@ -29,7 +29,10 @@ pub const DEFAULT_BROKER_WAIT_THRESHOLD: Duration = Duration::from_secs(30);
 /// use acemq_amqp::RetryPolicy;
 /// use std::time::Duration;
 /// // 6 attempts; waits of 10 s and 20 s in the consumer, then 40 s, 80 s and 160 s on rungs.
-/// let policy = RetryPolicy::exponential(6, Duration::from_secs(10), Duration::from_secs(300));
+/// let policy = RetryPolicy::exponential()
+///     .max_attempts(6)
+///     .initial_delay(Duration::from_secs(10))
+///     .max_delay(Duration::from_secs(300));
 /// assert_eq!(policy.schedule().len(), 5);
 /// assert_eq!(policy.broker_rungs(), vec![
 ///     Duration::from_secs(40), Duration::from_secs(80), Duration::from_secs(160),
@@ -70,19 +73,17 @@ impl RetryPolicy {
         }
     }
 
-    /// Same as [`none`](Self::none).
-    pub fn no_retry() -> Self {
-        RetryPolicy::none()
-    }
-
-    /// `max_attempts` in all, waiting `initial` before the second, doubling each time up to
-    /// `max_delay`, with ±20 % jitter on waits spent in the consumer.
-    pub fn exponential(max_attempts: u32, initial: Duration, max_delay: Duration) -> Self {
+    /// The family's exponential policy: [`max_attempts`](Self::max_attempts) in all, waiting
+    /// [`initial_delay`](Self::initial_delay) before the second, doubling each time up to
+    /// [`max_delay`](Self::max_delay), with ±20 % jitter on waits spent in the consumer (the
+    /// family's `exponential(n, initial, max)`). Defaults to 3 attempts, an initial delay of
+    /// 1 s and a longest wait of 60 s: set the three.
+    pub fn exponential() -> Self {
         RetryPolicy {
-            max_attempts,
-            initial_delay: initial,
+            max_attempts: 3,
+            initial_delay: Duration::from_secs(1),
             multiplier: 2.0,
-            max_delay: Some(max_delay),
+            max_delay: Some(Duration::from_secs(60)),
             jitter: 0.2,
             ..RetryPolicy::none()
         }
@@ -100,13 +101,25 @@ impl RetryPolicy {
         }
     }
 
-    /// Sets the number of attempts in all (at least 1).
+    /// Sets the number of attempts in all (at least 1: 0 is refused when the consumer is made).
+    /// Defaults to 1 for [`none`](Self::none) and 3 for [`exponential`](Self::exponential).
+    #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
     }
 
-    /// Sets the factor each wait grows by (at least 1).
+    /// Sets the wait before the second attempt. Defaults to 1 s for
+    /// [`exponential`](Self::exponential) (for [`fixed`](Self::fixed), its delay).
+    #[must_use]
+    pub fn initial_delay(mut self, delay: Duration) -> Self {
+        self.initial_delay = delay;
+        self
+    }
+
+    /// Sets the factor each wait grows by (at least 1). Defaults to 2 for
+    /// [`exponential`](Self::exponential), 1 for [`fixed`](Self::fixed).
+    #[must_use]
     pub fn multiplier(mut self, multiplier: f64) -> Self {
         self.multiplier = multiplier;
         self
@@ -114,13 +127,17 @@ impl RetryPolicy {
 
     /// Sets the jitter factor (0 to 1): a wait spent in the consumer is multiplied by a uniform
     /// random factor in `[1 - jitter, 1 + jitter)`. Broker waits are never jittered (a rung has
-    /// one TTL).
+    /// one TTL). Defaults to 0.2 for [`exponential`](Self::exponential), 0 for
+    /// [`fixed`](Self::fixed).
+    #[must_use]
     pub fn jitter(mut self, jitter: f64) -> Self {
         self.jitter = jitter;
         self
     }
 
-    /// Sets the longest wait. Defaults to no cap for [`fixed`](Self::fixed).
+    /// Sets the longest wait. Defaults to 60 s for [`exponential`](Self::exponential), no cap
+    /// for [`fixed`](Self::fixed).
+    #[must_use]
     pub fn max_delay(mut self, max: Duration) -> Self {
         self.max_delay = Some(max);
         self
@@ -128,6 +145,7 @@ impl RetryPolicy {
 
     /// Sets the age (since `x-acemq-first-seen`) past which a failing message is not retried but
     /// dead-lettered. Defaults to no limit.
+    #[must_use]
     pub fn max_message_age(mut self, age: Duration) -> Self {
         self.max_message_age = Some(age).filter(|a| !a.is_zero());
         self
@@ -135,6 +153,7 @@ impl RetryPolicy {
 
     /// Sets the shortest wait spent on a broker rung; shorter waits are spent in the consumer.
     /// Defaults to 30 s.
+    #[must_use]
     pub fn broker_wait_threshold(mut self, threshold: Duration) -> Self {
         self.broker_wait_threshold = threshold;
         self
@@ -155,6 +174,7 @@ impl RetryPolicy {
     /// consumer of the queue sets it, and delete the classic rungs before switching. Needs
     /// RabbitMQ 3.10 or later. The scheduler's rungs are not affected (that topology is
     /// shared). Defaults to `false`.
+    #[must_use]
     pub fn quorum_rungs(mut self, quorum: bool) -> Self {
         self.quorum_rungs = quorum;
         self
@@ -257,7 +277,9 @@ impl RetryPolicy {
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.max_attempts == 0 {
-            return Err(Error::invalid("max_attempts must be at least 1"));
+            return Err(Error::invalid(
+                "the retry policy's max_attempts must be at least 1, not 0",
+            ));
         }
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return Err(Error::invalid(format!(
@@ -408,10 +430,16 @@ mod tests {
 
     #[test]
     fn policy_arithmetic_matches_the_family() {
-        let p = RetryPolicy::exponential(5, S(1), S(60));
+        let p = RetryPolicy::exponential()
+            .max_attempts(5)
+            .initial_delay(S(1))
+            .max_delay(S(60));
         assert_eq!(p.schedule(), vec![S(1), S(2), S(4), S(8)]);
         assert!(p.broker_rungs().is_empty());
-        let p = RetryPolicy::exponential(6, S(10), S(300));
+        let p = RetryPolicy::exponential()
+            .max_attempts(6)
+            .initial_delay(S(10))
+            .max_delay(S(300));
         assert_eq!(p.broker_rungs(), vec![S(40), S(80), S(160)]);
         let p = RetryPolicy::fixed(4, S(60));
         assert_eq!(p.schedule(), vec![S(60), S(60), S(60)]);
@@ -430,7 +458,10 @@ mod tests {
 
     #[test]
     fn rung_choice_and_names() {
-        let p = RetryPolicy::exponential(6, S(10), S(300));
+        let p = RetryPolicy::exponential()
+            .max_attempts(6)
+            .initial_delay(S(10))
+            .max_delay(S(300));
         assert_eq!(p.rung_for(S(50)), Some(S(80)));
         assert_eq!(p.rung_for(S(1000)), Some(S(160)));
         assert_eq!(RetryPolicy::none().rung_for(S(50)), None);
@@ -441,7 +472,10 @@ mod tests {
 
     #[test]
     fn jitter_stays_in_its_band() {
-        let p = RetryPolicy::exponential(3, S(10), S(60));
+        let p = RetryPolicy::exponential()
+            .max_attempts(3)
+            .initial_delay(S(10))
+            .max_delay(S(60));
         for _ in 0..1000 {
             let d = p.jittered(S(10));
             assert!(d >= S(8) && d < S(12), "{d:?}");
@@ -500,5 +534,22 @@ mod tests {
             .is_err());
         assert!(RetryPolicy::fixed(3, S(1)).jitter(1.5).validate().is_err());
         assert!(RetryPolicy::none().validate().is_ok());
+        let zero = RetryPolicy::exponential().max_attempts(0).validate();
+        assert!(
+            matches!(&zero, Err(Error::InvalidArgument { reason })
+                if reason.contains("max_attempts") && reason.contains("not 0")),
+            "{zero:?}"
+        );
+    }
+
+    #[test]
+    fn exponential_is_set_by_name() {
+        let p = RetryPolicy::exponential()
+            .initial_delay(S(10))
+            .max_delay(S(300))
+            .max_attempts(6);
+        assert_eq!(p.schedule(), vec![S(10), S(20), S(40), S(80), S(160)]);
+        let d = RetryPolicy::exponential();
+        assert_eq!((d.attempts(), d.schedule()), (3, vec![S(1), S(2)]));
     }
 }

@@ -29,36 +29,13 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::worker::{copy_failure_pause, dead_letter_held, publish};
-use super::{Context, Settle, SettleAction};
+use super::context::Context;
+use super::copies::{dead_letter_held, publish};
+use super::copy_failures::copy_failure_pause;
+use super::protocol::{Delayed, Settle, SettleAction, TimerMsg};
 use crate::envelope::Message;
 use crate::error::Error;
 use crate::observe::Settlement;
-
-/// A retry waiting in the consumer, or an original waiting to be put back.
-pub(crate) struct Delayed {
-    pub(crate) generation: u64,
-    pub(crate) tag: u64,
-    /// The original, unacknowledged meanwhile.
-    pub(crate) delivery: amiquip::Delivery,
-    pub(crate) due: Instant,
-    /// The original's attempt (a retry copy carries the next one).
-    pub(crate) attempt: u32,
-    /// The copy to publish to the queue when due; `None`: put the original back (a copy that
-    /// could not be published backs off here rather than spinning).
-    pub(crate) copy: Option<Message>,
-    /// Hand `copy` back to the owner to run the handler again on the same delivery (a held
-    /// retry of an ordered message) instead of publishing it.
-    pub(crate) again: bool,
-}
-
-/// What the timer thread receives.
-pub(crate) enum TimerMsg {
-    /// Hold this until it is due.
-    Delay(Box<Delayed>),
-    /// The consumer is closing: requeue everything held, then end.
-    Stop,
-}
 
 /// Heap entry ordered by due time, then arrival.
 struct Entry {

@@ -232,7 +232,7 @@ where
     let mut consumer_options = ConsumerOptions::new()
         .prefetch(options.prefetch)
         .concurrency(options.concurrency)
-        .no_retry()
+        .retry(crate::RetryPolicy::none())
         .argument("x-stream-offset", options.offset.argument())
         .shutdown_timeout(options.shutdown_timeout)
         .stream_cursor(cursor.clone());

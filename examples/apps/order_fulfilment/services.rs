@@ -355,7 +355,10 @@ pub fn shipping(connection: &Connection, names: &Names) -> Result<Shipping> {
     let publisher = connection.publisher()?;
     let fixed = Arc::new(AtomicBool::new(false));
     let (f, events) = (fixed.clone(), names.events.clone());
-    let policy = RetryPolicy::exponential(3, Duration::from_millis(50), Duration::from_millis(200));
+    let policy = RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(200));
     let consumer = connection
         .consumer(&names.shipping, ConsumerOptions::new().retry(policy))?
         .start(move |m: &Message| {

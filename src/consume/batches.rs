@@ -1,0 +1,113 @@
+//! The batched worker loop, for a handler with [`Handler::batch_limits`] (the batched
+//! `idempotent_tx`): deliveries gathered up to a bound, one [`Handler::handle_batch`] call, then
+//! each settled as a single delivery is.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::context::Context;
+use super::outcome::Handler;
+use super::protocol::{Settle, TimerMsg};
+use super::source::{Next, Source};
+use super::step::{admit, finish, judge, past_last_attempt, Watch};
+use crate::envelope::Message;
+
+/// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more
+/// than this worker's share of the prefetch), the first waited for, the others for at most
+/// `wait` after it; one [`Handler::handle_batch`] call; then each settled as in the plain loop.
+pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    handler: &H,
+    max: usize,
+    wait: Duration,
+    mut source: Source,
+    settle: Sender<Settle>,
+    timer: Sender<TimerMsg>,
+) {
+    // A batch never waits for more deliveries than the broker lets this worker have unsettled.
+    let workers = ctx.concurrency.max(1);
+    let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
+    let never = crossbeam_channel::never();
+    let mut ending = false;
+    while !ending {
+        let Next::Job(first) = source.next(ctx, &settle, &never) else {
+            break;
+        };
+        let mut gathered = vec![first];
+        let gathering = crossbeam_channel::at(Instant::now() + wait);
+        while gathered.len() < max {
+            match source.next(ctx, &settle, &gathering) {
+                Next::Job(job) => gathered.push(job),
+                Next::Timeout => break,
+                Next::End => {
+                    ending = true;
+                    break;
+                }
+            }
+        }
+        let mut batch = Vec::with_capacity(gathered.len());
+        for job in gathered {
+            let Some(job) = admit(ctx, job, &settle) else {
+                continue;
+            };
+            let offset = ctx
+                .stream_cursor
+                .as_ref()
+                .and_then(|c| c.started(&job.message));
+            match past_last_attempt(ctx, &job) {
+                Some(verdict) => {
+                    let watch = Watch::start(ctx, &job.message, offset);
+                    finish(
+                        ctx,
+                        job,
+                        (verdict, true, Duration::ZERO),
+                        watch,
+                        &settle,
+                        &timer,
+                    )
+                }
+                None => batch.push((job, offset)),
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        ctx.running.fetch_add(batch.len(), Ordering::SeqCst);
+        let messages: Vec<&Message> = batch.iter().map(|(job, _)| &job.message).collect();
+        let results = catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)));
+        drop(messages);
+        ctx.running.fetch_sub(batch.len(), Ordering::SeqCst);
+        let duration = started.elapsed();
+        let mut results = match results {
+            Ok(results) if results.len() == batch.len() => results.into_iter().map(Some).collect(),
+            Ok(results) => {
+                log::error!(
+                    "acemq: a batch handler returned {} results for {} messages from {:?}; \
+                     they will be retried",
+                    results.len(),
+                    batch.len(),
+                    ctx.queue
+                );
+                Vec::new()
+            }
+            Err(_) => Vec::new(),
+        };
+        results.resize_with(batch.len(), || None);
+        for ((job, offset), result) in batch.into_iter().zip(results) {
+            // A batch that panicked as a whole (or answered wrongly) is every message's retry.
+            let result = result.unwrap_or_else(|| {
+                Err(Box::new("the batch handler panicked or answered wrongly") as _)
+            });
+            let verdict = judge(ctx, &job, result);
+            // The batch ran under no single message's trace; each copy is published under its
+            // own message's. The consume interceptors wrap single calls only (see the module
+            // docs of `crate::intercept`): a batch handler is not intercepted.
+            let watch = Watch::start(ctx, &job.message, offset);
+            finish(ctx, job, (verdict, false, duration), watch, &settle, &timer);
+        }
+    }
+}

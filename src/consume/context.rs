@@ -1,0 +1,195 @@
+//! What the owner, the workers and the timer of one consumer share ([`Context`]), and the count
+//! of deliveries in flight per subscription ([`InFlight`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::Receiver;
+
+use super::copy_failures::CopyFailures;
+use super::reply::ReplyHooks;
+use super::retry::RetryPolicy;
+use super::stream_cursor::StreamCursor;
+use crate::codec::Codec;
+use crate::connection::Connection;
+use crate::envelope::HeaderValue;
+use crate::observe::Observer;
+use crate::publish::Publisher;
+
+/// What the owner and workers of one consumer share.
+pub(crate) struct Context {
+    pub(crate) queue: String,
+    pub(crate) connection: Connection,
+    pub(crate) publisher: Publisher,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) codec: Arc<dyn Codec>,
+    pub(crate) observer: Arc<dyn Observer>,
+    pub(crate) prefetch: u16,
+    /// Worker threads (a batching worker takes at most its share of the prefetch).
+    pub(crate) concurrency: usize,
+    pub(crate) exclusive: bool,
+    pub(crate) arguments: BTreeMap<String, HeaderValue>,
+    pub(crate) shutdown_timeout: Duration,
+    /// Copies that could not be published, per message id, for the back-off.
+    pub(crate) copy_failures: CopyFailures,
+    /// The current subscription's generation; jobs from older ones are skipped.
+    pub(crate) generation: AtomicU64,
+    /// Set by a [`StopHandle`](crate::stop::StopHandle) (or by the owner when the broker
+    /// cancels the consumer): the owner shuts down and workers requeue what they have not
+    /// started.
+    pub(crate) stopping: Arc<AtomicBool>,
+    /// Deliveries taken from the subscription's buffer and not yet settled.
+    pub(crate) in_flight: InFlight,
+    /// The current subscription's buffer (amiquip's receiver), for what is received but not
+    /// yet taken.
+    pub(crate) buffer: parking_lot::Mutex<Option<Receiver<amiquip::ConsumerMessage>>>,
+    pub(crate) max_in_flight: AtomicUsize,
+    /// Handlers running now, of any generation.
+    pub(crate) running: AtomicUsize,
+    /// A group member's number: a suffix of the thread names and a tag in log lines.
+    pub(crate) label: Option<String>,
+    /// A stream reader's position (see [`ConsumerOptions::stream_cursor`]).
+    pub(crate) stream_cursor: Option<Arc<StreamCursor>>,
+    /// Every attempt reaches the handler (see [`ConsumerOptions::any_attempt`]).
+    pub(crate) any_attempt: bool,
+    /// Acknowledge when a worker takes a delivery, before the handler runs.
+    pub(crate) at_most_once: bool,
+    /// The owner runs the handler itself ([`ConsumerOptions::inline`]).
+    pub(crate) inline: bool,
+    /// At-most-once deliveries whose handler failed: lost on purpose.
+    pub(crate) lost: AtomicU64,
+    /// A responder's reply hooks: the owner listens for returned replies.
+    pub(crate) replies: Option<Arc<dyn ReplyHooks>>,
+    /// At most once: how long a worker waits for the owner's word that the ack went out.
+    pub(crate) ack_first_wait: Duration,
+}
+
+impl Context {
+    pub(crate) fn stop_requested(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// How log lines name this consumer: `"orders"`, or `"orders" (consumer 3)` in a group.
+    pub(crate) fn who(&self) -> String {
+        match &self.label {
+            Some(label) => format!("{:?} (consumer {label})", self.queue),
+            None => format!("{:?}", self.queue),
+        }
+    }
+
+    /// A thread name: `base`, or `base-{label}` in a group.
+    pub(crate) fn thread_name(&self, base: &str) -> String {
+        match &self.label {
+            Some(label) => format!("{base}-{label}"),
+            None => base.to_string(),
+        }
+    }
+}
+
+/// Deliveries taken from the current subscription's buffer and not yet settled, counted **for
+/// that subscription only**: one word holding the subscription's generation (its low 32 bits)
+/// and the count, changed together. A worker that read a delivery of a subscription that has
+/// just ended (the reconnect came between its read and its count) does not count it, and a
+/// settlement from an ended subscription does not uncount one of the new: neither can leave a
+/// count that nothing will ever settle, which would have every later close wait out its
+/// timeout.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight(AtomicU64);
+
+impl InFlight {
+    /// The count's bits; the generation's are above them.
+    const COUNT: u64 = 0xFFFF_FFFF;
+
+    fn tag(generation: u64) -> u64 {
+        (generation & Self::COUNT) << 32
+    }
+
+    fn count_of(word: u64) -> usize {
+        usize::try_from(word & Self::COUNT).unwrap_or(usize::MAX)
+    }
+
+    /// A new subscription, `generation`, starts with none.
+    pub(crate) fn begin(&self, generation: u64) {
+        self.0.store(Self::tag(generation), Ordering::SeqCst);
+    }
+
+    /// A delivery of subscription `generation` was taken: the new count, or `None` (not
+    /// counted) when that subscription is no longer the current one.
+    pub(crate) fn take(&self, generation: u64) -> Option<usize> {
+        let tag = Self::tag(generation);
+        self.0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w & !Self::COUNT == tag && w & Self::COUNT < Self::COUNT).then_some(w + 1)
+            })
+            .ok()
+            .map(|w| Self::count_of(w + 1))
+    }
+
+    /// A delivery of subscription `generation` was settled (nothing changes for another one).
+    pub(crate) fn gone(&self, generation: u64) {
+        let tag = Self::tag(generation);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w & !Self::COUNT == tag && w & Self::COUNT > 0).then_some(w - 1)
+            });
+    }
+
+    /// The subscription ended: how many were unsettled (the broker has them back).
+    pub(crate) fn clear(&self) -> usize {
+        Self::count_of(self.0.fetch_and(!Self::COUNT, Ordering::SeqCst))
+    }
+
+    /// How many are in flight now.
+    pub(crate) fn count(&self) -> usize {
+        Self::count_of(self.0.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InFlight;
+
+    /// A worker reads a delivery of subscription 1 just as a reconnect begins subscription 2:
+    /// it must not count in flight (nothing will ever settle it in generation 2), or every
+    /// later close waits out its timeout for it.
+    #[test]
+    fn a_delivery_taken_for_a_subscription_that_ended_is_not_counted_in_flight() {
+        let n = InFlight::default();
+        n.begin(1);
+        n.begin(2);
+        assert_eq!(n.take(1), None);
+        assert_eq!(n.count(), 0);
+        assert_eq!(n.take(2), Some(1));
+    }
+
+    /// A settlement from before the reconnect does not uncount a delivery of the new one.
+    #[test]
+    fn a_settlement_from_an_ended_subscription_does_not_uncount_a_new_delivery() {
+        let n = InFlight::default();
+        n.begin(1);
+        assert_eq!(n.take(1), Some(1));
+        n.begin(2);
+        assert_eq!(n.take(2), Some(1));
+        n.gone(1);
+        assert_eq!(n.count(), 1);
+        n.gone(2);
+        assert_eq!(n.count(), 0);
+        n.gone(2);
+        assert_eq!(n.count(), 0, "never below zero");
+    }
+
+    /// Clearing at the end of a subscription keeps its generation: a delivery of it read
+    /// after the clear and before the next subscription counts until the next begins.
+    #[test]
+    fn clearing_says_how_many_were_unsettled() {
+        let n = InFlight::default();
+        n.begin(3);
+        n.take(3);
+        n.take(3);
+        assert_eq!(n.clear(), 2);
+        assert_eq!(n.count(), 0);
+    }
+}

@@ -1,0 +1,183 @@
+//! [`RunningConsumer`]: a consumer started on threads of its own ([`Consumer::start`]), closed
+//! by [`RunningConsumer::close`] (or dropped).
+
+use std::thread::JoinHandle;
+
+use crossbeam_channel::Receiver;
+
+use super::consumer::{check_inline, Consumer};
+use super::options::ConsumerOptions;
+use super::outcome::Handler;
+use super::report::CloseReport;
+use super::runtime::run_on;
+use crate::connection::Connection;
+use crate::error::{Error, Result};
+use crate::stop::StopHandle;
+
+impl Connection {
+    /// Starts consuming `queue` with default options on threads of its own.
+    ///
+    /// # Errors
+    ///
+    /// As [`consumer`](Self::consumer) and [`Consumer::start`].
+    pub fn consume<H>(&self, queue: &str, handler: H) -> Result<RunningConsumer>
+    where
+        H: Handler + Send + Sync + 'static,
+    {
+        self.consumer(queue, ConsumerOptions::default())?
+            .start(handler)
+    }
+}
+
+impl Consumer {
+    /// Starts the consumer on threads of its own (`acemq-consumer` and its workers) and returns
+    /// once it is subscribed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the queue does not exist, and other subscription errors.
+    pub fn start<H>(self, handler: H) -> Result<RunningConsumer>
+    where
+        H: Handler + Send + Sync + 'static,
+    {
+        check_inline(&self.ctx, &handler)?;
+        let (started_tx, started_rx) = crossbeam_channel::bounded(1);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        let ctx = self.ctx.clone();
+        let stop_rx = self.stop_rx.clone();
+        let concurrency = self.concurrency;
+        let thread = std::thread::Builder::new()
+            .name(ctx.thread_name("acemq-consumer"))
+            .spawn(move || {
+                // The report goes out on `done_tx` as soon as the owner is done; this returns
+                // after every worker has ended.
+                if let Err(e) = run_on(
+                    &ctx,
+                    concurrency,
+                    &handler,
+                    &stop_rx,
+                    Some((started_tx, done_tx)),
+                ) {
+                    log::error!("acemq: consumer of {} could not start: {e}", ctx.who());
+                }
+            })
+            .map_err(|e| Error::Io {
+                context: "spawning the consumer thread".into(),
+                source: e,
+            })?;
+        match started_rx.recv() {
+            Ok(Ok(())) => Ok(RunningConsumer {
+                consumer: self,
+                thread: Some(thread),
+                done: done_rx,
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(Error::Closed { what: "consumer" })
+            }
+        }
+    }
+}
+
+/// A consumer running on its own threads. Dropping it closes it (blocking up to the shutdown
+/// timeout).
+pub struct RunningConsumer {
+    consumer: Consumer,
+    thread: Option<JoinHandle<()>>,
+    done: Receiver<Result<CloseReport>>,
+}
+
+impl std::fmt::Debug for RunningConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningConsumer")
+            .field("consumer", &self.consumer)
+            .finish()
+    }
+}
+
+impl RunningConsumer {
+    /// A handle that stops this consumer from any thread.
+    pub fn stop_handle(&self) -> StopHandle {
+        self.consumer.stop_handle()
+    }
+
+    /// Deliveries received and not yet settled (taken by a worker, held, or still in amiquip's
+    /// buffer).
+    pub fn in_flight(&self) -> usize {
+        self.consumer.in_flight()
+    }
+
+    /// The most deliveries ever taken by this consumer and not yet settled at once (running,
+    /// held for their ordering key, or waiting in the consumer for a retry; not those still in
+    /// amiquip's buffer): never above the prefetch; with [`ConsumerOptions::at_most_once`]
+    /// acknowledged deliveries whose handler still runs count too, so up to prefetch +
+    /// concurrency.
+    pub fn max_in_flight(&self) -> usize {
+        self.consumer.max_in_flight()
+    }
+
+    /// With [`ConsumerOptions::at_most_once`], the messages lost: whose handler failed, or
+    /// that were acknowledged after their worker had stopped waiting to hear so (not handled);
+    /// 0 otherwise.
+    pub fn lost(&self) -> u64 {
+        self.consumer.lost()
+    }
+
+    /// True once the consumer has ended (stopped, or failed: see [`wait`](Self::wait)).
+    pub fn is_finished(&self) -> bool {
+        !self.done.is_empty() || self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Cancels the consumer, lets running handlers finish (up to the shutdown timeout) and
+    /// settles them, requeues what was received but not started, closes the channel and joins
+    /// the threads — except a handler still running at the deadline, which is left to finish on
+    /// its own thread (its message goes back to the queue when the channel closes).
+    ///
+    /// # Errors
+    ///
+    /// The error that ended the consumer, if it ended on its own ([`Error::Cancelled`], …).
+    pub fn close(mut self) -> Result<CloseReport> {
+        self.consumer.stop.stop();
+        self.finish()
+    }
+
+    /// Waits until the consumer ends on its own (stopped through a [`StopHandle`], or failed).
+    ///
+    /// # Errors
+    ///
+    /// The error that ended it.
+    pub fn wait(mut self) -> Result<CloseReport> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<CloseReport> {
+        let result = self
+            .done
+            .recv()
+            .unwrap_or_else(|_| Err(Error::Closed { what: "consumer" }));
+        if let Some(t) = self.thread.take() {
+            if result.as_ref().map(|r| r.abandoned == 0).unwrap_or(true) {
+                let _ = t.join();
+            }
+        }
+        result
+    }
+}
+
+impl Drop for RunningConsumer {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.consumer.stop.stop();
+            if let Err(e) = self.finish() {
+                log::warn!(
+                    "acemq: consumer of {} ended with: {e}",
+                    self.consumer.ctx.who()
+                );
+            }
+        }
+    }
+}

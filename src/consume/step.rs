@@ -1,0 +1,318 @@
+//! One delivery's way through a worker, in pieces the plain, batched and inline paths share:
+//! admitted (or put back), judged, its copy published and its settlement sent ([`finish`]),
+//! with its trace and the consume interceptors around the handler ([`Watch`], [`intercepted`]).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::context::Context;
+use super::copies::{carry_out, Step};
+use super::copy_failures::copy_failure_pause;
+use super::outcome::{decide, Handler, HandlerResult, Verdict};
+use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
+use super::reply;
+use super::retry::NextWait;
+use crate::envelope::{now_ms, Message};
+use crate::observe::Settlement;
+
+/// The job, or `None` (and the job dealt with) for a job from an old generation or one that
+/// arrives while the consumer is stopping.
+pub(super) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
+    if job.generation != ctx.generation.load(Ordering::SeqCst) {
+        // From a channel that is gone: the broker redelivers it on the new one.
+        log::debug!(
+            "acemq: skipping message {} from before a reconnect (it is redelivered)",
+            job.message.id()
+        );
+        return None;
+    }
+    if ctx.stop_requested() {
+        let _ = settle.send(Settle::of(&job, SettleAction::Requeue, false).with(job.delivery));
+        return None;
+    }
+    Some(job)
+}
+
+/// The verdict for a message back on this queue past this policy's last attempt after going
+/// round this queue's own retry ladder (a consumer of the queue with a longer policy sent it
+/// round, or the policy was shortened since): it can never be retried here, so it goes to
+/// `.dlq` without running the handler. Any other message reaches the handler whatever its
+/// attempt — a consumer of another queue's dead letters (`orders.dlq`, whose messages arrive on
+/// `orders`' last attempt) must see them — and a failure of one past the limit is then
+/// dead-lettered as exhausted.
+pub(super) fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
+    let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
+    if attempt <= limit || ctx.any_attempt || !round_own_ladder(&job.message, &ctx.queue) {
+        return None;
+    }
+    let plural = if limit == 1 { "" } else { "s" };
+    let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
+    Some(Verdict::DeadLetter { error })
+}
+
+/// Whether `message` came back to `queue` round `queue`'s own retry ladder, as the family's
+/// copies are stamped: a copy of this crate's recording `queue` as the queue that first
+/// consumed it (`acemq-original-queue`); a delivery back from one of `queue`'s rungs (they
+/// dead-letter through `acemq.retry` with the queue's own name as the routing key); or a
+/// retry copy waited out in a consumer (published through the default exchange to the queue by
+/// name, carrying no `x-acemq-error`). A dead letter of another queue read from that queue's
+/// `.dlq` is none of these: it names the other queue, or it carries the reason it was
+/// dead-lettered (every library's dead-letter and parked copies do), or the broker's own
+/// dead-lettering brought it through an exchange.
+fn round_own_ladder(message: &Message, queue: &str) -> bool {
+    use crate::envelope::{headers, HeaderValue};
+    let consumed_here = match message.headers.get(headers::ORIGINAL_QUEUE) {
+        Some(HeaderValue::Text(q)) => q == queue,
+        Some(HeaderValue::Bytes(q)) => q == queue.as_bytes(),
+        _ => false,
+    };
+    let Some(received) = &message.received else {
+        return consumed_here;
+    };
+    let from_rung =
+        received.exchange == crate::names::RETRY_EXCHANGE && received.routing_key == queue;
+    let retried_to_queue = received.exchange.is_empty()
+        && received.routing_key == queue
+        && message.envelope.error.is_none();
+    consumed_here || from_rung || retried_to_queue
+}
+
+/// The handler's result as a verdict (a panic logged: it is a retry).
+pub(super) fn judge(
+    ctx: &Context,
+    job: &Job,
+    result: std::thread::Result<HandlerResult>,
+) -> Verdict {
+    if result.is_err() {
+        log::error!(
+            "acemq: handler panicked on message {} from {:?}; it will be retried",
+            job.message.id(),
+            ctx.queue
+        );
+    }
+    decide(result)
+}
+
+/// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
+/// timer).
+/// `decided`: the verdict, whether the consumer decided it because no attempt was left (the
+/// message arrived past the last one), and how long the handler ran.
+pub(super) fn finish(
+    ctx: &Context,
+    job: Job,
+    decided: (Verdict, bool, Duration),
+    watch: Watch<'_>,
+    settle: &Sender<Settle>,
+    timer: &Sender<TimerMsg>,
+) {
+    let (verdict, exhausted, handler_duration) = decided;
+    let Job {
+        generation,
+        tag,
+        delivery,
+        message,
+        keyed,
+        hold,
+    } = job;
+    let mut delivery = Some(delivery);
+    // A responder's reply, staged by its handler on this thread: it goes to the owner with the
+    // request's acknowledgement **now**, before the bookkeeping below, because a caller is
+    // waiting for it. A staged reply without an accepted request is dropped (a retry answers
+    // again), which the responder counts as not sent.
+    if let (Some(reply), Verdict::Accept) = (reply::take(), &verdict) {
+        let _ = settle.send(Settle {
+            generation,
+            tag,
+            action: SettleAction::Reply(reply),
+            started: true,
+            delivery: delivery.take(),
+        });
+    }
+    // What the consumer decides, which is not always what the handler answered: a retry with no
+    // attempt left is dead-lettered (for the trace and the interceptors).
+    let decided = decided_label(ctx, &message, &verdict);
+    let (step, copy_error) = match carry_out(ctx, &message, &verdict, hold) {
+        // No copy can carry it (its header frame cannot fit, even trimmed): the original is
+        // rejected to the queue's own dead-lettering, and the reason reported.
+        Ok(Step::Rejected(reason)) => {
+            let text = reason.clone();
+            (Step::Rejected(reason), Some(text))
+        }
+        Ok(step) => {
+            if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, watch.offset) {
+                // Handled and its copy (if any) confirmed: a resumed reader starts after it.
+                cursor.finished(offset);
+            }
+            // (A copy held for the timer is not published yet: the timer says how it went.)
+            if !matches!(
+                step,
+                Step::Later {
+                    copy: Some(_),
+                    again: false,
+                    ..
+                }
+            ) {
+                ctx.copy_failures.succeeded(message.id());
+            }
+            (step, None)
+        }
+        Err(e) => {
+            // Put back after a pause that grows with each failure of this message here, so
+            // that a copy that cannot be published (its queue deleted, …) never spins.
+            let failures = ctx.copy_failures.failed(message.id());
+            let pause = copy_failure_pause(failures);
+            let text = format!(
+                "could not publish the {} copy (failure {failures} here): {e}",
+                verdict.label()
+            );
+            log::error!(
+                "acemq: message {} from {:?}: {text}; the original goes back to the queue \
+                 in {pause:?}",
+                message.id(),
+                ctx.queue
+            );
+            let step = Step::Later {
+                due: Instant::now() + pause,
+                copy: None,
+                again: false,
+            };
+            (step, Some(text))
+        }
+    };
+    let really = if copy_error.is_some() {
+        "copy_failed"
+    } else {
+        decided
+    };
+    // The trace tells the handler's own reject (`rejected`) from the consumer's decision that
+    // no attempt is left (`dead_lettered`), as the family's spans do.
+    let traced = match really {
+        "reject" if exhausted || matches!(verdict, Verdict::Retry { .. }) => "exhausted",
+        other => other,
+    };
+    watch.trace.settled(traced);
+    watch.intercept.settled(&crate::intercept::Settled {
+        outcome: really,
+        error: copy_error
+            .as_deref()
+            .or(verdict.error())
+            .map(str::to_string),
+    });
+    ctx.observer.settled(&Settlement {
+        queue: &ctx.queue,
+        outcome: if copy_error.is_some() {
+            "copy_failed"
+        } else {
+            verdict.label()
+        },
+        attempt: message.envelope.attempt,
+        handler_duration,
+        message_id: message.id(),
+        error: copy_error.as_deref().or(verdict.error()),
+    });
+    let now = |action, delivery: Option<_>| {
+        // (Unless it went with the reply above.)
+        if let Some(delivery) = delivery {
+            let _ = settle.send(Settle {
+                generation,
+                tag,
+                action,
+                started: true,
+                delivery: Some(delivery),
+            });
+        }
+    };
+    match step {
+        Step::Now(action) => now(action, delivery),
+        Step::Rejected(_) => now(SettleAction::Reject, delivery),
+        Step::Later { due, copy, again } => {
+            // Only an accepted request's delivery went with its reply, and acceptance is never
+            // a delay.
+            let Some(delivery) = delivery else { return };
+            if keyed && !again {
+                // Its handler is done: later messages with its key need not wait for the
+                // delivery to be settled (the retry comes back as a new delivery anyway).
+                let _ = settle.send(Settle {
+                    generation,
+                    tag,
+                    action: SettleAction::Released,
+                    started: true,
+                    delivery: None,
+                });
+            }
+            let delayed = Box::new(Delayed {
+                generation,
+                tag,
+                delivery,
+                due,
+                attempt: message.envelope.attempt,
+                copy: copy.map(|c| *c),
+                again,
+            });
+            if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
+                // The timer is gone (the consumer is ending): put the original back.
+                if let TimerMsg::Delay(d) = e.into_inner() {
+                    let _ = settle.send(Settle {
+                        generation: d.generation,
+                        tag: d.tag,
+                        action: SettleAction::Requeue,
+                        started: true,
+                        delivery: Some(d.delivery),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// What follows one message from its handler to its settlement: its trace context (current on
+/// this thread until its copy is published) and the consume interceptors' settlement listeners.
+pub(super) struct Watch<'a> {
+    pub(super) trace: crate::trace::Consuming,
+    pub(super) intercept: crate::intercept::ConsumeContext<'a>,
+    /// On a stream, its offset: finished once its copy (if any) is confirmed.
+    pub(super) offset: Option<u64>,
+}
+
+impl<'a> Watch<'a> {
+    pub(super) fn start(ctx: &'a Context, message: &Message, offset: Option<u64>) -> Watch<'a> {
+        Watch {
+            trace: crate::trace::Consuming::start(message, &ctx.queue),
+            intercept: crate::intercept::ConsumeContext::new(&ctx.queue),
+            offset,
+        }
+    }
+}
+
+/// The label of what the consumer does with a verdict: a retry that the policy has no attempt
+/// (or age) left for is dead-lettered (`reject`).
+pub(super) fn decided_label(ctx: &Context, message: &Message, verdict: &Verdict) -> &'static str {
+    if let Verdict::Retry { .. } = verdict {
+        let age_ms =
+            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
+        if !matches!(
+            ctx.policy
+                .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
+            NextWait::Wait(_)
+        ) {
+            return "reject";
+        }
+    }
+    verdict.label()
+}
+
+/// The handler, inside the connection's consume interceptors (outermost first).
+pub(super) fn intercepted<H: Handler + Sync + ?Sized>(
+    ctx: &Context,
+    intercept: &mut crate::intercept::ConsumeContext<'_>,
+    handler: &H,
+    message: &Message,
+) -> HandlerResult {
+    let interceptors = &ctx.connection.shared.options.consume_interceptors;
+    if interceptors.is_empty() {
+        return handler.handle(message);
+    }
+    crate::intercept::run_consume(interceptors, intercept, message, &|m| handler.handle(m))
+}
