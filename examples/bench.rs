@@ -23,7 +23,7 @@ use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
-    ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
@@ -1067,12 +1067,13 @@ fn recipe_amqp_rate(
     store.create_tables()?;
     let amqp = AmqpQueue::open(conn, queue, 65)?;
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(32)
-        .max_pending(64)
-        .poll_interval(Duration::from_millis(10))
-        .stop_handle(stop.clone())
-        .build()?;
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(32)
+            .max_pending(64)
+            .poll_interval(Duration::from_millis(10))
+            .stop_handle(stop.clone()),
+    )?;
     let end = std::cell::Cell::new(None);
     let start = Instant::now();
     let acks = StopAfter {

@@ -11,9 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, ConsumeOptions,
-    CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled, Receipt, Report,
-    Source,
+    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, BatcherOptions,
+    ConsumeOptions, CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled,
+    Receipt, Report, Source,
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{Error, Result, StopHandle};
@@ -917,12 +917,13 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
         .collect();
     let (mut source, stats) = TestSource::new(deliveries(&messages, 1));
     source.idle_forever = true;
-    let batcher = Batcher::builder()
-        .batch_size(8)
-        .max_pending(16)
-        .poll_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(8)
+            .max_pending(16)
+            .poll_interval(Duration::from_millis(20)),
+    )
+    .unwrap();
     let stop: StopHandle = batcher.stop_handle();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let waiter = {
@@ -956,7 +957,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
         .map(|i| inc(&format!("stop2/{i}"), "hits", 1))
         .collect();
     let (source, stats) = TestSource::new(deliveries(&more, 1));
-    let batcher = Batcher::new(4, 8).unwrap();
+    let batcher = Batcher::new(BatcherOptions::new().batch_size(4).max_pending(8)).unwrap();
     let stop = batcher.stop_handle();
     let stats2 = Arc::clone(&stats);
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -988,7 +989,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
 #[test]
 fn map_outcomes_returns_one_outcome_per_item_in_order() {
     // max_pending a multiple of the batch size: the batches are [0..7) [7..14) …
-    let batcher = Batcher::new(7, 14).unwrap();
+    let batcher = Batcher::new(BatcherOptions::new().batch_size(7).max_pending(14)).unwrap();
     let mut seen = Vec::new();
     batcher
         .map_outcomes(
@@ -1030,11 +1031,8 @@ fn map_outcomes_returns_one_outcome_per_item_in_order() {
         )
         .unwrap();
     assert_eq!(errors, 3);
-    assert!(Batcher::new(1, 0).is_err());
-    assert!(Batcher::builder()
-        .poll_interval(Duration::ZERO)
-        .build()
-        .is_err());
+    assert!(Batcher::new(BatcherOptions::new().batch_size(1).max_pending(0)).is_err());
+    assert!(Batcher::new(BatcherOptions::new().poll_interval(Duration::ZERO)).is_err());
 }
 
 #[test]

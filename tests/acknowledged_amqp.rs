@@ -7,7 +7,7 @@ use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume_with, AmqpQueue, ApplyBatch, Batcher, CounterIncrement, CounterStore,
+    consume_with, AmqpQueue, ApplyBatch, Batcher, BatcherOptions, CounterIncrement, CounterStore,
     Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
@@ -47,13 +47,14 @@ fn publish_increments(
 /// handle that stops it.
 fn stoppable_batcher(batch: usize, max_pending: usize) -> (Batcher, StopHandle) {
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(batch)
-        .max_pending(max_pending)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(batch)
+            .max_pending(max_pending)
+            .poll_interval(Duration::from_millis(20))
+            .stop_handle(stop.clone()),
+    )
+    .unwrap();
     (batcher, stop)
 }
 
@@ -66,13 +67,14 @@ fn run_until(
     done: impl Fn() -> bool,
 ) -> Report {
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(batch)
-        .max_pending(2 * batch)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(batch)
+            .max_pending(2 * batch)
+            .poll_interval(Duration::from_millis(20))
+            .stop_handle(stop.clone()),
+    )
+    .unwrap();
     std::thread::scope(|s| {
         let running = s.spawn(|| {
             // The source borrows the queue's channel and stays on this thread.
@@ -237,13 +239,14 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
         publisher.publish("", &q, m).unwrap();
     }
     let batcher = |stop: &StopHandle| {
-        Batcher::builder()
-            .batch_size(4)
-            .max_pending(8)
-            .poll_interval(Duration::from_millis(20))
-            .stop_handle(stop.clone())
-            .build()
-            .unwrap()
+        Batcher::new(
+            BatcherOptions::new()
+                .batch_size(4)
+                .max_pending(8)
+                .poll_interval(Duration::from_millis(20))
+                .stop_handle(stop.clone()),
+        )
+        .unwrap()
     };
     let (first_stop, second_stop) = (StopHandle::new(), StopHandle::new());
     let (first, second, all_applied) = std::thread::scope(|s| {

@@ -1,7 +1,7 @@
 //! The recipe: [`consume`] and [`consume_with`], and the [`Report`] they return.
 
 use super::isolate::{apply_isolating, Applied};
-use super::{Acknowledge, ApplyBatch, Batcher, Delivery, Source};
+use super::{Acknowledge, ApplyBatch, Batcher, BatcherOptions, Delivery, Source};
 use crate::error::Result;
 
 /// What [`consume`] did.
@@ -64,12 +64,11 @@ impl ConsumeOptions {
 
     /// The batcher these options describe.
     fn batcher(&self) -> Result<Batcher> {
-        let builder = Batcher::builder().batch_size(self.batch_size);
-        match self.max_pending {
-            Some(n) => builder.max_pending(n),
-            None => builder,
-        }
-        .build()
+        let options = BatcherOptions::new().batch_size(self.batch_size);
+        Batcher::new(match self.max_pending {
+            Some(n) => options.max_pending(n),
+            None => options,
+        })
     }
 }
 

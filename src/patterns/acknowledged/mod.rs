@@ -252,16 +252,19 @@ mod consume;
 mod counter;
 mod delivery;
 mod isolate;
+mod run;
+mod source;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod store;
 mod store_apply;
 
 pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpSource, AmqpToken};
-pub use batcher::{Batcher, BatcherBuilder, IterSource, Polled, Source};
+pub use batcher::{Batcher, BatcherOptions};
 pub use consume::{consume, consume_with, ConsumeOptions, Report};
 #[cfg(feature = "sqlite")]
 pub use counter::{CounterIncrement, CounterStore, CounterStoreBuilder};
 pub use delivery::{Acknowledge, Delivery};
+pub use source::{IterSource, Polled, Source};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::{BatchStore, BatchStoreBuilder, Effect, DEFAULT_RECEIPTS_TABLE};
 pub use store_apply::{ApplyBatch, Message, Receipt};
