@@ -23,7 +23,8 @@ use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
-    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
+    IterSource,
 };
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
@@ -992,7 +993,7 @@ fn raw_commit_rate(path: &std::path::Path, n: usize) -> Result<f64> {
 }
 
 fn recipe_rate(path: &std::path::Path, batch: usize, n: usize) -> Result<f64> {
-    let store = CounterStore::builder(path).build()?;
+    let store = CounterStore::new(path, CounterStoreOptions::new())?;
     store.create_tables()?;
     let tag = path.display().to_string();
     let deliveries: Vec<Delivery<u64>> = (0..n)
@@ -1063,7 +1064,7 @@ fn recipe_amqp_rate(
     path: &std::path::Path,
     n: usize,
 ) -> Result<f64> {
-    let store = CounterStore::builder(path).build()?;
+    let store = CounterStore::new(path, CounterStoreOptions::new())?;
     store.create_tables()?;
     let amqp = AmqpQueue::open(conn, queue, 65)?;
     let stop = StopHandle::new();

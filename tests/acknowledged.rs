@@ -11,9 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, BatcherOptions,
-    ConsumeOptions, CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled,
-    Receipt, Report, Source,
+    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, BatchStoreOptions, Batcher,
+    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
+    Effect, IterSource, Message, Polled, Receipt, Report, Source,
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{Error, Result, StopHandle};
@@ -30,7 +30,7 @@ fn counter_store() -> (tempfile::TempDir, CounterStore) {
 }
 
 fn counter_store_at(path: &std::path::Path) -> CounterStore {
-    let store = CounterStore::builder(path).build().expect("build");
+    let store = CounterStore::new(path, CounterStoreOptions::new()).expect("build");
     store.create_tables().expect("create tables");
     store
 }
@@ -311,10 +311,11 @@ fn an_invalid_counter_name_fails_alone_and_its_batchmates_commit() {
 #[test]
 fn an_unauthorised_counter_fails_alone_and_its_batchmates_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let store = CounterStore::builder(dir.path().join("auth.db"))
-        .allow(["hits"])
-        .build()
-        .unwrap();
+    let store = CounterStore::new(
+        dir.path().join("auth.db"),
+        CounterStoreOptions::new().allow(["hits"]),
+    )
+    .unwrap();
     store.create_tables().unwrap();
     rollback_case(&store, "auth", inc("auth/4", "admin", 1));
     assert_eq!(store.value("admin").unwrap(), 0);
@@ -1053,20 +1054,17 @@ fn invalid_table_names_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("names.db");
     assert!(matches!(
-        CounterStore::builder(&path)
-            .receipts_table("x; drop")
-            .build(),
+        CounterStore::new(&path, CounterStoreOptions::new().receipts_table("x; drop")),
         Err(Error::InvalidName { kind: "table", .. })
     ));
-    assert!(CounterStore::builder(&path)
-        .counters_table("same")
-        .receipts_table("same")
-        .build()
-        .is_err());
-    assert!(CounterStore::builder(&path)
-        .allow(["bad name"])
-        .build()
-        .is_err());
+    assert!(CounterStore::new(
+        &path,
+        CounterStoreOptions::new()
+            .counters_table("same")
+            .receipts_table("same")
+    )
+    .is_err());
+    assert!(CounterStore::new(&path, CounterStoreOptions::new().allow(["bad name"])).is_err());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1105,10 +1103,12 @@ fn ledger_store(db: &db::Db) -> (BatchStore<impl Effect>, String) {
         tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
         Ok(format!("booked {amount}"))
     };
-    let store = BatchStore::builder(db.factory(), effect)
-        .table(&receipts)
-        .build()
-        .unwrap();
+    let store = BatchStore::new(
+        db.factory(),
+        effect,
+        BatchStoreOptions::new().table(&receipts),
+    )
+    .unwrap();
     store.create_table().unwrap();
     (store, ledger)
 }
@@ -1249,13 +1249,15 @@ fn a_message_the_database_refuses_alone_is_rejected_as_its_own_fault(db: &db::Db
             d.placeholder(2)
         )
     };
-    let store = BatchStore::builder(db.factory(), move |tx: &mut dyn Sql, m: &Message| {
-        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
-        tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
-        Ok("booked".to_string())
-    })
-    .table(db.table("checked_receipts"))
-    .build()
+    let store = BatchStore::new(
+        db.factory(),
+        move |tx: &mut dyn Sql, m: &Message| {
+            let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+            tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
+            Ok("booked".to_string())
+        },
+        BatchStoreOptions::new().table(db.table("checked_receipts")),
+    )
     .unwrap();
     store.create_table().unwrap();
     store.check_up().unwrap();
@@ -1301,7 +1303,7 @@ fn concurrent_consumers_of_one_counter_file_apply_each_identity_once() {
             let messages = &messages;
             let failed = &failed;
             s.spawn(move || {
-                let store = CounterStore::builder(path).build().unwrap();
+                let store = CounterStore::new(path, CounterStoreOptions::new()).unwrap();
                 let r = consume(
                     IterSource::new(deliveries(messages, first_token)),
                     &store,

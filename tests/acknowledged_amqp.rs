@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
     consume_with, AmqpQueue, ApplyBatch, Batcher, BatcherOptions, CounterIncrement, CounterStore,
-    Message as AckMessage, Receipt, Report,
+    CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
 use support::{connect, eventually, unique, Cleanup};
@@ -16,10 +16,11 @@ use support::{connect, eventually, unique, Cleanup};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn counters(dir: &tempfile::TempDir) -> CounterStore {
-    let store = CounterStore::builder(dir.path().join("counters.db"))
-        .allow(["page_views", "signups"])
-        .build()
-        .unwrap();
+    let store = CounterStore::new(
+        dir.path().join("counters.db"),
+        CounterStoreOptions::new().allow(["page_views", "signups"]),
+    )
+    .unwrap();
     store.create_tables().unwrap();
     store
 }
@@ -783,7 +784,7 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
 /// SQLite file and its real constraint, no fake.
 #[test]
 fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dead_lettered() {
-    use acemq_amqp::patterns::acknowledged::BatchStore;
+    use acemq_amqp::patterns::acknowledged::{BatchStore, BatchStoreOptions};
     use acemq_amqp::sql::Sql;
     const ATTEMPTS: u32 = 3;
     let conn = connect();
@@ -806,17 +807,19 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     .unwrap();
     let tries = std::sync::Arc::new(AtomicUsize::new(0));
     let counted = tries.clone();
-    let store = BatchStore::builder(open.clone(), move |tx: &mut dyn Sql, m: &AckMessage| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
-        tx.execute(
-            "INSERT INTO amounts (id, amount) VALUES (?1, ?2)",
-            &[m.identifier.as_str().into(), amount.into()],
-        )?;
-        Ok("stored".to_string())
-    })
-    .table("receipts")
-    .build()
+    let store = BatchStore::new(
+        open.clone(),
+        move |tx: &mut dyn Sql, m: &AckMessage| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+            tx.execute(
+                "INSERT INTO amounts (id, amount) VALUES (?1, ?2)",
+                &[m.identifier.as_str().into(), amount.into()],
+            )?;
+            Ok("stored".to_string())
+        },
+        BatchStoreOptions::new().table("receipts"),
+    )
     .unwrap();
     store.create_table().unwrap();
     let store = std::sync::Arc::new(store);

@@ -8,7 +8,9 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message as AckMessage};
+use acemq_amqp::patterns::acknowledged::{
+    ApplyBatch, BatchStore, BatchStoreOptions, Message as AckMessage,
+};
 use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
 use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
 use acemq_amqp::patterns::schema_registry::{fingerprint, SchemaRegistry, SqlSchemaRegistry};
@@ -1020,11 +1022,11 @@ fn clock_skew_child() {
             );
         }
         "receipts" => {
-            let store = BatchStore::builder(db::pg_connect, |_: &mut dyn Sql, _: &AckMessage| {
-                Ok("done".to_string())
-            })
-            .table(&table)
-            .build()
+            let store = BatchStore::new(
+                db::pg_connect,
+                |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
+                BatchStoreOptions::new().table(&table),
+            )
             .unwrap();
             let m = AckMessage::new("skew/1", b"{}".to_vec());
             assert!(!store.apply_batch(&[&m]).unwrap()[0].is_replay());
@@ -1186,11 +1188,11 @@ fn outbox_leases_from_a_clock_ahead_expire_by_the_database_clock() {
 fn batch_receipts_from_a_clock_behind_are_dated_by_the_database_clock() {
     let db = Db::postgres();
     let table = db.table("skew_receipts");
-    let store = BatchStore::builder(db.factory(), |_: &mut dyn Sql, _: &AckMessage| {
-        Ok("done".to_string())
-    })
-    .table(&table)
-    .build()
+    let store = BatchStore::new(
+        db.factory(),
+        |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
+        BatchStoreOptions::new().table(&table),
+    )
     .unwrap();
     store.create_table().unwrap();
     run_with_clock(-SKEW_MS, "receipts", &table, Duration::from_secs(1));

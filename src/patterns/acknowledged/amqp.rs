@@ -4,10 +4,12 @@
 //! ```no_run
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
-//! use acemq_amqp::patterns::acknowledged::{consume, AmqpQueue, ConsumeOptions, CounterStore};
+//! use acemq_amqp::patterns::acknowledged::{
+//!     consume, AmqpQueue, ConsumeOptions, CounterStore, CounterStoreOptions,
+//! };
 //! use acemq_amqp::Connection;
 //! let connection = Connection::open("amqp://127.0.0.1")?;
-//! let store = CounterStore::builder("counters.db").build()?;
+//! let store = CounterStore::new("counters.db", CounterStoreOptions::new())?;
 //! store.create_tables()?;
 //! let queue = AmqpQueue::open(&connection, "page-views", 64)?;
 //! let options = ConsumeOptions::new().batch_size(32).max_pending(64);

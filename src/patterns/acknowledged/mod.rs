@@ -12,14 +12,15 @@
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
 //! use acemq_amqp::patterns::acknowledged::{
-//!     consume, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+//!     consume, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
+//!     IterSource,
 //! };
 //! let dir = std::env::temp_dir().join(format!("acemq-ack-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).map_err(|e| acemq_amqp::Error::Io {
 //!     context: "creating a directory".into(),
 //!     source: e,
 //! })?;
-//! let store = CounterStore::builder(dir.join("counters.db")).build()?;
+//! let store = CounterStore::new(dir.join("counters.db"), CounterStoreOptions::new())?;
 //! store.create_tables()?;
 //! let hit = CounterIncrement::new("page_views", 1).message("tenant-a/view/42");
 //! // The same message delivered twice, with different delivery tokens.
@@ -262,9 +263,9 @@ pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpSource, AmqpToken};
 pub use batcher::{Batcher, BatcherOptions};
 pub use consume::{consume, consume_with, ConsumeOptions, Report};
 #[cfg(feature = "sqlite")]
-pub use counter::{CounterIncrement, CounterStore, CounterStoreBuilder};
+pub use counter::{CounterIncrement, CounterStore, CounterStoreOptions};
 pub use delivery::{Acknowledge, Delivery};
 pub use source::{IterSource, Polled, Source};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use store::{BatchStore, BatchStoreBuilder, Effect, DEFAULT_RECEIPTS_TABLE};
+pub use store::{BatchStore, BatchStoreOptions, Effect, DEFAULT_RECEIPTS_TABLE};
 pub use store_apply::{ApplyBatch, Message, Receipt};
