@@ -13,7 +13,9 @@ use acemq_amqp::patterns::acknowledged::{
 };
 use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
 use acemq_amqp::patterns::outbox::{NewOutboxRecord, OutboxStore, SqlOutboxStore};
-use acemq_amqp::patterns::schema_registry::{fingerprint, SchemaRegistry, SqlSchemaRegistry};
+use acemq_amqp::patterns::schema_registry::{
+    fingerprint, SchemaRegistry, SqlSchemaRegistry, SqlSchemaRegistryOptions,
+};
 use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
 use acemq_amqp::Error;
 use db::{Backend, Db};
@@ -187,9 +189,7 @@ fn invalid_table_names_refused(db: &Db) {
                 .map(drop),
         );
         check(
-            SqlSchemaRegistry::builder(db.factory())
-                .table(bad)
-                .build()
+            SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(bad))
                 .map(drop),
         );
         check(create_schema(
@@ -750,9 +750,7 @@ fn leasing_from_a_postgres_outbox_of_thousands_never_scans_the_whole_table() {
 
 fn registry_round_trip(db: &Db) {
     let table = db.table("sch");
-    let reg = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let reg = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     reg.create_table().unwrap();
     let v1 = reg
@@ -806,18 +804,14 @@ fn registry_round_trip(db: &Db) {
         Err(Error::InvalidArgument { .. })
     ));
     // A second registry on the same table sees the same schemas.
-    let reg2 = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let reg2 = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     assert_eq!(reg2.latest("orders").unwrap(), v2);
 }
 
 fn registry_concurrent_agree(db: &Db) {
     let table = db.table("sch");
-    let first = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let first = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     first.create_table().unwrap();
     for round in 0..5 {
@@ -825,10 +819,11 @@ fn registry_concurrent_agree(db: &Db) {
         let barrier = Arc::new(Barrier::new(4));
         let handles: Vec<_> = (0..4)
             .map(|_| {
-                let reg = SqlSchemaRegistry::builder(db.factory())
-                    .table(&table)
-                    .build()
-                    .unwrap();
+                let reg = SqlSchemaRegistry::new(
+                    db.factory(),
+                    SqlSchemaRegistryOptions::new().table(&table),
+                )
+                .unwrap();
                 let (barrier, subject) = (barrier.clone(), subject.clone());
                 thread::spawn(move || {
                     barrier.wait();
