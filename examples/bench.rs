@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
-    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
-    IterSource,
+    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpToken,
+    Batcher, BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
+    Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
@@ -1066,7 +1066,7 @@ fn recipe_amqp_rate(
 ) -> Result<f64> {
     let store = CounterStore::new(path, CounterStoreOptions::new())?;
     store.create_tables()?;
-    let amqp = AmqpQueue::open(conn, queue, 65)?;
+    let amqp = AmqpQueue::open(conn, queue, AmqpQueueOptions::new().prefetch(65))?;
     let stop = StopHandle::new();
     let batcher = Batcher::new(
         BatcherOptions::new()

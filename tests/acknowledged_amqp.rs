@@ -7,8 +7,8 @@ use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume_with, AmqpQueue, ApplyBatch, Batcher, BatcherOptions, CounterIncrement, CounterStore,
-    CounterStoreOptions, Message as AckMessage, Receipt, Report,
+    consume_with, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions,
+    CounterIncrement, CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
 use support::{connect, eventually, unique, Cleanup};
@@ -79,7 +79,12 @@ fn run_until(
     std::thread::scope(|s| {
         let running = s.spawn(|| {
             // The source borrows the queue's channel and stays on this thread.
-            let queue = AmqpQueue::open(conn, q, u16::try_from(2 * batch + 1).unwrap()).unwrap();
+            let queue = AmqpQueue::open(
+                conn,
+                q,
+                AmqpQueueOptions::new().prefetch(u16::try_from(2 * batch + 1).unwrap()),
+            )
+            .unwrap();
             let report = consume_with(
                 queue.source().unwrap(),
                 store,
@@ -253,7 +258,8 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
     let (first, second, all_applied) = std::thread::scope(|s| {
         let running = s.spawn(|| {
             // Two runs, one after the other, on one queue (one channel).
-            let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+            let queue =
+                AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(PREFETCH)).unwrap();
             let first = consume_with(
                 queue.source().unwrap(),
                 &store,
@@ -323,7 +329,7 @@ fn a_queue_gives_one_source_at_a_time() {
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("ack-amqp-one-source"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let queue = AmqpQueue::open(&conn, &q, 4).unwrap();
+    let queue = AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(4)).unwrap();
     let first = queue.source().unwrap();
     // Two consumers on one channel: a `multiple` could cover the other's untaken deliveries.
     assert!(matches!(queue.source(), Err(Error::InvalidArgument { .. })));
@@ -369,7 +375,7 @@ fn stop_and_join(
 }
 
 /// Sets a queue's options before its run.
-type Configure = Box<dyn FnOnce(AmqpQueue) -> acemq_amqp::Result<AmqpQueue> + Send>;
+type Configure = Box<dyn FnOnce(AmqpQueueOptions) -> AmqpQueueOptions + Send>;
 
 /// Runs the recipe on `q` on a thread of its own, so that a stalled run fails a test (bounded
 /// by deadlines) instead of hanging it; its result arrives on the receiver.
@@ -388,10 +394,12 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
     let (conn, q) = (conn.clone(), q.to_string());
     let running = std::thread::spawn(move || {
         let run = || -> acemq_amqp::Result<Report> {
-            let mut queue = AmqpQueue::open(&conn, &q, prefetch)?;
-            if let Some(configure) = configure {
-                queue = configure(queue)?;
-            }
+            let options = AmqpQueueOptions::new().prefetch(prefetch);
+            let options = match configure {
+                Some(configure) => configure(options),
+                None => options,
+            };
+            let queue = AmqpQueue::open(&conn, &q, options)?;
             let report = consume_with(queue.source()?, &store, queue.acknowledger(), &batcher);
             queue.close()?;
             report
@@ -496,24 +504,30 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     {
         // The backoff is checked.
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+        let options = || AmqpQueueOptions::new().prefetch(PREFETCH);
+        let backoff = |first, max| {
+            AmqpQueue::open(
+                &conn,
+                &q,
+                options()
+                    .requeue_backoff_first(first)
+                    .requeue_backoff_max(max),
+            )
+        };
         assert!(matches!(
-            queue.requeue_backoff(Duration::ZERO, MAX),
+            backoff(Duration::ZERO, MAX),
             Err(Error::InvalidArgument { .. })
         ));
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
         assert!(matches!(
-            queue.requeue_backoff(MAX, FIRST),
+            backoff(MAX, FIRST),
             Err(Error::InvalidArgument { .. })
         ));
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
         assert!(matches!(
-            queue.requeue_backoff(FIRST, Duration::MAX),
+            backoff(FIRST, Duration::MAX),
             Err(Error::InvalidArgument { .. })
         ));
         // And so is the dead-letter limit.
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
-        let zero = queue.dead_letter_after(0).map(|_| ());
+        let zero = AmqpQueue::open(&conn, &q, options().dead_letter_after(0)).map(|_| ());
         assert!(
             matches!(&zero, Err(Error::InvalidArgument { reason }) if reason.contains("at least 1")),
             "{zero:?}"
@@ -537,8 +551,11 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
         &conn,
         &q,
         PREFETCH,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue.requeue_backoff(FIRST, MAX)?.dead_letter_after(10)
+        Some(Box::new(|options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(FIRST)
+                .requeue_backoff_max(MAX)
+                .dead_letter_after(10)
         })),
         store.clone(),
         batcher,
@@ -602,9 +619,10 @@ fn run_dead_lettering<S: ApplyBatch + Send + 'static>(
         conn,
         q,
         prefetch,
-        Some(Box::new(move |queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
+        Some(Box::new(move |options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(Duration::from_millis(10))
+                .requeue_backoff_max(Duration::from_millis(100))
                 .dead_letter_after(attempts)
         })),
         store,
@@ -747,9 +765,10 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
         &conn,
         &q,
         PREFETCH,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(5), Duration::from_millis(40))?
+        Some(Box::new(|options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(Duration::from_millis(5))
+                .requeue_backoff_max(Duration::from_millis(40))
                 .dead_letter_after(2)
         })),
         store.clone(),

@@ -81,7 +81,7 @@ pub trait Acknowledge<T> {
     ///
     /// Defaults to [`failed`](Self::failed) with this delivery alone. [`AmqpQueue`](super::AmqpQueue)'s
     /// acknowledger counts these and dead-letters the delivery to `{queue}.dlq` after
-    /// [`AmqpQueue::dead_letter_after`](super::AmqpQueue::dead_letter_after) of them.
+    /// [`AmqpQueueOptions::dead_letter_after`](super::AmqpQueueOptions::dead_letter_after) of them.
     ///
     /// # Errors
     ///

@@ -141,7 +141,7 @@
 //!
 //! What becomes of them is the acknowledgement's choice (by default nothing: they wait for the
 //! broker to take them back); over AMQP they are requeued after a backoff, and a delivery
-//! rejected [`AmqpQueue::dead_letter_after`] times goes to `{queue}.dlq` (see *Rolled-back
+//! rejected [`AmqpQueueOptions::dead_letter_after`] times goes to `{queue}.dlq` (see *Rolled-back
 //! deliveries over AMQP* below). Consumption goes on with the next batch.
 //!
 //! # Crash and cancellation boundaries
@@ -212,7 +212,7 @@
 //!   message's identity since it last committed and the queue's failed batches since its last
 //!   committed batch (so it grows for a message that always fails, and for every message while
 //!   the database is down). After `n` of them it is `first × 2^(n-1)`, capped at `max`
-//!   ([`AmqpQueue::requeue_backoff`]; 200 ms and 30 s by default), times a random factor
+//!   ([`AmqpQueueOptions::requeue_backoff_first`] and [`requeue_backoff_max`](AmqpQueueOptions::requeue_backoff_max); 200 ms and 30 s by default), times a random factor
 //!   between ½ and 1. The random factor brings the deliveries of one failed batch back at
 //!   different times, so that a message is not batched again and again with the one that made
 //!   its batch fail. A committed batch resets the counts of its identities and the queue's.
@@ -221,7 +221,7 @@
 //!   backoff is capped at most once every `max / 2`; every failure is counted in
 //!   [`Report::failed`] (a message that failed three times counts three) and logged.
 //! * **A message that can never be applied is dead-lettered.** After
-//!   [`AmqpQueue::dead_letter_after`] failures through its own fault
+//!   [`AmqpQueueOptions::dead_letter_after`] failures through its own fault
 //!   ([`Acknowledge::rejected`]; 5 by default) a copy goes to `{queue}.dlq` — the family's
 //!   dead letter: the same envelope and attempt, the body, `x-acemq-error: exhausted N
 //!   attempts: <the error>` and where it was consumed from — and once the broker has confirmed
@@ -259,7 +259,7 @@ mod source;
 mod store;
 mod store_apply;
 
-pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpSource, AmqpToken};
+pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpSource, AmqpToken};
 pub use batcher::{Batcher, BatcherOptions};
 pub use consume::{consume, consume_with, ConsumeOptions, Report};
 #[cfg(feature = "sqlite")]
