@@ -1,7 +1,10 @@
 //! The recipe: [`consume`] and [`consume_with`], and the [`Report`] they return.
 
+use super::batcher::{Batcher, BatcherOptions};
+use super::delivery::{Acknowledge, Delivery};
 use super::isolate::{apply_isolating, Applied};
-use super::{Acknowledge, ApplyBatch, Batcher, BatcherOptions, Delivery, Source};
+use super::source::Source;
+use super::store_apply::ApplyBatch;
 use crate::error::Result;
 
 /// What [`consume`] did.

@@ -9,8 +9,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
+use super::store::Effect;
 use super::store::{BatchStore, BatchStoreOptions, DEFAULT_RECEIPTS_TABLE};
-use super::{ApplyBatch, Effect, Message, Receipt};
+use super::store_apply::{ApplyBatch, Message, Receipt};
 use crate::error::{Error, Result};
 use crate::sql::{self, Sql, Value};
 

@@ -1,7 +1,8 @@
 //! Applying a batch so that one message that fails, fails alone: the batch in one transaction,
 //! then, when it rolled back, its messages one at a time.
 
-use super::{ApplyBatch, Delivery, Message, Receipt};
+use super::delivery::Delivery;
+use super::store_apply::{ApplyBatch, Message, Receipt};
 use crate::error::{Error, Result};
 
 /// True when the store refused the message itself: it fails the same way every time it is

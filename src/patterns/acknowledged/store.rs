@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{ApplyBatch, Message, Receipt};
+use super::store_apply::{ApplyBatch, Message, Receipt};
 use crate::error::{Error, Result};
 use crate::sql::{self, Connect, Dialect, Sql, Value};
 

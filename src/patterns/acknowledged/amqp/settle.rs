@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::state::{AmqpToken, Held, QueueState};
 use crate::error::{Error, Result};
-use crate::patterns::acknowledged::Acknowledge;
-use crate::patterns::acknowledged::Delivery;
+use crate::patterns::acknowledged::delivery::{Acknowledge, Delivery};
 
 /// Acknowledges deliveries of an [`AmqpQueue`](super::AmqpQueue) on its channel.
 pub struct AmqpAcknowledge<'a> {

@@ -8,10 +8,9 @@ use amiquip::ConsumerMessage;
 
 use super::state::{AmqpToken, QueueState};
 use crate::error::{Error, Result};
-use crate::patterns::acknowledged::Delivery;
-use crate::patterns::acknowledged::Message;
-use crate::patterns::acknowledged::Polled;
-use crate::patterns::acknowledged::Source;
+use crate::patterns::acknowledged::delivery::Delivery;
+use crate::patterns::acknowledged::source::{Polled, Source};
+use crate::patterns::acknowledged::store_apply::Message;
 
 /// Deliveries from an [`AmqpQueue`](super::AmqpQueue).
 pub struct AmqpSource<'a> {
