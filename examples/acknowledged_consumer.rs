@@ -12,7 +12,8 @@
 //! rolled back, then applied again one message at a time), and what is left unacknowledged.
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, Acknowledge, ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+    consume, Acknowledge, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
+    Delivery, IterSource,
 };
 
 /// The largest batch: the deliveries applied in one transaction.
@@ -114,7 +115,7 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let keep = std::env::args().skip(1).any(|a| a == "--keep");
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("counters.db");
-    let store = CounterStore::builder(&path).allow(ALLOWED).build()?;
+    let store = CounterStore::new(&path, CounterStoreOptions::new().allow(ALLOWED))?;
     store.create_tables()?;
 
     let mut deliveries = Vec::new();

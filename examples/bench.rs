@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
-    ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
+    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpToken,
+    Batcher, BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
+    Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
@@ -999,7 +1000,7 @@ fn raw_commit_rate(path: &std::path::Path, n: usize) -> Result<f64> {
 }
 
 fn recipe_rate(path: &std::path::Path, batch: usize, n: usize) -> Result<f64> {
-    let store = CounterStore::builder(path).build()?;
+    let store = CounterStore::new(path, CounterStoreOptions::new())?;
     store.create_tables()?;
     let tag = path.display().to_string();
     let deliveries: Vec<Delivery<u64>> = (0..n)
@@ -1070,16 +1071,17 @@ fn recipe_amqp_rate(
     path: &std::path::Path,
     n: usize,
 ) -> Result<f64> {
-    let store = CounterStore::builder(path).build()?;
+    let store = CounterStore::new(path, CounterStoreOptions::new())?;
     store.create_tables()?;
-    let amqp = AmqpQueue::open(conn, queue, 65)?;
+    let amqp = AmqpQueue::open(conn, queue, AmqpQueueOptions::new().prefetch(65))?;
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(32)
-        .max_pending(64)
-        .poll_interval(Duration::from_millis(10))
-        .stop_handle(stop.clone())
-        .build()?;
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(32)
+            .max_pending(64)
+            .poll_interval(Duration::from_millis(10))
+            .stop_handle(stop.clone()),
+    )?;
     let end = std::cell::Cell::new(None);
     let start = Instant::now();
     let acks = StopAfter {

@@ -7,7 +7,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::schema_registry::{SchemaRegistry, SqlSchemaRegistry};
+use acemq_amqp::patterns::schema_registry::{
+    SchemaRegistry, SqlSchemaRegistry, SqlSchemaRegistryOptions,
+};
 use acemq_amqp::{
     dead_letter_queue, Error, FatalError, HeaderValue, JsonCodec, Message, Outcome, QueueSpec,
     Result,
@@ -31,9 +33,10 @@ fn example() -> Result<()> {
         source: e,
     })?;
     let path = dir.path().join("schemas.db");
-    let registry = Arc::new(
-        SqlSchemaRegistry::builder(move || Ok(rusqlite::Connection::open(&path)?)).build()?,
-    );
+    let registry = Arc::new(SqlSchemaRegistry::new(
+        move || Ok(rusqlite::Connection::open(&path)?),
+        SqlSchemaRegistryOptions::new(),
+    )?);
     registry.create_table()?;
     let v1 = registry.register(
         "order.placed",

@@ -11,9 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, Batcher, ConsumeOptions,
-    CounterIncrement, CounterStore, Delivery, Effect, IterSource, Message, Polled, Receipt, Report,
-    Source,
+    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, BatchStoreOptions, Batcher,
+    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
+    Effect, IterSource, Message, Polled, Receipt, Report, Source,
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{Error, Result, StopHandle};
@@ -30,7 +30,7 @@ fn counter_store() -> (tempfile::TempDir, CounterStore) {
 }
 
 fn counter_store_at(path: &std::path::Path) -> CounterStore {
-    let store = CounterStore::builder(path).build().expect("build");
+    let store = CounterStore::new(path, CounterStoreOptions::new()).expect("build");
     store.create_tables().expect("create tables");
     store
 }
@@ -311,10 +311,11 @@ fn an_invalid_counter_name_fails_alone_and_its_batchmates_commit() {
 #[test]
 fn an_unauthorised_counter_fails_alone_and_its_batchmates_commit() {
     let dir = tempfile::tempdir().unwrap();
-    let store = CounterStore::builder(dir.path().join("auth.db"))
-        .allow(["hits"])
-        .build()
-        .unwrap();
+    let store = CounterStore::new(
+        dir.path().join("auth.db"),
+        CounterStoreOptions::new().allow(["hits"]),
+    )
+    .unwrap();
     store.create_tables().unwrap();
     rollback_case(&store, "auth", inc("auth/4", "admin", 1));
     assert_eq!(store.value("admin").unwrap(), 0);
@@ -917,12 +918,13 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
         .collect();
     let (mut source, stats) = TestSource::new(deliveries(&messages, 1));
     source.idle_forever = true;
-    let batcher = Batcher::builder()
-        .batch_size(8)
-        .max_pending(16)
-        .poll_interval(Duration::from_millis(20))
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(8)
+            .max_pending(16)
+            .poll_interval(Duration::from_millis(20)),
+    )
+    .unwrap();
     let stop: StopHandle = batcher.stop_handle();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let waiter = {
@@ -956,7 +958,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
         .map(|i| inc(&format!("stop2/{i}"), "hits", 1))
         .collect();
     let (source, stats) = TestSource::new(deliveries(&more, 1));
-    let batcher = Batcher::new(4, 8).unwrap();
+    let batcher = Batcher::new(BatcherOptions::new().batch_size(4).max_pending(8)).unwrap();
     let stop = batcher.stop_handle();
     let stats2 = Arc::clone(&stats);
     let acked = Arc::new(Mutex::new(Vec::new()));
@@ -988,7 +990,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
 #[test]
 fn map_outcomes_returns_one_outcome_per_item_in_order() {
     // max_pending a multiple of the batch size: the batches are [0..7) [7..14) …
-    let batcher = Batcher::new(7, 14).unwrap();
+    let batcher = Batcher::new(BatcherOptions::new().batch_size(7).max_pending(14)).unwrap();
     let mut seen = Vec::new();
     batcher
         .map_outcomes(
@@ -1030,11 +1032,8 @@ fn map_outcomes_returns_one_outcome_per_item_in_order() {
         )
         .unwrap();
     assert_eq!(errors, 3);
-    assert!(Batcher::new(1, 0).is_err());
-    assert!(Batcher::builder()
-        .poll_interval(Duration::ZERO)
-        .build()
-        .is_err());
+    assert!(Batcher::new(BatcherOptions::new().batch_size(1).max_pending(0)).is_err());
+    assert!(Batcher::new(BatcherOptions::new().poll_interval(Duration::ZERO)).is_err());
 }
 
 #[test]
@@ -1055,20 +1054,17 @@ fn invalid_table_names_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("names.db");
     assert!(matches!(
-        CounterStore::builder(&path)
-            .receipts_table("x; drop")
-            .build(),
+        CounterStore::new(&path, CounterStoreOptions::new().receipts_table("x; drop")),
         Err(Error::InvalidName { kind: "table", .. })
     ));
-    assert!(CounterStore::builder(&path)
-        .counters_table("same")
-        .receipts_table("same")
-        .build()
-        .is_err());
-    assert!(CounterStore::builder(&path)
-        .allow(["bad name"])
-        .build()
-        .is_err());
+    assert!(CounterStore::new(
+        &path,
+        CounterStoreOptions::new()
+            .counters_table("same")
+            .receipts_table("same")
+    )
+    .is_err());
+    assert!(CounterStore::new(&path, CounterStoreOptions::new().allow(["bad name"])).is_err());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1107,10 +1103,12 @@ fn ledger_store(db: &db::Db) -> (BatchStore<impl Effect>, String) {
         tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
         Ok(format!("booked {amount}"))
     };
-    let store = BatchStore::builder(db.factory(), effect)
-        .table(&receipts)
-        .build()
-        .unwrap();
+    let store = BatchStore::new(
+        db.factory(),
+        effect,
+        BatchStoreOptions::new().table(&receipts),
+    )
+    .unwrap();
     store.create_table().unwrap();
     (store, ledger)
 }
@@ -1251,13 +1249,15 @@ fn a_message_the_database_refuses_alone_is_rejected_as_its_own_fault(db: &db::Db
             d.placeholder(2)
         )
     };
-    let store = BatchStore::builder(db.factory(), move |tx: &mut dyn Sql, m: &Message| {
-        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
-        tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
-        Ok("booked".to_string())
-    })
-    .table(db.table("checked_receipts"))
-    .build()
+    let store = BatchStore::new(
+        db.factory(),
+        move |tx: &mut dyn Sql, m: &Message| {
+            let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+            tx.execute(&insert, &[m.identifier.as_str().into(), amount.into()])?;
+            Ok("booked".to_string())
+        },
+        BatchStoreOptions::new().table(db.table("checked_receipts")),
+    )
     .unwrap();
     store.create_table().unwrap();
     store.check_up().unwrap();
@@ -1303,7 +1303,7 @@ fn concurrent_consumers_of_one_counter_file_apply_each_identity_once() {
             let messages = &messages;
             let failed = &failed;
             s.spawn(move || {
-                let store = CounterStore::builder(path).build().unwrap();
+                let store = CounterStore::new(path, CounterStoreOptions::new()).unwrap();
                 let r = consume(
                     IterSource::new(deliveries(messages, first_token)),
                     &store,

@@ -7,8 +7,8 @@ use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume_with, AmqpQueue, ApplyBatch, Batcher, CounterIncrement, CounterStore,
-    Message as AckMessage, Receipt, Report,
+    consume_with, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions,
+    CounterIncrement, CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
 use support::{connect, eventually, unique, Cleanup};
@@ -16,10 +16,11 @@ use support::{connect, eventually, unique, Cleanup};
 const WAIT: Duration = Duration::from_secs(30);
 
 fn counters(dir: &tempfile::TempDir) -> CounterStore {
-    let store = CounterStore::builder(dir.path().join("counters.db"))
-        .allow(["page_views", "signups"])
-        .build()
-        .unwrap();
+    let store = CounterStore::new(
+        dir.path().join("counters.db"),
+        CounterStoreOptions::new().allow(["page_views", "signups"]),
+    )
+    .unwrap();
     store.create_tables().unwrap();
     store
 }
@@ -47,13 +48,14 @@ fn publish_increments(
 /// handle that stops it.
 fn stoppable_batcher(batch: usize, max_pending: usize) -> (Batcher, StopHandle) {
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(batch)
-        .max_pending(max_pending)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(batch)
+            .max_pending(max_pending)
+            .poll_interval(Duration::from_millis(20))
+            .stop_handle(stop.clone()),
+    )
+    .unwrap();
     (batcher, stop)
 }
 
@@ -66,17 +68,23 @@ fn run_until(
     done: impl Fn() -> bool,
 ) -> Report {
     let stop = StopHandle::new();
-    let batcher = Batcher::builder()
-        .batch_size(batch)
-        .max_pending(2 * batch)
-        .poll_interval(Duration::from_millis(20))
-        .stop_handle(stop.clone())
-        .build()
-        .unwrap();
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(batch)
+            .max_pending(2 * batch)
+            .poll_interval(Duration::from_millis(20))
+            .stop_handle(stop.clone()),
+    )
+    .unwrap();
     std::thread::scope(|s| {
         let running = s.spawn(|| {
             // The source borrows the queue's channel and stays on this thread.
-            let queue = AmqpQueue::open(conn, q, u16::try_from(2 * batch + 1).unwrap()).unwrap();
+            let queue = AmqpQueue::open(
+                conn,
+                q,
+                AmqpQueueOptions::new().prefetch(u16::try_from(2 * batch + 1).unwrap()),
+            )
+            .unwrap();
             let report = consume_with(
                 queue.source().unwrap(),
                 store,
@@ -237,19 +245,21 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
         publisher.publish("", &q, m).unwrap();
     }
     let batcher = |stop: &StopHandle| {
-        Batcher::builder()
-            .batch_size(4)
-            .max_pending(8)
-            .poll_interval(Duration::from_millis(20))
-            .stop_handle(stop.clone())
-            .build()
-            .unwrap()
+        Batcher::new(
+            BatcherOptions::new()
+                .batch_size(4)
+                .max_pending(8)
+                .poll_interval(Duration::from_millis(20))
+                .stop_handle(stop.clone()),
+        )
+        .unwrap()
     };
     let (first_stop, second_stop) = (StopHandle::new(), StopHandle::new());
     let (first, second, all_applied) = std::thread::scope(|s| {
         let running = s.spawn(|| {
             // Two runs, one after the other, on one queue (one channel).
-            let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+            let queue =
+                AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(PREFETCH)).unwrap();
             let first = consume_with(
                 queue.source().unwrap(),
                 &store,
@@ -319,7 +329,7 @@ fn a_queue_gives_one_source_at_a_time() {
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("ack-amqp-one-source"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let queue = AmqpQueue::open(&conn, &q, 4).unwrap();
+    let queue = AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(4)).unwrap();
     let first = queue.source().unwrap();
     // Two consumers on one channel: a `multiple` could cover the other's untaken deliveries.
     assert!(matches!(queue.source(), Err(Error::InvalidArgument { .. })));
@@ -365,7 +375,7 @@ fn stop_and_join(
 }
 
 /// Sets a queue's options before its run.
-type Configure = Box<dyn FnOnce(AmqpQueue) -> acemq_amqp::Result<AmqpQueue> + Send>;
+type Configure = Box<dyn FnOnce(AmqpQueueOptions) -> AmqpQueueOptions + Send>;
 
 /// Runs the recipe on `q` on a thread of its own, so that a stalled run fails a test (bounded
 /// by deadlines) instead of hanging it; its result arrives on the receiver.
@@ -384,10 +394,12 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
     let (conn, q) = (conn.clone(), q.to_string());
     let running = std::thread::spawn(move || {
         let run = || -> acemq_amqp::Result<Report> {
-            let mut queue = AmqpQueue::open(&conn, &q, prefetch)?;
-            if let Some(configure) = configure {
-                queue = configure(queue)?;
-            }
+            let options = AmqpQueueOptions::new().prefetch(prefetch);
+            let options = match configure {
+                Some(configure) => configure(options),
+                None => options,
+            };
+            let queue = AmqpQueue::open(&conn, &q, options)?;
             let report = consume_with(queue.source()?, &store, queue.acknowledger(), &batcher);
             queue.close()?;
             report
@@ -492,24 +504,30 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     {
         // The backoff is checked.
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
+        let options = || AmqpQueueOptions::new().prefetch(PREFETCH);
+        let backoff = |first, max| {
+            AmqpQueue::open(
+                &conn,
+                &q,
+                options()
+                    .requeue_backoff_first(first)
+                    .requeue_backoff_max(max),
+            )
+        };
         assert!(matches!(
-            queue.requeue_backoff(Duration::ZERO, MAX),
+            backoff(Duration::ZERO, MAX),
             Err(Error::InvalidArgument { .. })
         ));
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
         assert!(matches!(
-            queue.requeue_backoff(MAX, FIRST),
+            backoff(MAX, FIRST),
             Err(Error::InvalidArgument { .. })
         ));
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
         assert!(matches!(
-            queue.requeue_backoff(FIRST, Duration::MAX),
+            backoff(FIRST, Duration::MAX),
             Err(Error::InvalidArgument { .. })
         ));
         // And so is the dead-letter limit.
-        let queue = AmqpQueue::open(&conn, &q, PREFETCH).unwrap();
-        let zero = queue.dead_letter_after(0).map(|_| ());
+        let zero = AmqpQueue::open(&conn, &q, options().dead_letter_after(0)).map(|_| ());
         assert!(
             matches!(&zero, Err(Error::InvalidArgument { reason }) if reason.contains("at least 1")),
             "{zero:?}"
@@ -533,8 +551,11 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
         &conn,
         &q,
         PREFETCH,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue.requeue_backoff(FIRST, MAX)?.dead_letter_after(10)
+        Some(Box::new(|options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(FIRST)
+                .requeue_backoff_max(MAX)
+                .dead_letter_after(10)
         })),
         store.clone(),
         batcher,
@@ -598,9 +619,10 @@ fn run_dead_lettering<S: ApplyBatch + Send + 'static>(
         conn,
         q,
         prefetch,
-        Some(Box::new(move |queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(10), Duration::from_millis(100))?
+        Some(Box::new(move |options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(Duration::from_millis(10))
+                .requeue_backoff_max(Duration::from_millis(100))
                 .dead_letter_after(attempts)
         })),
         store,
@@ -743,9 +765,10 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
         &conn,
         &q,
         PREFETCH,
-        Some(Box::new(|queue: AmqpQueue| {
-            queue
-                .requeue_backoff(Duration::from_millis(5), Duration::from_millis(40))?
+        Some(Box::new(|options: AmqpQueueOptions| {
+            options
+                .requeue_backoff_first(Duration::from_millis(5))
+                .requeue_backoff_max(Duration::from_millis(40))
                 .dead_letter_after(2)
         })),
         store.clone(),
@@ -780,7 +803,7 @@ fn a_database_outage_backs_off_and_dead_letters_nothing() {
 /// SQLite file and its real constraint, no fake.
 #[test]
 fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dead_lettered() {
-    use acemq_amqp::patterns::acknowledged::BatchStore;
+    use acemq_amqp::patterns::acknowledged::{BatchStore, BatchStoreOptions};
     use acemq_amqp::sql::Sql;
     const ATTEMPTS: u32 = 3;
     let conn = connect();
@@ -803,17 +826,19 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     .unwrap();
     let tries = std::sync::Arc::new(AtomicUsize::new(0));
     let counted = tries.clone();
-    let store = BatchStore::builder(open.clone(), move |tx: &mut dyn Sql, m: &AckMessage| {
-        counted.fetch_add(1, Ordering::SeqCst);
-        let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
-        tx.execute(
-            "INSERT INTO amounts (id, amount) VALUES (?1, ?2)",
-            &[m.identifier.as_str().into(), amount.into()],
-        )?;
-        Ok("stored".to_string())
-    })
-    .table("receipts")
-    .build()
+    let store = BatchStore::new(
+        open.clone(),
+        move |tx: &mut dyn Sql, m: &AckMessage| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let amount: i64 = String::from_utf8_lossy(&m.payload).parse().unwrap_or(0);
+            tx.execute(
+                "INSERT INTO amounts (id, amount) VALUES (?1, ?2)",
+                &[m.identifier.as_str().into(), amount.into()],
+            )?;
+            Ok("stored".to_string())
+        },
+        BatchStoreOptions::new().table("receipts"),
+    )
     .unwrap();
     store.create_table().unwrap();
     let store = std::sync::Arc::new(store);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use acemq_amqp::patterns::acknowledged::Batcher;
+use acemq_amqp::patterns::acknowledged::{Batcher, BatcherOptions};
 use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::replay;
@@ -79,8 +79,14 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
         .and_then(Requester::start),
     );
     is_invalid("replay window 0", replay(&conn, &q).window(0).run());
-    is_invalid("batch size 0", Batcher::new(0, 10));
-    is_invalid("max pending 0", Batcher::new(10, 0));
+    is_invalid(
+        "batch size 0",
+        Batcher::new(BatcherOptions::new().batch_size(0).max_pending(10)),
+    );
+    is_invalid(
+        "max pending 0",
+        Batcher::new(BatcherOptions::new().batch_size(10).max_pending(0)),
+    );
     match ConnectionOptions::new()
         .address(support::amqp_url())
         .max_unconfirmed_bytes(0)

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use acemq_amqp::patterns::acknowledged::AmqpQueue;
+use acemq_amqp::patterns::acknowledged::{AmqpQueue, AmqpQueueOptions};
 use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::replay;
@@ -181,7 +181,7 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{reader:?}"));
     let aq = clean.queue(&unique("hyg-ack"));
     conn.declare_queue(&QueueSpec::new(&aq)).unwrap();
-    let amqp_queue = AmqpQueue::open(&conn, &aq, 10).unwrap();
+    let amqp_queue = AmqpQueue::open(&conn, &aq, AmqpQueueOptions::new().prefetch(10)).unwrap();
     seen.push(format!("{amqp_queue:?}"));
     // The `testing` feature's types that keep a URL with its credentials.
     let proxy = acemq_amqp::testing::FaultProxy::start(&url).unwrap();

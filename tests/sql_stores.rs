@@ -8,12 +8,16 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message as AckMessage};
+use acemq_amqp::patterns::acknowledged::{
+    ApplyBatch, BatchStore, BatchStoreOptions, Message as AckMessage,
+};
 use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
 use acemq_amqp::patterns::outbox::{
     NewOutboxRecord, OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
 };
-use acemq_amqp::patterns::schema_registry::{fingerprint, SchemaRegistry, SqlSchemaRegistry};
+use acemq_amqp::patterns::schema_registry::{
+    fingerprint, SchemaRegistry, SqlSchemaRegistry, SqlSchemaRegistryOptions,
+};
 use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
 use acemq_amqp::Error;
 use db::{Backend, Db};
@@ -183,9 +187,7 @@ fn invalid_table_names_refused(db: &Db) {
                 .map(drop),
         );
         check(
-            SqlSchemaRegistry::builder(db.factory())
-                .table(bad)
-                .build()
+            SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(bad))
                 .map(drop),
         );
         check(create_schema(
@@ -745,9 +747,7 @@ fn leasing_from_a_postgres_outbox_of_thousands_never_scans_the_whole_table() {
 
 fn registry_round_trip(db: &Db) {
     let table = db.table("sch");
-    let reg = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let reg = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     reg.create_table().unwrap();
     let v1 = reg
@@ -801,18 +801,14 @@ fn registry_round_trip(db: &Db) {
         Err(Error::InvalidArgument { .. })
     ));
     // A second registry on the same table sees the same schemas.
-    let reg2 = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let reg2 = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     assert_eq!(reg2.latest("orders").unwrap(), v2);
 }
 
 fn registry_concurrent_agree(db: &Db) {
     let table = db.table("sch");
-    let first = SqlSchemaRegistry::builder(db.factory())
-        .table(&table)
-        .build()
+    let first = SqlSchemaRegistry::new(db.factory(), SqlSchemaRegistryOptions::new().table(&table))
         .unwrap();
     first.create_table().unwrap();
     for round in 0..5 {
@@ -820,10 +816,11 @@ fn registry_concurrent_agree(db: &Db) {
         let barrier = Arc::new(Barrier::new(4));
         let handles: Vec<_> = (0..4)
             .map(|_| {
-                let reg = SqlSchemaRegistry::builder(db.factory())
-                    .table(&table)
-                    .build()
-                    .unwrap();
+                let reg = SqlSchemaRegistry::new(
+                    db.factory(),
+                    SqlSchemaRegistryOptions::new().table(&table),
+                )
+                .unwrap();
                 let (barrier, subject) = (barrier.clone(), subject.clone());
                 thread::spawn(move || {
                     barrier.wait();
@@ -1017,11 +1014,11 @@ fn clock_skew_child() {
             );
         }
         "receipts" => {
-            let store = BatchStore::builder(db::pg_connect, |_: &mut dyn Sql, _: &AckMessage| {
-                Ok("done".to_string())
-            })
-            .table(&table)
-            .build()
+            let store = BatchStore::new(
+                db::pg_connect,
+                |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
+                BatchStoreOptions::new().table(&table),
+            )
             .unwrap();
             let m = AckMessage::new("skew/1", b"{}".to_vec());
             assert!(!store.apply_batch(&[&m]).unwrap()[0].is_replay());
@@ -1183,11 +1180,11 @@ fn outbox_leases_from_a_clock_ahead_expire_by_the_database_clock() {
 fn batch_receipts_from_a_clock_behind_are_dated_by_the_database_clock() {
     let db = Db::postgres();
     let table = db.table("skew_receipts");
-    let store = BatchStore::builder(db.factory(), |_: &mut dyn Sql, _: &AckMessage| {
-        Ok("done".to_string())
-    })
-    .table(&table)
-    .build()
+    let store = BatchStore::new(
+        db.factory(),
+        |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
+        BatchStoreOptions::new().table(&table),
+    )
     .unwrap();
     store.create_table().unwrap();
     run_with_clock(-SKEW_MS, "receipts", &table, Duration::from_secs(1));

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use r2d2::{ManageConnection, Pool, PooledConnection};
 
-use super::{Sql, Transactional};
+use super::seam::{Sql, Transactional};
 use crate::error::{Error, Result};
 
 #[cfg(feature = "postgres")]

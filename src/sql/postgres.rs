@@ -8,7 +8,9 @@
 use postgres::types::{ToSql, Type};
 use postgres::{Client, Row, Statement, Transaction};
 
-use super::{Dialect, Sql, SqlTransaction, Transactional, Value};
+use super::dialect::Dialect;
+use super::seam::{Sql, SqlTransaction, Transactional};
+use super::value::Value;
 use crate::error::{Error, Result};
 
 /// The part of the postgres client API both `Client` and `Transaction` offer.

@@ -6,7 +6,9 @@
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::{Dialect, Sql, SqlTransaction, Transactional, Value};
+use super::dialect::Dialect;
+use super::seam::{Sql, SqlTransaction, Transactional};
+use super::value::Value;
 use crate::error::{Error, Result};
 
 impl rusqlite::ToSql for Value {

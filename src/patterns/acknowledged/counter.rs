@@ -9,8 +9,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-use super::store::{BatchStore, DEFAULT_RECEIPTS_TABLE};
-use super::{ApplyBatch, Effect, Message, Receipt};
+use super::store::Effect;
+use super::store::{BatchStore, BatchStoreOptions, DEFAULT_RECEIPTS_TABLE};
+use super::store_apply::{ApplyBatch, Message, Receipt};
 use crate::error::{Error, Result};
 use crate::sql::{self, Sql, Value};
 
@@ -68,7 +69,7 @@ impl CounterIncrement {
 /// `BEGIN IMMEDIATE` transaction checks the receipts, applies the new increments and writes their
 /// receipts, commits, and closes the connection. A message is refused, and its whole batch rolled
 /// back, when its payload is not a [`CounterIncrement`], its counter name is invalid, the counter
-/// is not in the [allowed list](CounterStoreBuilder::allow) (unauthorised), or the sum would
+/// is not in the [allowed list](CounterStoreOptions::allow) (unauthorised), or the sum would
 /// overflow an `i64`. The outcome recorded for an increment is the JSON
 /// `{"counter": …, "value": …}` with the counter's value after it.
 ///
@@ -85,24 +86,42 @@ pub struct CounterStore {
     inner: BatchStore<CounterEffect>,
 }
 
-/// Builds a [`CounterStore`].
+/// How a [`CounterStore`] names its tables and which counters it may change. Validated by
+/// [`CounterStore::new`].
 #[derive(Clone, Debug)]
-pub struct CounterStoreBuilder {
-    path: PathBuf,
+pub struct CounterStoreOptions {
     receipts_table: String,
     counters_table: String,
     allowed: Option<HashSet<String>>,
     busy_timeout: Duration,
 }
 
-impl CounterStoreBuilder {
+impl Default for CounterStoreOptions {
+    fn default() -> Self {
+        CounterStoreOptions {
+            receipts_table: DEFAULT_RECEIPTS_TABLE.to_owned(),
+            counters_table: DEFAULT_COUNTERS_TABLE.to_owned(),
+            allowed: None,
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl CounterStoreOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// The receipt table's name, a plain identifier. Defaults to `acemq_receipts`.
+    #[must_use]
     pub fn receipts_table(mut self, name: impl Into<String>) -> Self {
         self.receipts_table = name.into();
         self
     }
 
     /// The counters table's name, a plain identifier. Defaults to `acemq_counters`.
+    #[must_use]
     pub fn counters_table(mut self, name: impl Into<String>) -> Self {
         self.counters_table = name.into();
         self
@@ -110,6 +129,7 @@ impl CounterStoreBuilder {
 
     /// Only these counters may be changed; a message for another one is refused as
     /// unauthorised. Defaults to allowing every valid name.
+    #[must_use]
     pub fn allow<I, S>(mut self, counters: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -120,42 +140,49 @@ impl CounterStoreBuilder {
     }
 
     /// How long a batch waits for another writer's lock on the file. Defaults to 5 s.
+    #[must_use]
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
     }
+}
 
-    /// Checks the settings and builds the store. Does not touch the file.
+impl CounterStore {
+    /// A store on the SQLite file at `path` (created if missing) with these options. Checks
+    /// the options; does not touch the file.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidName`] for a table name that is not a plain identifier,
     /// [`Error::InvalidArgument`] for two tables of the same name or an invalid allowed counter.
-    pub fn build(self) -> Result<CounterStore> {
-        sql::check_identifier(&self.receipts_table)?;
-        sql::check_identifier(&self.counters_table)?;
-        if self.receipts_table == self.counters_table {
+    pub fn new(path: impl AsRef<Path>, options: CounterStoreOptions) -> Result<CounterStore> {
+        sql::check_identifier(&options.receipts_table)?;
+        sql::check_identifier(&options.counters_table)?;
+        if options.receipts_table == options.counters_table {
             return Err(Error::invalid(
                 "the receipts and counters tables must have different names",
             ));
         }
-        if let Some(allowed) = &self.allowed {
+        if let Some(allowed) = &options.allowed {
             for name in allowed {
                 check_counter_name(name)?;
             }
         }
-        let path = Arc::new(self.path);
-        let busy_timeout = self.busy_timeout;
+        let path = Arc::new(path.as_ref().to_path_buf());
+        let busy_timeout = options.busy_timeout;
         let open_path = Arc::clone(&path);
         let effect = CounterEffect {
-            select: format!("SELECT value FROM {} WHERE name = ?1", self.counters_table),
+            select: format!(
+                "SELECT value FROM {} WHERE name = ?1",
+                options.counters_table
+            ),
             upsert: format!(
                 "INSERT INTO {} (name, value) VALUES (?1, ?2) \
                  ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                self.counters_table
+                options.counters_table
             ),
-            table: self.counters_table,
-            allowed: self.allowed,
+            table: options.counters_table,
+            allowed: options.allowed,
         };
         let keeper: Arc<Mutex<Option<rusqlite::Connection>>> = Arc::new(Mutex::new(None));
         let keep = Arc::clone(&keeper);
@@ -167,9 +194,11 @@ impl CounterStoreBuilder {
             }
             Ok(conn)
         };
-        let inner = BatchStore::builder(connect, effect)
-            .table(self.receipts_table)
-            .build()?;
+        let inner = BatchStore::new(
+            connect,
+            effect,
+            BatchStoreOptions::new().table(options.receipts_table),
+        )?;
         Ok(CounterStore {
             path,
             busy_timeout,
@@ -190,17 +219,6 @@ impl fmt::Debug for CounterStore {
 }
 
 impl CounterStore {
-    /// A builder for a store on the SQLite file at `path` (created if missing).
-    pub fn builder(path: impl AsRef<Path>) -> CounterStoreBuilder {
-        CounterStoreBuilder {
-            path: path.as_ref().to_path_buf(),
-            receipts_table: DEFAULT_RECEIPTS_TABLE.to_owned(),
-            counters_table: DEFAULT_COUNTERS_TABLE.to_owned(),
-            allowed: None,
-            busy_timeout: Duration::from_secs(5),
-        }
-    }
-
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.path

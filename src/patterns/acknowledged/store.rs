@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::{ApplyBatch, Message, Receipt};
+use super::store_apply::{ApplyBatch, Message, Receipt};
 use crate::error::{Error, Result};
 use crate::sql::{self, Connect, Dialect, Sql, Value};
 
@@ -65,7 +65,9 @@ where
 /// ```
 /// # #[cfg(feature = "sqlite")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::acknowledged::{ApplyBatch, BatchStore, Message, Receipt};
+/// use acemq_amqp::patterns::acknowledged::{
+///     ApplyBatch, BatchStore, BatchStoreOptions, Message, Receipt,
+/// };
 /// use acemq_amqp::sql::Sql;
 /// let path = std::env::temp_dir().join(format!("acemq-batch-doc-{}.db", std::process::id()));
 /// # std::fs::remove_file(&path).ok();
@@ -77,15 +79,14 @@ where
 /// };
 /// let mut conn = open()?;
 /// Sql::execute(&mut conn, "CREATE TABLE IF NOT EXISTS doc_orders (id TEXT, body BLOB)", &[])?;
-/// let store = BatchStore::builder(open, |tx: &mut dyn Sql, m: &Message| {
+/// let effect = |tx: &mut dyn Sql, m: &Message| {
 ///     tx.execute(
 ///         "INSERT INTO doc_orders (id, body) VALUES (?1, ?2)",
 ///         &[m.identifier.as_str().into(), m.payload.clone().into()],
 ///     )?;
 ///     Ok("stored".to_string())
-/// })
-/// .table("doc_receipts")
-/// .build()?;
+/// };
+/// let store = BatchStore::new(open, effect, BatchStoreOptions::new().table("doc_receipts"))?;
 /// store.create_table()?;
 /// let m = Message::new("shop/order/1", b"{}".to_vec());
 /// let receipts = store.apply_batch(&[&m, &m])?;
@@ -102,40 +103,31 @@ pub struct BatchStore<E> {
     effect: E,
 }
 
-/// Builds a [`BatchStore`].
-pub struct BatchStoreBuilder<E> {
-    connect: Connect,
+/// How a [`BatchStore`] names its receipt table. Validated by [`BatchStore::new`].
+#[derive(Clone, Debug)]
+pub struct BatchStoreOptions {
     table: String,
-    effect: E,
 }
 
-impl<E: Effect> BatchStoreBuilder<E> {
+impl Default for BatchStoreOptions {
+    fn default() -> Self {
+        BatchStoreOptions {
+            table: DEFAULT_RECEIPTS_TABLE.to_owned(),
+        }
+    }
+}
+
+impl BatchStoreOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// The receipt table's name, a plain identifier. Defaults to `acemq_receipts`.
+    #[must_use]
     pub fn table(mut self, name: impl Into<String>) -> Self {
         self.table = name.into();
         self
-    }
-
-    /// Checks the settings and builds the store. Does not touch the database.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidName`] for a table name that is not a plain identifier.
-    pub fn build(self) -> Result<BatchStore<E>> {
-        sql::check_identifier(&self.table)?;
-        Ok(BatchStore {
-            connect: self.connect,
-            table: self.table,
-            effect: self.effect,
-        })
-    }
-}
-
-impl<E> fmt::Debug for BatchStoreBuilder<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BatchStoreBuilder")
-            .field("table", &self.table)
-            .finish_non_exhaustive()
     }
 }
 
@@ -148,18 +140,23 @@ impl<E> fmt::Debug for BatchStore<E> {
 }
 
 impl<E: Effect> BatchStore<E> {
-    /// A builder for a store that gets its connections from `connect` and runs `effect` for
-    /// each new message.
-    pub fn builder<F, C>(connect: F, effect: E) -> BatchStoreBuilder<E>
+    /// A store that gets its connections from `connect` and runs `effect` for each new
+    /// message. Checks the options; does not touch the database.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a table name that is not a plain identifier.
+    pub fn new<F, C>(connect: F, effect: E, options: BatchStoreOptions) -> Result<BatchStore<E>>
     where
         F: Fn() -> Result<C> + Send + Sync + 'static,
         C: Sql + 'static,
     {
-        BatchStoreBuilder {
+        sql::check_identifier(&options.table)?;
+        Ok(BatchStore {
             connect: sql::erase(connect),
-            table: DEFAULT_RECEIPTS_TABLE.to_owned(),
+            table: options.table,
             effect,
-        }
+        })
     }
 
     /// The receipt table's name.
