@@ -25,7 +25,7 @@ use acemq_amqp::patterns::acknowledged::{
     consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpToken, Batcher,
     ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
@@ -570,10 +570,12 @@ where
     M: r2d2::ManageConnection,
     M::Connection: Sql + acemq_amqp::sql::Transactional,
 {
-    let store = SqlIdempotencyStore::builder(checkout(pool))
-        .table(table)
-        .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
-        .build()?;
+    let store = SqlIdempotencyStore::open(
+        checkout(pool),
+        SqlIdempotencyStoreOptions::default()
+            .table(table)
+            .group_commit(matches!(kind, Idem::Plain | Idem::Plain8)),
+    )?;
     store.create_table()?;
     let store = Arc::new(store);
     let d = match kind {
@@ -862,9 +864,10 @@ where
         &format!("CREATE TABLE {raw_table} (k TEXT PRIMARY KEY, v BIGINT)"),
         &[],
     )?;
-    let idem = SqlIdempotencyStore::builder(checkout(pool))
-        .table(format!("bench_sidem_{tag}"))
-        .build()?;
+    let idem = SqlIdempotencyStore::open(
+        checkout(pool),
+        SqlIdempotencyStoreOptions::default().table(format!("bench_sidem_{tag}")),
+    )?;
     idem.create_table()?;
     let outbox = SqlOutboxStore::builder(checkout(pool))
         .table(format!("bench_soutbox_{tag}"))

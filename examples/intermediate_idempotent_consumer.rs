@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::idempotent;
 use acemq_amqp::{Error, Message, Outcome, QueueSpec, Result};
 
@@ -25,8 +25,10 @@ fn example() -> Result<()> {
         source: e,
     })?;
     let path = dir.path().join("receipts.db");
-    let receipts =
-        SqlIdempotencyStore::builder(move || Ok(rusqlite::Connection::open(&path)?)).build()?;
+    let receipts = SqlIdempotencyStore::open(
+        move || Ok(rusqlite::Connection::open(&path)?),
+        SqlIdempotencyStoreOptions::default(),
+    )?;
     receipts.create_table()?;
 
     let connection = ex::connect()?;

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::idempotent_tx;
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
@@ -125,7 +125,10 @@ fn tour() -> Result<()> {
     )?;
     let outbox = std::sync::Arc::new(SqlOutboxStore::builder(open.clone()).build()?);
     outbox.create_table()?;
-    let receipts = std::sync::Arc::new(SqlIdempotencyStore::builder(open.clone()).build()?);
+    let receipts = std::sync::Arc::new(SqlIdempotencyStore::open(
+        open.clone(),
+        SqlIdempotencyStoreOptions::default(),
+    )?);
     receipts.create_table()?;
 
     let shipping = format!("tour.shipping.{run}");

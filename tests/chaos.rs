@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::idempotent_tx;
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
@@ -132,10 +132,11 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
     );
     outbox.create_table().unwrap();
     let idem = Arc::new(
-        SqlIdempotencyStore::builder(checkout(&consumer_pool))
-            .table(&idem_table)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            checkout(&consumer_pool),
+            SqlIdempotencyStoreOptions::default().table(&idem_table),
+        )
+        .unwrap(),
     );
     idem.create_table().unwrap();
 

@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{OutboxEvent, PublishOutcome, Settlement};
-use acemq_amqp::patterns::idempotency::{InMemoryIdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotency::{
+    InMemoryIdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
+};
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
@@ -114,10 +116,11 @@ fn outbox_store(table: &str) -> SqlOutboxStore {
 
 fn idem_store(table: &str) -> Arc<SqlIdempotencyStore> {
     Arc::new(
-        SqlIdempotencyStore::builder(pg_factory())
-            .table(table)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            pg_factory(),
+            SqlIdempotencyStoreOptions::default().table(table),
+        )
+        .unwrap(),
     )
 }
 

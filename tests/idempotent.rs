@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::patterns::idempotency::{IdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotency::{
+    IdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
+};
 use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::record;
@@ -38,11 +40,13 @@ fn effects_table(db: &Db) -> String {
 }
 
 fn store(db: &Db, lease: Duration) -> SqlIdempotencyStore {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem"))
-        .claim_timeout(lease)
-        .build()
-        .unwrap();
+    let s = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("idem"))
+            .claim_timeout(lease),
+    )
+    .unwrap();
     s.create_table().unwrap();
     s
 }
@@ -293,10 +297,11 @@ fn crash_child() {
         })
     };
     let store = Arc::new(
-        SqlIdempotencyStore::builder(factory.clone())
-            .table(idem)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            factory.clone(),
+            SqlIdempotencyStoreOptions::default().table(idem),
+        )
+        .unwrap(),
     );
     let conn = connect_with(
         ConnectionOptions::new()

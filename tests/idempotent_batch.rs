@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount};
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
@@ -339,9 +339,7 @@ fn crash_child() {
         })
     };
     let store = Arc::new(
-        SqlIdempotencyStore::builder(factory)
-            .table(idem)
-            .build()
+        SqlIdempotencyStore::open(factory, SqlIdempotencyStoreOptions::default().table(idem))
             .unwrap(),
     );
     let calls = Arc::new(AtomicUsize::new(0));
@@ -491,12 +489,14 @@ fn group_store(db: &Db) -> Arc<SqlIdempotencyStore> {
 }
 
 fn group_store_leasing(db: &Db, lease: Duration) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem_group"))
-        .claim_timeout(lease)
-        .group_commit(true)
-        .build()
-        .unwrap();
+    let s = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("idem_group"))
+            .claim_timeout(lease)
+            .group_commit(true),
+    )
+    .unwrap();
     s.create_table().unwrap();
     Arc::new(s)
 }

@@ -66,7 +66,7 @@
 //! after it, every redelivery finds its receipt and is a duplicate.
 //!
 //! For the plain form over a [`SqlIdempotencyStore`](crate::patterns::idempotency::SqlIdempotencyStore),
-//! [`group_commit`](crate::patterns::idempotency::SqlIdempotencyStoreBuilder::group_commit) lets the
+//! [`group_commit`](crate::patterns::idempotency::SqlIdempotencyStoreOptions::group_commit) lets the
 //! claims and confirms of concurrent workers share commits.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -496,7 +496,7 @@ mod transactional {
     /// use std::sync::Arc;
     /// use acemq_amqp::patterns::idempotent::idempotent_tx;
     /// use acemq_amqp::patterns::relay::record;
-    /// use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+    /// use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
     /// use acemq_amqp::patterns::outbox::SqlOutboxStore;
     /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
     /// use acemq_amqp::{Connection, JsonCodec, Message, Outcome};
@@ -506,7 +506,7 @@ mod transactional {
     ///     config,
     ///     postgres::NoTls,
     /// )))?;
-    /// let receipts = Arc::new(SqlIdempotencyStore::builder(checkout(&pool)).build()?);
+    /// let receipts = Arc::new(SqlIdempotencyStore::open(checkout(&pool), SqlIdempotencyStoreOptions::default())?);
     /// let outbox = SqlOutboxStore::builder(checkout(&pool)).build()?;
     /// let handler = idempotent_tx(
     ///     receipts,

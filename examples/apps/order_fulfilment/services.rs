@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
 use acemq_amqp::patterns::outbox::{NewOutboxRecord, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions, RunningRelay};
@@ -175,7 +175,10 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
     let inventory = Arc::new(Requester::open(connection, "", &names.inventory)?);
     let payments = Arc::new(Requester::open(connection, "", &names.payments)?);
     let publisher = connection.publisher()?;
-    let receipts = SqlIdempotencyStore::builder(sqlite(dir.join("fulfilment.db"))).build()?;
+    let receipts = SqlIdempotencyStore::open(
+        sqlite(dir.join("fulfilment.db")),
+        SqlIdempotencyStoreOptions::default(),
+    )?;
     receipts.create_table()?;
 
     type Step = std::result::Result<(), BoxError>;
