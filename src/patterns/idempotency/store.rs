@@ -36,7 +36,7 @@ impl Claim {
 }
 
 /// Who holds a claim: a fresh random value written with the claim, which `confirm` and
-/// `release` must present (see the [module docs](self)).
+/// `release` must present (see the [module docs](crate::patterns::idempotency)).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ClaimToken(String);
 

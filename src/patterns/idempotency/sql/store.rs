@@ -12,7 +12,7 @@ use crate::sql::{self, Connect, Sql, Table, Value};
 
 /// An idempotency store in a SQL table (SQLite or PostgreSQL), safe across processes.
 ///
-/// See the [module docs](super) for the lease and retention rules. Each of the store's own
+/// See the [module docs](crate::patterns::idempotency) for the lease and retention rules. Each of the store's own
 /// operations gets a connection from the connections factory given to
 /// [`open`](Self::open) and drops it at the end; `claim_in` / `confirm_in` use the
 /// caller's transaction instead.
