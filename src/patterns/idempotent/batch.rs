@@ -30,9 +30,11 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transactional::{rollback, BEGIN_TRIES};
-use super::*;
-use crate::patterns::idempotency::SqlIdempotencyStore;
+use super::duplicates::{key_of, DuplicateCount};
+use super::tx::{rollback, IdempotentTx, BEGIN_TRIES};
+use crate::consume::{Handler, HandlerResult, Outcome};
+use crate::envelope::Message;
+use crate::patterns::idempotency::{Claim, ClaimToken, SqlIdempotencyStore};
 use crate::sql::{SqlTransaction, Transactional};
 
 /// A message's result, or the panic its handler raised (resumed on its own worker).
