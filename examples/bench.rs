@@ -26,7 +26,7 @@ use acemq_amqp::patterns::acknowledged::{
     ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
@@ -584,12 +584,19 @@ where
             queue,
             n,
             kind.options(),
-            idempotent(store, |_: &Message| Ok(Outcome::Accept)),
+            idempotent(
+                store,
+                |_: &Message| Ok(Outcome::Accept),
+                IdempotentOptions::default(),
+            ),
         )?,
         Idem::Tx | Idem::TxBatched => {
-            let h = idempotent_tx(store, checkout(pool), |_: &Message, _: &mut _| {
-                Ok(Outcome::Accept)
-            });
+            let h = idempotent_tx(
+                store,
+                checkout(pool),
+                |_: &Message, _: &mut _| Ok(Outcome::Accept),
+                IdempotentOptions::default(),
+            );
             let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
             our_consume(conn, queue, n, kind.options(), h)?
         }

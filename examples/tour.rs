@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::request_reply::{serve, Requester};
@@ -175,6 +175,7 @@ fn tour() -> Result<()> {
             next_outbox.add(tx, &record(&JsonCodec, "", &next_queue, &shipped)?)?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let consumer = connection.consume(&shipping, move |m: &Message| {
         let outcome = acemq_amqp::Handler::handle(&ship, m);

@@ -134,7 +134,7 @@ pub trait Observer: Send + Sync + 'static {
     /// An idempotent wrapper absorbed a duplicate: it accepted a message whose key was already
     /// confirmed, without running the handler. The consumer settles it as `accept`, like a real
     /// run; this event is how an operator sees duplicates being absorbed. Reported by the
-    /// wrappers given this observer ([`Idempotent::observer`](crate::patterns::idempotent::Idempotent::observer)).
+    /// wrappers given this observer ([`IdempotentOptions::observer`](crate::patterns::idempotent::IdempotentOptions::observer)).
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         LogObserver.duplicate(duplicate)
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::sql::r2d2;
@@ -165,6 +165,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
             tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let f = figures.clone();
     let handler = move |m: &Message| {

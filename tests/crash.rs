@@ -35,7 +35,7 @@ use acemq_amqp::observe::{OutboxEvent, PublishOutcome, Settlement};
 use acemq_amqp::patterns::idempotency::{
     InMemoryIdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
 };
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
@@ -155,6 +155,7 @@ fn commit_consumer(
             insert(tx, &effects, m.id())?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     conn.consumer(q, ConsumerOptions::new().concurrency(2).prefetch(10))
         .unwrap()
@@ -497,6 +498,7 @@ fn relay_killed_between_publish_and_delete_duplicates_and_loses_nothing() {
             *a.lock().unwrap().entry(m.id().to_string()).or_default() += 1;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())

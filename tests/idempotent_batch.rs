@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount};
+use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount, IdempotentOptions};
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
@@ -42,6 +42,7 @@ fn batched(
                 store,
                 move || db::sqlite_open(&path),
                 move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
             .batch(max, wait)
             .unwrap()
@@ -54,6 +55,7 @@ fn batched(
                 store,
                 db::pg_connect,
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
             .batch(max, wait)
             .unwrap()
@@ -469,6 +471,7 @@ fn a_batch_of_zero_is_refused() {
         store(&db),
         move || db::sqlite_open(&path),
         |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
+        IdempotentOptions::default(),
     )
     .batch(0, Duration::from_millis(10));
     let e = r.expect_err("refused");
@@ -657,12 +660,15 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
     let e = effects.clone();
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let handler =
-        acemq_amqp::patterns::idempotent::idempotent(group_store(db), move |m: &Message| {
+    let handler = acemq_amqp::patterns::idempotent::idempotent(
+        group_store(db),
+        move |m: &Message| {
             record_effect(&mut effect_db()?, &e, m.id())?;
             h.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
-        });
+        },
+        IdempotentOptions::default(),
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
         .unwrap()

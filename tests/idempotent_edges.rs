@@ -15,7 +15,7 @@ use acemq_amqp::patterns::chain::{
 use acemq_amqp::patterns::idempotency::{
     IdempotencyStore, InMemoryIdempotencyStore, SqlIdempotencyStore,
 };
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::ordering::by_header;
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
@@ -63,6 +63,7 @@ fn batched_box(
                         db::sqlite_open(&path)
                     },
                     move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+                    IdempotentOptions::default(),
                 )
                 .batch(max, wait)
                 .unwrap()
@@ -77,6 +78,7 @@ fn batched_box(
                     db::pg_connect()
                 },
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
             .batch(max, wait)
             .unwrap()

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
+use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{NewOutboxRecord, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions, RunningRelay};
 use acemq_amqp::patterns::request_reply::{serve, Requester, Responder};
@@ -216,19 +216,23 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
             Ok(())
         });
     let (events, compensated) = (names.events.clone(), publisher);
-    let handler = idempotent(receipts, move |m: &Message| {
-        let order: Value = m.payload()?;
-        let report = saga.run(&order);
-        if !report.succeeded() {
-            println!("fulfilment: {report}");
-            compensated.publish(
-                &events,
-                "order.compensated",
-                Message::encode(&JsonCodec, &order)?,
-            )?;
-        }
-        Ok(Outcome::Accept)
-    });
+    let handler = idempotent(
+        receipts,
+        move |m: &Message| {
+            let order: Value = m.payload()?;
+            let report = saga.run(&order);
+            if !report.succeeded() {
+                println!("fulfilment: {report}");
+                compensated.publish(
+                    &events,
+                    "order.compensated",
+                    Message::encode(&JsonCodec, &order)?,
+                )?;
+            }
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default(),
+    );
     let duplicates = handler.duplicates();
     let consumer = connection
         .consumer(&names.fulfilment, ConsumerOptions::new().concurrency(4))?

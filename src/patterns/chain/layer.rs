@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::consume::{Handler, HandlerResult, OrderBy};
 use crate::envelope::Message;
 use crate::patterns::idempotency::IdempotencyStore;
-use crate::patterns::idempotent::idempotent;
+use crate::patterns::idempotent::{idempotent, IdempotentOptions};
 use crate::patterns::ordering::ordered;
 
 /// What a handler's call ended with: its result, or its panic.
@@ -88,7 +88,7 @@ pub fn with_idempotency<S>(store: S) -> Layer
 where
     S: IdempotencyStore + 'static,
 {
-    Layer::new(move |inner| Box::new(idempotent(store, inner)))
+    Layer::new(move |inner| Box::new(idempotent(store, inner, IdempotentOptions::default())))
 }
 
 /// The ordering layer: [`ordered`] by `key`.

@@ -1,13 +1,13 @@
 //! The idempotent consumer: at-least-once delivery made harmless.
 //!
 //! [`idempotent`] wraps any [`Handler`]. For each message it takes a key (the `x-acemq-id` by
-//! default, or a natural key from [`Idempotent::key`]) and asks the store:
+//! default, or a natural key from [`IdempotentOptions::key`]) and asks the store:
 //!
 //! * first time ([`Claim::Claimed`]) → the handler runs; on accept the claim is confirmed;
 //! * duplicate ([`Claim::Duplicate`]: confirmed before) → accepted without running the
 //!   handler — a duplicate is not an alarm, and settles exactly like a real run; the wrapper
 //!   counts it ([`Idempotent::duplicates`]) and reports it to its observer
-//!   ([`Observer::duplicate`], set with [`Idempotent::observer`]);
+//!   ([`Observer::duplicate`], set with [`IdempotentOptions::observer`]);
 //! * in progress ([`Claim::InProgress`]: claimed by someone whose lease still holds) →
 //!   [`Outcome::InProgress`] so it comes back later without spending an attempt.
 //!
@@ -81,6 +81,7 @@
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod batch;
 mod duplicates;
+mod options;
 mod plain;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod tx;
@@ -88,6 +89,7 @@ mod tx;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use batch::IdempotentTxBatch;
 pub use duplicates::DuplicateCount;
+pub use options::IdempotentOptions;
 pub use plain::{idempotent, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use tx::{idempotent_tx, IdempotentTx};

@@ -7,30 +7,33 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::duplicates::{key_of, DuplicateCount, Duplicates, KeyFn};
+use super::options::IdempotentOptions;
 use crate::consume::{Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
-use crate::error::BoxError;
-use crate::observe::Observer;
 use crate::patterns::chain::orphans::{self, End};
 use crate::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore};
 
 /// Wraps `handler` so that each key's effect is applied once. See the [module docs](crate::patterns::idempotent).
 ///
 /// ```no_run
-/// use acemq_amqp::patterns::idempotent::idempotent;
+/// use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 /// use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 /// use acemq_amqp::{Connection, Message, Outcome};
 /// # fn main() -> acemq_amqp::Result<()> {
 /// let connection = Connection::open("amqp://127.0.0.1")?;
-/// let handler = idempotent(InMemoryIdempotencyStore::default(), |m: &Message| {
-///     println!("charging for {}", m.id());
-///     Ok(Outcome::Accept)
-/// })
-/// .key(|m: &Message| Ok(m.payload::<serde_json::Value>()?["order_id"].to_string()));
+/// let handler = idempotent(
+///     InMemoryIdempotencyStore::default(),
+///     |m: &Message| {
+///         println!("charging for {}", m.id());
+///         Ok(Outcome::Accept)
+///     },
+///     IdempotentOptions::default()
+///         .key(|m: &Message| Ok(m.payload::<serde_json::Value>()?["order_id"].to_string())),
+/// );
 /// let consumer = connection.consume("payments", handler)?;
 /// # consumer.close()?; Ok(()) }
 /// ```
-pub fn idempotent<S, H>(store: S, handler: H) -> Idempotent<S, H>
+pub fn idempotent<S, H>(store: S, handler: H, options: IdempotentOptions) -> Idempotent<S, H>
 where
     S: IdempotencyStore,
     H: Handler,
@@ -38,9 +41,9 @@ where
     Idempotent {
         store,
         handler,
-        key: None,
-        in_progress_delay: Duration::from_secs(5),
-        duplicates: Duplicates::default(),
+        key: options.key,
+        in_progress_delay: options.in_progress_delay,
+        duplicates: options.duplicates,
         held: Mutex::new(Vec::new()),
     }
 }
@@ -90,29 +93,6 @@ fn accepted(result: &std::thread::Result<HandlerResult>) -> bool {
 }
 
 impl<S, H> Idempotent<S, H> {
-    /// Takes the key from the message (e.g. an order id from the payload) instead of its
-    /// `x-acemq-id`. A key function that fails rejects the message (it can never succeed).
-    pub fn key<K>(mut self, key: K) -> Self
-    where
-        K: Fn(&Message) -> Result<String, BoxError> + Send + Sync + 'static,
-    {
-        self.key = Some(Box::new(key));
-        self
-    }
-
-    /// How long a message claimed by someone else waits before it comes back. Defaults to 5 s.
-    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
-        self.in_progress_delay = delay;
-        self
-    }
-
-    /// Where absorbed duplicates are reported ([`Observer::duplicate`]); give it the observer
-    /// the connection has. Defaults to [`LogObserver`](crate::observe::LogObserver) (a debug line).
-    pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.duplicates.observer = crate::observe::Guarded::wrap(observer);
-        self
-    }
-
     /// The count of duplicates this wrapper absorbed (a shared handle: it goes on counting
     /// after the wrapper moved into a consumer).
     pub fn duplicates(&self) -> DuplicateCount {

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::duplicates::{key_of, DuplicateCount, Duplicates, KeyFn};
+use super::options::IdempotentOptions;
 use crate::consume::{Handler, HandlerResult, Outcome};
 use crate::envelope::Message;
-use crate::error::BoxError;
-use crate::observe::Observer;
 use crate::patterns::idempotency::Claim;
 use crate::patterns::idempotency::SqlIdempotencyStore;
 use crate::sql::{SqlTransaction, Transactional};
@@ -34,7 +33,7 @@ use crate::sql::{SqlTransaction, Transactional};
 /// # #[cfg(feature = "postgres")]
 /// # fn main() -> acemq_amqp::Result<()> {
 /// use std::sync::Arc;
-/// use acemq_amqp::patterns::idempotent::idempotent_tx;
+/// use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 /// use acemq_amqp::patterns::relay::record;
 /// use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 /// use acemq_amqp::patterns::outbox::SqlOutboxStore;
@@ -58,6 +57,7 @@ use crate::sql::{SqlTransaction, Transactional};
 ///         outbox.add(tx, &record(&JsonCodec, "shop", "order.paid", &order)?)?;
 ///         Ok(Outcome::Accept)
 ///     },
+///     IdempotentOptions::default(),
 /// );
 /// let connection = Connection::open("amqp://127.0.0.1")?;
 /// let consumer = connection.consume("payments", handler)?;
@@ -69,6 +69,7 @@ pub fn idempotent_tx<F, C, H>(
     store: Arc<SqlIdempotencyStore>,
     connect: F,
     handler: H,
+    options: IdempotentOptions,
 ) -> IdempotentTx<F, H>
 where
     F: Fn() -> crate::Result<C> + Send + Sync,
@@ -79,9 +80,9 @@ where
         store,
         connect,
         handler,
-        key: None,
-        in_progress_delay: Duration::from_secs(5),
-        duplicates: Duplicates::default(),
+        key: options.key,
+        in_progress_delay: options.in_progress_delay,
+        duplicates: options.duplicates,
     }
 }
 
@@ -96,28 +97,6 @@ pub struct IdempotentTx<F, H> {
 }
 
 impl<F, H> IdempotentTx<F, H> {
-    /// Takes the key from the message instead of its `x-acemq-id`.
-    pub fn key<K>(mut self, key: K) -> Self
-    where
-        K: Fn(&Message) -> Result<String, BoxError> + Send + Sync + 'static,
-    {
-        self.key = Some(Box::new(key));
-        self
-    }
-
-    /// How long a message claimed elsewhere waits before it comes back. Defaults to 5 s.
-    pub fn in_progress_delay(mut self, delay: Duration) -> Self {
-        self.in_progress_delay = delay;
-        self
-    }
-
-    /// Where absorbed duplicates are reported ([`Observer::duplicate`]). Defaults to
-    /// [`LogObserver`](crate::observe::LogObserver).
-    pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.duplicates.observer = crate::observe::Guarded::wrap(observer);
-        self
-    }
-
     /// The count of duplicates this wrapper absorbed (a shared handle).
     pub fn duplicates(&self) -> DuplicateCount {
         self.duplicates.count.clone()
