@@ -396,7 +396,7 @@ fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
         },
         [
             with_logging(),
-            with_timeout(Duration::from_secs(5)),
+            with_timeout(Duration::from_secs(5))?,
             with_ordering(by_correlation()),
         ],
     );

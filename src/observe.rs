@@ -154,7 +154,7 @@ pub trait Observer: Send + Sync + 'static {
     /// A handler ran past its [`with_timeout`](crate::patterns::chain::with_timeout) deadline: its
     /// message was settled as a retry and its thread, which cannot be interrupted, runs on as an
     /// orphan. Reported by the wrapper given this observer
-    /// ([`Deadline::observer`](crate::patterns::chain::Deadline::observer)).
+    /// ([`DeadlineOptions::observer`](crate::patterns::chain::DeadlineOptions::observer)).
     fn overrun(&self, overrun: &Overrun<'_>) {
         LogObserver.overrun(overrun)
     }

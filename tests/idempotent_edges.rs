@@ -219,7 +219,7 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
         batch.clone(),
         [
             with_logging(),
-            with_timeout(Duration::from_secs(20)),
+            with_timeout(Duration::from_secs(20)).unwrap(),
             with_idempotency(InMemoryIdempotencyStore::default()),
             with_ordering(by_header("k")),
         ],
@@ -266,7 +266,10 @@ fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
         None,
         on_commit,
     );
-    let chained = chain(batch.clone(), [with_timeout(Duration::from_secs(20))]);
+    let chained = chain(
+        batch.clone(),
+        [with_timeout(Duration::from_secs(20)).unwrap()],
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(16))
         .unwrap()
@@ -346,7 +349,7 @@ fn overrun_under_idempotency(
         [
             outcomes(seen.clone()),
             with_idempotency(store),
-            with_timeout(Duration::from_millis(200)),
+            with_timeout(Duration::from_millis(200)).unwrap(),
         ],
     );
     let consumer = conn
@@ -524,7 +527,7 @@ fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
         },
         [
             with_idempotency(InMemoryIdempotencyStore::default()),
-            with_timeout(Duration::from_millis(200)),
+            with_timeout(Duration::from_millis(200)).unwrap(),
         ],
     );
     let consumer = conn

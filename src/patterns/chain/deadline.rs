@@ -10,13 +10,18 @@ use super::layer::{Layer, Ran};
 use super::orphans;
 use crate::consume::{format_duration, Handler, HandlerResult, OrderBy, Outcome};
 use crate::envelope::Message;
+use crate::error::{Error, Result};
 use crate::observe::{LogObserver, Observer, Overrun};
 
-/// The deadline layer: [`Deadline::new(limit)`](Deadline::new) with its defaults. Build a
-/// [`Deadline`] to count its orphans or give it an observer, and turn it into a layer with
-/// [`Deadline::layer`].
-pub fn with_timeout(limit: Duration) -> Layer {
-    Deadline::new(limit).layer()
+/// The deadline layer: [`Deadline::new(limit, ..)`](Deadline::new) with the default options.
+/// Build a [`Deadline`] to count its orphans or give it an observer, and turn it into a layer
+/// with [`Deadline::layer`].
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a limit under 1 ms.
+pub fn with_timeout(limit: Duration) -> Result<Layer> {
+    Ok(Deadline::new(limit, DeadlineOptions::default())?.layer())
 }
 
 /// Orphaned handler threads of a [`TimeLimited`] wrapper, shared with it: take it with
@@ -42,6 +47,50 @@ impl OrphanCount {
     }
 }
 
+/// How a [`Deadline`] is set up: how many orphaned threads at most, and where overruns are
+/// reported.
+#[must_use]
+pub struct DeadlineOptions {
+    max_orphans: usize,
+    observer: Arc<dyn Observer>,
+}
+
+impl Default for DeadlineOptions {
+    fn default() -> Self {
+        DeadlineOptions {
+            max_orphans: 16,
+            observer: Arc::new(LogObserver),
+        }
+    }
+}
+
+impl std::fmt::Debug for DeadlineOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadlineOptions")
+            .field("max_orphans", &self.max_orphans)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeadlineOptions {
+    /// While this many orphaned handler threads (still running past their deadline) run, a new
+    /// message is settled as a retry without starting. Handlers already running may still
+    /// overrun, so with `c` running at once up to `max_orphans + c − 1` orphans can exist (see
+    /// the [module docs](crate::patterns::chain#with_timeout-what-a-deadline-can-and-cannot-do)).
+    /// At least 1. Defaults to 16.
+    pub fn max_orphans(mut self, max: usize) -> Self {
+        self.max_orphans = max;
+        self
+    }
+
+    /// Where overruns are reported ([`Observer::overrun`]); give it the connection's observer.
+    /// Defaults to [`LogObserver`] (a warning).
+    pub fn observer(mut self, observer: impl Observer) -> Self {
+        self.observer = crate::observe::Guarded::wrap(observer);
+        self
+    }
+}
+
 /// A deadline for a handler: how long, how many orphaned threads at most, and where overruns
 /// are reported. Make the wrapper with [`around`](Self::around) or the chain layer with
 /// [`layer`](Self::layer).
@@ -63,31 +112,28 @@ impl std::fmt::Debug for Deadline {
 }
 
 impl Deadline {
-    /// A deadline of `limit` (at least 1 ms: a zero limit is taken as 1 ms).
-    pub fn new(limit: Duration) -> Deadline {
-        Deadline {
-            limit: limit.max(Duration::from_millis(1)),
-            max_orphans: 16,
-            observer: Arc::new(LogObserver),
-            orphans: OrphanCount::default(),
+    /// A deadline of `limit` (at least 1 ms) set up by `options`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a limit under 1 ms or a `max_orphans` of 0.
+    pub fn new(limit: Duration, options: DeadlineOptions) -> Result<Deadline> {
+        if limit < Duration::from_millis(1) {
+            return Err(Error::invalid(format!(
+                "the deadline's limit must be at least 1 ms (got {limit:?})"
+            )));
         }
-    }
-
-    /// While this many orphaned handler threads (still running past their deadline) run, a new
-    /// message is settled as a retry without starting. Handlers already running may still
-    /// overrun, so with `c` running at once up to `max_orphans + c − 1` orphans can exist (see
-    /// the [module docs](crate::patterns::chain#with_timeout-what-a-deadline-can-and-cannot-do)). At least 1.
-    /// Defaults to 16.
-    pub fn max_orphans(mut self, max: usize) -> Self {
-        self.max_orphans = max.max(1);
-        self
-    }
-
-    /// Where overruns are reported ([`Observer::overrun`]); give it the connection's observer.
-    /// Defaults to [`LogObserver`] (a warning).
-    pub fn observer(mut self, observer: impl Observer) -> Self {
-        self.observer = crate::observe::Guarded::wrap(observer);
-        self
+        if options.max_orphans == 0 {
+            return Err(Error::invalid(
+                "the deadline's max_orphans must be at least 1 (got 0)",
+            ));
+        }
+        Ok(Deadline {
+            limit,
+            max_orphans: options.max_orphans,
+            observer: options.observer,
+            orphans: OrphanCount::default(),
+        })
     }
 
     /// The count of orphaned threads (a shared handle: it goes on counting after the wrapper

@@ -16,7 +16,7 @@
 //!     },
 //!     [
 //!         with_logging(),
-//!         with_timeout(Duration::from_secs(10)),
+//!         with_timeout(Duration::from_secs(10))?,
 //!         with_idempotency(InMemoryIdempotencyStore::default()),
 //!         with_ordering(by_header("order-id")),
 //!     ],
@@ -54,7 +54,7 @@
 //! **The overrunning thread cannot be interrupted** (Rust has no way to stop a thread): it runs
 //! on to the end of what it was doing, as an *orphan*, and its result is thrown away. Orphans
 //! are counted ([`Deadline::orphans`]) and each overrun is reported to the observer
-//! ([`Observer::overrun`], set with [`Deadline::observer`]). While [`Deadline::max_orphans`]
+//! ([`Observer::overrun`], set with [`DeadlineOptions::observer`]). While [`DeadlineOptions::max_orphans`]
 //! (default 16) orphans of a wrapper are still running, a new message is **not started** and is
 //! settled as a retry at once (`acemq: not started: {n} handlers are still running past their
 //! deadline`), so a handler stuck for good cannot pile up threads without bound. The limit is
@@ -98,6 +98,6 @@ mod layer;
 mod logging;
 pub(crate) mod orphans;
 
-pub use deadline::{with_timeout, Deadline, OrphanCount, TimeLimited};
+pub use deadline::{with_timeout, Deadline, DeadlineOptions, OrphanCount, TimeLimited};
 pub use layer::{chain, with_idempotency, with_ordering, BoxHandler, Chain, Layer};
 pub use logging::{with_logging, Logged};
