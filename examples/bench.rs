@@ -26,7 +26,9 @@ use acemq_amqp::patterns::acknowledged::{
     ConsumeOptions, CounterIncrement, CounterStore, Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOptions};
+use acemq_amqp::patterns::idempotent::{
+    idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxStore, SqlOutboxStore};
 use acemq_amqp::patterns::relay::{record, OutboxRelay, OutboxRelayOptions};
@@ -597,7 +599,11 @@ where
                 |_: &Message, _: &mut _| Ok(Outcome::Accept),
                 IdempotentOptions::default(),
             );
-            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
+            let h = h.batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(if kind == Idem::Tx { 1 } else { BATCH })
+                    .max_wait(BATCH_WAIT),
+            )?;
             our_consume(conn, queue, n, kind.options(), h)?
         }
     };

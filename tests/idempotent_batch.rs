@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
-use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount, IdempotentOptions};
+use acemq_amqp::patterns::idempotent::{
+    idempotent_tx, DuplicateCount, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
@@ -44,9 +46,13 @@ fn batched(
                 move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
                 IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| c(n));
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| c(n)),
+            )
+            .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
@@ -57,9 +63,13 @@ fn batched(
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
                 IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| c(n));
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| c(n)),
+            )
+            .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
@@ -473,7 +483,11 @@ fn a_batch_of_zero_is_refused() {
         |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
         IdempotentOptions::default(),
     )
-    .batch(0, Duration::from_millis(10));
+    .batch(
+        IdempotentTxBatchOptions::default()
+            .max_messages(0)
+            .max_wait(Duration::from_millis(10)),
+    );
     let e = r.expect_err("refused");
     assert!(e.to_string().contains("from 1 to 10000"), "{e}");
 }

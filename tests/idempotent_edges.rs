@@ -15,7 +15,9 @@ use acemq_amqp::patterns::chain::{
 use acemq_amqp::patterns::idempotency::{
     IdempotencyStore, InMemoryIdempotencyStore, SqlIdempotencyStore,
 };
-use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
+use acemq_amqp::patterns::idempotent::{
+    idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::patterns::ordering::by_header;
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
@@ -65,9 +67,13 @@ fn batched_box(
                     move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
                     IdempotentOptions::default(),
                 )
-                .batch(max, wait)
-                .unwrap()
-                .on_commit(move |n| on_commit(n)),
+                .batch(
+                    IdempotentTxBatchOptions::default()
+                        .max_messages(max)
+                        .max_wait(wait)
+                        .on_commit(move |n| on_commit(n)),
+                )
+                .unwrap(),
             )
         }
         Backend::Postgres => Arc::new(
@@ -80,9 +86,13 @@ fn batched_box(
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
                 IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| on_commit(n)),
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| on_commit(n)),
+            )
+            .unwrap(),
         ),
     }
 }

@@ -90,6 +90,8 @@ mod tx;
 pub use batch::IdempotentTxBatch;
 pub use duplicates::DuplicateCount;
 pub use options::IdempotentOptions;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use options::IdempotentTxBatchOptions;
 pub use plain::{idempotent, Idempotent};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use tx::{idempotent_tx, IdempotentTx};
