@@ -26,8 +26,10 @@ use acemq_amqp::patterns::acknowledged::{
     Batcher, BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
     Delivery, IterSource,
 };
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{
+    idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{
     record, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
@@ -575,10 +577,12 @@ where
     M: r2d2::ManageConnection,
     M::Connection: Sql + acemq_amqp::sql::Transactional,
 {
-    let store = SqlIdempotencyStore::builder(checkout(pool))
-        .table(table)
-        .group_commit(matches!(kind, Idem::Plain | Idem::Plain8))
-        .build()?;
+    let store = SqlIdempotencyStore::open(
+        checkout(pool),
+        SqlIdempotencyStoreOptions::default()
+            .table(table)
+            .group_commit(matches!(kind, Idem::Plain | Idem::Plain8)),
+    )?;
     store.create_table()?;
     let store = Arc::new(store);
     let d = match kind {
@@ -587,13 +591,24 @@ where
             queue,
             n,
             kind.options(),
-            idempotent(store, |_: &Message| Ok(Outcome::Accept)),
+            idempotent(
+                store,
+                |_: &Message| Ok(Outcome::Accept),
+                IdempotentOptions::default(),
+            ),
         )?,
         Idem::Tx | Idem::TxBatched => {
-            let h = idempotent_tx(store, checkout(pool), |_: &Message, _: &mut _| {
-                Ok(Outcome::Accept)
-            });
-            let h = h.batch(if kind == Idem::Tx { 1 } else { BATCH }, BATCH_WAIT)?;
+            let h = idempotent_tx(
+                store,
+                checkout(pool),
+                |_: &Message, _: &mut _| Ok(Outcome::Accept),
+                IdempotentOptions::default(),
+            );
+            let h = h.batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(if kind == Idem::Tx { 1 } else { BATCH })
+                    .max_wait(BATCH_WAIT),
+            )?;
             our_consume(conn, queue, n, kind.options(), h)?
         }
     };
@@ -869,9 +884,10 @@ where
         &format!("CREATE TABLE {raw_table} (k TEXT PRIMARY KEY, v BIGINT)"),
         &[],
     )?;
-    let idem = SqlIdempotencyStore::builder(checkout(pool))
-        .table(format!("bench_sidem_{tag}"))
-        .build()?;
+    let idem = SqlIdempotencyStore::open(
+        checkout(pool),
+        SqlIdempotencyStoreOptions::default().table(format!("bench_sidem_{tag}")),
+    )?;
     idem.create_table()?;
     let outbox = SqlOutboxStore::open(
         checkout(pool),

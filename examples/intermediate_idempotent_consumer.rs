@@ -6,8 +6,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::idempotent;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 use acemq_amqp::{Error, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -25,8 +25,10 @@ fn example() -> Result<()> {
         source: e,
     })?;
     let path = dir.path().join("receipts.db");
-    let receipts =
-        SqlIdempotencyStore::builder(move || Ok(rusqlite::Connection::open(&path)?)).build()?;
+    let receipts = SqlIdempotencyStore::open(
+        move || Ok(rusqlite::Connection::open(&path)?),
+        SqlIdempotencyStoreOptions::default(),
+    )?;
     receipts.create_table()?;
 
     let connection = ex::connect()?;
@@ -34,15 +36,19 @@ fn example() -> Result<()> {
     connection.declare_queue(&QueueSpec::new(&queue))?;
     let charged = Arc::new(AtomicUsize::new(0));
     let c = charged.clone();
-    let handler = idempotent(receipts, move |m: &Message| {
-        println!(
-            "  charging the card for {} (message {})",
-            String::from_utf8_lossy(&m.body),
-            m.id()
-        );
-        c.fetch_add(1, Ordering::SeqCst);
-        Ok(Outcome::Accept)
-    });
+    let handler = idempotent(
+        receipts,
+        move |m: &Message| {
+            println!(
+                "  charging the card for {} (message {})",
+                String::from_utf8_lossy(&m.body),
+                m.id()
+            );
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default(),
+    );
     let duplicates = handler.duplicates();
     let consumer = connection.consume(&queue, handler)?;
 

@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{
     record, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
 };
@@ -139,7 +139,10 @@ fn tour() -> Result<()> {
         SqlOutboxStoreOptions::default(),
     )?);
     outbox.create_table()?;
-    let receipts = std::sync::Arc::new(SqlIdempotencyStore::builder(open.clone()).build()?);
+    let receipts = std::sync::Arc::new(SqlIdempotencyStore::open(
+        open.clone(),
+        SqlIdempotencyStoreOptions::default(),
+    )?);
     receipts.create_table()?;
 
     let shipping = format!("tour.shipping.{run}");
@@ -186,6 +189,7 @@ fn tour() -> Result<()> {
             next_outbox.add(tx, &record(&JsonCodec, "", &next_queue, &shipped)?)?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let consumer = connection.consume(&shipping, move |m: &Message| {
         let outcome = acemq_amqp::Handler::handle(&ship, m);
@@ -409,7 +413,7 @@ fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
         },
         [
             with_logging(),
-            with_timeout(Duration::from_secs(5)),
+            with_timeout(Duration::from_secs(5))?,
             with_ordering(by_correlation()),
         ],
     );

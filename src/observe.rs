@@ -134,7 +134,7 @@ pub trait Observer: Send + Sync + 'static {
     /// An idempotent wrapper absorbed a duplicate: it accepted a message whose key was already
     /// confirmed, without running the handler. The consumer settles it as `accept`, like a real
     /// run; this event is how an operator sees duplicates being absorbed. Reported by the
-    /// wrappers given this observer ([`Idempotent::observer`](crate::patterns::idempotent::Idempotent::observer)).
+    /// wrappers given this observer ([`IdempotentOptions::observer`](crate::patterns::idempotent::IdempotentOptions::observer)).
     fn duplicate(&self, duplicate: &Duplicate<'_>) {
         LogObserver.duplicate(duplicate)
     }
@@ -154,7 +154,7 @@ pub trait Observer: Send + Sync + 'static {
     /// A handler ran past its [`with_timeout`](crate::patterns::chain::with_timeout) deadline: its
     /// message was settled as a retry and its thread, which cannot be interrupted, runs on as an
     /// orphan. Reported by the wrapper given this observer
-    /// ([`Deadline::observer`](crate::patterns::chain::Deadline::observer)).
+    /// ([`DeadlineOptions::observer`](crate::patterns::chain::DeadlineOptions::observer)).
     fn overrun(&self, overrun: &Overrun<'_>) {
         LogObserver.overrun(overrun)
     }

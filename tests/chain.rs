@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Overrun;
 use acemq_amqp::patterns::chain::{
-    chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler, Deadline, Layer,
+    chain, with_idempotency, with_logging, with_ordering, with_timeout, BoxHandler, Deadline,
+    DeadlineOptions, Layer,
 };
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 use acemq_amqp::patterns::ordering::by_header;
@@ -123,7 +124,11 @@ fn an_overrun_is_settled_as_a_retry_on_time_and_its_orphan_is_counted() {
     let q = clean.consumed_queue(&unique("chain-timeout"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let overruns = Arc::new(Overruns::default());
-    let deadline = Deadline::new(Duration::from_millis(200)).observer(overruns.clone());
+    let deadline = Deadline::new(
+        Duration::from_millis(200),
+        DeadlineOptions::default().observer(overruns.clone()),
+    )
+    .unwrap();
     let orphans = deadline.orphans();
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
     let starts = Arc::new(Mutex::new(Vec::new()));
@@ -174,7 +179,11 @@ fn an_overrun_is_settled_as_a_retry_on_time_and_its_orphan_is_counted() {
 
 #[test]
 fn orphans_are_bounded_a_new_message_is_not_started_past_the_bound() {
-    let deadline = Deadline::new(Duration::from_millis(50)).max_orphans(1);
+    let deadline = Deadline::new(
+        Duration::from_millis(50),
+        DeadlineOptions::default().max_orphans(1),
+    )
+    .unwrap();
     let orphans = deadline.orphans();
     let calls = Arc::new(AtomicUsize::new(0));
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
@@ -321,7 +330,7 @@ fn the_whole_chain_runs_in_order_and_logging_records_what_the_guards_decided() {
             recording("1", log.clone()),
             with_logging(),
             recording("2", log.clone()),
-            with_timeout(Duration::from_millis(300)),
+            with_timeout(Duration::from_millis(300)).unwrap(),
             recording("3", log.clone()),
             with_idempotency(InMemoryIdempotencyStore::new(Duration::from_secs(60))),
             recording("4", log.clone()),

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{
     record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
 };
@@ -135,10 +135,11 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
     );
     outbox.create_table().unwrap();
     let idem = Arc::new(
-        SqlIdempotencyStore::builder(checkout(&consumer_pool))
-            .table(&idem_table)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            checkout(&consumer_pool),
+            SqlIdempotencyStoreOptions::default().table(&idem_table),
+        )
+        .unwrap(),
     );
     idem.create_table().unwrap();
 
@@ -167,6 +168,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
             tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let f = figures.clone();
     let handler = move |m: &Message| {

@@ -32,8 +32,10 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{OutboxEvent, PublishOutcome, Settlement};
-use acemq_amqp::patterns::idempotency::{InMemoryIdempotencyStore, SqlIdempotencyStore};
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::idempotency::{
+    InMemoryIdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
+};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{
     record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
@@ -117,10 +119,11 @@ fn outbox_store(table: &str) -> SqlOutboxStore {
 
 fn idem_store(table: &str) -> Arc<SqlIdempotencyStore> {
     Arc::new(
-        SqlIdempotencyStore::builder(pg_factory())
-            .table(table)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            pg_factory(),
+            SqlIdempotencyStoreOptions::default().table(table),
+        )
+        .unwrap(),
     )
 }
 
@@ -155,6 +158,7 @@ fn commit_consumer(
             insert(tx, &effects, m.id())?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     conn.consumer(q, ConsumerOptions::new().concurrency(2).prefetch(10))
         .unwrap()
@@ -497,6 +501,7 @@ fn relay_killed_between_publish_and_delete_duplicates_and_loses_nothing() {
             *a.lock().unwrap().entry(m.id().to_string()).or_default() += 1;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())

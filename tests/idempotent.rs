@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::patterns::idempotency::{IdempotencyStore, SqlIdempotencyStore};
-use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
+use acemq_amqp::patterns::idempotency::{
+    IdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
+};
+use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{record, SqlOutboxStore, SqlOutboxStoreOptions};
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
@@ -37,11 +39,13 @@ fn effects_table(db: &Db) -> String {
 }
 
 fn store(db: &Db, lease: Duration) -> SqlIdempotencyStore {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem"))
-        .claim_timeout(lease)
-        .build()
-        .unwrap();
+    let s = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("idem"))
+            .claim_timeout(lease),
+    )
+    .unwrap();
     s.create_table().unwrap();
     s
 }
@@ -67,11 +71,15 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
     let (c, r) = (calls.clone(), ran.clone());
     let effect_db = db.factory();
     let effects2 = effects.clone();
-    let inner = idempotent(store, move |m: &Message| {
-        r.fetch_add(1, Ordering::SeqCst);
-        record_effect(&mut effect_db()?, &effects2, m.id())?;
-        Ok(Outcome::Accept)
-    });
+    let inner = idempotent(
+        store,
+        move |m: &Message| {
+            r.fetch_add(1, Ordering::SeqCst);
+            record_effect(&mut effect_db()?, &effects2, m.id())?;
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default(),
+    );
     let consumer = conn
         .consumer(
             &q,
@@ -115,17 +123,21 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
     let a = attempts.clone();
     let effect_db = db.factory();
     let effects2 = effects.clone();
-    let handler = idempotent(store(db, Duration::from_secs(30)), move |m: &Message| {
-        a.lock().unwrap().push(m.envelope.attempt);
-        match m.envelope.attempt {
-            1 => Err("the payment service timed out".into()),
-            2 => panic!("a bug on the second attempt"),
-            _ => {
-                record_effect(&mut effect_db()?, &effects2, m.id())?;
-                Ok(Outcome::Accept)
+    let handler = idempotent(
+        store(db, Duration::from_secs(30)),
+        move |m: &Message| {
+            a.lock().unwrap().push(m.envelope.attempt);
+            match m.envelope.attempt {
+                1 => Err("the payment service timed out".into()),
+                2 => panic!("a bug on the second attempt"),
+                _ => {
+                    record_effect(&mut effect_db()?, &effects2, m.id())?;
+                    Ok(Outcome::Accept)
+                }
             }
-        }
-    });
+        },
+        IdempotentOptions::default(),
+    );
     let consumer = conn
         .consumer(
             &q,
@@ -169,12 +181,15 @@ fn a_claim_held_by_a_live_lease_is_in_progress(db: &Db) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let ran = Arc::new(AtomicUsize::new(0));
     let (s, r) = (seen.clone(), ran.clone());
-    let inner = idempotent(store.clone(), move |m: &Message| {
-        r.fetch_add(1, Ordering::SeqCst);
-        assert_eq!(m.envelope.attempt, 1, "in progress never spends an attempt");
-        Ok(Outcome::Accept)
-    })
-    .in_progress_delay(Duration::from_millis(150));
+    let inner = idempotent(
+        store.clone(),
+        move |m: &Message| {
+            r.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(m.envelope.attempt, 1, "in progress never spends an attempt");
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default().in_progress_delay(Duration::from_millis(150)),
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
@@ -229,12 +244,14 @@ fn on_driver_tx(
                 store,
                 move || db::sqlite_open(&path),
                 move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             ))
         }
         Backend::Postgres => Box::new(idempotent_tx(
             store,
             db::pg_connect,
             move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+            IdempotentOptions::default(),
         )),
     };
     move |m: &Message| handler.handle(m)
@@ -293,10 +310,11 @@ fn crash_child() {
         })
     };
     let store = Arc::new(
-        SqlIdempotencyStore::builder(factory.clone())
-            .table(idem)
-            .build()
-            .unwrap(),
+        SqlIdempotencyStore::open(
+            factory.clone(),
+            SqlIdempotencyStoreOptions::default().table(idem),
+        )
+        .unwrap(),
     );
     let conn = connect_with(
         ConnectionOptions::new()
@@ -542,34 +560,37 @@ fn a_lease_taken_over_mid_handler_keeps_the_first_receipt(db: &Db) {
     let runs = Arc::new(AtomicUsize::new(0));
     let (r, effect_db, effects2) = (runs.clone(), db.factory(), effects.clone());
     let state_db = db.factory();
-    let inner = idempotent(store.clone(), move |m: &Message| {
-        match r.fetch_add(1, Ordering::SeqCst) {
-            0 => {
-                // A: still running when its lease runs out, until B has taken the key over.
-                if !eventually(WAIT, || r.load(Ordering::SeqCst) >= 2) {
-                    return Err("B never took the key over".into());
+    let inner = idempotent(
+        store.clone(),
+        move |m: &Message| {
+            match r.fetch_add(1, Ordering::SeqCst) {
+                0 => {
+                    // A: still running when its lease runs out, until B has taken the key over.
+                    if !eventually(WAIT, || r.load(Ordering::SeqCst) >= 2) {
+                        return Err("B never took the key over".into());
+                    }
+                    record_effect(&mut effect_db()?, &effects2, m.id())?;
+                    Ok(Outcome::Accept)
                 }
-                record_effect(&mut effect_db()?, &effects2, m.id())?;
-                Ok(Outcome::Accept)
-            }
-            1 => {
-                // B: fails once A's receipt is written.
-                if !eventually(WAIT, || {
-                    state_of(&mut *state_db().unwrap(), &idem_table, m.id()).as_deref()
-                        == Some("CONFIRMED")
-                }) {
-                    return Err("A never confirmed".into());
+                1 => {
+                    // B: fails once A's receipt is written.
+                    if !eventually(WAIT, || {
+                        state_of(&mut *state_db().unwrap(), &idem_table, m.id()).as_deref()
+                            == Some("CONFIRMED")
+                    }) {
+                        return Err("A never confirmed".into());
+                    }
+                    Err("B failed after A confirmed".into())
                 }
-                Err("B failed after A confirmed".into())
+                _ => {
+                    // A later delivery that ran the effect again.
+                    record_effect(&mut effect_db()?, &effects2, m.id())?;
+                    Ok(Outcome::Accept)
+                }
             }
-            _ => {
-                // A later delivery that ran the effect again.
-                record_effect(&mut effect_db()?, &effects2, m.id())?;
-                Ok(Outcome::Accept)
-            }
-        }
-    })
-    .in_progress_delay(Duration::from_millis(100));
+        },
+        IdempotentOptions::default().in_progress_delay(Duration::from_millis(100)),
+    );
     let consumer = conn
         .consumer(
             &q,
@@ -650,6 +671,7 @@ fn consume_then_record_in_one_transaction(db: &Db) {
                     ob.add(tx, &next(m)?)?;
                     Ok(Outcome::Accept)
                 },
+                IdempotentOptions::default(),
             ))
         }
         Backend::Postgres => Box::new(idempotent_tx(
@@ -660,6 +682,7 @@ fn consume_then_record_in_one_transaction(db: &Db) {
                 ob.add(tx, &next(m)?)?;
                 Ok(Outcome::Accept)
             },
+            IdempotentOptions::default(),
         )),
     };
     let handler = move |m: &Message| handler.handle(m);
@@ -753,7 +776,11 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
     let store = Arc::new(store(db, Duration::from_secs(30)));
 
     let seen = Duplicates::default();
-    let plain = idempotent(store.clone(), |_: &Message| Ok(Outcome::Accept)).observer(seen.clone());
+    let plain = idempotent(
+        store.clone(),
+        |_: &Message| Ok(Outcome::Accept),
+        IdempotentOptions::default().observer(seen.clone()),
+    );
     let count = plain.duplicates();
     let message = deliver_twice(&plain_q, plain);
     assert_eq!(*seen.0.lock().unwrap(), vec![(message.id().to_string(), 1)]);
@@ -767,8 +794,8 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
                 store,
                 move || db::sqlite_open(&path),
                 |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
-            )
-            .observer(seen.clone());
+                IdempotentOptions::default().observer(seen.clone()),
+            );
             (h.duplicates(), deliver_twice(&tx_q, h))
         }
         Backend::Postgres => {
@@ -776,8 +803,8 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
                 store,
                 db::pg_connect,
                 |_: &Message, _: &mut postgres::Transaction<'_>| Ok(Outcome::Accept),
-            )
-            .observer(seen.clone());
+                IdempotentOptions::default().observer(seen.clone()),
+            );
             (h.duplicates(), deliver_twice(&tx_q, h))
         }
     };
@@ -890,6 +917,7 @@ fn a_database_restart_costs_no_delivery_attempt() {
             tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     assert_eq!(
         settle_one(&conn, &settled, &q, handler),
@@ -921,6 +949,7 @@ fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
             tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     assert_eq!(
         settle_one(&conn, &settled, &q, handler),

@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::{idempotent_tx, DuplicateCount};
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{
+    idempotent_tx, DuplicateCount, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
@@ -42,10 +44,15 @@ fn batched(
                 store,
                 move || db::sqlite_open(&path),
                 move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| c(n));
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| c(n)),
+            )
+            .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
@@ -54,10 +61,15 @@ fn batched(
                 store,
                 db::pg_connect,
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| c(n));
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| c(n)),
+            )
+            .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
@@ -339,9 +351,7 @@ fn crash_child() {
         })
     };
     let store = Arc::new(
-        SqlIdempotencyStore::builder(factory)
-            .table(idem)
-            .build()
+        SqlIdempotencyStore::open(factory, SqlIdempotencyStoreOptions::default().table(idem))
             .unwrap(),
     );
     let calls = Arc::new(AtomicUsize::new(0));
@@ -471,8 +481,13 @@ fn a_batch_of_zero_is_refused() {
         store(&db),
         move || db::sqlite_open(&path),
         |_: &Message, _: &mut rusqlite::Transaction<'_>| Ok(Outcome::Accept),
+        IdempotentOptions::default(),
     )
-    .batch(0, Duration::from_millis(10));
+    .batch(
+        IdempotentTxBatchOptions::default()
+            .max_messages(0)
+            .max_wait(Duration::from_millis(10)),
+    );
     let e = r.expect_err("refused");
     assert!(e.to_string().contains("from 1 to 10000"), "{e}");
 }
@@ -491,12 +506,14 @@ fn group_store(db: &Db) -> Arc<SqlIdempotencyStore> {
 }
 
 fn group_store_leasing(db: &Db, lease: Duration) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem_group"))
-        .claim_timeout(lease)
-        .group_commit(true)
-        .build()
-        .unwrap();
+    let s = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("idem_group"))
+            .claim_timeout(lease)
+            .group_commit(true),
+    )
+    .unwrap();
     s.create_table().unwrap();
     Arc::new(s)
 }
@@ -657,12 +674,15 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
     let e = effects.clone();
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let handler =
-        acemq_amqp::patterns::idempotent::idempotent(group_store(db), move |m: &Message| {
+    let handler = acemq_amqp::patterns::idempotent::idempotent(
+        group_store(db),
+        move |m: &Message| {
             record_effect(&mut effect_db()?, &e, m.id())?;
             h.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
-        });
+        },
+        IdempotentOptions::default(),
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
         .unwrap()

@@ -15,7 +15,9 @@ use acemq_amqp::patterns::chain::{
 use acemq_amqp::patterns::idempotency::{
     IdempotencyStore, InMemoryIdempotencyStore, SqlIdempotencyStore,
 };
-use acemq_amqp::patterns::idempotent::idempotent_tx;
+use acemq_amqp::patterns::idempotent::{
+    idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
+};
 use acemq_amqp::patterns::ordering::by_header;
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
@@ -63,10 +65,15 @@ fn batched_box(
                         db::sqlite_open(&path)
                     },
                     move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
+                    IdempotentOptions::default(),
                 )
-                .batch(max, wait)
-                .unwrap()
-                .on_commit(move |n| on_commit(n)),
+                .batch(
+                    IdempotentTxBatchOptions::default()
+                        .max_messages(max)
+                        .max_wait(wait)
+                        .on_commit(move |n| on_commit(n)),
+                )
+                .unwrap(),
             )
         }
         Backend::Postgres => Arc::new(
@@ -77,10 +84,15 @@ fn batched_box(
                     db::pg_connect()
                 },
                 move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
+                IdempotentOptions::default(),
             )
-            .batch(max, wait)
-            .unwrap()
-            .on_commit(move |n| on_commit(n)),
+            .batch(
+                IdempotentTxBatchOptions::default()
+                    .max_messages(max)
+                    .max_wait(wait)
+                    .on_commit(move |n| on_commit(n)),
+            )
+            .unwrap(),
         ),
     }
 }
@@ -217,7 +229,7 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
         batch.clone(),
         [
             with_logging(),
-            with_timeout(Duration::from_secs(20)),
+            with_timeout(Duration::from_secs(20)).unwrap(),
             with_idempotency(InMemoryIdempotencyStore::default()),
             with_ordering(by_header("k")),
         ],
@@ -264,7 +276,10 @@ fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
         None,
         on_commit,
     );
-    let chained = chain(batch.clone(), [with_timeout(Duration::from_secs(20))]);
+    let chained = chain(
+        batch.clone(),
+        [with_timeout(Duration::from_secs(20)).unwrap()],
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(16))
         .unwrap()
@@ -344,7 +359,7 @@ fn overrun_under_idempotency(
         [
             outcomes(seen.clone()),
             with_idempotency(store),
-            with_timeout(Duration::from_millis(200)),
+            with_timeout(Duration::from_millis(200)).unwrap(),
         ],
     );
     let consumer = conn
@@ -522,7 +537,7 @@ fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
         },
         [
             with_idempotency(InMemoryIdempotencyStore::default()),
-            with_timeout(Duration::from_millis(200)),
+            with_timeout(Duration::from_millis(200)).unwrap(),
         ],
     );
     let consumer = conn

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
-use acemq_amqp::patterns::idempotent::idempotent;
+use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
@@ -63,6 +63,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
             }
             Ok(Outcome::Accept)
         },
+        IdempotentOptions::default(),
     );
     let i2 = i.clone();
     let consumer = conn
@@ -155,14 +156,14 @@ fn an_empty_idempotency_key_from_a_key_function_is_refused_clearly() {
             r.store(true, Ordering::SeqCst);
             Ok(Outcome::Accept)
         },
-    )
-    .key(|m: &Message| {
-        Ok(m.headers
-            .get("order-id")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_string())
-    });
+        IdempotentOptions::default().key(|m: &Message| {
+            Ok(m.headers
+                .get("order-id")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string())
+        }),
+    );
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()

@@ -11,7 +11,9 @@ use std::time::Duration;
 use acemq_amqp::patterns::acknowledged::{
     ApplyBatch, BatchStore, BatchStoreOptions, Message as AckMessage,
 };
-use acemq_amqp::patterns::idempotency::{Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore};
+use acemq_amqp::patterns::idempotency::{
+    Claim, ClaimToken, IdempotencyStore, SqlIdempotencyStore, SqlIdempotencyStoreOptions,
+};
 use acemq_amqp::patterns::outbox::{
     NewOutboxRecord, OutboxStore, SqlOutboxStore, SqlOutboxStoreOptions,
 };
@@ -24,10 +26,11 @@ use db::{Backend, Db};
 
 fn idem(db: &Db) -> (SqlIdempotencyStore, String) {
     let table = db.table("idem");
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(&table)
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default().table(&table),
+    )
+    .unwrap();
     store.create_table().unwrap();
     (store, table)
 }
@@ -177,10 +180,11 @@ fn invalid_table_names_refused(db: &Db) {
             other => panic!("{bad:?} accepted: {other:?}"),
         };
         check(
-            SqlIdempotencyStore::builder(db.factory())
-                .table(bad)
-                .build()
-                .map(drop),
+            SqlIdempotencyStore::open(
+                db.factory(),
+                SqlIdempotencyStoreOptions::default().table(bad),
+            )
+            .map(drop),
         );
         check(
             SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(bad))
@@ -206,10 +210,11 @@ fn invalid_table_names_refused(db: &Db) {
 fn database_error_has_source(db: &Db) {
     // A table that was never created.
     let table = db.table("missing");
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(&table)
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default().table(&table),
+    )
+    .unwrap();
     let e = store.claim("k").unwrap_err();
     match &e {
         Error::Sql { context, .. } => assert!(context.contains(&table), "{context}"),
@@ -319,11 +324,13 @@ fn idem_claim_race_on_transactions(db: &Db) {
 
 fn idem_lease_take_over(db: &Db) {
     let table = db.table("lease");
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(&table)
-        .claim_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(&table)
+            .claim_timeout(Duration::from_millis(300)),
+    )
+    .unwrap();
     store.create_table().unwrap();
     assert!(store.claim("k").unwrap().is_claimed());
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
@@ -338,11 +345,13 @@ fn idem_lease_take_over(db: &Db) {
 }
 
 fn fenced_store(db: &Db) -> SqlIdempotencyStore {
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("fence"))
-        .claim_timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("fence"))
+            .claim_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
     store.create_table().unwrap();
     store
 }
@@ -393,12 +402,14 @@ fn idem_stale_holder_cannot_forget_the_new_holders_claim(db: &Db) {
 
 fn idem_retention_and_purge(db: &Db) {
     let table = db.table("ret");
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(&table)
-        .claim_timeout(Duration::from_secs(60))
-        .retention(Duration::from_secs(3))
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(&table)
+            .claim_timeout(Duration::from_secs(60))
+            .retention(Duration::from_secs(3)),
+    )
+    .unwrap();
     store.create_table().unwrap();
     assert!(store.first_time("old").unwrap());
     assert!(store.claim("live").unwrap().is_claimed());
@@ -990,12 +1001,14 @@ fn clock_skew_child() {
     println!("{CHILD_CLOCK}{}", epoch_ms());
     match role.as_str() {
         "idempotency" => {
-            let store = SqlIdempotencyStore::builder(db::pg_connect)
-                .table(&table)
-                .claim_timeout(lease)
-                .retention(lease)
-                .build()
-                .unwrap();
+            let store = SqlIdempotencyStore::open(
+                db::pg_connect,
+                SqlIdempotencyStoreOptions::default()
+                    .table(&table)
+                    .claim_timeout(lease)
+                    .retention(lease),
+            )
+            .unwrap();
             assert!(store.claim("live").unwrap().is_claimed());
             let token = claimed(store.claim("done").unwrap());
             store.confirm("done", &token).unwrap();
@@ -1060,12 +1073,14 @@ fn ahead_of_database_clock(db: &Db, table: &str, column: &str) -> Vec<i64> {
 }
 
 fn skew_idempotency_store(db: &Db, table: &str, lease: Duration) -> SqlIdempotencyStore {
-    let store = SqlIdempotencyStore::builder(db.factory())
-        .table(table)
-        .claim_timeout(lease)
-        .retention(lease)
-        .build()
-        .unwrap();
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(table)
+            .claim_timeout(lease)
+            .retention(lease),
+    )
+    .unwrap();
     store.create_table().unwrap();
     store
 }

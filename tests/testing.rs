@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::chain::{chain, with_idempotency, with_logging, with_ordering};
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
-use acemq_amqp::patterns::idempotent::idempotent;
+use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::testing::{received, wait_until, Cleanup, FaultProxy, TestNames};
 use acemq_amqp::{
@@ -345,7 +345,11 @@ fn received_unit_tests_a_handler_through_idempotent_ordered_and_chain() {
     };
 
     // idempotent: a redelivery of an accepted message does not run the handler again.
-    let h = idempotent(InMemoryIdempotencyStore::default(), &inner);
+    let h = idempotent(
+        InMemoryIdempotencyStore::default(),
+        &inner,
+        IdempotentOptions::default(),
+    );
     let first = received(order("1", "acme"));
     assert_eq!(h.handle(&first).unwrap(), Outcome::Accept);
     let again = received(order("1", "acme")).redelivered(true).attempt(2);

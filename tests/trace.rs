@@ -206,7 +206,7 @@ fn a_handler_publishes_in_its_messages_trace_and_nothing_else_gets_one() {
         let _ = m;
         Ok(Outcome::Accept)
     };
-    let handler = chain(handler, [with_timeout(Duration::from_secs(20))]);
+    let handler = chain(handler, [with_timeout(Duration::from_secs(20)).unwrap()]);
     let consuming = conn.consume(&input, handler).unwrap();
     let (collecting, got) = collect(&conn, &out);
     publish_traced(&input, b"{}");

@@ -21,13 +21,13 @@
 //! ```
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
-//! use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+//! use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 //! use acemq_amqp::sql::{checkout, SqliteManager};
 //! let path = std::env::temp_dir().join(format!("acemq-pool-{}.db", std::process::id()));
 //! let pool = r2d2::Pool::builder()
 //!     .max_size(4)
 //!     .build(SqliteManager::file(&path))?;
-//! let store = SqlIdempotencyStore::builder(checkout(&pool)).build()?;
+//! let store = SqlIdempotencyStore::open(checkout(&pool), SqlIdempotencyStoreOptions::default())?;
 //! store.create_table()?;
 //! # Ok(())
 //! # }
@@ -102,14 +102,14 @@ where
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
 /// # fn main() -> acemq_amqp::Result<()> {
-/// use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+/// use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 /// use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager};
 ///
 /// let config: postgres::Config = "host=127.0.0.1 user=postgres dbname=shop".parse()?;
 /// let pool = r2d2::Pool::builder()
 ///     .max_size(8)
 ///     .build(CheckIdle::new(PostgresConnectionManager::new(config, postgres::NoTls)))?;
-/// let store = SqlIdempotencyStore::builder(checkout(&pool)).build()?;
+/// let store = SqlIdempotencyStore::open(checkout(&pool), SqlIdempotencyStoreOptions::default())?;
 /// # let _ = store;
 /// # Ok(())
 /// # }

@@ -28,18 +28,22 @@ pub const DEFAULT_ROUTING_KEY: &str = "test";
 /// `handler.handle(&received(m))` works as it is.
 ///
 /// ```
-/// use acemq_amqp::patterns::idempotent::idempotent;
+/// use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 /// use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 /// use acemq_amqp::testing::received;
 /// use acemq_amqp::{Handler, Message, Outcome};
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// let charged = AtomicUsize::new(0);
-/// let handler = idempotent(InMemoryIdempotencyStore::default(), |m: &Message| {
-///     assert_eq!(m.envelope.attempt, 1);
-///     charged.fetch_add(1, Ordering::SeqCst);
-///     Ok(Outcome::Accept)
-/// });
+/// let handler = idempotent(
+///     InMemoryIdempotencyStore::default(),
+///     |m: &Message| {
+///         assert_eq!(m.envelope.attempt, 1);
+///         charged.fetch_add(1, Ordering::SeqCst);
+///         Ok(Outcome::Accept)
+///     },
+///     IdempotentOptions::default(),
+/// );
 /// let message = received(Message::new(r#"{"order":"o-1"}"#).with_id("order-o-1"));
 /// assert_eq!(handler.handle(&message).unwrap(), Outcome::Accept);
 /// // The broker redelivers it (a lost acknowledgement): the effect is not applied twice.

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::sql::{Sql, Value};
 
 use super::db::Db;
@@ -42,11 +42,13 @@ pub fn keys(db: &Db, table: &str) -> Vec<String> {
 
 /// An idempotency store on its own table (claims leased for 30 s), its table created.
 pub fn store(db: &Db) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::builder(db.factory())
-        .table(db.table("idem"))
-        .claim_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let s = SqlIdempotencyStore::open(
+        db.factory(),
+        SqlIdempotencyStoreOptions::default()
+            .table(db.table("idem"))
+            .claim_timeout(Duration::from_secs(30)),
+    )
+    .unwrap();
     s.create_table().unwrap();
     Arc::new(s)
 }

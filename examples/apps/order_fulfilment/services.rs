@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::idempotency::SqlIdempotencyStore;
-use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount};
+use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
+use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{
     record, NewOutboxRecord, OutboxRelay, OutboxRelayOptions, RunningRelay, SqlOutboxStore,
     SqlOutboxStoreOptions,
@@ -196,7 +196,10 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
         .start()?,
     );
     let publisher = connection.publisher()?;
-    let receipts = SqlIdempotencyStore::builder(sqlite(dir.join("fulfilment.db"))).build()?;
+    let receipts = SqlIdempotencyStore::open(
+        sqlite(dir.join("fulfilment.db")),
+        SqlIdempotencyStoreOptions::default(),
+    )?;
     receipts.create_table()?;
 
     type Step = std::result::Result<(), BoxError>;
@@ -234,19 +237,23 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
             Ok(())
         });
     let (events, compensated) = (names.events.clone(), publisher);
-    let handler = idempotent(receipts, move |m: &Message| {
-        let order: Value = m.payload()?;
-        let report = saga.run(&order);
-        if !report.succeeded() {
-            println!("fulfilment: {report}");
-            compensated.publish(
-                &events,
-                "order.compensated",
-                Message::encode(&JsonCodec, &order)?,
-            )?;
-        }
-        Ok(Outcome::Accept)
-    });
+    let handler = idempotent(
+        receipts,
+        move |m: &Message| {
+            let order: Value = m.payload()?;
+            let report = saga.run(&order);
+            if !report.succeeded() {
+                println!("fulfilment: {report}");
+                compensated.publish(
+                    &events,
+                    "order.compensated",
+                    Message::encode(&JsonCodec, &order)?,
+                )?;
+            }
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default(),
+    );
     let duplicates = handler.duplicates();
     let consumer = connection
         .consumer(&names.fulfilment, ConsumerOptions::new().concurrency(4))?

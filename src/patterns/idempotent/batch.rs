@@ -30,9 +30,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::transactional::{rollback, BEGIN_TRIES};
-use super::*;
-use crate::patterns::idempotency::SqlIdempotencyStore;
+use super::duplicates::{key_of, DuplicateCount};
+use super::options::IdempotentTxBatchOptions;
+use super::tx::{rollback, IdempotentTx, BEGIN_TRIES};
+use crate::consume::{Handler, HandlerResult, Outcome};
+use crate::envelope::Message;
+use crate::patterns::idempotency::{Claim, ClaimToken, SqlIdempotencyStore};
 use crate::sql::{SqlTransaction, Transactional};
 
 /// A message's result, or the panic its handler raised (resumed on its own worker).
@@ -93,7 +96,7 @@ pub struct IdempotentTxBatch<F, H> {
 }
 
 impl<F, H> IdempotentTx<F, H> {
-    /// Handles messages in batches: up to `max_messages` deliveries are claimed, handled and
+    /// Handles messages in batches (set up by `options`): up to `max_messages` deliveries are claimed, handled and
     /// confirmed in **one** database transaction, committed once, and only then acknowledged.
     /// A partial batch waits at most `max_wait` for more messages.
     ///
@@ -134,16 +137,22 @@ impl<F, H> IdempotentTx<F, H> {
     /// over 10,000, or a `max_wait` of zero.
     pub fn batch(
         self,
-        max_messages: usize,
-        max_wait: Duration,
+        options: IdempotentTxBatchOptions,
     ) -> crate::Result<IdempotentTxBatch<F, H>> {
+        let IdempotentTxBatchOptions {
+            max_messages,
+            max_wait,
+            on_commit,
+        } = options;
         if max_messages == 0 || max_messages > 10_000 {
-            return Err(crate::Error::invalid(
-                "a batch holds from 1 to 10000 messages",
-            ));
+            return Err(crate::Error::invalid(format!(
+                "a batch holds from 1 to 10000 messages (max_messages {max_messages})"
+            )));
         }
         if max_wait.is_zero() {
-            return Err(crate::Error::invalid("max_wait must be more than zero"));
+            return Err(crate::Error::invalid(
+                "max_wait must be more than zero (got 0 s)",
+            ));
         }
         Ok(IdempotentTxBatch {
             inner: self,
@@ -151,21 +160,13 @@ impl<F, H> IdempotentTx<F, H> {
             max_wait,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
-            on_commit: None,
+            on_commit,
             savepoints: AtomicBool::new(false),
         })
     }
 }
 
 impl<F, H> IdempotentTxBatch<F, H> {
-    /// Called with the number of messages after each batch committed, before any of them is
-    /// handed back to the consumer (so before any is acknowledged). For metrics; it must not
-    /// block. Defaults to none.
-    pub fn on_commit(mut self, f: impl Fn(usize) + Send + Sync + 'static) -> Self {
-        self.on_commit = Some(Box::new(f));
-        self
-    }
-
     /// The count of duplicates this wrapper absorbed (a shared handle).
     pub fn duplicates(&self) -> DuplicateCount {
         self.inner.duplicates()
