@@ -244,8 +244,8 @@ fn replay_slip_and_saga(
     publisher: &acemq_amqp::Publisher,
     run: u32,
 ) -> Result<()> {
-    use acemq_amqp::patterns::replay::replay;
-    use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
+    use acemq_amqp::patterns::replay::{replay, ReplayOptions};
+    use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
     use acemq_amqp::patterns::saga::Saga;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
@@ -279,7 +279,7 @@ fn replay_slip_and_saga(
     });
     // The "fix" is deployed; the dead letter goes back where it came from, attempt 1 again.
     fixed.store(true, Ordering::SeqCst);
-    let report = replay(connection, &dlq).run()?;
+    let report = replay(connection, &dlq, ReplayOptions::default()).run()?;
     println!("replayed {}: {report}", dlq);
     wait_until(|| billed.load(Ordering::SeqCst) == 1);
     consumer.close()?;
@@ -309,7 +309,7 @@ fn replay_slip_and_saga(
     let slip = RoutingSlip::new()
         .then("", &pack, "pack")
         .then("", &ship, "ship");
-    start(publisher, slip, Message::new("order o-4")).send()?;
+    slip.send(publisher, Message::new("order o-4"))?;
     wait_until(|| shipped.load(Ordering::SeqCst) == 1);
     packer.close()?;
     shipper.close()?;

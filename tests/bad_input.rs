@@ -11,7 +11,7 @@ use acemq_amqp::patterns::acknowledged::Batcher;
 use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{Requester, RequesterOptions};
 use acemq_amqp::{
     parked_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, PublisherOptions,
@@ -77,7 +77,10 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
             RequesterOptions::new().timeout(Duration::ZERO),
         ),
     );
-    is_invalid("replay window 0", replay(&conn, &q).window(0).run());
+    is_invalid(
+        "replay window 0",
+        replay(&conn, &q, ReplayOptions::default().window(0)).run(),
+    );
     is_invalid("batch size 0", Batcher::new(0, 10));
     is_invalid("max pending 0", Batcher::new(10, 0));
     match ConnectionOptions::new()

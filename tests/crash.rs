@@ -37,7 +37,7 @@ use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::SqlOutboxStore;
 use acemq_amqp::patterns::relay::{record_message, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
@@ -301,11 +301,15 @@ fn crash_child() {
             println!("READY");
             // Pass after pass until killed (each pass ends when the source is drained).
             loop {
-                replay(&conn, &env("ACEMQ_CRASH17_QUEUE"))
-                    .exchange("")
-                    .routing_key(env("ACEMQ_CRASH17_TARGET"))
-                    .run()
-                    .unwrap();
+                replay(
+                    &conn,
+                    &env("ACEMQ_CRASH17_QUEUE"),
+                    ReplayOptions::default()
+                        .exchange("")
+                        .routing_key(env("ACEMQ_CRASH17_TARGET")),
+                )
+                .run()
+                .unwrap();
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -677,11 +681,15 @@ fn replay_killed_between_the_copy_and_the_ack_loses_nothing() {
                 .unwrap_or(false)
         },
     );
-    let report = replay(&conn, &src)
-        .exchange("")
-        .routing_key(target.as_str())
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &src,
+        ReplayOptions::default()
+            .exchange("")
+            .routing_key(target.as_str()),
+    )
+    .run()
+    .unwrap();
     assert_eq!(count(&src), 0, "the source is drained");
     let got = ids_on(&conn, &target, n);
     let twice = got.values().filter(|c| **c > 1).count();

@@ -13,7 +13,7 @@ use acemq_amqp::patterns::acknowledged::AmqpQueue;
 use acemq_amqp::patterns::consumer_group::ConsumerGroup;
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{serve, Requester};
 use acemq_amqp::patterns::scheduler::Scheduler;
 use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
@@ -167,7 +167,7 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     )
     .unwrap();
     seen.push(format!("{responder:?}"));
-    seen.push(format!("{:?}", replay(&conn, &q)));
+    seen.push(format!("{:?}", replay(&conn, &q, ReplayOptions::default())));
     let scheduler = Scheduler::open(&conn).unwrap();
     seen.push(format!("{scheduler:?}"));
     let stream = clean.queue(&unique("hyg-stream"));
