@@ -443,7 +443,7 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     use acemq_amqp::patterns::claim_check::{
         claim_key_of, ClaimCheckCodec, FilesystemClaimCheckStore,
     };
-    use acemq_amqp::patterns::scheduler::Scheduler;
+    use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
     use acemq_amqp::patterns::streams::{
         declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
     };
@@ -454,7 +454,8 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     // delivered under a fresh envelope of type ScheduledMessage.
     let invoices = format!("tour.invoices.{run}");
     connection.declare_queue(&QueueSpec::new(&invoices).classic())?;
-    let scheduler = Scheduler::open(connection)?;
+    let scheduler =
+        Scheduler::new(connection, SchedulerOptions::default()).and_then(Scheduler::start)?;
     let invoice = Message::encode(&JsonCodec, &serde_json::json!({"invoice": "inv-9"}))?;
     let asked = std::time::Instant::now();
     scheduler.after(Duration::from_secs(3), "", &invoices, invoice)?;

@@ -290,7 +290,9 @@ fn crash_child() {
             &env("ACEMQ_CRASH17_EFFECTS"),
         )),
         "scheduler" => Box::new(
-            Scheduler::open_with(&conn, scheduler_options(&env("ACEMQ_CRASH17_BASE"))).unwrap(),
+            Scheduler::new(&conn, scheduler_options(&env("ACEMQ_CRASH17_BASE")))
+                .and_then(Scheduler::start)
+                .unwrap(),
         ),
         "ordered" => Box::new(ordered_consumer(
             &conn,
@@ -743,7 +745,9 @@ fn scheduler_killed_between_a_hop_and_the_ack_loses_nothing() {
     );
     p.close().unwrap();
     let n = ids.len() as i64;
-    let scheduler = Scheduler::open_with(&conn, scheduler_options(&base)).unwrap();
+    let scheduler = Scheduler::new(&conn, scheduler_options(&base))
+        .and_then(Scheduler::start)
+        .unwrap();
     let got = ids_on(&conn, &q, n as usize);
     scheduler.close().unwrap();
     let twice = got.values().filter(|c| **c > 1).count();

@@ -15,7 +15,7 @@ use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{serve, Requester};
-use acemq_amqp::patterns::scheduler::Scheduler;
+use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
@@ -168,7 +168,9 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     .unwrap();
     seen.push(format!("{responder:?}"));
     seen.push(format!("{:?}", replay(&conn, &q, ReplayOptions::default())));
-    let scheduler = Scheduler::open(&conn).unwrap();
+    let scheduler = Scheduler::new(&conn, SchedulerOptions::default())
+        .and_then(Scheduler::start)
+        .unwrap();
     seen.push(format!("{scheduler:?}"));
     let stream = clean.queue(&unique("hyg-stream"));
     declare_stream(&conn, &stream, StreamRetention::unbounded()).unwrap();
