@@ -89,13 +89,11 @@
 //!    change afterwards: there is no setter to be ignored later.
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
 //!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::relay::OutboxRelay::start`] →
-//!    [`patterns::relay::RunningRelay`]. Starting twice cannot be written. A
-//!    [`patterns::consumer_group::ConsumerGroup`] is configured and started in one call
-//!    ([`patterns::consumer_group::ConsumerGroup::start_with`], which checks its options first) and is itself the
-//!    running handle.
+//!    [`patterns::relay::RunningRelay`], [`patterns::consumer_group::ConsumerGroup::start`] →
+//!    [`patterns::consumer_group::RunningConsumerGroup`]. Starting twice cannot be written.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
 //!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::relay::RunningRelay::close`] →
-//!    [`patterns::relay::RelayReport`], [`patterns::consumer_group::ConsumerGroup::close`] → the members'
+//!    [`patterns::relay::RelayReport`], [`patterns::consumer_group::RunningConsumerGroup::close`] → the members'
 //!    [`CloseReport`]s summed, or the error. Its `Drop` does the same best-effort: it
 //!    **blocks** until the threads are joined (within the handle's own deadline, documented on
 //!    it) and logs the errors instead of returning them.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::Batcher;
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
@@ -51,7 +51,11 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
         conn.consumer(&q, ConsumerOptions::new().concurrency(0))
             .and_then(|c| c.start(accept)),
     );
-    is_invalid("a group of 0", ConsumerGroup::start(&conn, &q, 0, accept));
+    is_invalid(
+        "a group of 0",
+        ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(0))
+            .and_then(|group| group.start(accept)),
+    );
     is_invalid(
         "publisher window 0",
         conn.publisher_with(PublisherOptions::new().window(0)),

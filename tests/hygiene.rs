@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::AmqpQueue;
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::outbox::InMemoryOutboxStore;
 use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
@@ -149,7 +149,9 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{consumer:?}"));
     let running = consumer.start(accept).unwrap();
     seen.push(format!("{running:?}"));
-    let group = ConsumerGroup::start(&conn, &q, 2, accept).unwrap();
+    let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(2))
+        .and_then(|group| group.start(accept))
+        .unwrap();
     seen.push(format!("{group:?}"));
     let relay =
         OutboxRelay::new(&conn, InMemoryOutboxStore::new(), OutboxRelayOptions::new()).unwrap();
