@@ -445,7 +445,7 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     };
     use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
     use acemq_amqp::patterns::streams::{
-        declare_stream, read_stream, stream_offset_of, Offset, StreamRetention,
+        declare_stream, stream_offset_of, Offset, StreamOptions, StreamReader, StreamRetention,
     };
     use acemq_amqp::BytesCodec;
     use std::sync::{Arc, Mutex};
@@ -489,12 +489,16 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     for reading in ["first", "second"] {
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let s = seen.clone();
-        let reader = read_stream(connection, &log, Offset::First, move |m: &Message| {
-            let text = String::from_utf8_lossy(&m.body);
-            let at = stream_offset_of(m).unwrap_or_default();
-            s.lock().expect("seen").push(format!("{at}:{text}"));
-            Ok(Outcome::Accept)
-        })?;
+        let reader =
+            StreamReader::new(connection, &log, StreamOptions::new().offset(Offset::First))
+                .and_then(|reader| {
+                    reader.start(move |m: &Message| {
+                        let text = String::from_utf8_lossy(&m.body);
+                        let at = stream_offset_of(m).unwrap_or_default();
+                        s.lock().expect("seen").push(format!("{at}:{text}"));
+                        Ok(Outcome::Accept)
+                    })
+                })?;
         wait_until(|| seen.lock().expect("seen").len() == 3);
         reader.close()?;
         println!(

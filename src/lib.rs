@@ -46,7 +46,7 @@
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::routing_slip::RoutingSlip`], [`patterns::routing_slip::follow_slip`]), sagas ([`patterns::saga::Saga`]),
 //!   the scheduler ([`patterns::scheduler::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
-//!   ([`patterns::streams::declare_stream`], [`patterns::streams::read_stream`]), claim checks
+//!   ([`patterns::streams::declare_stream`], [`patterns::streams::StreamReader`]), claim checks
 //!   ([`patterns::claim_check::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordering::ordered`],
 //!   [`patterns::ordering::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain::chain)) and
 //!   pipelines ([`patterns::pipeline::then`]). At-most-once delivery is a consumer option, chosen on

@@ -16,7 +16,9 @@ use acemq_amqp::patterns::relay::{OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{serve, Requester};
 use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
-use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset, StreamRetention};
+use acemq_amqp::patterns::streams::{
+    declare_stream, Offset, StreamOptions, StreamReader, StreamRetention,
+};
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
 use support::{connect, unique, Cleanup};
 
@@ -176,7 +178,9 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{scheduler:?}"));
     let stream = clean.queue(&unique("hyg-stream"));
     declare_stream(&conn, &stream, StreamRetention::unbounded()).unwrap();
-    let reader = read_stream(&conn, &stream, Offset::First, accept).unwrap();
+    let reader = StreamReader::new(&conn, &stream, StreamOptions::new().offset(Offset::First))
+        .and_then(|reader| reader.start(accept))
+        .unwrap();
     seen.push(format!("{reader:?}"));
     let aq = clean.queue(&unique("hyg-ack"));
     conn.declare_queue(&QueueSpec::new(&aq)).unwrap();

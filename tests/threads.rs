@@ -44,6 +44,7 @@ fn scheduler_streams_and_claim_checks_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::scheduler::Scheduler>();
     send_sync::<acemq_amqp::patterns::scheduler::RunningScheduler>();
     send_sync::<acemq_amqp::patterns::streams::StreamReader>();
+    send_sync::<acemq_amqp::patterns::streams::RunningStreamReader>();
     send_sync::<acemq_amqp::patterns::claim_check::ClaimCheckCodec>();
     send_sync::<acemq_amqp::patterns::claim_check::FilesystemClaimCheckStore>();
 }
