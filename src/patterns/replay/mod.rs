@@ -70,7 +70,7 @@
 //!
 //! [`ReplayOptions::dry_run`] reads and filters without moving anything (every message read is held
 //! and returned at the end, so the window bounds a dry run's reads): [`ReplayReport::matched`]
-//! says how many would move. Progress goes to the connection's [`Observer`] (or
+//! says how many would move. Progress goes to the connection's [`Observer`](crate::observe::Observer) (or
 //! [`ReplayOptions::observer`]) every [`ReplayOptions::progress_every`] messages read and once at the end,
 //! for a progress bar. The report's `Display` is one line: `moved 137, skipped 363 (drained)`.
 

@@ -26,7 +26,7 @@ impl<F> fmt::Debug for FollowSlip<F> {
 }
 
 /// Wraps `step` (which returns the payload to send on: `None` = the received one unchanged) as
-/// a handler that follows the slip: see the [module docs](self).
+/// a handler that follows the slip: see the [module docs](super).
 pub fn follow_slip<F>(publisher: &Publisher, step: F) -> FollowSlip<F>
 where
     F: Fn(&Message) -> Result<Option<Message>, BoxError>,

@@ -63,8 +63,8 @@
 //!   carries one that cannot be read (so a handler returning it dead-letters the message at
 //!   once: it will not parse on the next attempt either); the JSON form first when both are
 //!   present.
-//! * [`follow_slip`] is a [`Handler`]: it reads the slip (unreadable or missing → fatal,
-//!   dead-lettered), runs the step (an `Err` is a retry, a [`FatalError`] a reject, as for any
+//! * [`follow_slip`] is a [`Handler`](crate::Handler): it reads the slip (unreadable or missing → fatal,
+//!   dead-lettered), runs the step (an `Err` is a retry, a [`FatalError`](crate::FatalError) a reject, as for any
 //!   handler), then publishes the step's payload — the one it returned, or the received body
 //!   and content type unchanged — to the next stop, **mandatory, with a confirm**, and accepts
 //!   only once that hop is routed and confirmed; a hop that fails (no queue bound there, the

@@ -16,7 +16,7 @@
 //!   durable, classic, no arguments; every queue bound to `acemq.schedule` under its own name.
 //!   A broker where another service (in any language) declared the same already is fine — an
 //!   integer TTL of any width is the same to RabbitMQ; a queue of one of these names with other
-//!   arguments fails [`Scheduler::start`] with [`Error::TopologyConflict`] and the connection
+//!   arguments fails [`Scheduler::start`] with [`Error::TopologyConflict`](crate::Error::TopologyConflict) and the connection
 //!   stays usable. No `.dlq` or `.parked` is declared for these shared names.
 //! * **Hops.** A message waits on the largest rung that does not overshoot what is left until
 //!   it is due (by more than half the smallest rung: the slack that absorbs the hops' own

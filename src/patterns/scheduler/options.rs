@@ -58,9 +58,9 @@ impl SchedulerOptions {
     }
 
     /// The control consumer's settings (prefetch, worker threads moving control messages, how
-    /// long closing waits for a hop under way, …); the scheduler sets `declare(false)` and
-    /// [`any_attempt`](ConsumerOptions::any_attempt) on them. Defaults to prefetch 50 (as in Go
-    /// and Java), concurrency 1 and a 30 s shutdown timeout.
+    /// long closing waits for a hop under way, …); the scheduler turns off their `declare` and
+    /// their attempt limit (it handles every attempt). Defaults to prefetch 50 (as in Go and
+    /// Java), concurrency 1 and a 30 s shutdown timeout.
     pub fn consumer(mut self, consumer: ConsumerOptions) -> Self {
         self.consumer = consumer;
         self

@@ -42,7 +42,7 @@ impl Scheduler {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) /
-    /// [`Error::InvalidName`](crate::Error::InvalidName) for bad options.
+    /// [`Error::InvalidName`](crate::Error::InvalidName)(crate::Error::InvalidName) for bad options.
     pub fn new(connection: &Connection, options: SchedulerOptions) -> Result<Scheduler> {
         options.validate()?;
         Ok(Scheduler {
@@ -123,8 +123,8 @@ impl RunningScheduler {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidName`] for an empty routing key or names over 255 bytes;
-    /// [`Error::InvalidHeader`] for a header that cannot be sent; a publish error when the
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty routing key or names over 255 bytes;
+    /// [`Error::InvalidHeader`](crate::Error::InvalidHeader) for a header that cannot be sent; a publish error when the
     /// first hop (or an immediate delivery) could not be confirmed — then nothing was
     /// scheduled. A due message that no queue receives is not an error: it is kept.
     pub fn at(

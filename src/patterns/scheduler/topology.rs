@@ -84,7 +84,7 @@ impl ScheduleTopology {
     ///
     /// # Errors
     ///
-    /// [`Error::TopologyConflict`] when one of the queues exists with other arguments.
+    /// [`Error::TopologyConflict`](crate::Error::TopologyConflict) when one of the queues exists with other arguments.
     pub fn apply(&self, connection: &Connection) -> Result<()> {
         connection.declare_exchange(&self.exchange)?;
         for q in &self.queues {
