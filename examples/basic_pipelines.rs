@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
+use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
 use acemq_amqp::{Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -52,7 +52,7 @@ fn example() -> Result<()> {
         .then("", &label, "label")
         .then("", &ship, "ship");
     println!("sending order o-4 with a three-stop routing slip (JSON in acemq-routing-slip)");
-    start(&publisher, slip, Message::new("order o-4")).send()?;
+    slip.send(&publisher, Message::new("order o-4"))?;
     ex::wait_for("the order to be shipped", || shipped.load(Ordering::SeqCst));
     for stop in stops {
         stop.close()?;

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::{dead_letter_queue, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -57,9 +57,14 @@ fn example() -> Result<()> {
     fixed.store(true, Ordering::SeqCst);
     println!("the fix is deployed; first a dry run of what would move:");
     let acme = |_: &acemq_amqp::Envelope, body: &[u8]| body.ends_with(b"acme");
-    let preview = replay(&connection, &dlq).only(acme).dry_run(true).run()?;
+    let preview = replay(
+        &connection,
+        &dlq,
+        ReplayOptions::default().only(acme).dry_run(true),
+    )
+    .run()?;
     println!("  dry run: {preview}");
-    let report = replay(&connection, &dlq).only(acme).run()?;
+    let report = replay(&connection, &dlq, ReplayOptions::default().only(acme)).run()?;
     println!("replayed: {report}");
     ex::wait_for("both acme invoices billed", || {
         billed.load(Ordering::SeqCst) == 2

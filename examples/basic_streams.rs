@@ -6,7 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::streams::{declare_stream, read_stream, stream_offset_of, Offset};
+use acemq_amqp::patterns::streams::{
+    declare_stream, stream_offset_of, Offset, StreamOptions, StreamReader,
+};
 use acemq_amqp::{Message, Outcome, Result, StreamRetention};
 
 #[path = "common/ex.rs"]
@@ -26,13 +28,17 @@ fn read(
 ) -> Result<Vec<String>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = seen.clone();
-    let reader = read_stream(connection, log, from, move |m: &Message| {
-        let at = stream_offset_of(m).unwrap_or_default();
-        s.lock()
-            .expect("seen")
-            .push(format!("{at}:{}", String::from_utf8_lossy(&m.body)));
-        Ok(Outcome::Accept)
-    })?;
+    let reader = StreamReader::new(connection, log, StreamOptions::new().offset(from)).and_then(
+        |reader| {
+            reader.start(move |m: &Message| {
+                let at = stream_offset_of(m).unwrap_or_default();
+                s.lock()
+                    .expect("seen")
+                    .push(format!("{at}:{}", String::from_utf8_lossy(&m.body)));
+                Ok(Outcome::Accept)
+            })
+        },
+    )?;
     ex::wait_for("the events", || seen.lock().expect("seen").len() >= n);
     reader.close()?;
     let seen = seen.lock().expect("seen").clone();

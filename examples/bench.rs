@@ -1646,11 +1646,11 @@ fn now_ms() -> i64 {
 
 /// Messages scheduled 1–3 s ahead through the TTL ladder: how late each is delivered.
 fn scheduler_accuracy(s: &mut Suite, conn: &Connection) -> Result<()> {
-    use acemq_amqp::patterns::scheduler::Scheduler;
+    use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
     let n = s.n(100, 20);
     let queue = format!("bench.scheduled.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue).classic())?;
-    let scheduler = Scheduler::open(conn)?;
+    let scheduler = Scheduler::new(conn, SchedulerOptions::default()).and_then(Scheduler::start)?;
     let late = Arc::new(parking_lot::Mutex::new(Vec::with_capacity(n)));
     let (tx, rx) = crossbeam_channel::bounded(1);
     let l = late.clone();

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -24,18 +24,21 @@ fn example() -> Result<()> {
     connection.declare_queue(&QueueSpec::new(&queue))?;
     let by_member = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
     let b = by_member.clone();
-    let group = ConsumerGroup::start_with(
+    let group = ConsumerGroup::new(
         &connection,
         &queue,
-        4,
-        ConsumerOptions::new().prefetch(10),
-        move |_: &Message| {
+        ConsumerGroupOptions::new()
+            .members(4)
+            .consumer(ConsumerOptions::new().prefetch(10)),
+    )
+    .and_then(|group| {
+        group.start(move |_: &Message| {
             let thread = std::thread::current().name().unwrap_or("?").to_string();
             *b.lock().expect("counts").entry(thread).or_default() += 1;
             std::thread::sleep(std::time::Duration::from_millis(2)); // a little work
             Ok(Outcome::Accept)
-        },
-    )?;
+        })
+    })?;
     let publisher = connection.publisher()?;
     for i in 0..200 {
         publisher

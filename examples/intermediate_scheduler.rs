@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use acemq_amqp::patterns::scheduler::{hop_plan, Scheduler};
+use acemq_amqp::patterns::scheduler::{hop_plan, Scheduler, SchedulerOptions};
 use acemq_amqp::{Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -22,7 +22,8 @@ fn example() -> Result<()> {
     let connection = ex::connect()?;
     let inbox = ex::name("reminders");
     connection.declare_queue(&QueueSpec::new(&inbox).classic())?;
-    let scheduler = Scheduler::open(&connection)?;
+    let scheduler =
+        Scheduler::new(&connection, SchedulerOptions::default()).and_then(Scheduler::start)?;
     println!(
         "a 90 s delay would hop: {:?}",
         hop_plan(Duration::from_secs(90))

@@ -265,8 +265,8 @@ fn replay_slip_and_saga(
     publisher: &acemq_amqp::Publisher,
     run: u32,
 ) -> Result<()> {
-    use acemq_amqp::patterns::replay::replay;
-    use acemq_amqp::patterns::routing_slip::{follow_slip, start, RoutingSlip};
+    use acemq_amqp::patterns::replay::{replay, ReplayOptions};
+    use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
     use acemq_amqp::patterns::saga::Saga;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
@@ -300,7 +300,7 @@ fn replay_slip_and_saga(
     });
     // The "fix" is deployed; the dead letter goes back where it came from, attempt 1 again.
     fixed.store(true, Ordering::SeqCst);
-    let report = replay(connection, &dlq).run()?;
+    let report = replay(connection, &dlq, ReplayOptions::default()).run()?;
     println!("replayed {}: {report}", dlq);
     wait_until(|| billed.load(Ordering::SeqCst) == 1);
     consumer.close()?;
@@ -330,7 +330,7 @@ fn replay_slip_and_saga(
     let slip = RoutingSlip::new()
         .then("", &pack, "pack")
         .then("", &ship, "ship");
-    start(publisher, slip, Message::new("order o-4")).send()?;
+    slip.send(publisher, Message::new("order o-4"))?;
     wait_until(|| shipped.load(Ordering::SeqCst) == 1);
     packer.close()?;
     shipper.close()?;
@@ -464,8 +464,10 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     use acemq_amqp::patterns::claim_check::{
         claim_key_of, ClaimCheckCodec, FilesystemClaimCheckStore,
     };
-    use acemq_amqp::patterns::scheduler::Scheduler;
-    use acemq_amqp::patterns::streams::{declare_stream, read_stream, stream_offset_of, Offset};
+    use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
+    use acemq_amqp::patterns::streams::{
+        declare_stream, stream_offset_of, Offset, StreamOptions, StreamReader,
+    };
     use acemq_amqp::{BytesCodec, StreamRetention};
     use std::sync::{Arc, Mutex};
 
@@ -473,7 +475,8 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     // delivered under a fresh envelope of type ScheduledMessage.
     let invoices = format!("tour.invoices.{run}");
     connection.declare_queue(&QueueSpec::new(&invoices).classic())?;
-    let scheduler = Scheduler::open(connection)?;
+    let scheduler =
+        Scheduler::new(connection, SchedulerOptions::default()).and_then(Scheduler::start)?;
     let invoice = Message::encode(&JsonCodec, &serde_json::json!({"invoice": "inv-9"}))?;
     let asked = std::time::Instant::now();
     scheduler.after(Duration::from_secs(3), "", &invoices, invoice)?;
@@ -507,12 +510,16 @@ fn later_logs_and_large_documents(connection: &Connection, run: u32) -> Result<(
     for reading in ["first", "second"] {
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let s = seen.clone();
-        let reader = read_stream(connection, &log, Offset::First, move |m: &Message| {
-            let text = String::from_utf8_lossy(&m.body);
-            let at = stream_offset_of(m).unwrap_or_default();
-            s.lock().expect("seen").push(format!("{at}:{text}"));
-            Ok(Outcome::Accept)
-        })?;
+        let reader =
+            StreamReader::new(connection, &log, StreamOptions::new().offset(Offset::First))
+                .and_then(|reader| {
+                    reader.start(move |m: &Message| {
+                        let text = String::from_utf8_lossy(&m.body);
+                        let at = stream_offset_of(m).unwrap_or_default();
+                        s.lock().expect("seen").push(format!("{at}:{text}"));
+                        Ok(Outcome::Accept)
+                    })
+                })?;
         wait_until(|| seen.lock().expect("seen").len() == 3);
         reader.close()?;
         println!(

@@ -181,7 +181,7 @@ pub enum Error {
     /// (the message being moved and every held one are back on the source queue).
     Replay {
         /// What the pass did before it stopped.
-        report: Box<crate::patterns::replay::ReplayReport>,
+        report: Box<crate::observe::replay_report::ReplayReport>,
         /// Why it stopped.
         source: Box<Error>,
     },

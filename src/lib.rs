@@ -46,7 +46,7 @@
 //!   broker-neutral acknowledged consumer, dead-letter replay ([`mod@patterns::replay`]), routing
 //!   slips ([`patterns::routing_slip::RoutingSlip`], [`patterns::routing_slip::follow_slip`]), sagas ([`patterns::saga::Saga`]),
 //!   the scheduler ([`patterns::scheduler::Scheduler`]: delayed delivery on a TTL ladder), RabbitMQ streams
-//!   ([`patterns::streams::declare_stream`], [`patterns::streams::read_stream`]), claim checks
+//!   ([`patterns::streams::declare_stream`], [`patterns::streams::StreamReader`]), claim checks
 //!   ([`patterns::claim_check::ClaimCheckCodec`]), ordered dispatch and partitions ([`patterns::ordering::ordered`],
 //!   [`patterns::ordering::partition`]), the handler chain ([`patterns::chain`](fn@patterns::chain::chain)) and
 //!   pipelines ([`patterns::pipeline::then`]). At-most-once delivery is a consumer option, chosen on
@@ -88,13 +88,11 @@
 //!    change afterwards: there is no setter to be ignored later.
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
 //!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::outbox::OutboxRelay::start`] →
-//!    [`patterns::outbox::RunningRelay`]. Starting twice cannot be written. A
-//!    [`patterns::consumer_group::ConsumerGroup`] is configured and started in one call
-//!    ([`patterns::consumer_group::ConsumerGroup::start_with`], which checks its options first) and is itself the
-//!    running handle.
+//!    [`patterns::outbox::RunningRelay`], [`patterns::consumer_group::ConsumerGroup::start`] →
+//!    [`patterns::consumer_group::RunningConsumerGroup`]. Starting twice cannot be written.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
 //!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::outbox::RunningRelay::close`] →
-//!    [`patterns::outbox::RelayReport`], [`patterns::consumer_group::ConsumerGroup::close`] → the members'
+//!    [`patterns::outbox::RelayReport`], [`patterns::consumer_group::RunningConsumerGroup::close`] → the members'
 //!    [`CloseReport`]s summed, or the error. Its `Drop` does the same best-effort: it
 //!    **blocks** until the threads are joined (within the handle's own deadline, documented on
 //!    it) and logs the errors instead of returning them.

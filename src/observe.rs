@@ -10,6 +10,7 @@ use std::time::Duration;
 
 #[cfg(feature = "metrics")]
 mod metrics_observer;
+pub(crate) mod replay_report;
 #[cfg(feature = "metrics")]
 pub use metrics_observer::{
     MetricsObserver, CONSUME_DURATION, DEAD_LETTERED_TOTAL, OUTBOX_OLDEST_AGE, OUTBOX_PENDING,
@@ -146,7 +147,7 @@ pub trait Observer: Send + Sync + 'static {
     }
 
     /// A dead-letter replay pass made progress (every
-    /// [`progress_every`](crate::patterns::replay::Replay::progress_every) messages read) or ended
+    /// [`progress_every`](crate::patterns::replay::ReplayOptions::progress_every) messages read) or ended
     /// (`finished`), reported on the thread running it.
     fn replay(&self, event: &ReplayEvent<'_>) {
         LogObserver.replay(event)
@@ -185,7 +186,7 @@ pub struct IdReplaced<'a> {
 #[non_exhaustive]
 pub struct ReplayEvent<'a> {
     /// The report so far (its `stopped` means something only when `finished`).
-    pub report: &'a crate::patterns::replay::ReplayReport,
+    pub report: &'a replay_report::ReplayReport,
     /// True for the last event of the pass.
     pub finished: bool,
 }

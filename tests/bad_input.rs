@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{Batcher, BatcherOptions};
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{Requester, RequesterOptions};
 use acemq_amqp::{
     parked_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, PublisherOptions,
@@ -50,7 +50,11 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
         conn.consumer(&q, ConsumerOptions::new().concurrency(0))
             .and_then(|c| c.start(accept)),
     );
-    is_invalid("a group of 0", ConsumerGroup::start(&conn, &q, 0, accept));
+    is_invalid(
+        "a group of 0",
+        ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(0))
+            .and_then(|group| group.start(accept)),
+    );
     is_invalid(
         "publisher window 0",
         conn.publisher_with(PublisherOptions::new().window(0)),
@@ -78,7 +82,10 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
         )
         .and_then(Requester::start),
     );
-    is_invalid("replay window 0", replay(&conn, &q).window(0).run());
+    is_invalid(
+        "replay window 0",
+        replay(&conn, &q, ReplayOptions::default().window(0)).run(),
+    );
     is_invalid(
         "batch size 0",
         Batcher::new(BatcherOptions::new().batch_size(0).max_pending(10)),

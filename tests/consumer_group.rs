@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
 use support::{amqp_url, connect, connect_with, eventually, publish_n, unique, Cleanup};
 
@@ -28,13 +28,16 @@ fn a_group_of_four_handles_400_messages_each_once_spread_over_its_members() {
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let threads = Arc::new(Mutex::new(HashSet::<String>::new()));
     let (s, t) = (seen.clone(), threads.clone());
-    let group = ConsumerGroup::start(&conn, &q, 4, move |m: &Message| {
-        let name = std::thread::current().name().unwrap_or("?").to_string();
-        t.lock().unwrap().insert(name);
-        s.lock().unwrap().push(m.id().to_string());
-        Ok(Outcome::Accept)
-    })
-    .unwrap();
+    let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(4))
+        .and_then(|group| {
+            group.start(move |m: &Message| {
+                let name = std::thread::current().name().unwrap_or("?").to_string();
+                t.lock().unwrap().insert(name);
+                s.lock().unwrap().push(m.id().to_string());
+                Ok(Outcome::Accept)
+            })
+        })
+        .unwrap();
     assert_eq!(group.size(), 4);
     assert_eq!(conn.queue_info(&q).unwrap().consumer_count, 4);
     // Published once every member is subscribed: the broker spreads them round-robin.
@@ -82,16 +85,19 @@ fn a_group_whose_second_consumer_fails_to_start_closes_the_first_and_returns_the
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
     // Exclusive: member 1 subscribes, member 2 is refused by the broker.
-    let result = ConsumerGroup::start_with(
+    let result = ConsumerGroup::new(
         &conn,
         &q,
-        3,
-        ConsumerOptions::new().exclusive(true),
-        move |_: &Message| {
+        ConsumerGroupOptions::new()
+            .members(3)
+            .consumer(ConsumerOptions::new().exclusive(true)),
+    )
+    .and_then(|group| {
+        group.start(move |_: &Message| {
             h.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
-        },
-    );
+        })
+    });
     let error = result.expect_err("member 2 cannot share an exclusively consumed queue");
     assert!(
         error.to_string().contains("exclusive use"),
@@ -131,7 +137,14 @@ fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_return
     let budget = (1..=32u16)
         .find(|&channels| {
             let limited = connect_allowing(channels);
-            let started = ConsumerGroup::start_with(&limited, &q, 2, options.clone(), accept);
+            let started = ConsumerGroup::new(
+                &limited,
+                &q,
+                ConsumerGroupOptions::new()
+                    .members(2)
+                    .consumer(options.clone()),
+            )
+            .and_then(|group| group.start(accept));
             let fits = started.map(|group| group.close().unwrap()).is_ok();
             limited.close().unwrap();
             fits
@@ -142,9 +155,16 @@ fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_return
     let limited = connect_allowing(budget);
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
-    let result = ConsumerGroup::start_with(&limited, &q, 3, options, move |_: &Message| {
-        h.fetch_add(1, Ordering::SeqCst);
-        Ok(Outcome::Accept)
+    let result = ConsumerGroup::new(
+        &limited,
+        &q,
+        ConsumerGroupOptions::new().members(3).consumer(options),
+    )
+    .and_then(|group| {
+        group.start(move |_: &Message| {
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
     });
     let error = result.expect_err("the third member has no channel to consume on");
     assert!(
@@ -164,13 +184,14 @@ fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_return
         limited.is_connected(),
         "a refused channel does not cost the connection"
     );
-    let group = ConsumerGroup::start_with(
+    let group = ConsumerGroup::new(
         &limited,
         &q,
-        2,
-        ConsumerOptions::new().prefetch(4).declare(false),
-        |_: &Message| Ok(Outcome::Accept),
+        ConsumerGroupOptions::new()
+            .members(2)
+            .consumer(ConsumerOptions::new().prefetch(4).declare(false)),
     )
+    .and_then(|group| group.start(|_: &Message| Ok(Outcome::Accept)))
     .expect("the same connection still runs a group of two");
     assert!(eventually(WAIT, || conn
         .queue_info(&q)
@@ -192,17 +213,20 @@ fn closing_a_group_sums_the_members_reports_and_settles_everything() {
     let r = running.clone();
     // Two members, one worker and a prefetch of 4 each: 8 messages fill both windows, each
     // member runs one handler (blocked until released) and holds 3 it has not started.
-    let group = ConsumerGroup::start_with(
+    let group = ConsumerGroup::new(
         &conn,
         &q,
-        2,
-        ConsumerOptions::new().prefetch(4),
-        move |_: &Message| {
+        ConsumerGroupOptions::new()
+            .members(2)
+            .consumer(ConsumerOptions::new().prefetch(4)),
+    )
+    .and_then(|group| {
+        group.start(move |_: &Message| {
             r.fetch_add(1, Ordering::SeqCst);
             let _ = release_rx.recv();
             Ok(Outcome::Accept)
-        },
-    )
+        })
+    })
     .unwrap();
     publish_n(&conn, &q, 8, false);
     assert!(eventually(WAIT, || running.load(Ordering::SeqCst) == 2
@@ -234,7 +258,8 @@ fn a_group_of_zero_is_refused_and_starts_nothing() {
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("group-zero"));
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let result = ConsumerGroup::start(&conn, &q, 0, |_: &Message| Ok(Outcome::Accept));
+    let result = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(0))
+        .and_then(|group| group.start(|_: &Message| Ok(Outcome::Accept)));
     assert!(matches!(result, Err(Error::InvalidArgument { .. })));
     assert_eq!(conn.queue_info(&q).unwrap().consumer_count, 0);
 }

@@ -40,7 +40,7 @@ use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::outbox::{
     record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
 };
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::{
@@ -297,7 +297,9 @@ fn crash_child() {
             &env("ACEMQ_CRASH17_EFFECTS"),
         )),
         "scheduler" => Box::new(
-            Scheduler::open_with(&conn, scheduler_options(&env("ACEMQ_CRASH17_BASE"))).unwrap(),
+            Scheduler::new(&conn, scheduler_options(&env("ACEMQ_CRASH17_BASE")))
+                .and_then(Scheduler::start)
+                .unwrap(),
         ),
         "ordered" => Box::new(ordered_consumer(
             &conn,
@@ -308,11 +310,15 @@ fn crash_child() {
             println!("READY");
             // Pass after pass until killed (each pass ends when the source is drained).
             loop {
-                replay(&conn, &env("ACEMQ_CRASH17_QUEUE"))
-                    .exchange("")
-                    .routing_key(env("ACEMQ_CRASH17_TARGET"))
-                    .run()
-                    .unwrap();
+                replay(
+                    &conn,
+                    &env("ACEMQ_CRASH17_QUEUE"),
+                    ReplayOptions::default()
+                        .exchange("")
+                        .routing_key(env("ACEMQ_CRASH17_TARGET")),
+                )
+                .run()
+                .unwrap();
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
@@ -685,11 +691,15 @@ fn replay_killed_between_the_copy_and_the_ack_loses_nothing() {
                 .unwrap_or(false)
         },
     );
-    let report = replay(&conn, &src)
-        .exchange("")
-        .routing_key(target.as_str())
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &src,
+        ReplayOptions::default()
+            .exchange("")
+            .routing_key(target.as_str()),
+    )
+    .run()
+    .unwrap();
     assert_eq!(count(&src), 0, "the source is drained");
     let got = ids_on(&conn, &target, n);
     let twice = got.values().filter(|c| **c > 1).count();
@@ -743,7 +753,9 @@ fn scheduler_killed_between_a_hop_and_the_ack_loses_nothing() {
     );
     p.close().unwrap();
     let n = ids.len() as i64;
-    let scheduler = Scheduler::open_with(&conn, scheduler_options(&base)).unwrap();
+    let scheduler = Scheduler::new(&conn, scheduler_options(&base))
+        .and_then(Scheduler::start)
+        .unwrap();
     let got = ids_on(&conn, &q, n as usize);
     scheduler.close().unwrap();
     let twice = got.values().filter(|c| **c > 1).count();

@@ -10,16 +10,17 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{AmqpQueue, AmqpQueueOptions};
-use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions,
 };
-use acemq_amqp::patterns::scheduler::Scheduler;
-use acemq_amqp::patterns::streams::{declare_stream, read_stream, Offset};
-use acemq_amqp::StreamRetention;
-use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
+use acemq_amqp::patterns::streams::{declare_stream, Offset, StreamOptions, StreamReader};
+use acemq_amqp::{
+    Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec, StreamRetention,
+};
 use support::{connect, unique, Cleanup};
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -151,7 +152,9 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{consumer:?}"));
     let running = consumer.start(accept).unwrap();
     seen.push(format!("{running:?}"));
-    let group = ConsumerGroup::start(&conn, &q, 2, accept).unwrap();
+    let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(2))
+        .and_then(|group| group.start(accept))
+        .unwrap();
     seen.push(format!("{group:?}"));
     let relay =
         OutboxRelay::new(&conn, InMemoryOutboxStore::new(), OutboxRelayOptions::new()).unwrap();
@@ -172,12 +175,16 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
         })
         .unwrap();
     seen.push(format!("{responder:?}"));
-    seen.push(format!("{:?}", replay(&conn, &q)));
-    let scheduler = Scheduler::open(&conn).unwrap();
+    seen.push(format!("{:?}", replay(&conn, &q, ReplayOptions::default())));
+    let scheduler = Scheduler::new(&conn, SchedulerOptions::default())
+        .and_then(Scheduler::start)
+        .unwrap();
     seen.push(format!("{scheduler:?}"));
     let stream = clean.queue(&unique("hyg-stream"));
     declare_stream(&conn, &stream, StreamRetention::unbounded()).unwrap();
-    let reader = read_stream(&conn, &stream, Offset::First, accept).unwrap();
+    let reader = StreamReader::new(&conn, &stream, StreamOptions::new().offset(Offset::First))
+        .and_then(|reader| reader.start(accept))
+        .unwrap();
     seen.push(format!("{reader:?}"));
     let aq = clean.queue(&unique("hyg-ack"));
     conn.declare_queue(&QueueSpec::new(&aq)).unwrap();

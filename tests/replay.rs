@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::ReplayEvent;
-use acemq_amqp::patterns::replay::{replay, Stopped};
+use acemq_amqp::patterns::replay::{replay, ReplayOptions, Stopped};
 use acemq_amqp::{
     dead_letter_queue, headers, Binding, Connection, ConsumerOptions, Error, ExchangeSpec,
     HandlerResult, HeaderValue, Message, Outcome, QueueSpec, RetryPolicy,
@@ -105,7 +105,7 @@ fn a_replay_sends_dead_letters_back_where_they_were_published_stamped_and_restar
         publisher.publish("", &dlq, copy).unwrap();
     }
 
-    let report = replay(&conn, &dlq).run().unwrap();
+    let report = replay(&conn, &dlq, ReplayOptions::default()).run().unwrap();
     assert_eq!((report.moved, report.skipped), (3, 0));
     assert_eq!(report.stopped, Stopped::Drained);
     assert_eq!(report.to_string(), "moved 3, skipped 0 (drained)");
@@ -148,7 +148,9 @@ fn a_replay_sends_dead_letters_back_where_they_were_published_stamped_and_restar
         copy.envelope.error = Some("exhausted 2 attempts: again".into());
         publisher2.publish("", &dlq, copy).unwrap();
     }
-    let report = replay(&conn, &dlq).restart(false).run().unwrap();
+    let report = replay(&conn, &dlq, ReplayOptions::default().restart(false))
+        .run()
+        .unwrap();
     assert_eq!(report.moved, 3);
     for m in drain(&conn, &q) {
         assert_eq!(m.envelope.attempt, 2);
@@ -180,10 +182,14 @@ fn a_filter_moves_only_what_it_accepts_and_the_rest_stay_in_their_order() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 10);
-    let report = replay(&conn, &dlq)
-        .only(|_, body| std::str::from_utf8(body).unwrap().parse::<u32>().unwrap() % 2 == 0)
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default()
+            .only(|_, body| std::str::from_utf8(body).unwrap().parse::<u32>().unwrap() % 2 == 0),
+    )
+    .run()
+    .unwrap();
     assert_eq!((report.moved, report.skipped), (5, 5));
     assert_eq!(report.stopped, Stopped::Drained);
     let evens: Vec<String> = ids.iter().step_by(2).cloned().collect();
@@ -201,17 +207,21 @@ fn a_limit_stops_the_pass_and_a_window_bounds_what_is_held() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 10);
-    let report = replay(&conn, &dlq).limit(4).run().unwrap();
+    let report = replay(&conn, &dlq, ReplayOptions::default().limit(4))
+        .run()
+        .unwrap();
     assert_eq!((report.moved, report.stopped), (4, Stopped::Limit));
     assert_eq!(count(&conn, &q), 4);
     assert_eq!(count(&conn, &dlq), 6);
 
     // Declining everything, a window of 3 stops after holding 3, and gives them back.
-    let report = replay(&conn, &dlq)
-        .only(|_, _| false)
-        .window(3)
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default().only(|_, _| false).window(3),
+    )
+    .run()
+    .unwrap();
     assert_eq!((report.skipped, report.stopped), (3, Stopped::Window));
     assert_eq!(ids_of(&drain(&conn, &dlq)), ids[4..].to_vec());
 }
@@ -221,17 +231,27 @@ fn a_deadline_stops_the_pass_between_messages() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let (q, dlq, _) = loaded_dlq(&conn, &mut clean, 20);
-    let report = replay(&conn, &dlq).deadline(Duration::ZERO).run().unwrap();
+    let report = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default().deadline(Duration::ZERO),
+    )
+    .run()
+    .unwrap();
     assert_eq!((report.moved, report.stopped), (0, Stopped::Deadline));
     // A filter that takes 50 ms a message against a 300 ms deadline: stops part way.
-    let report = replay(&conn, &dlq)
-        .deadline(Duration::from_millis(300))
-        .only(|_, _| {
-            std::thread::sleep(Duration::from_millis(50));
-            true
-        })
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default()
+            .deadline(Duration::from_millis(300))
+            .only(|_, _| {
+                std::thread::sleep(Duration::from_millis(50));
+                true
+            }),
+    )
+    .run()
+    .unwrap();
     assert_eq!(report.stopped, Stopped::Deadline);
     assert!(report.moved > 0 && report.moved < 20, "{report}");
     assert_eq!(count(&conn, &q) as u64, report.moved);
@@ -246,9 +266,12 @@ fn a_deleted_target_stops_the_replay_with_its_report_and_nothing_is_lost() {
     conn.delete_queue(&q).unwrap();
     // The first two are declined and held; the third cannot be routed.
     let seen = AtomicUsize::new(0);
-    let result = replay(&conn, &dlq)
-        .only(|_, _| seen.fetch_add(1, Ordering::SeqCst) >= 2)
-        .run();
+    let result = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default().only(|_, _| seen.fetch_add(1, Ordering::SeqCst) >= 2),
+    )
+    .run();
     let Err(Error::Replay { report, source }) = result else {
         panic!("expected Error::Replay, got {result:?}");
     };
@@ -280,13 +303,17 @@ fn a_dry_run_moves_nothing_and_progress_reaches_the_observer() {
     let mut clean = Cleanup::new(&conn);
     let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 10);
     let progress = Arc::new(Progress::default());
-    let report = replay(&conn, &dlq)
-        .dry_run(true)
-        .only(|_, body| body != b"3")
-        .progress_every(4)
-        .observer(progress.clone())
-        .run()
-        .unwrap();
+    let report = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default()
+            .dry_run(true)
+            .only(|_, body| body != b"3")
+            .progress_every(4)
+            .observer(progress.clone()),
+    )
+    .run()
+    .unwrap();
     assert_eq!((report.moved, report.matched, report.skipped), (0, 9, 1));
     assert_eq!(
         report.to_string(),
@@ -309,7 +336,7 @@ fn two_thousand_dead_letters_move_with_none_lost_or_doubled() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 2000);
-    let report = replay(&conn, &dlq).run().unwrap();
+    let report = replay(&conn, &dlq, ReplayOptions::default()).run().unwrap();
     assert_eq!(report.moved, 2000);
     assert_eq!(count(&conn, &dlq), 0);
     assert_eq!(count(&conn, &q), 2000, "none doubled");
@@ -345,12 +372,15 @@ fn replay_child() {
     };
     let conn = connect();
     // Slowed so that the parent finds it mid-pass.
-    let _ = replay(&conn, &dlq)
-        .only(|_, _| {
+    let _ = replay(
+        &conn,
+        &dlq,
+        ReplayOptions::default().only(|_, _| {
             std::thread::sleep(Duration::from_millis(2));
             true
-        })
-        .run();
+        }),
+    )
+    .run();
     panic!("the parent should have killed this replay mid-pass");
 }
 
@@ -394,14 +424,14 @@ fn a_message_that_would_go_back_to_its_own_queue_is_refused_and_kept() {
     let q = clean.queue(&unique("replay-self"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     publish_n(&conn, &q, 2, true);
-    let result = replay(&conn, &q).run();
+    let result = replay(&conn, &q, ReplayOptions::default()).run();
     let Err(Error::Replay { report, source }) = result else {
         panic!("expected Error::Replay, got {result:?}");
     };
     assert!(matches!(*source, Error::InvalidArgument { .. }), "{source}");
     assert_eq!(report.moved, 0);
     assert_eq!(count(&conn, &q), 2);
-    let missing = replay(&conn, &unique("no-such-queue")).run();
+    let missing = replay(&conn, &unique("no-such-queue"), ReplayOptions::default()).run();
     assert!(
         matches!(&missing, Err(Error::Replay { source, .. }) if matches!(**source, Error::NotFound { .. })),
         "{missing:?}"

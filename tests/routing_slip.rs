@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::replay::replay;
+use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::routing_slip::{
-    follow_slip, route_of, route_queue, slip_from, start, RoutingSlip, SlipForm,
+    follow_slip, route_of, route_queue, slip_from, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
     dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, ExchangeSpec,
@@ -88,7 +88,7 @@ fn a_three_step_json_slip_visits_each_stop_in_order() {
         .then("", &names[2], "c");
     let first = Message::new("order");
     let first_id = first.id().to_string();
-    start(&publisher, slip, first).send().unwrap();
+    slip.send(&publisher, first).unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
     for c in consumers {
         c.close().unwrap();
@@ -152,9 +152,7 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
         .collect();
     let slip = route_of(&pipeline, &steps).unwrap();
     let run_id = slip.route_id().unwrap().to_string();
-    start(&publisher, slip, Message::new("order"))
-        .send()
-        .unwrap();
+    slip.send(&publisher, Message::new("order")).unwrap();
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
     for c in consumers {
         c.close().unwrap();
@@ -182,9 +180,9 @@ fn the_declared_form_is_refused_for_a_slip_it_cannot_say() {
     let conn = connect();
     let publisher = conn.publisher().unwrap();
     let two_exchanges = RoutingSlip::new().then("a", "s", "s").then("b", "t", "t");
-    let e = start(&publisher, two_exchanges, Message::new("x"))
-        .form(SlipForm::StepNames)
-        .send()
+    let e = two_exchanges
+        .with_form(SlipForm::StepNames)
+        .and_then(|slip| slip.send(&publisher, Message::new("x")))
         .unwrap_err();
     assert!(
         matches!(e, acemq_amqp::Error::InvalidArgument { .. }),
@@ -320,7 +318,7 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let slip = RoutingSlip::new()
         .then("", &first, "one")
         .then("", &second, "two");
-    start(&publisher, slip, Message::new("x")).send().unwrap();
+    slip.send(&publisher, Message::new("x")).unwrap();
     assert!(
         eventually(WAIT, || ran.load(Ordering::SeqCst) >= 2),
         "the step ran again after its hop was unroutable"
@@ -385,9 +383,7 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
         .collect();
     let slip = route_of(&pipeline, &steps).unwrap();
     let run_id = slip.route_id().unwrap().to_string();
-    start(&publisher, slip, Message::new("order"))
-        .send()
-        .unwrap();
+    slip.send(&publisher, Message::new("order")).unwrap();
     let dlq = dead_letter_queue(&names[1]);
     assert!(eventually(WAIT, || conn
         .queue_info(&dlq)
@@ -396,7 +392,7 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
         == 1));
     fixed.store(true, Ordering::SeqCst);
 
-    let report = replay(&conn, &dlq).run().unwrap();
+    let report = replay(&conn, &dlq, ReplayOptions::default()).run().unwrap();
     assert_eq!(report.moved, 1);
     assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
     for c in consumers {

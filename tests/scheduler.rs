@@ -79,7 +79,9 @@ fn the_topology_read_back_from_the_broker_matches_the_vector_argument_for_argume
     assert_eq!(t.queues.len(), 6);
     assert_eq!(t.bindings.len(), 6);
 
-    let scheduler = Scheduler::open(&conn).unwrap();
+    let scheduler = Scheduler::new(&conn, SchedulerOptions::default())
+        .and_then(Scheduler::start)
+        .unwrap();
     // Read back with rabbitmqctl: every rung with exactly three arguments.
     let listing: Value = serde_json::from_str(&rabbitmqctl(&[
         "list_queues",
@@ -226,7 +228,9 @@ fn a_topology_another_client_declared_with_32_bit_ttls_is_accepted() {
     let rungs: Vec<Duration> = FAMILY.iter().map(|s| dur(s)).collect();
     raw_topology(&raw, &base, &rungs, |ms| AmqpValue::LongInt(ms as i32));
     raw.close();
-    let scheduler = Scheduler::open_with(&conn, SchedulerOptions::new().base(&base)).unwrap();
+    let scheduler = Scheduler::new(&conn, SchedulerOptions::new().base(&base))
+        .and_then(Scheduler::start)
+        .unwrap();
     scheduler.close().unwrap();
 }
 
@@ -242,7 +246,9 @@ fn a_rung_with_other_arguments_is_a_topology_conflict_and_the_connection_stays_u
     raw.declare_queue(&format!("{base}.10s"), args).unwrap();
     raw.close();
 
-    let err = Scheduler::open_with(&conn, SchedulerOptions::new().base(&base)).unwrap_err();
+    let err = Scheduler::new(&conn, SchedulerOptions::new().base(&base))
+        .and_then(Scheduler::start)
+        .unwrap_err();
     match &err {
         Error::TopologyConflict { kind, name, reason } => {
             assert_eq!(*kind, "queue");
@@ -286,7 +292,9 @@ fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
     clean_scheduler(&mut clean, &base, &FAMILY);
     let q = clean.queue(&unique("sched-3s-dest"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let scheduler = Scheduler::open_with(&conn, SchedulerOptions::new().base(&base)).unwrap();
+    let scheduler = Scheduler::new(&conn, SchedulerOptions::new().base(&base))
+        .and_then(Scheduler::start)
+        .unwrap();
 
     let message = Message::new(r#"{"invoice":7}"#)
         .content_type("application/json")
@@ -352,7 +360,9 @@ fn a_multi_hop_delivery_on_a_short_ladder() {
     let options = SchedulerOptions::new()
         .base(&base)
         .rungs([s(4), s(2), s(1)]);
-    let scheduler = Scheduler::open_with(&conn, options).unwrap();
+    let scheduler = Scheduler::new(&conn, options)
+        .and_then(Scheduler::start)
+        .unwrap();
     let started = Instant::now();
     scheduler
         .at(
@@ -393,10 +403,11 @@ fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound
     conn.declare_exchange(&acemq_amqp::ExchangeSpec::direct(&x))
         .unwrap();
     let s = Duration::from_secs;
-    let scheduler = Scheduler::open_with(
+    let scheduler = Scheduler::new(
         &conn,
         SchedulerOptions::new().base(&base).rungs([s(2), s(1)]),
     )
+    .and_then(Scheduler::start)
     .unwrap();
     scheduler
         .after(Duration::ZERO, &x, "invoices", Message::new("kept"))
@@ -433,12 +444,13 @@ fn a_control_message_without_the_scheduler_headers_is_rejected_not_retried() {
     clean_scheduler(&mut clean, &base, &["1s"]);
     let q = clean.queue(&unique("sched-foreign-dest"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let scheduler = Scheduler::open_with(
+    let scheduler = Scheduler::new(
         &conn,
         SchedulerOptions::new()
             .base(&base)
             .rungs([Duration::from_secs(1)]),
     )
+    .and_then(Scheduler::start)
     .unwrap();
     let p = conn.publisher().unwrap();
     p.publish("", &format!("{base}.due"), Message::new("not scheduled"))
@@ -488,12 +500,13 @@ fn scheduler_child() {
         return;
     };
     let conn = connect();
-    let _scheduler = Scheduler::open_with(
+    let _scheduler = Scheduler::new(
         &conn,
         SchedulerOptions::new()
             .base(&base)
             .rungs([Duration::from_secs(1)]),
     )
+    .and_then(Scheduler::start)
     .unwrap();
     println!("child scheduler running");
     // Killed by the parent long before this.
@@ -551,7 +564,9 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
     assert!(at_kill < 60, "killed too late to be mid-hop: {at_kill}");
 
     // Another scheduler takes over: every message arrives (a duplicate is allowed, a loss not).
-    let scheduler = Scheduler::open_with(&conn, options).unwrap();
+    let scheduler = Scheduler::new(&conn, options)
+        .and_then(Scheduler::start)
+        .unwrap();
     let raw = Raw::open();
     let mut seen = HashSet::new();
     let deadline = Instant::now() + WAIT;
@@ -584,8 +599,12 @@ fn two_schedulers_share_the_topology_and_the_work_and_deliver_each_message_once(
     conn_a.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     let s = Duration::from_secs;
     let options = || SchedulerOptions::new().base(&base).rungs([s(2), s(1)]);
-    let a = Scheduler::open_with(&conn_a, options()).unwrap();
-    let b = Scheduler::open_with(&conn_b, options()).unwrap();
+    let a = Scheduler::new(&conn_a, options())
+        .and_then(Scheduler::start)
+        .unwrap();
+    let b = Scheduler::new(&conn_b, options())
+        .and_then(Scheduler::start)
+        .unwrap();
     let mut sent = HashSet::new();
     for i in 0..40 {
         let by = if i % 2 == 0 { &a } else { &b };

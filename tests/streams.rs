@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::streams::{
-    declare_stream, read_stream, read_stream_with, stream_offset_of, Offset, StreamOptions,
-    StreamReader,
+    declare_stream, stream_offset_of, Offset, RunningStreamReader, StreamOptions, StreamReader,
 };
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::StreamRetention;
@@ -21,17 +20,20 @@ const WAIT: Duration = Duration::from_secs(30);
 type Seen = Arc<Mutex<Vec<(u64, String)>>>;
 
 /// A reader from `offset` recording (offset, body) of everything it accepts.
-fn recorder(conn: &Connection, stream: &str, offset: Offset) -> (StreamReader, Seen) {
+fn recorder(conn: &Connection, stream: &str, offset: Offset) -> (RunningStreamReader, Seen) {
     let seen: Seen = Arc::default();
     let s = seen.clone();
-    let reader = read_stream(conn, stream, offset, move |m: &Message| {
-        let offset = stream_offset_of(m).expect("a stream delivery carries its offset");
-        s.lock()
-            .unwrap()
-            .push((offset, String::from_utf8_lossy(&m.body).into_owned()));
-        Ok(Outcome::Accept)
-    })
-    .unwrap();
+    let reader = StreamReader::new(conn, stream, StreamOptions::new().offset(offset))
+        .and_then(|reader| {
+            reader.start(move |m: &Message| {
+                let offset = stream_offset_of(m).expect("a stream delivery carries its offset");
+                s.lock()
+                    .unwrap()
+                    .push((offset, String::from_utf8_lossy(&m.body).into_owned()));
+                Ok(Outcome::Accept)
+            })
+        })
+        .unwrap();
     (reader, seen)
 }
 
@@ -122,13 +124,16 @@ fn park_and_reject_put_copies_aside_and_the_stream_keeps_the_originals() {
     let s = clean.consumed_queue(&unique("stream-park"), &[]);
     declare_stream(&conn, &s, StreamRetention::unbounded()).unwrap();
     publish(&conn, &s, &["park me", "reject me", "fatal", "fine"]);
-    let reader = read_stream(&conn, &s, Offset::First, |m: &Message| match &m.body[..] {
-        b"park me" => Ok(Outcome::park("look at it")),
-        b"reject me" => Ok(Outcome::reject("bad")),
-        b"fatal" => Err(Box::new(FatalError::new("unreadable")) as _),
-        _ => Ok(Outcome::Accept),
-    })
-    .unwrap();
+    let reader = StreamReader::new(&conn, &s, StreamOptions::new().offset(Offset::First))
+        .and_then(|reader| {
+            reader.start(|m: &Message| match &m.body[..] {
+                b"park me" => Ok(Outcome::park("look at it")),
+                b"reject me" => Ok(Outcome::reject("bad")),
+                b"fatal" => Err(Box::new(FatalError::new("unreadable")) as _),
+                _ => Ok(Outcome::Accept),
+            })
+        })
+        .unwrap();
     let (parked, dlq) = (
         acemq_amqp::parked_queue(&s),
         acemq_amqp::dead_letter_queue(&s),
@@ -165,13 +170,16 @@ fn a_retry_or_an_error_is_refused_parked_and_never_republished_onto_the_stream()
     let s = clean.consumed_queue(&unique("stream-retry"), &[]);
     declare_stream(&conn, &s, StreamRetention::default()).unwrap();
     publish(&conn, &s, &["retry me", "fail me", "panic", "fine"]);
-    let reader = read_stream(&conn, &s, Offset::First, |m: &Message| match &m.body[..] {
-        b"retry me" => Ok(Outcome::retry("later")),
-        b"fail me" => Err("database down".into()),
-        b"panic" => panic!("boom"),
-        _ => Ok(Outcome::Accept),
-    })
-    .unwrap();
+    let reader = StreamReader::new(&conn, &s, StreamOptions::new().offset(Offset::First))
+        .and_then(|reader| {
+            reader.start(|m: &Message| match &m.body[..] {
+                b"retry me" => Ok(Outcome::retry("later")),
+                b"fail me" => Err("database down".into()),
+                b"panic" => panic!("boom"),
+                _ => Ok(Outcome::Accept),
+            })
+        })
+        .unwrap();
     let parked = acemq_amqp::parked_queue(&s);
     assert!(eventually(WAIT, || conn
         .queue_info(&parked)
@@ -227,12 +235,12 @@ fn a_zero_prefetch_is_refused_before_anything_is_sent() {
     let mut clean = Cleanup::new(&conn);
     let s = clean.consumed_queue(&unique("stream-prefetch"), &[]);
     declare_stream(&conn, &s, StreamRetention::default()).unwrap();
-    let err = read_stream_with(
+    let err = StreamReader::new(
         &conn,
         &s,
-        StreamOptions::new().prefetch(0),
-        |_: &Message| Ok(Outcome::Accept),
+        StreamOptions::new().consumer(acemq_amqp::ConsumerOptions::new().prefetch(0)),
     )
+    .and_then(|reader| reader.start(|_: &Message| Ok(Outcome::Accept)))
     .unwrap_err();
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     assert!(err.to_string().contains("prefetch"), "{err}");

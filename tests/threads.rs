@@ -42,7 +42,9 @@ fn replay_reports_slips_and_sagas_are_send_and_sync() {
 #[test]
 fn scheduler_streams_and_claim_checks_are_send_and_sync() {
     send_sync::<acemq_amqp::patterns::scheduler::Scheduler>();
+    send_sync::<acemq_amqp::patterns::scheduler::RunningScheduler>();
     send_sync::<acemq_amqp::patterns::streams::StreamReader>();
+    send_sync::<acemq_amqp::patterns::streams::RunningStreamReader>();
     send_sync::<acemq_amqp::patterns::claim_check::ClaimCheckCodec>();
     send_sync::<acemq_amqp::patterns::claim_check::FilesystemClaimCheckStore>();
 }

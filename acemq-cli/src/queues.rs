@@ -82,7 +82,7 @@ fn run_replay(
     let record = listed.clone();
     let dry_run = a.dry_run;
     let needle = a.error_contains.clone();
-    let mut pass = acemq_amqp::patterns::replay::replay(connection, source)
+    let mut options = acemq_amqp::patterns::replay::ReplayOptions::default()
         .restart(!a.no_restart)
         .dry_run(a.dry_run)
         .progress_every(1)
@@ -106,18 +106,18 @@ fn run_replay(
             wanted
         });
     if let Some(l) = a.limit {
-        pass = pass.limit(l);
+        options = options.limit(l);
     }
     if let Some(d) = a.deadline {
-        pass = pass.deadline(d);
+        options = options.deadline(d);
     }
     if let Some(k) = &a.to_routing_key {
-        pass = pass.routing_key(k.clone());
+        options = options.routing_key(k.clone());
     }
     if let Some(e) = &a.to_exchange {
-        pass = pass.exchange(e.clone());
+        options = options.exchange(e.clone());
     }
-    let result = pass.run();
+    let result = acemq_amqp::patterns::replay::replay(connection, source, options).run();
     bar.finish_and_clear();
     if a.dry_run {
         let listed = listed.lock().map(|mut l| std::mem::take(&mut *l));

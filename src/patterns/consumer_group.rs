@@ -2,17 +2,15 @@
 //! together, reported as one.
 //!
 //! ```no_run
-//! use acemq_amqp::patterns::consumer_group::ConsumerGroup;
+//! use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 //! use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome};
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://127.0.0.1")?;
-//! let group = ConsumerGroup::start_with(
-//!     &connection,
-//!     "orders",
-//!     4,
-//!     ConsumerOptions::new().prefetch(16),
-//!     |_: &Message| Ok(Outcome::Accept),
-//! )?;
+//! let options = ConsumerGroupOptions::new()
+//!     .members(4)
+//!     .consumer(ConsumerOptions::new().prefetch(16));
+//! let group = ConsumerGroup::new(&connection, "orders", options)?
+//!     .start(|_: &Message| Ok(Outcome::Accept))?;
 //! // … later:
 //! let report = group.close()?; // the members' reports, summed
 //! println!("{} finished, {} requeued", report.finished, report.requeued);
@@ -39,12 +37,12 @@
 //!
 //! # Life cycle
 //!
-//! The group follows the crate's life cycle, with the configuring step folded into the call:
-//! [`ConsumerGroup::start`] / [`ConsumerGroup::start_with`] check the options, then start the
-//! members one after the other and return once all of them are subscribed. If member `k` fails
+//! The group follows the crate's life cycle: [`ConsumerGroup::new`] checks the options (nothing
+//! starts), [`ConsumerGroup::start`] starts the members one after the other and returns a
+//! [`RunningConsumerGroup`] once all of them are subscribed. If member `k` fails
 //! to start, members `1 … k−1` are closed (their deliveries settled or requeued) **before** the
 //! error is returned: a half-started group would hold messages that nobody finishes.
-//! [`ConsumerGroup::close`] stops every member at once, then joins them one by one (so the
+//! [`RunningConsumerGroup::close`] stops every member at once, then joins them one by one (so the
 //! shutdown timeouts run side by side, not end to end), and returns their [`CloseReport`]s
 //! summed. Dropping a group does the same best-effort: it **blocks** until the members are
 //! closed (up to the options' shutdown timeout) and logs errors instead of returning them.
@@ -61,60 +59,93 @@ use crate::connection::Connection;
 use crate::consume::{CloseReport, ConsumerOptions, Handler, RunningConsumer};
 use crate::error::{Error, Result};
 
-/// `n` running consumers of one queue sharing one handler. Made running by
-/// [`start`](Self::start) / [`start_with`](Self::start_with); [`close`](Self::close) closes all
-/// members and sums their reports. Dropping it closes it too (blocking, see the module docs).
-pub struct ConsumerGroup {
-    queue: String,
-    members: Vec<RunningConsumer>,
+/// How a [`ConsumerGroup`] runs: given to [`ConsumerGroup::new`], checked there.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct ConsumerGroupOptions {
+    members: usize,
+    consumer: ConsumerOptions,
 }
 
-impl std::fmt::Debug for ConsumerGroup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConsumerGroup")
-            .field("queue", &self.queue)
-            .field("size", &self.members.len())
-            .finish()
+impl Default for ConsumerGroupOptions {
+    fn default() -> Self {
+        ConsumerGroupOptions {
+            members: 1,
+            consumer: ConsumerOptions::default(),
+        }
     }
 }
 
+impl ConsumerGroupOptions {
+    /// The defaults (as [`Default`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many consumers the group runs (at least 1). Defaults to 1.
+    pub fn members(mut self, members: usize) -> Self {
+        self.members = members;
+        self
+    }
+
+    /// Each member's options (its own channel, prefetch and workers). Defaults to
+    /// [`ConsumerOptions::default`].
+    pub fn consumer(mut self, consumer: ConsumerOptions) -> Self {
+        self.consumer = consumer;
+        self
+    }
+}
+
+/// A consumer group configured and checked, not started: see [`ConsumerGroup::start`].
+#[derive(Debug)]
+pub struct ConsumerGroup {
+    connection: Connection,
+    queue: String,
+    options: ConsumerGroupOptions,
+}
+
 impl ConsumerGroup {
-    /// Starts `n` consumers of `queue` with default [`ConsumerOptions`], sharing `handler`, and
+    /// A group of `options.members` consumers of `queue`; nothing starts yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the group has 0 members or the consumer options are bad.
+    pub fn new(
+        connection: &Connection,
+        queue: &str,
+        options: ConsumerGroupOptions,
+    ) -> Result<Self> {
+        if options.members == 0 {
+            return Err(Error::invalid("a consumer group needs at least 1 consumer"));
+        }
+        options.consumer.validate(queue)?;
+        Ok(ConsumerGroup {
+            connection: connection.clone(),
+            queue: queue.to_string(),
+            options,
+        })
+    }
+
+    /// Starts the members, each with the group's consumer options, sharing `handler`, and
     /// returns once all of them are subscribed.
     ///
     /// # Errors
     ///
-    /// As [`start_with`](Self::start_with).
-    pub fn start<H>(connection: &Connection, queue: &str, n: usize, handler: H) -> Result<Self>
+    /// The error of the first member that failed to start ([`Error::NotFound`] when the queue
+    /// does not exist, a refusal when another consumer holds it exclusively, …), returned after
+    /// the members already running have been closed.
+    pub fn start<H>(self, handler: H) -> Result<RunningConsumerGroup>
     where
         H: Handler + Send + Sync + 'static,
     {
-        Self::start_with(connection, queue, n, ConsumerOptions::default(), handler)
-    }
-
-    /// Starts `n` consumers of `queue`, each with `options` (its own channel, prefetch and
-    /// workers), sharing `handler`, and returns once all of them are subscribed.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when `n` is 0 or the options are bad (nothing is started);
-    /// otherwise the error of the first member that failed to start
-    /// ([`Error::NotFound`] when the queue does not exist, a refusal when another consumer holds
-    /// it exclusively, …), returned after the members already running have been closed.
-    pub fn start_with<H>(
-        connection: &Connection,
-        queue: &str,
-        n: usize,
-        options: ConsumerOptions,
-        handler: H,
-    ) -> Result<Self>
-    where
-        H: Handler + Send + Sync + 'static,
-    {
-        if n == 0 {
-            return Err(Error::invalid("a consumer group needs at least 1 consumer"));
-        }
-        options.validate(queue)?;
+        let ConsumerGroup {
+            connection,
+            queue,
+            options,
+        } = self;
+        let queue = queue.as_str();
+        let n = options.members;
+        let options = options.consumer;
         let declare = options.declares();
         let handler = Arc::new(handler);
         let mut members = Vec::with_capacity(n);
@@ -145,12 +176,31 @@ impl ConsumerGroup {
             }
         }
         log::info!("acemq: consumer group of {n} on {queue:?} started");
-        Ok(ConsumerGroup {
+        Ok(RunningConsumerGroup {
             queue: queue.to_string(),
             members,
         })
     }
+}
 
+/// `n` running consumers of one queue sharing one handler, made by [`ConsumerGroup::start`];
+/// [`close`](Self::close) closes all members and sums their reports. Dropping it closes it too
+/// (blocking, see the module docs).
+pub struct RunningConsumerGroup {
+    queue: String,
+    members: Vec<RunningConsumer>,
+}
+
+impl std::fmt::Debug for RunningConsumerGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningConsumerGroup")
+            .field("queue", &self.queue)
+            .field("size", &self.members.len())
+            .finish()
+    }
+}
+
+impl RunningConsumerGroup {
     /// The queue the group consumes.
     pub fn queue(&self) -> &str {
         &self.queue
@@ -180,7 +230,7 @@ impl ConsumerGroup {
     }
 }
 
-impl Drop for ConsumerGroup {
+impl Drop for RunningConsumerGroup {
     fn drop(&mut self) {
         if self.members.is_empty() {
             return;

@@ -7,9 +7,9 @@
 //!   `x-queue-type: stream` queue with the given [`StreamRetention`]. **A stream is unbounded by
 //!   default: it keeps every message until the disk is full.** Set `max_age` or `max_bytes` on
 //!   anything that runs for long.
-//! * [`read_stream`] subscribes with the `x-stream-offset` argument, a prefetch (`basic.qos`,
+//! * [`StreamReader::start`] subscribes with the `x-stream-offset` argument, a prefetch (`basic.qos`,
 //!   default 10; RabbitMQ refuses a stream consumer without one, so 0 is refused here with
-//!   [`Error::InvalidArgument`] before anything is sent) and manual acknowledgements, on
+//!   [`Error::InvalidArgument`] by [`StreamReader::new`]) and manual acknowledgements, on
 //!   threads of its own, one worker by default (messages are handled in stream order).
 //! * **Acknowledging advances the position; it removes nothing.** [`Outcome::Park`] and
 //!   [`Outcome::Reject`] (and a [`FatalError`](crate::FatalError)) publish a copy to
@@ -30,7 +30,7 @@
 //!   names the reader's threads and log lines. To resume where a reader stopped, track the
 //!   offset yourself: in the handler, after the effect is committed, store
 //!   [`stream_offset_of`]`(message)` (in the same transaction as the effect, ideally); start the
-//!   next reader with [`Offset::At`]`(stored + 1)`. [`StreamReader::position`] gives the same
+//!   next reader with [`Offset::At`]`(stored + 1)`. [`RunningStreamReader::position`] gives the same
 //!   number for the reader as a whole.
 //! * **Depth.** [`Connection::queue_info`] on a stream reports a `message_count` of 0 whatever
 //!   it holds: RabbitMQ does not count a stream's messages as ready ones. Use `rabbitmqctl
@@ -117,24 +117,24 @@ pub fn stream_offset_of(message: &Message) -> Option<u64> {
     crate::consume::stream_offset_of(message)
 }
 
-/// Options for [`read_stream_with`].
+/// How a [`StreamReader`] reads: given to [`StreamReader::new`], checked there.
 #[derive(Clone, Debug)]
+#[must_use]
 pub struct StreamOptions {
     offset: Offset,
-    prefetch: u16,
-    concurrency: usize,
+    consumer: ConsumerOptions,
     consumer_name: Option<String>,
-    shutdown_timeout: Duration,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
         StreamOptions {
             offset: Offset::Next,
-            prefetch: 10,
-            concurrency: 1,
+            consumer: ConsumerOptions::new()
+                .prefetch(10)
+                .concurrency(1)
+                .shutdown_timeout(Duration::from_secs(30)),
             consumer_name: None,
-            shutdown_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -151,16 +151,13 @@ impl StreamOptions {
         self
     }
 
-    /// The most unacknowledged deliveries at once (`basic.qos`); required by RabbitMQ for a
-    /// stream, so 0 is refused. Defaults to 10.
-    pub fn prefetch(mut self, prefetch: u16) -> Self {
-        self.prefetch = prefetch;
-        self
-    }
-
-    /// Worker threads. Defaults to 1: messages are handled in stream order.
-    pub fn concurrency(mut self, workers: usize) -> Self {
-        self.concurrency = workers;
+    /// The reader's consumer settings: the prefetch (`basic.qos`, required by RabbitMQ for a
+    /// stream, so 0 is refused), worker threads (1 handles messages in stream order), how long
+    /// closing waits for running handlers, …; the reader sets no retry (a stream cannot take a
+    /// retry: see [`Error::StreamRetry`]) and the `x-stream-offset` argument on them. Defaults
+    /// to prefetch 10, concurrency 1 and a 30 s shutdown timeout.
+    pub fn consumer(mut self, consumer: ConsumerOptions) -> Self {
+        self.consumer = consumer;
         self
     }
 
@@ -171,97 +168,80 @@ impl StreamOptions {
         self.consumer_name = Some(name.into());
         self
     }
-
-    /// How long closing waits for running handlers. Defaults to 30 s.
-    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
-        self.shutdown_timeout = timeout;
-        self
-    }
 }
 
-/// Reads `stream` from `offset` with default options (prefetch 10, one worker).
-///
-/// # Errors
-///
-/// As [`read_stream_with`].
-pub fn read_stream<H>(
-    connection: &Connection,
-    stream: &str,
-    offset: Offset,
-    handler: H,
-) -> Result<StreamReader>
-where
-    H: Handler + Send + Sync + 'static,
-{
-    read_stream_with(
-        connection,
-        stream,
-        StreamOptions::new().offset(offset),
-        handler,
-    )
-}
-
-/// Reads `stream` on threads of its own and returns once subscribed.
-///
-/// # Errors
-///
-/// [`Error::InvalidArgument`] for a prefetch or concurrency of 0 (before anything is sent);
-/// [`Error::NotFound`] when there is no such stream; declaring `{stream}.dlq` and
-/// `{stream}.parked` can fail with [`Error::TopologyConflict`].
-pub fn read_stream_with<H>(
-    connection: &Connection,
-    stream: &str,
-    options: StreamOptions,
-    handler: H,
-) -> Result<StreamReader>
-where
-    H: Handler + Send + Sync + 'static,
-{
-    if options.prefetch == 0 {
-        return Err(Error::invalid(format!(
-            "stream {stream:?}: a stream reader needs a prefetch of at least 1 (RabbitMQ \
-             refuses to deliver from a stream without basic.qos)"
-        )));
-    }
-    if options.concurrency == 0 {
-        return Err(Error::invalid(format!(
-            "stream {stream:?}: concurrency must be at least 1"
-        )));
-    }
-    let cursor = Arc::new(StreamCursor::default());
-    let mut consumer_options = ConsumerOptions::new()
-        .prefetch(options.prefetch)
-        .concurrency(options.concurrency)
-        .retry(crate::RetryPolicy::none())
-        .argument("x-stream-offset", options.offset.argument())
-        .shutdown_timeout(options.shutdown_timeout)
-        .stream_cursor(cursor.clone());
-    if let Some(name) = &options.consumer_name {
-        consumer_options = consumer_options.label(name.clone());
-    }
-    let running = connection
-        .consumer(stream, consumer_options)?
-        .start(StreamHandler {
-            inner: handler,
-            stream: stream.to_string(),
-        })?;
-    Ok(StreamReader {
-        running,
-        cursor,
-        stream: stream.to_string(),
-    })
-}
-
-/// A stream reader running on its own threads. Dropping it closes it (blocking up to the
-/// shutdown timeout).
+/// A stream reader configured and checked, not started: see [`StreamReader::start`].
 #[derive(Debug)]
 pub struct StreamReader {
+    connection: Connection,
+    stream: String,
+    options: StreamOptions,
+}
+
+impl StreamReader {
+    /// A reader of `stream` as `options` say; nothing is sent yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] / [`Error::InvalidName`] for bad consumer options (a prefetch
+    /// or concurrency of 0, …) or stream name.
+    pub fn new(connection: &Connection, stream: &str, options: StreamOptions) -> Result<Self> {
+        options.consumer.validate(stream)?;
+        Ok(StreamReader {
+            connection: connection.clone(),
+            stream: stream.to_string(),
+            options,
+        })
+    }
+
+    /// Reads the stream on threads of its own and returns once subscribed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when there is no such stream; declaring `{stream}.dlq` and
+    /// `{stream}.parked` can fail with [`Error::TopologyConflict`].
+    pub fn start<H>(self, handler: H) -> Result<RunningStreamReader>
+    where
+        H: Handler + Send + Sync + 'static,
+    {
+        let StreamReader {
+            connection,
+            stream,
+            options,
+        } = self;
+        let cursor = Arc::new(StreamCursor::default());
+        let mut consumer_options = options
+            .consumer
+            .retry(crate::RetryPolicy::none())
+            .argument("x-stream-offset", options.offset.argument())
+            .stream_cursor(cursor.clone());
+        if let Some(name) = &options.consumer_name {
+            consumer_options = consumer_options.label(name.clone());
+        }
+        let running = connection
+            .consumer(&stream, consumer_options)?
+            .start(StreamHandler {
+                inner: handler,
+                stream: stream.clone(),
+            })?;
+        Ok(RunningStreamReader {
+            running,
+            cursor,
+            stream,
+        })
+    }
+}
+
+/// A stream reader running on its own threads, made by [`StreamReader::start`]. Dropping it
+/// closes it (blocking up to the shutdown timeout).
+#[derive(Debug)]
+pub struct RunningStreamReader {
     running: RunningConsumer,
     cursor: Arc<StreamCursor>,
     stream: String,
 }
 
-impl StreamReader {
+impl RunningStreamReader {
     /// The stream read.
     pub fn stream(&self) -> &str {
         &self.stream

@@ -62,6 +62,7 @@ fn app() -> Result<()> {
     let report = acemq_amqp::patterns::replay::replay(
         &admin,
         &acemq_amqp::dead_letter_queue(&names.shipping),
+        acemq_amqp::patterns::replay::ReplayOptions::default(),
     )
     .run()?;
     println!("operator: address book fixed; replayed the dead letter: {report}");
