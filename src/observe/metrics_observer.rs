@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
-use super::{
-    metrics as names, ConnectionEvent, Duplicate, LogObserver, Observer, OutboxEvent,
-    PublishOutcome, ReplayEvent, RequestEvent, RequestOutcome, Settlement,
+use super::events::{
+    ConnectionEvent, Duplicate, OutboxEvent, PublishOutcome, ReplayEvent, RequestEvent,
+    RequestOutcome, Settlement,
 };
+use super::metrics as names;
+use super::observer::{LogObserver, Observer};
 
 /// Counter, label `queue`: retries decided (the family's standalone retry counter).
 pub const RETRIED_TOTAL: &str = "acemq.messages.retried.total";
