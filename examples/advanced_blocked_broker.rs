@@ -80,10 +80,11 @@ impl Observer for Notices {
 
 fn example() -> Result<()> {
     let notices = Notices::default();
-    let connection = ConnectionOptions::new()
-        .address(ex::url())
-        .observer(notices.clone())
-        .open()?;
+    let connection = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(ex::url())
+            .observer(notices.clone()),
+    )?;
     let queue = ex::name("blocked");
     connection.declare_queue(&QueueSpec::new(&queue).classic())?;
     let publisher =

@@ -47,10 +47,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     println!("serving metrics on http://{addr}/metrics for {serve_for:?}");
 
     // 2. The observer on the connection: everything on it is counted.
-    let connection = ConnectionOptions::new()
-        .address(url)
-        .observer(MetricsObserver::new())
-        .open()?;
+    let connection = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(url)
+            .observer(MetricsObserver::new()),
+    )?;
     let queue = format!("metrics.example.{}", std::process::id());
     connection.declare_queue(&QueueSpec::new(&queue).classic())?;
 

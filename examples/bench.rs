@@ -704,14 +704,15 @@ impl Observer for Published {
 
 fn relay_rate(store: impl OutboxStore + 'static, n: usize) -> Result<f64> {
     let (tx, rx) = crossbeam_channel::bounded(1);
-    let connection = acemq_amqp::ConnectionOptions::new()
-        .address(AMQP)
-        .observer(Published {
-            count: AtomicUsize::new(0),
-            n,
-            done: tx,
-        })
-        .open()?;
+    let connection = acemq_amqp::Connection::open_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(AMQP)
+            .observer(Published {
+                count: AtomicUsize::new(0),
+                n,
+                done: tx,
+            }),
+    )?;
     let options = OutboxRelayOptions::new()
         .batch_size(100)
         .interval(Duration::from_millis(5));

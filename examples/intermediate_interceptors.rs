@@ -21,33 +21,36 @@ fn main() {
 fn example() -> Result<()> {
     let settled = Arc::new(Mutex::new(Vec::new()));
     let s = settled.clone();
-    let connection = ConnectionOptions::new()
-        .address(ex::url())
-        .intercept_publish(|mut context: PublishContext, next: PublishNext<'_>| {
-            if context.message.envelope.message_type.is_none() {
-                return Err(Error::InvalidArgument {
-                    reason: "every message must say its type".into(),
-                });
-            }
-            context.message = context.message.header("tenant", "acme");
-            next.run(context)
-        })
-        .intercept_consume(
-            move |context: &mut ConsumeContext<'_>, message: &Message, next: ConsumeNext<'_>| {
-                let started = Instant::now();
-                let id = message.id().to_string();
-                let s = s.clone();
-                context.when_settled(move |done| {
-                    s.lock()
-                        .expect("settled")
-                        .push(format!("{id}: {}", done.outcome));
-                });
-                let answer = next.run(context, message);
-                println!("  handled in {:?}", started.elapsed());
-                answer
-            },
-        )
-        .open()?;
+    let connection = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(ex::url())
+            .intercept_publish(|mut context: PublishContext, next: PublishNext<'_>| {
+                if context.message.envelope.message_type.is_none() {
+                    return Err(Error::InvalidArgument {
+                        reason: "every message must say its type".into(),
+                    });
+                }
+                context.message = context.message.header("tenant", "acme");
+                next.run(context)
+            })
+            .intercept_consume(
+                move |context: &mut ConsumeContext<'_>,
+                      message: &Message,
+                      next: ConsumeNext<'_>| {
+                    let started = Instant::now();
+                    let id = message.id().to_string();
+                    let s = s.clone();
+                    context.when_settled(move |done| {
+                        s.lock()
+                            .expect("settled")
+                            .push(format!("{id}: {}", done.outcome));
+                    });
+                    let answer = next.run(context, message);
+                    println!("  handled in {:?}", started.elapsed());
+                    answer
+                },
+            ),
+    )?;
     let queue = ex::name("interceptors");
     connection.declare_queue(&QueueSpec::new(&queue).classic())?;
     let consumer = connection.consume(&queue, |m: &Message| {

@@ -21,10 +21,10 @@
 //! use acemq_amqp::{credentials, ConnectionOptions};
 //!
 //! # fn main() -> acemq_amqp::Result<()> {
-//! let connection = ConnectionOptions::new()
+//! let options = ConnectionOptions::new()
 //!     .address("amqp://broker.internal:5672/")
-//!     .credentials(credentials::from_file("/run/secrets/rabbitmq", Some("billing")))
-//!     .open()?;
+//!     .credentials(credentials::from_file("/run/secrets/rabbitmq", Some("billing")));
+//! let connection = acemq_amqp::Connection::open_with(options)?;
 //! # Ok(()) }
 //! ```
 

@@ -94,11 +94,11 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
         "max pending 0",
         Batcher::new(BatcherOptions::new().batch_size(10).max_pending(0)),
     );
-    match ConnectionOptions::new()
-        .address(support::amqp_url())
-        .max_unconfirmed_bytes(0)
-        .open()
-    {
+    match acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(support::amqp_url())
+            .max_unconfirmed_bytes(0),
+    ) {
         Err(Error::InvalidArgument { .. }) => {}
         other => panic!("max_unconfirmed_bytes 0: expected InvalidArgument, got {other:?}"),
     }

@@ -144,8 +144,7 @@ fn cluster_connection(name: &str) -> Connection {
     for (_, port) in NODES {
         options = options.address(url(port));
     }
-    options
-        .open()
+    acemq_amqp::Connection::open_with(options)
         .unwrap_or_else(|e| panic!("cannot connect to the cluster on 5673–5675: {e}"))
 }
 

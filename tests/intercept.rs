@@ -86,15 +86,16 @@ fn consume_layer(
 }
 
 fn open(log: &Log, observer: Settlements) -> Connection {
-    ConnectionOptions::new()
-        .address(amqp_url())
-        .observer(observer)
-        .intercept_publish(publish_layer(log, "outer"))
-        .intercept_publish(publish_layer(log, "inner"))
-        .intercept_consume(consume_layer(log, "outer"))
-        .intercept_consume(consume_layer(log, "inner"))
-        .open()
-        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"))
+    acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .observer(observer)
+            .intercept_publish(publish_layer(log, "outer"))
+            .intercept_publish(publish_layer(log, "inner"))
+            .intercept_consume(consume_layer(log, "outer"))
+            .intercept_consume(consume_layer(log, "inner")),
+    )
+    .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"))
 }
 
 #[test]
@@ -218,24 +219,27 @@ fn an_interceptor_short_circuits_a_publish_and_a_handler() {
 fn a_publish_interceptor_hears_the_brokers_answer() {
     let answers: Log = Log::default();
     let a = answers.clone();
-    let conn = ConnectionOptions::new()
-        .address(amqp_url())
-        .intercept_publish(
-            move |mut context: PublishContext, next: PublishNext<'_>| -> Result<Ticket, Error> {
-                let (a, key) = (a.clone(), context.routing_key.clone());
-                context.when_answered(move |answer| {
-                    let word = match answer {
-                        Ok(()) => "confirmed".to_string(),
-                        Err(e) if e.is_unroutable() => "unroutable".to_string(),
-                        Err(e) => format!("failed: {e}"),
-                    };
-                    push(&a, format!("{key}: {word}"));
-                });
-                next.run(context)
-            },
-        )
-        .open()
-        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
+    let conn = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .intercept_publish(
+                move |mut context: PublishContext,
+                      next: PublishNext<'_>|
+                      -> Result<Ticket, Error> {
+                    let (a, key) = (a.clone(), context.routing_key.clone());
+                    context.when_answered(move |answer| {
+                        let word = match answer {
+                            Ok(()) => "confirmed".to_string(),
+                            Err(e) if e.is_unroutable() => "unroutable".to_string(),
+                            Err(e) => format!("failed: {e}"),
+                        };
+                        push(&a, format!("{key}: {word}"));
+                    });
+                    next.run(context)
+                },
+            ),
+    )
+    .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("intercept-answer"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();

@@ -34,11 +34,12 @@ impl Observer for Notices {
 #[test]
 fn under_a_memory_alarm_publishing_is_reported_blocked_and_recovers_after_it() {
     let notices = Notices::default();
-    let conn = ConnectionOptions::new()
-        .address(amqp_url())
-        .observer(notices.clone())
-        .open()
-        .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
+    let conn = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .observer(notices.clone()),
+    )
+    .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("memory-alarm"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();

@@ -114,9 +114,7 @@ fn a_tls_connection_verifies_the_broker_against_the_generated_authority() {
     let port = tls_proxy(made.server_cert.as_bytes(), made.server_key.as_bytes());
     let url = format!("amqps://guest:guest@localhost:{port}/");
     // Not trusted without the authority.
-    let e = ConnectionOptions::new()
-        .address(url.clone())
-        .open()
+    let e = acemq_amqp::Connection::open_with(ConnectionOptions::new().address(url.clone()))
         .unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
     let conn = support::connect_with(

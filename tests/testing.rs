@@ -173,7 +173,7 @@ fn refusing_makes_connect_fail_with_a_clear_error_until_allowed_again() {
     };
     proxy.refuse(true);
     let started = Instant::now();
-    let e = options().open().unwrap_err();
+    let e = acemq_amqp::Connection::open_with(options()).unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(5), "fails at once");
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
     let text = e.to_string();
@@ -186,7 +186,7 @@ fn refusing_makes_connect_fail_with_a_clear_error_until_allowed_again() {
     );
 
     proxy.refuse(false);
-    let conn = options().open().expect("accepted again");
+    let conn = acemq_amqp::Connection::open_with(options()).expect("accepted again");
     assert!(conn.is_connected());
     assert_eq!(proxy.connections(), 1);
     conn.close().unwrap();

@@ -42,9 +42,7 @@ fn amqps_publishes_confirmed_through_a_verified_tls_connection() {
     let url = format!("amqps://guest:guest@localhost:{port}/");
 
     // Without the root, the certificate is refused: a clear connect error, no password in it.
-    let e = ConnectionOptions::new()
-        .address(url.clone())
-        .open()
+    let e = acemq_amqp::Connection::open_with(ConnectionOptions::new().address(url.clone()))
         .unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
     assert!(!format!("{e} {e:?}").contains("guest:guest"));

@@ -308,12 +308,13 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// Opens the broker connection, or exit 3 with one line.
 pub fn connect(url: &str) -> Result<acemq_amqp::Connection, Failure> {
-    acemq_amqp::ConnectionOptions::new()
-        .address(url)
-        .name("acemq-cli")
-        .connect_timeout(Duration::from_secs(10))
-        .open()
-        .map_err(|e| Failure::connect(format!("cannot connect to the broker: {e}")))
+    acemq_amqp::Connection::open_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(url)
+            .name("acemq-cli")
+            .connect_timeout(Duration::from_secs(10)),
+    )
+    .map_err(|e| Failure::connect(format!("cannot connect to the broker: {e}")))
 }
 
 #[cfg(test)]

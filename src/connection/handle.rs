@@ -56,7 +56,7 @@ impl Connection {
     ///
     /// As [`open_with`](Self::open_with).
     pub fn open(url: &str) -> Result<Connection> {
-        ConnectionOptions::new().address(url).open()
+        Connection::open_with(ConnectionOptions::new().address(url))
     }
 
     /// Opens a connection: tries each address once, in order, and returns the first that
@@ -254,16 +254,5 @@ impl Connection {
         let _ = self.shared.control.send(Control::Close);
         self.shared.join_supervisor(deadline);
         result
-    }
-}
-
-impl ConnectionOptions {
-    /// Opens the connection: see [`Connection::open_with`].
-    ///
-    /// # Errors
-    ///
-    /// As [`Connection::open_with`].
-    pub fn open(self) -> Result<Connection> {
-        Connection::open_with(self)
     }
 }

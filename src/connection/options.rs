@@ -23,12 +23,12 @@ const MIN_FRAME_MAX: u32 = 4096;
 /// use acemq_amqp::ConnectionOptions;
 /// use std::time::Duration;
 /// # fn main() -> acemq_amqp::Result<()> {
-/// let connection = ConnectionOptions::new()
+/// let options = ConnectionOptions::new()
 ///     .address("amqp://guest:guest@rabbit-1:5672/")
 ///     .address("amqp://guest:guest@rabbit-2:5672/")
 ///     .heartbeat(Duration::from_secs(10))
-///     .name("billing-service")
-///     .open()?;
+///     .name("billing-service");
+/// let connection = acemq_amqp::Connection::open_with(options)?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

@@ -119,7 +119,7 @@ fn frame(kind: u8, rest: &[u8]) -> Vec<u8> {
 /// # fn main() -> acemq_amqp::Result<()> {
 /// let store = FilesystemClaimCheckStore::new("/var/lib/claims")?;
 /// let codec = ClaimCheckCodec::new(BytesCodec, store).threshold(256 * 1024);
-/// let connection = ConnectionOptions::new().codec(codec).open()?;
+/// let connection = acemq_amqp::Connection::open_with(ConnectionOptions::new().codec(codec))?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

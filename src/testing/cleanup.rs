@@ -146,7 +146,7 @@ impl Cleanup {
             .address(self.url.as_str())
             .name("acemq-test-cleanup")
             .connect_timeout(CONNECT_TIMEOUT);
-        let connection = match options.open() {
+        let connection = match crate::Connection::open_with(options) {
             Ok(c) => c,
             Err(e) => {
                 eprintln!(

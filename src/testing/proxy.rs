@@ -42,7 +42,7 @@ const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let proxy = FaultProxy::start("amqp://guest:guest@127.0.0.1:5672/")?;
-/// let connection = ConnectionOptions::new().address(proxy.url()).open()?;
+/// let connection = acemq_amqp::Connection::open_with(ConnectionOptions::new().address(proxy.url()))?;
 /// proxy.cut();
 /// wait_until(Duration::from_secs(10), || connection.generation() == Some(2))?;
 /// # Ok(()) }

@@ -31,7 +31,7 @@ pub fn connect() -> Connection {
 
 /// Connects with options, or fails the test clearly.
 pub fn connect_with(options: ConnectionOptions) -> Connection {
-    match options.open() {
+    match acemq_amqp::Connection::open_with(options) {
         Ok(c) => c,
         Err(e) => panic!(
             "RabbitMQ is not reachable ({e}). These tests need a real broker at {}: \
