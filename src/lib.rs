@@ -72,15 +72,27 @@
 //!
 //! ## Features
 //!
-//! `sqlite` (default: the SQLite stores), `postgres` (the PostgreSQL stores), `tls`
-//! (`amqps://`), `metrics`
-//! (`observe::MetricsObserver` and the `metrics` crate), `testing` (the `acemq_amqp::testing` module, for
-//! your own tests).
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `sqlite` | yes | the SQL stores on SQLite (`rusqlite`, bundled) with an `r2d2` pool |
+//! | `postgres` | no | the same stores on PostgreSQL (`postgres`, `r2d2_postgres`) |
+//! | `tls` | no | `amqps://` addresses (`native-tls`) |
+//! | `metrics` | no | `observe::MetricsObserver`: the family's metric names through the `metrics` facade |
+//! | `opentelemetry` | no | OpenTelemetry spans as the family names them (the W3C headers are carried without it too) |
+//! | `encryption` | no | `codecs::encrypted`: the family's AES-GCM codec and its keys |
+//! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`] |
+//! | `test-ca` | no | `test_ca`: a development certificate authority for TLS tests (`rcgen`) |
+//! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received` |
+//! | `internals` | no | hidden hooks for this crate's benchmarks and fuzzing; no stability promise |
+//!
+//! The examples use `serde_json` (`serde_json::json!`), as the first one above does: add it to
+//! your `[dependencies]` to write them as they are. The `acemq` command line is the `acemq-cli`
+//! crate of this workspace; a library build never compiles it.
 //!
 //! ## Life cycle
 //!
-//! One rule for everything that runs threads, so that the patterns still to come (requester,
-//! responder, scheduler, stream reader) follow the ones here:
+//! One rule for everything that runs threads (a consumer, a relay, a consumer group, a requester,
+//! a responder, a scheduler, a stream reader):
 //!
 //! 1. **Configure.** An options value (`XxxOptions`: `Default`, named setters whose docs say
 //!    "Defaults to …", every time a `Duration`) is given when the thing is made, which checks
@@ -89,7 +101,10 @@
 //! 2. **Start.** `start(self)` consumes the configured value and returns a running handle:
 //!    [`Consumer::start`] → [`RunningConsumer`], [`patterns::outbox::OutboxRelay::start`] →
 //!    [`patterns::outbox::RunningRelay`], [`patterns::consumer_group::ConsumerGroup::start`] →
-//!    [`patterns::consumer_group::RunningConsumerGroup`]. Starting twice cannot be written.
+//!    [`patterns::consumer_group::RunningConsumerGroup`],
+//!    [`patterns::request_reply::Requester::start`] →
+//!    [`patterns::request_reply::RunningRequester`], and so on for the responder, the scheduler
+//!    and the stream reader. Starting twice cannot be written.
 //! 3. **Close.** The running handle's `close(self)` stops its threads, joins them and reports:
 //!    [`RunningConsumer::close`] → [`CloseReport`], [`patterns::outbox::RunningRelay::close`] →
 //!    [`patterns::outbox::RelayReport`], [`patterns::consumer_group::RunningConsumerGroup::close`] → the members'
@@ -99,7 +114,9 @@
 //!
 //! Stopping from another thread goes through a cloneable stop handle ([`StopHandle`]). The
 //! cloneable handles that many threads share, [`Connection`] and [`Publisher`], close with
-//! `close(&self)`: closing one clone closes it for all, the others then fail with
+//! `close(&self)`: closing one clone closes it for all (`Connection::open(url)` and
+//! `Connection::publisher()` are their defaults' shorthands for `open_with(options)` and
+//! `publisher_with(options)`), the others then fail with
 //! [`Error::Closed`], and closing twice is harmless. What runs on the caller's thread
 //! ([`Consumer::run`], [`patterns::acknowledged::consume`]) ends when it returns and has
 //! nothing to close. A configured value that was never started holds no thread of its own

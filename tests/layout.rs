@@ -471,7 +471,8 @@ fn inline_paths(code: &str) -> Vec<Vec<String>> {
                 .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
                 .collect();
             from = at + start.len();
-            if preceded {
+            // `crate::a::{…}` or `super::*` is a `use` tree, read (item by item) by `uses`.
+            if preceded || tail.ends_with("::") {
                 continue;
             }
             let path: Vec<String> = tail
