@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
+use acemq_amqp::patterns::routing_slip::{follow_slip, FollowSlipOptions, RoutingSlip};
 use acemq_amqp::{Message, QueueSpec, Result};
 
 #[path = "common/ex.rs"]
@@ -36,15 +36,25 @@ fn example() -> Result<()> {
     let shipped = Arc::new(AtomicBool::new(false));
     let s = shipped.clone();
     let stops = vec![
-        connection.consume(&pack, follow_slip(&publisher, append(" [packed]")))?,
-        connection.consume(&label, follow_slip(&publisher, append(" [labelled]")))?,
+        connection.consume(
+            &pack,
+            follow_slip(&publisher, append(" [packed]"), FollowSlipOptions::new()),
+        )?,
+        connection.consume(
+            &label,
+            follow_slip(&publisher, append(" [labelled]"), FollowSlipOptions::new()),
+        )?,
         connection.consume(
             &ship,
-            follow_slip(&publisher, move |m: &Message| {
-                println!("  shipping: {}", String::from_utf8_lossy(&m.body));
-                s.store(true, Ordering::SeqCst);
-                Ok(None)
-            }),
+            follow_slip(
+                &publisher,
+                move |m: &Message| {
+                    println!("  shipping: {}", String::from_utf8_lossy(&m.body));
+                    s.store(true, Ordering::SeqCst);
+                    Ok(None)
+                },
+                FollowSlipOptions::new(),
+            ),
         )?,
     ];
     let slip = RoutingSlip::new()

@@ -266,7 +266,7 @@ fn replay_slip_and_saga(
     run: u32,
 ) -> Result<()> {
     use acemq_amqp::patterns::replay::{replay, ReplayOptions};
-    use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
+    use acemq_amqp::patterns::routing_slip::{follow_slip, FollowSlipOptions, RoutingSlip};
     use acemq_amqp::patterns::saga::Saga;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
@@ -312,20 +312,28 @@ fn replay_slip_and_saga(
     let shipped = Arc::new(AtomicU32::new(0));
     let packer = connection.consume(
         &pack,
-        follow_slip(publisher, |m: &Message| {
-            let mut body = m.body.clone();
-            body.extend_from_slice(b" [packed]");
-            Ok(Some(Message::new(body)))
-        }),
+        follow_slip(
+            publisher,
+            |m: &Message| {
+                let mut body = m.body.clone();
+                body.extend_from_slice(b" [packed]");
+                Ok(Some(Message::new(body)))
+            },
+            FollowSlipOptions::new(),
+        ),
     )?;
     let s = shipped.clone();
     let shipper = connection.consume(
         &ship,
-        follow_slip(publisher, move |m: &Message| {
-            println!("shipping: {}", String::from_utf8_lossy(&m.body));
-            s.fetch_add(1, Ordering::SeqCst);
-            Ok(None)
-        }),
+        follow_slip(
+            publisher,
+            move |m: &Message| {
+                println!("shipping: {}", String::from_utf8_lossy(&m.body));
+                s.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            },
+            FollowSlipOptions::new(),
+        ),
     )?;
     let slip = RoutingSlip::new()
         .then("", &pack, "pack")

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::routing_slip::{
-    follow_slip, route_of, route_queue, slip_from, RoutingSlip, SlipForm,
+    follow_slip, route_of, route_queue, slip_from, FollowSlipOptions, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
     dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, ExchangeSpec,
@@ -53,16 +53,20 @@ fn step(
     pipeline: Option<&str>,
 ) -> RunningConsumer {
     let (seen, name2) = (seen.clone(), name.to_string());
-    let handler = follow_slip(publisher, move |m: &Message| {
-        record(&seen, &name2, m);
-        let mut body = m.body.clone();
-        body.extend_from_slice(format!("+{name2}").as_bytes());
-        Ok::<_, BoxError>(Some(Message::new(body)))
-    });
-    let handler = match pipeline {
-        Some(p) => handler.pipeline(p),
-        None => handler,
+    let options = match pipeline {
+        Some(p) => FollowSlipOptions::new().pipeline(p),
+        None => FollowSlipOptions::new(),
     };
+    let handler = follow_slip(
+        publisher,
+        move |m: &Message| {
+            record(&seen, &name2, m);
+            let mut body = m.body.clone();
+            body.extend_from_slice(format!("+{name2}").as_bytes());
+            Ok::<_, BoxError>(Some(Message::new(body)))
+        },
+        options,
+    );
     conn.consumer(queue, ConsumerOptions::new().retry(RetryPolicy::none()))
         .unwrap()
         .start(handler)
@@ -133,17 +137,20 @@ fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
         .zip(&names)
         .map(|(s, q)| {
             let (seen, routes, name) = (seen.clone(), routes.clone(), s.to_string());
-            let handler = follow_slip(&publisher, move |m: &Message| {
-                record(&seen, &name, m);
-                routes.lock().unwrap().push((
-                    m.engine_header(headers::ROUTE).cloned(),
-                    m.engine_header(headers::ROUTE_POSITION).cloned(),
-                    m.engine_header(headers::ROUTE_ID).cloned(),
-                    m.headers.contains_key(headers::ROUTING_SLIP),
-                ));
-                Ok::<_, BoxError>(None)
-            })
-            .pipeline(pipeline.clone());
+            let handler = follow_slip(
+                &publisher,
+                move |m: &Message| {
+                    record(&seen, &name, m);
+                    routes.lock().unwrap().push((
+                        m.engine_header(headers::ROUTE).cloned(),
+                        m.engine_header(headers::ROUTE_POSITION).cloned(),
+                        m.engine_header(headers::ROUTE_ID).cloned(),
+                        m.headers.contains_key(headers::ROUTING_SLIP),
+                    ));
+                    Ok::<_, BoxError>(None)
+                },
+                FollowSlipOptions::new().pipeline(pipeline.clone()),
+            );
             conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
                 .unwrap()
                 .start(handler)
@@ -262,10 +269,14 @@ fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
             ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))),
         )
         .unwrap()
-        .start(follow_slip(&publisher, move |_: &Message| {
-            r.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, BoxError>(None)
-        }))
+        .start(follow_slip(
+            &publisher,
+            move |_: &Message| {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(None)
+            },
+            FollowSlipOptions::new(),
+        ))
         .unwrap();
     publisher
         .publish(
@@ -310,10 +321,14 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let consumer = conn
         .consumer(&first, ConsumerOptions::new().retry(policy))
         .unwrap()
-        .start(follow_slip(&publisher, move |_: &Message| {
-            r.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, BoxError>(None)
-        }))
+        .start(follow_slip(
+            &publisher,
+            move |_: &Message| {
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, BoxError>(None)
+            },
+            FollowSlipOptions::new(),
+        ))
         .unwrap();
     let slip = RoutingSlip::new()
         .then("", &first, "one")
@@ -367,14 +382,17 @@ fn a_dead_lettered_declared_route_resumes_after_replay() {
         .zip(&names)
         .map(|(s, q)| {
             let (seen, fixed, name) = (seen.clone(), fixed.clone(), s.to_string());
-            let handler = follow_slip(&publisher, move |m: &Message| {
-                if name == "b" && !fixed.load(Ordering::SeqCst) {
-                    return Err(FatalError::new("the bug in b").into());
-                }
-                record(&seen, &name, m);
-                Ok(None)
-            })
-            .pipeline(pipeline.clone());
+            let handler = follow_slip(
+                &publisher,
+                move |m: &Message| {
+                    if name == "b" && !fixed.load(Ordering::SeqCst) {
+                        return Err(FatalError::new("the bug in b").into());
+                    }
+                    record(&seen, &name, m);
+                    Ok(None)
+                },
+                FollowSlipOptions::new().pipeline(pipeline.clone()),
+            );
             conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
                 .unwrap()
                 .start(handler)

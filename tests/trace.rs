@@ -278,7 +278,7 @@ fn traceparent_is_parsed_as_w3c_says() {
 /// they copy or carry on.
 #[test]
 fn retry_copies_and_a_slip_hop_keep_the_trace() {
-    use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
+    use acemq_amqp::patterns::routing_slip::{follow_slip, FollowSlipOptions, RoutingSlip};
     use acemq_amqp::RetryPolicy;
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
@@ -340,9 +340,11 @@ fn retry_copies_and_a_slip_hop_keep_the_trace() {
     let following = conn
         .consume(
             &stop_a,
-            follow_slip(&publisher, |m: &Message| {
-                Ok(Some(Message::new(m.body.clone())))
-            }),
+            follow_slip(
+                &publisher,
+                |m: &Message| Ok(Some(Message::new(m.body.clone()))),
+                FollowSlipOptions::new(),
+            ),
         )
         .unwrap();
     let (collecting, got) = collect(&conn, &stop_b);

@@ -27,21 +27,33 @@ impl<F> fmt::Debug for FollowSlip<F> {
 
 /// Wraps `step` (which returns the payload to send on: `None` = the received one unchanged) as
 /// a handler that follows the slip: see the [module docs](super).
-pub fn follow_slip<F>(publisher: &Publisher, step: F) -> FollowSlip<F>
+pub fn follow_slip<F>(publisher: &Publisher, step: F, options: FollowSlipOptions) -> FollowSlip<F>
 where
     F: Fn(&Message) -> Result<Option<Message>, BoxError>,
 {
     FollowSlip {
         publisher: publisher.clone(),
         step,
-        pipeline: None,
+        pipeline: options.pipeline,
     }
 }
 
-impl<F> FollowSlip<F> {
+/// Options for [`follow_slip`].
+#[derive(Clone, Debug, Default)]
+pub struct FollowSlipOptions {
+    pipeline: Option<String>,
+}
+
+impl FollowSlipOptions {
+    /// The default options.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
     /// Resolves a declared route's step names against this pipeline: exchange `pipeline`,
     /// routing key the step name. Defaults to none: step names are routing keys on the default
     /// exchange. A JSON slip carries its own exchanges and is not affected.
+    #[must_use]
     pub fn pipeline(mut self, pipeline: impl Into<String>) -> Self {
         self.pipeline = Some(pipeline.into());
         self

@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use acemq_amqp::{Connection, ConsumerOptions, Message};
-//! use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip};
+//! use acemq_amqp::patterns::routing_slip::{follow_slip, RoutingSlip, FollowSlipOptions};
 //!
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
@@ -19,7 +19,7 @@
 //!     .start(follow_slip(&publisher, |m: &Message| {
 //!         // … validate m …; Ok(None) sends the payload on unchanged, Ok(Some(m)) a new one.
 //!         Ok(None)
-//!     }))?;
+//!     }, FollowSlipOptions::new()))?;
 //! # running.close()?; Ok(()) }
 //! ```
 //!
@@ -80,7 +80,7 @@ mod follow;
 mod slip;
 mod wire;
 
-pub use follow::{follow_slip, FollowSlip};
+pub use follow::{follow_slip, FollowSlip, FollowSlipOptions};
 pub use slip::{route_of, route_queue, RoutingSlip, SlipForm, SlipStep};
 pub use wire::slip_from;
 
