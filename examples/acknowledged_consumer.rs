@@ -12,8 +12,8 @@
 //! rolled back, then applied again one message at a time), and what is left unacknowledged.
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, Acknowledge, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
-    Delivery, IterSource,
+    consume, Acknowledge, Batcher, BatcherOptions, CounterIncrement, CounterStore,
+    CounterStoreOptions, Delivery, IterSource,
 };
 
 /// The largest batch: the deliveries applied in one transaction.
@@ -162,10 +162,12 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
         rejected: &mut rejected,
         rolled_back: &mut rolled_back,
     };
-    let options = ConsumeOptions::new()
-        .batch_size(BATCH_SIZE)
-        .max_pending(2 * BATCH_SIZE);
-    let report = consume(IterSource::new(deliveries), &store, acks, options)?;
+    let batcher = Batcher::new(
+        BatcherOptions::new()
+            .batch_size(BATCH_SIZE)
+            .max_pending(2 * BATCH_SIZE),
+    )?;
+    let report = consume(IterSource::new(deliveries), &store, acks, &batcher)?;
     assert_eq!(acknowledged.len() as u64, report.acknowledged);
 
     let applied = report.acknowledged - report.replayed;

@@ -22,9 +22,8 @@ use std::time::{Duration, Instant};
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpToken,
-    Batcher, BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions,
-    Delivery, IterSource,
+    consume, Acknowledge, AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpToken, Batcher,
+    BatcherOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery, IterSource,
 };
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{
@@ -1033,9 +1032,11 @@ fn recipe_rate(path: &std::path::Path, batch: usize, n: usize) -> Result<f64> {
         IterSource::new(deliveries),
         &store,
         |_: &Delivery<u64>| Ok(()),
-        ConsumeOptions::new()
-            .batch_size(batch)
-            .max_pending(batch * 2),
+        &Batcher::new(
+            BatcherOptions::new()
+                .batch_size(batch)
+                .max_pending(batch * 2),
+        )?,
     )?;
     assert_eq!(report.acknowledged, n as u64);
     Ok(rate(n, start.elapsed()))
@@ -1108,7 +1109,7 @@ fn recipe_amqp_rate(
         stop,
         end: &end,
     };
-    let report = consume_with(amqp.source()?, &store, acks, &batcher)?;
+    let report = consume(amqp.source()?, &store, acks, &batcher)?;
     amqp.close()?;
     assert_eq!(report.acknowledged, n as u64);
     let end = end.get().ok_or(Error::Closed { what: "bench" })?;

@@ -11,9 +11,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, consume_with, Acknowledge, ApplyBatch, BatchStore, BatchStoreOptions, Batcher,
-    BatcherOptions, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
-    Effect, IterSource, Message, Polled, Receipt, Report, Source,
+    consume, Acknowledge, ApplyBatch, BatchStore, BatchStoreOptions, Batcher, BatcherOptions,
+    CounterIncrement, CounterStore, CounterStoreOptions, Delivery, Effect, IterSource, Message,
+    Polled, Receipt, Report, Source,
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{Error, Result, StopHandle};
@@ -39,9 +39,9 @@ fn inc(id: &str, counter: &str, by: i64) -> Message {
     CounterIncrement::new(counter, by).message(id)
 }
 
-/// `consume`'s options: batches of up to `n`, at most `2n` deliveries pending.
-fn batches_of(n: usize) -> ConsumeOptions {
-    ConsumeOptions::new().batch_size(n).max_pending(2 * n)
+/// `consume`'s batcher: batches of up to `n`, at most `2n` deliveries pending.
+fn batches_of(n: usize) -> Batcher {
+    Batcher::new(BatcherOptions::new().batch_size(n).max_pending(2 * n)).unwrap()
 }
 
 /// Deliveries of `messages` with tokens `first_token`, `first_token + 1`, …
@@ -171,7 +171,7 @@ fn the_same_message_twice_changes_the_counter_once_and_is_acknowledged_twice() {
                 acked.push(d.acknowledgement_token);
                 Ok(())
             },
-            batches_of(batch_size),
+            &batches_of(batch_size),
         )
         .unwrap();
         assert_eq!(r, report(2, 1, 0), "batch size {batch_size}");
@@ -214,7 +214,7 @@ fn crash_child() {
         IterSource::new(deliveries(&crash_messages(), 1)),
         &store,
         |_: &Delivery<u64>| -> Result<()> { std::process::exit(CRASH_EXIT) },
-        batches_of(2),
+        &batches_of(2),
     );
     panic!("the child should have exited in its first acknowledgement");
 }
@@ -248,7 +248,7 @@ fn a_crash_after_commit_before_ack_is_replayed_on_restart_without_repeating_effe
     // The broker redelivers both with fresh tokens.
     let (source, stats) = TestSource::new(deliveries(&crash_messages(), 100));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let r = consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap();
+    let r = consume(source, &store, recorder(&stats, &acked), &batches_of(2)).unwrap();
     assert_eq!(r, report(2, 2, 0));
     assert_eq!(*acked.lock(), [100, 101]);
     assert_eq!(store.value("orders").unwrap(), 3, "an effect was repeated");
@@ -275,7 +275,7 @@ fn rollback_case(store: &CounterStore, tag: &str, bad: Message) {
     ];
     let (source, stats) = TestSource::new(deliveries(&messages, 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let r = consume(source, store, recorder(&stats, &acked), batches_of(2)).unwrap();
+    let r = consume(source, store, recorder(&stats, &acked), &batches_of(2)).unwrap();
     assert_eq!(r, report(5, 0, 1));
     assert_eq!(
         *acked.lock(),
@@ -438,7 +438,7 @@ fn consume_recording(
         IterSource::new(deliveries(messages, first_token)),
         store,
         Wrap(&mut acker),
-        ConsumeOptions::new().batch_size(batch).max_pending(batch),
+        &Batcher::new(BatcherOptions::new().batch_size(batch).max_pending(batch)).unwrap(),
     )
     .unwrap();
     (r, acker)
@@ -554,7 +554,7 @@ fn an_acknowledgement_failure_propagates_and_leaves_the_rest_unacknowledged() {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        batches_of(2),
+        &batches_of(2),
     )
     .unwrap_err();
     assert!(err.to_string().contains("broker gone"), "{err}");
@@ -577,7 +577,7 @@ fn an_acknowledgement_failure_propagates_and_leaves_the_rest_unacknowledged() {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        batches_of(4),
+        &batches_of(4),
     )
     .unwrap();
     assert_eq!(r, report(20, committed, 0));
@@ -628,7 +628,7 @@ fn a_batch_acknowledger_gets_each_committed_batch_in_order() {
         IterSource::new(deliveries(&messages, 1)),
         &store,
         Wrap(&mut acker),
-        batches_of(3),
+        &batches_of(3),
     )
     .unwrap();
     // The second batch rolls back; applied again one by one, 4 and 6 commit, 5 fails alone.
@@ -650,7 +650,7 @@ fn a_batch_acknowledger_gets_each_committed_batch_in_order() {
         source,
         &store,
         Wrap(&mut acker),
-        ConsumeOptions::new().batch_size(3).max_pending(3),
+        &Batcher::new(BatcherOptions::new().batch_size(3).max_pending(3)).unwrap(),
     )
     .unwrap_err();
     assert!(err.to_string().contains("broker gone"));
@@ -721,9 +721,12 @@ fn intake_is_bounded_by_max_pending() {
             source,
             &recording,
             recorder(&stats, &acked),
-            ConsumeOptions::new()
-                .batch_size(batch_size)
-                .max_pending(max_pending),
+            &Batcher::new(
+                BatcherOptions::new()
+                    .batch_size(batch_size)
+                    .max_pending(max_pending),
+            )
+            .unwrap(),
         )
         .unwrap();
         assert_eq!(r, report(300, 0, 0));
@@ -759,7 +762,7 @@ fn a_source_error_drains_accepted_work_closes_the_source_and_propagates() {
     let (mut source, stats) = TestSource::new(deliveries(&messages, 1));
     source.fail_at = Some(7);
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let err = consume(source, &store, recorder(&stats, &acked), batches_of(4)).unwrap_err();
+    let err = consume(source, &store, recorder(&stats, &acked), &batches_of(4)).unwrap_err();
     assert!(err.to_string().contains("source broke"), "{err}");
     // Everything taken before the error was applied and acknowledged.
     assert_eq!(*acked.lock(), (1..=7).collect::<Vec<_>>());
@@ -780,7 +783,7 @@ fn a_panicking_acknowledgement_still_closes_the_source() {
             source,
             &store,
             |_: &Delivery<u64>| -> Result<()> { panic!("acknowledgement panicked") },
-            batches_of(2),
+            &batches_of(2),
         )
     }));
     assert!(panicked.is_err());
@@ -810,7 +813,7 @@ fn a_panicking_effect_fails_alone() {
         source,
         &Panicky(&store),
         recorder(&stats, &acked),
-        batches_of(1),
+        &batches_of(1),
     )
     .unwrap();
     assert_eq!(r, report(2, 0, 1));
@@ -837,7 +840,7 @@ fn the_source_is_closed_when_it_ends_and_when_every_batch_fails() {
     // Ends normally.
     let (source, stats) = TestSource::new(deliveries(&[inc("c/1", "hits", 1)], 1));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    consume(source, &store, recorder(&stats, &acked), batches_of(4)).unwrap();
+    consume(source, &store, recorder(&stats, &acked), &batches_of(4)).unwrap();
     let s = stats.lock();
     assert_eq!((s.closed, s.misuse), (1, 0));
     drop(s);
@@ -846,25 +849,26 @@ fn the_source_is_closed_when_it_ends_and_when_every_batch_fails() {
         .map(|i| inc(&format!("c/bad/{i}"), "bad name", 1))
         .collect();
     let (source, stats) = TestSource::new(deliveries(&bad, 1));
-    let r = consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap();
+    let r = consume(source, &store, recorder(&stats, &acked), &batches_of(2)).unwrap();
     assert_eq!(r, report(0, 0, 5));
     assert_eq!(stats.lock().closed, 1);
     // Empty source.
     let (source, stats) = TestSource::new(Vec::new());
     assert_eq!(
-        consume(source, &store, recorder(&stats, &acked), batches_of(2)).unwrap(),
+        consume(source, &store, recorder(&stats, &acked), &batches_of(2)).unwrap(),
         Report::default()
     );
     assert_eq!(stats.lock().closed, 1);
     // Invalid options (a zero batch size or intake bound) are errors, not panics; the source
     // is dropped unpolled.
     for options in [
-        ConsumeOptions::new().batch_size(0).max_pending(4),
-        ConsumeOptions::new().batch_size(0),
-        ConsumeOptions::new().batch_size(2).max_pending(0),
+        BatcherOptions::new().batch_size(0).max_pending(4),
+        BatcherOptions::new().batch_size(0),
+        BatcherOptions::new().batch_size(2).max_pending(0),
     ] {
         let (source, unpolled) = TestSource::new(Vec::new());
-        let result = consume(source, &store, recorder(&stats, &acked), options);
+        let result = Batcher::new(options.clone())
+            .and_then(|batcher| consume(source, &store, recorder(&stats, &acked), &batcher));
         assert!(
             matches!(result, Err(Error::InvalidArgument { .. })),
             "{options:?}: {result:?}"
@@ -899,7 +903,13 @@ fn consume_options_default_to_batches_of_32_with_twice_that_pending() {
         stats: Arc::clone(&stats),
         sizes: Vec::new(),
     };
-    let r = consume(source, &store, Wrap(&mut sizes), ConsumeOptions::default()).unwrap();
+    let r = consume(
+        source,
+        &store,
+        Wrap(&mut sizes),
+        &Batcher::new(BatcherOptions::default()).unwrap(),
+    )
+    .unwrap();
     assert_eq!(r, report(100, 0, 0));
     // Every item is ready at once, so the first batch fills up to the default batch size.
     assert_eq!(sizes.sizes.first(), Some(&32), "{:?}", sizes.sizes);
@@ -941,7 +951,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
             at
         })
     };
-    let r = consume_with(source, &store, recorder(&stats, &acked), &batcher).unwrap();
+    let r = consume(source, &store, recorder(&stats, &acked), &batcher).unwrap();
     let returned = Instant::now();
     let stopped_at = waiter.join().unwrap();
     assert!(
@@ -963,7 +973,7 @@ fn the_stop_handle_stops_an_idle_consumer_after_draining_what_it_took() {
     let stats2 = Arc::clone(&stats);
     let acked = Arc::new(Mutex::new(Vec::new()));
     let mut record = recorder(&stats, &acked);
-    let r = consume_with(
+    let r = consume(
         source,
         &store,
         |d: &Delivery<u64>| {
@@ -1150,7 +1160,7 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
             acked.push(d.acknowledgement_token);
             Ok(())
         },
-        batches_of(2),
+        &batches_of(2),
     )
     .unwrap();
     // [d, negative] rolls back; applied again one at a time, d commits and the negative
@@ -1308,7 +1318,7 @@ fn concurrent_consumers_of_one_counter_file_apply_each_identity_once() {
                     IterSource::new(deliveries(messages, first_token)),
                     &store,
                     |_: &Delivery<u64>| Ok(()),
-                    batches_of(16),
+                    &batches_of(16),
                 )
                 .unwrap();
                 failed.fetch_add(r.failed as usize, Ordering::Relaxed);

@@ -7,8 +7,8 @@ use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
-    consume_with, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions,
-    CounterIncrement, CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
+    consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
+    CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
 use support::{connect, eventually, unique, Cleanup};
@@ -85,7 +85,7 @@ fn run_until(
                 AmqpQueueOptions::new().prefetch(u16::try_from(2 * batch + 1).unwrap()),
             )
             .unwrap();
-            let report = consume_with(
+            let report = consume(
                 queue.source().unwrap(),
                 store,
                 queue.acknowledger(),
@@ -260,13 +260,13 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
             // Two runs, one after the other, on one queue (one channel).
             let queue =
                 AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(PREFETCH)).unwrap();
-            let first = consume_with(
+            let first = consume(
                 queue.source().unwrap(),
                 &store,
                 queue.acknowledger(),
                 &batcher(&first_stop),
             );
-            let second = consume_with(
+            let second = consume(
                 queue.source().unwrap(),
                 &store,
                 queue.acknowledger(),
@@ -400,7 +400,7 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
                 None => options,
             };
             let queue = AmqpQueue::open(&conn, &q, options)?;
-            let report = consume_with(queue.source()?, &store, queue.acknowledger(), &batcher);
+            let report = consume(queue.source()?, &store, queue.acknowledger(), &batcher);
             queue.close()?;
             report
         };

@@ -1,6 +1,6 @@
-//! The recipe: [`consume`] and [`consume_with`], and the [`Report`] they return.
+//! The recipe: [`consume`], and the [`Report`] it returns.
 
-use super::batcher::{Batcher, BatcherOptions};
+use super::batcher::Batcher;
 use super::delivery::{Acknowledge, Delivery};
 use super::isolate::{apply_isolating, Applied};
 use super::source::Source;
@@ -20,102 +20,22 @@ pub struct Report {
     pub failed: u64,
 }
 
-/// How [`consume`] batches: the largest batch and the intake bound.
+/// Consumes `source` until it ends or `batcher` is stopped: applies its deliveries in batches
+/// of up to the batcher's [`batch_size`](super::BatcherOptions::batch_size) through `store`,
+/// and acknowledges each delivery after its batch committed.
 ///
-/// ```
-/// use acemq_amqp::patterns::acknowledged::ConsumeOptions;
-/// let options = ConsumeOptions::new().batch_size(32).max_pending(64);
-/// # let _ = options;
-/// ```
-///
-/// For a poll interval or a stop handle, configure a [`Batcher`] and use [`consume_with`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConsumeOptions {
-    batch_size: usize,
-    max_pending: Option<usize>,
-}
-
-impl Default for ConsumeOptions {
-    fn default() -> Self {
-        ConsumeOptions {
-            batch_size: 32,
-            max_pending: None,
-        }
-    }
-}
-
-impl ConsumeOptions {
-    /// The default options.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The largest batch: the most deliveries applied in one transaction. Defaults to 32; must
-    /// be at least 1.
-    pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
-        self
-    }
-
-    /// The most deliveries taken from the source and not yet acknowledged (or failed).
-    /// Defaults to twice the batch size; must be at least 1. Over AMQP, give the queue a
-    /// prefetch of at least this plus one ([`AmqpQueue::open`](super::AmqpQueue::open)).
-    pub fn max_pending(mut self, max_pending: usize) -> Self {
-        self.max_pending = Some(max_pending);
-        self
-    }
-
-    /// The batcher these options describe.
-    fn batcher(&self) -> Result<Batcher> {
-        let options = BatcherOptions::new().batch_size(self.batch_size);
-        Batcher::new(match self.max_pending {
-            Some(n) => options.max_pending(n),
-            None => options,
-        })
-    }
-}
-
-/// Consumes `source` until it ends: applies its deliveries in batches of up to
-/// [`batch_size`](ConsumeOptions::batch_size) through `store`, and acknowledges each delivery
-/// after its batch committed.
-///
-/// At most [`max_pending`](ConsumeOptions::max_pending) deliveries are taken from the source and
-/// not yet acknowledged (or failed). The source is closed before this returns, on every path
-/// but an invalid option (then it is dropped unpolled). See the [module docs](super) for what
-/// happens on failures and crashes; to stop it from another thread use [`consume_with`] and a
-/// [`Batcher`]'s [`StopHandle`](crate::StopHandle).
+/// At most [`max_pending`](super::BatcherOptions::max_pending) deliveries are taken from the
+/// source and not yet acknowledged (or failed). The options are validated by [`Batcher::new`],
+/// before anything is consumed. When the batcher's [`StopHandle`](crate::StopHandle) is stopped, this
+/// stops taking deliveries, applies and acknowledges those it has taken, closes the source and
+/// returns the report. The source is closed before this returns, on every path. See the
+/// [module docs](super) for what happens on failures and crashes.
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`](crate::Error::InvalidArgument) if the batch size or `max_pending` is zero; otherwise the first
-/// error of the source, of an acknowledgement, or of closing the source. A batch that fails in
-/// the store is not an error of `consume`: it is counted in [`Report::failed`].
+/// The first error of the source, of an acknowledgement, or of closing the source. A batch that
+/// fails in the store is not an error of `consume`: it is counted in [`Report::failed`].
 pub fn consume<S, T, St, A>(
-    source: S,
-    store: &St,
-    acknowledge: A,
-    options: ConsumeOptions,
-) -> Result<Report>
-where
-    S: Source<Item = Delivery<T>>,
-    T: Send,
-    St: ApplyBatch + ?Sized,
-    A: Acknowledge<T>,
-{
-    let batcher = options.batcher()?;
-    consume_with(source, store, acknowledge, &batcher)
-}
-
-/// [`consume`] with a configured [`Batcher`] (its batch size, intake bound, poll interval and
-/// stop handle).
-///
-/// When the batcher's [`StopHandle`](crate::StopHandle) is stopped, this stops taking deliveries, applies and
-/// acknowledges those it has taken, closes the source and returns the report.
-///
-/// # Errors
-///
-/// As for [`consume`].
-pub fn consume_with<S, T, St, A>(
     source: S,
     store: &St,
     mut acknowledge: A,

@@ -12,8 +12,8 @@
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
 //! use acemq_amqp::patterns::acknowledged::{
-//!     consume, ConsumeOptions, CounterIncrement, CounterStore, CounterStoreOptions, Delivery,
-//!     IterSource,
+//!     consume, Batcher, BatcherOptions, CounterIncrement, CounterStore, CounterStoreOptions,
+//!     Delivery, IterSource,
 //! };
 //! let dir = std::env::temp_dir().join(format!("acemq-ack-doc-{}", std::process::id()));
 //! std::fs::create_dir_all(&dir).map_err(|e| acemq_amqp::Error::Io {
@@ -33,8 +33,8 @@
 //!     acked.push(d.acknowledgement_token);
 //!     Ok(())
 //! };
-//! let options = ConsumeOptions::new().batch_size(32).max_pending(64);
-//! let report = consume(source, &store, acknowledge, options)?;
+//! let batcher = Batcher::new(BatcherOptions::new().batch_size(32).max_pending(64))?;
+//! let report = consume(source, &store, acknowledge, &batcher)?;
 //! assert_eq!((report.acknowledged, report.replayed, report.failed), (2, 1, 0));
 //! assert_eq!(acked, [1, 2]);
 //! assert_eq!(store.value("page_views")?, 1);
@@ -61,8 +61,8 @@
 //!   The crate root has no `Delivery`: its consumer hands a handler a `&crate::Message` and
 //!   settles the delivery itself. Over AMQP the token is an [`AmqpToken`], which holds
 //!   amiquip's `Delivery`.
-//! * A [`Batcher`] (and so [`consume_with`]) is stopped with the crate's one
-//!   [`StopHandle`](crate::StopHandle)(crate::StopHandle), as a consumer is; stopping it is final for its batcher
+//! * A [`Batcher`] (and so [`consume`]) is stopped with the crate's one
+//!   [`StopHandle`](crate::StopHandle), as a consumer is; stopping it is final for its batcher
 //!   (later runs return as soon as they start).
 //! * [`consume`] here is a function: it applies batches in one transaction each, acknowledges
 //!   after the commit, runs on the caller's thread until the source ends or is stopped, and
@@ -99,8 +99,8 @@
 //!   ([`BatchStore::apply_batch_in`] runs on the caller's transaction).
 //! * [`CounterStore`] (SQLite): the demonstration effect, a named counter incremented by each
 //!   message, on a file-backed database in WAL mode with `synchronous=FULL`.
-//! * [`consume`] (with [`ConsumeOptions`]: `batch_size`, `max_pending`) / [`consume_with`]
-//!   (with a configured [`Batcher`]): the recipe; returns a [`Report`].
+//! * [`consume`] (with a configured [`Batcher`]: `batch_size`, `max_pending`, poll interval,
+//!   stop handle): the recipe; returns a [`Report`].
 //!
 //! # One batch, one transaction
 //!
@@ -261,7 +261,7 @@ mod store_apply;
 
 pub use amqp::{AmqpAcknowledge, AmqpQueue, AmqpQueueOptions, AmqpSource, AmqpToken};
 pub use batcher::{Batcher, BatcherOptions};
-pub use consume::{consume, consume_with, ConsumeOptions, Report};
+pub use consume::{consume, Report};
 #[cfg(feature = "sqlite")]
 pub use counter::{CounterIncrement, CounterStore, CounterStoreOptions};
 pub use delivery::{Acknowledge, Delivery};

@@ -5,15 +5,16 @@
 //! # #[cfg(feature = "sqlite")]
 //! # fn main() -> acemq_amqp::Result<()> {
 //! use acemq_amqp::patterns::acknowledged::{
-//!     consume, AmqpQueue, AmqpQueueOptions, ConsumeOptions, CounterStore, CounterStoreOptions,
+//!     consume, AmqpQueue, AmqpQueueOptions, Batcher, BatcherOptions, CounterStore,
+//!     CounterStoreOptions,
 //! };
 //! use acemq_amqp::Connection;
 //! let connection = Connection::open("amqp://127.0.0.1")?;
 //! let store = CounterStore::new("counters.db", CounterStoreOptions::new())?;
 //! store.create_tables()?;
 //! let queue = AmqpQueue::open(&connection, "page-views", AmqpQueueOptions::new().prefetch(65))?;
-//! let options = ConsumeOptions::new().batch_size(32).max_pending(64);
-//! let report = consume(queue.source()?, &store, queue.acknowledger(), options)?;
+//! let batcher = Batcher::new(BatcherOptions::new().batch_size(32).max_pending(64))?;
+//! let report = consume(queue.source()?, &store, queue.acknowledger(), &batcher)?;
 //! println!("{report:?}");
 //! # Ok(()) }
 //! # #[cfg(not(feature = "sqlite"))]

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 /// Makes a message's identifier from its queue and the message as received.
 pub(super) type IdentifierFn = Arc<dyn Fn(&str, &crate::Message) -> String + Send + Sync>;
 
-/// The prefetch, by default: [`ConsumeOptions`](super::super::ConsumeOptions)' default
+/// The prefetch, by default: [`BatcherOptions`](super::super::BatcherOptions)' default
 /// `max_pending` (64) plus one.
 const DEFAULT_PREFETCH: u16 = 65;
 /// The first requeue backoff of a rolled-back delivery, by default.
@@ -76,7 +76,7 @@ impl AmqpQueueOptions {
 
     /// How many deliveries the broker sends ahead on the queue's channel, 1 to 65535. Set it
     /// at least to the consumer's `max_pending` plus one, so that the batcher is never starved.
-    /// Defaults to 65 ([`ConsumeOptions`](super::super::ConsumeOptions)' default `max_pending`
+    /// Defaults to 65 ([`BatcherOptions`](super::super::BatcherOptions)' default `max_pending`
     /// of 64, plus one).
     #[must_use]
     pub fn prefetch(mut self, prefetch: u16) -> Self {
