@@ -45,7 +45,7 @@
 //! `x-acemq-route-position` = a 32-bit integer, 0-based, the step the message is at (past the
 //! end = finished; unreadable or negative = 0), `x-acemq-route-id` = the run's id (a fresh one
 //! is written when a message arrives without one). Where a step goes is resolved by the reader:
-//! with [`FollowSlip::pipeline`]`("fulfilment")` the exchange is `fulfilment`, the routing key
+//! with [`FollowSlipOptions::pipeline`]`("fulfilment")` the exchange is `fulfilment`, the routing key
 //! the step name and the queue behind it `fulfilment.{step}` (see [`route_queue`]); without a
 //! pipeline, step names are routing keys on the default exchange (queue = step name). The
 //! route headers are engine headers: they are kept on retry, dead-letter and parked copies and
