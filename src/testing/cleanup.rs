@@ -11,7 +11,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 type Action = Box<dyn FnOnce() + Send>;
 
 /// Deletes the queues, exchanges and tables a test declared when it is dropped — at the end of
-/// the test, and also when the test panics (unwinding drops it).
+/// the test, and also when the test panics (unwinding drops it). A queue goes with the failure
+/// queues a consumer of it declares (`{queue}.dlq`, `{queue}.parked`; the retry rungs through
+/// [`consumed_queue`](Cleanup::consumed_queue)), so a test that starts a consumer leaves none.
 ///
 /// Register each name as it is made (every method returns the name, so it can wrap the name
 /// where it is chosen):
