@@ -461,3 +461,53 @@ fn test_names_are_accepted_by_the_broker() {
         .unwrap();
     assert!(clean.queues().contains(&format!("{q}.dlq")));
 }
+
+#[test]
+fn a_consumer_on_a_queue_registered_with_cleanup_leaves_none_of_its_failure_queues() {
+    // A consumer declares `{q}.dlq` and `{q}.parked` beside its queue (and a rung per broker
+    // wait of its policy): registering the queue with `Cleanup::queue` deletes the first two,
+    // `Cleanup::consumed_queue` with the policy's rungs deletes the rungs as well.
+    let names = TestNames::current();
+    let conn = connect();
+    let policy = acemq_amqp::RetryPolicy::fixed(2, Duration::from_secs(30));
+    let (plain, with_rungs) = {
+        let mut clean = Cleanup::new(amqp_url());
+        let plain = clean.queue(&names.queue("plain"));
+        let with_rungs = clean.consumed_queue(&names.queue("rungs"), &policy.broker_rungs());
+        for (q, retry) in [
+            (&plain, acemq_amqp::RetryPolicy::none()),
+            (&with_rungs, policy.clone()),
+        ] {
+            conn.declare_queue(&QueueSpec::new(q)).unwrap();
+            let consumer = conn
+                .consumer(q, acemq_amqp::ConsumerOptions::new().retry(retry))
+                .unwrap();
+            drop(consumer);
+        }
+        for q in [
+            format!("{plain}.dlq"),
+            format!("{plain}.parked"),
+            format!("{with_rungs}.retry.30s"),
+        ] {
+            conn.queue_info(&q)
+                .unwrap_or_else(|e| panic!("the consumer declared {q}: {e:?}"));
+        }
+        (plain, with_rungs)
+    };
+    let mut left = Vec::new();
+    for q in [
+        plain.clone(),
+        format!("{plain}.dlq"),
+        format!("{plain}.parked"),
+        with_rungs.clone(),
+        format!("{with_rungs}.dlq"),
+        format!("{with_rungs}.parked"),
+        format!("{with_rungs}.retry.30s"),
+    ] {
+        match conn.queue_info(&q) {
+            Err(Error::NotFound { .. }) => {}
+            other => left.push(format!("{q}: {other:?}")),
+        }
+    }
+    assert!(left.is_empty(), "left behind after the clean-up: {left:?}");
+}

@@ -11,7 +11,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 type Action = Box<dyn FnOnce() + Send>;
 
 /// Deletes the queues, exchanges and tables a test declared when it is dropped — at the end of
-/// the test, and also when the test panics (unwinding drops it).
+/// the test, and also when the test panics (unwinding drops it). A queue goes with the failure
+/// queues a consumer of it declares (`{queue}.dlq`, `{queue}.parked`; the retry rungs through
+/// [`consumed_queue`](Cleanup::consumed_queue)), so a test that starts a consumer leaves none.
 ///
 /// Register each name as it is made (every method returns the name, so it can wrap the name
 /// where it is chosen):
@@ -67,23 +69,30 @@ impl Cleanup {
         }
     }
 
-    /// Deletes queue `name` at the end; returns the name.
+    /// Deletes queue `name` at the end with the failure queues a consumer of it declares,
+    /// `{name}.dlq` and `{name}.parked` (whether a consumer ran on it or not); returns the name.
+    ///
+    /// A consumer whose policy waits on the broker also declares a retry rung per wait
+    /// (`{name}.retry.{Ns|Nm|Nh}`), which the queue's name alone does not tell: register such
+    /// a queue with [`consumed_queue`](Self::consumed_queue) and the policy's
+    /// [`broker_rungs`](crate::RetryPolicy::broker_rungs).
     pub fn queue(&mut self, name: &str) -> String {
-        self.queues.push(name.to_string());
-        name.to_string()
+        self.consumed_queue(name, &[])
     }
 
-    /// Deletes consumed queue `name` at the end with what the consumer declares beside it:
-    /// `{name}.dlq`, `{name}.parked` and the retry rung of each delay in `rungs`
-    /// (`{name}.retry.{Ns|Nm|Nh}`; the policy's rung delays, none for a policy that holds
-    /// every wait in the consumer). Returns the name.
+    /// Deletes consumed queue `name` at the end with everything a consumer declares beside it
+    /// ([`failure_topology`](crate::failure_topology)): `{name}.dlq`, `{name}.parked` and the
+    /// retry rung of each delay in `rungs` (`{name}.retry.{Ns|Nm|Nh}`; pass the policy's
+    /// [`broker_rungs`](crate::RetryPolicy::broker_rungs), none for a policy that holds every
+    /// wait in the consumer). The queue is deleted first, then its failure queues. The shared
+    /// exchanges (`acemq.dlx`, `acemq.retry`) are left: other queues' bindings use them.
+    /// Returns the name.
     pub fn consumed_queue(&mut self, name: &str, rungs: &[Duration]) -> String {
-        for delay in rungs {
-            self.queues.push(crate::retry_queue(name, *delay));
+        self.queues.push(name.to_string());
+        for q in crate::failure_topology(name, rungs).queues {
+            self.queues.push(q.name().to_string());
         }
-        self.queues.push(crate::dead_letter_queue(name));
-        self.queues.push(crate::parked_queue(name));
-        self.queue(name)
+        name.to_string()
     }
 
     /// Deletes exchange `name` at the end (after the queues); returns the name.
