@@ -15,21 +15,32 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use out::Out;
 
+/// The local broker's guest account.
 const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// `--url`'s help: the default shown with its password masked (clap would print it whole).
+fn url_help() -> String {
+    format!(
+        "The broker (`amqp://user:password@host:port/vhost` or `amqps://…`). The password is \
+         never printed [default: {}]",
+        out::mask_url(DEFAULT_URL)
+    )
+}
 
 /// The operator's command line for acemq-amqp: replay dead letters, peek at a queue, look after
 /// an outbox, print or apply the SQL schema, check the broker's topology.
 ///
 /// Exit codes: 0 ok; 1 partial or failed (a replay that stopped short, differences found, a
-/// record not released); 2 usage; 3 cannot connect to the broker or the database.
+/// record not released); 2 usage (a bad argument, or a URL that is not `amqp://`/`amqps://`);
+/// 3 cannot connect to the broker or the database.
 #[derive(Parser, Debug)]
 #[command(name = "acemq", version)]
 struct Cli {
-    /// The broker (`amqp://user:password@host:port/vhost`). The password is never printed.
-    #[arg(long, global = true, env = "ACEMQ_URL", default_value = DEFAULT_URL, hide_env_values = true, hide_default_value = true)]
+    #[arg(long, global = true, env = "ACEMQ_URL", default_value = DEFAULT_URL, hide_env_values = true, hide_default_value = true, help = url_help())]
     url: String,
 
-    /// One JSON object per line on stdout, for scripts (errors too: `{"error": …}`).
+    /// One JSON object per line on stdout, for scripts (errors too, usage errors included:
+    /// `{"error": …, "kind": "usage", "exit": 2}`).
     #[arg(long, global = true)]
     json: bool,
 
@@ -245,9 +256,11 @@ impl Failure {
 pub type Outcome = Result<u8, Failure>;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let mut out = Out::new(cli.json);
-    out.secret_from_url(&cli.url);
     let result = run(&cli, &mut out);
     let code = match result {
         Ok(code) => code,
@@ -259,22 +272,54 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// A usage error found by clap: its text for people, or with `--json` anywhere in the
+/// arguments one JSON object (`kind` `usage`) on stdout too, as every other error. Exit 2.
+/// Help and version print as clap prints them (exit 0).
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    if !json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let message = if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        "no command given (acemq --help lists them)".to_string()
+    } else {
+        usage_message(&e.render().to_string())
+    };
+    Out::new(true).error(&message, 2);
+    ExitCode::from(2)
+}
+
+/// clap's rendered error as one line: `error: …` and then its usage line, without the
+/// `--help` hint.
+fn usage_message(rendered: &str) -> String {
+    let mut error = Vec::new();
+    let mut usage = None;
+    for line in rendered.lines().map(str::trim) {
+        if let Some(u) = line.strip_prefix("Usage: ") {
+            usage = Some(u);
+        } else if !line.is_empty() && !line.starts_with("For more information") {
+            error.push(line.strip_prefix("error: ").unwrap_or(line));
+        }
+    }
+    let error = error.join(" ");
+    match usage {
+        Some(u) => format!("{error} (usage: {u})"),
+        None => error,
+    }
+}
+
 fn run(cli: &Cli, out: &mut Out) -> Outcome {
     match &cli.command {
         Command::Replay(a) => queues::replay(&cli.url, a, out),
         Command::Peek(a) => queues::peek(&cli.url, a, out),
-        Command::Outbox(a) => {
-            let db = a.db.url()?;
-            out.secret_from_url(db);
-            outbox::run(db, a, out)
-        }
+        Command::Outbox(a) => outbox::run(a.db.url()?, a, out),
         Command::Schema(a) => match &a.command {
             SchemaCommand::Ddl { dialect } => db::ddl(*dialect, out),
-            SchemaCommand::Create { db } => {
-                let db = db.url()?;
-                out.secret_from_url(db);
-                db::create(db, out)
-            }
+            SchemaCommand::Create { db } => db::create(db.url()?, out),
         },
         Command::Topology(a) => match &a.command {
             TopologyCommand::Schedule => topology::schedule(out),
@@ -306,15 +351,40 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Opens the broker connection, or exit 3 with one line.
+/// Opens the broker connection: exit 2 for a URL that is not an AMQP URL, exit 3 with one line
+/// (the URL's password masked) when the broker cannot be reached.
 pub fn connect(url: &str) -> Result<acemq_amqp::Connection, Failure> {
+    let shown = out::mask_url(url);
+    let not_amqp = |why: &str| Failure {
+        code: 2,
+        message: format!(
+            "the broker URL {shown} (--url or ACEMQ_URL) is not an AMQP URL: {why}; give \
+             amqp://host:port/vhost or amqps://host:port/vhost, user:password@ before the host"
+        ),
+    };
+    if let Err(e) = acemq_amqp::Address::parse(url) {
+        return Err(not_amqp(&match e {
+            acemq_amqp::Error::InvalidArgument { reason } => reason
+                .strip_prefix("bad AMQP URL: ")
+                .unwrap_or(&reason)
+                .to_string(),
+            other => other.to_string(),
+        }));
+    }
     acemq_amqp::Connection::open_with(
         acemq_amqp::ConnectionOptions::new()
             .address(url)
             .name("acemq-cli")
             .connect_timeout(Duration::from_secs(10)),
     )
-    .map_err(|e| Failure::connect(format!("cannot connect to the broker: {e}")))
+    .map_err(|e| match e {
+        // The CLI's own options are valid: what the library refuses is the URL.
+        acemq_amqp::Error::InvalidArgument { reason } => not_amqp(&reason),
+        acemq_amqp::Error::Connect { source, .. } => {
+            Failure::connect(format!("cannot connect to the broker at {shown}: {source}"))
+        }
+        other => Failure::connect(format!("cannot connect to the broker at {shown}: {other}")),
+    })
 }
 
 #[cfg(test)]
@@ -328,6 +398,17 @@ mod tests {
         assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("m").is_err());
+    }
+
+    #[test]
+    fn usage_errors_are_one_line() {
+        assert_eq!(
+            usage_message(
+                "error: unexpected argument 'x' found\n\nUsage: acemq peek <QUEUE>\n\n\
+                 For more information, try '--help'.\n"
+            ),
+            "unexpected argument 'x' found (usage: acemq peek <QUEUE>)"
+        );
     }
 
     #[test]

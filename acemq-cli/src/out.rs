@@ -1,5 +1,6 @@
-//! Output: text for people, one JSON object per line with `--json`; every line scrubbed of the
-//! passwords the command was given.
+//! Output: text for people, one JSON object per line with `--json`. A URL printed shows its
+//! password as `***` (see [`mask_url`]); nothing else in a line is changed, so queue names,
+//! errors and ids print as they are even when they contain the password's text.
 
 use std::io::Write;
 use std::time::Duration;
@@ -8,49 +9,22 @@ use serde_json::{json, Value};
 
 pub struct Out {
     json: bool,
-    secrets: Vec<String>,
 }
 
 impl Out {
     pub fn new(json: bool) -> Out {
-        Out {
-            json,
-            secrets: Vec::new(),
-        }
+        Out { json }
     }
 
     pub fn json(&self) -> bool {
         self.json
     }
 
-    /// Remembers the password in `url` (`scheme://user:password@…` or `password=…`), raw and
-    /// percent-decoded, so that no line printed carries it.
-    pub fn secret_from_url(&mut self, url: &str) {
-        if let Some(p) = password_in(url) {
-            if !p.is_empty() {
-                let decoded = percent_decode(&p);
-                self.secrets.push(p);
-                self.secrets.push(decoded);
-                // Longest first, so that a password containing another is scrubbed whole.
-                self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
-                self.secrets.dedup();
-            }
-        }
-    }
-
-    pub fn scrub(&self, text: &str) -> String {
-        let mut t = scrub_userinfo(text);
-        for s in &self.secrets {
-            t = t.replace(s.as_str(), "***");
-        }
-        t
-    }
-
     /// A human line (not printed with `--json`).
     pub fn text(&self, line: impl AsRef<str>) {
         if !self.json {
             let mut o = std::io::stdout().lock();
-            let _ = writeln!(o, "{}", self.scrub(line.as_ref()));
+            let _ = writeln!(o, "{}", scrub(line.as_ref()));
         }
     }
 
@@ -58,85 +32,101 @@ impl Out {
     pub fn record(&self, value: Value) {
         if self.json {
             let mut o = std::io::stdout().lock();
-            let _ = writeln!(o, "{}", self.scrub(&value.to_string()));
+            let _ = writeln!(o, "{}", scrub(&value.to_string()));
         }
     }
 
     /// Raw text printed in both modes (the DDL).
     pub fn raw(&self, text: &str) {
         let mut o = std::io::stdout().lock();
-        let _ = write!(o, "{}", self.scrub(text));
+        let _ = write!(o, "{text}");
     }
 
-    /// The one-line error: on stderr, and as `{"error": …, "exit": n}` on stdout with `--json`.
+    /// The one-line error: on stderr, and as `{"error": …, "kind": …, "exit": n}` on stdout with
+    /// `--json` (`kind`: `failed` 1, `usage` 2, `connect` 3).
     pub fn error(&self, message: &str, code: u8) {
-        let line = self.scrub(message).replace('\n', " ");
+        let line = scrub(message).replace('\n', " ");
         let _ = writeln!(std::io::stderr().lock(), "acemq: {line}");
         if self.json {
+            let kind = match code {
+                2 => "usage",
+                3 => "connect",
+                _ => "failed",
+            };
             let _ = writeln!(
                 std::io::stdout().lock(),
                 "{}",
-                json!({ "error": line, "exit": code })
+                json!({ "error": line, "kind": kind, "exit": code })
             );
         }
     }
 }
 
-/// The password part of a URL or a `key=value` connection string.
-fn password_in(url: &str) -> Option<String> {
-    if let Some(rest) = url.split_once("://").map(|(_, r)| r) {
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-        if let Some((userinfo, _)) = authority.rsplit_once('@') {
-            return userinfo.split_once(':').map(|(_, p)| p.to_string());
-        }
-        return None;
+/// `url` as it may be printed: `scheme://user:password@…` → `scheme://user:***@…`, and a
+/// `password=…` of a `key=value` connection string → `password=***`. Only the password
+/// component changes (a user, host or vhost with the password's text stays as it is); a URL
+/// without a password is returned unchanged.
+pub fn mask_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            // The userinfo ends at the last `@`: a password with an unescaped `@` or `/` is
+            // masked whole.
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+                None => url.to_string(),
+            },
+            None => url.to_string(),
+        },
+        None => mask_password_keys(url),
     }
-    url.split_whitespace()
-        .find_map(|kv| kv.strip_prefix("password="))
-        .map(|p| p.trim_matches('\'').to_string())
 }
 
-/// `scheme://user:secret@` → `scheme://user:***@` wherever it appears in `text`.
-fn scrub_userinfo(text: &str) -> String {
+/// The URLs and `password=` values inside a line of output masked (see [`mask_url`]): a
+/// library error may name an address. The rest of the line is left exactly as it is.
+pub fn scrub(text: &str) -> String {
+    let ends = |c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`');
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
-        out.push_str(&rest[..i + 3]);
-        rest = &rest[i + 3..];
-        let end = rest
-            .find(|c: char| c == '/' || c.is_whitespace() || c == '"' || c == '\'')
-            .unwrap_or(rest.len());
-        let authority = &rest[..end];
-        if let Some((userinfo, host)) = authority.rsplit_once('@') {
-            if let Some((user, _)) = userinfo.split_once(':') {
-                out.push_str(user);
-                out.push_str(":***@");
-                out.push_str(host);
-                rest = &rest[end..];
-                continue;
-            }
-        }
+        // The URL's scheme: the letters just before `://`.
+        let start = rest[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |j| j + 1);
+        out.push_str(&mask_password_keys(&rest[..start]));
+        let url_end = rest[i + 3..].find(ends).map_or(rest.len(), |j| i + 3 + j);
+        out.push_str(&mask_url(&rest[start..url_end]));
+        rest = &rest[url_end..];
     }
-    out.push_str(rest);
+    out.push_str(&mask_password_keys(rest));
     out
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+/// `password=VALUE` (a word of a `key=value` connection string, the value bare or quoted) →
+/// `password=***`.
+fn mask_password_keys(text: &str) -> String {
+    const KEY: &str = "password=";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find(KEY) {
+        let at_word_start = rest[..i]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '('));
+        let value = &rest[i + KEY.len()..];
+        out.push_str(&rest[..i + KEY.len()]);
+        if !at_word_start {
+            rest = value;
+            continue;
         }
-        out.push(bytes[i]);
-        i += 1;
+        let len = match value.strip_prefix('\'') {
+            Some(quoted) => quoted.find('\'').map_or(value.len(), |j| j + 2),
+            None => value.find(char::is_whitespace).unwrap_or(value.len()),
+        };
+        out.push_str("***");
+        rest = &value[len..];
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out.push_str(rest);
+    out
 }
 
 /// `3d 4h`, `2h 5m`, `4m 12s`, `12s`, `850ms`.
@@ -184,17 +174,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn passwords_are_scrubbed() {
-        let mut out = Out::new(false);
-        out.secret_from_url("amqp://guest:s3cr%40t@127.0.0.1:5672/%2f");
-        out.secret_from_url("host=db user=app password=hunter2 dbname=x");
+    fn only_a_urls_password_is_masked() {
         assert_eq!(
-            out.scrub("failed amqp://guest:s3cr%40t@host/ with s3cr@t and hunter2"),
-            "failed amqp://guest:***@host/ with *** and ***"
+            mask_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(mask_url("amqp://app:p/a@ss@h/v"), "amqp://app:***@h/v");
+        assert_eq!(mask_url("amqp://guest@h/"), "amqp://guest@h/");
+        assert_eq!(
+            mask_url("host=db user=app password='a b' dbname=x"),
+            "host=db user=app password=*** dbname=x"
         );
         assert_eq!(
-            scrub_userinfo("postgres://u:p@h:5432/db x"),
-            "postgres://u:***@h:5432/db x"
+            scrub("test.guest_orders.dlq: failed amqp://guest:guest@host/ (guest) and postgres://u:p@h:5432/db x"),
+            "test.guest_orders.dlq: failed amqp://guest:***@host/ (guest) and postgres://u:***@h:5432/db x"
+        );
+        assert_eq!(
+            scrub("{\"error\":\"at amqp://u:pw@h/%2f\",\"q\":\"pw\"}"),
+            "{\"error\":\"at amqp://u:***@h/%2f\",\"q\":\"pw\"}"
+        );
+        assert_eq!(
+            scrub("mypassword=x password=y"),
+            "mypassword=x password=***"
         );
         assert_eq!(age(Duration::from_secs(3725)), "1h 2m");
         assert_eq!(age(Duration::from_millis(850)), "850ms");

@@ -187,8 +187,16 @@ pub fn peek(url: &str, a: &PeekArgs, out: &mut Out) -> Outcome {
         acemq_amqp::patterns::peek::peek(&connection, &a.queue, a.limit)
     };
     let _ = connection.close();
-    let messages =
-        result.map_err(|e| Failure::from_error(&format!("cannot peek at {:?}", a.queue), e))?;
+    let messages = result.map_err(|e| {
+        let e = match e {
+            // The library names its function; the CLI names its flag.
+            acemq_amqp::Error::InvalidArgument { reason } => acemq_amqp::Error::InvalidArgument {
+                reason: reason.replace("peek_unordered reads", "acemq peek --unordered reads"),
+            },
+            other => other,
+        };
+        Failure::from_error(&format!("cannot peek at {:?}", a.queue), e)
+    })?;
     if messages.is_empty() {
         out.text(format!("{}: empty", a.queue));
     }

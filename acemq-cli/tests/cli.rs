@@ -195,6 +195,16 @@ fn peek_refuses_a_quorum_queue_unless_unordered() {
     let out = acemq(&["peek", &q]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("quorum queue"), "{}", stderr(&out));
+    // The CLI names its flag, not the library's function.
+    assert!(stderr(&out).contains("--unordered"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("peek_unordered"), "{}", stderr(&out));
+    let out = acemq(&["--json", "peek", &q]);
+    assert_eq!(out.status.code(), Some(1));
+    let error = json_lines(&out)[0]["error"].as_str().unwrap().to_string();
+    assert!(
+        error.contains("--unordered") && !error.contains("peek_unordered"),
+        "{error}"
+    );
     let out = acemq(&["--json", "peek", &q, "--unordered"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(json_lines(&out).len(), 1);
@@ -810,5 +820,190 @@ fn schema_create_applies_on_postgres() {
     assert_eq!(again, Some(0));
     for table in ["acemq_outbox", "acemq_idempotency"] {
         assert!(tables.iter().any(|t| t == table), "{table} in {tables:?}");
+    }
+}
+
+/// The password of the test broker's URL (`guest` on the default one).
+fn test_password() -> String {
+    let url = support::amqp_url();
+    let rest = url.split_once("://").unwrap().1;
+    let userinfo = rest.rsplit_once('@').expect("the test URL has a user").0;
+    let password = userinfo
+        .split_once(':')
+        .expect("the test URL has a password")
+        .1;
+    assert!(!password.is_empty());
+    password.to_string()
+}
+
+#[test]
+fn a_queue_named_with_the_passwords_text_shows_intact_and_a_printed_urls_password_is_masked() {
+    let password = test_password();
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    // `test.cli.guest_orders.….dlq` on the default broker.
+    let q = cleanup.queue(&format!(
+        "{}.dlq",
+        support::unique(&format!("cli.{password}_orders"))
+    ));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let error = format!("{password}_orders rejected it");
+    put(&connection, &q, vec![dead_letter(0, &error)]);
+    for command in [
+        &["peek", q.as_str()][..],
+        &["replay", q.as_str(), "--dry-run"],
+    ] {
+        let out = acemq(command);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let text = stdout(&out);
+        if command[0] == "replay" {
+            // `QUEUE: dry run: would move 1 …` (peek's text lines do not name the queue).
+            assert!(text.contains(&format!("{q}: ")), "{text}");
+        }
+        assert!(text.contains(&error), "{text}");
+        assert!(!text.contains("***"), "{text}");
+        let mut json = vec!["--json"];
+        json.extend_from_slice(command);
+        let out = acemq(&json);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let lines = json_lines(&out);
+        assert!(stdout(&out).contains(&q), "{}", stdout(&out));
+        assert!(!stdout(&out).contains("***"), "{}", stdout(&out));
+        let errors: Vec<&str> = lines
+            .iter()
+            .filter_map(|l| l["error"].as_str().or(l["message"]["error"].as_str()))
+            .collect();
+        assert_eq!(errors, [error.as_str()], "{}", stdout(&out));
+    }
+    assert_eq!(count(&connection, &q), 1, "peek and a dry run move nothing");
+
+    // A URL printed (in the connection error) shows its password as ***.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("amqp://guest:{password}@127.0.0.1:{port}/%2f");
+    for json in [false, true] {
+        let mut args = vec!["--url", url.as_str()];
+        if json {
+            args.push("--json");
+        }
+        args.extend(["peek", q.as_str()]);
+        let out = acemq(&args);
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        let masked = format!("amqp://guest:***@127.0.0.1:{port}/%2f");
+        assert!(stderr(&out).contains(&masked), "{}", stderr(&out));
+        assert!(!stderr(&out).contains(&format!(":{password}@")));
+        if json {
+            let line = &json_lines(&out)[0];
+            assert!(line["error"].as_str().unwrap().contains(&masked), "{line}");
+            assert!(!stdout(&out).contains(&format!(":{password}@")));
+        }
+    }
+}
+
+#[test]
+fn usage_errors_with_json_anywhere_are_one_json_object_and_exit_2() {
+    let cases: [&[&str]; 6] = [
+        &["--json", "peek"],
+        &["peek", "--json"],
+        &["--json", "nonsense"],
+        &["replay", "q", "--deadline", "soon", "--json"],
+        &["peek", "q", "--limit", "many", "--json"],
+        &["--json", "outbox", "status"],
+    ];
+    for args in cases {
+        let out = acemq(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let lines = json_lines(&out);
+        assert_eq!(
+            lines.len(),
+            1,
+            "{args:?}: one JSON object: {}",
+            stdout(&out)
+        );
+        let line = &lines[0];
+        assert_eq!(line["kind"], "usage", "{line}");
+        assert_eq!(line["exit"], 2, "{line}");
+        let error = line["error"].as_str().unwrap();
+        assert!(!error.is_empty() && !error.contains('\n'), "{line}");
+    }
+    // Without --json a usage error stays text for people.
+    let out = acemq(&["peek"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stdout(&out).is_empty());
+    assert!(stderr(&out).contains("Usage"), "{}", stderr(&out));
+    // Help is not an error, with --json or not.
+    let out = acemq(&["--json", "--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).contains("Usage"));
+}
+
+#[test]
+fn a_url_that_is_not_amqp_or_does_not_parse_is_a_usage_error_exit_2() {
+    let secret = "s3cr3t-Pw";
+    for url in [
+        format!("http://guest:{secret}@127.0.0.1:5672/"),
+        format!("amqp://guest:{secret}@[::1"),
+        "127.0.0.1:5672".to_string(),
+    ] {
+        for json in [false, true] {
+            let mut args = vec!["--url", url.as_str()];
+            if json {
+                args.push("--json");
+            }
+            args.extend(["peek", "some.queue"]);
+            let out = acemq(&args);
+            assert_eq!(out.status.code(), Some(2), "{url}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+            assert!(err.contains("amqp://") && err.contains("amqps://"), "{err}");
+            assert!(!err.contains("cannot connect"), "{err}");
+            assert!(
+                !err.contains(secret) && !stdout(&out).contains(secret),
+                "{err}"
+            );
+            if json {
+                assert_eq!(json_lines(&out)[0]["kind"], "usage");
+            }
+        }
+    }
+    // From ACEMQ_URL too, on every command that connects.
+    for args in [&["replay", "orders"][..], &["topology", "check"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+            .env(
+                "ACEMQ_URL",
+                format!("http://guest:{secret}@127.0.0.1:5672/"),
+            )
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(!stderr(&out).contains(secret));
+    }
+}
+
+#[test]
+fn help_shows_the_default_url_with_its_password_masked() {
+    for args in [&["--help"][..], &["-h"], &["peek", "--help"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+            .env_remove("ACEMQ_URL")
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let help = stdout(&out);
+        assert!(
+            help.contains("amqp://guest:***@127.0.0.1:5672/%2f"),
+            "{args:?}: {help}"
+        );
+        assert!(!help.contains("guest:guest"), "{help}");
+    }
+    // The exit codes are in the top-level help.
+    let out = acemq(&["--help"]);
+    let help = stdout(&out);
+    for code in ["0 ok", "1 partial or failed", "2 usage", "3 cannot connect"] {
+        assert!(help.contains(code), "{code}: {help}");
     }
 }
