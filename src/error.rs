@@ -133,7 +133,9 @@ pub enum Error {
         /// The codec's error.
         source: BoxError,
     },
-    /// A database operation failed.
+    /// A database operation failed. Its text follows a PostgreSQL error to its cause: the
+    /// server's severity, SQLSTATE code and message (`ERROR 42P01: relation "t" does not
+    /// exist`), or the I/O error (`error connecting to server: Connection refused …`).
     Sql {
         /// What was being done.
         context: String,
