@@ -133,7 +133,9 @@ pub enum Error {
         /// The codec's error.
         source: BoxError,
     },
-    /// A database operation failed.
+    /// A database operation failed. Its text follows a PostgreSQL error to its cause: the
+    /// server's severity, SQLSTATE code and message (`ERROR 42P01: relation "t" does not
+    /// exist`), or the I/O error (`error connecting to server: Connection refused …`).
     Sql {
         /// What was being done.
         context: String,
@@ -353,6 +355,60 @@ impl From<postgres::Error> for Error {
     }
 }
 
+/// A database driver's error as `Error::Sql` prints it: its own text, except that a PostgreSQL
+/// error (whose text is only "db error" or "error connecting to server") is followed by its
+/// causes — the server's severity, SQLSTATE code and message (with its detail and hint), or the
+/// I/O error (`Connection refused`).
+fn write_sql_source(f: &mut fmt::Formatter<'_>, source: &(dyn StdError + 'static)) -> fmt::Result {
+    #[cfg(feature = "postgres")]
+    if let Some(e) = source.downcast_ref::<postgres::Error>() {
+        return write_postgres_error(f, e);
+    }
+    write!(f, "{source}")
+}
+
+/// `e` and its causes, one after another (`error connecting to server: Connection refused (os
+/// error 111)`); a server's error replaces the driver's "db error" (`ERROR 42P01: relation "t"
+/// does not exist`).
+#[cfg(feature = "postgres")]
+fn write_postgres_error(f: &mut fmt::Formatter<'_>, e: &postgres::Error) -> fmt::Result {
+    let mut written = false;
+    if e.as_db_error().is_none() {
+        write!(f, "{e}")?;
+        written = true;
+    }
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        if written {
+            f.write_str(": ")?;
+        }
+        match c.downcast_ref::<postgres::error::DbError>() {
+            Some(db) => {
+                write!(
+                    f,
+                    "{} {}: {}",
+                    db.severity(),
+                    db.code().code(),
+                    db.message()
+                )?;
+                if let Some(detail) = db.detail() {
+                    write!(f, " (detail: {detail})")?;
+                }
+                if let Some(hint) = db.hint() {
+                    write!(f, " (hint: {hint})")?;
+                }
+            }
+            None => write!(f, "{c}")?,
+        }
+        written = true;
+        cause = c.source();
+    }
+    if !written {
+        write!(f, "{e}")?;
+    }
+    Ok(())
+}
+
 /// The text of a caught panic's payload: the message of `panic!("…")` (a `&str` or a
 /// `String`), else a placeholder. One wording for every place that turns a panic into an error
 /// (a handler's retry reason, a failed batch of the acknowledged consumer).
@@ -432,7 +488,10 @@ impl fmt::Display for Error {
                 f,
                 "codec failed for content type {content_type:?}: {source}"
             ),
-            Error::Sql { context, source } => write!(f, "database error while {context}: {source}"),
+            Error::Sql { context, source } => {
+                write!(f, "database error while {context}: ")?;
+                write_sql_source(f, source.as_ref())
+            }
             Error::SchemaNotFound { what } => write!(f, "schema not found: {what}"),
             Error::Io { context, source } => write!(f, "i/o error while {context}: {source}"),
             Error::Cancelled { queue } => write!(

@@ -1210,3 +1210,58 @@ fn batch_receipts_from_a_clock_behind_are_dated_by_the_database_clock() {
     );
     assert_eq!(store.receipt("skew/1").unwrap().as_deref(), Some("done"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// What a PostgreSQL error says (issue 37, item 2): the driver's own text is only "db error" or
+// "error connecting to server"; the library's `Error` names the server's severity, SQLSTATE
+// and message, and the I/O cause.
+
+#[test]
+fn a_statement_postgres_refuses_names_its_sqlstate_and_the_servers_message() {
+    let db = Db::postgres();
+    let mut conn = db.connect();
+    let e = conn.execute("NOT SQL", &[]).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("42601"), "the SQLSTATE code: {text}");
+    assert!(
+        text.contains("syntax error"),
+        "the server's message: {text}"
+    );
+    assert!(text.contains("ERROR"), "the severity: {text}");
+    // Through a store, on a table that was never created.
+    let table = db.table("never_created");
+    let store =
+        SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(&table)).unwrap();
+    let text = store.stats().unwrap_err().to_string();
+    assert!(text.contains("42P01"), "the SQLSTATE code: {text}");
+    assert!(
+        text.contains(&format!("relation \"{table}\" does not exist")),
+        "the server's message: {text}"
+    );
+    // The source is still the driver's error, for a program that reads the code.
+    match store.stats().unwrap_err() {
+        Error::Sql { source, .. } => {
+            let pg = source.downcast_ref::<postgres::Error>().unwrap();
+            assert_eq!(pg.code(), Some(&postgres::error::SqlState::UNDEFINED_TABLE));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn connecting_postgres_on_a_closed_port_says_the_connection_was_refused() {
+    // Nothing listens there.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("host=127.0.0.1 port={port} user=postgres dbname=test");
+    let e: Error = postgres::Client::connect(&url, postgres::NoTls)
+        .map(drop)
+        .unwrap_err()
+        .into();
+    let text = e.to_string();
+    assert!(
+        text.to_lowercase().contains("connection refused"),
+        "the I/O cause: {text}"
+    );
+}

@@ -67,11 +67,71 @@ impl Db {
         }
     }
 
-    /// One connection, or exit 3 with one line.
+    /// One connection, or exit 3 with one line. A SQLite file that is not there (and is not
+    /// to be created) is named, with the command that creates it.
     pub fn connect(&self, create: bool) -> Result<Box<dyn Sql + Send>, Failure> {
+        if let Db::Sqlite(path) = self {
+            if !create && !path.exists() {
+                return Err(Failure::connect(format!(
+                    "{} does not exist: create it and its tables with {}",
+                    self.describe(),
+                    self.schema_create()
+                )));
+            }
+        }
         self.open(create)
             .map_err(|e| Failure::connect(format!("cannot connect to {}: {}", self.describe(), e)))
     }
+
+    /// The command that creates the tables in this database (the PostgreSQL connection string
+    /// is not repeated: it may hold a password).
+    fn schema_create(&self) -> String {
+        match self {
+            Db::Sqlite(p) => format!("`acemq schema create --db sqlite:{}`", p.display()),
+            Db::Postgres(_) => "`acemq schema create` with the same --db".into(),
+        }
+    }
+
+    /// A library error while `what` on `table` (exit 1, or 3 when it is about reaching the
+    /// database); a table that does not exist gets the command that creates it (`schema create`
+    /// creates the default names only).
+    pub fn failure(&self, what: &str, table: &str, e: acemq_amqp::Error) -> Failure {
+        let missing = missing_table(&e);
+        let mut f = Failure::from_error(what, e);
+        if missing {
+            let defaults = Table::all();
+            f.message = if defaults.iter().any(|t| t.name() == table) {
+                format!(
+                    "{}; create the tables with {}",
+                    f.message,
+                    self.schema_create()
+                )
+            } else {
+                format!(
+                    "{}; {} creates the tables under their default names, `acemq schema ddl` \
+                     prints their DDL to adapt for {table}",
+                    f.message,
+                    self.schema_create()
+                )
+            };
+        }
+        f
+    }
+}
+
+/// Whether `e` is the database saying a table does not exist (SQLite's `no such table`,
+/// PostgreSQL's SQLSTATE 42P01).
+fn missing_table(e: &acemq_amqp::Error) -> bool {
+    let acemq_amqp::Error::Sql { source, .. } = e else {
+        return false;
+    };
+    if let Some(pg) = source.downcast_ref::<postgres::Error>() {
+        return pg.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE);
+    }
+    matches!(
+        source.downcast_ref::<rusqlite::Error>(),
+        Some(rusqlite::Error::SqliteFailure(_, Some(m))) if m.starts_with("no such table")
+    )
 }
 
 pub fn ddl(dialect: DialectArg, out: &mut Out) -> Outcome {

@@ -200,8 +200,9 @@ struct TopologyArgs {
 enum TopologyCommand {
     /// Prints the scheduler topology (exchange, rungs, control queue, bindings).
     Schedule,
-    /// Compares the broker with the scheduler topology or, with --queue, with a consumer's
-    /// failure topology (`.dlq`, `.parked`, retry rungs), argument by argument. Changes nothing.
+    /// Compares the broker with a consumed queue (--queue: the queue is there, and its failure
+    /// topology `.dlq`, `.parked`, retry rungs) or the scheduler topology (--schedule), argument
+    /// by argument. Changes nothing.
     Check {
         /// A consumed queue whose failure topology to check (repeatable).
         #[arg(long, value_name = "Q")]
@@ -210,7 +211,7 @@ enum TopologyCommand {
         /// policy's broker rungs.
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         rung: Vec<Duration>,
-        /// Checks the scheduler topology too when --queue is given.
+        /// Checks the scheduler topology (alone, or with --queue).
         #[arg(long)]
         schedule: bool,
     },

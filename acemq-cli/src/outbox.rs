@@ -23,7 +23,8 @@ pub fn run(url: &str, a: &OutboxArgs, out: &mut Out) -> Outcome {
     .map_err(|e| Failure::from_error("bad outbox options", e))?;
     let failed = |what: &str| {
         let what = format!("{what} on table {}", a.table);
-        move |e| Failure::from_error(&what, e)
+        let db = &db;
+        move |e| db.failure(&what, &a.table, e)
     };
     match &a.command {
         OutboxCommand::Status => {

@@ -103,6 +103,14 @@ pub fn check(
     with_schedule: bool,
     out: &mut Out,
 ) -> Outcome {
+    if queues.is_empty() && !with_schedule {
+        return Err(Failure {
+            code: 2,
+            message: "topology check needs what to check: --queue Q (a consumed queue and its \
+                      failure topology; repeatable) or --schedule (the scheduler's topology)"
+                .into(),
+        });
+    }
     if !rungs.is_empty() && queues.is_empty() {
         return Err(Failure {
             code: 2,
@@ -112,13 +120,16 @@ pub fn check(
     let mut exchanges: Vec<ExchangeSpec> = Vec::new();
     let mut specs: Vec<QueueSpec> = Vec::new();
     let mut bindings: Vec<Binding> = Vec::new();
-    if queues.is_empty() || with_schedule {
+    let mut checking = Vec::new();
+    if with_schedule {
+        checking.push("the scheduler topology (acemq.schedule)".to_string());
         let t = schedule_topology();
         exchanges.push(t.exchange);
         specs.extend(t.queues);
         bindings.extend(t.bindings);
     }
     for q in queues {
+        checking.push(format!("queue {q} and its failure topology"));
         let t = failure_topology(q, rungs);
         for e in t.exchanges {
             if !exchanges.iter().any(|x| x.name() == e.name()) {
@@ -128,60 +139,107 @@ pub fn check(
         specs.extend(t.queues);
         bindings.extend(t.bindings);
     }
+    out.text(format!("checking {}", checking.join(", ")));
     let connection = connect(url)?;
-    let result = compare(&connection, &exchanges, &specs, out);
+    let result = compare(&connection, &exchanges, queues, &specs, out);
     let _ = connection.close();
     let differences = result?;
+    let mut why = Vec::new();
+    if with_schedule {
+        why.push("see `acemq topology schedule`");
+    }
+    if !queues.is_empty() {
+        why.push("a consumer binds its own when it starts");
+    }
     out.text(format!(
-        "{} binding(s) not checked: AMQP cannot list bindings (see `acemq topology schedule`)",
-        bindings.len()
+        "{} binding(s) not checked: AMQP cannot list bindings ({})",
+        bindings.len(),
+        why.join("; ")
     ));
     out.record(json!({ "bindings_not_checked": bindings.len() }));
+    let checked_queues = queues.len() + specs.len();
     out.text(format!(
         "{} exchange(s), {} queue(s) checked: {} difference(s)",
         exchanges.len(),
-        specs.len(),
+        checked_queues,
         differences
     ));
     out.record(
-        json!({ "checked_exchanges": exchanges.len(), "checked_queues": specs.len(),
+        json!({ "checked_exchanges": exchanges.len(), "checked_queues": checked_queues,
                        "differences": differences }),
     );
     Ok(if differences == 0 { 0 } else { 1 })
 }
 
+/// Consumed queue `q` itself: a consumer declares nothing for it (the application does), so
+/// only its existence is checked; its messages and consumers are shown.
+fn consumed_queue(
+    connection: &acemq_amqp::Connection,
+    q: &str,
+) -> Result<Result<acemq_amqp::QueueInfo, TopologyDifference>, Failure> {
+    match connection.queue_info(q) {
+        Ok(info) => Ok(Ok(info)),
+        Err(acemq_amqp::Error::NotFound { .. }) => Ok(Err(TopologyDifference {
+            kind: "queue",
+            name: q.to_string(),
+            what: "existence".into(),
+            expected: "present".into(),
+            actual: "missing".into(),
+        })),
+        Err(e) => Err(Failure::from_error(&format!("checking queue {q}"), e)),
+    }
+}
+
 fn compare(
     connection: &acemq_amqp::Connection,
     exchanges: &[ExchangeSpec],
+    consumed: &[String],
     queues: &[QueueSpec],
     out: &mut Out,
 ) -> Result<usize, Failure> {
     let mut n = 0;
-    let mut report = |found: Vec<TopologyDifference>, kind: &str, name: &str| {
-        if found.is_empty() {
-            out.text(format!("ok   {kind} {name}"));
-            out.record(json!({ "ok": { "kind": kind, "name": name } }));
-        }
-        for d in found {
-            n += 1;
-            out.text(format!("DIFF {d}"));
-            out.record(
-                json!({ "difference": { "kind": d.kind, "name": d.name, "what": d.what,
-                                               "expected": d.expected, "actual": d.actual } }),
-            );
-        }
-    };
     for e in exchanges {
         let found = connection
             .compare_exchange(e)
             .map_err(|err| Failure::from_error(&format!("checking exchange {}", e.name()), err))?;
-        report(found, "exchange", e.name());
+        report(found, "exchange", e.name(), &mut n, out);
+    }
+    for q in consumed {
+        match consumed_queue(connection, q)? {
+            Ok(info) => {
+                out.text(format!(
+                    "ok   queue {q} (present: {} message(s), {} consumer(s); its type and \
+                     arguments are the application's, a consumer declares nothing for it)",
+                    info.message_count, info.consumer_count
+                ));
+                out.record(json!({ "ok": { "kind": "queue", "name": q,
+                                           "messages": info.message_count,
+                                           "consumers": info.consumer_count } }));
+            }
+            Err(d) => report(vec![d], "queue", q, &mut n, out),
+        }
     }
     for q in queues {
         let found = connection
             .compare_queue(q)
             .map_err(|err| Failure::from_error(&format!("checking queue {}", q.name()), err))?;
-        report(found, "queue", q.name());
+        report(found, "queue", q.name(), &mut n, out);
     }
     Ok(n)
+}
+
+/// `ok` when nothing was found, else each difference; counts them in `n`.
+fn report(found: Vec<TopologyDifference>, kind: &str, name: &str, n: &mut usize, out: &Out) {
+    if found.is_empty() {
+        out.text(format!("ok   {kind} {name}"));
+        out.record(json!({ "ok": { "kind": kind, "name": name } }));
+    }
+    for d in found {
+        *n += 1;
+        out.text(format!("DIFF {d}"));
+        out.record(
+            json!({ "difference": { "kind": d.kind, "name": d.name, "what": d.what,
+                                           "expected": d.expected, "actual": d.actual } }),
+        );
+    }
 }

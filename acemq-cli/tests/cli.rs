@@ -459,6 +459,9 @@ fn topology_check_reports_a_planted_difference_and_changes_nothing() {
     for e in &t.exchanges {
         connection.declare_exchange(e).unwrap();
     }
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
     connection.declare_queue(&t.queues[0]).unwrap();
     connection
         .declare_queue(&QueueSpec::new(acemq_amqp::parked_queue(&q)).quorum())
@@ -755,16 +758,37 @@ fn peek_shows_a_slips_position_and_a_claim_checks_key() {
     assert_eq!(count(&connection, &q), 2, "peek left both where they were");
 }
 
-/// Without `--queue`, `topology check` compares the broker with the family's scheduler
-/// topology. The names are shared by every scheduler on the broker, so the test declares them as
-/// the family does (harmless when they exist) and leaves them: it can only check the clean case.
+/// `topology check` with neither `--queue` nor `--schedule` is a usage error that names both
+/// (it used to check the scheduler's topology without saying so).
 #[test]
-fn topology_check_without_a_queue_checks_the_scheduler_topology() {
+fn topology_check_without_arguments_is_a_usage_error_naming_queue_and_schedule() {
+    for json in [false, true] {
+        let mut args = vec!["topology", "check"];
+        if json {
+            args.insert(0, "--json");
+        }
+        let out = acemq(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("--queue Q") && err.contains("--schedule"),
+            "{err}"
+        );
+        assert!(!stdout(&out).contains("ok   "), "nothing checked");
+    }
+}
+
+/// `topology check --schedule` compares the broker with the family's scheduler topology, and
+/// says so on its first line. The names are shared by every scheduler on the broker, so the
+/// test declares them as the family does (harmless when they exist) and leaves them: it can
+/// only check the clean case.
+#[test]
+fn topology_check_schedule_checks_the_scheduler_topology() {
     let connection = support::connect();
     acemq_amqp::patterns::scheduler::schedule_topology()
         .apply(&connection)
         .unwrap();
-    let out = acemq(&["--json", "topology", "check"]);
+    let out = acemq(&["--json", "topology", "check", "--schedule"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     let lines = json_lines(&out);
     let checked: Vec<&str> = lines
@@ -786,6 +810,60 @@ fn topology_check_without_a_queue_checks_the_scheduler_topology() {
         lines.iter().all(|l| l.get("difference").is_none()),
         "{lines:?}"
     );
+    let text = stdout(&acemq(&["topology", "check", "--schedule"]));
+    assert!(
+        text.lines().next().unwrap_or("").contains("scheduler"),
+        "the first line says what is checked: {text}"
+    );
+    assert!(text.contains("acemq topology schedule"), "{text}");
+}
+
+/// `topology check --queue Q` reports Q itself (missing: a difference; present: ok, with its
+/// messages and consumers) as well as its failure queues, and no hint about the scheduler.
+#[test]
+fn topology_check_queue_reports_the_queue_itself_and_no_scheduler_hint() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = support::unique("cli.topo-self");
+    cleanup.consumed_queue(&q, &[]);
+    for spec in acemq_amqp::failure_topology(&q, &[]).queues {
+        connection.declare_queue(&spec).unwrap();
+    }
+    // Q itself is not there yet: one difference, its existence.
+    let out = acemq(&["--json", "topology", "check", "--queue", &q]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let lines = json_lines(&out);
+    let diffs: Vec<&Value> = lines.iter().filter_map(|l| l.get("difference")).collect();
+    assert_eq!(diffs.len(), 1, "{diffs:?}");
+    assert_eq!(
+        (diffs[0]["name"].as_str(), diffs[0]["what"].as_str()),
+        (Some(q.as_str()), Some("existence"))
+    );
+    // Declared, it is reported as there, with the failure queues.
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let out = acemq(&["--json", "topology", "check", "--queue", &q]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    let lines = json_lines(&out);
+    let ok: Vec<&str> = lines
+        .iter()
+        .filter_map(|l| l["ok"]["name"].as_str())
+        .collect();
+    for name in [
+        q.clone(),
+        acemq_amqp::dead_letter_queue(&q),
+        acemq_amqp::parked_queue(&q),
+    ] {
+        assert!(ok.contains(&name.as_str()), "{name} reported: {ok:?}");
+    }
+    let text = stdout(&acemq(&["topology", "check", "--queue", &q]));
+    assert!(text.contains(&format!("ok   queue {q} ")), "{text}");
+    assert!(
+        !text.contains("topology schedule"),
+        "no scheduler hint: {text}"
+    );
+    assert!(!text.contains("scheduler"), "{text}");
 }
 
 /// `schema create` on PostgreSQL, in a database of its own (the default table names would
@@ -1005,5 +1083,77 @@ fn help_shows_the_default_url_with_its_password_masked() {
     let help = stdout(&out);
     for code in ["0 ok", "1 partial or failed", "2 usage", "3 cannot connect"] {
         assert!(help.contains(code), "{code}: {help}");
+    }
+}
+
+/// A PostgreSQL server that is not there: the CLI prints why (the I/O error), not only "error
+/// connecting to server".
+#[test]
+fn outbox_status_on_a_closed_postgres_port_prints_the_cause() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("host=127.0.0.1 port={port} user=postgres dbname=test");
+    let out = acemq(&["outbox", "status", "--db", &url]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(
+        err.to_lowercase().contains("connection refused"),
+        "the cause: {err}"
+    );
+}
+
+/// A PostgreSQL database without the outbox table: the server's SQLSTATE and message, and the
+/// command that creates the table.
+#[test]
+fn outbox_status_on_a_missing_postgres_table_prints_the_servers_message_and_schema_create() {
+    let db = Db::postgres();
+    let table = db.table("no_outbox");
+    let out = acemq(&["outbox", "status", "--db", db::PG_URL, "--table", &table]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("42P01"), "the SQLSTATE: {err}");
+    assert!(
+        err.contains(&format!("relation \"{table}\" does not exist")),
+        "{err}"
+    );
+    assert!(err.contains("acemq schema create"), "{err}");
+}
+
+/// `--db sqlite:PATH` naming a file that does not exist, or one without the tables: the CLI says
+/// so and gives the command that creates them, and creates no file.
+#[test]
+fn a_missing_sqlite_database_suggests_schema_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing.db");
+    let url = format!("sqlite:{}", path.display());
+    let out = acemq(&["outbox", "status", "--db", &url]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains(&format!("acemq schema create --db {url}")),
+        "{err}"
+    );
+    assert!(!path.exists(), "no file created");
+
+    // A file without the tables.
+    let empty = dir.path().join("empty.db");
+    rusqlite::Connection::open(&empty)
+        .unwrap()
+        .execute_batch("CREATE TABLE unrelated (x INTEGER)")
+        .unwrap();
+    let url = format!("sqlite:{}", empty.display());
+    for command in ["status", "retired"] {
+        let out = acemq(&["outbox", command, "--db", &url]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("acemq_outbox"), "{err}");
+        assert!(
+            err.contains(&format!("acemq schema create --db {url}")),
+            "{err}"
+        );
     }
 }
