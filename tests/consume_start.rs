@@ -9,8 +9,7 @@ use acemq_amqp::{ConsumerOptions, Error, Handler, HandlerResult, Message, OrderB
 use support::{connect, unique, Cleanup};
 
 #[test]
-fn starting_a_consumer_on_an_exclusive_queue_of_another_connection_returns_the_brokers_refusal()
-{
+fn starting_a_consumer_on_an_exclusive_queue_of_another_connection_returns_the_brokers_refusal() {
     let owner = connect();
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
