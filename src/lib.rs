@@ -5,6 +5,8 @@
 //! validation) and ships the patterns of the AceMQ family, whose wire contract it shares with
 //! the Python, Go, Java, .NET and Ruby libraries.
 //!
+//! This example needs `serde_json` in your `[dependencies]` too, for `serde_json::json!`:
+//!
 //! ```no_run
 //! use acemq_amqp::{Connection, Message, QueueSpec};
 //!

@@ -1,5 +1,8 @@
 //! The README's example is the file `examples/quickstart.rs`, word for word, so the example a
-//! newcomer copies is one that compiles and runs (`cargo run --example quickstart`).
+//! newcomer copies is one that compiles and runs (`cargo run --example quickstart`); and what
+//! the README says of it holds (on the real broker).
+
+mod support;
 
 #[test]
 fn the_readme_example_is_examples_quickstart_word_for_word() {
@@ -19,5 +22,52 @@ fn the_readme_example_is_examples_quickstart_word_for_word() {
         &readme[start..end],
         example,
         "README.md's first Rust block differs from examples/quickstart.rs: copy the file into it"
+    );
+}
+
+/// What the README says after the example (issue 37, item 9): with the default options — the
+/// example's `connection.consume(queue, handler)` — a handler's `Err` is dead-lettered at once
+/// to `{queue}.dlq` with its reason (`RetryPolicy::none()`): one attempt, no retry.
+#[test]
+fn with_the_default_options_a_handlers_err_is_dead_lettered_at_once_as_the_readme_says() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use acemq_amqp::{dead_letter_queue, Message, QueueSpec};
+    use support::{connect, eventually, publish_n, raw::Raw, unique, Cleanup};
+
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("readme-default"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let ids = publish_n(&conn, &q, 1, true);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let consumer = conn
+        .consume(&q, move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Err("the order cannot be read".into())
+        })
+        .unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(Duration::from_secs(20), || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == 1));
+    consumer.close().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "one attempt, no retry");
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    let (props, _, _) = Raw::open().get(&dlq).expect("the dead letter");
+    let headers = props.headers().clone().unwrap_or_default();
+    let text = |name: &str| match headers.get(name) {
+        Some(amiquip::AmqpValue::LongString(s)) => s.clone(),
+        other => panic!("{name}: {other:?}"),
+    };
+    assert_eq!(text(acemq_amqp::headers::ID), ids[0]);
+    assert!(
+        text(acemq_amqp::headers::ERROR).contains("the order cannot be read"),
+        "{headers:?}"
     );
 }

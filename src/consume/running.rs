@@ -1,6 +1,7 @@
 //! [`RunningConsumer`]: a consumer started on threads of its own ([`Consumer::start`]), closed
 //! by [`RunningConsumer::close`] (or dropped).
 
+use std::panic::AssertUnwindSafe;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
@@ -11,7 +12,7 @@ use super::outcome::Handler;
 use super::report::CloseReport;
 use super::runtime::run_on;
 use crate::connection::Connection;
-use crate::error::{Error, Result};
+use crate::error::{panic_message, Error, Result};
 use crate::stop::StopHandle;
 
 impl Connection {
@@ -35,7 +36,12 @@ impl Consumer {
     ///
     /// # Errors
     ///
-    /// [`Error::NotFound`] when the queue does not exist, and other subscription errors.
+    /// Why the consumer's thread could not subscribe: [`Error::NotFound`] when the queue does
+    /// not exist, [`Error::Amqp`] with the broker's text for another refusal of `basic.consume`
+    /// (`RESOURCE_LOCKED`: an exclusive queue of another connection), [`Error::Io`] when a
+    /// thread could not be spawned, [`Error::Handler`] when the thread panicked before it
+    /// subscribed (a handler's [`ordering`](Handler::ordering), say); [`Error::Closed`] only
+    /// when the consumer was stopped before it subscribed.
     pub fn start<H>(self, handler: H) -> Result<RunningConsumer>
     where
         H: Handler + Send + Sync + 'static,
@@ -50,15 +56,35 @@ impl Consumer {
             .name(ctx.thread_name("acemq-consumer"))
             .spawn(move || {
                 // The report goes out on `done_tx` as soon as the owner is done; this returns
-                // after every worker has ended.
-                if let Err(e) = run_on(
-                    &ctx,
-                    concurrency,
-                    &handler,
-                    &stop_rx,
-                    Some((started_tx, done_tx)),
-                ) {
-                    log::error!("acemq: consumer of {} could not start: {e}", ctx.who());
+                // after every worker has ended. A failure that reached neither sender (a
+                // thread that could not be spawned, a panic) goes out on `done_tx` too.
+                let failed = done_tx.clone();
+                let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    run_on(
+                        &ctx,
+                        concurrency,
+                        &handler,
+                        &stop_rx,
+                        Some((started_tx, done_tx)),
+                    )
+                }));
+                let e = match ran {
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => e,
+                    Err(panic) => Error::Handler {
+                        source: format!(
+                            "the consumer of {} panicked on its thread: {}",
+                            ctx.who(),
+                            panic_message(&*panic)
+                        )
+                        .into(),
+                    },
+                };
+                if let Err(e) = failed.try_send(Err(e)) {
+                    // The close report was sent already: it stands.
+                    if let Err(e) = e.into_inner() {
+                        log::error!("acemq: consumer of {} failed: {e}", ctx.who());
+                    }
                 }
             })
             .map_err(|e| Error::Io {
@@ -76,8 +102,13 @@ impl Consumer {
                 Err(e)
             }
             Err(_) => {
+                // The thread ended without subscribing: its failure, if it failed, is on
+                // `done_rx`; otherwise it was stopped before it started.
                 let _ = thread.join();
-                Err(Error::Closed { what: "consumer" })
+                match done_rx.try_recv() {
+                    Ok(Err(e)) => Err(e),
+                    _ => Err(Error::Closed { what: "consumer" }),
+                }
             }
         }
     }
