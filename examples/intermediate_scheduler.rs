@@ -38,7 +38,7 @@ fn example() -> Result<()> {
     for q in &topology.queues {
         connection.delete_queue(q.name())?;
     }
-    connection.delete_exchange(&topology.exchange.name())?;
+    connection.delete_exchange(topology.exchange.name())?;
     ex::delete_queues(&connection, &[&inbox])?;
     shown?;
     println!(
