@@ -63,7 +63,7 @@ fn example() -> Result<()> {
         ReplayOptions::default().only(acme).dry_run(true),
     )
     .run()?;
-    println!("  dry run: {preview}");
+    println!("  {preview}");
     let report = replay(&connection, &dlq, ReplayOptions::default().only(acme)).run()?;
     println!("replayed: {report}");
     ex::wait_for("both acme invoices billed", || {

@@ -1,9 +1,10 @@
 //! Serialization: a typed payload through the JSON codec (the default), raw bytes through
 //! `BytesCodec`, and what the content type on the wire says; a body the codec cannot read is a
-//! clear error, and a consumer would dead-letter it rather than retry.
+//! clear error, and a consumer whose handler decodes with `?` parks it (`{queue}.parked`, for a
+//! person to look at) rather than retry it.
 //! Run: `cargo run --example basic_serialization`.
 
-use acemq_amqp::{BytesCodec, JsonCodec, Message, QueueSpec, Result};
+use acemq_amqp::{parked_queue, BytesCodec, JsonCodec, Message, Outcome, QueueSpec, Result};
 use serde::{Deserialize, Serialize};
 
 #[path = "common/ex.rs"]
@@ -61,9 +62,35 @@ fn example() -> Result<()> {
     );
     let garbage = connection.get(&queue)?.expect("the garbage");
     match garbage.decode::<OrderPlaced>(&JsonCodec) {
-        Err(e) => println!("garbage: {e} — a consumer dead-letters this instead of retrying"),
+        Err(e) => println!("garbage: {e}"),
         Ok(v) => println!("unexpected: {v:?}"),
     }
+
+    // The same body to a consumer whose handler decodes with `?`: no retry could read it, so it
+    // is parked, with the reason, for a person to look at.
+    publisher.publish(
+        "",
+        &queue,
+        Message::new("{not json").content_type("application/json"),
+    )?;
+    let consumer = connection.consume(&queue, |m: &Message| {
+        let order: OrderPlaced = m.decode(&JsonCodec)?;
+        println!("unexpected: {order:?}");
+        Ok(Outcome::Accept)
+    })?;
+    let parked = parked_queue(&queue);
+    ex::wait_for("the garbage parked", || {
+        connection
+            .queue_info(&parked)
+            .is_ok_and(|q| q.message_count == 1)
+    });
+    let set_aside = connection.get(&parked)?.expect("the parked garbage");
+    println!(
+        "a consumer parked it on {parked}, not retried (attempt {}): {}",
+        set_aside.envelope.attempt,
+        set_aside.envelope.error.as_deref().unwrap_or("-")
+    );
+    consumer.close()?;
     ex::delete_queues(&connection, &[&queue])?;
     connection.close()
 }

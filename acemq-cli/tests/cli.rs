@@ -318,6 +318,51 @@ fn replay_dry_run_lists_and_moves_nothing_then_replay_moves_the_matching_ones() 
     assert_eq!(count(&connection, &dlq), 1);
 }
 
+/// The keys of a JSON object, in the order they are printed.
+fn keys(v: &Value) -> Vec<String> {
+    v.as_object().expect("an object").keys().cloned().collect()
+}
+
+/// docs/operating.md shows `acemq --json replay … --dry-run` as real output: its lines have the
+/// keys acemq prints, in the order it prints them (issue 37).
+#[test]
+fn the_operating_pages_dry_run_json_has_the_keys_in_the_order_acemq_prints_them() {
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let work = cleanup.consumed_queue(&support::unique("cli.doc-json"), &[]);
+    let dlq = acemq_amqp::dead_letter_queue(&work);
+    for q in [&work, &dlq] {
+        connection
+            .declare_queue(&QueueSpec::new(q).classic())
+            .unwrap();
+    }
+    put(
+        &connection,
+        &dlq,
+        vec![dead_letter(0, "unknown sku sku-99")],
+    );
+    let out = acemq(&["--json", "replay", &dlq, "--dry-run"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let real: Vec<Vec<String>> = json_lines(&out).iter().map(keys).collect();
+    assert_eq!(real.len(), 2, "one message and the summary");
+
+    let page =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md"))
+            .expect("read docs/operating.md");
+    let shown: Vec<Vec<String>> = page
+        .lines()
+        .skip_while(|l| !l.starts_with("$ acemq --json replay"))
+        .skip(1)
+        .take_while(|l| l.starts_with('{'))
+        .map(|l| keys(&serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}"))))
+        .collect();
+    assert_eq!(
+        shown, real,
+        "docs/operating.md's `acemq --json replay` lines have other keys or another order"
+    );
+    assert_eq!(count(&connection, &dlq), 1, "the dry run moved nothing");
+}
+
 #[test]
 fn a_replay_that_cannot_route_fails_with_exit_1_and_loses_nothing() {
     let connection = support::connect();
