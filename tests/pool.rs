@@ -128,3 +128,32 @@ fn a_connection_the_server_killed_within_the_window_fails_one_operation_then_is_
     assert_ne!(second, first);
     assert_eq!(checks.load(Ordering::SeqCst), 0);
 }
+
+/// A pooled PostgreSQL connection that cannot be made says why (issue 37 item 2): r2d2 keeps
+/// only its manager's error text, and the driver's is "error connecting to server" without the
+/// cause, so `CheckIdle` hands r2d2 the error with its causes in its text.
+#[test]
+fn a_pool_that_cannot_reach_postgres_says_the_connection_was_refused() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = closed.local_addr().expect("its address").port();
+    drop(closed);
+    let config: postgres::Config = format!("host=127.0.0.1 port={port} user=postgres dbname=test")
+        .parse()
+        .expect("a config");
+    let pool = r2d2::Pool::builder()
+        .max_size(1)
+        .connection_timeout(Duration::from_secs(2))
+        .build_unchecked(CheckIdle::new(PostgresConnectionManager::new(
+            config,
+            postgres::NoTls,
+        )));
+    let error = match pool.get() {
+        Ok(_) => panic!("a connection on port {port}, where nothing listens"),
+        Err(e) => Error::from(e),
+    };
+    let text = error.to_string().to_lowercase();
+    assert!(
+        text.contains("refused"),
+        "the pool's error names the cause: {error}"
+    );
+}

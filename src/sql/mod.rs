@@ -85,7 +85,7 @@ pub(crate) use dialect::PerDialect;
 pub use pool::PostgresConnectionManager;
 #[cfg(feature = "sqlite")]
 pub use pool::SqliteManager;
-pub use pool::{checkout, CheckIdle, Idle};
+pub use pool::{checkout, CheckIdle, Idle, WithCauses};
 pub(crate) use seam::{erase, in_one_transaction, rewrap, Connect};
 pub use seam::{Sql, SqlTransaction, Transactional};
 pub use table::{

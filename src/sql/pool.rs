@@ -177,24 +177,53 @@ impl<C> DerefMut for Idle<C> {
     }
 }
 
+/// The inner manager's error, its causes written into its text. r2d2 keeps only the text of the
+/// last error (`pool.get()` then says "timed out waiting for connection: …"), and a driver's own
+/// text can leave its cause out (PostgreSQL's "error connecting to server", without
+/// "Connection refused"): this text has each cause after it, so the pool's error says why.
+#[derive(Debug)]
+pub struct WithCauses<E>(pub E);
+
+impl<E: std::error::Error + 'static> std::fmt::Display for WithCauses<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut text = self.0.to_string();
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            let more = c.to_string();
+            if !text.contains(&more) {
+                text.push_str(": ");
+                text.push_str(&more);
+            }
+            cause = c.source();
+        }
+        f.write_str(&text)
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for WithCauses<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 impl<M: ManageConnection> ManageConnection for CheckIdle<M> {
     type Connection = Idle<M::Connection>;
-    type Error = M::Error;
+    type Error = WithCauses<M::Error>;
 
-    fn connect(&self) -> std::result::Result<Self::Connection, M::Error> {
+    fn connect(&self) -> std::result::Result<Self::Connection, Self::Error> {
         Ok(Idle {
-            conn: self.inner.connect()?,
+            conn: self.inner.connect().map_err(WithCauses)?,
             since: Instant::now(),
         })
     }
 
     /// The inner check, unless the connection was given back (or opened) within the window
     /// and the inner manager does not report it broken.
-    fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), M::Error> {
+    fn is_valid(&self, conn: &mut Self::Connection) -> std::result::Result<(), Self::Error> {
         if conn.since.elapsed() < self.window && !self.inner.has_broken(&mut conn.conn) {
             return Ok(());
         }
-        self.inner.is_valid(&mut conn.conn)
+        self.inner.is_valid(&mut conn.conn).map_err(WithCauses)
     }
 
     /// The inner manager's answer; r2d2 asks it as the connection is given back, so the
