@@ -117,7 +117,7 @@ mod sql;
 mod store;
 
 pub use memory::{InMemoryOutboxStore, InMemoryOutboxStoreOptions};
-#[cfg(feature = "internals")]
+#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres")))]
 pub(crate) use record::take_message;
 pub use record::{record, record_message};
 pub use relay::{OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay};
