@@ -80,7 +80,7 @@ mod at_most_once;
 mod batches;
 mod consumer;
 mod context;
-mod copies;
+pub(crate) mod copies;
 mod copy_failures;
 mod options;
 mod ordered;
@@ -96,7 +96,7 @@ mod settle;
 mod source;
 mod step;
 mod stream_cursor;
-mod subscribe;
+pub(crate) mod subscribe;
 mod timer;
 pub(crate) mod worker;
 

@@ -43,14 +43,13 @@ use super::protocol::{Job, Settle, TimerMsg};
 use super::report::CloseReport;
 use super::settle::{finished_in, gone, settle, with_waiting, State};
 use super::source::Feed;
+use super::subscribe::cancel_and_drain;
 use super::subscribe::{
     begin_generation, consume_error, consume_on, count_returned, fail, reply_returned,
     subscribe_channel, wait_for_link,
 };
 use super::timer::STOP_TIMEOUT;
 use crate::error::{Error, Result};
-
-pub(crate) use super::subscribe::cancel_and_drain;
 
 /// Why the inner loop ended.
 enum End {

@@ -19,11 +19,6 @@ use super::protocol::{Job, Settle, TimerMsg};
 use super::source::{Next, Source};
 use super::step::{admit, finish, intercepted, judge, past_last_attempt, Watch};
 
-// The copies' helpers other modules of the crate call by this path.
-#[cfg(test)]
-pub(crate) use super::copies::copy_of;
-pub(crate) use super::copies::{dead_letter_copy, publish_copy};
-
 pub(crate) fn run<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     handler: &H,

@@ -46,6 +46,3 @@ pub use options::PublisherOptions;
 pub use publisher::Publisher;
 pub(crate) use ticket::blocked_or;
 pub use ticket::Ticket;
-// The byte budget lives with the connection (transport); re-exported here for the engine's
-// other publishers (the requester's), which import it from `publish`.
-pub(crate) use crate::connection::{ByteBudget, Reservation};

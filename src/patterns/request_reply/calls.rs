@@ -14,10 +14,11 @@ use parking_lot::{Condvar, Mutex};
 use super::reply_queue::Session;
 use super::wire::{answer, returned_header};
 use crate::connection::Connection;
+use crate::connection::{ByteBudget, Reservation};
 use crate::envelope::{headers, new_id, HeaderValue, Message};
 use crate::error::{Error, Result};
 use crate::observe::{Observer, PublishOutcome};
-use crate::publish::{blocked_or, check_fits, send_unconfirmed, ByteBudget, Reservation};
+use crate::publish::{blocked_or, check_fits, send_unconfirmed};
 
 /// What a call waits for: its reply, or why none will come.
 pub(super) type ReplySlot = Sender<Result<Message>>;

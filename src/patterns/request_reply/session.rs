@@ -243,7 +243,7 @@ fn run_session(
             });
         }
     }
-    crate::consume::owner::cancel_and_drain(&spec.name, &consumer, |mut d| {
+    crate::consume::subscribe::cancel_and_drain(&spec.name, &consumer, |mut d| {
         let reply = Message::take_delivery(&mut d);
         acks.took(d);
         inner.deliver(reply)

@@ -190,8 +190,8 @@ impl AmqpAcknowledge<'_> {
         let mut received = (*delivery.acknowledgement_token.received).clone();
         received.body.clone_from(&delivery.message.payload);
         let copy =
-            crate::consume::worker::dead_letter_copy(&received, &queue.queue, reason.to_string());
-        crate::consume::worker::publish_copy(
+            crate::consume::copies::dead_letter_copy(&received, &queue.queue, reason.to_string());
+        crate::consume::copies::publish_copy(
             &publisher,
             &crate::names::dead_letter_queue(&queue.queue),
             copy,

@@ -97,7 +97,7 @@ impl Source for AmqpSource<'_> {
         // After the cancel, wait for the deliveries already on their way: none may arrive
         // after the requeue below, or it would stay unsettled on the channel.
         let mut drained = 0_u64;
-        crate::consume::owner::cancel_and_drain(&self.queue.queue, &consumer, |_| drained += 1);
+        crate::consume::subscribe::cancel_and_drain(&self.queue.queue, &consumer, |_| drained += 1);
         drop(consumer);
         let queue = self.queue;
         // The held deliveries are unsettled too: the requeue below gives them back.
