@@ -6,8 +6,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::store::{headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};
-use crate::error::{Error, Result};
+use super::store::{
+    check_limits, headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore,
+};
+use crate::error::Result;
 
 /// An outbox in a map, for tests. **Not for production**: see the [module docs](super).
 ///
@@ -78,18 +80,10 @@ impl InMemoryOutboxStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for zero `max_attempts` or a lease under 1 ms (as
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for zero `max_attempts` or a lease under 1 ms (as
     /// [`SqlOutboxStore::open`](super::SqlOutboxStore::open)).
     pub fn open(options: InMemoryOutboxStoreOptions) -> Result<InMemoryOutboxStore> {
-        if options.max_attempts == 0 {
-            return Err(Error::invalid("max_attempts must be at least 1"));
-        }
-        if options.lease.as_millis() == 0 {
-            return Err(Error::invalid(format!(
-                "the outbox lease must be at least 1 ms, got {:?}",
-                options.lease
-            )));
-        }
+        check_limits(options.max_attempts, options.lease)?;
         Ok(InMemoryOutboxStore::from_valid(options))
     }
 

@@ -184,3 +184,17 @@ pub(super) fn headers_json(headers: &serde_json::Map<String, serde_json::Value>)
         source: e.into(),
     })
 }
+
+/// The limits every outbox store takes: a record retired after `max_attempts` (at least 1)
+/// failed publishes, leased for `lease` (at least 1 ms) by `pending`.
+pub(crate) fn check_limits(max_attempts: u32, lease: Duration) -> Result<()> {
+    if max_attempts == 0 {
+        return Err(Error::invalid("max_attempts must be at least 1"));
+    }
+    if lease.as_millis() == 0 {
+        return Err(Error::invalid(format!(
+            "the outbox lease must be at least 1 ms, got {lease:?}"
+        )));
+    }
+    Ok(())
+}

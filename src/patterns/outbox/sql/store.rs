@@ -9,7 +9,7 @@ use super::row::{record, record_lossy};
 use super::statements::Statements;
 use crate::error::{Error, Result};
 use crate::patterns::outbox::store::{
-    headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore,
+    check_limits, headers_json, NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore,
 };
 use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
 
@@ -157,14 +157,7 @@ impl SqlOutboxStore {
             lease,
         } = options;
         sql::check_identifier(&table)?;
-        if max_attempts == 0 {
-            return Err(Error::invalid("max_attempts must be at least 1"));
-        }
-        if lease.as_millis() == 0 {
-            return Err(Error::invalid(format!(
-                "the outbox lease must be at least 1 ms, got {lease:?}"
-            )));
-        }
+        check_limits(max_attempts, lease)?;
         let n = OWNERS.fetch_add(1, Ordering::Relaxed);
         let owner = format!("{}-{}-{}", std::process::id(), n, crate::envelope::now_ms());
         Ok(SqlOutboxStore {
