@@ -255,6 +255,9 @@ pub mod test_ca;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
+// The seam under the engine: the AMQP transport (amiquip) and the in-process one (`memory`).
+#[allow(dead_code, unused_imports)]
+mod transport;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};
 pub use connection::{

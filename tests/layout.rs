@@ -30,7 +30,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "transport",
-        &["connection/", "credentials.rs", "test_ca.rs"],
+        &["connection/", "transport/", "credentials.rs", "test_ca.rs"],
     ),
     (
         "engine",

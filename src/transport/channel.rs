@@ -1,0 +1,393 @@
+//! The seam itself: [`Transport`] (a live connection), [`ChannelApi`] (a channel),
+//! [`ConsumerApi`] (a subscription), and the owned wrappers the engine holds ([`Channel`],
+//! [`Consumer`]) with amiquip's method names; a [`Delivery`] and the [`Deliveries`] buffer.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{
+    Receiver, RecvError, RecvTimeoutError, Select, SelectedOperation, TryRecvError,
+};
+
+use super::wire::{
+    AmqpError, AmqpProperties, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType,
+    FieldTable, Publish, QueueDeclareOptions, QueueDeleteOptions, Return,
+};
+
+type R<T> = std::result::Result<T, AmqpError>;
+
+/// One live broker connection.
+pub(crate) trait Transport: Send {
+    /// Opens a channel (a round trip; the caller bounds it, `connection/link.rs`).
+    fn open_channel(&mut self) -> R<Channel>;
+    /// Closes the connection: its channels and subscriptions end.
+    fn close(self: Box<Self>) -> R<()>;
+}
+
+/// One channel. Delivery tags are per channel, from 1, shared by consumed and got deliveries.
+pub(crate) trait ChannelApi: Send {
+    fn channel_id(&self) -> u16;
+    /// `basic.qos` with a per-consumer count (`global` false, as the engine asks).
+    fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()>;
+    fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()>;
+    /// `confirm.select`.
+    fn enable_publisher_confirms(&self) -> R<()>;
+    /// The channel's confirms (acks and nacks, by publish sequence number).
+    fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>>;
+    /// The channel's returned (unroutable mandatory) messages, each sent before its confirm.
+    fn listen_for_returns(&self) -> R<Receiver<Return>>;
+    fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState>;
+    fn queue_declare_passive(&self, queue: &str) -> R<QueueState>;
+    fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()>;
+    fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable)
+        -> R<()>;
+    fn queue_purge(&self, queue: &str) -> R<u32>;
+    fn queue_delete(&self, queue: &str, options: QueueDeleteOptions) -> R<u32>;
+    fn exchange_declare(
+        &self,
+        kind: ExchangeType,
+        exchange: &str,
+        options: ExchangeDeclareOptions,
+    ) -> R<()>;
+    fn exchange_declare_passive(&self, exchange: &str) -> R<()>;
+    fn exchange_delete(&self, exchange: &str, if_unused: bool) -> R<()>;
+    fn basic_consume<'a>(&'a self, queue: &str, options: ConsumerOptions) -> R<Consumer<'a>>;
+    fn basic_get(&self, queue: &str, no_ack: bool) -> R<Option<Get>>;
+    fn ack(&self, delivery: Delivery, multiple: bool) -> R<()>;
+    fn nack(&self, delivery: Delivery, multiple: bool, requeue: bool) -> R<()>;
+    fn reject(&self, delivery: Delivery, requeue: bool) -> R<()>;
+    /// Rejects every unacknowledged delivery on the channel (`multiple` with tag 0).
+    fn nack_all(&self, requeue: bool) -> R<()>;
+    fn close(self: Box<Self>) -> R<()>;
+}
+
+/// One subscription (`basic.consume`); its deliveries are read from [`Consumer::receiver`].
+pub(crate) trait ConsumerApi {
+    fn consumer_tag(&self) -> &str;
+    /// `basic.cancel`; the buffer then ends with [`ConsumerMessage::ClientCancelled`].
+    fn cancel(&self) -> R<()>;
+}
+
+/// A channel, whichever transport it is on.
+pub(crate) struct Channel {
+    api: Box<dyn ChannelApi>,
+}
+
+impl Channel {
+    pub(crate) fn new(api: Box<dyn ChannelApi>) -> Channel {
+        Channel { api }
+    }
+
+    pub(crate) fn channel_id(&self) -> u16 {
+        self.api.channel_id()
+    }
+    pub(crate) fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
+        self.api.qos(prefetch_size, prefetch_count, global)
+    }
+    pub(crate) fn basic_publish<S: AsRef<str>>(&self, exchange: S, publish: Publish<'_>) -> R<()> {
+        self.api.basic_publish(exchange.as_ref(), publish)
+    }
+    pub(crate) fn enable_publisher_confirms(&self) -> R<()> {
+        self.api.enable_publisher_confirms()
+    }
+    pub(crate) fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>> {
+        self.api.listen_for_publisher_confirms()
+    }
+    pub(crate) fn listen_for_returns(&self) -> R<Receiver<Return>> {
+        self.api.listen_for_returns()
+    }
+    pub(crate) fn queue_declare<S: AsRef<str>>(
+        &self,
+        queue: S,
+        options: QueueDeclareOptions,
+    ) -> R<QueueState> {
+        self.api.queue_declare(queue.as_ref(), options)
+    }
+    pub(crate) fn queue_declare_passive<S: AsRef<str>>(&self, queue: S) -> R<QueueState> {
+        self.api.queue_declare_passive(queue.as_ref())
+    }
+    pub(crate) fn queue_bind<A: AsRef<str>, B: AsRef<str>, C: AsRef<str>>(
+        &self,
+        queue: A,
+        exchange: B,
+        key: C,
+        arguments: FieldTable,
+    ) -> R<()> {
+        self.api
+            .queue_bind(queue.as_ref(), exchange.as_ref(), key.as_ref(), arguments)
+    }
+    pub(crate) fn queue_unbind<A: AsRef<str>, B: AsRef<str>, C: AsRef<str>>(
+        &self,
+        queue: A,
+        exchange: B,
+        key: C,
+        arguments: FieldTable,
+    ) -> R<()> {
+        self.api
+            .queue_unbind(queue.as_ref(), exchange.as_ref(), key.as_ref(), arguments)
+    }
+    pub(crate) fn queue_purge<S: AsRef<str>>(&self, queue: S) -> R<u32> {
+        self.api.queue_purge(queue.as_ref())
+    }
+    pub(crate) fn queue_delete<S: AsRef<str>>(
+        &self,
+        queue: S,
+        options: QueueDeleteOptions,
+    ) -> R<u32> {
+        self.api.queue_delete(queue.as_ref(), options)
+    }
+    pub(crate) fn exchange_declare<S: AsRef<str>>(
+        &self,
+        kind: ExchangeType,
+        exchange: S,
+        options: ExchangeDeclareOptions,
+    ) -> R<()> {
+        self.api.exchange_declare(kind, exchange.as_ref(), options)
+    }
+    pub(crate) fn exchange_declare_passive<S: AsRef<str>>(&self, exchange: S) -> R<()> {
+        self.api.exchange_declare_passive(exchange.as_ref())
+    }
+    pub(crate) fn exchange_delete<S: AsRef<str>>(&self, exchange: S, if_unused: bool) -> R<()> {
+        self.api.exchange_delete(exchange.as_ref(), if_unused)
+    }
+    pub(crate) fn basic_consume<S: AsRef<str>>(
+        &self,
+        queue: S,
+        options: ConsumerOptions,
+    ) -> R<Consumer<'_>> {
+        self.api.basic_consume(queue.as_ref(), options)
+    }
+    pub(crate) fn basic_get<S: AsRef<str>>(&self, queue: S, no_ack: bool) -> R<Option<Get>> {
+        self.api.basic_get(queue.as_ref(), no_ack)
+    }
+    pub(crate) fn nack_all(&self, requeue: bool) -> R<()> {
+        self.api.nack_all(requeue)
+    }
+    pub(crate) fn close(self) -> R<()> {
+        self.api.close()
+    }
+}
+
+/// A queue as a declare answered it.
+#[derive(Clone, Debug)]
+pub(crate) struct QueueState {
+    pub(crate) name: String,
+    pub(crate) message_count: u32,
+    pub(crate) consumer_count: u32,
+}
+
+impl QueueState {
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+    pub(crate) fn message_count(&self) -> u32 {
+        self.message_count
+    }
+    pub(crate) fn consumer_count(&self) -> u32 {
+        self.consumer_count
+    }
+}
+
+/// A subscription, whichever transport it is on. Dropping it without
+/// `consume::subscribe::cancel_and_drain` cancels without waiting (amiquip's behaviour).
+pub(crate) struct Consumer<'a> {
+    api: Box<dyn ConsumerApi + 'a>,
+    receiver: Deliveries,
+}
+
+impl<'a> Consumer<'a> {
+    pub(crate) fn new(api: Box<dyn ConsumerApi + 'a>, receiver: Deliveries) -> Consumer<'a> {
+        Consumer { api, receiver }
+    }
+    pub(crate) fn receiver(&self) -> &Deliveries {
+        &self.receiver
+    }
+    pub(crate) fn consumer_tag(&self) -> &str {
+        self.api.consumer_tag()
+    }
+    pub(crate) fn cancel(&self) -> R<()> {
+        self.api.cancel()
+    }
+}
+
+/// What settles a delivery on its transport: amiquip acks with what is left of its own
+/// delivery (its channel and tag); the in-process broker needs only the tag.
+#[derive(Debug)]
+pub(crate) enum Shell {
+    Amqp(amiquip::Delivery),
+    #[cfg(feature = "memory")]
+    Memory,
+}
+
+/// A message delivered to a consumer or got: amiquip's fields, and what settles it.
+#[derive(Debug)]
+pub(crate) struct Delivery {
+    /// Set when the message was delivered before (requeued).
+    pub(crate) redelivered: bool,
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) body: Vec<u8>,
+    pub(crate) properties: AmqpProperties,
+    delivery_tag: u64,
+    shell: Shell,
+}
+
+impl Delivery {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        delivery_tag: u64,
+        redelivered: bool,
+        exchange: String,
+        routing_key: String,
+        body: Vec<u8>,
+        properties: AmqpProperties,
+        shell: Shell,
+    ) -> Delivery {
+        Delivery {
+            redelivered,
+            exchange,
+            routing_key,
+            body,
+            properties,
+            delivery_tag,
+            shell,
+        }
+    }
+
+    /// The delivery's tag on its channel.
+    pub(crate) fn delivery_tag(&self) -> u64 {
+        self.delivery_tag
+    }
+
+    pub(crate) fn shell(self) -> Shell {
+        self.shell
+    }
+
+    pub(crate) fn ack(self, channel: &Channel) -> R<()> {
+        channel.api.ack(self, false)
+    }
+    pub(crate) fn ack_multiple(self, channel: &Channel) -> R<()> {
+        channel.api.ack(self, true)
+    }
+    pub(crate) fn nack(self, channel: &Channel, requeue: bool) -> R<()> {
+        channel.api.nack(self, false, requeue)
+    }
+    pub(crate) fn nack_multiple(self, channel: &Channel, requeue: bool) -> R<()> {
+        channel.api.nack(self, true, requeue)
+    }
+    pub(crate) fn reject(self, channel: &Channel, requeue: bool) -> R<()> {
+        channel.api.reject(self, requeue)
+    }
+}
+
+/// A `basic.get` answer.
+#[derive(Debug)]
+pub(crate) struct Get {
+    pub(crate) delivery: Delivery,
+    /// Messages left in the queue.
+    pub(crate) message_count: u32,
+}
+
+/// What a subscription's buffer yields (amiquip's variants).
+#[derive(Debug)]
+pub(crate) enum ConsumerMessage {
+    Delivery(Delivery),
+    ClientCancelled,
+    ServerCancelled,
+    ClientClosedChannel,
+    ServerClosedChannel(AmqpError),
+    ClientClosedConnection,
+    ServerClosedConnection(AmqpError),
+}
+
+impl ConsumerMessage {
+    /// amiquip's message as the seam's; a delivery's fields are moved, not copied.
+    fn from_amqp(m: amiquip::ConsumerMessage) -> ConsumerMessage {
+        use amiquip::ConsumerMessage as A;
+        match m {
+            A::Delivery(d) => ConsumerMessage::Delivery(ConsumerMessage::amqp_delivery(d)),
+            A::ClientCancelled => ConsumerMessage::ClientCancelled,
+            A::ServerCancelled => ConsumerMessage::ServerCancelled,
+            A::ClientClosedChannel => ConsumerMessage::ClientClosedChannel,
+            A::ServerClosedChannel(e) => ConsumerMessage::ServerClosedChannel(e),
+            A::ClientClosedConnection => ConsumerMessage::ClientClosedConnection,
+            A::ServerClosedConnection(e) => ConsumerMessage::ServerClosedConnection(e),
+        }
+    }
+
+    /// amiquip's delivery as the seam's: its fields moved out, what is left settles it.
+    pub(crate) fn amqp_delivery(mut d: amiquip::Delivery) -> Delivery {
+        Delivery {
+            redelivered: d.redelivered,
+            exchange: std::mem::take(&mut d.exchange),
+            routing_key: std::mem::take(&mut d.routing_key),
+            body: std::mem::take(&mut d.body),
+            properties: std::mem::take(&mut d.properties),
+            delivery_tag: d.delivery_tag(),
+            shell: Shell::Amqp(d),
+        }
+    }
+}
+
+/// A subscription's buffer of deliveries: cloneable, read by several threads, and waited on in
+/// a [`Select`] beside other channels ([`Deliveries::register`], [`Deliveries::read`]).
+#[derive(Clone)]
+pub(crate) enum Deliveries {
+    /// amiquip's own receiver: converted where read.
+    Amqp(Receiver<amiquip::ConsumerMessage>),
+    #[cfg(feature = "memory")]
+    Memory(Receiver<ConsumerMessage>),
+}
+
+impl Deliveries {
+    pub(crate) fn recv(&self) -> Result<ConsumerMessage, RecvError> {
+        match self {
+            Deliveries::Amqp(rx) => rx.recv().map(ConsumerMessage::from_amqp),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => rx.recv(),
+        }
+    }
+    pub(crate) fn try_recv(&self) -> Result<ConsumerMessage, TryRecvError> {
+        match self {
+            Deliveries::Amqp(rx) => rx.try_recv().map(ConsumerMessage::from_amqp),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => rx.try_recv(),
+        }
+    }
+    pub(crate) fn recv_timeout(&self, t: Duration) -> Result<ConsumerMessage, RecvTimeoutError> {
+        match self {
+            Deliveries::Amqp(rx) => rx.recv_timeout(t).map(ConsumerMessage::from_amqp),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => rx.recv_timeout(t),
+        }
+    }
+    pub(crate) fn recv_deadline(&self, d: Instant) -> Result<ConsumerMessage, RecvTimeoutError> {
+        match self {
+            Deliveries::Amqp(rx) => rx.recv_deadline(d).map(ConsumerMessage::from_amqp),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => rx.recv_deadline(d),
+        }
+    }
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Deliveries::Amqp(rx) => rx.len(),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => rx.len(),
+        }
+    }
+    /// Adds a receive of this buffer to `select`; its index.
+    pub(crate) fn register<'a>(&'a self, select: &mut Select<'a>) -> usize {
+        match self {
+            Deliveries::Amqp(rx) => select.recv(rx),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => select.recv(rx),
+        }
+    }
+    /// Completes the receive `select` chose (its index was [`register`](Self::register)'s).
+    pub(crate) fn read(&self, op: SelectedOperation<'_>) -> Result<ConsumerMessage, RecvError> {
+        match self {
+            Deliveries::Amqp(rx) => op.recv(rx).map(ConsumerMessage::from_amqp),
+            #[cfg(feature = "memory")]
+            Deliveries::Memory(rx) => op.recv(rx),
+        }
+    }
+}

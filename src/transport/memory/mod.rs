@@ -1,0 +1,1 @@
+//! The in-process broker behind `memory://name` (feature `memory`).

@@ -1,0 +1,38 @@
+//! The transport seam: what the engine (publisher, consumer runtime, requester, replay, peek,
+//! scheduler, stream reader) asks of a broker connection, behind one small internal trait pair,
+//! and its implementations.
+//!
+//! * [`Transport`] is one live connection: open a channel, close.
+//! * [`ChannelApi`] is one channel: declare / check / delete / bind, publish with confirms and
+//!   returns, consume with a prefetch, ack / nack / reject (`multiple`, requeue or not), get,
+//!   close. [`Channel`] owns one (boxed) and gives it amiquip's method names, so the callers read
+//!   as they did.
+//! * [`Deliveries`] is a subscription's buffer: a crossbeam receiver the callers `select` on
+//!   with their own channels. Its AMQP form *is* amiquip's receiver (a delivery is converted
+//!   where it is read: no thread and no copy of the body in between), so the AMQP path costs
+//!   what it did.
+//!
+//! The data that crosses the seam is AMQP's own (properties, field tables, values, confirms,
+//! returns, the protocol's errors with their reply codes: [`wire`]); only amiquip's behaviour
+//! (its connection, channel, consumer and delivery) stays behind [`amqp`]. Nothing above this
+//! layer names amiquip.
+//!
+//! Implementations: [`amqp`] (amiquip, `amqp://` and `amqps://`) and, with the `memory`
+//! feature, `memory` (an in-process broker, `memory://name`).
+
+mod amqp;
+mod channel;
+#[cfg(feature = "memory")]
+pub(crate) mod memory;
+mod wire;
+
+pub(crate) use amqp::AmqpTransport;
+pub(crate) use channel::{
+    Channel, ChannelApi, Consumer, ConsumerApi, ConsumerMessage, Deliveries, Delivery, Get,
+    QueueState, Shell, Transport,
+};
+pub(crate) use wire::{
+    AmqpError, AmqpProperties, AmqpValue, Blocked, Confirm, ConfirmPayload, ConsumerOptions,
+    ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
+    QueueDeleteOptions, Return,
+};
