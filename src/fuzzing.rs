@@ -2,7 +2,7 @@
 //! database, reachable by this crate's fuzz targets (`fuzz/`) and property tests. No stability
 //! promise.
 
-use amiquip::AmqpProperties;
+use crate::transport::AmqpProperties;
 
 use crate::envelope::{Message, Received};
 use crate::Result;

@@ -256,7 +256,6 @@ pub mod test_ca;
 pub mod testing;
 pub mod trace;
 // The seam under the engine: the AMQP transport (amiquip) and the in-process one (`memory`).
-#[allow(dead_code, unused_imports)]
 mod transport;
 
 pub use codec::{BytesCodec, Codec, CodecSource, JsonCodec};

@@ -609,6 +609,27 @@ fn no_file_is_over_600_lines_of_code() {
     );
 }
 
+/// The engine and everything over it speak to the broker through the transport seam
+/// (`src/transport/`): only the transport and base layers (the AMQP data types) name amiquip in
+/// code. Comments may still say what the AMQP transport does.
+#[test]
+fn nothing_above_the_transport_layer_names_amiquip() {
+    let transport = layer_of("transport/mod.rs").0;
+    let mut naming: Vec<String> = files()
+        .iter()
+        .filter(|(rel, _)| rel.as_str() != "lib.rs" && layer_of(rel).0 > transport)
+        .filter(|(_, text)| find_word(&code_only(text), "amiquip").is_some())
+        .map(|(rel, _)| format!("src/{rel}"))
+        .collect();
+    naming.sort();
+    assert!(
+        naming.is_empty(),
+        "these files above the transport layer name amiquip in code; use the seam's types \
+         (crate::transport) instead:\n  {}",
+        naming.join("\n  ")
+    );
+}
+
 /// The checks above can fail: a loop, an upward arrow and an oversize file written on purpose
 /// are each found.
 #[test]

@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 /// `Debug` and `Display` show `amqp://user@host:port/vhost`: the password never appears.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Address {
+    /// `memory://name`: the in-process broker `host` names (feature `memory`).
+    pub(crate) memory: bool,
     pub(crate) tls: bool,
     pub(crate) host: String,
     pub(crate) port: u16,
@@ -26,12 +28,15 @@ impl Address {
     /// [`Error::InvalidArgument`] for any other shape (the message never repeats the password).
     pub fn parse(url: &str) -> Result<Address> {
         let bad = |why: &str| Error::invalid(format!("bad AMQP URL: {why}"));
+        if let Some(name) = url.strip_prefix("memory://") {
+            return memory(name);
+        }
         let (tls, rest) = if let Some(r) = url.strip_prefix("amqp://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("amqps://") {
             (true, r)
         } else {
-            return Err(bad("it must start with amqp:// or amqps://"));
+            return Err(bad("it must start with amqp://, amqps:// or memory://"));
         };
         if rest.contains('?') {
             return Err(bad(
@@ -75,6 +80,7 @@ impl Address {
             Some(p) => decode(p)?,
         };
         Ok(Address {
+            memory: false,
             tls,
             host,
             port,
@@ -92,6 +98,39 @@ impl Address {
             format!("{}:{}", self.host, self.port)
         }
     }
+}
+
+/// `memory://name`: a name of letters, digits, `.`, `_` and `-`, and the `memory` feature.
+fn memory(name: &str) -> Result<Address> {
+    let bad = |why: String| Error::invalid(format!("bad memory:// URL: {why}"));
+    if name.is_empty() {
+        return Err(bad(
+            "it needs a broker name, as in memory://orders-test".into()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(bad(format!(
+            "{c:?} in {name:?}: a broker name is letters, digits, '.', '_' and '-'"
+        )));
+    }
+    if !cfg!(feature = "memory") {
+        return Err(Error::invalid(format!(
+            "memory://{name} needs the in-process broker: build acemq-amqp with the `memory` \
+             feature (or `testing`, which turns it on)"
+        )));
+    }
+    Ok(Address {
+        memory: true,
+        tls: false,
+        host: name.to_string(),
+        port: 0,
+        user: String::new(),
+        password: String::new(),
+        vhost: "/".to_string(),
+    })
 }
 
 fn parse_port(p: &str) -> Result<u16> {
@@ -122,6 +161,9 @@ fn decode(s: &str) -> Result<String> {
 
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.memory {
+            return write!(f, "memory://{}", self.host);
+        }
         let scheme = if self.tls { "amqps" } else { "amqp" };
         let vhost = if self.vhost == "/" {
             String::new()

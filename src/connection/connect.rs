@@ -10,13 +10,14 @@ use parking_lot::Mutex;
 use super::address::Address;
 use super::options::ConnectionOptions;
 use crate::error::{Error, Result};
+use crate::transport::{AmqpTransport, Transport};
 
 /// Tries each address once, in order.
 pub(super) fn connect_any(
     options: &ConnectionOptions,
     addresses: &[Address],
 ) -> Result<(
-    amiquip::Connection,
+    Box<dyn Transport>,
     Receiver<ConnectionBlockedNotification>,
     Address,
 )> {
@@ -43,9 +44,16 @@ fn connect_one(
     options: &ConnectionOptions,
     address: &Address,
 ) -> std::result::Result<
-    (amiquip::Connection, Receiver<ConnectionBlockedNotification>),
+    (Box<dyn Transport>, Receiver<ConnectionBlockedNotification>),
     crate::error::BoxError,
 > {
+    #[cfg(feature = "memory")]
+    if address.memory {
+        return Ok(crate::transport::memory::connect(
+            &address.host,
+            options.name.as_deref(),
+        )?);
+    }
     let socket_addrs: Vec<SocketAddr> = (address.host.as_str(), address.port)
         .to_socket_addrs()?
         .collect();
@@ -94,7 +102,7 @@ fn connect_one(
         open_stream(options, address, stream, amqp_options)?
     };
     let blocked = conn.listen_for_connection_blocked()?;
-    Ok((conn, blocked))
+    Ok((Box::new(AmqpTransport(conn)), blocked))
 }
 
 /// amiquip 0.4 logs the `connection.start-ok` it sends — the SASL response with the password in

@@ -133,7 +133,7 @@ impl Connection {
     }
 
     /// Opens a channel on the current link, waiting up to the operation timeout for recovery.
-    pub(crate) fn open_channel(&self) -> Result<(amiquip::Channel, Arc<Link>)> {
+    pub(crate) fn open_channel(&self) -> Result<(crate::transport::Channel, Arc<Link>)> {
         let link = self.link(self.shared.options.operation_timeout)?;
         let channel = link.open_channel()?;
         Ok((channel, link))
@@ -192,7 +192,7 @@ impl Connection {
             return Ok(None);
         };
         let mut delivery = got.delivery;
-        let message = crate::Message::take_delivery(&mut delivery);
+        let message = delivery.take_message();
         delivery
             .ack(&channel)
             .map_err(|e| Error::amqp(format!("acknowledging a message from {queue:?}"), e))?;

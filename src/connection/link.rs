@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 
 use super::address::Address;
 use crate::error::{Error, Result};
+use crate::transport::{Channel, Transport};
 
 /// One live amiquip connection, with the generation it was made in.
 pub(crate) struct Link {
@@ -25,7 +26,7 @@ pub(crate) struct Link {
 /// makes it; only ever waited for with a deadline.
 pub(super) struct Opener {
     address: String,
-    pub(super) amqp: Mutex<Option<amiquip::Connection>>,
+    pub(super) amqp: Mutex<Option<Box<dyn Transport>>>,
     /// The connection was closed while a channel open held `amqp`: that open closes the AMQP
     /// connection when it returns.
     pub(super) closing: AtomicBool,
@@ -33,7 +34,7 @@ pub(super) struct Opener {
 
 impl Opener {
     /// Opens a channel, waiting up to `deadline` for another open to finish.
-    fn open(&self, deadline: Instant, wait: Duration) -> Result<amiquip::Channel> {
+    fn open(&self, deadline: Instant, wait: Duration) -> Result<Channel> {
         let Some(mut amqp) = self.amqp.try_lock_until(deadline) else {
             return Err(Error::ConnectionLost {
                 context: format!(
@@ -44,7 +45,7 @@ impl Opener {
         };
         let opened = match amqp.as_mut() {
             Some(c) => c
-                .open_channel(None)
+                .open_channel()
                 .map_err(|e| Error::amqp("opening a channel", e)),
             None => Err(Error::ConnectionLost {
                 context: "opening a channel".into(),
@@ -70,7 +71,7 @@ impl Link {
     pub(super) fn new(
         generation: u64,
         address: &Address,
-        amqp: amiquip::Connection,
+        amqp: Box<dyn Transport>,
         open_wait: Duration,
     ) -> Link {
         Link {
@@ -86,7 +87,7 @@ impl Link {
     }
 
     /// Opens a channel on this link, within the operation timeout.
-    pub(crate) fn open_channel(&self) -> Result<amiquip::Channel> {
+    pub(crate) fn open_channel(&self) -> Result<Channel> {
         self.open_channel_within(self.open_wait)
     }
 
@@ -95,7 +96,7 @@ impl Link {
     /// broker does not read it at all), so it is made on a thread of its own
     /// (`acemq-channel-open`): past `wait` the caller gets [`Error::ConnectionLost`], and a
     /// channel opened after that is closed by that thread.
-    pub(crate) fn open_channel_within(&self, wait: Duration) -> Result<amiquip::Channel> {
+    pub(crate) fn open_channel_within(&self, wait: Duration) -> Result<Channel> {
         let deadline = Instant::now() + wait;
         let (tx, rx) = crossbeam_channel::bounded(1);
         let opener = self.opener.clone();

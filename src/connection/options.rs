@@ -309,6 +309,12 @@ impl ConnectionOptions {
                 "{a} needs TLS: build acemq-amqp with the `tls` feature"
             )));
         }
+        if addresses.iter().any(|a| a.memory) && addresses.iter().any(|a| !a.memory) {
+            return Err(Error::invalid(
+                "a connection's addresses are all memory:// or all AMQP: memory://name is an \
+                 in-process broker, not a node of the cluster the other addresses name",
+            ));
+        }
         Ok(addresses)
     }
 }

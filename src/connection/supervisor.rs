@@ -4,7 +4,7 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use amiquip::ConnectionBlockedNotification;
+use crate::transport::Blocked;
 use crossbeam_channel::{select, Receiver};
 use parking_lot::Mutex;
 
@@ -30,7 +30,7 @@ pub(super) fn supervise(
     weak: Weak<Shared>,
     control: Receiver<Control>,
     mut link: Arc<Link>,
-    mut blocked: Receiver<ConnectionBlockedNotification>,
+    mut blocked: Receiver<Blocked>,
 ) {
     loop {
         let Some((observer, state)) = weak
@@ -84,18 +84,18 @@ enum Watched {
 /// ends or the connection is closed.
 fn watch(
     control: &Receiver<Control>,
-    blocked: &Receiver<ConnectionBlockedNotification>,
+    blocked: &Receiver<Blocked>,
     state: &Mutex<Option<String>>,
     observer: &dyn Observer,
 ) -> Watched {
     loop {
         select! {
             recv(blocked) -> note => match note {
-                Ok(ConnectionBlockedNotification::Blocked(reason)) => {
+                Ok(Blocked::Blocked(reason)) => {
                     *state.lock() = Some(reason.clone());
                     observer.connection(&ConnectionEvent::Blocked { reason: &reason })
                 }
-                Ok(ConnectionBlockedNotification::Unblocked) => {
+                Ok(Blocked::Unblocked) => {
                     *state.lock() = None;
                     observer.connection(&ConnectionEvent::Unblocked)
                 }
@@ -126,7 +126,7 @@ fn reconnect(
     control: &Receiver<Control>,
     generation: u64,
     observer: &dyn Observer,
-) -> Option<(Arc<Link>, Receiver<ConnectionBlockedNotification>)> {
+) -> Option<(Arc<Link>, Receiver<Blocked>)> {
     let mut attempt = 0u32;
     loop {
         let shared = weak.upgrade()?;

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use amiquip::{Channel, Delivery};
+use crate::transport::{Channel, Delivery};
 
 /// Which deliveries of one subscription are settled, by tag, and the acknowledgements that
 /// follow. Tags on a channel are consecutive from 1 (RabbitMQ numbers every delivery on a
@@ -48,7 +48,10 @@ impl Acks {
 
     /// Acknowledges what is done: the completed run at the front with one `multiple` ack, every
     /// other done delivery alone.
-    pub(super) fn flush(&mut self, channel: &Channel) -> std::result::Result<(), amiquip::Error> {
+    pub(super) fn flush(
+        &mut self,
+        channel: &Channel,
+    ) -> std::result::Result<(), crate::transport::AmqpError> {
         let mut last = None;
         while !self.single_only {
             if let Some(d) = self.done.remove(&self.front) {

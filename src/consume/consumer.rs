@@ -129,7 +129,13 @@ impl Consumer {
     pub fn in_flight(&self) -> usize {
         // Taken first, then the buffer: a delivery taken in between is counted at most once.
         let taken = self.ctx.in_flight.count();
-        taken + self.ctx.buffer.lock().as_ref().map_or(0, Receiver::len)
+        taken
+            + self
+                .ctx
+                .buffer
+                .lock()
+                .as_ref()
+                .map_or(0, crate::transport::Deliveries::len)
     }
 
     /// The most deliveries ever taken by this consumer and not yet settled at once (running,

@@ -6,8 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crossbeam_channel::Receiver;
-
 use super::copy_failures::CopyFailures;
 use super::reply::ReplyHooks;
 use super::retry::RetryPolicy;
@@ -44,7 +42,7 @@ pub(crate) struct Context {
     pub(crate) in_flight: InFlight,
     /// The current subscription's buffer (amiquip's receiver), for what is received but not
     /// yet taken.
-    pub(crate) buffer: parking_lot::Mutex<Option<Receiver<amiquip::ConsumerMessage>>>,
+    pub(crate) buffer: parking_lot::Mutex<Option<crate::transport::Deliveries>>,
     pub(crate) max_in_flight: AtomicUsize,
     /// Handlers running now, of any generation.
     pub(crate) running: AtomicUsize,

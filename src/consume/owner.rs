@@ -32,8 +32,8 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use amiquip::{Channel, ConsumerMessage, Delivery};
-use crossbeam_channel::{select, Receiver, Sender};
+use crate::transport::{Channel, ConsumerMessage, Deliveries, Delivery};
+use crossbeam_channel::{Receiver, Select, Sender};
 
 use super::acks::Acks;
 use super::context::Context;
@@ -142,7 +142,7 @@ pub(crate) fn run(
 }
 
 /// Ends one subscription: cancels the amiquip consumer (unless stop already did) and says why.
-fn end_subscription(ctx: &Context, end: &Result<End>, consumer: amiquip::Consumer<'_>) {
+fn end_subscription(ctx: &Context, end: &Result<End>, consumer: crate::transport::Consumer<'_>) {
     if !matches!(end, Ok(End::Stop(_))) {
         // Stop already cancelled it; see `cancel_and_drain` for why this must run.
         cancel_and_drain(&ctx.queue, &consumer, drop);
@@ -181,8 +181,8 @@ pub(crate) struct Lines<'a> {
 fn serve(
     ctx: &Context,
     channel: &Channel,
-    consumer: &amiquip::Consumer<'_>,
-    returns: &Receiver<amiquip::Return>,
+    consumer: &crate::transport::Consumer<'_>,
+    returns: &Receiver<crate::transport::Return>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
 ) -> Result<End> {
@@ -191,20 +191,27 @@ fn serve(
     let deliveries = if lines.feeds.is_empty() {
         consumer.receiver().clone()
     } else {
-        crossbeam_channel::never()
+        Deliveries::never()
     };
     let mut returned = returns.clone();
     loop {
-        select! {
-            recv(returned) -> r => match r {
+        let mut select = Select::new();
+        let on_returned = select.recv(&returned);
+        let on_delivery = deliveries.register(&mut select);
+        let on_settle = select.recv(lines.settles);
+        select.recv(lines.stop);
+        let op = select.select();
+        match op.index() {
+            i if i == on_returned => match op.recv(&returned) {
                 Ok(r) => reply_returned(ctx, r),
                 // The channel is gone: the deliveries say so next.
                 Err(_) => returned = crossbeam_channel::never(),
             },
-            recv(deliveries) -> msg => match msg {
+            i if i == on_delivery => match deliveries.read(op) {
                 Ok(ConsumerMessage::Delivery(d)) => match lines.inline {
                     Some(run) => {
-                        if let Err(e) = run_inline(ctx, channel, d, state, lines, run, &mut report) {
+                        if let Err(e) = run_inline(ctx, channel, d, state, lines, run, &mut report)
+                        {
                             return Ok(End::Lost(e.to_string()));
                         }
                     }
@@ -213,17 +220,20 @@ fn serve(
                 Ok(other) => state.reason = Some(other),
                 Err(_) => state.ended += 1,
             },
-            recv(lines.settles) -> s => {
-                let Ok(s) = s else { return Ok(End::Lost("workers ended".into())) };
+            i if i == on_settle => {
+                let Ok(s) = op.recv(lines.settles) else {
+                    return Ok(End::Lost("workers ended".into()));
+                };
                 let batch = with_waiting(s, lines.settles);
                 if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, &mut report) {
                     return Ok(End::Lost(e.to_string()));
                 }
-            },
-            recv(lines.stop) -> _ => {
+            }
+            _ => {
+                let _ = op.recv(lines.stop);
                 shutdown(ctx, channel, consumer, state, lines, &mut report);
                 return Ok(End::Stop(report));
-            },
+            }
         }
         if state.reason.is_none() && state.ended == 0 {
             continue;
@@ -264,7 +274,7 @@ fn run_inline(
     lines: &Lines<'_>,
     run: &dyn Fn(Job),
     report: &mut CloseReport,
-) -> std::result::Result<(), amiquip::Error> {
+) -> std::result::Result<(), crate::transport::AmqpError> {
     let stopping = ctx.stop_requested();
     run(Job::taken(ctx, state.generation, d));
     let batch: Vec<Settle> = lines.settles.try_iter().collect();
@@ -287,7 +297,7 @@ fn wait_for_reason(
     state: &mut State<'_>,
     lines: &Lines<'_>,
     report: &mut CloseReport,
-) -> std::result::Result<(), amiquip::Error> {
+) -> std::result::Result<(), crate::transport::AmqpError> {
     let deadline = Instant::now() + Duration::from_secs(2);
     while state.reason.is_none() && state.ended < lines.feeds.len() {
         let Ok(s) = lines.settles.recv_deadline(deadline) else {
@@ -326,7 +336,7 @@ fn dispatch(ctx: &Context, d: Delivery, state: &mut State<'_>, jobs: &Sender<Job
 fn shutdown(
     ctx: &Context,
     channel: &Channel,
-    consumer: &amiquip::Consumer<'_>,
+    consumer: &crate::transport::Consumer<'_>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
     report: &mut CloseReport,

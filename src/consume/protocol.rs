@@ -15,7 +15,7 @@ use crate::envelope::Message;
 pub(crate) struct Job {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
-    pub(crate) delivery: amiquip::Delivery,
+    pub(crate) delivery: crate::transport::Delivery,
     pub(crate) message: Message,
     /// It has an ordering key: the owner holds later messages with the key until it settles
     /// (or, without `hold`, until its handler is done).
@@ -27,7 +27,11 @@ pub(crate) struct Job {
 impl Job {
     /// A delivery just taken from the subscription's buffer (by a worker, or by the owner for
     /// an ordered handler), counted in flight, as a job with no ordering key.
-    pub(crate) fn taken(ctx: &Context, generation: u64, mut delivery: amiquip::Delivery) -> Job {
+    pub(crate) fn taken(
+        ctx: &Context,
+        generation: u64,
+        mut delivery: crate::transport::Delivery,
+    ) -> Job {
         // Counted before anything else: the owner, closing, waits for it. A delivery of a
         // subscription that has ended meanwhile is not counted (the broker redelivers it, and
         // the worker skips it).
@@ -39,7 +43,7 @@ impl Job {
         let tag = delivery.delivery_tag();
         // A message from outside the family with neither `x-acemq-id` nor `message_id` gets a
         // fresh id as it is read, so that its copies carry an identity from here on.
-        let mut message = Message::take_delivery(&mut delivery);
+        let mut message = delivery.take_message();
         if let Some(reason) = message.replaced_id {
             ctx.observer.id_replaced(&crate::observe::IdReplaced {
                 queue: &ctx.queue,
@@ -69,7 +73,7 @@ pub(crate) struct Settle {
     /// The delivery to acknowledge or reject (`None` for [`SettleAction::Released`] and
     /// [`SettleAction::Signal`], and for the final word on an at-most-once delivery, which was
     /// acknowledged ahead of its handler).
-    pub(crate) delivery: Option<amiquip::Delivery>,
+    pub(crate) delivery: Option<crate::transport::Delivery>,
 }
 
 impl Settle {
@@ -83,7 +87,7 @@ impl Settle {
         }
     }
 
-    pub(crate) fn with(mut self, delivery: amiquip::Delivery) -> Settle {
+    pub(crate) fn with(mut self, delivery: crate::transport::Delivery) -> Settle {
         self.delivery = Some(delivery);
         self
     }
@@ -110,7 +114,7 @@ pub(crate) enum SettleAction {
     /// A worker reading the subscription itself read something other than a delivery (the
     /// broker cancelled the consumer, closed the channel, …) or, with `None`, found it ended:
     /// the owner decides what follows.
-    Signal(Option<Box<amiquip::ConsumerMessage>>),
+    Signal(Option<Box<crate::transport::ConsumerMessage>>),
 }
 
 /// At most once: a worker's question to the owner — did this delivery's ack go out? — and the
@@ -207,7 +211,7 @@ pub(crate) struct Delayed {
     pub(crate) generation: u64,
     pub(crate) tag: u64,
     /// The original, unacknowledged meanwhile.
-    pub(crate) delivery: amiquip::Delivery,
+    pub(crate) delivery: crate::transport::Delivery,
     pub(crate) due: Instant,
     /// The original's attempt (a retry copy carries the next one).
     pub(crate) attempt: u32,

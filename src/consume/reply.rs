@@ -27,7 +27,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use amiquip::{AmqpProperties, Channel, Publish, Return};
+use crate::transport::{AmqpProperties, Channel, Publish, Return};
 
 use crate::envelope::Message;
 use crate::observe::Observer;
@@ -96,7 +96,7 @@ impl Reply {
         mut self,
         channel: &Channel,
         observer: &dyn Observer,
-    ) -> Result<(), amiquip::Error> {
+    ) -> Result<(), crate::transport::AmqpError> {
         let properties = std::mem::take(&mut self.properties);
         let routing_key = std::mem::take(&mut self.routing_key);
         let publish = Publish {

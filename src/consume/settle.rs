@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use amiquip::{Channel, ConsumerMessage};
+use crate::transport::{Channel, ConsumerMessage};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::acks::Acks;
@@ -68,7 +68,7 @@ pub(super) fn settle(
     jobs: &Sender<Job>,
     batch: Vec<Settle>,
     report: &mut CloseReport,
-) -> std::result::Result<(), amiquip::Error> {
+) -> std::result::Result<(), crate::transport::AmqpError> {
     let generation = state.generation;
     // At-most-once handlers waiting for their delivery's ack to reach the broker.
     let mut acked_first = Vec::new();

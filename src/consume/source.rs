@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use amiquip::ConsumerMessage;
-use crossbeam_channel::{select, Receiver, Sender};
+use crate::transport::{ConsumerMessage, Deliveries};
+use crossbeam_channel::{select, Receiver, Select, Sender};
 
 use super::context::Context;
 use super::protocol::{Job, Settle, SettleAction};
@@ -15,7 +15,7 @@ use super::protocol::{Job, Settle, SettleAction};
 /// itself (a clone of amiquip's receiver; amiquip's consumer itself stays on the owner thread).
 pub(crate) struct Feed {
     pub(crate) generation: u64,
-    pub(crate) deliveries: Receiver<ConsumerMessage>,
+    pub(crate) deliveries: Deliveries,
 }
 
 /// Where a worker takes its deliveries.
@@ -82,16 +82,24 @@ impl Source {
                 continue;
             };
             let generation = feed.generation;
-            let read = select! {
-                recv(feed.deliveries) -> msg => msg,
-                recv(feeds) -> feed => match feed {
+            let mut select = Select::new();
+            let on_delivery = feed.deliveries.register(&mut select);
+            let on_feed = select.recv(feeds);
+            select.recv(timeout);
+            let op = select.select();
+            let read = match op.index() {
+                i if i == on_delivery => feed.deliveries.read(op),
+                i if i == on_feed => match op.recv(feeds) {
                     Ok(feed) => {
                         *current = Some(feed);
                         continue;
                     }
                     Err(_) => return Next::End,
                 },
-                recv(timeout) -> _ => return Next::Timeout,
+                _ => {
+                    let _ = op.recv(timeout);
+                    return Next::Timeout;
+                }
             };
             match read {
                 Ok(ConsumerMessage::Delivery(d)) => {

@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amiquip::{Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Delivery};
+use crate::transport::{
+    Channel, ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Delivery,
+};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::context::Context;
@@ -17,14 +19,14 @@ use crate::error::{Error, Result};
 use crate::observe::PublishOutcome;
 
 /// Hands the responder's replies returned so far to its hooks.
-pub(super) fn count_returned(ctx: &Context, returns: &Receiver<amiquip::Return>) {
+pub(super) fn count_returned(ctx: &Context, returns: &Receiver<crate::transport::Return>) {
     for r in returns.try_iter() {
         reply_returned(ctx, r);
     }
 }
 
 /// A responder's reply the broker could not route.
-pub(super) fn reply_returned(ctx: &Context, r: amiquip::Return) {
+pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
     ctx.observer
         .published(&r.exchange, PublishOutcome::Unroutable);
     if let Some(hooks) = &ctx.replies {
@@ -67,14 +69,17 @@ pub(super) fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<
 }
 
 /// `basic.consume` on the queue with the consumer's options.
-pub(super) fn consume_on<'c>(ctx: &Context, channel: &'c Channel) -> Result<amiquip::Consumer<'c>> {
+pub(super) fn consume_on<'c>(
+    ctx: &Context,
+    channel: &'c Channel,
+) -> Result<crate::transport::Consumer<'c>> {
     let mut arguments = crate::connection::to_table(&ctx.arguments);
     if let Some(next) = ctx.stream_cursor.as_ref().and_then(|c| c.resume_at()) {
         // A stream reader subscribing again after a reconnect goes on where it was, not from
         // the offset it first asked for.
         arguments.insert(
             "x-stream-offset".into(),
-            amiquip::AmqpValue::LongLongInt(i64::try_from(next).unwrap_or(i64::MAX)),
+            crate::transport::AmqpValue::LongLongInt(i64::try_from(next).unwrap_or(i64::MAX)),
         );
     }
     let options = AmqpConsumerOptions {
@@ -105,7 +110,7 @@ pub(super) fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
     Ok(channel)
 }
 
-pub(super) fn consume_error(queue: &str, e: amiquip::Error) -> Error {
+pub(super) fn consume_error(queue: &str, e: crate::transport::AmqpError) -> Error {
     Error::from_amqp_on("queue", queue, "consuming from", e)
 }
 
@@ -118,7 +123,7 @@ pub(super) fn consume_error(queue: &str, e: amiquip::Error) -> Error {
 /// dropped before this has run (amiquip's own `Drop` cancels without waiting).
 pub(crate) fn cancel_and_drain(
     queue: &str,
-    consumer: &amiquip::Consumer<'_>,
+    consumer: &crate::transport::Consumer<'_>,
     mut on_delivery: impl FnMut(Delivery),
 ) {
     if let Err(e) = consumer.cancel() {

@@ -378,20 +378,6 @@ impl Message {
         props
     }
 
-    /// Moves the body, properties, exchange and routing key out of an amiquip delivery into a
-    /// received message; what is left of `d` (its tag, on its channel) is enough to settle it.
-    pub(crate) fn take_delivery(d: &mut amiquip::Delivery) -> Message {
-        let received = Received {
-            exchange: std::mem::take(&mut d.exchange),
-            routing_key: std::mem::take(&mut d.routing_key),
-            redelivered: d.redelivered,
-            delivery_tag: d.delivery_tag(),
-        };
-        let body = std::mem::take(&mut d.body);
-        let properties = std::mem::take(&mut d.properties);
-        Message::from_delivery(body, properties, received)
-    }
-
     /// A message as received: envelope from the reserved headers, the engine's other known
     /// reserved headers (the declared route) beside it, every other header as an application
     /// header. Reserved names this crate does not know are not handed to the application.

@@ -116,7 +116,7 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
                 .map_err(|e| Error::from_amqp_on("queue", queue, "reading from", e))?;
             let Some(got) = got else { break };
             let mut delivery = got.delivery;
-            messages.push(Message::take_delivery(&mut delivery));
+            messages.push(delivery.take_message());
         }
         Ok(())
     };

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use amiquip::{Confirm, Return};
+use crate::transport::{Confirm, Return};
 use crossbeam_channel::{never, select, Receiver};
 
 use super::state::{channel_failure, fail_all, Control, Shared};
@@ -70,7 +70,7 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                             .channel
                             .try_lock_for(CHANNEL_FAILURE_WAIT)
                             .and_then(|mut c| c.take());
-                        let failure = channel_failure(channel, amiquip::Error::EventLoopDropped);
+                        let failure = channel_failure(channel, crate::transport::AmqpError::EventLoopDropped);
                         let mut state = shared.state.lock();
                         // (A new channel installed meanwhile failed these already.)
                         if state.epoch == epoch {

@@ -14,7 +14,7 @@
 //! the check is 8 bytes stricter than the broker, never looser
 //! (`tests/frame_limit.rs::the_computed_header_frame_size_is_the_one_the_broker_measures`).
 
-use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use crate::transport::{AmqpProperties, AmqpValue, FieldTable};
 
 use crate::envelope::{HeaderValue, Message};
 use crate::error::{Error, Result};

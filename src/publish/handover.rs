@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use amiquip::Publish;
+use crate::transport::Publish;
 use parking_lot::{Mutex, MutexGuard};
 
 use super::frame::check_message_fits;
@@ -182,7 +182,7 @@ impl Publisher {
             };
             let sent = match channel.as_ref() {
                 Some(c) => c.basic_publish(exchange, publish),
-                None => Err(amiquip::Error::EventLoopDropped),
+                None => Err(crate::transport::AmqpError::EventLoopDropped),
             };
             let Err(e) = sent else {
                 return Ok(());
@@ -223,7 +223,7 @@ impl Publisher {
         let link = self.inner.connection.link(wait)?;
         let wait = deadline.saturating_duration_since(Instant::now());
         let channel = link.open_channel_within(wait)?;
-        let setup = || -> std::result::Result<_, amiquip::Error> {
+        let setup = || -> std::result::Result<_, crate::transport::AmqpError> {
             let returns = channel.listen_for_returns()?;
             let confirms = channel.listen_for_publisher_confirms()?;
             channel.enable_publisher_confirms()?;
@@ -261,11 +261,11 @@ impl Publisher {
 /// [`PublishOutcome::Unconfirmed`] (or [`Failed`](PublishOutcome::Failed)), as the
 /// [`Publisher`] reports its own publishes; a return of it is reported where it is read.
 pub(crate) fn send_unconfirmed(
-    channel: &amiquip::Channel,
+    channel: &crate::transport::Channel,
     exchange: &str,
     publish: Publish<'_>,
     observer: &dyn Observer,
-) -> std::result::Result<(), amiquip::Error> {
+) -> std::result::Result<(), crate::transport::AmqpError> {
     let sent = channel.basic_publish(exchange, publish);
     let outcome = match sent {
         Ok(()) => PublishOutcome::Unconfirmed,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use amiquip::{Confirm, Return};
+use crate::transport::{Confirm, Return};
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex};
 
@@ -32,7 +32,7 @@ pub(super) struct Current {
     /// handed to amiquip under this one alone (taken with the caller's deadline), so that
     /// `basic_publish` — which blocks, without a deadline, once amiquip's buffer is full —
     /// never holds up the confirm thread, [`Publisher::in_flight`] or [`Publisher::close`].
-    pub(super) channel: Arc<Mutex<Option<amiquip::Channel>>>,
+    pub(super) channel: Arc<Mutex<Option<crate::transport::Channel>>>,
     pub(super) next_tag: u64,
 }
 
@@ -90,11 +90,13 @@ impl ChannelFailure {
 /// Why the channel went away, from its error `e` or (amiquip reports the broker's reason on the
 /// channel's next call) from closing `broken`. Never called under the state lock.
 pub(super) fn channel_failure(
-    broken: Option<amiquip::Channel>,
-    e: amiquip::Error,
+    broken: Option<crate::transport::Channel>,
+    e: crate::transport::AmqpError,
 ) -> ChannelFailure {
-    let server = |e: &amiquip::Error| match e {
-        amiquip::Error::ServerClosedChannel { code, message, .. } => Some((*code, message.clone())),
+    let server = |e: &crate::transport::AmqpError| match e {
+        crate::transport::AmqpError::ServerClosedChannel { code, message, .. } => {
+            Some((*code, message.clone()))
+        }
         _ => None,
     };
     let mut found = server(&e);

@@ -4,7 +4,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use amiquip::{AmqpProperties, FieldTable};
+use crate::transport::{AmqpProperties, FieldTable};
 
 use crate::codec::{Codec, JsonCodec};
 use crate::envelope::{headers, now_ms, HeaderValue, Message, Received};

@@ -8,8 +8,8 @@ use super::channel::{
     QueueState, Shell, Transport,
 };
 use super::wire::{
-    AmqpError, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable,
-    Publish, QueueDeclareOptions, QueueDeleteOptions, Return,
+    AmqpError, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
+    QueueDeclareOptions, QueueDeleteOptions, Return,
 };
 
 type R<T> = std::result::Result<T, AmqpError>;
@@ -48,9 +48,6 @@ fn queue_state(q: &amiquip::Queue<'_>) -> QueueState {
 }
 
 impl ChannelApi for AmqpChannel {
-    fn channel_id(&self) -> u16 {
-        self.0.channel_id()
-    }
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
         self.0.qos(prefetch_size, prefetch_count, global)
     }
@@ -77,13 +74,7 @@ impl ChannelApi for AmqpChannel {
     fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
         self.0.queue_bind(queue, exchange, key, arguments)
     }
-    fn queue_unbind(
-        &self,
-        queue: &str,
-        exchange: &str,
-        key: &str,
-        arguments: FieldTable,
-    ) -> R<()> {
+    fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
         self.0.queue_unbind(queue, exchange, key, arguments)
     }
     fn queue_purge(&self, queue: &str) -> R<u32> {
@@ -133,9 +124,6 @@ impl ChannelApi for AmqpChannel {
             d.nack(&self.0, requeue)
         }
     }
-    fn reject(&self, delivery: Delivery, requeue: bool) -> R<()> {
-        shell(delivery).reject(&self.0, requeue)
-    }
     fn nack_all(&self, requeue: bool) -> R<()> {
         self.0.nack_all(requeue)
     }
@@ -147,9 +135,6 @@ impl ChannelApi for AmqpChannel {
 struct AmqpConsumer<'a>(amiquip::Consumer<'a>);
 
 impl ConsumerApi for AmqpConsumer<'_> {
-    fn consumer_tag(&self) -> &str {
-        self.0.consumer_tag()
-    }
     fn cancel(&self) -> R<()> {
         self.0.cancel()
     }

@@ -8,6 +8,8 @@ use crossbeam_channel::{
     Receiver, RecvError, RecvTimeoutError, Select, SelectedOperation, TryRecvError,
 };
 
+use crate::envelope::{Message, Received};
+
 use super::wire::{
     AmqpError, AmqpProperties, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType,
     FieldTable, Publish, QueueDeclareOptions, QueueDeleteOptions, Return,
@@ -25,7 +27,6 @@ pub(crate) trait Transport: Send {
 
 /// One channel. Delivery tags are per channel, from 1, shared by consumed and got deliveries.
 pub(crate) trait ChannelApi: Send {
-    fn channel_id(&self) -> u16;
     /// `basic.qos` with a per-consumer count (`global` false, as the engine asks).
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()>;
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()>;
@@ -38,8 +39,7 @@ pub(crate) trait ChannelApi: Send {
     fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState>;
     fn queue_declare_passive(&self, queue: &str) -> R<QueueState>;
     fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()>;
-    fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable)
-        -> R<()>;
+    fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()>;
     fn queue_purge(&self, queue: &str) -> R<u32>;
     fn queue_delete(&self, queue: &str, options: QueueDeleteOptions) -> R<u32>;
     fn exchange_declare(
@@ -54,7 +54,6 @@ pub(crate) trait ChannelApi: Send {
     fn basic_get(&self, queue: &str, no_ack: bool) -> R<Option<Get>>;
     fn ack(&self, delivery: Delivery, multiple: bool) -> R<()>;
     fn nack(&self, delivery: Delivery, multiple: bool, requeue: bool) -> R<()>;
-    fn reject(&self, delivery: Delivery, requeue: bool) -> R<()>;
     /// Rejects every unacknowledged delivery on the channel (`multiple` with tag 0).
     fn nack_all(&self, requeue: bool) -> R<()>;
     fn close(self: Box<Self>) -> R<()>;
@@ -62,7 +61,6 @@ pub(crate) trait ChannelApi: Send {
 
 /// One subscription (`basic.consume`); its deliveries are read from [`Consumer::receiver`].
 pub(crate) trait ConsumerApi {
-    fn consumer_tag(&self) -> &str;
     /// `basic.cancel`; the buffer then ends with [`ConsumerMessage::ClientCancelled`].
     fn cancel(&self) -> R<()>;
 }
@@ -77,9 +75,6 @@ impl Channel {
         Channel { api }
     }
 
-    pub(crate) fn channel_id(&self) -> u16 {
-        self.api.channel_id()
-    }
     pub(crate) fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
         self.api.qos(prefetch_size, prefetch_count, global)
     }
@@ -201,9 +196,6 @@ impl<'a> Consumer<'a> {
     pub(crate) fn receiver(&self) -> &Deliveries {
         &self.receiver
     }
-    pub(crate) fn consumer_tag(&self) -> &str {
-        self.api.consumer_tag()
-    }
     pub(crate) fn cancel(&self) -> R<()> {
         self.api.cancel()
     }
@@ -211,7 +203,7 @@ impl<'a> Consumer<'a> {
 
 /// What settles a delivery on its transport: amiquip acks with what is left of its own
 /// delivery (its channel and tag); the in-process broker needs only the tag.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Shell {
     Amqp(amiquip::Delivery),
     #[cfg(feature = "memory")]
@@ -219,7 +211,7 @@ pub(crate) enum Shell {
 }
 
 /// A message delivered to a consumer or got: amiquip's fields, and what settles it.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Delivery {
     /// Set when the message was delivered before (requeued).
     pub(crate) redelivered: bool,
@@ -232,6 +224,7 @@ pub(crate) struct Delivery {
 }
 
 impl Delivery {
+    #[cfg(feature = "memory")]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         delivery_tag: u64,
@@ -258,6 +251,20 @@ impl Delivery {
         self.delivery_tag
     }
 
+    /// Moves the body, properties, exchange and routing key out into a received message; what
+    /// is left (its tag, and on AMQP amiquip's delivery on its channel) is enough to settle it.
+    pub(crate) fn take_message(&mut self) -> Message {
+        let received = Received {
+            exchange: std::mem::take(&mut self.exchange),
+            routing_key: std::mem::take(&mut self.routing_key),
+            redelivered: self.redelivered,
+            delivery_tag: self.delivery_tag,
+        };
+        let body = std::mem::take(&mut self.body);
+        let properties = std::mem::take(&mut self.properties);
+        Message::from_delivery(body, properties, received)
+    }
+
     pub(crate) fn shell(self) -> Shell {
         self.shell
     }
@@ -271,19 +278,14 @@ impl Delivery {
     pub(crate) fn nack(self, channel: &Channel, requeue: bool) -> R<()> {
         channel.api.nack(self, false, requeue)
     }
-    pub(crate) fn nack_multiple(self, channel: &Channel, requeue: bool) -> R<()> {
-        channel.api.nack(self, true, requeue)
-    }
-    pub(crate) fn reject(self, channel: &Channel, requeue: bool) -> R<()> {
-        channel.api.reject(self, requeue)
-    }
 }
 
 /// A `basic.get` answer.
 #[derive(Debug)]
 pub(crate) struct Get {
     pub(crate) delivery: Delivery,
-    /// Messages left in the queue.
+    /// Messages left in the queue (no caller reads it yet; the seam carries it as AMQP does).
+    #[allow(dead_code)]
     pub(crate) message_count: u32,
 }
 
@@ -339,13 +341,11 @@ pub(crate) enum Deliveries {
 }
 
 impl Deliveries {
-    pub(crate) fn recv(&self) -> Result<ConsumerMessage, RecvError> {
-        match self {
-            Deliveries::Amqp(rx) => rx.recv().map(ConsumerMessage::from_amqp),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => rx.recv(),
-        }
+    /// A buffer that never yields (for a select arm that is switched off).
+    pub(crate) fn never() -> Deliveries {
+        Deliveries::Amqp(crossbeam_channel::never())
     }
+
     pub(crate) fn try_recv(&self) -> Result<ConsumerMessage, TryRecvError> {
         match self {
             Deliveries::Amqp(rx) => rx.try_recv().map(ConsumerMessage::from_amqp),

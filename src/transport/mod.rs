@@ -27,12 +27,9 @@ pub(crate) mod memory;
 mod wire;
 
 pub(crate) use amqp::AmqpTransport;
-pub(crate) use channel::{
-    Channel, ChannelApi, Consumer, ConsumerApi, ConsumerMessage, Deliveries, Delivery, Get,
-    QueueState, Shell, Transport,
-};
+pub(crate) use channel::{Channel, Consumer, ConsumerMessage, Deliveries, Delivery, Transport};
 pub(crate) use wire::{
-    AmqpError, AmqpProperties, AmqpValue, Blocked, Confirm, ConfirmPayload, ConsumerOptions,
+    AmqpError, AmqpProperties, AmqpValue, Blocked, Confirm, ConsumerOptions,
     ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
     QueueDeleteOptions, Return,
 };

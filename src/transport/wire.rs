@@ -3,8 +3,10 @@
 //! protocol's too ([`AmqpError`]): a refusal carries its reply code (404, 405, 406, 540) as
 //! RabbitMQ sends it, so `Error::from_amqp_on` reads one form whichever transport answered.
 
+#[cfg(feature = "memory")]
+pub(crate) use amiquip::ConfirmPayload;
 pub(crate) use amiquip::{
-    AmqpProperties, AmqpValue, Confirm, ConfirmPayload, ConnectionBlockedNotification as Blocked,
-    ConsumerOptions, Error as AmqpError, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
+    AmqpProperties, AmqpValue, Confirm, ConnectionBlockedNotification as Blocked, ConsumerOptions,
+    Error as AmqpError, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
     QueueDeclareOptions, QueueDeleteOptions, Return,
 };

@@ -1,6 +1,6 @@
 //! Passive checks, deletes and purges of queues and exchanges.
 
-use amiquip::QueueDeleteOptions;
+use crate::transport::QueueDeleteOptions;
 
 use super::calls::map_err;
 use super::spec::QueueInfo;
@@ -22,8 +22,8 @@ impl Connection {
                 .map_err(|e| map_err("queue", name, "checking", e))?;
             Ok(QueueInfo {
                 name: q.name().to_string(),
-                message_count: q.declared_message_count().unwrap_or(0),
-                consumer_count: q.declared_consumer_count().unwrap_or(0),
+                message_count: q.message_count(),
+                consumer_count: q.consumer_count(),
             })
         })
     }

@@ -1,12 +1,17 @@
 //! The AMQP calls that declare one exchange, queue or binding on a given channel, with the
 //! broker's refusals mapped to this crate's errors.
 
-use amiquip::{Channel, ExchangeDeclareOptions, ExchangeType};
+use crate::transport::{Channel, ExchangeDeclareOptions, ExchangeType};
 
 use super::spec::{to_table, Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueSpec};
 use crate::error::{Error, Result};
 
-pub(super) fn map_err(kind: &'static str, name: &str, doing: &str, e: amiquip::Error) -> Error {
+pub(super) fn map_err(
+    kind: &'static str,
+    name: &str,
+    doing: &str,
+    e: crate::transport::AmqpError,
+) -> Error {
     Error::from_amqp_on(kind, name, doing, e)
 }
 
@@ -36,8 +41,8 @@ pub(crate) fn declare_queue_on(channel: &Channel, spec: &QueueSpec) -> Result<Qu
         .map_err(|e| map_err("queue", &spec.name, "declaring", e))?;
     Ok(QueueInfo {
         name: q.name().to_string(),
-        message_count: q.declared_message_count().unwrap_or(0),
-        consumer_count: q.declared_consumer_count().unwrap_or(0),
+        message_count: q.message_count(),
+        consumer_count: q.consumer_count(),
     })
 }
 

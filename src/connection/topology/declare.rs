@@ -1,7 +1,7 @@
 //! Declaring exchanges and queues, binding and unbinding, each on a short-lived channel, and
 //! remembering what was declared.
 
-use amiquip::Channel;
+use crate::transport::Channel;
 
 use super::calls::{bind_on, declare_exchange_on, declare_queue_on, map_err};
 use super::remembered::upsert;

@@ -3,7 +3,7 @@
 
 use parking_lot::Mutex;
 
-use amiquip::Channel;
+use crate::transport::Channel;
 
 use super::calls::{bind_on, declare_exchange_on, declare_queue_on};
 use super::spec::{Binding, ExchangeSpec, QueueSpec};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use amiquip::{FieldTable, QueueDeclareOptions};
+use crate::transport::{FieldTable, QueueDeclareOptions};
 
 use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
@@ -199,13 +199,13 @@ impl QueueSpec {
             QueueKind::Quorum => {
                 arguments.insert(
                     "x-queue-type".into(),
-                    amiquip::AmqpValue::LongString("quorum".into()),
+                    crate::transport::AmqpValue::LongString("quorum".into()),
                 );
             }
             QueueKind::Stream => {
                 arguments.insert(
                     "x-queue-type".into(),
-                    amiquip::AmqpValue::LongString("stream".into()),
+                    crate::transport::AmqpValue::LongString("stream".into()),
                 );
             }
         }

@@ -55,7 +55,7 @@ impl Pass<'_, '_> {
 
     fn read_loop(
         &mut self,
-        channel: &amiquip::Channel,
+        channel: &crate::transport::Channel,
         publisher: Option<&crate::Publisher>,
         held: &mut usize,
     ) -> Result<Stopped> {
@@ -81,7 +81,7 @@ impl Pass<'_, '_> {
                 return Ok(Stopped::Drained);
             };
             let mut delivery = got.delivery;
-            let message = Message::take_delivery(&mut delivery);
+            let message = delivery.take_message();
             self.read += 1;
             let wanted = match self.options.filter.as_mut() {
                 Some(filter) => filter(&message),

@@ -7,7 +7,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use amiquip::Return;
+use crate::transport::Return;
 
 use super::wire::{failure, header_text, returned_header, REPLY_QUEUE_PREFIX};
 use crate::consume::reply::{Reply, ReplyHooks};

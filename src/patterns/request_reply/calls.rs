@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use amiquip::{ConsumerMessage, Publish, Return};
-use crossbeam_channel::{never, select, Receiver, Sender};
+use crate::transport::{ConsumerMessage, Deliveries, Publish, Return};
+use crossbeam_channel::{Receiver, Select, Sender};
 use parking_lot::{Condvar, Mutex};
 
 use super::reply_queue::Session;
@@ -162,49 +162,51 @@ impl Inner {
         let mut replies = session.replies;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            select! {
-                recv(rx) -> r => {
-                    return match r {
-                        Ok(Ok(reply)) => answer(reply),
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(Error::Closed { what: "requester" }),
-                    };
+            let mut select = Select::new();
+            let on_slot = select.recv(&rx);
+            let on_reply = replies.register(&mut select);
+            let Ok(op) = select.select_timeout(left) else {
+                if inner.forget(correlation) {
+                    inner.timed_out.fetch_add(1, Ordering::Relaxed);
+                    return Err(Error::RequestTimeout {
+                        routing_key: inner.routing_key.clone(),
+                        correlation_id: correlation.to_string(),
+                        after: timeout,
+                    });
                 }
-                recv(replies) -> msg => match msg {
-                    Ok(ConsumerMessage::Delivery(mut d)) => {
-                        let reply = Message::take_delivery(&mut d);
-                        if session.acks.took(d) {
-                            let _ = inner.ack_wake.try_send(());
-                        }
-                        // Ours (the usual case): straight back, once taken out of the map.
-                        let mine = reply.envelope.correlation_id.as_deref() == Some(correlation);
-                        if mine && inner.forget(correlation) {
-                            return answer(reply);
-                        }
-                        inner.deliver(reply);
+                // The reply (or the news of a lost connection) won the race.
+                return match rx.try_recv() {
+                    Ok(Ok(reply)) => answer(reply),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(Error::Closed { what: "requester" }),
+                };
+            };
+            if op.index() == on_slot {
+                return match op.recv(&rx) {
+                    Ok(Ok(reply)) => answer(reply),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(Error::Closed { what: "requester" }),
+                };
+            }
+            debug_assert_eq!(op.index(), on_reply);
+            match replies.read(op) {
+                Ok(ConsumerMessage::Delivery(mut d)) => {
+                    let reply = d.take_message();
+                    if session.acks.took(d) {
+                        let _ = inner.ack_wake.try_send(());
                     }
-                    // The reply consumer ended (connection lost, queue deleted, closing):
-                    // `acemq-requester` answers every waiting call; wait for that.
-                    _ => {
-                        let _ = inner.ended.try_send(session.number);
-                        replies = never();
+                    // Ours (the usual case): straight back, once taken out of the map.
+                    let mine = reply.envelope.correlation_id.as_deref() == Some(correlation);
+                    if mine && inner.forget(correlation) {
+                        return answer(reply);
                     }
-                },
-                default(left) => {
-                    if inner.forget(correlation) {
-                        inner.timed_out.fetch_add(1, Ordering::Relaxed);
-                        return Err(Error::RequestTimeout {
-                            routing_key: inner.routing_key.clone(),
-                            correlation_id: correlation.to_string(),
-                            after: timeout,
-                        });
-                    }
-                    // The reply (or the news of a lost connection) won the race.
-                    return match rx.try_recv() {
-                        Ok(Ok(reply)) => answer(reply),
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(Error::Closed { what: "requester" }),
-                    };
+                    inner.deliver(reply);
+                }
+                // The reply consumer ended (connection lost, queue deleted, closing):
+                // `acemq-requester` answers every waiting call; wait for that.
+                _ => {
+                    let _ = inner.ended.try_send(session.number);
+                    replies = Deliveries::never();
                 }
             }
         }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use amiquip::ConsumerMessage;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
@@ -15,8 +14,8 @@ pub(super) struct Session {
     pub(super) number: u64,
     pub(super) queue: String,
     /// Taken out and closed by `acemq-requester` when the session ends.
-    pub(super) requests: Arc<Mutex<Option<amiquip::Channel>>>,
-    pub(super) replies: Receiver<ConsumerMessage>,
+    pub(super) requests: Arc<Mutex<Option<crate::transport::Channel>>>,
+    pub(super) replies: crate::transport::Deliveries,
     /// The reply deliveries taken and acknowledged on this session's channel.
     pub(super) acks: Arc<ReplyAcks>,
 }
@@ -25,8 +24,8 @@ pub(super) struct Session {
 /// `acemq-requester`, which owns the channel, acknowledges them (`multiple`, the highest tag).
 #[derive(Debug)]
 pub(super) struct ReplyAcks {
-    taken: Sender<amiquip::Delivery>,
-    queue: Receiver<amiquip::Delivery>,
+    taken: Sender<crate::transport::Delivery>,
+    queue: Receiver<crate::transport::Delivery>,
     /// Half the prefetch: this many taken, `acemq-requester` is woken to acknowledge.
     half: usize,
 }
@@ -43,7 +42,7 @@ impl ReplyAcks {
     }
 
     /// A delivery was taken (its message read out); true when it is time to acknowledge.
-    pub(super) fn took(&self, delivery: amiquip::Delivery) -> bool {
+    pub(super) fn took(&self, delivery: crate::transport::Delivery) -> bool {
         // Full cannot happen (at most the prefetch is unacknowledged); a delivery not kept is
         // covered by the `multiple` acknowledgement of a later one anyway.
         let _ = self.taken.try_send(delivery);
@@ -51,8 +50,8 @@ impl ReplyAcks {
     }
 
     /// Acknowledges everything taken so far, on the reply channel.
-    pub(super) fn ack(&self, channel: &amiquip::Channel) {
-        let mut highest: Option<amiquip::Delivery> = None;
+    pub(super) fn ack(&self, channel: &crate::transport::Channel) {
+        let mut highest: Option<crate::transport::Delivery> = None;
         while let Ok(d) = self.queue.try_recv() {
             if highest
                 .as_ref()

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use amiquip::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
+use crate::transport::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
 use crossbeam_channel::{select, Receiver, Sender};
 use parking_lot::Mutex;
 
@@ -16,7 +16,7 @@ use super::calls::Inner;
 use super::reply_queue::{ReplyAcks, Session};
 use super::wire::REPLY_QUEUE_PREFIX;
 use crate::connection::{declare_queue_on, Link, QueueSpec};
-use crate::envelope::{new_id, Message};
+use crate::envelope::new_id;
 use crate::error::{Error, Result};
 
 /// While no call waits, `acemq-requester` reads the reply queue itself this often.
@@ -31,9 +31,9 @@ impl Inner {
     /// else how many it read.
     fn read_idle(
         &self,
-        replies: &Receiver<ConsumerMessage>,
+        replies: &crate::transport::Deliveries,
         acks: &ReplyAcks,
-        channel: &amiquip::Channel,
+        channel: &crate::transport::Channel,
     ) -> Option<usize> {
         let mut read = 0;
         let alive = loop {
@@ -42,7 +42,7 @@ impl Inner {
             }
             match replies.try_recv() {
                 Ok(ConsumerMessage::Delivery(mut d)) => {
-                    let reply = Message::take_delivery(&mut d);
+                    let reply = d.take_message();
                     if acks.took(d) {
                         acks.ack(channel);
                     }
@@ -244,7 +244,7 @@ fn run_session(
         }
     }
     crate::consume::subscribe::cancel_and_drain(&spec.name, &consumer, |mut d| {
-        let reply = Message::take_delivery(&mut d);
+        let reply = d.take_message();
         acks.took(d);
         inner.deliver(reply)
     });
@@ -260,9 +260,11 @@ fn run_session(
 
 /// The broker's reason for closing the request channel: amiquip reports it on the channel's
 /// next call.
-fn closed_reason(requests: &Mutex<Option<amiquip::Channel>>) -> Option<(u16, String)> {
+fn closed_reason(requests: &Mutex<Option<crate::transport::Channel>>) -> Option<(u16, String)> {
     match requests.lock().take()?.close() {
-        Err(amiquip::Error::ServerClosedChannel { code, message, .. }) => Some((code, message)),
+        Err(crate::transport::AmqpError::ServerClosedChannel { code, message, .. }) => {
+            Some((code, message))
+        }
         _ => None,
     }
 }

@@ -2,7 +2,7 @@
 //! reply queue, the text headers, and the failure reply (written by the responder, read by the
 //! requester as [`Error::Responder`]).
 
-use amiquip::Return;
+use crate::transport::Return;
 
 use crate::envelope::{headers, HeaderValue, Message};
 use crate::error::{Error, Result};

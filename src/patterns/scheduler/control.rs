@@ -40,7 +40,7 @@ pub(super) struct Scheduled {
     /// The application's headers, the four scheduler headers among them as received.
     pub(super) headers: std::collections::BTreeMap<String, HeaderValue>,
     /// The header table as received, so that unchanged headers keep their AMQP types.
-    pub(super) received: Option<Arc<amiquip::FieldTable>>,
+    pub(super) received: Option<Arc<crate::transport::FieldTable>>,
 }
 
 /// Removes the four scheduler headers and the broker's dead-letter bookkeeping.

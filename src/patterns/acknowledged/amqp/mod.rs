@@ -86,7 +86,7 @@ mod state;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 
-use amiquip::ConsumerOptions as AmqpConsumerOptions;
+use crate::transport::ConsumerOptions as AmqpConsumerOptions;
 
 pub use options::AmqpQueueOptions;
 pub use settle::AmqpAcknowledge;

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use amiquip::ConsumerMessage;
+use crate::transport::ConsumerMessage;
 
 use super::state::{AmqpToken, QueueState};
 use crate::error::{Error, Result};
@@ -15,7 +15,7 @@ use crate::patterns::acknowledged::store_apply::Message;
 /// Deliveries from an [`AmqpQueue`](super::AmqpQueue).
 pub struct AmqpSource<'a> {
     queue: &'a QueueState,
-    consumer: Option<amiquip::Consumer<'a>>,
+    consumer: Option<crate::transport::Consumer<'a>>,
 }
 
 impl std::fmt::Debug for AmqpSource<'_> {
@@ -69,7 +69,7 @@ impl Source for AmqpSource<'_> {
         match msg {
             ConsumerMessage::Delivery(mut d) => {
                 self.queue.unsettled.borrow_mut().insert(d.delivery_tag());
-                let mut received = crate::Message::take_delivery(&mut d);
+                let mut received = d.take_message();
                 let identifier = self.queue.identify(&received);
                 let body = std::mem::take(&mut received.body);
                 Ok(Polled::Item(Delivery::new(
@@ -128,7 +128,10 @@ impl Source for AmqpSource<'_> {
 
 impl<'a> AmqpSource<'a> {
     /// The source of one run, consuming with `consumer` on the queue's channel.
-    pub(super) fn new(queue: &'a QueueState, consumer: amiquip::Consumer<'a>) -> AmqpSource<'a> {
+    pub(super) fn new(
+        queue: &'a QueueState,
+        consumer: crate::transport::Consumer<'a>,
+    ) -> AmqpSource<'a> {
         AmqpSource {
             queue,
             consumer: Some(consumer),

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use amiquip::Channel;
+use crate::transport::Channel;
 
 use super::options::IdentifierFn;
 use crate::connection::Connection;
@@ -18,7 +18,7 @@ const MAX_TRACKED_FAILURES: usize = 4096;
 /// A rolled-back delivery waiting for its requeue.
 pub(super) struct Held {
     pub(super) due: Instant,
-    pub(super) delivery: amiquip::Delivery,
+    pub(super) delivery: crate::transport::Delivery,
 }
 
 /// Consecutive failures of one message identity.
@@ -143,7 +143,7 @@ impl QueueState {
 /// body is the [`Message`](crate::patterns::acknowledged::Message)'s payload), for a dead-letter copy.
 #[derive(Debug, Clone)]
 pub struct AmqpToken {
-    pub(super) delivery: amiquip::Delivery,
+    pub(super) delivery: crate::transport::Delivery,
     pub(super) received: Box<crate::Message>,
 }
 
