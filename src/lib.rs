@@ -84,7 +84,8 @@
 //! | `encryption` | no | `codecs::encrypted`: the family's AES-GCM codec and its keys |
 //! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`] |
 //! | `test-ca` | no | `test_ca`: a development certificate authority for TLS tests (`rcgen`) |
-//! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received` |
+//! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received`, `MemoryBroker`; turns on `memory` |
+//! | `memory` | no | `memory://name`: an in-process broker for tests without RabbitMQ (`testing::MemoryBroker` gives its faults) |
 //! | `internals` | no | hidden hooks for this crate's benchmarks and fuzzing; no stability promise |
 //!
 //! The examples use `serde_json` (`serde_json::json!`), as the first one above does: add it to
