@@ -490,6 +490,57 @@ fn consuming(s: &mut Suite, conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Publishing and consuming through the in-process broker (`memory://`, what a user's tests run
+/// on) beside raw amiquip on RabbitMQ: what the library costs without a socket, and how much
+/// faster a test on `memory://` is than one on the real broker.
+fn in_process(s: &mut Suite) -> Result<()> {
+    let queue = format!("bench.inproc.{}", std::process::id());
+    let memory = Connection::open(&format!("memory://bench-{}", std::process::id()))?;
+    let rabbit = Connection::open(AMQP)?;
+    memory.declare_queue(&QueueSpec::new(&queue).classic())?;
+    rabbit.declare_queue(&QueueSpec::new(&queue).classic())?;
+    let n = s.n(20_000, 5_000);
+    let (mut raw_pub, mut raw_con, mut mem_pub, mut mem_con) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..s.rounds {
+        rabbit.purge_queue(&queue)?;
+        raw_pub.push(rate(n, raw_publish(&queue, n, 100, false)));
+        raw_con.push(rate(n, common::raw_consume(&queue, n, 100)));
+        memory.purge_queue(&queue)?;
+        mem_pub.push(rate(n, our_publish(&memory, &queue, n, 100)?));
+        let opts = ConsumerOptions::new().prefetch(100).concurrency(1);
+        mem_con.push(rate(
+            n,
+            our_consume(&memory, &queue, n, opts, |_: &Message| Ok(Outcome::Accept))?,
+        ));
+    }
+    for (figure, ours, raw) in [
+        (
+            "publish, windows of 100, through memory://",
+            mem_pub,
+            raw_pub,
+        ),
+        (
+            "consume + ack through memory://, concurrency 1",
+            mem_con,
+            raw_con,
+        ),
+    ] {
+        s.push(Row {
+            figure: figure.into(),
+            unit: "msg/s",
+            ours: Some(median(ours)),
+            raw: Some(median(raw)),
+            target: Target::None,
+            rss_mib: 0.0,
+            note: format!("{n} × 200 B; raw is amiquip on RabbitMQ"),
+        });
+    }
+    memory.delete_queue(&queue)?;
+    rabbit.delete_queue(&queue)?;
+    memory.close()?;
+    rabbit.close()
+}
+
 // ---------------------------------------------------------------------------------------------
 // Databases
 
@@ -1768,7 +1819,7 @@ fn bench() -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let json = args.iter().any(|a| a == "--json");
     // `--only NAME[,NAME]`: publish, consume, idempotent, relay, stores, acknowledged, rpc,
-    // ordered, scheduler, memory.
+    // ordered, scheduler, memory, inproc.
     let only: Option<Vec<String>> = args
         .iter()
         .position(|a| a == "--only")
@@ -1836,6 +1887,9 @@ fn bench() -> Result<()> {
     }
     if wanted("memory") {
         s.figure(|s| memory(s, &conn))?;
+    }
+    if wanted("inproc") {
+        s.figure(in_process)?;
     }
     conn.close()?;
     let load_after = load_average();

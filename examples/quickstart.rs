@@ -2,7 +2,9 @@ use acemq_amqp::{Connection, Message, Outcome, QueueSpec};
 use std::time::Duration;
 
 fn main() -> acemq_amqp::Result<()> {
-    let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
+    // RabbitMQ by default; `-- memory://demo` runs it on the in-process broker instead.
+    let default = "amqp://guest:guest@127.0.0.1:5672/".to_string();
+    let connection = Connection::open(&std::env::args().nth(1).unwrap_or(default))?;
     connection.declare_queue(&QueueSpec::new("quickstart"))?; // durable: a quorum queue
     let (done, handled) = std::sync::mpsc::sync_channel(1);
     let consumer = connection.consume("quickstart", move |m: &Message| {
