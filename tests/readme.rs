@@ -71,3 +71,36 @@ fn with_the_default_options_a_handlers_err_is_dead_lettered_at_once_as_the_readm
         "{headers:?}"
     );
 }
+
+/// The README says `cargo run --example quickstart -- memory://demo` runs the quickstart with no
+/// RabbitMQ: the example binary (built by `cargo test` beside this test) handles its message on
+/// the in-process broker.
+#[test]
+fn the_quickstart_runs_on_memory_without_rabbitmq_as_the_readme_says() {
+    let exe = std::env::current_exe().expect("this test's path");
+    let quickstart = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("examples").join("quickstart"))
+        .expect("the build directory");
+    assert!(
+        quickstart.exists(),
+        "{} is missing: cargo test builds the examples beside the tests",
+        quickstart.display()
+    );
+    let url = format!("memory://readme-quickstart-{}", std::process::id());
+    let out = std::process::Command::new(&quickstart)
+        .arg(&url)
+        .output()
+        .expect("running the quickstart");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the quickstart on {url} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(r#"handled "#) && stdout.contains(r#"{"order_id":"o-1"}"#),
+        "the quickstart printed {stdout:?}"
+    );
+}
