@@ -46,8 +46,9 @@ pub(super) struct State {
 pub(super) struct Conn {
     pub(super) blocked_tx: Sender<Blocked>,
     pub(super) channels: HashMap<u16, Chan>,
-    /// Channels the broker closed, with why (later calls on them fail with it).
-    pub(super) closed: HashMap<u16, Refusal>,
+    /// Channels the broker closed, with why: the next call on one fails with it (later ones
+    /// with `EventLoopDropped`, as amiquip's do once it has handed the error over).
+    pub(super) closed: HashMap<u16, Option<Refusal>>,
     pub(super) next_channel: u16,
     /// Publishes held by a memory alarm, in order: (channel, confirm sequence number, publish).
     pub(super) held: VecDeque<(u16, Option<u64>, Outgoing)>,
@@ -172,8 +173,8 @@ impl State {
         let Some(c) = self.conns.get_mut(&conn) else {
             return Err(AmqpError::EventLoopDropped);
         };
-        if let Some(r) = c.closed.get(&chan) {
-            return Err(r.error(chan));
+        if let Some(r) = c.closed.get_mut(&chan) {
+            return Err(r.take().map_or(AmqpError::EventLoopDropped, |r| r.error(chan)));
         }
         c.channels.get_mut(&chan).ok_or(AmqpError::ClientClosedChannel)
     }

@@ -81,9 +81,21 @@ impl MemoryChannel {
         self.broker.with(|st| st.method(conn, chan, |st| f(st, conn, chan)))
     }
 
+    /// ack / nack / reject: no answer in AMQP, so a refusal (an unknown tag) closes the
+    /// channel after the call returned, as on RabbitMQ; the next call fails with it.
     fn settle(&self, delivery: Delivery, multiple: bool, requeue: Option<bool>) -> R<()> {
-        let tag = delivery.delivery_tag();
-        self.method(|st, conn, chan| st.settle_tags(conn, chan, tag, multiple, requeue))
+        self.settle_tag(delivery.delivery_tag(), multiple, requeue)
+    }
+
+    fn settle_tag(&self, tag: u64, multiple: bool, requeue: Option<bool>) -> R<()> {
+        let (conn, chan) = (self.conn, self.chan);
+        self.broker.with(|st| {
+            st.check(conn, chan)?;
+            if let Err(r) = st.settle_tags(conn, chan, tag, multiple, requeue) {
+                st.close_channel(conn, chan, End::Server(r));
+            }
+            Ok(())
+        })
     }
 }
 
@@ -191,7 +203,7 @@ impl ChannelApi for MemoryChannel {
         self.settle(delivery, false, Some(requeue))
     }
     fn nack_all(&self, requeue: bool) -> R<()> {
-        self.method(|st, conn, chan| st.settle_tags(conn, chan, 0, true, Some(requeue)))
+        self.settle_tag(0, true, Some(requeue))
     }
     fn close(self: Box<Self>) -> R<()> {
         let (conn, chan) = (self.conn, self.chan);

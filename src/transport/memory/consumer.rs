@@ -146,7 +146,10 @@ impl State {
         let Some(msg) = q.ready.pop_front() else {
             return Ok(None);
         };
-        let message_count = u32::try_from(q.ready.len()).unwrap_or(u32::MAX);
+        // RabbitMQ drops what expired at the new head before it counts.
+        self.expire(queue);
+        let ready = self.queues.get(queue).map_or(0, |q| q.ready.len());
+        let message_count = u32::try_from(ready).unwrap_or(u32::MAX);
         self.mark(queue);
         let ch = self.chan(conn, chan).expect("checked by the caller");
         ch.next_tag += 1;
@@ -244,7 +247,7 @@ impl State {
             return;
         };
         if let End::Server(r) = end {
-            c.closed.insert(chan, r);
+            c.closed.insert(chan, Some(r));
         }
         for (_, u) in ch.unacked {
             self.requeue(&u.queue, u.msg);

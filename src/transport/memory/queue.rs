@@ -9,7 +9,7 @@ use crossbeam_channel::Sender;
 
 use super::broker::State;
 use super::reply::{
-    access_refused, inequivalent, integer, locked, no_queue, not_emulated, precondition,
+    access_refused, bare_value, inequivalent, integer, locked, no_queue, not_emulated, precondition,
     same_value, type_name, value_text, Refusal, Refused,
 };
 use crate::transport::{
@@ -206,6 +206,9 @@ impl Queue {
                 (Some(a), Some(b)) => same_value(a, b),
                 _ => false,
             };
+            if let (false, Some(a), Some(b)) = (same, new, old) {
+                return Err(inequivalent(key, &what, &bare_value(a), &bare_value(b)));
+            }
             if !same {
                 return Err(inequivalent(key, &what, &value_text(new), &value_text(old)));
             }

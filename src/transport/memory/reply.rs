@@ -12,7 +12,17 @@ pub(super) struct Refusal {
 
 pub(super) type Refused<T> = Result<T, Refusal>;
 
-pub(super) fn refusal(code: u16, text: String) -> Refusal {
+/// A refusal; its text as RabbitMQ sends it (a short string: past 255 bytes, cut to 252 and
+/// `...`).
+pub(super) fn refusal(code: u16, mut text: String) -> Refusal {
+    if text.len() > 255 {
+        let mut end = 252;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("...");
+    }
     Refusal { code, text }
 }
 
@@ -132,6 +142,19 @@ pub(super) fn value_text(v: Option<&AmqpValue>) -> String {
         },
     };
     format!("the value '{shown}' of type '{}'", type_name(v))
+}
+
+/// A value as RabbitMQ prints it when both sides of a comparison have one (`'2000'`).
+pub(super) fn bare_value(v: &AmqpValue) -> String {
+    let shown = match v {
+        AmqpValue::LongString(s) => s.clone(),
+        AmqpValue::Boolean(b) => b.to_string(),
+        v => match integer(v) {
+            Some(i) => i.to_string(),
+            None => format!("{v:?}"),
+        },
+    };
+    format!("'{shown}'")
 }
 
 /// Two argument values equal as RabbitMQ compares them: integers of any width by value.
