@@ -580,13 +580,17 @@ fn delete_if_unused_if_empty_and_exclusive_consume() {
         out.push(format!("{:?}", c.queue_delete(&q, QueueDeleteOptions { if_empty: true, if_unused: false }).map_err(|e| seen(s, e))));
         let holder = t.open_channel().unwrap();
         let consumer = holder.basic_consume(&q, ConsumerOptions { no_ack: true, ..Default::default() }).unwrap();
+        let mut said = Vec::new();
+        match consumer.receiver().recv_timeout(Duration::from_secs(5)).unwrap() {
+            ConsumerMessage::Delivery(d) => said.push(body_of(&d)),
+            other => panic!("{other:?}"),
+        }
         let c = t.open_channel().unwrap();
         out.push(format!("{:?}", c.basic_consume(&q, ConsumerOptions { exclusive: true, ..Default::default() }).map(|_| ()).map_err(|e| seen(s, e))));
         let c = t.open_channel().unwrap();
         out.push(format!("{:?}", c.queue_delete(&q, QueueDeleteOptions { if_empty: false, if_unused: true }).map_err(|e| seen(s, e))));
         let c = t.open_channel().unwrap();
         out.push(format!("{:?}", c.queue_delete(&q, QueueDeleteOptions::default()).map_err(|e| seen(s, e))));
-        let mut said = Vec::new();
         while let Ok(m) = consumer.receiver().recv_timeout(Duration::from_secs(5)) {
             let ended = !matches!(m, ConsumerMessage::Delivery(_));
             said.push(match m {
