@@ -11,6 +11,9 @@ use crate::transport::{
     QueueDeclareOptions, QueueDeleteOptions, Transport,
 };
 
+/// One call tried on a fresh channel.
+type Attempt<'a, T> = Box<dyn Fn(&Channel) -> Result<T, AmqpError> + 'a>;
+
 const REAL: &str = "amqp://guest:guest@127.0.0.1:5672";
 
 /// One side of a contract test: a way to connect, and the names to delete at the end.
@@ -298,7 +301,7 @@ fn exchange_declare_conflicts_and_refusals() {
         let ch = t.open_channel().unwrap();
         ch.exchange_declare(ExchangeType::Direct, &x, ExchangeDeclareOptions::default()).unwrap();
         declare(&ch, &q, FieldTable::new());
-        let attempts: Vec<Box<dyn Fn(&Channel) -> Result<(), AmqpError>>> = vec![
+        let attempts: Vec<Attempt<'_, ()>> = vec![
             Box::new(|ch| ch.exchange_declare(ExchangeType::Fanout, &x, ExchangeDeclareOptions::default())),
             Box::new(|ch| ch.exchange_declare(ExchangeType::Direct, &x, ExchangeDeclareOptions { durable: true, ..Default::default() })),
             Box::new(|ch| ch.exchange_declare(ExchangeType::Direct, &x, ExchangeDeclareOptions { auto_delete: true, ..Default::default() })),
@@ -326,7 +329,7 @@ fn missing_things_are_404_and_publish_closes_the_channel_after() {
         let real_q = s.queue("q");
         let ch = t.open_channel().unwrap();
         declare(&ch, &real_q, FieldTable::new());
-        let attempts: Vec<Box<dyn Fn(&Channel) -> Result<String, AmqpError>>> = vec![
+        let attempts: Vec<Attempt<'_, String>> = vec![
             Box::new(|ch| ch.queue_declare_passive(&q).map(|_| "ok".into())),
             Box::new(|ch| ch.exchange_declare_passive(&x).map(|_| "ok".into())),
             Box::new(|ch| ch.queue_bind(&real_q, &x, "k", FieldTable::new()).map(|_| "ok".into())),
@@ -537,7 +540,7 @@ fn exclusive_queues_are_locked_and_go_with_their_connection() {
         let ch = owner.open_channel().unwrap();
         ch.queue_declare(&q, QueueDeclareOptions { exclusive: true, ..Default::default() }).unwrap();
         let mut out = Vec::new();
-        let attempts: Vec<Box<dyn Fn(&Channel) -> Result<String, AmqpError>>> = vec![
+        let attempts: Vec<Attempt<'_, String>> = vec![
             Box::new(|c| c.queue_declare_passive(&q).map(|_| "ok".into())),
             Box::new(|c| c.queue_declare(&q, QueueDeclareOptions { exclusive: true, ..Default::default() }).map(|_| "ok".into())),
             Box::new(|c| c.basic_consume(&q, ConsumerOptions::default()).map(|_| "ok".into())),
