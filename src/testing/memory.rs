@@ -39,7 +39,9 @@ pub struct MemoryBroker {
 
 impl std::fmt::Debug for MemoryBroker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryBroker").field("name", &self.name).finish()
+        f.debug_struct("MemoryBroker")
+            .field("name", &self.name)
+            .finish()
     }
 }
 

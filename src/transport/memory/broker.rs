@@ -8,72 +8,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 
-use super::publish::Outgoing;
-use super::queue::{Msg, Queue};
 use super::reply::Refusal;
-use super::routing::Exchange;
-use crate::transport::{AmqpError, Blocked, Confirm, Return};
-
-/// One broker (`memory://name`).
-pub(crate) struct Broker {
-    pub(super) state: Mutex<State>,
-    /// Wakes the clock thread: a new head deadline, or the clock advanced.
-    pub(super) clock: Condvar,
-}
-
-/// Everything the broker knows, under [`Broker::state`].
-pub(super) struct State {
-    pub(super) name: String,
-    pub(super) exchanges: HashMap<String, Exchange>,
-    pub(super) queues: HashMap<String, Queue>,
-    pub(super) conns: HashMap<u64, Conn>,
-    /// Connection ids, consumer tags and generated queue names are numbered from this.
-    pub(super) next_id: u64,
-    /// The order messages entered the broker in (a requeued message goes back to its place).
-    pub(super) seq: u64,
-    pub(super) refuse: bool,
-    pub(super) nack_next: u32,
-    pub(super) blocked: Option<String>,
-    pub(super) held_queues: HashSet<String>,
-    /// How far the broker clock is ahead of `Instant::now()`.
-    pub(super) offset: Duration,
-    pub(super) clock_running: bool,
-    /// Queues with something to dispatch.
-    pub(super) dirty: Vec<String>,
-}
-
-/// One connection.
-pub(super) struct Conn {
-    pub(super) blocked_tx: Sender<Blocked>,
-    pub(super) channels: HashMap<u16, Chan>,
-    /// Channels the broker closed, with why: the next call on one fails with it (later ones
-    /// with `EventLoopDropped`, as amiquip's do once it has handed the error over).
-    pub(super) closed: HashMap<u16, Option<Refusal>>,
-    pub(super) next_channel: u16,
-    /// Publishes held by a memory alarm, in order: (channel, confirm sequence number, publish).
-    pub(super) held: VecDeque<(u16, Option<u64>, Outgoing)>,
-}
-
-/// One channel.
-#[derive(Default)]
-pub(super) struct Chan {
-    pub(super) next_tag: u64,
-    pub(super) unacked: BTreeMap<u64, Unacked>,
-    pub(super) confirms: bool,
-    pub(super) publish_seq: u64,
-    pub(super) confirm_tx: Option<Sender<Confirm>>,
-    pub(super) return_tx: Option<Sender<Return>>,
-    /// The channel's consumers: tag → queue.
-    pub(super) consumers: HashMap<String, String>,
-    pub(super) prefetch: u16,
-}
-
-/// A delivered, not yet settled message.
-pub(super) struct Unacked {
-    pub(super) queue: String,
-    pub(super) msg: Msg,
-    pub(super) consumer: Option<String>,
-}
+use super::state::{Broker, Chan, Conn, End, Exchange, State};
+use crate::transport::{AmqpError, Blocked};
 
 impl Broker {
     pub(super) fn new(name: &str) -> Broker {
@@ -174,9 +111,13 @@ impl State {
             return Err(AmqpError::EventLoopDropped);
         };
         if let Some(r) = c.closed.get_mut(&chan) {
-            return Err(r.take().map_or(AmqpError::EventLoopDropped, |r| r.error(chan)));
+            return Err(r
+                .take()
+                .map_or(AmqpError::EventLoopDropped, |r| r.error(chan)));
         }
-        c.channels.get_mut(&chan).ok_or(AmqpError::ClientClosedChannel)
+        c.channels
+            .get_mut(&chan)
+            .ok_or(AmqpError::ClientClosedChannel)
     }
 
     /// Checks the channel is open (the error amiquip gives if not).
@@ -196,7 +137,7 @@ impl State {
             Ok(v) => Ok(v),
             Err(r) => {
                 let e = r.error(chan);
-                self.close_channel(conn, chan, super::consumer::End::Server(r));
+                self.close_channel(conn, chan, End::Server(r));
                 Err(e)
             }
         }

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use crossbeam_channel::Receiver;
 
-use super::broker::{Broker, Chan};
-use super::consumer::End;
 use super::reply::not_emulated;
+use super::state::{Broker, Chan, End, State};
 use crate::transport::{
     AmqpError, Channel, ChannelApi, Confirm, Consumer, ConsumerApi, ConsumerMessage,
     ConsumerOptions, Deliveries, Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Get,
@@ -35,7 +34,10 @@ impl Transport for MemoryTransport {
         let chan = self.broker.with(|st| {
             let c = st.conns.get_mut(&conn).ok_or(AmqpError::EventLoopDropped)?;
             let id = c.next_channel;
-            c.next_channel = c.next_channel.checked_add(1).ok_or(AmqpError::ExhaustedChannelIds)?;
+            c.next_channel = c
+                .next_channel
+                .checked_add(1)
+                .ok_or(AmqpError::ExhaustedChannelIds)?;
             c.channels.insert(id, Chan::default());
             Ok(id)
         })?;
@@ -73,12 +75,10 @@ struct MemoryChannel {
 
 impl MemoryChannel {
     /// A channel method under the lock: a refusal closes the channel.
-    fn method<T>(
-        &self,
-        f: impl FnOnce(&mut super::broker::State, u64, u16) -> super::reply::Refused<T>,
-    ) -> R<T> {
+    fn method<T>(&self, f: impl FnOnce(&mut State, u64, u16) -> super::reply::Refused<T>) -> R<T> {
         let (conn, chan) = (self.conn, self.chan);
-        self.broker.with(|st| st.method(conn, chan, |st| f(st, conn, chan)))
+        self.broker
+            .with(|st| st.method(conn, chan, |st| f(st, conn, chan)))
     }
 
     /// ack / nack / reject: no answer in AMQP, so a refusal (an unknown tag) closes the
@@ -120,7 +120,8 @@ impl ChannelApi for MemoryChannel {
     }
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()> {
         let (conn, chan) = (self.conn, self.chan);
-        self.broker.with(|st| st.publish(conn, chan, exchange, publish))
+        self.broker
+            .with(|st| st.publish(conn, chan, exchange, publish))
     }
     fn enable_publisher_confirms(&self) -> R<()> {
         self.method(|st, conn, chan| {
@@ -151,13 +152,7 @@ impl ChannelApi for MemoryChannel {
     fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
         self.method(|st, conn, _| st.queue_bind(conn, queue, exchange, key, arguments))
     }
-    fn queue_unbind(
-        &self,
-        queue: &str,
-        exchange: &str,
-        key: &str,
-        arguments: FieldTable,
-    ) -> R<()> {
+    fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
         self.method(|st, conn, _| st.queue_unbind(conn, queue, exchange, key, &arguments))
     }
     fn queue_purge(&self, queue: &str) -> R<u32> {
@@ -218,7 +213,8 @@ impl ChannelApi for MemoryChannel {
 impl Drop for MemoryChannel {
     fn drop(&mut self) {
         let (conn, chan) = (self.conn, self.chan);
-        self.broker.with(|st| st.close_channel(conn, chan, End::Client));
+        self.broker
+            .with(|st| st.close_channel(conn, chan, End::Client));
     }
 }
 
@@ -237,7 +233,12 @@ impl ConsumerApi for MemoryConsumer {
         let (conn, chan) = (self.conn, self.chan);
         self.broker.with(|st| {
             st.check(conn, chan)?;
-            st.remove_consumer(conn, chan, &self.tag, Some(ConsumerMessage::ClientCancelled));
+            st.remove_consumer(
+                conn,
+                chan,
+                &self.tag,
+                Some(ConsumerMessage::ClientCancelled),
+            );
             Ok(())
         })
     }
@@ -247,7 +248,12 @@ impl Drop for MemoryConsumer {
     fn drop(&mut self) {
         let (conn, chan) = (self.conn, self.chan);
         self.broker.with(|st| {
-            st.remove_consumer(conn, chan, &self.tag, Some(ConsumerMessage::ClientCancelled))
+            st.remove_consumer(
+                conn,
+                chan,
+                &self.tag,
+                Some(ConsumerMessage::ClientCancelled),
+            )
         });
     }
 }

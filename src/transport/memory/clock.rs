@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::broker::{Broker, State};
+use super::state::{Broker, State};
 
 impl Broker {
     /// After a change: a thread for the earliest head deadline if none runs, woken if one does.
@@ -40,9 +40,7 @@ impl Broker {
                 return;
             };
             // The deadline is on the broker clock; the wait is on the real one.
-            let real = deadline
-                .checked_sub(st.offset)
-                .unwrap_or_else(Instant::now);
+            let real = deadline.checked_sub(st.offset).unwrap_or_else(Instant::now);
             if real > Instant::now() {
                 self.clock.wait_until(&mut st, real);
             }

@@ -3,22 +3,9 @@
 //! `multiple`, `basic.cancel`, and what a channel's or a connection's end does (unacked
 //! requeued, consumers told, exclusive and auto-delete queues deleted).
 
-use super::broker::{State, Unacked};
-use super::queue::ConsumerEntry;
 use super::reply::{access_refused, not_emulated, precondition, Refused};
+use super::state::{ConsumerEntry, End, State, Unacked};
 use crate::transport::{ConsumerMessage, ConsumerOptions, Delivery, Get, Shell};
-
-/// How a channel ends, as its consumers hear it.
-pub(super) enum End {
-    /// The client closed the channel.
-    Client,
-    /// The broker closed it (a channel error).
-    Server(super::reply::Refusal),
-    /// The client closed the connection.
-    ConnectionClosed,
-    /// The connection was cut: receivers disconnect, nothing is said.
-    Cut,
-}
 
 impl State {
     /// Delivers what `queue` has ready to its consumers with room, round robin.
@@ -45,7 +32,10 @@ impl State {
             q.rr = (at + 1) % n;
             let msg = q.ready.pop_front().expect("not empty");
             let c = &mut q.consumers[at];
-            let Some(ch) = conns.get_mut(&c.conn).and_then(|x| x.channels.get_mut(&c.chan)) else {
+            let Some(ch) = conns
+                .get_mut(&c.conn)
+                .and_then(|x| x.channels.get_mut(&c.chan))
+            else {
                 return;
             };
             ch.next_tag += 1;
@@ -111,7 +101,13 @@ impl State {
 
     /// Removes a consumer (it hears `said`, if anything); an auto-delete queue goes with its
     /// last consumer.
-    pub(super) fn remove_consumer(&mut self, conn: u64, chan: u16, tag: &str, said: Option<ConsumerMessage>) {
+    pub(super) fn remove_consumer(
+        &mut self,
+        conn: u64,
+        chan: u16,
+        tag: &str,
+        said: Option<ConsumerMessage>,
+    ) {
         let queue = self
             .conns
             .get_mut(&conn)
@@ -139,7 +135,13 @@ impl State {
         }
     }
 
-    pub(super) fn get(&mut self, conn: u64, chan: u16, queue: &str, no_ack: bool) -> Refused<Option<Get>> {
+    pub(super) fn get(
+        &mut self,
+        conn: u64,
+        chan: u16,
+        queue: &str,
+        no_ack: bool,
+    ) -> Refused<Option<Get>> {
         self.owned(conn, queue)?;
         self.expire(queue);
         let q = self.owned(conn, queue)?;

@@ -7,8 +7,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::broker::State;
-use super::queue::Msg;
+use super::state::Msg;
+use super::state::State;
 use crate::transport::{AmqpProperties, AmqpValue, FieldTable};
 
 fn text(s: &str) -> AmqpValue {
@@ -63,7 +63,13 @@ fn without_expiration(p: &AmqpProperties, headers: FieldTable) -> AmqpProperties
 }
 
 /// The headers with this death recorded.
-fn record_death(st: &State, headers: &FieldTable, queue: &str, msg: &Msg, reason: &str) -> FieldTable {
+fn record_death(
+    st: &State,
+    headers: &FieldTable,
+    queue: &str,
+    msg: &Msg,
+    reason: &str,
+) -> FieldTable {
     let mut headers = headers.clone();
     let seconds = (SystemTime::now() + st.offset)
         .duration_since(UNIX_EPOCH)
@@ -120,7 +126,9 @@ fn is_cycle(deaths: &[AmqpValue], target: &str) -> bool {
     let Some(at) = deaths.iter().position(|e| entry_is(e, "queue", target)) else {
         return false;
     };
-    deaths[..=at].iter().all(|e| !entry_is(e, "reason", "rejected"))
+    deaths[..=at]
+        .iter()
+        .all(|e| !entry_is(e, "reason", "rejected"))
 }
 
 impl State {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::broker::Broker;
+use super::state::Broker;
 use crate::transport::Blocked;
 
 impl Broker {

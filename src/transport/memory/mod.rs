@@ -17,14 +17,19 @@ mod broker;
 mod channel;
 mod clock;
 mod consumer;
+#[cfg(test)]
+mod contract;
+#[cfg(test)]
+mod contract_messages;
+#[cfg(test)]
+mod contract_topology;
 mod dead_letter;
 mod faults;
 mod publish;
 mod queue;
 mod reply;
 mod routing;
-#[cfg(test)]
-mod contract;
+mod state;
 #[cfg(test)]
 mod tests;
 
@@ -36,7 +41,7 @@ use parking_lot::Mutex;
 
 use crate::transport::{AmqpError, Blocked, Transport};
 
-pub(crate) use broker::Broker;
+pub(crate) use state::Broker;
 
 /// Every broker of the process, by name.
 static REGISTRY: LazyLock<Mutex<HashMap<String, Arc<Broker>>>> =
@@ -60,5 +65,8 @@ pub(crate) fn connect(
 ) -> Result<(Box<dyn Transport>, Receiver<Blocked>), AmqpError> {
     let broker = broker(name);
     let (conn, blocked) = broker.open_connection(connection_name)?;
-    Ok((Box::new(channel::MemoryTransport::new(broker, conn)), blocked))
+    Ok((
+        Box::new(channel::MemoryTransport::new(broker, conn)),
+        blocked,
+    ))
 }

@@ -4,20 +4,9 @@
 //! (ack, or nack under a fault or `x-overflow reject-publish`); a memory alarm holds publishes
 //! in order until it ends.
 
-use super::broker::State;
-use super::consumer::End;
-use super::queue::Msg;
 use super::reply::{not_emulated, precondition, Refused};
+use super::state::{End, Msg, Outgoing, State};
 use crate::transport::{AmqpError, AmqpProperties, Confirm, ConfirmPayload, Publish, Return};
-
-/// A publish as the broker keeps it until it is routed.
-pub(super) struct Outgoing {
-    exchange: String,
-    routing_key: String,
-    body: Vec<u8>,
-    properties: AmqpProperties,
-    mandatory: bool,
-}
 
 /// RabbitMQ's `parse_expiration`: an integer of ms, not negative, nothing after it.
 fn expiration(p: &AmqpProperties) -> Refused<Option<u64>> {
@@ -26,7 +15,9 @@ fn expiration(p: &AmqpProperties) -> Refused<Option<u64>> {
     };
     let digits = e.trim_start_matches(['-', '+']);
     let sign = e.len() - digits.len();
-    let end = digits.find(|c: char| !c.is_ascii_digit()).unwrap_or(digits.len());
+    let end = digits
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(digits.len());
     let fail = |why: String| Err(precondition(format!("invalid expiration '{e}': {why}")));
     if end == 0 || sign > 1 {
         return fail("no_integer".into());

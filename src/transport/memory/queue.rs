@@ -7,60 +7,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::broker::State;
 use super::reply::{
-    access_refused, bare_value, inequivalent, integer, locked, no_queue, not_emulated, precondition,
-    same_value, type_name, value_text, Refusal, Refused,
+    access_refused, bare_value, inequivalent, integer, locked, no_queue, not_emulated,
+    precondition, same_value, type_name, value_text, Refusal, Refused,
 };
+use super::state::{Msg, Queue, State};
 use crate::transport::{
     AmqpProperties, AmqpValue, ConsumerMessage, FieldTable, QueueDeclareOptions,
     QueueDeleteOptions, QueueState,
 };
-
-/// A message in a queue (or delivered from one, unsettled).
-#[derive(Clone)]
-pub(super) struct Msg {
-    /// Its place: a requeued message goes back before every later one.
-    pub(super) seq: u64,
-    pub(super) exchange: String,
-    pub(super) routing_key: String,
-    pub(super) body: Vec<u8>,
-    pub(super) properties: AmqpProperties,
-    pub(super) redelivered: bool,
-    /// The `expiration` property, in ms (checked at publish).
-    pub(super) expiration: Option<u64>,
-    /// On the broker clock; set when it enters its queue.
-    pub(super) deadline: Option<Instant>,
-}
-
-/// A subscription on a queue.
-pub(super) struct ConsumerEntry {
-    pub(super) tag: String,
-    pub(super) conn: u64,
-    pub(super) chan: u16,
-    pub(super) tx: Sender<ConsumerMessage>,
-    pub(super) no_ack: bool,
-    pub(super) prefetch: u16,
-    pub(super) unacked: u32,
-    pub(super) exclusive: bool,
-}
-
-pub(super) struct Queue {
-    durable: bool,
-    pub(super) owner: Option<u64>,
-    pub(super) auto_delete: bool,
-    arguments: FieldTable,
-    ttl: Option<u64>,
-    pub(super) dlx: Option<String>,
-    pub(super) dlrk: Option<String>,
-    max_len: Option<usize>,
-    reject_publish: bool,
-    pub(super) ready: VecDeque<Msg>,
-    pub(super) consumers: Vec<ConsumerEntry>,
-    /// The consumer the next delivery starts looking from (round robin).
-    pub(super) rr: usize,
-    pub(super) had_consumer: bool,
-}
 
 /// The arguments RabbitMQ compares on a redeclare, in its order, that this broker implements
 /// (the others are refused before any comparison).
@@ -102,7 +57,11 @@ fn invalid(key: &str, queue: &str, why: String) -> Refusal {
 
 fn non_negative(key: &str, queue: &str, v: &AmqpValue) -> Refused<u64> {
     match integer(v) {
-        None => Err(invalid(key, queue, format!("{{unacceptable_type,{}}}", type_name(v)))),
+        None => Err(invalid(
+            key,
+            queue,
+            format!("{{unacceptable_type,{}}}", type_name(v)),
+        )),
         Some(n) if n < 0 => Err(invalid(key, queue, format!("{{value_negative,{n}}}"))),
         Some(n) => Ok(u64::try_from(n).unwrap_or(u64::MAX)),
     }
@@ -111,7 +70,11 @@ fn non_negative(key: &str, queue: &str, v: &AmqpValue) -> Refused<u64> {
 fn text(key: &str, queue: &str, v: &AmqpValue) -> Refused<String> {
     match v {
         AmqpValue::LongString(s) => Ok(s.clone()),
-        v => Err(invalid(key, queue, format!("{{unacceptable_type,{}}}", type_name(v)))),
+        v => Err(invalid(
+            key,
+            queue,
+            format!("{{unacceptable_type,{}}}", type_name(v)),
+        )),
     }
 }
 
@@ -140,18 +103,31 @@ impl Queue {
                 "x-dead-letter-exchange" => q.dlx = Some(text(key, name, v)?),
                 "x-dead-letter-routing-key" => q.dlrk = Some(text(key, name, v)?),
                 "x-max-length" => {
-                    q.max_len = Some(usize::try_from(non_negative(key, name, v)?).unwrap_or(usize::MAX))
+                    q.max_len =
+                        Some(usize::try_from(non_negative(key, name, v)?).unwrap_or(usize::MAX))
                 }
                 "x-overflow" => match text(key, name, v)?.as_str() {
                     "drop-head" => {}
                     "reject-publish" => q.reject_publish = true,
                     "reject-publish-dlx" => return Err(not_emulated(&unemulated_argument(key, v))),
-                    other => return Err(invalid(key, name, format!("{{unacceptable_value,{other}}}"))),
+                    other => {
+                        return Err(invalid(
+                            key,
+                            name,
+                            format!("{{unacceptable_value,{other}}}"),
+                        ))
+                    }
                 },
                 "x-queue-type" => match text(key, name, v)?.as_str() {
                     "classic" => {}
                     "quorum" | "stream" => return Err(not_emulated(&unemulated_argument(key, v))),
-                    other => return Err(invalid(key, name, format!("{{unsupported_queue_type,{other}}}"))),
+                    other => {
+                        return Err(invalid(
+                            key,
+                            name,
+                            format!("{{unsupported_queue_type,{other}}}"),
+                        ))
+                    }
                 },
                 k if k.starts_with("x-") => return Err(not_emulated(&unemulated_argument(k, v))),
                 _ => {}
@@ -196,7 +172,12 @@ impl Queue {
             ("auto_delete", o.auto_delete, self.auto_delete),
         ] {
             if now != was {
-                return Err(inequivalent(arg, &what, &format!("'{now}'"), &format!("'{was}'")));
+                return Err(inequivalent(
+                    arg,
+                    &what,
+                    &format!("'{now}'"),
+                    &format!("'{was}'"),
+                ));
             }
         }
         for key in COMPARED {
@@ -263,7 +244,9 @@ impl State {
         let mut x = nanos ^ (u128::from(self.fresh_id()) << 64) ^ 0x9e37_79b9_7f4a_7c15;
         let mut s = String::from("amq.gen-");
         for _ in 0..22 {
-            x = x.wrapping_mul(0x2545_f491_4f6c_dd1d).wrapping_add(1_442_695_040_888_963_407);
+            x = x
+                .wrapping_mul(0x2545_f491_4f6c_dd1d)
+                .wrapping_add(1_442_695_040_888_963_407);
             s.push(ALPHABET[(x >> 100) as usize & 63] as char);
         }
         s
@@ -295,7 +278,9 @@ impl State {
             return Err(precondition(format!("queue '{name}' in vhost '/' in use")));
         }
         if o.if_empty && !q.ready.is_empty() {
-            return Err(precondition(format!("queue '{name}' in vhost '/' not empty")));
+            return Err(precondition(format!(
+                "queue '{name}' in vhost '/' not empty"
+            )));
         }
         Ok(self.delete_queue(name))
     }
@@ -368,7 +353,11 @@ impl State {
         let now = self.now();
         let mut gone = Vec::new();
         if let Some(q) = self.queues.get_mut(name) {
-            while q.ready.front().is_some_and(|m| m.deadline.is_some_and(|d| d <= now)) {
+            while q
+                .ready
+                .front()
+                .is_some_and(|m| m.deadline.is_some_and(|d| d <= now))
+            {
                 gone.extend(q.ready.pop_front());
             }
         }

@@ -42,7 +42,10 @@ pub(super) fn no_queue(queue: &str) -> Refusal {
 }
 
 pub(super) fn no_exchange(exchange: &str) -> Refusal {
-    refusal(404, format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'"))
+    refusal(
+        404,
+        format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'"),
+    )
 }
 
 pub(super) fn locked(queue: &str) -> Refusal {

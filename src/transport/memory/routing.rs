@@ -4,73 +4,12 @@
 
 use std::collections::HashMap;
 
-use super::broker::State;
 use super::reply::{
     access_refused, default_exchange, inequivalent, no_exchange, no_queue, not_emulated,
     precondition, same_value, Refused,
 };
+use super::state::{Binding, Exchange, Kind, State};
 use crate::transport::{AmqpValue, ExchangeDeclareOptions, ExchangeType, FieldTable};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Direct => "direct",
-            Kind::Fanout => "fanout",
-            Kind::Topic => "topic",
-            Kind::Headers => "headers",
-        }
-    }
-}
-
-pub(super) struct Binding {
-    pub(super) queue: String,
-    pub(super) key: String,
-    pub(super) arguments: FieldTable,
-}
-
-pub(super) struct Exchange {
-    kind: Kind,
-    durable: bool,
-    auto_delete: bool,
-    internal: bool,
-    /// It had a binding once (an auto-delete exchange goes when its last one goes).
-    bound: bool,
-    pub(super) bindings: Vec<Binding>,
-}
-
-impl Exchange {
-    /// The exchanges every RabbitMQ vhost has.
-    pub(super) fn predeclared() -> HashMap<String, Exchange> {
-        [
-            ("amq.direct", Kind::Direct),
-            ("amq.fanout", Kind::Fanout),
-            ("amq.topic", Kind::Topic),
-            ("amq.headers", Kind::Headers),
-            ("amq.match", Kind::Headers),
-        ]
-        .into_iter()
-        .map(|(name, kind)| {
-            let x = Exchange {
-                kind,
-                durable: true,
-                auto_delete: false,
-                internal: false,
-                bound: false,
-                bindings: Vec::new(),
-            };
-            (name.to_string(), x)
-        })
-        .collect()
-    }
-}
 
 fn flag(b: bool) -> String {
     format!("'{b}'")
@@ -109,13 +48,14 @@ fn headers_match(binding: &FieldTable, headers: Option<&FieldTable>) -> bool {
     let any = matches!(binding.get("x-match"), Some(AmqpValue::LongString(s)) if s == "any");
     let empty = FieldTable::new();
     let headers = headers.unwrap_or(&empty);
-    let mut tests = binding
-        .iter()
-        .filter(|(k, _)| !k.starts_with("x-"))
-        .map(|(k, v)| match headers.get(k) {
-            None => false,
-            Some(h) => matches!(v, AmqpValue::Void) || same_value(v, h),
-        });
+    let mut tests =
+        binding
+            .iter()
+            .filter(|(k, _)| !k.starts_with("x-"))
+            .map(|(k, v)| match headers.get(k) {
+                None => false,
+                Some(h) => matches!(v, AmqpValue::Void) || same_value(v, h),
+            });
     if any {
         tests.any(|t| t)
     } else {
@@ -126,9 +66,18 @@ fn headers_match(binding: &FieldTable, headers: Option<&FieldTable>) -> bool {
 impl State {
     /// The queues a message published to `exchange` with `key` goes to (each once). The caller
     /// has checked the exchange exists.
-    pub(super) fn route(&self, exchange: &str, key: &str, headers: Option<&FieldTable>) -> Vec<String> {
+    pub(super) fn route(
+        &self,
+        exchange: &str,
+        key: &str,
+        headers: Option<&FieldTable>,
+    ) -> Vec<String> {
         if exchange.is_empty() {
-            return if self.queues.contains_key(key) { vec![key.to_string()] } else { Vec::new() };
+            return if self.queues.contains_key(key) {
+                vec![key.to_string()]
+            } else {
+                Vec::new()
+            };
         }
         let Some(x) = self.exchanges.get(exchange) else {
             return Vec::new();
