@@ -29,6 +29,7 @@ impl Broker {
                 offset: Duration::ZERO,
                 clock_running: false,
                 dirty: Vec::new(),
+                ended: HashMap::new(),
             }),
             clock: Condvar::new(),
         }
@@ -108,7 +109,13 @@ impl State {
     /// The channel, if open; else the error amiquip returns on it.
     pub(super) fn chan(&mut self, conn: u64, chan: u16) -> Result<&mut Chan, AmqpError> {
         let Some(c) = self.conns.get_mut(&conn) else {
-            return Err(AmqpError::EventLoopDropped);
+            let said = self.ended.get_mut(&conn).and_then(Option::take);
+            return Err(said.map_or(AmqpError::EventLoopDropped, |r| {
+                AmqpError::ServerClosedConnection {
+                    code: r.code,
+                    message: r.text,
+                }
+            }));
         };
         if let Some(r) = c.closed.get_mut(&chan) {
             return Err(r

@@ -54,7 +54,7 @@ impl Transport for MemoryTransport {
             if !st.conns.contains_key(&conn) {
                 return Err(AmqpError::EventLoopDropped);
             }
-            st.close_connection(conn, false);
+            st.close_connection(conn, End::ConnectionClosed);
             Ok(())
         })
     }
@@ -63,7 +63,8 @@ impl Transport for MemoryTransport {
 impl Drop for MemoryTransport {
     fn drop(&mut self) {
         let conn = self.conn;
-        self.broker.with(|st| st.close_connection(conn, false));
+        self.broker
+            .with(|st| st.close_connection(conn, End::ConnectionClosed));
     }
 }
 
@@ -104,13 +105,20 @@ impl ChannelApi for MemoryChannel {
         self.chan
     }
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
+        if prefetch_size != 0 {
+            // A connection error on RabbitMQ, with its own text.
+            let r = super::reply::refusal(
+                540,
+                format!("NOT_IMPLEMENTED - prefetch_size!=0 ({prefetch_size})"),
+            );
+            let (conn, chan) = (self.conn, self.chan);
+            return self.broker.with(|st| {
+                st.check(conn, chan)?;
+                st.close_connection(conn, End::ServerConnection(r));
+                Err(st.chan(conn, chan).map(drop).unwrap_err())
+            });
+        }
         self.method(|st, conn, chan| {
-            if prefetch_size != 0 {
-                return Err(super::reply::refusal(
-                    540,
-                    format!("NOT_IMPLEMENTED - prefetch_size!=0 ({prefetch_size})"),
-                ));
-            }
             if global {
                 return Err(not_emulated("basic.qos with global=true"));
             }

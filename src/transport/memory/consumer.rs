@@ -5,7 +5,7 @@
 
 use super::reply::{access_refused, not_emulated, precondition, Refused};
 use super::state::{ConsumerEntry, End, State, Unacked};
-use crate::transport::{ConsumerMessage, ConsumerOptions, Delivery, Get, Shell};
+use crate::transport::{AmqpError, ConsumerMessage, ConsumerOptions, Delivery, Get, Shell};
 
 impl State {
     /// Delivers what `queue` has ready to its consumers with room, round robin.
@@ -239,6 +239,12 @@ impl State {
                 End::Server(r) => Some(ConsumerMessage::ServerClosedChannel(r.error(chan))),
                 End::ConnectionClosed => Some(ConsumerMessage::ClientClosedConnection),
                 End::Cut => None,
+                End::ServerConnection(r) => Some(ConsumerMessage::ServerClosedConnection(
+                    AmqpError::ServerClosedConnection {
+                        code: r.code,
+                        message: r.text.clone(),
+                    },
+                )),
             };
             self.remove_consumer(conn, chan, &tag, said);
         }
@@ -258,17 +264,19 @@ impl State {
 
     /// Ends a connection: its channels end, its exclusive queues are deleted, its blocked
     /// receiver disconnects, publishes an alarm held on it are lost.
-    pub(super) fn close_connection(&mut self, conn: u64, cut: bool) {
+    pub(super) fn close_connection(&mut self, conn: u64, end: End) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
         let mut chans: Vec<u16> = c.channels.keys().copied().collect();
         chans.sort_unstable();
         for chan in chans {
-            let end = if cut { End::Cut } else { End::ConnectionClosed };
-            self.close_channel(conn, chan, end);
+            self.close_channel(conn, chan, end.clone());
         }
         self.conns.remove(&conn);
+        if let End::ServerConnection(r) = end {
+            self.ended.insert(conn, Some(r));
+        }
         let exclusive: Vec<String> = self
             .queues
             .iter()

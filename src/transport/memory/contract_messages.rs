@@ -96,7 +96,7 @@ fn tags_multiple_acks_and_unknown_tags() {
         third.ack(&ch).unwrap();
         drop(consumer);
         let ch2 = t.open_channel().unwrap();
-        let d = get_within(&ch2, &q, false);
+        let d = ch2.basic_get(&q, false).unwrap();
         out.push(format!(
             "left {:?}",
             d.as_ref().map(|g| body_of(&g.delivery))
@@ -106,7 +106,7 @@ fn tags_multiple_acks_and_unknown_tags() {
         let tag = g.delivery.delivery_tag();
         g.delivery.ack(&ch2).unwrap();
         // Acking tag 1 on a channel whose tag 1 is settled: 406, the channel closes.
-        let again = get_within(&ch2, &q, true);
+        let again = ch2.basic_get(&q, true).unwrap();
         out.push(format!(
             "tag {tag}, then {:?}",
             again.map(|g| g.delivery.delivery_tag())
@@ -320,5 +320,28 @@ fn expiry_dead_letters_and_holds_at_the_head() {
                 .map(|g| body_of(&g.delivery))
         ));
         out
+    });
+}
+
+#[test]
+fn immediate_is_refused_as_rabbitmq_3_does() {
+    both("immediate", |s| {
+        let mut t = s.connect();
+        let ch = t.open_channel().unwrap();
+        let q = s.queue("q");
+        declare(&ch, &q, FieldTable::new());
+        let p = Publish {
+            body: b"x",
+            routing_key: q.clone(),
+            mandatory: false,
+            immediate: true,
+            properties: AmqpProperties::default(),
+        };
+        let r = ch.basic_publish("", p).map_err(|e| seen(s, e));
+        let then = ch
+            .queue_declare_passive(&q)
+            .map(|_| ())
+            .map_err(|e| seen(s, e));
+        vec![format!("publish {r:?}, then {then:?}")]
     });
 }

@@ -15,7 +15,7 @@ impl Broker {
             let mut conns: Vec<u64> = st.conns.keys().copied().collect();
             conns.sort_unstable();
             for c in &conns {
-                st.close_connection(*c, true);
+                st.close_connection(*c, super::state::End::Cut);
             }
             conns.len()
         })

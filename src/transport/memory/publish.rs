@@ -4,7 +4,7 @@
 //! (ack, or nack under a fault or `x-overflow reject-publish`); a memory alarm holds publishes
 //! in order until it ends.
 
-use super::reply::{not_emulated, precondition, Refused};
+use super::reply::{precondition, refusal, Refusal, Refused};
 use super::state::{End, Msg, Outgoing, State};
 use crate::transport::{AmqpError, AmqpProperties, Confirm, ConfirmPayload, Publish, Return};
 
@@ -54,7 +54,7 @@ impl State {
             mandatory: p.mandatory,
         };
         if p.immediate {
-            self.close_channel(conn, chan, End::Server(not_emulated_immediate()));
+            self.close_connection(conn, End::ServerConnection(not_emulated_immediate()));
             return Ok(());
         }
         if self.blocked.is_some() {
@@ -160,8 +160,7 @@ impl State {
     }
 }
 
-/// RabbitMQ 3.x refuses `immediate` (540 NOT_IMPLEMENTED - immediate=true).
-fn not_emulated_immediate() -> super::reply::Refusal {
-    let _ = not_emulated;
-    super::reply::refusal(540, "NOT_IMPLEMENTED - immediate=true".into())
+/// RabbitMQ 3.x refuses `immediate` with a connection error (540, its own text).
+fn not_emulated_immediate() -> Refusal {
+    refusal(540, "NOT_IMPLEMENTED - immediate=true".into())
 }

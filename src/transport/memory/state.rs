@@ -38,6 +38,8 @@ pub(super) struct State {
     pub(super) clock_running: bool,
     /// Queues with something to dispatch.
     pub(super) dirty: Vec<String>,
+    /// Connections the broker closed, with why: the next call on one fails with it.
+    pub(super) ended: HashMap<u64, Option<Refusal>>,
 }
 
 /// One connection.
@@ -189,6 +191,7 @@ pub(super) struct Outgoing {
 }
 
 /// How a channel ends, as its consumers hear it.
+#[derive(Clone)]
 pub(super) enum End {
     /// The client closed the channel.
     Client,
@@ -198,4 +201,6 @@ pub(super) enum End {
     ConnectionClosed,
     /// The connection was cut: receivers disconnect, nothing is said.
     Cut,
+    /// The broker closed the connection (a connection error, e.g. 540 for `immediate`).
+    ServerConnection(super::reply::Refusal),
 }
