@@ -88,7 +88,6 @@ fn unemulated_features_are_refused_with_540_naming_them() {
         assert_eq!((c, m.contains(k)), (540, true), "{m}");
     }
     let ch = t.open_channel().unwrap();
-    let ch = t.open_channel().unwrap();
     let custom = ExchangeType::Custom("x-delayed-message".into());
     let (c, _) = code(
         ch.exchange_declare(custom, "d", Default::default())
