@@ -438,3 +438,72 @@ fn delete_if_unused_if_empty_and_exclusive_consume() {
         out
     });
 }
+
+#[test]
+fn queue_type_classic_and_headers_match_all() {
+    both("qtype", |s| {
+        let mut t = s.connect();
+        let mut out = Vec::new();
+        let q = s.queue("q");
+        let ch = t.open_channel().unwrap();
+        declare(&ch, &q, FieldTable::new());
+        let classic = args(&[("x-queue-type", AmqpValue::LongString("classic".into()))]);
+        let ch = t.open_channel().unwrap();
+        let o = QueueDeclareOptions {
+            arguments: classic.clone(),
+            ..Default::default()
+        };
+        let r = ch.queue_declare(&q, o).map(|_| "ok".to_string());
+        out.push(format!(
+            "classic over none: {}",
+            r.unwrap_or_else(|e| seen(s, e))
+        ));
+        let c = s.queue("c");
+        let ch = t.open_channel().unwrap();
+        declare(&ch, &c, classic.clone());
+        let r = ch
+            .queue_declare(&c, QueueDeclareOptions::default())
+            .map(|_| "ok".to_string());
+        out.push(format!(
+            "none over classic: {}",
+            r.unwrap_or_else(|e| seen(s, e))
+        ));
+        let x = s.exchange("h");
+        let hq = s.queue("hq");
+        let ch = t.open_channel().unwrap();
+        ch.exchange_declare(ExchangeType::Headers, &x, ExchangeDeclareOptions::default())
+            .unwrap();
+        declare(&ch, &hq, FieldTable::new());
+        let all = args(&[
+            ("a", AmqpValue::LongString("1".into())),
+            ("n", AmqpValue::LongInt(5)),
+        ]);
+        ch.queue_bind(&hq, &x, "", all).unwrap();
+        for (i, h) in [
+            args(&[("a", AmqpValue::LongString("1".into()))]),
+            args(&[
+                ("a", AmqpValue::LongString("1".into())),
+                ("n", AmqpValue::ShortInt(5)),
+                ("extra", AmqpValue::Boolean(true)),
+            ]),
+            args(&[("n", AmqpValue::LongInt(5))]),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            send(
+                &ch,
+                &x,
+                "",
+                &format!("m{i}"),
+                AmqpProperties::default().with_headers(h),
+            );
+        }
+        let mut got = Vec::new();
+        while let Some(g) = ch.basic_get(&hq, true).unwrap() {
+            got.push(body_of(&g.delivery));
+        }
+        out.push(format!("all: {got:?}"));
+        out
+    });
+}

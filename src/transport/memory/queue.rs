@@ -180,8 +180,14 @@ impl Queue {
                 ));
             }
         }
+        // RabbitMQ 3.10 reads a missing `x-queue-type` as the default, classic.
+        let classic = AmqpValue::LongString("classic".into());
         for key in COMPARED {
-            let (new, old) = (o.arguments.get(*key), self.arguments.get(*key));
+            let (mut new, mut old) = (o.arguments.get(*key), self.arguments.get(*key));
+            if *key == "x-queue-type" {
+                new = new.or(Some(&classic));
+                old = old.or(Some(&classic));
+            }
             let same = match (new, old) {
                 (None, None) => true,
                 (Some(a), Some(b)) => same_value(a, b),
