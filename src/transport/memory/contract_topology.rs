@@ -507,3 +507,30 @@ fn queue_type_classic_and_headers_match_all() {
         out
     });
 }
+
+#[test]
+fn invalid_queue_arguments_are_refused_as_rabbitmq_words_them() {
+    both("badargs", |s| {
+        let mut t = s.connect();
+        let mut out = Vec::new();
+        let text = |v: &str| AmqpValue::LongString(v.into());
+        let cases = [
+            ("x-message-ttl", text("soon")),
+            ("x-max-length", AmqpValue::LongInt(-2)),
+            ("x-overflow", text("sideways")),
+            ("x-dead-letter-routing-key", text("k")),
+            ("x-dead-letter-exchange", AmqpValue::LongInt(1)),
+        ];
+        for (i, (k, v)) in cases.into_iter().enumerate() {
+            let q = s.queue(&format!("q{i}"));
+            let ch = t.open_channel().unwrap();
+            let o = QueueDeclareOptions {
+                arguments: args(&[(k, v)]),
+                ..Default::default()
+            };
+            let r = ch.queue_declare(&q, o).map(|_| "ok".to_string());
+            out.push(r.unwrap_or_else(|e| seen(s, e)));
+        }
+        out
+    });
+}

@@ -60,21 +60,21 @@ fn non_negative(key: &str, queue: &str, v: &AmqpValue) -> Refused<u64> {
         None => Err(invalid(
             key,
             queue,
-            format!("{{unacceptable_type,{}}}", type_name(v)),
+            format!("\"expected integer, got {}\"", type_name(v)),
         )),
         Some(n) if n < 0 => Err(invalid(key, queue, format!("{{value_negative,{n}}}"))),
         Some(n) => Ok(u64::try_from(n).unwrap_or(u64::MAX)),
     }
 }
 
+/// A string argument; another type is refused in RabbitMQ's other form.
 fn text(key: &str, queue: &str, v: &AmqpValue) -> Refused<String> {
     match v {
         AmqpValue::LongString(s) => Ok(s.clone()),
-        v => Err(invalid(
-            key,
-            queue,
-            format!("{{unacceptable_type,{}}}", type_name(v)),
-        )),
+        v => Err(precondition(format!(
+            "invalid type '{}' for arg '{key}' in queue '{queue}' in vhost '/'",
+            type_name(v)
+        ))),
     }
 }
 
@@ -110,13 +110,7 @@ impl Queue {
                     "drop-head" => {}
                     "reject-publish" => q.reject_publish = true,
                     "reject-publish-dlx" => return Err(not_emulated(&unemulated_argument(key, v))),
-                    other => {
-                        return Err(invalid(
-                            key,
-                            name,
-                            format!("{{unacceptable_value,{other}}}"),
-                        ))
-                    }
+                    other => return Err(invalid(key, name, "invalid_overflow".into())),
                 },
                 "x-queue-type" => match text(key, name, v)?.as_str() {
                     "classic" => {}
@@ -137,7 +131,7 @@ impl Queue {
             return Err(invalid(
                 "x-dead-letter-routing-key",
                 name,
-                "{routing_key_but_no_dlx_defined}".into(),
+                "routing_key_but_no_dlx_defined".into(),
             ));
         }
         Ok(q)
