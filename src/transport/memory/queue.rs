@@ -110,7 +110,7 @@ impl Queue {
                     "drop-head" => {}
                     "reject-publish" => q.reject_publish = true,
                     "reject-publish-dlx" => return Err(not_emulated(&unemulated_argument(key, v))),
-                    other => return Err(invalid(key, name, "invalid_overflow".into())),
+                    _ => return Err(invalid(key, name, "invalid_overflow".into())),
                 },
                 "x-queue-type" => match text(key, name, v)?.as_str() {
                     "classic" => {}
