@@ -31,12 +31,14 @@
 //! thread per connection and direction.
 
 mod cleanup;
+mod memory;
 mod names;
 mod proxy;
 mod received;
 mod wait;
 
 pub use cleanup::Cleanup;
+pub use memory::MemoryBroker;
 pub use names::TestNames;
 pub use proxy::FaultProxy;
 pub use received::{received, Delivered, DEFAULT_ROUTING_KEY};

@@ -203,6 +203,7 @@ impl<'a> Consumer<'a> {
 
 /// What settles a delivery on its transport: amiquip acks with what is left of its own
 /// delivery (its channel and tag); the in-process broker needs only the tag.
+#[allow(clippy::large_enum_variant)] // as amiquip's own ConsumerMessage: nearly all are deliveries
 #[derive(Clone, Debug)]
 pub(crate) enum Shell {
     Amqp(amiquip::Delivery),
@@ -290,6 +291,7 @@ pub(crate) struct Get {
 }
 
 /// What a subscription's buffer yields (amiquip's variants).
+#[allow(clippy::large_enum_variant)] // as amiquip's own ConsumerMessage: nearly all are deliveries
 #[derive(Debug)]
 pub(crate) enum ConsumerMessage {
     Delivery(Delivery),

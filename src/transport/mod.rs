@@ -28,6 +28,10 @@ mod wire;
 
 pub(crate) use amqp::AmqpTransport;
 pub(crate) use channel::{Channel, Consumer, ConsumerMessage, Deliveries, Delivery, Transport};
+#[cfg(feature = "memory")]
+pub(crate) use channel::{ChannelApi, ConsumerApi, Get, QueueState, Shell};
+#[cfg(feature = "memory")]
+pub(crate) use wire::ConfirmPayload;
 pub(crate) use wire::{
     AmqpError, AmqpProperties, AmqpValue, Blocked, Confirm, ConsumerOptions,
     ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,

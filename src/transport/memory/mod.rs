@@ -1,24 +1,72 @@
-//! The in-process broker behind `memory://name` (feature `memory`).
+//! The in-process broker behind `memory://name` (feature `memory`): an AMQP 0-9-1 broker in
+//! the process, deliberately not more forgiving than RabbitMQ 3.x. Each name is its own broker,
+//! shared by every connection to that name and kept for the life of the process.
+//!
+//! * `broker`: the state under one lock per broker (connections, channels, unacked messages);
+//! * `routing`: exchanges (default, direct, fanout, topic, headers and the `amq.*` ones);
+//! * `queue`: queues, their arguments and declare equivalence, ready messages and expiry;
+//! * `dead_letter`: `x-death` as RabbitMQ 3.10 writes it, cycles dropped;
+//! * `publish`: routing a publish, returns before confirms, a memory alarm's held publishes;
+//! * `channel`: the seam's `Transport`, `ChannelApi` and `ConsumerApi`;
+//! * `consumer`: dispatch (round robin, prefetch), cancel, channel and connection ends;
+//! * `clock`: the broker clock and its `acemq-memory-clock` thread;
+//! * `faults`: what the testing helper asks for (cuts, refusals, nacks, alarms, holds);
+//! * `reply`: RabbitMQ's reply codes and texts.
 
-use std::sync::Arc;
+mod broker;
+mod channel;
+mod clock;
+mod consumer;
+#[cfg(test)]
+mod contract;
+#[cfg(test)]
+mod contract_messages;
+#[cfg(test)]
+mod contract_topology;
+mod dead_letter;
+mod faults;
+mod publish;
+mod queue;
+mod reply;
+mod routing;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
 
 use crossbeam_channel::Receiver;
+use parking_lot::Mutex;
 
-use super::channel::Transport;
-use super::wire::{AmqpError, Blocked};
+use crate::transport::{AmqpError, Blocked, Transport};
 
-/// A named in-process broker.
-pub(crate) struct Broker;
+pub(crate) use state::Broker;
 
-/// Connects to the broker named `name` (created on first use).
-pub(crate) fn connect(
-    _name: &str,
-    _connection_name: Option<&str>,
-) -> Result<(Box<dyn Transport>, Receiver<Blocked>), AmqpError> {
-    Err(AmqpError::ClientException)
+/// Every broker of the process, by name.
+static REGISTRY: LazyLock<Mutex<HashMap<String, Arc<Broker>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The broker named `name` (created if none), for the testing helper's faults.
+pub(crate) fn broker(name: &str) -> Arc<Broker> {
+    let mut registry = REGISTRY.lock();
+    registry
+        .entry(name.to_string())
+        .or_insert_with(|| Arc::new(Broker::new(name)))
+        .clone()
 }
 
-/// The broker named `name` (created if none).
-pub(crate) fn broker(_name: &str) -> Arc<Broker> {
-    Arc::new(Broker)
+/// Connects to the broker named `name` (created on first use). The receiver gets
+/// `Blocked::Blocked(reason)` / `Blocked::Unblocked` and disconnects when the connection ends
+/// (cut or closed): the supervisor watches it exactly as it watches amiquip's.
+pub(crate) fn connect(
+    name: &str,
+    connection_name: Option<&str>,
+) -> Result<(Box<dyn Transport>, Receiver<Blocked>), AmqpError> {
+    let broker = broker(name);
+    let (conn, blocked) = broker.open_connection(connection_name)?;
+    Ok((
+        Box::new(channel::MemoryTransport::new(broker, conn)),
+        blocked,
+    ))
 }

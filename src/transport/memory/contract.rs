@@ -1,0 +1,206 @@
+//! Contract tests: one body run over the memory broker and over the real RabbitMQ
+//! (127.0.0.1:5672, guest/guest; a test fails when it is unreachable), for what RabbitMQ shows
+//! deterministically. Each body asserts what it must and returns what it saw (texts and codes
+//! included); the two sides' observations must be equal.
+
+use std::time::{Duration, Instant};
+
+use crate::transport::{
+    AmqpError, AmqpProperties, AmqpTransport, AmqpValue, Channel, Confirm, ConsumerMessage,
+    ConsumerOptions, Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
+    QueueDeclareOptions, QueueDeleteOptions, Transport,
+};
+
+/// One call tried on a fresh channel.
+pub(super) type Attempt<'a, T> = Box<dyn Fn(&Channel) -> Result<T, AmqpError> + 'a>;
+
+const REAL: &str = "amqp://guest:guest@127.0.0.1:5672";
+
+/// One side of a contract test: a way to connect, and the names to delete at the end.
+pub(super) struct Side {
+    memory: Option<String>,
+    case: String,
+    stamp: String,
+    queues: std::cell::RefCell<Vec<String>>,
+    exchanges: std::cell::RefCell<Vec<String>>,
+}
+
+impl Side {
+    fn new(memory: bool, case: &str) -> Side {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let stamp = format!("{}.{nanos}", std::process::id());
+        Side {
+            memory: memory.then(|| format!("contract.{case}.{stamp}")),
+            case: case.to_string(),
+            stamp,
+            queues: Default::default(),
+            exchanges: Default::default(),
+        }
+    }
+
+    pub(super) fn connect(&self) -> Box<dyn Transport> {
+        match &self.memory {
+            Some(name) => super::connect(name, None).expect("memory connect").0,
+            None => Box::new(AmqpTransport(
+                amiquip::Connection::insecure_open(REAL)
+                    .unwrap_or_else(|e| panic!("RabbitMQ at {REAL} is needed: {e}")),
+            )),
+        }
+    }
+
+    /// A unique queue name (deleted at the end); `short` is what observations show.
+    pub(super) fn queue(&self, short: &str) -> String {
+        let n = format!("test.mem.{}.{short}.{}", self.case, self.stamp);
+        self.queues.borrow_mut().push(n.clone());
+        n
+    }
+
+    pub(super) fn exchange(&self, short: &str) -> String {
+        let n = format!("test.mem.{}.{short}.{}", self.case, self.stamp);
+        self.exchanges.borrow_mut().push(n.clone());
+        n
+    }
+
+    /// A text with this side's names shortened back (`test.mem.case.q.stamp` → `q`).
+    pub(super) fn plain(&self, s: &str) -> String {
+        let mut out = s.replace(&format!(".{}", self.stamp), "");
+        out = out.replace(&format!("test.mem.{}.", self.case), "");
+        out
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        let mut t = self.connect();
+        if let Ok(ch) = t.open_channel() {
+            for q in self.queues.borrow().iter() {
+                let _ = ch.queue_delete(q, QueueDeleteOptions::default());
+            }
+            for x in self.exchanges.borrow().iter() {
+                let _ = ch.exchange_delete(x, false);
+            }
+            let _ = ch.close();
+        }
+        let _ = t.close();
+    }
+}
+
+/// Runs `body` on both transports; their observations must be equal.
+pub(super) fn both(case: &str, body: impl Fn(&Side) -> Vec<String>) {
+    let memory = Side::new(true, case);
+    let seen_memory = body(&memory);
+    drop(memory);
+    let real = Side::new(false, case);
+    let seen_real = body(&real);
+    drop(real);
+    assert_eq!(
+        seen_memory, seen_real,
+        "memory (left) and RabbitMQ (right) differ"
+    );
+}
+
+/// An error as observed: a channel refusal's code and text, else the variant.
+pub(super) fn seen(side: &Side, e: AmqpError) -> String {
+    match e {
+        AmqpError::ServerClosedChannel { code, message, .. } => {
+            format!("{code} {}", side.plain(&message))
+        }
+        e => format!("{e:?}"),
+    }
+}
+
+pub(super) fn args(pairs: &[(&str, AmqpValue)]) -> FieldTable {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+pub(super) fn declare(ch: &Channel, q: &str, arguments: FieldTable) {
+    ch.queue_declare(
+        q,
+        QueueDeclareOptions {
+            arguments,
+            ..Default::default()
+        },
+    )
+    .expect("declare");
+}
+
+pub(super) fn send(ch: &Channel, exchange: &str, key: &str, body: &str, props: AmqpProperties) {
+    ch.basic_publish(
+        exchange,
+        Publish::with_properties(body.as_bytes(), key, props),
+    )
+    .expect("publish");
+}
+
+/// `basic.get` until something comes or the deadline passes (a publish is asynchronous).
+pub(super) fn get_within(ch: &Channel, q: &str, no_ack: bool) -> Option<crate::transport::Get> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(g) = ch.basic_get(q, no_ack).expect("get") {
+            return Some(g);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Waits (deadline 5 s) until the queue's depth is `n`.
+pub(super) fn wait_depth(ch: &Channel, q: &str, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let depth = ch
+            .queue_declare_passive(q)
+            .expect("passive")
+            .message_count();
+        if depth == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{q}: depth {depth}, waited for {n}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+pub(super) fn body_of(d: &Delivery) -> String {
+    String::from_utf8_lossy(&d.body).into_owned()
+}
+
+/// A header value's shape: its type, and its value except for times.
+fn shape(side: &Side, v: &AmqpValue) -> String {
+    match v {
+        AmqpValue::Timestamp(_) => "timestamp".into(),
+        AmqpValue::LongString(s) => format!("'{}'", side.plain(s)),
+        AmqpValue::FieldArray(a) => {
+            let items: Vec<String> = a.iter().map(|v| shape(side, v)).collect();
+            format!("[{}]", items.join(", "))
+        }
+        AmqpValue::FieldTable(t) => {
+            let items: Vec<String> = t
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", shape(side, v)))
+                .collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        v => format!("{v:?}"),
+    }
+}
+
+pub(super) fn headers_shape(side: &Side, d: &Delivery) -> Vec<String> {
+    let mut out = vec![format!("expiration {:?}", d.properties.expiration())];
+    if let Some(h) = d.properties.headers() {
+        for (k, v) in h {
+            out.push(format!("{k} = {}", shape(side, v)));
+        }
+    }
+    out
+}
