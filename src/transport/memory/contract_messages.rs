@@ -1,15 +1,14 @@
 //! Contract tests of messages on both transports (`contract.rs` runs them): returns before
 //! confirms, delivery tags and `multiple`, unknown tags, requeue, x-death, expiry at the head.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::contract::{
-    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth, Attempt,
+    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth,
 };
 use crate::transport::{
-    AmqpError, AmqpProperties, AmqpValue, Channel, Confirm, ConsumerMessage, ConsumerOptions,
-    Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
-    QueueDeleteOptions,
+    AmqpProperties, AmqpValue, Confirm, ConsumerMessage, ConsumerOptions, Delivery,
+    ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
 };
 
 #[test]
