@@ -51,8 +51,8 @@ use acemq_amqp::patterns::outbox::{
 use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
-    Connection, ConsumerOptions, Error, Handler, HandlerResult, JsonCodec, Message, Outcome,
-    QueueSpec, RetryPolicy, StopHandle,
+    Connection, ConsumerOptions, Error, FatalError, Handler, HandlerResult, JsonCodec, Message,
+    Outcome, QueueSpec, RetryPolicy, StopHandle,
 };
 use support::unique;
 
@@ -508,6 +508,74 @@ on_both! {
         assert!(commits.len() < 28 && commits.iter().all(|&n| n <= 8), "{commits:?}");
         assert_eq!(duplicates.get(), 4);
         assert_eq!(message_count(&conn, &q), 0);
+    }
+
+    /// The batched `idempotent_tx(..).batch(..)` on SQLite: in a batch of 4, the handler that
+    /// fails (after writing its effect) is rolled back alone and dead-lettered, not recorded;
+    /// the three others are applied once and acknowledged. Sent again, the failed message is
+    /// applied (it was not recorded as done).
+    fn batched_idempotent_tx_does_not_record_a_failing_handler(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.queue(&unique("eq2-idem-batch-fail"));
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let db = Db::sqlite();
+        let effects = effects_table(&db);
+        let publisher = conn.publisher().unwrap();
+        let failing = Message::new("fail");
+        for m in [Message::new("ok-1"), failing.clone(), Message::new("ok-2"), Message::new("ok-3")] {
+            publisher.publish("", &q, m).unwrap();
+        }
+        let refuse = Arc::new(AtomicBool::new(true));
+        let r = refuse.clone();
+        let (commits, on_commit) = recorder();
+        let path = db.sqlite_path().to_path_buf();
+        let effects2 = effects.clone();
+        let store = store(&db);
+        let idem_table = store.table().to_string();
+        let h = idempotent_tx(
+            store,
+            move || sqlite_open(&path),
+            move |m: &Message, tx: &mut rusqlite::Transaction<'_>| {
+                let body = String::from_utf8_lossy(&m.body).to_string();
+                record_effect(tx, &effects2, &body)?;
+                if body == "fail" && r.load(Ordering::SeqCst) {
+                    return Err(Box::new(FatalError::new("refused by the test")));
+                }
+                Ok(Outcome::Accept)
+            },
+            IdempotentOptions::default(),
+        )
+        .batch(
+            IdempotentTxBatchOptions::default()
+                .max_messages(4)
+                .max_wait(Duration::from_secs(10))
+                .on_commit(move |n| on_commit(n)),
+        )
+        .unwrap();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().prefetch(4).retry(RetryPolicy::none()))
+            .unwrap()
+            .start(Forward(Box::new(h)))
+            .unwrap();
+        let dlq = format!("{q}.dlq");
+        within("the failure dead-lettered", || message_count(&conn, &dlq) == 1);
+        within("the others acknowledged", || message_count(&conn, &q) == 0
+            && consumer.in_flight() == 0);
+        assert_eq!(commits.lock().unwrap().clone(), vec![4], "one transaction for the four");
+        assert_eq!(keys(&db, &effects), vec!["ok-1", "ok-2", "ok-3"], "the failure rolled back");
+        assert_eq!(db.count(&idem_table), 3, "receipts for the three accepted only");
+        let dead = conn.get(&dlq).unwrap().expect("the dead letter");
+        assert_eq!(dead.id(), failing.id());
+
+        refuse.store(false, Ordering::SeqCst);
+        publisher.publish("", &q, failing).unwrap();
+        within("the failed message applied when sent again", || keys(&db, &effects).len() == 4);
+        within("acknowledged", || message_count(&conn, &q) == 0 && consumer.in_flight() == 0);
+        consumer.close().unwrap();
+        assert_eq!(keys(&db, &effects), vec!["fail", "ok-1", "ok-2", "ok-3"]);
+        assert_eq!(db.count(&idem_table), 4);
+        assert_eq!(message_count(&conn, &dlq), 0);
     }
 
     /// The outbox: a record added in a rolled-back SQLite transaction publishes nothing; added
