@@ -34,12 +34,12 @@ mod support {
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{
-    consume, AmqpQueue, AmqpQueueOptions, Batcher, BatcherOptions, CounterIncrement, CounterStore,
-    CounterStoreOptions, Report,
+    consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
+    CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{
@@ -293,6 +293,52 @@ fn run_until(
     })
 }
 
+/// A store in front of the counters that rolls back its first batch and holds its second on the
+/// worker until released, so that a run can be stopped with deliveries rolled back, deliveries
+/// taken by the batcher, and deliveries prefetched but not yet taken.
+struct RollBackThenHold<'a> {
+    counters: &'a CounterStore,
+    /// The identities of the rolled-back batch, failed again when the recipe then applies them
+    /// one at a time (until another batch comes).
+    first: Mutex<Option<Vec<String>>>,
+    batches: AtomicUsize,
+    rolled_back: AtomicUsize,
+    holding: AtomicBool,
+    release: Mutex<Option<mpsc::Receiver<()>>>,
+}
+
+impl ApplyBatch for RollBackThenHold<'_> {
+    fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
+        let ids: Vec<String> = messages.iter().map(|m| m.identifier.clone()).collect();
+        {
+            let mut first = self.first.lock().unwrap();
+            let rolled_back_again = match &*first {
+                None => {
+                    *first = Some(ids);
+                    self.rolled_back.fetch_add(messages.len(), Ordering::SeqCst);
+                    true
+                }
+                Some(f) => {
+                    self.batches.load(Ordering::SeqCst) == 0 && ids.iter().all(|i| f.contains(i))
+                }
+            };
+            if rolled_back_again {
+                return Err(Error::Handler {
+                    source: "the first batch rolls back".into(),
+                });
+            }
+        }
+        // The batch after the rolled-back one is held.
+        if self.batches.fetch_add(1, Ordering::SeqCst) == 0 {
+            let release = self.release.lock().unwrap().take().unwrap();
+            self.holding.store(true, Ordering::SeqCst);
+            // Released by the test (or by its end): never waits past the deadline.
+            let _ = release.recv_timeout(WAIT);
+        }
+        self.counters.apply_batch(messages)
+    }
+}
+
 on_both! {
     /// `idempotent` on SQLite: a message delivered twice (the same `x-acemq-id`) runs the
     /// handler and applies its effect once; both deliveries are acknowledged.
@@ -317,6 +363,7 @@ on_both! {
             },
             IdempotentOptions::default(),
         );
+        let duplicates = inner.duplicates();
         let consumer = conn
             .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
             .unwrap()
@@ -325,13 +372,16 @@ on_both! {
                 inner.handle(m)
             })
             .unwrap();
+
         let publisher = conn.publisher().unwrap();
         let first = Message::new("charge").message_type("payment.requested");
         let id = first.id().to_string();
         publisher.publish("", &q, first.clone()).unwrap();
         publisher.publish("", &q, first).unwrap();
         within("both deliveries handled", || calls.load(Ordering::SeqCst) == 2);
-        within("both acknowledged", || message_count(&conn, &q) == 0);
+        within("both settled, the second as a duplicate", || {
+            duplicates.get() == 1 && consumer.in_flight() == 0 && message_count(&conn, &q) == 0
+        });
         consumer.close().unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 1, "the handler ran once");
         assert_eq!(keys(&db, &effects), vec![id], "the effect applied once");
@@ -365,6 +415,7 @@ on_both! {
             },
             IdempotentOptions::default(),
         );
+        let duplicates = handler.duplicates();
         let consumer = conn
             .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
             .unwrap()
@@ -384,9 +435,9 @@ on_both! {
         within("the second copy applied", || keys(&db, &effects).len() == 1);
         assert_eq!(ran.load(Ordering::SeqCst), 2, "the failure was not recorded as done");
         publisher.publish("", &q, m).unwrap();
-        within("the third copy acknowledged", || message_count(&conn, &q) == 0
-            && conn.queue_info(&q).unwrap().consumer_count == 1
-            && ran.load(Ordering::SeqCst) == 2);
+        within("the third copy settled as a duplicate", || {
+            duplicates.get() == 1 && consumer.in_flight() == 0 && message_count(&conn, &q) == 0
+        });
         consumer.close().unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 2, "the third copy is a duplicate");
         assert_eq!(keys(&db, &effects), vec![id], "the effect applied once");
@@ -422,6 +473,7 @@ on_both! {
             },
             IdempotentOptions::default(),
         );
+        let duplicates = handler.duplicates();
         let consumer = conn
             .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
             .unwrap()
@@ -435,13 +487,16 @@ on_both! {
         publisher.publish("", &q, good.clone()).unwrap();
         publisher.publish("", &q, bad.clone()).unwrap();
         within("the failure dead-lettered", || message_count(&conn, &dlq) == 1);
-        within("the rest acknowledged", || message_count(&conn, &q) == 0
-            && ran.load(Ordering::SeqCst) == 2);
+        within("the rest settled, the copy as a duplicate", || {
+            duplicates.get() == 1 && consumer.in_flight() == 0 && message_count(&conn, &q) == 0
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 2);
         assert_eq!(keys(&db, &effects), vec![good.id().to_string()], "the failure rolled back");
 
         fail_bodies.lock().unwrap().clear();
         publisher.publish("", &q, bad.clone()).unwrap();
         within("the failed message applied when sent again", || keys(&db, &effects).len() == 2);
+        within("acknowledged", || consumer.in_flight() == 0 && message_count(&conn, &q) == 0);
         consumer.close().unwrap();
         let mut expected = vec![good.id().to_string(), bad.id().to_string()];
         expected.sort();
@@ -496,7 +551,7 @@ on_both! {
         within("all 24 committed", || keys(&db, &effects).len() == 24);
         within("all 28 acknowledged", || {
             let i = conn.queue_info(&q).unwrap();
-            i.message_count == 0 && duplicates.get() == 4
+            i.message_count == 0 && duplicates.get() == 4 && consumer.in_flight() == 0
         });
         consumer.close().unwrap();
         let mut expected: Vec<String> = messages.iter().map(|m| m.id().to_string()).collect();
@@ -747,4 +802,112 @@ on_both! {
         drop(second);
         queue.close().unwrap();
     }
+
+    /// `AmqpQueue`: a second run on one queue (one channel) never acknowledges what the first
+    /// run left unapplied (rolled back, taken, or prefetched and not taken): every effect is
+    /// applied exactly once and each delivery acknowledged once, after its effect.
+    fn acknowledged_queue_second_run_never_acknowledges_what_the_first_left(on) {
+    const N: u32 = 40;
+    const PREFETCH: u16 = 20;
+    let conn = on.connect();
+    let mut clean = on.cleanup();
+    let q = clean.queue(&unique("eq2-ack-rerun"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let counters = counters(&dir);
+    let (release, gate) = mpsc::channel();
+    let store = RollBackThenHold {
+        counters: &counters,
+        first: Mutex::new(None),
+        batches: AtomicUsize::new(0),
+        rolled_back: AtomicUsize::new(0),
+        holding: AtomicBool::new(false),
+        release: Mutex::new(Some(gate)),
+    };
+    let publisher = conn.publisher().unwrap();
+    for _ in 0..N {
+        let m = Message::new(CounterIncrement::new("page_views", 1).payload());
+        publisher.publish("", &q, m).unwrap();
+    }
+    let batcher = |stop: &StopHandle| {
+        Batcher::new(
+            BatcherOptions::new()
+                .batch_size(4)
+                .max_pending(8)
+                .poll_interval(Duration::from_millis(20))
+                .stop_handle(stop.clone()),
+        )
+        .unwrap()
+    };
+    let (first_stop, second_stop) = (StopHandle::new(), StopHandle::new());
+    let (first, second, all_applied) = std::thread::scope(|s| {
+        let running = s.spawn(|| {
+            // Two runs, one after the other, on one queue (one channel).
+            let queue =
+                AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(PREFETCH)).unwrap();
+            let first = consume(
+                queue.source().unwrap(),
+                &store,
+                queue.acknowledger(),
+                &batcher(&first_stop),
+            );
+            let second = consume(
+                queue.source().unwrap(),
+                &store,
+                queue.acknowledger(),
+                &batcher(&second_stop),
+            );
+            queue.close().unwrap();
+            (first, second)
+        });
+        // The first run has rolled back its first batch and holds its second, and the broker
+        // has sent the whole prefetch. Of those 20 deliveries the batcher takes at most 8 and
+        // the rolled-back batch is at most 4: the rest are prefetched and not taken.
+        let first_in_place = wait_until(WAIT, || {
+            store.holding.load(Ordering::SeqCst)
+                && conn.queue_info(&q).unwrap().message_count == N - u32::from(PREFETCH)
+        })
+        .is_ok();
+        first_stop.stop();
+        release.send(()).ok();
+        // The second run goes until every message's effect has been applied.
+        let all_applied = first_in_place
+            && wait_until(WAIT, || {
+                counters.receipt_count().unwrap() == u64::from(N)
+                    && conn.queue_info(&q).unwrap().message_count == 0
+            })
+            .is_ok();
+        second_stop.stop();
+        let (first, second) = running.join().unwrap();
+        assert!(first_in_place, "the first run never held its second batch");
+        (first.unwrap(), second.unwrap(), all_applied)
+    });
+    assert!(store.rolled_back.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        first.failed,
+        store.rolled_back.load(Ordering::SeqCst) as u64
+    );
+    assert_eq!(
+        (
+            counters.value("page_views").unwrap(),
+            counters.receipt_count().unwrap()
+        ),
+        (i64::from(N), u64::from(N)),
+        "every message's effect applied exactly once (first run {first:?}, second {second:?})"
+    );
+    assert!(all_applied);
+    assert_eq!(
+        first.acknowledged + second.acknowledged,
+        u64::from(N),
+        "each delivery acknowledged once, after its effect"
+    );
+    assert_eq!(first.replayed + second.replayed, 0);
+    // Only now that all were applied: nothing is left on the queue.
+    assert!(wait_until(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 0)
+    .is_ok());
+}
 }
