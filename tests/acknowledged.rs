@@ -1234,7 +1234,7 @@ fn generic_batch_store_with_a_user_effect(db: &db::Db) {
     assert_eq!(store.receipt("pay/a").unwrap(), None);
 }
 
-on_both!(generic_batch_store_with_a_user_effect);
+on_both_databases!(generic_batch_store_with_a_user_effect);
 
 /// A message whose effect the **database** refuses (a `CHECK` constraint: an `Error::Sql`, not
 /// a refusal of the store's), alone in its batch: the store's `check_up` commits an empty
@@ -1286,7 +1286,7 @@ fn a_message_the_database_refuses_alone_is_rejected_as_its_own_fault(db: &db::Db
     assert_eq!(store.receipt("chk/2").unwrap().as_deref(), Some("booked"));
 }
 
-on_both!(a_message_the_database_refuses_alone_is_rejected_as_its_own_fault);
+on_both_databases!(a_message_the_database_refuses_alone_is_rejected_as_its_own_fault);
 
 #[test]
 fn postgres_is_required_not_skipped() {

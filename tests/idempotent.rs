@@ -812,7 +812,7 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
     assert_eq!(count.get(), 1);
 }
 
-on_both!(
+on_both_databases!(
     a_duplicate_absorbed_is_reported_and_counted,
     a_lease_taken_over_mid_handler_keeps_the_first_receipt,
     consume_then_record_in_one_transaction,
@@ -959,7 +959,7 @@ fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
     assert_eq!(db.count(&effects), 1);
 }
 
-on_both!(
+on_both_databases!(
     duplicate_delivery_applies_the_effect_once,
     a_failed_attempt_gives_the_claim_back_so_the_retry_runs,
     a_claim_held_by_a_live_lease_is_in_progress,

@@ -492,7 +492,7 @@ fn a_batch_of_zero_is_refused() {
     assert!(e.to_string().contains("from 1 to 10000"), "{e}");
 }
 
-on_both!(
+on_both_databases!(
     a_backlog_commits_in_batches_each_effect_once,
     concurrent_workers_calls_are_gathered_into_batches,
     a_failing_message_rolls_back_alone,
@@ -700,7 +700,7 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
     assert_eq!(keys(db, &effects), expected);
 }
 
-on_both!(
+on_both_databases!(
     concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock,
     group_commit_keeps_claims_atomic_and_fenced,
     claims_and_confirms_sharing_groups_answer_as_alone,

@@ -156,7 +156,7 @@ fn a_connect_that_panics_once_answers_every_caller_of_its_batch(db: &Db) {
     assert_eq!(keys(db, &effects), expected, "each applied once");
 }
 
-on_both!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
+on_both_databases!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
 
 /// Publishes `n` messages, each with its own `k` header; their ids.
 fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<String> {

@@ -247,7 +247,7 @@ fn an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time(db
     second.close().unwrap();
 }
 
-on_both!(an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time);
+on_both_databases!(an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time);
 
 // ---------------------------------------------------------------------------------------------
 // Item 4: one identity per message across every attempt.
@@ -420,7 +420,7 @@ fn a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds(db: &Db) {
     assert_eq!(b.renew(&ids).unwrap().len(), 2, "b holds them now");
 }
 
-on_both!(a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds);
+on_both_databases!(a_lease_is_renewed_only_by_its_holder_and_only_while_it_holds);
 
 /// Lets the proxy's links through again when dropped.
 struct ResumedOnDrop<'a>(&'a acemq_amqp::testing::FaultProxy);

@@ -829,7 +829,7 @@ fn an_unreadable_row_is_retired_with_the_reason_and_blocks_nothing(db: &Db) {
     relay.close().unwrap();
 }
 
-on_both!(
+on_both_databases!(
     an_unreadable_row_is_retired_with_the_reason_and_blocks_nothing,
     a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record,
     rollback_publishes_nothing_and_commit_publishes_once,

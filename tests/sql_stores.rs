@@ -847,7 +847,7 @@ fn registry_concurrent_agree(db: &Db) {
     }
 }
 
-on_both!(
+on_both_databases!(
     values_round_trip,
     create_schema_and_ddl,
     invalid_table_names_refused,

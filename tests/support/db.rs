@@ -181,7 +181,7 @@ pub fn pg_client() -> postgres::Client {
 
 /// Defines `mod $name { fn sqlite(); fn postgres(); }` running `$name(&Db)` on each backend.
 #[macro_export]
-macro_rules! on_both {
+macro_rules! on_both_databases {
     ($($name:ident),* $(,)?) => {
         $(
             mod $name {

@@ -6,8 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::transport::{
-    AmqpError, AmqpProperties, AmqpTransport, AmqpValue, Channel, Confirm, ConsumerMessage,
-    ConsumerOptions, Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
+    AmqpError, AmqpProperties, AmqpTransport, AmqpValue, Channel, Delivery, FieldTable, Publish,
     QueueDeclareOptions, QueueDeleteOptions, Transport,
 };
 

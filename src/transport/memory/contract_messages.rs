@@ -1,15 +1,14 @@
 //! Contract tests of messages on both transports (`contract.rs` runs them): returns before
 //! confirms, delivery tags and `multiple`, unknown tags, requeue, x-death, expiry at the head.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::contract::{
-    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth, Attempt,
+    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth,
 };
 use crate::transport::{
-    AmqpError, AmqpProperties, AmqpValue, Channel, Confirm, ConsumerMessage, ConsumerOptions,
-    Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
-    QueueDeleteOptions,
+    AmqpProperties, AmqpValue, Confirm, ConsumerMessage, ConsumerOptions, Delivery,
+    ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
 };
 
 #[test]
@@ -230,7 +229,7 @@ fn dead_lettering_writes_x_death_as_rabbitmq() {
         send(&ch, "", &q, "m", props);
         let mut out = Vec::new();
         let g = get_within(&ch, &q, false).unwrap();
-        g.delivery.reject(&ch, false).unwrap();
+        g.delivery.nack(&ch, false).unwrap();
         let d = get_within(&ch, &dlq, false).unwrap().delivery;
         out.push(format!(
             "exchange {} key {} id {:?}",

@@ -3,13 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::contract::{
-    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth, Attempt,
-};
+use super::contract::{args, body_of, both, declare, seen, send, wait_depth, Attempt};
 use crate::transport::{
-    AmqpError, AmqpProperties, AmqpValue, Channel, Confirm, ConsumerMessage, ConsumerOptions,
-    Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
-    QueueDeleteOptions,
+    AmqpProperties, AmqpValue, ConsumerMessage, ConsumerOptions, ExchangeDeclareOptions,
+    ExchangeType, FieldTable, Publish, QueueDeclareOptions, QueueDeleteOptions,
 };
 
 #[test]
