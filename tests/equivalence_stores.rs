@@ -2,35 +2,7 @@
 //! acknowledged consumer's `AmqpQueue` on SQLite stores (temporary files), each body run on
 //! RabbitMQ and on the in-process `memory://` broker (`on_both!`).
 
-/// The harness (`tests/support/both.rs`) and what it needs, without `tests/support/mod.rs`:
-/// with every feature that module brings `db.rs`, whose `#[macro_export] on_both` (sqlite /
-/// postgres) collides with `both.rs`'s at the crate root (E0428).
-mod support {
-    #![allow(dead_code)]
-    pub mod both;
-
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// The broker tests use: `ACEMQ_TEST_AMQP_URL`, default the local guest account.
-    pub fn amqp_url() -> String {
-        std::env::var("ACEMQ_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".to_string())
-    }
-
-    /// A name no other test (or earlier run) uses.
-    pub fn unique(prefix: &str) -> String {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        format!(
-            "test.{prefix}.{}.{}.{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-}
+mod support;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -41,150 +13,22 @@ use acemq_amqp::patterns::acknowledged::{
     consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
     CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
 };
-use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{
     idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
 };
 use acemq_amqp::patterns::outbox::{
     record, record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
 };
-use acemq_amqp::sql::{Sql, Value};
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
     Connection, ConsumerOptions, Error, FatalError, Handler, HandlerResult, JsonCodec, Message,
     Outcome, QueueSpec, RetryPolicy, StopHandle,
 };
+use support::db::{sqlite_open, Db};
+use support::idem::{effects_table, keys, record_effect, recorder, store};
 use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A connection as the stores are handed it.
-type Conn = Box<dyn Sql + Send>;
-
-/// One test's SQLite database: a temporary file (WAL), removed at the end.
-struct Db {
-    path: Arc<std::path::PathBuf>,
-    _dir: tempfile::TempDir,
-}
-
-impl Db {
-    fn sqlite() -> Db {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let db = Db {
-            path: Arc::new(dir.path().join("test.db")),
-            _dir: dir,
-        };
-        drop(sqlite_open(&db.path).expect("open sqlite"));
-        db
-    }
-
-    fn table(&self, kind: &str) -> String {
-        format!("t_{kind}")
-    }
-
-    fn connect(&self) -> Conn {
-        Box::new(sqlite_open(&self.path).expect("open sqlite"))
-    }
-
-    fn factory(&self) -> impl Fn() -> acemq_amqp::Result<Conn> + Send + Sync + 'static {
-        let path = Arc::clone(&self.path);
-        move || -> acemq_amqp::Result<Conn> { Ok(Box::new(sqlite_open(&path)?)) }
-    }
-
-    fn sqlite_path(&self) -> &std::path::Path {
-        &self.path
-    }
-
-    /// Runs `f` on a new `BEGIN IMMEDIATE` transaction, then commits or rolls back.
-    fn in_tx<R>(&self, commit: bool, f: impl FnOnce(&mut dyn Sql) -> R) -> R {
-        let mut conn = sqlite_open(&self.path).expect("open sqlite");
-        let mut tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .expect("begin");
-        let r = f(&mut tx);
-        if commit {
-            tx.commit().expect("commit");
-        } else {
-            tx.rollback().expect("rollback");
-        }
-        r
-    }
-
-    fn count(&self, table: &str) -> i64 {
-        let rows = self
-            .connect()
-            .query(&format!("SELECT COUNT(*) FROM {table}"), &[])
-            .expect("count");
-        rows[0][0].as_i64().expect("integer count")
-    }
-}
-
-fn sqlite_open(path: &std::path::Path) -> acemq_amqp::Result<rusqlite::Connection> {
-    let sql = |context: &str| {
-        let context = context.to_string();
-        move |e: rusqlite::Error| Error::Sql {
-            context,
-            source: e.into(),
-        }
-    };
-    let conn = rusqlite::Connection::open(path).map_err(sql("opening the test database"))?;
-    conn.busy_timeout(Duration::from_secs(20))
-        .and_then(|_| conn.execute_batch("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"))
-        .map_err(sql("setting up the test database"))?;
-    Ok(conn)
-}
-
-/// A table of effects: one row per effect applied.
-fn effects_table(db: &Db) -> String {
-    let t = db.table("effects");
-    db.connect()
-        .execute(&format!("CREATE TABLE {t} (key TEXT NOT NULL)"), &[])
-        .unwrap();
-    t
-}
-
-/// The test's effect: a row in `table`, on whatever connection or transaction it is given.
-fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
-    let p = conn.dialect().placeholder(1);
-    conn.execute(
-        &format!("INSERT INTO {table} (key) VALUES ({p})"),
-        &[Value::Text(key.to_string())],
-    )
-}
-
-/// The keys in `table`, sorted.
-fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {table}"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
-    keys
-}
-
-/// An idempotency store on its own table (claims leased for 30 s), its table created.
-fn store(db: &Db) -> Arc<SqlIdempotencyStore> {
-    let s = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default()
-            .table(db.table("idem"))
-            .claim_timeout(Duration::from_secs(30)),
-    )
-    .unwrap();
-    s.create_table().unwrap();
-    Arc::new(s)
-}
-
-/// An `on_commit` that records each commit's size, and the sizes recorded so far.
-#[allow(clippy::type_complexity)]
-fn recorder() -> (Arc<Mutex<Vec<usize>>>, Arc<dyn Fn(usize) + Send + Sync>) {
-    let commits = Arc::new(Mutex::new(Vec::new()));
-    let c = commits.clone();
-    (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
-}
 
 fn message_count(conn: &Connection, q: &str) -> u32 {
     conn.queue_info(q).unwrap().message_count
