@@ -579,6 +579,50 @@ on_both! {
         relay.close().unwrap();
     }
 
+    /// The outbox: a publish the broker nacks (a full queue, `x-overflow` reject-publish) is
+    /// counted against its record, which stays; once the queue has room, the next sweep
+    /// publishes it, confirmed, and deletes it: its message arrives once.
+    fn outbox_retries_a_publish_a_full_queue_nacked(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.queue(&unique("eq2-outbox-full"));
+        conn.declare_queue(
+            &QueueSpec::new(&q)
+                .classic()
+                .max_length(1)
+                .argument("x-overflow", "reject-publish"),
+        )
+        .unwrap();
+        conn.publisher()
+            .unwrap()
+            .publish("", &q, Message::new("filler"))
+            .unwrap();
+        let db = Db::sqlite();
+        let store = outbox(&db, 10);
+        let table = store.table().to_string();
+        let relay =
+            OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+        let m = Message::new("r1");
+        let id = m.id().to_string();
+        db.in_tx(true, |tx| {
+            store.add(tx, &record_message("", &q, &m).unwrap()).unwrap()
+        });
+        let e = relay.sweep().unwrap_err();
+        assert!(matches!(e, Error::Nacked { .. }), "{e:?}");
+        assert_eq!(db.count(&table), 1, "a nacked record stays");
+        let attempts = db.connect()
+            .query(&format!("SELECT attempts FROM {table}"), &[])
+            .unwrap();
+        assert_eq!(attempts[0][0].as_i64(), Some(1), "the nack is counted");
+        assert_eq!(message_count(&conn, &q), 1, "only the filler");
+        let filler = conn.get(&q).unwrap().expect("the filler");
+        assert_eq!(filler.body, b"filler".to_vec());
+        assert_eq!(relay.sweep().unwrap(), 1, "published once there is room");
+        assert_eq!(db.count(&table), 0, "deleted after the confirm");
+        assert_eq!(drain_ids(&conn, &q), vec![id], "once");
+        relay.close().unwrap();
+    }
+
     /// The acknowledged consumer's `AmqpQueue` on a SQLite counter store: 40 increments and
     /// the first again (the same id): the effect once per message, all 41 acknowledged, one
     /// replayed, the queue empty.
