@@ -8,7 +8,7 @@ use crate::transport::memory::{self, Broker};
 /// The in-process broker named `name`, as `memory://name` URLs reach it (feature `testing`):
 /// an AMQP 0-9-1 broker in the test's process, shared by every connection to that name for the
 /// life of the process, deliberately not more forgiving than RabbitMQ 3.x (what it does not
-/// emulate — quorum queues, streams, priorities, `x-expires`, alternate exchanges and the
+/// emulate — streams, quorum-only arguments, priorities, `x-expires`, alternate exchanges and the
 /// like — it refuses with 540 NOT_IMPLEMENTED rather than accepting and ignoring). Parallel
 /// tests use distinct names and need no coordination.
 ///
@@ -16,9 +16,7 @@ use crate::transport::memory::{self, Broker};
 /// memory alarm, held deliveries, time moving on) and what it reads back (depth, unacked
 /// messages, consumers, connections).
 ///
-/// ```no_run
-/// // `no_run` until `Connection::open` takes `memory://` URLs (the engine's move onto the
-/// // transport seam, issue 38).
+/// ```
 /// use acemq_amqp::testing::MemoryBroker;
 /// use acemq_amqp::{Connection, QueueSpec};
 ///

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod alarm;
+pub mod both;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]

@@ -75,7 +75,9 @@ impl State {
         let tag = format!("amq.ctag-memory-{}", self.fresh_id());
         let prefetch = self.chan(conn, chan).map(|c| c.prefetch).unwrap_or(0);
         let q = self.owned(conn, queue)?;
-        if !q.consumers.is_empty() && (o.exclusive || q.consumers.iter().any(|c| c.exclusive)) {
+        // RabbitMQ 3.10 does not enforce an exclusive consume on a quorum queue.
+        let exclusive = o.exclusive && !q.quorum;
+        if !q.consumers.is_empty() && (exclusive || q.consumers.iter().any(|c| c.exclusive)) {
             return Err(access_refused(format!(
                 "queue '{queue}' in vhost '/' in exclusive use"
             )));
@@ -89,7 +91,7 @@ impl State {
             no_ack: o.no_ack,
             prefetch,
             unacked: 0,
-            exclusive: o.exclusive,
+            exclusive,
         });
         q.had_consumer = true;
         if let Ok(ch) = self.chan(conn, chan) {

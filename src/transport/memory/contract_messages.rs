@@ -230,7 +230,7 @@ fn dead_lettering_writes_x_death_as_rabbitmq() {
         send(&ch, "", &q, "m", props);
         let mut out = Vec::new();
         let g = get_within(&ch, &q, false).unwrap();
-        g.delivery.reject(&ch, false).unwrap();
+        g.delivery.nack(&ch, false).unwrap();
         let d = get_within(&ch, &dlq, false).unwrap().delivery;
         out.push(format!(
             "exchange {} key {} id {:?}",

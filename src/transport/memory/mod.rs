@@ -22,6 +22,8 @@ mod contract;
 #[cfg(test)]
 mod contract_messages;
 #[cfg(test)]
+mod contract_quorum;
+#[cfg(test)]
 mod contract_topology;
 mod dead_letter;
 mod faults;

@@ -5,15 +5,13 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-
 use super::reply::{
     access_refused, bare_value, inequivalent, integer, locked, no_queue, not_emulated,
     precondition, same_value, type_name, value_text, Refusal, Refused,
 };
 use super::state::{Msg, Queue, State};
 use crate::transport::{
-    AmqpValue, ConsumerMessage, QueueDeclareOptions,
-    QueueDeleteOptions, QueueState,
+    AmqpValue, ConsumerMessage, QueueDeclareOptions, QueueDeleteOptions, QueueState,
 };
 
 /// The arguments RabbitMQ compares on a redeclare, in its order, that this broker implements
@@ -95,6 +93,7 @@ impl Queue {
             consumers: Vec::new(),
             rr: 0,
             had_consumer: false,
+            quorum: false,
         };
         for (key, v) in &o.arguments {
             match key.as_str() {
@@ -113,7 +112,8 @@ impl Queue {
                 },
                 "x-queue-type" => match text(key, name, v)?.as_str() {
                     "classic" => {}
-                    "quorum" | "stream" => return Err(not_emulated(&unemulated_argument(key, v))),
+                    "quorum" => q.quorum = true,
+                    "stream" => return Err(not_emulated(&unemulated_argument(key, v))),
                     other => {
                         return Err(invalid(
                             key,
@@ -124,6 +124,16 @@ impl Queue {
                 },
                 k if k.starts_with("x-") => return Err(not_emulated(&unemulated_argument(k, v))),
                 _ => {}
+            }
+        }
+        if q.quorum {
+            for (property, set) in [("exclusive", o.exclusive), ("auto-delete", o.auto_delete)] {
+                if set {
+                    return Err(invalid_property(property, name));
+                }
+            }
+            if !o.durable {
+                return Err(invalid_property("non-durable", name));
             }
         }
         if q.dlrk.is_some() && q.dlx.is_none() {
@@ -322,6 +332,10 @@ impl State {
             (a, b) => a.or(b),
         };
         msg.deadline = ttl.map(|ms| now + Duration::from_millis(ms));
+        if q.quorum {
+            // A quorum queue counts a message's deliveries from 0 on entry.
+            set_delivery_count(&mut msg.properties, 0);
+        }
         q.ready.push_back(msg);
         let mut dropped = Vec::new();
         if let Some(max) = q.max_len {
@@ -342,8 +356,14 @@ impl State {
             return;
         };
         msg.redelivered = true;
-        let at = q.ready.partition_point(|m| m.seq < msg.seq);
-        q.ready.insert(at, msg);
+        if q.quorum {
+            // RabbitMQ 3.10's quorum queues: a returned message goes to the back, counted.
+            count_delivery(&mut msg.properties);
+            q.ready.push_back(msg);
+        } else {
+            let at = q.ready.partition_point(|m| m.seq < msg.seq);
+            q.ready.insert(at, msg);
+        }
         self.mark(name);
     }
 
@@ -372,4 +392,30 @@ impl State {
             .filter_map(|q| q.ready.front().and_then(|m| m.deadline))
             .min()
     }
+}
+
+/// Counts one more return in `x-delivery-count`, as a quorum queue does.
+fn count_delivery(properties: &mut crate::transport::AmqpProperties) {
+    let n = match properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.get("x-delivery-count"))
+    {
+        Some(AmqpValue::LongLongInt(n)) => *n,
+        _ => 0,
+    };
+    set_delivery_count(properties, n + 1);
+}
+
+fn set_delivery_count(properties: &mut crate::transport::AmqpProperties, n: i64) {
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert("x-delivery-count".into(), AmqpValue::LongLongInt(n));
+    *properties = std::mem::take(properties).with_headers(headers);
+}
+
+/// RabbitMQ's refusal of a quorum queue declared exclusive, auto-delete or transient.
+fn invalid_property(property: &str, queue: &str) -> Refusal {
+    precondition(format!(
+        "invalid property '{property}' for queue '{queue}' in vhost '/'"
+    ))
 }

@@ -2,7 +2,6 @@
 //! (`x-match` all / any), the pre-declared `amq.*` exchanges; declare equivalence, delete,
 //! bindings.
 
-
 use super::reply::{
     access_refused, default_exchange, inequivalent, no_exchange, no_queue, not_emulated,
     precondition, same_value, Refused,

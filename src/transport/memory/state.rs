@@ -118,6 +118,10 @@ pub(super) struct Queue {
     /// The consumer the next delivery starts looking from (round robin).
     pub(super) rr: usize,
     pub(super) had_consumer: bool,
+    /// `x-queue-type: quorum`: RabbitMQ 3.10's quorum behaviour where the patterns can tell (a
+    /// requeued message goes to the back with `x-delivery-count`; exclusive consumes are not
+    /// enforced); otherwise a classic queue.
+    pub(super) quorum: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,8 +47,9 @@ fn unemulated_features_are_refused_with_540_naming_them() {
     let name = unique("refused");
     let (mut t, _) = open(&name);
     let queue_args = [
-        ("x-queue-type", text("quorum")),
         ("x-queue-type", text("stream")),
+        ("x-delivery-limit", AmqpValue::LongInt(3)),
+        ("x-dead-letter-strategy", text("at-least-once")),
         ("x-max-length-bytes", AmqpValue::LongInt(10)),
         ("x-max-priority", AmqpValue::LongInt(10)),
         ("x-expires", AmqpValue::LongInt(1000)),
@@ -139,9 +140,27 @@ fn round_robin_within_each_consumers_prefetch() {
     assert_eq!(broker.queue_depth("q"), Some(3));
     assert_eq!(broker.unacked("q"), Some(3));
     assert_eq!((a.receiver().len(), b.receiver().len()), (2, 1));
-    assert_eq!(body(a.receiver().recv().unwrap()), "m0");
-    assert_eq!(body(b.receiver().recv().unwrap()), "m1");
-    let ConsumerMessage::Delivery(d) = a.receiver().recv().unwrap() else {
+    assert_eq!(
+        body(
+            a.receiver()
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap()
+        ),
+        "m0"
+    );
+    assert_eq!(
+        body(
+            b.receiver()
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap()
+        ),
+        "m1"
+    );
+    let ConsumerMessage::Delivery(d) = a
+        .receiver()
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap()
+    else {
         panic!()
     };
     assert_eq!(
@@ -243,7 +262,7 @@ fn a_dead_letter_cycle_without_rejection_is_dropped() {
     // Rejected to itself: not a cycle (a rejection is in it), the copy comes back.
     send(&ch, "", "q", "n", AmqpProperties::default());
     let g = ch.basic_get("q", false).unwrap().unwrap();
-    g.delivery.reject(&ch, false).unwrap();
+    g.delivery.nack(&ch, false).unwrap();
     assert_eq!(broker.queue_depth("q"), Some(1));
 }
 
