@@ -386,6 +386,104 @@ on_both! {
         assert_eq!(depth(&conn, &q), 0);
     }
 
+    /// Dead-lettered and parked copies do not keep the original's per-message expiration: no
+    /// `expiration` on the wire, and they stay in `.dlq` / `.parked` past it.
+    fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-no-expiry"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new())
+            .unwrap()
+            .start(|m: &Message| {
+                Ok(if m.body == b"park" {
+                    Outcome::park("needs a person")
+                } else {
+                    Outcome::reject("no such customer")
+                })
+            })
+            .unwrap();
+        for body in ["reject", "park"] {
+            put(&conn, &q, Message::new(body).expiration(Duration::from_secs(600)));
+        }
+        let (dlq, parked) = (dead_letter_queue(&q), parked_queue(&q));
+        assert!(eventually(WAIT, || depth(&conn, &dlq) == 1
+            && depth(&conn, &parked) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        // Past the original's expiration (at once on RabbitMQ: only the memory clock moves).
+        on.let_time_pass(Duration::from_secs(601));
+        assert_eq!(depth(&conn, &dlq), 1, "the dead letter did not expire");
+        assert_eq!(depth(&conn, &parked), 1, "the parked copy did not expire");
+        for copy in [drain(&conn, &dlq), drain(&conn, &parked)].concat() {
+            assert_eq!(copy.expiration_ms, None, "{:?}", copy.envelope.error);
+            assert_eq!(
+                copy.properties.as_ref().unwrap().expiration(),
+                &None,
+                "no expiration on the wire"
+            );
+        }
+    }
+
+    /// Closing lets the running handlers finish (acknowledged) and requeues the deliveries that
+    /// never started; a new consumer then gets each of those once, marked redelivered, and
+    /// none of the finished ones again.
+    fn close_lets_running_handlers_finish_and_requeues_the_rest(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-close-drain"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let s = started.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
+            .unwrap()
+            .start(move |m: &Message| {
+                s.lock().unwrap().push(m.id().to_string());
+                let _ = release_rx.recv_timeout(WAIT);
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || started.lock().unwrap().len() == 2
+            && consumer.in_flight() == 20));
+        let closing = std::thread::spawn(move || consumer.close());
+        assert!(
+            eventually(WAIT, || depth(&conn, &q) == 18),
+            "the 18 that never started go back while the 2 run"
+        );
+        drop(release_tx);
+        let report = closing.join().unwrap().unwrap();
+        assert_eq!(report.finished, 2);
+        assert_eq!(report.requeued, 18);
+        assert_eq!(report.abandoned, 0);
+        let finished: HashSet<String> = started.lock().unwrap().iter().cloned().collect();
+        assert_eq!(finished.len(), 2, "nothing new started while closing");
+        let again = Arc::new(Mutex::new(Vec::new()));
+        let a = again.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
+            .unwrap()
+            .start(move |m: &Message| {
+                a.lock().unwrap().push((m.id().to_string(), m.received.as_ref().is_some_and(|r| r.redelivered)));
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || again.lock().unwrap().len() == 18
+            && consumer.in_flight() == 0
+            && depth(&conn, &q) == 0));
+        consumer.close().unwrap();
+        let again = again.lock().unwrap().clone();
+        assert_eq!(again.len(), 18, "each of the rest once");
+        assert!(again.iter().all(|(_, r)| *r), "requeued ones come back redelivered");
+        let rest: HashSet<String> = again.into_iter().map(|(id, _)| id).collect();
+        assert!(rest.is_disjoint(&finished), "no finished message again");
+        let all: HashSet<String> = rest.union(&finished).cloned().collect();
+        assert_eq!(all, ids, "none lost");
+    }
+
     /// A wait of 30 s (the broker-wait threshold) is spent on the rung `{queue}.retry.30s`: the
     /// copy sits there, unacknowledged by nobody, until its TTL passes, then comes back through
     /// `acemq.retry` to the queue with the same id and attempt 2, and is accepted.
@@ -601,6 +699,47 @@ on_both! {
         assert_eq!(seq_of(&dead[0]), 10);
         assert_eq!(dead[0].envelope.attempt, 2);
         assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// At most once (acknowledged before the handler runs): a handler error or panic loses the
+    /// message, counted lost; nothing is retried, dead-lettered or left on the queue.
+    fn at_most_once_a_failing_handler_neither_retries_nor_dead_letters(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-at-most-once"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let items: Vec<(String, usize)> = (0..6).map(|i| (String::new(), i)).collect();
+        publish_keyed(&conn, &q, &items);
+        let calls = Arc::new(Mutex::new(HashMap::<usize, usize>::new()));
+        let c = calls.clone();
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .concurrency(2)
+                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0))
+                    .at_most_once(),
+            )
+            .unwrap()
+            .start(move |m: &Message| {
+                let seq = seq_of(m);
+                *c.lock().unwrap().entry(seq).or_insert(0) += 1;
+                match seq % 3 {
+                    0 => Err("boom".into()),
+                    1 => panic!("a panic loses it too"),
+                    _ => Ok(Outcome::Accept),
+                }
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || consumer.lost() == 4
+            && calls.lock().unwrap().len() == 6
+            && consumer.in_flight() == 0));
+        let report = consumer.close().unwrap();
+        assert_eq!(report.requeued, 0);
+        let calls = calls.lock().unwrap().clone();
+        assert!(calls.values().all(|n| *n == 1), "each ran once: {calls:?}");
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0, "nothing dead-lettered");
     }
 
     /// An ordered consumer closing while one message of a key runs and nine wait for the key:
