@@ -1,0 +1,1000 @@
+//! The consumer and the patterns built on it, one body on both transports (RabbitMQ and the
+//! in-process `memory://` broker, `tests/support/both.rs`): the outcomes (accept, retry,
+//! reject / dead-letter, park; a handler error and a panic) and what reaches `.dlq` and
+//! `.parked` with the family's headers; the retry ladder through a TTL rung of 30 s; ordering
+//! (`patterns::ordering`); pipelines (`patterns::pipeline`); consumer groups
+//! (`patterns::consumer_group`). A body that passes on `amqp` and fails on `memory` is a defect
+//! of the memory broker.
+
+// The harness alone, not all of `tests/support`: `support/db.rs` exports a macro named
+// `on_both` too (its sqlite / postgres pair), so a binary with `mod support;` plus
+// `pub mod both;` does not compile under `--all-features` (E0428). This module takes `both.rs`
+// as it is, with the few helpers it and this file need, copied from `tests/support/mod.rs`.
+#[allow(dead_code)]
+mod support {
+    #[path = "both.rs"]
+    #[macro_use]
+    pub mod both;
+
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, PublisherOptions};
+
+    /// The broker tests use: `ACEMQ_TEST_AMQP_URL`, default the local guest account.
+    pub fn amqp_url() -> String {
+        std::env::var("ACEMQ_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".to_string())
+    }
+
+    /// A name no other test (or earlier run) uses.
+    pub fn unique(prefix: &str) -> String {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!(
+            "test.{prefix}.{}.{}.{nanos}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Polls `f` until it is true or `timeout` passes (`acemq_amqp::testing::wait_until`).
+    pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
+        acemq_amqp::testing::wait_until(timeout, f).is_ok()
+    }
+
+    /// Publishes `n` small messages to `queue` through the default exchange, confirmed;
+    /// returns their ids in order.
+    pub fn publish_n(conn: &Connection, queue: &str, n: usize, persistent: bool) -> Vec<String> {
+        let publisher = conn
+            .publisher_with(PublisherOptions::new().window(1000))
+            .expect("publisher");
+        let mut ids = Vec::with_capacity(n);
+        let mut tickets = Vec::with_capacity(n);
+        for i in 0..n {
+            let m = Message::new(format!("{i}")).persistent(persistent);
+            ids.push(m.id().to_string());
+            tickets.push(publisher.publish_deferred("", queue, m).expect("publish"));
+        }
+        for t in tickets {
+            t.wait().expect("confirmed");
+        }
+        publisher.close().expect("close publisher");
+        ids
+    }
+
+    /// A consumer (no declarations) that keeps every message of `queue`, and what it kept.
+    pub fn collect(
+        conn: &Connection,
+        queue: &str,
+    ) -> (acemq_amqp::RunningConsumer, Arc<Mutex<Vec<Message>>>) {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        let consumer = conn
+            .consumer(queue, ConsumerOptions::new().declare(false))
+            .expect("a consumer")
+            .start(move |m: &Message| {
+                g.lock().unwrap().push(m.clone());
+                Ok(Outcome::Accept)
+            })
+            .expect("the consumer starts");
+        (consumer, got)
+    }
+}
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
+use acemq_amqp::patterns::ordering::{by_header, ordered};
+use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
+use acemq_amqp::{
+    dead_letter_queue, parked_queue, retry_queue, Connection, ConsumerOptions, FatalError,
+    HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
+};
+use serde_json::json;
+use support::{collect, eventually, publish_n, unique};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The rung of the ladder tests: the broker-wait threshold's default, 30 s.
+const RUNG: Duration = Duration::from_secs(30);
+
+/// On RabbitMQ the rung's TTL passes in real time: a deadline that covers it, with room.
+const RUNG_WAIT: Duration = Duration::from_secs(90);
+
+/// Three attempts, waiting 100 ms then 200 ms in the consumer (under the broker-wait threshold),
+/// without jitter.
+fn short_ladder() -> RetryPolicy {
+    RetryPolicy::exponential()
+        .max_attempts(3)
+        .initial_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_secs(1))
+        .jitter(0.0)
+}
+
+fn depth(conn: &Connection, queue: &str) -> u32 {
+    conn.queue_info(queue).unwrap().message_count
+}
+
+/// Publishes `m` to `queue` through the default exchange, confirmed.
+fn put(conn: &Connection, queue: &str, m: Message) {
+    let publisher = conn.publisher().unwrap();
+    publisher.publish("", queue, m).unwrap();
+    publisher.close().unwrap();
+}
+
+/// A header of a received copy as text (the family's `acemq-*` headers are application
+/// headers, its `x-acemq-*` ones engine headers).
+fn text_header(m: &Message, name: &str) -> Option<String> {
+    m.headers
+        .get(name)
+        .or_else(|| m.engine_header(name))
+        .and_then(|v| match v {
+            HeaderValue::Text(s) => Some(s.clone()),
+            _ => None,
+        })
+}
+
+/// Takes every message now on `queue` (`basic.get` until empty).
+fn drain(conn: &Connection, queue: &str) -> Vec<Message> {
+    let mut got = Vec::new();
+    while let Some(m) = conn.get(queue).unwrap() {
+        got.push(m);
+    }
+    got
+}
+
+/// Publishes one message per `(key, seq)` to `queue`, body = seq, header `k` = key, confirmed.
+fn publish_keyed(conn: &Connection, queue: &str, items: &[(String, usize)]) {
+    let publisher = conn
+        .publisher_with(PublisherOptions::new().window(1000))
+        .unwrap();
+    let tickets: Vec<_> = items
+        .iter()
+        .map(|(key, seq)| {
+            let m = Message::new(seq.to_string()).header("k", key.as_str());
+            publisher.publish_deferred("", queue, m).unwrap()
+        })
+        .collect();
+    for t in tickets {
+        t.wait().unwrap();
+    }
+    publisher.close().unwrap();
+}
+
+fn key_of(m: &Message) -> String {
+    m.headers
+        .get("k")
+        .and_then(|v| v.as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn seq_of(m: &Message) -> usize {
+    String::from_utf8_lossy(&m.body).parse().unwrap()
+}
+
+on_both! {
+    /// Accept acknowledges: every message handled once at attempt 1, nothing left on the queue
+    /// or its `.dlq`, nothing abandoned.
+    fn accept_acknowledges_and_leaves_nothing_behind(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-accept"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(short_ladder()).concurrency(2))
+            .unwrap()
+            .start(move |m: &Message| {
+                s.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || seen.lock().unwrap().len() == 20
+            && consumer.in_flight() == 0));
+        let report = consumer.close().unwrap();
+        assert_eq!(report.abandoned, 0);
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.iter().all(|(_, a)| *a == 1), "{seen:?}");
+        let handled: HashSet<String> = seen.into_iter().map(|(id, _)| id).collect();
+        assert_eq!(handled, ids, "each message once");
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0);
+    }
+
+    /// A handler error is retried (waits held in the consumer) with the same id and the attempt
+    /// counted in `x-acemq-attempt`; the third attempt accepts and nothing is dead-lettered.
+    fn a_handler_that_fails_twice_succeeds_on_the_third_attempt(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-third-time"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let ids = publish_n(&conn, &q, 1, true);
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let a = attempts.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+            .unwrap()
+            .start(move |m: &Message| {
+                a.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
+                if m.envelope.attempt < 3 {
+                    Err("not yet".into())
+                } else {
+                    Ok(Outcome::Accept)
+                }
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3
+            && consumer.in_flight() == 0
+            && depth(&conn, &q) == 0));
+        consumer.close().unwrap();
+        let seen = attempts.lock().unwrap().clone();
+        assert_eq!(
+            seen,
+            vec![(ids[0].clone(), 1), (ids[0].clone(), 2), (ids[0].clone(), 3)]
+        );
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0);
+    }
+
+    /// A handler that always fails walks its attempts and ends in `.dlq` once, with its id, its
+    /// last attempt, the error and the queue it was consumed from (`acemq-original-queue`).
+    fn always_failing_ends_in_the_dlq_with_its_error_and_origin(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-ladder"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let m = Message::new("body").header("app", "kept");
+        let id = m.id().to_string();
+        put(&conn, &q, m);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+            .unwrap()
+            .start(move |_: &Message| {
+                c.fetch_add(1, Ordering::SeqCst);
+                Err("the database is down".into())
+            })
+            .unwrap();
+        let dlq = dead_letter_queue(&q);
+        assert!(eventually(WAIT, || depth(&conn, &dlq) == 1 && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+        let dead = drain(&conn, &dlq);
+        assert_eq!(dead.len(), 1, "dead-lettered once");
+        let dead = &dead[0];
+        assert_eq!(dead.id(), id);
+        assert_eq!(dead.body, b"body");
+        assert_eq!(dead.envelope.attempt, 3);
+        assert_eq!(
+            dead.envelope.error.as_deref(),
+            Some("exhausted 3 attempts: Error: the database is down")
+        );
+        assert_eq!(text_header(dead, "acemq-original-queue").as_deref(), Some(q.as_str()));
+        assert_eq!(text_header(dead, "app").as_deref(), Some("kept"));
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &parked_queue(&q)), 0);
+    }
+
+    /// Reject and a `FatalError` go to `.dlq` at once (attempt 1, no retry), park goes to
+    /// `.parked`; each with its reason in `x-acemq-error` and its origin queue.
+    fn reject_and_fatal_dead_letter_at_once_and_park_sets_aside(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-reject-park"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
+            .unwrap()
+            .start(move |m: &Message| {
+                c.fetch_add(1, Ordering::SeqCst);
+                match m.body.as_slice() {
+                    b"poison" => Err(Box::new(FatalError::new("cannot parse order")) as _),
+                    b"odd" => Ok(Outcome::park("needs a person")),
+                    _ => Ok(Outcome::reject("customer unknown")),
+                }
+            })
+            .unwrap();
+        for body in ["poison", "odd", "unknown"] {
+            put(&conn, &q, Message::new(body));
+        }
+        let dlq = dead_letter_queue(&q);
+        let parked = parked_queue(&q);
+        assert!(eventually(WAIT, || depth(&conn, &dlq) == 2
+            && depth(&conn, &parked) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "no retries for reject, fatal or park");
+        let mut errors = Vec::new();
+        for m in drain(&conn, &dlq) {
+            assert_eq!(m.envelope.attempt, 1);
+            assert_eq!(text_header(&m, "acemq-original-queue").as_deref(), Some(q.as_str()));
+            errors.push(m.envelope.error.unwrap());
+        }
+        errors.sort();
+        assert_eq!(
+            errors,
+            vec![
+                "the handler rejected it: customer unknown".to_string(),
+                "the handler reported an unprocessable message: FatalError: cannot parse order"
+                    .to_string(),
+            ]
+        );
+        let set_aside = drain(&conn, &parked);
+        assert_eq!(set_aside.len(), 1);
+        assert_eq!(set_aside[0].body, b"odd");
+        assert_eq!(
+            set_aside[0].envelope.error.as_deref(),
+            Some("the handler parked it: needs a person")
+        );
+        assert_eq!(
+            text_header(&set_aside[0], "acemq-original-queue").as_deref(),
+            Some(q.as_str())
+        );
+        assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// A panicking handler is a retry: every message is accepted on its second attempt by the
+    /// same single worker; one that always panics ends in `.dlq` with the panic's message.
+    fn a_panicking_handler_is_retried_and_the_worker_survives(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-panic"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let ids: HashSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+        let doomed = Message::new("always");
+        let doomed_id = doomed.id().to_string();
+        put(&conn, &q, doomed);
+        let accepted = Arc::new(Mutex::new(HashSet::new()));
+        let a = accepted.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().concurrency(1).retry(short_ladder()))
+            .unwrap()
+            .start(move |m: &Message| {
+                if m.envelope.attempt == 1 || m.body == b"always" {
+                    panic!("handler bug on {}", m.id());
+                }
+                a.lock().unwrap().insert(m.id().to_string());
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        let dlq = dead_letter_queue(&q);
+        assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 3
+            && depth(&conn, &dlq) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        assert_eq!(*accepted.lock().unwrap(), ids);
+        let dead = drain(&conn, &dlq);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].id(), doomed_id);
+        assert_eq!(dead[0].envelope.attempt, 3);
+        let error = dead[0].envelope.error.clone().unwrap();
+        assert!(error.contains("handler bug on"), "{error}");
+        assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// Dead-lettered and parked copies do not keep the original's per-message expiration: no
+    /// `expiration` on the wire, and they stay in `.dlq` / `.parked` past it.
+    fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-no-expiry"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new())
+            .unwrap()
+            .start(|m: &Message| {
+                Ok(if m.body == b"park" {
+                    Outcome::park("needs a person")
+                } else {
+                    Outcome::reject("no such customer")
+                })
+            })
+            .unwrap();
+        for body in ["reject", "park"] {
+            put(&conn, &q, Message::new(body).expiration(Duration::from_secs(600)));
+        }
+        let (dlq, parked) = (dead_letter_queue(&q), parked_queue(&q));
+        assert!(eventually(WAIT, || depth(&conn, &dlq) == 1
+            && depth(&conn, &parked) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        // Past the original's expiration (at once on RabbitMQ: only the memory clock moves).
+        on.let_time_pass(Duration::from_secs(601));
+        assert_eq!(depth(&conn, &dlq), 1, "the dead letter did not expire");
+        assert_eq!(depth(&conn, &parked), 1, "the parked copy did not expire");
+        for copy in [drain(&conn, &dlq), drain(&conn, &parked)].concat() {
+            assert_eq!(copy.expiration_ms, None, "{:?}", copy.envelope.error);
+            assert_eq!(
+                copy.properties.as_ref().unwrap().expiration(),
+                &None,
+                "no expiration on the wire"
+            );
+        }
+    }
+
+    /// Closing lets the running handlers finish (acknowledged) and requeues the deliveries that
+    /// never started; a new consumer then gets each of those once, marked redelivered, and
+    /// none of the finished ones again.
+    fn close_lets_running_handlers_finish_and_requeues_the_rest(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-close-drain"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
+        let started = Arc::new(Mutex::new(Vec::new()));
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let s = started.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
+            .unwrap()
+            .start(move |m: &Message| {
+                s.lock().unwrap().push(m.id().to_string());
+                let _ = release_rx.recv_timeout(WAIT);
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || started.lock().unwrap().len() == 2
+            && consumer.in_flight() == 20));
+        let closing = std::thread::spawn(move || consumer.close());
+        assert!(
+            eventually(WAIT, || depth(&conn, &q) == 18),
+            "the 18 that never started go back while the 2 run"
+        );
+        drop(release_tx);
+        let report = closing.join().unwrap().unwrap();
+        assert_eq!(report.finished, 2);
+        assert_eq!(report.requeued, 18);
+        assert_eq!(report.abandoned, 0);
+        let finished: HashSet<String> = started.lock().unwrap().iter().cloned().collect();
+        assert_eq!(finished.len(), 2, "nothing new started while closing");
+        let again = Arc::new(Mutex::new(Vec::new()));
+        let a = again.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
+            .unwrap()
+            .start(move |m: &Message| {
+                a.lock().unwrap().push((m.id().to_string(), m.received.as_ref().is_some_and(|r| r.redelivered)));
+                Ok(Outcome::Accept)
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || again.lock().unwrap().len() == 18
+            && consumer.in_flight() == 0
+            && depth(&conn, &q) == 0));
+        consumer.close().unwrap();
+        let again = again.lock().unwrap().clone();
+        assert_eq!(again.len(), 18, "each of the rest once");
+        assert!(again.iter().all(|(_, r)| *r), "requeued ones come back redelivered");
+        let rest: HashSet<String> = again.into_iter().map(|(id, _)| id).collect();
+        assert!(rest.is_disjoint(&finished), "no finished message again");
+        let all: HashSet<String> = rest.union(&finished).cloned().collect();
+        assert_eq!(all, ids, "none lost");
+    }
+
+    /// A wait of 30 s (the broker-wait threshold) is spent on the rung `{queue}.retry.30s`: the
+    /// copy sits there, unacknowledged by nobody, until its TTL passes, then comes back through
+    /// `acemq.retry` to the queue with the same id and attempt 2, and is accepted.
+    fn a_thirty_second_wait_is_spent_on_a_rung_and_comes_back(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let policy = RetryPolicy::fixed(2, RUNG).jitter(0.0);
+        assert_eq!(policy.broker_rungs(), vec![RUNG]);
+        let q = clean.consumed_queue(&unique("eq-rung"), &policy.broker_rungs());
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let m = Message::new("later");
+        let id = m.id().to_string();
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let a = attempts.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(policy))
+            .unwrap()
+            .start(move |m: &Message| {
+                a.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
+                if m.envelope.attempt == 1 {
+                    Err("not yet".into())
+                } else {
+                    Ok(Outcome::Accept)
+                }
+            })
+            .unwrap();
+        put(&conn, &q, m);
+        let rung = retry_queue(&q, RUNG);
+        assert!(rung.ends_with(".retry.30s"), "{rung}");
+        assert!(
+            eventually(WAIT, || depth(&conn, &rung) == 1 && consumer.in_flight() == 0),
+            "the copy waits on the rung, the original is acknowledged"
+        );
+        assert_eq!(depth(&conn, &q), 0);
+        // Not back before its TTL: a second short of it (on RabbitMQ, read at once, well inside
+        // the 30 s), the copy is still on the rung and the handler ran once.
+        on.let_time_pass(RUNG - Duration::from_secs(1));
+        assert_eq!(depth(&conn, &rung), 1, "the copy left the rung before its TTL");
+        assert_eq!(attempts.lock().unwrap().len(), 1);
+        on.let_time_pass(Duration::from_secs(1));
+        assert!(
+            eventually(RUNG_WAIT, || attempts.lock().unwrap().len() == 2
+                && consumer.in_flight() == 0),
+            "back from the rung: {:?}",
+            attempts.lock().unwrap()
+        );
+        consumer.close().unwrap();
+        assert_eq!(
+            *attempts.lock().unwrap(),
+            vec![(id.clone(), 1), (id, 2)]
+        );
+        assert_eq!(depth(&conn, &rung), 0);
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0);
+    }
+
+    /// Always failing with waits of 30 s: twice on the rung, then `.dlq` with attempt 3 and
+    /// the error; the message is never on two queues at once and nothing is left behind.
+    fn the_ladder_through_a_thirty_second_rung_ends_in_the_dlq(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let policy = RetryPolicy::fixed(3, RUNG).jitter(0.0);
+        let q = clean.consumed_queue(&unique("eq-rung-dlq"), &policy.broker_rungs());
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let m = Message::new("never");
+        let id = m.id().to_string();
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let a = attempts.clone();
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().retry(policy))
+            .unwrap()
+            .start(move |m: &Message| {
+                a.lock().unwrap().push(m.envelope.attempt);
+                Err("still down".into())
+            })
+            .unwrap();
+        put(&conn, &q, m);
+        let rung = retry_queue(&q, RUNG);
+        let dlq = dead_letter_queue(&q);
+        for attempt in 1..=2usize {
+            assert!(
+                eventually(RUNG_WAIT, || attempts.lock().unwrap().len() == attempt
+                    && depth(&conn, &rung) == 1
+                    && consumer.in_flight() == 0),
+                "attempt {attempt} failed and its copy waits on the rung: {:?}",
+                attempts.lock().unwrap()
+            );
+            assert_eq!(depth(&conn, &q), 0);
+            assert_eq!(depth(&conn, &dlq), 0);
+            on.let_time_pass(RUNG);
+        }
+        assert!(eventually(RUNG_WAIT, || depth(&conn, &dlq) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        assert_eq!(*attempts.lock().unwrap(), vec![1, 2, 3]);
+        let dead = drain(&conn, &dlq);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].id(), id);
+        assert_eq!(dead[0].envelope.attempt, 3);
+        assert_eq!(
+            dead[0].envelope.error.as_deref(),
+            Some("exhausted 3 attempts: Error: still down")
+        );
+        assert_eq!(text_header(&dead[0], "acemq-original-queue").as_deref(), Some(q.as_str()));
+        assert_eq!(depth(&conn, &rung), 0);
+        assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// Ordered dispatch: 600 messages over 12 keys at concurrency 8, each key's messages
+    /// handled in publish order, never two of one key at once, each message once.
+    fn ordered_messages_keep_per_key_order_and_never_overlap_a_key(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-ordered"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let items: Vec<(String, usize)> =
+            (0..600).map(|i| (format!("key-{}", i % 12), i)).collect();
+        publish_keyed(&conn, &q, &items);
+        let order = Arc::new(Mutex::new(HashMap::<String, Vec<usize>>::new()));
+        let running = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
+        let (o, r, ov, d) = (order.clone(), running.clone(), overlaps.clone(), done.clone());
+        let handler = ordered(by_header("k"), move |m: &Message| {
+            let key = key_of(m);
+            o.lock().unwrap().entry(key.clone()).or_default().push(seq_of(m));
+            {
+                let mut r = r.lock().unwrap();
+                let n = r.entry(key.clone()).or_insert(0);
+                *n += 1;
+                if *n > 1 {
+                    ov.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            std::thread::yield_now();
+            *r.lock().unwrap().get_mut(&key).unwrap() -= 1;
+            d.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        });
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(100))
+            .unwrap()
+            .start(handler)
+            .unwrap();
+        assert!(
+            eventually(WAIT, || done.load(Ordering::SeqCst) == 600 && consumer.in_flight() == 0),
+            "handled {} of 600",
+            done.load(Ordering::SeqCst)
+        );
+        let report = consumer.close().unwrap();
+        assert_eq!(report.abandoned, 0);
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two of one key never ran at once");
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 12);
+        for (key, seqs) in order.iter() {
+            let expected: Vec<usize> =
+                items.iter().filter(|(k, _)| k == key).map(|(_, s)| *s).collect();
+            assert_eq!(seqs, &expected, "key {key} in publish order, each once");
+        }
+        assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// Ordered with `hold_on_retry`: a retried message keeps its key, the later ones of the key
+    /// wait until it settles; another key's exhausted message goes to `.dlq` and frees its key.
+    fn with_hold_on_retry_later_messages_wait_for_the_retried_one(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-ordered-hold"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let items = [
+            ("k".to_string(), 0),
+            ("x".to_string(), 10),
+            ("k".to_string(), 1),
+            ("x".to_string(), 11),
+            ("k".to_string(), 2),
+        ];
+        publish_keyed(&conn, &q, &items);
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let a = accepted.clone();
+        let handler = ordered(by_header("k"), move |m: &Message| {
+            let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
+            if (seq == 0 && attempt == 1) || seq == 10 {
+                return Err("not now".into());
+            }
+            a.lock().unwrap().push((key, seq, attempt));
+            Ok(Outcome::Accept)
+        })
+        .hold_on_retry();
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .concurrency(4)
+                    .prefetch(16)
+                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
+            )
+            .unwrap()
+            .start(handler)
+            .unwrap();
+        let dlq = dead_letter_queue(&q);
+        assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
+            && depth(&conn, &dlq) == 1
+            && consumer.in_flight() == 0));
+        consumer.close().unwrap();
+        let seen = accepted.lock().unwrap().clone();
+        let of_key = |key: &str| -> Vec<(usize, u32)> {
+            seen.iter().filter(|(k, _, _)| k == key).map(|(_, s, a)| (*s, *a)).collect()
+        };
+        assert_eq!(of_key("k"), vec![(0, 2), (1, 1), (2, 1)]);
+        assert_eq!(of_key("x"), vec![(11, 1)]);
+        let dead = drain(&conn, &dlq);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(seq_of(&dead[0]), 10);
+        assert_eq!(dead[0].envelope.attempt, 2);
+        assert_eq!(depth(&conn, &q), 0);
+    }
+
+    /// At most once (acknowledged before the handler runs): a handler error or panic loses the
+    /// message, counted lost; nothing is retried, dead-lettered or left on the queue.
+    fn at_most_once_a_failing_handler_neither_retries_nor_dead_letters(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-at-most-once"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let items: Vec<(String, usize)> = (0..6).map(|i| (String::new(), i)).collect();
+        publish_keyed(&conn, &q, &items);
+        let calls = Arc::new(Mutex::new(HashMap::<usize, usize>::new()));
+        let c = calls.clone();
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .concurrency(2)
+                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0))
+                    .at_most_once(),
+            )
+            .unwrap()
+            .start(move |m: &Message| {
+                let seq = seq_of(m);
+                *c.lock().unwrap().entry(seq).or_insert(0) += 1;
+                match seq % 3 {
+                    0 => Err("boom".into()),
+                    1 => panic!("a panic loses it too"),
+                    _ => Ok(Outcome::Accept),
+                }
+            })
+            .unwrap();
+        assert!(eventually(WAIT, || consumer.lost() == 4
+            && calls.lock().unwrap().len() == 6
+            && consumer.in_flight() == 0));
+        let report = consumer.close().unwrap();
+        assert_eq!(report.requeued, 0);
+        let calls = calls.lock().unwrap().clone();
+        assert!(calls.values().all(|n| *n == 1), "each ran once: {calls:?}");
+        assert_eq!(depth(&conn, &q), 0);
+        assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0, "nothing dead-lettered");
+    }
+
+    /// An ordered consumer closing while one message of a key runs and nine wait for the key:
+    /// the running one finishes and is acknowledged, the nine go back to the queue.
+    fn an_ordered_consumer_closes_and_requeues_what_waits_for_its_key(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-ordered-close"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let items: Vec<(String, usize)> = (0..10).map(|i| ("one".to_string(), i)).collect();
+        publish_keyed(&conn, &q, &items);
+        let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(16);
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let handler = ordered(by_header("k"), move |_: &Message| {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv_timeout(WAIT);
+            Ok(Outcome::Accept)
+        });
+        let consumer = conn
+            .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(20))
+            .unwrap()
+            .start(handler)
+            .unwrap();
+        started_rx.recv_timeout(WAIT).expect("a handler started");
+        assert!(eventually(WAIT, || consumer.in_flight() == 10));
+        let closing = std::thread::spawn(move || consumer.close());
+        assert!(
+            eventually(WAIT, || depth(&conn, &q) == 9),
+            "the nine waiting for the key go back while its holder runs"
+        );
+        drop(release_tx);
+        let report = closing.join().unwrap().unwrap();
+        assert_eq!(report.abandoned, 0);
+        assert_eq!(report.finished, 1, "only the key's holder was running");
+        assert_eq!(report.requeued, 9);
+        assert!(started_rx.try_recv().is_err(), "nothing else started");
+        assert_eq!(depth(&conn, &q), 9);
+    }
+
+    /// A pipeline step (`then`) publishes its next message with the consumed message's
+    /// correlation and its id as causation, and accepts the consumed one.
+    fn the_next_message_carries_the_correlation_and_the_consumed_id_as_causation(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let input = clean.consumed_queue(&unique("eq-then-in"), &[]);
+        let output = clean.consumed_queue(&unique("eq-then-out"), &[]);
+        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+        conn.declare_queue(&QueueSpec::new(&output)).unwrap();
+        let step = then(conn.publisher().unwrap(), "", output.clone(), |m: &Message| {
+            let order: serde_json::Value = m.payload()?;
+            Ok(Next::Publish(json!({ "shipped": order["order_id"] })))
+        });
+        let stepping = conn.consume(&input, step).unwrap();
+        let (collecting, got) = collect(&conn, &output);
+        let m = Message::encode(&acemq_amqp::JsonCodec, &json!({"order_id": "o-9"}))
+            .unwrap()
+            .correlation_id("checkout-77");
+        let consumed_id = m.id().to_string();
+        put(&conn, &input, m);
+        assert!(eventually(WAIT, || got.lock().unwrap().len() == 1
+            && stepping.in_flight() == 0));
+        stepping.close().unwrap();
+        collecting.close().unwrap();
+        let got = got.lock().unwrap().clone();
+        assert_eq!(got.len(), 1, "one next message");
+        let next = &got[0];
+        assert_eq!(next.envelope.correlation_id.as_deref(), Some("checkout-77"));
+        assert_eq!(next.envelope.causation_id.as_deref(), Some(consumed_id.as_str()));
+        assert_ne!(next.id(), consumed_id);
+        assert_eq!(next.payload::<serde_json::Value>().unwrap(), json!({"shipped": "o-9"}));
+        assert_eq!(depth(&conn, &input), 0, "accepted");
+        assert_eq!(depth(&conn, &dead_letter_queue(&input)), 0);
+    }
+
+    /// `NOTHING` accepts the consumed message and publishes nothing.
+    fn nothing_accepts_and_publishes_nothing(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let input = clean.consumed_queue(&unique("eq-then-nothing-in"), &[]);
+        let output = clean.consumed_queue(&unique("eq-then-nothing-out"), &[]);
+        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+        conn.declare_queue(&QueueSpec::new(&output)).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = calls.clone();
+        let step = then(conn.publisher().unwrap(), "", output.clone(), move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok(NOTHING)
+        });
+        let stepping = conn.consume(&input, step).unwrap();
+        put(&conn, &input, Message::new("{}"));
+        assert!(eventually(WAIT, || calls.load(Ordering::SeqCst) == 1
+            && stepping.in_flight() == 0
+            && depth(&conn, &input) == 0));
+        stepping.close().unwrap();
+        assert_eq!(depth(&conn, &output), 0, "nothing published");
+        assert_eq!(depth(&conn, &dead_letter_queue(&input)), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    /// A next hop nobody can route (mandatory, returned) retries the step, the original kept
+    /// until then; after the last attempt it is in `.dlq` with its id and the error.
+    fn an_unroutable_next_hop_retries_the_step_then_dead_letters(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let input = clean.consumed_queue(&unique("eq-then-unroutable"), &[]);
+        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+        let nowhere = unique("eq-then-no-such-queue");
+        let publisher = conn
+            .publisher_with(PublisherOptions::new().mandatory(false))
+            .unwrap();
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let a = attempts.clone();
+        let step = then(publisher, "", nowhere, move |m: &Message| {
+            a.lock().unwrap().push(m.envelope.attempt);
+            Ok(Next::Publish(json!({"next": true})))
+        });
+        let stepping = conn
+            .consumer(
+                &input,
+                ConsumerOptions::new()
+                    .retry(RetryPolicy::fixed(3, Duration::from_millis(100)).jitter(0.0)),
+            )
+            .unwrap()
+            .start(step)
+            .unwrap();
+        let m = Message::new("{}");
+        let id = m.id().to_string();
+        put(&conn, &input, m);
+        let dlq = dead_letter_queue(&input);
+        assert!(eventually(WAIT, || depth(&conn, &dlq) == 1 && stepping.in_flight() == 0));
+        stepping.close().unwrap();
+        assert_eq!(*attempts.lock().unwrap(), vec![1, 2, 3]);
+        assert_eq!(depth(&conn, &input), 0);
+        let dead = drain(&conn, &dlq);
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].id(), id);
+        let error = dead[0].envelope.error.clone().unwrap();
+        assert!(
+            error.starts_with("exhausted 3 attempts: acemq: the work for message")
+                && error.contains("did not go out"),
+            "{error}"
+        );
+    }
+
+    /// A group of four members on one (classic, as the pattern's own tests) queue handles 400
+    /// messages each exactly once, spread over more than one member; closing leaves no member
+    /// subscribed.
+    fn a_group_of_four_handles_each_message_once_spread_over_its_members(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-group-spread"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let threads = Arc::new(Mutex::new(HashSet::<String>::new()));
+        let (s, t) = (seen.clone(), threads.clone());
+        let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(4))
+            .and_then(|group| {
+                group.start(move |m: &Message| {
+                    let name = std::thread::current().name().unwrap_or("?").to_string();
+                    t.lock().unwrap().insert(name);
+                    s.lock().unwrap().push(m.id().to_string());
+                    Ok(Outcome::Accept)
+                })
+            })
+            .unwrap();
+        assert_eq!(group.size(), 4);
+        assert_eq!(conn.queue_info(&q).unwrap().consumer_count, 4);
+        let ids = publish_n(&conn, &q, 400, false);
+        assert!(eventually(WAIT, || seen.lock().unwrap().len() >= 400
+            && group.in_flight() == 0));
+        let report = group.close().unwrap();
+        assert_eq!(report.abandoned, 0);
+        assert_eq!(report.requeued, 0);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 400, "each message handled exactly once");
+        let unique_seen: HashSet<&String> = seen.iter().collect();
+        let published: HashSet<&String> = ids.iter().collect();
+        assert_eq!(unique_seen, published);
+        let threads = threads.lock().unwrap().clone();
+        assert!(threads.len() > 1, "the work went to one member only: {threads:?}");
+        let info = conn.queue_info(&q).unwrap();
+        assert_eq!(info.message_count, 0);
+        assert_eq!(info.consumer_count, 0, "no member left subscribed");
+    }
+
+    /// A group whose second member is refused (an exclusive consume on a classic queue) closes
+    /// the first and returns the broker's refusal; every message is handled or back.
+    fn a_group_whose_second_member_is_refused_closes_the_first(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-group-fail"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        publish_n(&conn, &q, 10, false);
+        let handled = Arc::new(AtomicUsize::new(0));
+        let h = handled.clone();
+        let result = ConsumerGroup::new(
+            &conn,
+            &q,
+            ConsumerGroupOptions::new()
+                .members(3)
+                .consumer(ConsumerOptions::new().exclusive(true)),
+        )
+        .and_then(|group| {
+            group.start(move |_: &Message| {
+                h.fetch_add(1, Ordering::SeqCst);
+                Ok(Outcome::Accept)
+            })
+        });
+        let error = result.expect_err("member 2 cannot share an exclusively consumed queue");
+        assert!(error.to_string().contains("exclusive use"), "{error}");
+        let info = conn.queue_info(&q).unwrap();
+        assert_eq!(info.consumer_count, 0, "member 1 was closed");
+        assert_eq!(info.message_count as usize + handled.load(Ordering::SeqCst), 10);
+        assert!(conn.is_connected());
+    }
+
+    /// Closing a group: each member finishes its running handler and requeues what it had not
+    /// started; the report sums the members'.
+    fn closing_a_group_sums_the_members_reports_and_settles_everything(on) {
+        let conn = on.connect();
+        let mut clean = on.cleanup();
+        let q = clean.consumed_queue(&unique("eq-group-close"), &[]);
+        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        let running = Arc::new(AtomicUsize::new(0));
+        let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
+        let r = running.clone();
+        let group = ConsumerGroup::new(
+            &conn,
+            &q,
+            ConsumerGroupOptions::new()
+                .members(2)
+                .consumer(ConsumerOptions::new().prefetch(4)),
+        )
+        .and_then(|group| {
+            group.start(move |_: &Message| {
+                r.fetch_add(1, Ordering::SeqCst);
+                let _ = release_rx.recv_timeout(WAIT);
+                Ok(Outcome::Accept)
+            })
+        })
+        .unwrap();
+        publish_n(&conn, &q, 8, false);
+        assert!(eventually(WAIT, || running.load(Ordering::SeqCst) == 2
+            && depth(&conn, &q) == 0
+            && group.in_flight() == 8));
+        let closing = std::thread::spawn(move || group.close());
+        assert!(eventually(WAIT, || depth(&conn, &q) == 6));
+        drop(release_tx);
+        let report = closing.join().unwrap().unwrap();
+        assert_eq!(report.finished, 2);
+        assert_eq!(report.requeued, 6);
+        assert_eq!(report.abandoned, 0);
+        let info = conn.queue_info(&q).unwrap();
+        assert_eq!(info.message_count, 6, "the 2 handled were acknowledged");
+        assert_eq!(info.consumer_count, 0);
+        assert_eq!(running.load(Ordering::SeqCst), 2, "nothing ran after close");
+    }
+}
