@@ -220,6 +220,19 @@ impl Connection {
         usize::try_from(self.shared.options.frame_max).unwrap_or(usize::MAX)
     }
 
+    /// The broker's "now" in ms since the epoch: the system clock, and on `memory://` the
+    /// in-process broker's clock (which `testing::MemoryBroker::advance_clock` moves on), so a
+    /// scheduler's due times and the broker's TTLs agree.
+    pub(crate) fn now_ms(&self) -> i64 {
+        let now = crate::envelope::now_ms();
+        #[cfg(feature = "memory")]
+        if let Some(a) = self.shared.addresses.first().filter(|a| a.memory) {
+            let offset = crate::transport::memory::broker(&a.host).clock_offset_ms();
+            return now.saturating_add(offset);
+        }
+        now
+    }
+
     pub(crate) fn budget(&self) -> &Arc<ByteBudget> {
         &self.shared.budget
     }

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use super::options::SchedulerOptions;
 use super::topology::{next_rung, SCHEDULED_MESSAGE_TYPE};
+use crate::connection::Connection;
 use crate::consume::{HandlerResult, Outcome};
-use crate::envelope::{headers, now_ms, HeaderValue, Message};
+use crate::envelope::{headers, HeaderValue, Message};
 use crate::error::FatalError;
 use crate::error::{Error, Result};
 use crate::publish::Publisher;
@@ -24,6 +25,8 @@ const KEEP_WAIT: Duration = Duration::from_secs(10);
 pub(super) struct Inner {
     pub(super) options: SchedulerOptions,
     pub(super) publisher: Publisher,
+    /// Its "now" (`Connection::now_ms`: the broker's clock on `memory://`).
+    pub(super) connection: Connection,
     pub(super) scheduled: AtomicU64,
     pub(super) delivered: AtomicU64,
     pub(super) hops: AtomicU64,
@@ -132,7 +135,8 @@ impl Inner {
 
     /// Puts the message on its next rung, or delivers it when due.
     pub(super) fn route(&self, s: Scheduled) -> Result<()> {
-        let remaining = u64::try_from(s.due_ms.saturating_sub(now_ms())).unwrap_or(0);
+        let remaining =
+            u64::try_from(s.due_ms.saturating_sub(self.connection.now_ms())).unwrap_or(0);
         match next_rung(&self.options.rungs, Duration::from_millis(remaining)) {
             Some(rung) => self.hop(s, rung),
             None => self.deliver(s),

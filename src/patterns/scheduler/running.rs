@@ -11,7 +11,7 @@ use super::control::{strip_scheduler_headers, Inner, Scheduled};
 use super::options::SchedulerOptions;
 use crate::connection::Connection;
 use crate::consume::{CloseReport, RunningConsumer};
-use crate::envelope::{check_name, headers, now_ms, HeaderValue, Message};
+use crate::envelope::{check_name, headers, HeaderValue, Message};
 use crate::error::Result;
 use crate::stop::StopHandle;
 
@@ -71,6 +71,7 @@ impl Scheduler {
         let inner = Arc::new(Inner {
             options,
             publisher,
+            connection: connection.clone(),
             scheduled: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
             hops: AtomicU64::new(0),
@@ -111,7 +112,7 @@ impl RunningScheduler {
     ) -> Result<()> {
         let delay_ms = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
         self.schedule(
-            now_ms().saturating_add(delay_ms),
+            self.inner.connection.now_ms().saturating_add(delay_ms),
             exchange,
             routing_key,
             message,

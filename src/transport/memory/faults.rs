@@ -70,6 +70,12 @@ impl Broker {
     }
 
     /// Moves the broker clock on by `by`.
+    /// How far the broker clock is ahead of the real one, in ms (what `advance_clock` added):
+    /// the scheduler reads "now" as the broker does.
+    pub(crate) fn clock_offset_ms(self: &Arc<Self>) -> i64 {
+        self.with(|st| i64::try_from(st.offset.as_millis()).unwrap_or(i64::MAX))
+    }
+
     pub(crate) fn advance_clock(self: &Arc<Self>, by: Duration) {
         self.advance(by);
     }
