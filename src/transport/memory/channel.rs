@@ -119,7 +119,9 @@ impl ChannelApi for MemoryChannel {
             if global {
                 return Err(not_emulated("basic.qos with global=true"));
             }
-            st.chan(conn, chan).expect("checked").prefetch = prefetch_count;
+            st.chan(conn, chan)
+                .expect("the channel is open: State::method checked it under this same lock")
+                .prefetch = prefetch_count;
             Ok(())
         })
     }
@@ -130,21 +132,27 @@ impl ChannelApi for MemoryChannel {
     }
     fn enable_publisher_confirms(&self) -> R<()> {
         self.method(|st, conn, chan| {
-            st.chan(conn, chan).expect("checked").confirms = true;
+            st.chan(conn, chan)
+                .expect("the channel is open: State::method checked it under this same lock")
+                .confirms = true;
             Ok(())
         })
     }
     fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>> {
         self.method(|st, conn, chan| {
             let (tx, rx) = crossbeam_channel::unbounded();
-            st.chan(conn, chan).expect("checked").confirm_tx = Some(tx);
+            st.chan(conn, chan)
+                .expect("the channel is open: State::method checked it under this same lock")
+                .confirm_tx = Some(tx);
             Ok(rx)
         })
     }
     fn listen_for_returns(&self) -> R<Receiver<Return>> {
         self.method(|st, conn, chan| {
             let (tx, rx) = crossbeam_channel::unbounded();
-            st.chan(conn, chan).expect("checked").return_tx = Some(tx);
+            st.chan(conn, chan)
+                .expect("the channel is open: State::method checked it under this same lock")
+                .return_tx = Some(tx);
             Ok(rx)
         })
     }

@@ -30,7 +30,10 @@ impl State {
                 return;
             };
             q.rr = (at + 1) % n;
-            let msg = q.ready.pop_front().expect("not empty");
+            let msg = q
+                .ready
+                .pop_front()
+                .expect("the queue is not empty: checked above under this same lock");
             let c = &mut q.consumers[at];
             let Some(ch) = conns
                 .get_mut(&c.conn)
@@ -155,7 +158,9 @@ impl State {
         let ready = self.queues.get(queue).map_or(0, |q| q.ready.len());
         let message_count = u32::try_from(ready).unwrap_or(u32::MAX);
         self.mark(queue);
-        let ch = self.chan(conn, chan).expect("checked by the caller");
+        let ch = self
+            .chan(conn, chan)
+            .expect("the channel is open: the caller checked it under this same lock");
         ch.next_tag += 1;
         let tag = ch.next_tag;
         let delivery = Delivery::new(
@@ -191,7 +196,9 @@ impl State {
         multiple: bool,
         requeue: Option<bool>,
     ) -> Refused<()> {
-        let ch = self.chan(conn, chan).expect("checked by the caller");
+        let ch = self
+            .chan(conn, chan)
+            .expect("the channel is open: the caller checked it under this same lock");
         let tags: Vec<u64> = if multiple && tag == 0 {
             ch.unacked.keys().copied().collect()
         } else if !ch.unacked.contains_key(&tag) {

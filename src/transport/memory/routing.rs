@@ -224,7 +224,10 @@ impl State {
         arguments: FieldTable,
     ) -> Refused<()> {
         self.binding_ends(conn, queue, exchange)?;
-        let x = self.exchanges.get_mut(exchange).expect("checked");
+        let x = self
+            .exchanges
+            .get_mut(exchange)
+            .expect("the exchange exists: binding_ends checked it under this same lock");
         if x.kind == Kind::Headers {
             match arguments.get("x-match") {
                 None => {}
@@ -264,7 +267,10 @@ impl State {
         arguments: &FieldTable,
     ) -> Refused<()> {
         self.binding_ends(conn, queue, exchange)?;
-        let x = self.exchanges.get_mut(exchange).expect("checked");
+        let x = self
+            .exchanges
+            .get_mut(exchange)
+            .expect("the exchange exists: binding_ends checked it under this same lock");
         x.bindings
             .retain(|b| !(b.queue == queue && b.key == key && &b.arguments == arguments));
         self.auto_delete_exchanges();
