@@ -12,6 +12,9 @@
 //! * `clock`: the broker clock and its `acemq-memory-clock` thread;
 //! * `faults`: what the testing helper asks for (cuts, refusals, nacks, alarms, holds);
 //! * `reply`: RabbitMQ's reply codes and texts.
+// The faults (and what they use) are called by `testing::MemoryBroker` only: a build with
+// `memory` and without `testing` carries them unused.
+#![cfg_attr(not(feature = "testing"), allow(dead_code))]
 
 mod broker;
 mod channel;
