@@ -6,85 +6,8 @@
 //! (`patterns::consumer_group`). A body that passes on `amqp` and fails on `memory` is a defect
 //! of the memory broker.
 
-// The harness alone, not all of `tests/support`: `support/db.rs` exports a macro named
-// `on_both` too (its sqlite / postgres pair), so a binary with `mod support;` plus
-// `pub mod both;` does not compile under `--all-features` (E0428). This module takes `both.rs`
-// as it is, with the few helpers it and this file need, copied from `tests/support/mod.rs`.
-#[allow(dead_code)]
-mod support {
-    #[path = "both.rs"]
-    #[macro_use]
-    pub mod both;
-
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, PublisherOptions};
-
-    /// The broker tests use: `ACEMQ_TEST_AMQP_URL`, default the local guest account.
-    pub fn amqp_url() -> String {
-        std::env::var("ACEMQ_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".to_string())
-    }
-
-    /// A name no other test (or earlier run) uses.
-    pub fn unique(prefix: &str) -> String {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        format!(
-            "test.{prefix}.{}.{}.{nanos}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        )
-    }
-
-    /// Polls `f` until it is true or `timeout` passes (`acemq_amqp::testing::wait_until`).
-    pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
-        acemq_amqp::testing::wait_until(timeout, f).is_ok()
-    }
-
-    /// Publishes `n` small messages to `queue` through the default exchange, confirmed;
-    /// returns their ids in order.
-    pub fn publish_n(conn: &Connection, queue: &str, n: usize, persistent: bool) -> Vec<String> {
-        let publisher = conn
-            .publisher_with(PublisherOptions::new().window(1000))
-            .expect("publisher");
-        let mut ids = Vec::with_capacity(n);
-        let mut tickets = Vec::with_capacity(n);
-        for i in 0..n {
-            let m = Message::new(format!("{i}")).persistent(persistent);
-            ids.push(m.id().to_string());
-            tickets.push(publisher.publish_deferred("", queue, m).expect("publish"));
-        }
-        for t in tickets {
-            t.wait().expect("confirmed");
-        }
-        publisher.close().expect("close publisher");
-        ids
-    }
-
-    /// A consumer (no declarations) that keeps every message of `queue`, and what it kept.
-    pub fn collect(
-        conn: &Connection,
-        queue: &str,
-    ) -> (acemq_amqp::RunningConsumer, Arc<Mutex<Vec<Message>>>) {
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let g = got.clone();
-        let consumer = conn
-            .consumer(queue, ConsumerOptions::new().declare(false))
-            .expect("a consumer")
-            .start(move |m: &Message| {
-                g.lock().unwrap().push(m.clone());
-                Ok(Outcome::Accept)
-            })
-            .expect("the consumer starts");
-        (consumer, got)
-    }
-}
+#[macro_use]
+mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
