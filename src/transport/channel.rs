@@ -285,7 +285,8 @@ impl Delivery {
 #[derive(Debug)]
 pub(crate) struct Get {
     pub(crate) delivery: Delivery,
-    /// Messages left in the queue (no caller reads it yet; the seam carries it as AMQP does).
+    /// Messages left in the queue. The engine does not read it; the memory broker's contract
+    /// tests compare it with RabbitMQ's (hence unread in a build without them).
     #[allow(dead_code)]
     pub(crate) message_count: u32,
 }
