@@ -264,6 +264,9 @@ pub use connection::{
     Address, Binding, Connection, ConnectionOptions, ExchangeKind, ExchangeSpec, QueueInfo,
     QueueKind, QueueSpec, StreamRetention, TopologyDifference,
 };
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub use connection::{TlsError, TlsFailure};
 pub use consume::{
     failure_topology, CloseReport, Consumer, ConsumerOptions, FailureTopology, Handler,
     HandlerResult, OrderBy, Outcome, RetryPolicy, RunningConsumer, DEFAULT_BROKER_WAIT_THRESHOLD,

@@ -33,7 +33,7 @@ use rcgen::{
 use crate::error::{Error, Result};
 
 /// In the organisation of every certificate written here (the family's marker).
-pub const DEVELOPMENT_MARKER: &str = "ACEMQ DEVELOPMENT ONLY - DO NOT TRUST";
+pub const DEVELOPMENT_MARKER: &str = crate::connection::DEVELOPMENT_MARKER;
 /// The authority's common name.
 pub const AUTHORITY_NAME: &str = "AceMQ development CA";
 /// The client certificate's common name.

@@ -79,7 +79,6 @@ fn connect_one(
     // amiquip's own URL opener leaves Nagle on: a publish that waits for its confirm then takes
     // ~25 ms instead of well under one.
     stream.set_nodelay(true)?;
-    let stream = mio::net::TcpStream::from_stream(stream)?;
     let heartbeat = u16::try_from(options.heartbeat.as_secs()).unwrap_or(u16::MAX);
     let (username, password) = match &options.credentials {
         // Asked now, at each connect: a rotated secret is picked up by the next reconnect.
@@ -143,11 +142,11 @@ impl Drop for HandshakeLogGuard {
 fn open_stream(
     ours: &ConnectionOptions,
     _address: &Address,
-    stream: mio::net::TcpStream,
+    stream: std::net::TcpStream,
     options: amiquip::ConnectionOptions<Auth>,
 ) -> std::result::Result<amiquip::Connection, crate::error::BoxError> {
     Ok(amiquip::Connection::insecure_open_stream(
-        stream,
+        mio::net::TcpStream::from_stream(stream)?,
         options,
         tuning(ours),
     )?)
@@ -157,29 +156,47 @@ fn open_stream(
 fn open_stream(
     ours: &ConnectionOptions,
     address: &Address,
-    stream: mio::net::TcpStream,
+    stream: std::net::TcpStream,
     options: amiquip::ConnectionOptions<Auth>,
 ) -> std::result::Result<amiquip::Connection, crate::error::BoxError> {
-    if address.tls {
-        let mut builder = native_tls::TlsConnector::builder();
-        for pem in &ours.tls_roots {
-            builder.add_root_certificate(native_tls::Certificate::from_pem(pem)?);
-        }
-        let connector = builder.build()?;
-        Ok(amiquip::Connection::open_tls_stream(
-            connector,
-            &address.host,
-            stream,
+    if !address.tls {
+        return Ok(amiquip::Connection::insecure_open_stream(
+            mio::net::TcpStream::from_stream(stream)?,
             options,
             tuning(ours),
-        )?)
-    } else {
-        Ok(amiquip::Connection::insecure_open_stream(
-            stream,
-            options,
-            tuning(ours),
-        )?)
+        )?);
     }
+    // The handshake is made here (`tls/stream.rs`), so that the broker's certificate can be
+    // checked before amiquip speaks AMQP over the stream.
+    let connector = ours.tls.connector()?;
+    let peer = stream.peer_addr()?;
+    let tls = super::tls::handshake(
+        &ours.tls,
+        &connector,
+        &address.host,
+        stream,
+        ours.connect_timeout,
+    )?;
+    amiquip::Connection::insecure_open_stream(tls, options, tuning(ours)).map_err(|e| {
+        // A TLS 1.3 broker refuses a client certificate (or its absence) only after the
+        // handshake, and amiquip, writing first, may see a reset instead of its alert: ask again
+        // on a new connection, waiting for the broker's word, to say so.
+        let retry = std::net::TcpStream::connect_timeout(&peer, ours.connect_timeout).ok();
+        let refusal = retry.and_then(|s| {
+            super::tls::client_certificate_refusal(
+                &ours.tls,
+                &connector,
+                &address.host,
+                s,
+                ours.connect_timeout,
+                ours.connect_timeout.min(std::time::Duration::from_secs(2)),
+            )
+        });
+        match refusal {
+            Some(refusal) => Box::new(refusal) as crate::error::BoxError,
+            None => Box::new(e),
+        }
+    })
 }
 
 /// amiquip's tuning: its I/O thread keeps taking frames (never blocking a publishing thread) up

@@ -26,6 +26,12 @@
 //! recovers), open their own channels on it, and remember its generation; a failure on their
 //! channel sends them back here for the next link.
 
+/// In the subject of every certificate the family's development tooling writes (`test_ca`,
+/// Python `devcerts`, Go `acemq-certs`), the same string byte for byte in every library; refused
+/// by the `tls` feature unless allowed.
+#[cfg(any(feature = "tls", feature = "test-ca"))]
+pub(crate) const DEVELOPMENT_MARKER: &str = "ACEMQ DEVELOPMENT ONLY - DO NOT TRUST";
+
 mod address;
 mod budget;
 mod connect;
@@ -34,6 +40,8 @@ mod link;
 mod options;
 mod shared;
 mod supervisor;
+#[cfg(feature = "tls")]
+mod tls;
 mod topology;
 
 pub use address::Address;
@@ -42,6 +50,9 @@ pub use handle::Connection;
 pub(crate) use link::Link;
 pub use options::ConnectionOptions;
 pub(crate) use supervisor::backoff;
+#[cfg(feature = "tls")]
+pub use tls::{TlsError, TlsFailure};
+
 pub(crate) use topology::{declare_queue_on, to_table};
 pub use topology::{
     Binding, ExchangeKind, ExchangeSpec, QueueInfo, QueueKind, QueueSpec, StreamRetention,

@@ -54,9 +54,9 @@ pub struct ConnectionOptions {
     pub(crate) publish_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
     /// Run around every handler, outermost first. Type-erased, as `publish_interceptors`.
     pub(crate) consume_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
-    /// Extra trusted roots (PEM) for `amqps://` addresses.
+    /// How `amqps://` addresses are checked and what they present.
     #[cfg(feature = "tls")]
-    pub(crate) tls_roots: Vec<Vec<u8>>,
+    pub(crate) tls: super::tls::TlsSettings,
 }
 
 impl Default for ConnectionOptions {
@@ -79,7 +79,7 @@ impl Default for ConnectionOptions {
             publish_interceptors: Vec::new(),
             consume_interceptors: Vec::new(),
             #[cfg(feature = "tls")]
-            tls_roots: Vec::new(),
+            tls: super::tls::TlsSettings::default(),
         }
     }
 }
@@ -94,8 +94,8 @@ impl fmt::Debug for ConnectionOptions {
                 Err(_) => "<invalid url>".to_string(),
             })
             .collect();
-        f.debug_struct("ConnectionOptions")
-            .field("addresses", &addresses)
+        let mut d = f.debug_struct("ConnectionOptions");
+        d.field("addresses", &addresses)
             .field("heartbeat", &self.heartbeat)
             .field("connect_timeout", &self.connect_timeout)
             .field("channel_max", &self.channel_max)
@@ -111,8 +111,10 @@ impl fmt::Debug for ConnectionOptions {
                 &self.credentials.as_ref().map(|_| "<source>"),
             )
             .field("publish_interceptors", &self.publish_interceptors.len())
-            .field("consume_interceptors", &self.consume_interceptors.len())
-            .finish()
+            .field("consume_interceptors", &self.consume_interceptors.len());
+        #[cfg(feature = "tls")]
+        d.field("tls", &self.tls.summary());
+        d.finish()
     }
 }
 
@@ -252,13 +254,100 @@ impl ConnectionOptions {
         self
     }
 
-    /// Trusts this CA certificate (PEM) for `amqps://` addresses, besides the system's roots
-    /// (for a private CA). The host name of the URL is verified against the broker's
-    /// certificate. Defaults to the system's roots only.
+    /// Trusts this certificate authority (PEM; a bundle of several is read in full) for
+    /// `amqps://` addresses — **alone**: once one is given, the system's roots are not consulted
+    /// (a broker with a certificate from a public authority is not your broker), unless
+    /// [`tls_trust_system_roots(true)`](Self::tls_trust_system_roots). May be called more than
+    /// once. With none, the system's roots are trusted. The URL's host (or
+    /// [`tls_server_name`](Self::tls_server_name)) is checked against the broker's certificate.
+    ///
+    /// A PEM holding no certificate is refused when the connection is opened
+    /// ([`Error::InvalidArgument`]), as is an authority carrying the family's development
+    /// marker unless [`allow_development_certificates`](Self::allow_development_certificates).
     #[cfg(feature = "tls")]
     #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_roots.push(pem.into());
+        self.tls.roots.push(super::tls::Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// As [`tls_root_certificate`](Self::tls_root_certificate), read from a PEM file each time
+    /// a connection is made (a renewed authority is picked up by the next reconnect); a file
+    /// that cannot be read is an [`Error::Io`] naming it.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_root_certificate_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.roots.push(super::tls::Pem::File(path.into()));
+        self
+    }
+
+    /// Whether the system's roots are trusted beside the authorities given with
+    /// [`tls_root_certificate`](Self::tls_root_certificate). Defaults to no (with none given,
+    /// the system's roots are all there is to trust, and are).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_trust_system_roots(mut self, trust: bool) -> Self {
+        self.tls.system_roots = trust;
+        self
+    }
+
+    /// Presents this client certificate (PEM, with any intermediates after it) and its private
+    /// key (PKCS#8 PEM, `-----BEGIN PRIVATE KEY-----`) to the broker, for mutual TLS (RabbitMQ's
+    /// `ssl_options.verify = verify_peer` with `fail_if_no_peer_cert = true`). A PEM that
+    /// cannot be read, a key of another format or one that is not the certificate's is refused
+    /// when the connection is opened ([`Error::InvalidArgument`]).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((
+            super::tls::Pem::Bytes(certificate_pem.into()),
+            super::tls::Pem::Bytes(key_pem.into()),
+        ));
+        self
+    }
+
+    /// As [`tls_client_certificate`](Self::tls_client_certificate), read from PEM files each
+    /// time a connection is made (a renewed certificate is picked up by the next reconnect).
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_client_certificate_files(
+        mut self,
+        certificate: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.client = Some((
+            super::tls::Pem::File(certificate.into()),
+            super::tls::Pem::File(key.into()),
+        ));
+        self
+    }
+
+    /// The name checked against the broker's certificate and sent as SNI, instead of the URL's
+    /// host: for a broker reached by IP address, through a tunnel, or at a container's internal
+    /// name. Defaults to the URL's host.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls.server_name = Some(name.into());
+        self
+    }
+
+    /// Whether certificates carrying the family's development marker
+    /// (`ACEMQ DEVELOPMENT ONLY - DO NOT TRUST`, stamped by [`test_ca`](crate::test_ca) and the
+    /// other libraries' generators) are accepted: the broker's, and the authorities and client
+    /// certificate given here. Defaults to no, as in every library of the family: a refused
+    /// broker certificate fails the connect with a [`TlsError`](crate::TlsError) of
+    /// [`TlsFailure::DevelopmentCertificate`](crate::TlsFailure::DevelopmentCertificate). Say
+    /// yes on a developer's machine or in a test only: the signing key of a generated authority
+    /// is wherever the certificates were committed.
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn allow_development_certificates(mut self, allow: bool) -> Self {
+        self.tls.allow_development = allow;
         self
     }
 
@@ -308,6 +397,21 @@ impl ConnectionOptions {
             return Err(Error::invalid(format!(
                 "{a} needs TLS: build acemq-amqp with the `tls` feature"
             )));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.describes_tls() {
+            if let Some(a) = addresses.iter().find(|a| !a.tls) {
+                return Err(Error::invalid(format!(
+                    "TLS settings are given but {a} is not encrypted: nothing here can make a \
+                     plaintext connection safe; change the address to amqps:// or take the TLS \
+                     settings off"
+                )));
+            }
+        }
+        #[cfg(feature = "tls")]
+        if addresses.iter().any(|a| a.tls) {
+            // Every PEM read and checked now, so a bad one fails the open, not each reconnect.
+            self.tls.connector()?;
         }
         if addresses.iter().any(|a| a.memory) && addresses.iter().any(|a| !a.memory) {
             return Err(Error::invalid(
