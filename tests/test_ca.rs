@@ -1,6 +1,7 @@
 //! The development certificate authority (`acemq_amqp::test_ca`, feature `test-ca`): the
 //! family's files and names, and a TLS connection to the real broker (through a TLS-terminating
-//! proxy holding the generated broker certificate) verified against the generated authority.
+//! proxy holding the generated broker certificate) verified against the generated authority —
+//! once development certificates are allowed: its marker is refused by default.
 
 mod support;
 
@@ -117,10 +118,25 @@ fn a_tls_connection_verifies_the_broker_against_the_generated_authority() {
     let e = acemq_amqp::Connection::open_with(ConnectionOptions::new().address(url.clone()))
         .unwrap_err();
     assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    // The authority carries the family's development marker: refused as given, before any
+    // connection is tried, until development certificates are allowed.
+    let e = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(url.clone())
+            .tls_root_certificate(made.ca_cert.clone()),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains(DEVELOPMENT_MARKER) && text.contains("allow_development_certificates(true)"),
+        "{text}"
+    );
     let conn = support::connect_with(
         ConnectionOptions::new()
             .address(url)
-            .tls_root_certificate(made.ca_cert.clone()),
+            .tls_root_certificate(made.ca_cert.clone())
+            .allow_development_certificates(true),
     );
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("test-ca"));

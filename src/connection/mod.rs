@@ -26,17 +26,13 @@
 //! recovers), open their own channels on it, and remember its generation; a failure on their
 //! channel sends them back here for the next link.
 
-/// In the subject of every certificate the family's development tooling writes (`test_ca`,
-/// Python `devcerts`, Go `acemq-certs`), the same string byte for byte in every library; refused
-/// by the `tls` feature unless allowed.
-#[cfg(any(feature = "tls", feature = "test-ca"))]
-pub(crate) const DEVELOPMENT_MARKER: &str = "ACEMQ DEVELOPMENT ONLY - DO NOT TRUST";
-
 mod address;
 mod budget;
 mod connect;
 mod handle;
 mod link;
+#[cfg(any(feature = "tls", feature = "test-ca"))]
+mod marker;
 mod options;
 mod shared;
 mod supervisor;
@@ -48,6 +44,8 @@ pub use address::Address;
 pub(crate) use budget::{ByteBudget, Reservation};
 pub use handle::Connection;
 pub(crate) use link::Link;
+#[cfg(feature = "test-ca")]
+pub(crate) use marker::DEVELOPMENT_MARKER;
 pub use options::ConnectionOptions;
 pub(crate) use supervisor::backoff;
 #[cfg(feature = "tls")]

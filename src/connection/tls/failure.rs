@@ -4,7 +4,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use super::DEVELOPMENT_MARKER;
+use crate::connection::marker::DEVELOPMENT_MARKER;
 use crate::error::BoxError;
 
 /// Which way a TLS connect failed (see [`TlsError`]).

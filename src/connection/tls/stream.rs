@@ -10,7 +10,8 @@ use mio::{Evented, Poll, PollOpt, Ready, Token};
 use native_tls::HandshakeError;
 
 use super::failure::{TlsError, TlsFailure};
-use super::{is_development_certificate, TlsSettings};
+use super::settings::TlsSettings;
+use crate::connection::marker::is_development_certificate;
 
 /// A finished TLS stream over the connection's socket, for amiquip's I/O loop.
 pub(crate) struct TlsIo(native_tls::TlsStream<Socket>);
@@ -106,7 +107,8 @@ pub(crate) fn client_certificate_refusal(
             )
             .then_some(e)
         }
-        Ok(_) => None,
+        // Anything read (or a close) is not a refusal of the client certificate.
+        Ok(_read) => None,
     }
 }
 
