@@ -39,8 +39,9 @@ fn example() -> acemq_amqp::Result<()> {
         made.ca_cert.lines().next().unwrap_or_default()
     );
     println!(
-        "trust it in a test with ConnectionOptions::tls_root_certificate (feature tls), and start \
-         a broker with the rabbitmq.conf written beside it"
+        "trust it in a test with ConnectionOptions::tls_root_certificate and \
+         allow_development_certificates(true) (feature tls: its marker is refused otherwise), \
+         and start a broker with the rabbitmq.conf written beside it"
     );
     Ok(())
 }

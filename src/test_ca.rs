@@ -18,9 +18,14 @@
 //!
 //! Trust the authority with
 //! [`ConnectionOptions::tls_root_certificate`](crate::ConnectionOptions::tls_root_certificate)
-//! (feature `tls`). Unlike the Python library, this crate's TLS does not refuse certificates
-//! carrying the marker: the marker is there for a person (and for the family's libraries
-//! that do refuse it) to see.
+//! (feature `tls`) **and** say that development certificates are meant with
+//! [`ConnectionOptions::allow_development_certificates(true)`](crate::ConnectionOptions::allow_development_certificates):
+//! as in every library of the family, a certificate carrying the marker — an authority given
+//! to trust, a client certificate, or the certificate a broker presents — is refused otherwise
+//! (the marker is found in the certificate's encoding, the subject's or the issuer's name, as
+//! Python's `is_development_certificate` finds it). That is the marker's whole point: a
+//! certificate whose signing key sits in a repository cannot quietly end up trusted in
+//! production.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -241,3 +241,17 @@ fn a_bad_pem_is_refused_when_opening_naming_the_setting() {
     );
     assert!(text.contains("client certificate"), "{text}");
 }
+
+#[test]
+fn a_refused_login_over_tls_is_not_called_a_tls_failure() {
+    let e = Connection::open_with(
+        ConnectionOptions::new()
+            .address(format!("amqps://guest:not-the-password@localhost:{PORT}/"))
+            .tls_root_certificate(pem("ca.crt")),
+    )
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    assert!(TlsError::find(&e).is_none(), "{text}");
+    assert!(!text.contains("not-the-password"), "{text}");
+}

@@ -179,10 +179,22 @@ fn open_stream(
     )?;
     amiquip::Connection::insecure_open_stream(tls, options, tuning(ours)).map_err(|e| {
         // A TLS 1.3 broker refuses a client certificate (or its absence) only after the
-        // handshake, and amiquip, writing first, may see a reset instead of its alert: ask again
-        // on a new connection, waiting for the broker's word, to say so.
-        let retry = std::net::TcpStream::connect_timeout(&peer, ours.connect_timeout).ok();
-        let refusal = retry.and_then(|s| {
+        // handshake: named when amiquip read its alert; when amiquip, writing first, saw the
+        // socket reset instead, asked again on a new connection that waits for the broker's
+        // word (only then: a refused login is not worth a second connection).
+        let presented = ours.tls.client.is_some();
+        let dropped = matches!(
+            e,
+            amiquip::Error::IoErrorReadingSocket { .. }
+                | amiquip::Error::IoErrorWritingSocket { .. }
+                | amiquip::Error::UnexpectedSocketClose
+        );
+        let named = super::tls::TlsError::classify(Box::new(e), presented);
+        if named.is_about_the_client_certificate() || !dropped {
+            return named.or_cause();
+        }
+        let again = std::net::TcpStream::connect_timeout(&peer, ours.connect_timeout).ok();
+        let refusal = again.and_then(|s| {
             super::tls::client_certificate_refusal(
                 &ours.tls,
                 &connector,
@@ -193,8 +205,8 @@ fn open_stream(
             )
         });
         match refusal {
-            Some(refusal) => Box::new(refusal) as crate::error::BoxError,
-            None => Box::new(e),
+            Some(refusal) => Box::new(refusal),
+            None => named.or_cause(),
         }
     })
 }

@@ -264,6 +264,24 @@ impl ConnectionOptions {
     /// A PEM holding no certificate is refused when the connection is opened
     /// ([`Error::InvalidArgument`]), as is an authority carrying the family's development
     /// marker unless [`allow_development_certificates`](Self::allow_development_certificates).
+    ///
+    /// The family's TLS, in full: the URL's scheme decides whether the connection is encrypted
+    /// (TLS settings with an `amqp://` address are refused, not ignored); TLS 1.2 at least; a
+    /// failed handshake says which case it was ([`TlsError`](crate::TlsError)).
+    ///
+    /// ```no_run
+    /// use acemq_amqp::ConnectionOptions;
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// let options = ConnectionOptions::new()
+    ///     // Reached by address; its certificate is for rabbit.internal.
+    ///     .address("amqps://10.0.0.7:5671/")
+    ///     .tls_root_certificate_file("/etc/acemq/ca.crt")
+    ///     .tls_client_certificate_files("/etc/acemq/client.crt", "/etc/acemq/client.key")
+    ///     .tls_server_name("rabbit.internal")
+    ///     .credentials(acemq_amqp::credentials::from_default_environment());
+    /// let connection = acemq_amqp::Connection::open_with(options)?;
+    /// # Ok(()) }
+    /// ```
     #[cfg(feature = "tls")]
     #[must_use]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {

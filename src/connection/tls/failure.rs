@@ -104,6 +104,25 @@ impl TlsError {
     }
 }
 
+impl TlsError {
+    /// Whether the broker refused the client certificate, or its absence.
+    pub(crate) fn is_about_the_client_certificate(&self) -> bool {
+        matches!(
+            self.failure,
+            TlsFailure::ClientCertificateRequired | TlsFailure::ClientCertificateRejected
+        )
+    }
+
+    /// After the TLS handshake: this error when it names a refused client certificate, else
+    /// its cause as it was (a refused login, a dropped socket are not TLS's to name).
+    pub(crate) fn or_cause(self) -> BoxError {
+        match self.source {
+            Some(source) if !self.is_about_the_client_certificate() => source,
+            _ => Box::new(self),
+        }
+    }
+}
+
 fn chain_text(error: &(dyn StdError + 'static)) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();

@@ -101,11 +101,7 @@ pub(crate) fn client_certificate_refusal(
     match tls.read(&mut byte) {
         Err(e) => {
             let e = TlsError::classify(Box::new(e), settings.client.is_some());
-            matches!(
-                e.failure(),
-                TlsFailure::ClientCertificateRequired | TlsFailure::ClientCertificateRejected
-            )
-            .then_some(e)
+            e.is_about_the_client_certificate().then_some(e)
         }
         // Anything read (or a close) is not a refusal of the client certificate.
         Ok(_read) => None,
