@@ -255,3 +255,57 @@ fn a_refused_login_over_tls_is_not_called_a_tls_failure() {
     assert!(TlsError::find(&e).is_none(), "{text}");
     assert!(!text.contains("not-the-password"), "{text}");
 }
+
+#[test]
+fn a_marked_client_certificate_is_refused_as_given_unless_allowed() {
+    // development-client.crt carries the family's marker in its subject.
+    let marked = || {
+        options("localhost")
+            .tls_client_certificate(pem("development-client.crt"), pem("development-client.key"))
+    };
+    let e = Connection::open_with(marked()).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("client certificate")
+            && text.contains("ACEMQ DEVELOPMENT ONLY - DO NOT TRUST"),
+        "{text}"
+    );
+    // Allowed, it is presented, and the broker (which checks it against its authority) takes it.
+    let conn = open(
+        marked()
+            .allow_development_certificates(true)
+            .tls_server_name("mutual.acemq.test"),
+    );
+    conn.close().unwrap();
+}
+
+#[test]
+fn the_options_debug_shows_the_tls_settings_never_a_key() {
+    let shown = format!(
+        "{:?}",
+        with_client_certificate(options("localhost").tls_server_name("mutual.acemq.test"))
+    );
+    assert!(
+        shown.contains("roots=1") && shown.contains("client_certificate"),
+        "{shown}"
+    );
+    assert!(shown.contains("server_name=mutual.acemq.test"), "{shown}");
+    assert!(
+        !shown.contains("PRIVATE KEY") && !shown.contains("BEGIN"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_client_certificate_not_for_client_authentication_is_refused_by_the_broker() {
+    // development.crt is a server certificate (serverAuth only): the broker refuses it as a
+    // client's.
+    let (failure, text) = refused(
+        options("localhost")
+            .tls_server_name("mutual.acemq.test")
+            .tls_client_certificate(pem("development.crt"), pem("development.key"))
+            .allow_development_certificates(true),
+    );
+    assert_eq!(failure, TlsFailure::ClientCertificateRejected, "{text}");
+}

@@ -189,7 +189,7 @@ fn open_stream(
                 | amiquip::Error::IoErrorWritingSocket { .. }
                 | amiquip::Error::UnexpectedSocketClose
         );
-        let named = super::tls::TlsError::classify(Box::new(e), presented);
+        let named = super::tls::TlsError::classify_after_handshake(Box::new(e), presented);
         if named.is_about_the_client_certificate() || !dropped {
             return named.or_cause();
         }

@@ -102,6 +102,21 @@ impl TlsError {
         let failure = failure_of(&chain_text(error.as_ref()), presented);
         TlsError::new(failure, Some(error))
     }
+
+    /// The same for a failure after the client's side of the handshake finished (TLS 1.3): the
+    /// broker's check of the client's certificate is all that is left to fail then, so its
+    /// `handshake failure` alert (Erlang's for a certificate not for client authentication) is
+    /// about that certificate, or its absence.
+    pub(crate) fn classify_after_handshake(error: BoxError, presented: bool) -> TlsError {
+        let text = chain_text(error.as_ref());
+        let failure = match failure_of(&text, presented) {
+            TlsFailure::Other if text.contains("alert handshake failure") => {
+                TlsFailure::ClientCertificateRejected
+            }
+            f => f,
+        };
+        TlsError::new(failure, Some(error))
+    }
 }
 
 impl TlsError {

@@ -100,7 +100,7 @@ pub(crate) fn client_certificate_refusal(
     let mut byte = [0u8; 1];
     match tls.read(&mut byte) {
         Err(e) => {
-            let e = TlsError::classify(Box::new(e), settings.client.is_some());
+            let e = TlsError::classify_after_handshake(Box::new(e), settings.client.is_some());
             e.is_about_the_client_certificate().then_some(e)
         }
         // Anything read (or a close) is not a refusal of the client certificate.
