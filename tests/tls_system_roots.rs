@@ -20,7 +20,7 @@ fn certs() -> std::path::PathBuf {
 #[test]
 fn a_given_authority_is_trusted_alone_unless_the_system_roots_are_asked_for() {
     let dir = certs();
-    // SAFETY (edition 2021: not `unsafe` yet): set before any thread of this binary reads it.
+    // Set before this binary (this one test) makes any connection: nothing else reads it.
     std::env::set_var("SSL_CERT_FILE", dir.join("ca.crt"));
     std::env::remove_var("SSL_CERT_DIR");
     let url = "amqps://guest:guest@localhost:5676/";
