@@ -86,7 +86,12 @@ fn round_trip(conn: &Connection, body: &str) {
 
 #[test]
 fn one_way_tls_with_the_right_authority_publishes_and_consumes() {
-    let conn = open(options("localhost"));
+    // The authority read from its file, as a service deployed with one would.
+    let conn = open(
+        ConnectionOptions::new()
+            .address(url("localhost"))
+            .tls_root_certificate_file(certs().join("ca.crt")),
+    );
     round_trip(&conn, "over one-way tls");
     conn.close().unwrap();
 }
