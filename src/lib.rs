@@ -275,5 +275,5 @@ pub use error::{BoxError, Error, FatalError, Result};
 pub use names::{
     dead_letter_queue, parked_queue, retry_queue, rung_name, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE,
 };
-pub use publish::{Publisher, PublisherOptions, Ticket};
+pub use publish::{BatchItem, BatchOutcome, BatchReport, Publisher, PublisherOptions, Ticket};
 pub use stop::StopHandle;
