@@ -383,11 +383,13 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
     let running = std::thread::spawn(move || {
         p.publish_all((0..20).map(|i| ("", q2.as_str(), Message::new(format!("m{i}")))))
     });
+    // Sampled while the batch runs (not a synchronisation: the join below is).
     let mut most = 0;
-    while !running.is_finished() {
+    wait_until(WAIT, || {
         most = most.max(publisher.in_flight());
-        std::thread::yield_now();
-    }
+        running.is_finished()
+    })
+    .expect("the batch returns");
     let report = batch_report(running.join().unwrap());
     let took = started.elapsed();
     assert!(
@@ -429,4 +431,54 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
     // Let the frozen connection go, so that closing it does not wait for heartbeats.
     proxy.cut();
     drain_ids(&direct, &q);
+}
+
+/// On `memory://` with the broker blocking publishing (its `connection.blocked`): the window's
+/// messages are handed over and lost at their timeout, the next waits for room and is reported
+/// not sent, the rest not tried — as on RabbitMQ when it stops reading.
+#[test]
+fn on_memory_a_blocked_broker_stops_the_batch_at_its_timeout() {
+    let on = support::both::On::memory("publish_all-blocked");
+    let broker = on.memory_broker().expect("a memory broker");
+    let conn = on.connect();
+    let mut clean = on.cleanup();
+    let q = clean.queue(&unique("batch-blocked"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let window = 5;
+    let publisher = conn
+        .publisher_with(
+            PublisherOptions::new()
+                .window(window)
+                .timeout(Duration::from_secs(1)),
+        )
+        .unwrap();
+    publisher.publish("", &q, Message::new("warm-up")).unwrap();
+    broker.block("test: memory alarm");
+    let report = batch_report(
+        publisher.publish_all((0..20).map(|i| ("", q.as_str(), Message::new(format!("m{i}"))))),
+    );
+    broker.unblock();
+    assert_eq!(report.total(), 20);
+    assert_eq!(
+        indices(&report, |o| matches!(o, BatchOutcome::Lost { .. })),
+        (0..window).collect::<Vec<_>>(),
+        "{report}"
+    );
+    assert_eq!(
+        indices(&report, |o| matches!(o, BatchOutcome::NotSent { .. })),
+        (window..20).collect::<Vec<_>>(),
+        "{report}"
+    );
+    match &report.items[window].outcome {
+        BatchOutcome::NotSent { reason, retriable } => {
+            assert!(reason.contains("blocking publishing"), "{reason}");
+            assert!(retriable);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(report.is_retriable(), "{report}");
+    let e = Error::Batch {
+        report: Box::new(report),
+    };
+    assert!(e.is_retriable() && !e.is_message_fault());
 }
