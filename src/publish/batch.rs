@@ -16,13 +16,15 @@ impl Publisher {
     ///
     /// Every message is checked first (names, headers, the header frame against the
     /// connection's frame limit): one invalid message refuses the whole batch before anything
-    /// is sent, so a caller's mistake never leaves a batch half published. Then all are handed
-    /// over without waiting for any confirm, through this publisher's window and the
-    /// connection's byte budget like any publish: a batch larger than the window waits for
-    /// room as confirms come back, it never exceeds either bound. Then each confirm is awaited,
-    /// up to the publisher's [timeout](crate::PublisherOptions::timeout) counted from that
-    /// message's hand-over, as [`Ticket::wait`] does. Each message's outcome reaches the
-    /// connection's observer and the publish interceptors as a single publish's would.
+    /// is sent, so a caller's mistake never leaves a batch half published. (So the batch is
+    /// collected first, and held whole with its report: call this per chunk of an unbounded
+    /// stream.) Then all are handed over without waiting for any confirm, through this
+    /// publisher's window and the connection's byte budget like any publish: a batch larger
+    /// than the window waits for room as confirms come back, it never exceeds either bound.
+    /// Then each confirm is awaited, up to the publisher's
+    /// [timeout](crate::PublisherOptions::timeout) counted from that message's hand-over, as
+    /// [`Ticket::wait`] does. Each message's outcome reaches the connection's observer and the
+    /// publish interceptors as a single publish's would (one never tried reaches neither).
     ///
     /// A message that could not be handed over is reported [`NotSent`](BatchOutcome::NotSent).
     /// When that failure is its own (a publish interceptor's refusal, a missing exchange) or
