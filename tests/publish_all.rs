@@ -9,11 +9,12 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::intercept::{PublishContext, PublishNext};
 use acemq_amqp::observe::{Observer, PublishOutcome};
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
     BatchOutcome, BatchReport, Binding, Connection, ConnectionOptions, Error, ExchangeKind,
-    ExchangeSpec, Message, PublisherOptions, QueueSpec,
+    ExchangeSpec, Message, PublisherOptions, QueueSpec, Ticket,
 };
 use support::unique;
 
@@ -120,6 +121,55 @@ on_both! {
         wait_until(WAIT, || message_count(&conn, &q) == 50).expect("all 50 enqueued");
         let expected: Vec<String> = (0..50).map(|i| format!("m{i}")).collect();
         assert_eq!(drain_bodies(&conn, &q), expected, "in the order given");
+        publisher.close().unwrap();
+    }
+
+    /// The connection's publish interceptors run around each message of a batch: one they
+    /// refuse is reported not sent (not retriable: the interceptor's own error) and the batch
+    /// goes on; each sent one's answer reaches them.
+    fn publish_interceptors_run_per_message_and_a_refusal_stops_only_its_message(on) {
+        let answers: Arc<Mutex<Vec<String>>> = Arc::default();
+        let a = answers.clone();
+        let conn = on.connect_with(ConnectionOptions::new().intercept_publish(
+            move |mut context: PublishContext,
+                  next: PublishNext<'_>|
+                  -> acemq_amqp::Result<Ticket> {
+                let body = String::from_utf8(context.message.body.to_vec()).unwrap();
+                if body == "refuse me" {
+                    return Err(Error::InvalidHeader {
+                        name: "tenant".into(),
+                        reason: "the interceptor refuses it".into(),
+                    });
+                }
+                let a = a.clone();
+                context.when_answered(move |answer| {
+                    a.lock().unwrap().push(format!("{body}: {}", answer.is_ok()));
+                });
+                next.run(context)
+            },
+        ));
+        let mut clean = on.cleanup();
+        let q = clean.queue(&unique("batch-intercepted"));
+        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let publisher = conn.publisher().unwrap();
+        let bodies = ["m0", "m1", "refuse me", "m3"];
+        let report = batch_report(
+            publisher.publish_all(bodies.iter().map(|b| ("", q.as_str(), Message::new(*b)))),
+        );
+        assert_eq!(indices(&report, BatchOutcome::is_confirmed), [0, 1, 3]);
+        match &report.items[2].outcome {
+            BatchOutcome::NotSent { reason, retriable } => {
+                assert!(reason.contains("the interceptor refuses it"), "{reason}");
+                assert!(!retriable);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!report.is_retriable());
+        wait_until(WAIT, || answers.lock().unwrap().len() == 3).expect("three answers heard");
+        let mut heard = answers.lock().unwrap().clone();
+        heard.sort();
+        assert_eq!(heard, ["m0: true", "m1: true", "m3: true"]);
+        assert_eq!(drain_bodies(&conn, &q), ["m0", "m1", "m3"]);
         publisher.close().unwrap();
     }
 
