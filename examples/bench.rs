@@ -344,6 +344,24 @@ fn our_publish(conn: &Connection, queue: &str, n: usize, window: usize) -> Resul
     Ok(took)
 }
 
+/// [`our_publish`] with each window one `publish_all` batch: handed over together, the
+/// confirms awaited once, a report per message.
+fn our_publish_all(conn: &Connection, queue: &str, n: usize, batch: usize) -> Result<Duration> {
+    let publisher = conn.publisher_with(PublisherOptions::new().window(batch.max(1)))?;
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < n {
+        let size = batch.min(n - sent);
+        let report =
+            publisher.publish_all((0..size).map(|_| ("", queue, Message::new(&BODY[..]))))?;
+        assert_eq!(report.confirmed(), size);
+        sent += size;
+    }
+    let took = start.elapsed();
+    publisher.close()?;
+    Ok(took)
+}
+
 fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
     let queue = format!("bench.publish.{}", std::process::id());
     conn.declare_queue(&QueueSpec::new(&queue).classic())?;
@@ -384,6 +402,24 @@ fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
             note: "raw builds the envelope headers per message".into(),
         });
     }
+    // Beside the windowed `publish_deferred` row: the same windows, each one `publish_all`.
+    let (n, batch) = (s.n(20_000, 4_000), 100);
+    let (mut env, mut ours) = (vec![], vec![]);
+    for _ in 0..s.rounds {
+        conn.purge_queue(&queue)?;
+        env.push(rate(n, raw_publish(&queue, n, batch, true)));
+        conn.purge_queue(&queue)?;
+        ours.push(rate(n, our_publish_all(conn, &queue, n, batch)?));
+    }
+    s.push(Row {
+        figure: format!("publish_all, batches of {batch} vs raw+env"),
+        unit: "msg/s",
+        ours: Some(median(ours)),
+        raw: Some(median(env)),
+        target: Target::RatioAtLeast(0.95),
+        rss_mib: 0.0,
+        note: format!("{n} × 200 B persistent; one report per batch"),
+    });
     conn.purge_queue(&queue)?;
     conn.delete_queue(&queue)?;
     Ok(())

@@ -4,6 +4,8 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
+use crate::observe::batch_report::write_refused;
+
 /// A boxed error from a handler, a codec or a database driver.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
@@ -216,6 +218,18 @@ pub enum Error {
         /// How long was waited.
         after: Duration,
     },
+    /// Not all of a [`Publisher::publish_all`](crate::Publisher::publish_all) was confirmed.
+    Batch {
+        /// What became of each message, in input order: which to resend.
+        report: Box<crate::observe::batch_report::BatchReport>,
+    },
+    /// A message of a batch is invalid: the whole batch is refused before anything is sent.
+    InvalidBatch {
+        /// The message's position in the batch (0-based).
+        index: usize,
+        /// Why it is refused.
+        source: Box<Error>,
+    },
 }
 
 impl Error {
@@ -234,6 +248,7 @@ impl Error {
                 | Error::Nacked { .. }
                 | Error::Blocked { .. }
         ) || matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
+            || matches!(self, Error::Batch { report } if report.is_retriable())
     }
 
     /// True when the failure is about this message or operation — the broker refused it
@@ -252,6 +267,7 @@ impl Error {
                 | Error::Blocked { .. }
                 | Error::Credentials { .. }
         ) && !matches!(self, Error::Amqp { source, .. } if amqp_is_retriable(source))
+            && !matches!(self, Error::Batch { report } if report.is_retriable())
     }
 
     /// An amiquip error from `doing` on the `kind` named `name`, with the broker's refusals
@@ -535,6 +551,8 @@ impl fmt::Display for Error {
                 f,
                 "the broker is blocking publishing ({reason}); not published within {after:?}"
             ),
+            Error::Batch { report } => write!(f, "batch publish: {report}"),
+            Error::InvalidBatch { index, source } => write_refused(f, *index, source),
         }
     }
 }
@@ -548,7 +566,7 @@ impl StdError for Error {
             | Error::Handler { source } => Some(source.as_ref()),
             Error::Amqp { source, .. } => Some(source.as_ref()),
             Error::Io { source, .. } => Some(source),
-            Error::Replay { source, .. } => Some(source.as_ref()),
+            Error::Replay { source, .. } | Error::InvalidBatch { source, .. } => Some(source),
             _ => None,
         }
     }

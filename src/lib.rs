@@ -32,7 +32,8 @@
 //! * [`Codec`]: [`JsonCodec`] (default) and [`BytesCodec`], settable on the connection, a
 //!   publisher or a consumer.
 //! * [`Publisher`]: confirmed, mandatory publishing shared by many threads, with tickets for
-//!   batches and a bounded window.
+//!   batches and a bounded window; [`Publisher::publish_all`] publishes a batch and reports
+//!   each message ([`BatchReport`]).
 //! * [`Consumer`]: worker threads running a [`Handler`] that returns an [`Outcome`] (accept,
 //!   retry, reject, park, in progress); the family's [`RetryPolicy`] — waits under 30 s held in
 //!   the consumer, longer ones on `{queue}.retry.{Ns|Nm|Nh}` rungs through `acemq.retry` —,
@@ -175,6 +176,12 @@
 //!   caller's back.
 //! * A publish to an exchange that does not exist fails with [`Error::NotFound`]; other
 //!   publishes in flight on that channel fail retriably and the publisher opens a new channel.
+//! * [`Publisher::publish_all`] checks every message before sending any (one invalid message
+//!   refuses the batch, [`Error::InvalidBatch`], nothing sent); it is not atomic, and a batch
+//!   not wholly confirmed is [`Error::Batch`] with the per-message report. A hand-over that
+//!   waits out its timeout stops the batch there (the rest reported
+//!   [`BatchOutcome::NotSent`] untried, rather than each waiting as long); a dropped
+//!   connection does not (the next message waits for the recovery).
 //! * Application integers in headers are written as AMQP long-long (unless a copy re-sends a
 //!   header unchanged: then with the type it arrived with); the reserved ones as the family
 //!   writes them (32-bit, `x-acemq-first-seen` 64-bit). Every width is read.
@@ -278,5 +285,5 @@ pub use error::{BoxError, Error, FatalError, Result};
 pub use names::{
     dead_letter_queue, parked_queue, retry_queue, rung_name, DEAD_LETTER_EXCHANGE, RETRY_EXCHANGE,
 };
-pub use publish::{Publisher, PublisherOptions, Ticket};
+pub use publish::{BatchItem, BatchOutcome, BatchReport, Publisher, PublisherOptions, Ticket};
 pub use stop::StopHandle;

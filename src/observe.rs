@@ -6,6 +6,7 @@
 //! `MetricsObserver` does exactly that through the `metrics` crate facade (its docs list every
 //! name, kind and label it records).
 
+pub(crate) mod batch_report;
 mod events;
 pub mod metrics;
 #[cfg(feature = "metrics")]

@@ -30,6 +30,7 @@
 //!
 //! [`ConnectionOptions::max_unconfirmed_bytes`]: crate::ConnectionOptions::max_unconfirmed_bytes
 
+mod batch;
 mod confirms;
 mod frame;
 mod handover;
@@ -38,6 +39,7 @@ mod publisher;
 mod state;
 mod ticket;
 
+pub use crate::observe::batch_report::{BatchItem, BatchOutcome, BatchReport};
 pub(crate) use frame::check_fits;
 #[cfg(feature = "internals")]
 pub(crate) use frame::header_frame_size;
