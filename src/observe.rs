@@ -14,8 +14,9 @@ mod observer;
 pub(crate) mod replay_report;
 
 pub use events::{
-    ConnectionEvent, Duplicate, IdReplaced, OutboxEvent, Overrun, PublishOutcome, ReplayEvent,
-    RequestEvent, RequestOutcome, Settlement,
+    ConnectionEvent, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineOutcome,
+    PipelineRun, PublishEvent, PublishOutcome, Received, ReplayEvent, RequestEvent, RequestOutcome,
+    Retried, RetryWhere, RungMissing, SetAsideFailed, Settlement,
 };
 #[cfg(feature = "metrics")]
 pub use metrics_observer::{
