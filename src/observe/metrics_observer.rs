@@ -10,11 +10,6 @@ use super::events::{
 use super::metrics as names;
 use super::observer::{LogObserver, Observer};
 
-pub use super::metrics::{
-    CONSUME_DURATION, DEAD_LETTERED_TOTAL, OUTBOX_OLDEST_AGE, OUTBOX_PENDING, REQUEST_TOTAL,
-    RETRIED_TOTAL,
-};
-
 /// An [`Observer`] that records what the engine does through the [`metrics`](::metrics) crate's
 /// facade, under the family's names, so a service picks its exporter
 /// (`metrics-exporter-prometheus`, StatsD, …) by installing a recorder. Every event is then
