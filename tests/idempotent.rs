@@ -705,7 +705,9 @@ fn consume_then_record_in_one_transaction(db: &Db) {
         .publish("", &q, Message::new("order"))
         .unwrap();
     assert!(
-        eventually(WAIT, || settled.count("accept") + settled.count("reject")
+        eventually(WAIT, || settled.count("accept")
+            + settled.count("reject")
+            + settled.count("dead_letter")
             >= 1),
         "settled: {:?}",
         settled.all()

@@ -163,8 +163,9 @@ fn interceptors_run_first_registered_outermost_around_the_publish_and_the_handle
             // is not a publish of the application's: no publish interceptor ran for it.
             "outer settled: reject",
             "inner settled: reject",
-            // The observer keeps working as it did (it labels the handler's verdict).
-            "observer: retry",
+            // The observer hears the consumer's decision too, in its own word: no attempt
+            // left is `dead_letter` (the handler's own reject would be `reject`).
+            "observer: dead_letter",
         ],
     );
 }

@@ -113,9 +113,14 @@ fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_requ
         );
     };
     let queue_label = format!("queue=\"{q}\"");
+    let routing_label = format!("routing_key=\"{q}\"");
     has(
         "acemq_publish_total",
-        &["exchange=\"\"", "outcome=\"confirmed\""],
+        &["exchange=\"\"", &routing_label, "outcome=\"confirmed\""],
+    );
+    has(
+        "acemq_publish_duration",
+        &["exchange=\"\"", &routing_label, "outcome=\"confirmed\""],
     );
     has("acemq_consume_total", &[&queue_label, "outcome=\"acked\""]);
     has(
@@ -123,12 +128,16 @@ fn a_scrape_finds_every_family_name_after_a_publish_a_consume_a_sweep_and_a_requ
         &[&queue_label, "outcome=\"rejected\""],
     );
     has("acemq_consume_duration", &[&queue_label]);
+    has("acemq_consume_attempts", &[&queue_label]);
+    has("acemq_consume_in_flight", &[&queue_label]);
     has(
         "acemq_messages_dead_lettered_total",
         &[&queue_label, "outcome=\"dead_lettered\""],
     );
-    has("acemq_outbox_total", &["outcome=\"published\""]);
-    let routing_label = format!("routing_key=\"{q}\"");
+    has(
+        "acemq_outbox_total",
+        &["exchange=\"\"", &routing_label, "outcome=\"published\""],
+    );
     has("acemq_outbox_lag", &["exchange=\"\"", &routing_label]);
     has(
         "acemq_request_duration",
@@ -190,6 +199,8 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
         "acemq_publish_total",
         "acemq_consume_total",
         "acemq_consume_duration",
+        "acemq_consume_attempts",
+        "acemq_publish_duration",
         "acemq_outbox_total",
         "acemq_outbox_lag",
         "acemq_request_duration",

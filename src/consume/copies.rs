@@ -11,6 +11,7 @@ use super::retry::NextWait;
 use crate::envelope::{now_ms, Message};
 use crate::error::{Error, Result};
 use crate::names::{dead_letter_queue, parked_queue, retry_queue};
+use crate::observe::{Retried, RetryWhere, RungMissing, SetAsideFailed};
 
 /// What to do with the original once the verdict's copy is taken care of.
 pub(super) enum Step {
@@ -48,7 +49,9 @@ pub(super) fn carry_out(
             match ctx.policy.next_wait(attempt, Duration::from_millis(age_ms)) {
                 NextWait::Wait(wait) if hold => {
                     let wait = ctx.policy.jittered(delay.unwrap_or(wait));
-                    Ok(run_again(message, wait, attempt.saturating_add(1)))
+                    let next = attempt.saturating_add(1);
+                    retried(ctx, message, next, wait, RetryWhere::Consumer);
+                    Ok(run_again(message, wait, next))
                 }
                 NextWait::Wait(wait) => {
                     let wait = delay.unwrap_or(wait);
@@ -104,6 +107,7 @@ fn wait_then_copy(
     (wait, attempt, jitter): (Duration, u32, bool),
     failed: &str,
 ) -> Result<Step> {
+    // (`jitter` is set for a retry, not for an in-progress wait.)
     match wait_then_copy_fitting(ctx, message, wait, attempt, jitter) {
         Err(Error::FrameTooLarge { size, limit, .. }) => {
             let dlq = dead_letter_queue(&ctx.queue);
@@ -133,19 +137,32 @@ fn wait_then_copy_fitting(
     {
         let queue = retry_queue(&ctx.queue, rung);
         match publish(ctx, &queue, copy.clone()) {
-            Ok(()) => return Ok(Step::Now(SettleAction::Ack)),
+            Ok(()) => {
+                if jitter {
+                    retried(ctx, message, attempt, wait, RetryWhere::Broker);
+                }
+                return Ok(Step::Now(SettleAction::Ack));
+            }
             Err(Error::Unroutable { .. }) => {
                 // No rung to wait on (not declared here, or deleted): wait in the consumer
-                // instead, as the Python library does.
+                // instead, as the Python library does, and say so (`acemq.retry.rung.missing`).
                 log::warn!(
                     "acemq: retry queue {queue:?} does not exist; message {} waits {wait:?} in \
                      the consumer instead",
                     message.id()
                 );
+                ctx.observer.rung_missing(&RungMissing {
+                    queue: &ctx.queue,
+                    rung: &queue,
+                    message_id: message.id(),
+                });
             }
             Err(e) => return Err(e),
         }
         ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
+        if jitter {
+            retried(ctx, message, attempt, wait, RetryWhere::Consumer);
+        }
         return Ok(Step::Later {
             due: Instant::now() + wait,
             copy: Some(Box::new(copy)),
@@ -159,9 +176,15 @@ fn wait_then_copy_fitting(
     };
     if wait.is_zero() {
         publish(ctx, &ctx.queue, copy)?;
+        if jitter {
+            retried(ctx, message, attempt, wait, RetryWhere::Consumer);
+        }
         return Ok(Step::Now(SettleAction::Ack));
     }
     ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
+    if jitter {
+        retried(ctx, message, attempt, wait, RetryWhere::Consumer);
+    }
     Ok(Step::Later {
         due: Instant::now() + wait,
         copy: Some(Box::new(copy)),
@@ -173,7 +196,7 @@ fn wait_then_copy_fitting(
 /// expiration (RabbitMQ strips it when it dead-letters; kept, the copy would silently expire out
 /// of `.dlq`).
 fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> Result<Step> {
-    match publish(
+    let done = match publish(
         ctx,
         queue,
         dead_letter_copy(message, &ctx.queue, error.clone()),
@@ -182,7 +205,28 @@ fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> 
             trimmed(ctx, message, queue, &error, (size, limit))
         }
         published => published.map(|()| Step::Now(SettleAction::Ack)),
+    };
+    if let Err(e) = &done {
+        // (The caller logs it and backs off; this is the family's count of it.)
+        ctx.observer.set_aside_failed(&SetAsideFailed {
+            queue: &ctx.queue,
+            target: queue,
+            message_id: message.id(),
+            error: &e.to_string(),
+        });
     }
+    done
+}
+
+/// Reports another attempt scheduled for `message`: `attempt`, after `wait`, spent `waits`.
+fn retried(ctx: &Context, message: &Message, attempt: u32, wait: Duration, waits: RetryWhere) {
+    ctx.observer.retried(&Retried {
+        queue: &ctx.queue,
+        message_id: message.id(),
+        attempt,
+        wait,
+        waits,
+    });
 }
 
 /// The copy of `message` to `queue` whose header frame (`size` bytes) was over the connection's

@@ -76,7 +76,9 @@ impl Outcome {
         Outcome::InProgress { delay }
     }
 
-    /// The `outcome` label of `acemq.consume.total`.
+    /// The [`Settlement::outcome`](crate::observe::Settlement::outcome) a handler's outcome
+    /// settles with (`MetricsObserver` writes the family's word for it on
+    /// `acemq.consume.total`: `acked`, `retried`, `rejected`, `parked`, `in_progress`).
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Accept => "accept",

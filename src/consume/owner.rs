@@ -150,6 +150,10 @@ fn end_subscription(ctx: &Context, end: &Result<End>, consumer: crate::transport
     drop(consumer);
     let buffered = ctx.buffer.lock().take().map_or(0, |b| b.len());
     let unsettled = ctx.in_flight.clear() + buffered;
+    ctx.observer.in_flight(&crate::observe::InFlight {
+        queue: &ctx.queue,
+        in_flight: 0,
+    });
     if let Ok(End::Lost(why)) = end {
         log::warn!(
             "acemq: consumer of {} lost its channel ({why}); {unsettled} unsettled deliveries \

@@ -35,7 +35,8 @@ impl Job {
         // Counted before anything else: the owner, closing, waits for it. A delivery of a
         // subscription that has ended meanwhile is not counted (the broker redelivers it, and
         // the worker skips it).
-        if let Some(n) = ctx.in_flight.take(generation) {
+        let in_flight = ctx.in_flight.take(generation);
+        if let Some(n) = in_flight {
             // (What is still in amiquip's buffer is not added to the high-water mark: read
             // apart, the two could count one delivery twice.)
             ctx.max_in_flight.fetch_max(n, Ordering::SeqCst);
@@ -49,6 +50,15 @@ impl Job {
                 queue: &ctx.queue,
                 id: message.id(),
                 reason,
+            });
+        }
+        if let Some(in_flight) = in_flight {
+            // The family samples the attempt on the way in (`acemq.consume.attempts`).
+            ctx.observer.received(&crate::observe::Received {
+                queue: &ctx.queue,
+                message_id: message.id(),
+                attempt: message.envelope.attempt,
+                in_flight,
             });
         }
         message.codec = Some(ctx.codec.clone());

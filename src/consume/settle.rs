@@ -49,6 +49,10 @@ pub(super) fn finished_in(batch: &[Settle], generation: u64) -> usize {
 /// A delivery of subscription `generation` was settled: one fewer in flight.
 pub(super) fn gone(ctx: &Context, generation: u64) {
     ctx.in_flight.gone(generation);
+    ctx.observer.in_flight(&crate::observe::InFlight {
+        queue: &ctx.queue,
+        in_flight: ctx.in_flight.count(),
+    });
 }
 
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next

@@ -202,10 +202,12 @@ pub(super) fn finish(
     });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        outcome: if copy_error.is_some() {
-            "copy_failed"
-        } else {
-            verdict.label()
+        // The consumer's decision, as the family counts it: a retry with no attempt left, or a
+        // message that arrived past the last one, is `dead_letter`; the handler's own reject is
+        // `reject`.
+        outcome: match traced {
+            "exhausted" => "dead_letter",
+            other => other,
         },
         attempt: message.envelope.attempt,
         handler_duration,

@@ -28,7 +28,12 @@ pub(super) fn count_returned(ctx: &Context, returns: &Receiver<crate::transport:
 /// A responder's reply the broker could not route.
 pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
     ctx.observer
-        .published(&r.exchange, PublishOutcome::Unroutable);
+        .publish_answered(&crate::observe::PublishEvent {
+            exchange: &r.exchange,
+            routing_key: &r.routing_key,
+            outcome: PublishOutcome::Unroutable,
+            duration: None,
+        });
     if let Some(hooks) = &ctx.replies {
         hooks.returned(r);
     }

@@ -166,7 +166,7 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, mut d: Box<Delayed>) -> Option<B
 /// A held copy whose publish failed with `e`: the action for its original when the copy went to
 /// `.dlq` instead (a failure that can never clear as it is), or `None` with `d` set to hold the
 /// original for the copy-failure pause and then requeue it. Either way logged and reported to
-/// the observer: `copy_failed`, or `reject` once its copy is in `.dlq`.
+/// the observer: `copy_failed`, or `dead_letter` once its copy is in `.dlq`.
 fn copy_failed(
     ctx: &Context,
     d: &mut Delayed,
@@ -209,9 +209,10 @@ fn copy_failed(
     } else {
         None
     };
-    // Dead-lettered, it is reported as the worker reports a dead-letter (`reject`).
+    // Dead-lettered, it is reported as the worker reports the consumer's own dead-letter
+    // (`dead_letter`).
     let (outcome, error) = match &action {
-        Some(SettleAction::Ack) => ("reject", text),
+        Some(SettleAction::Ack) => ("dead_letter", text),
         Some(_) => ("copy_failed", text),
         None => {
             let pause = copy_failure_pause(failures);

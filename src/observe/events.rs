@@ -173,7 +173,8 @@ pub struct Duplicate<'a> {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum OutboxEvent<'a> {
-    /// A record was published and confirmed (`acemq.outbox.total{outcome=published}`); `lag` is
+    /// A record was published and confirmed
+    /// (`acemq.outbox.total{exchange,routing.key,outcome=published}`); `lag` is
     /// from its commit (`created_ms`) to the confirm (`acemq.outbox.lag`).
     Published {
         /// The record's id.
@@ -186,10 +187,14 @@ pub enum OutboxEvent<'a> {
         lag: Duration,
     },
     /// Publishing a record failed and was counted against it
-    /// (`acemq.outbox.total{outcome=failed}`).
+    /// (`acemq.outbox.total{exchange,routing.key,outcome=failed}`).
     Failed {
         /// The record's id.
         id: i64,
+        /// The exchange it was to be published to.
+        exchange: &'a str,
+        /// Its routing key.
+        routing_key: &'a str,
         /// Its failed attempts, this one included.
         attempts: i64,
         /// Why.
@@ -213,7 +218,12 @@ pub enum OutboxEvent<'a> {
 pub struct Settlement<'a> {
     /// The queue consumed.
     pub queue: &'a str,
-    /// The outcome label: accept, retry, reject, park, in_progress, dropped, and with
+    /// The outcome label: accept, retry, reject (the handler's own: a
+    /// [`FatalError`](crate::FatalError) or [`Outcome::reject`](crate::Outcome::reject)),
+    /// dead_letter (the consumer's decision: no attempt or age left for a retry, a message
+    /// arriving past the last attempt, a held retry that can never be published), park,
+    /// in_progress, copy_failed (the copy the outcome needs could not be published: the
+    /// original goes back to the queue after a pause), dropped, and with
     /// [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once) lost (the handler
     /// failed after the ack, or never ran on a delivery acknowledged after its worker stopped
     /// waiting: nothing is retried).
@@ -226,4 +236,153 @@ pub struct Settlement<'a> {
     pub message_id: &'a str,
     /// The error that caused a retry or reject, if any.
     pub error: Option<&'a str>,
+}
+
+/// A publish answered (or failed, or sent without a confirm), with where it went and how long
+/// its answer took (see [`Observer::publish_answered`](super::Observer::publish_answered)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PublishEvent<'a> {
+    /// The exchange it was published to (`""`: the default exchange).
+    pub exchange: &'a str,
+    /// Its routing key (through the default exchange: the queue's name).
+    pub routing_key: &'a str,
+    /// How it ended.
+    pub outcome: PublishOutcome,
+    /// From the call to the broker's answer (`acemq.publish.duration`); `None` for a publish
+    /// that no answer is waited for ([`PublishOutcome::Unconfirmed`], a return read later).
+    pub duration: Option<Duration>,
+}
+
+/// A delivery taken by a consumer, before its handler runs (see
+/// [`Observer::received`](super::Observer::received)): the family samples the attempt here,
+/// on the way in, so a delivery whose handler never returns is still counted.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Received<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+    /// The delivery's attempt, from 1 (`acemq.consume.attempts`).
+    pub attempt: u32,
+    /// Deliveries of this consumer taken and not yet settled, this one included
+    /// (`acemq.consume.in.flight`).
+    pub in_flight: usize,
+}
+
+/// A consumer's count of deliveries in flight after one was settled, or after its subscription
+/// ended (see [`Observer::in_flight`](super::Observer::in_flight)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct InFlight<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// Deliveries taken and not yet settled (`acemq.consume.in.flight`).
+    pub in_flight: usize,
+}
+
+/// Where a retry spends its wait (the family's `where` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RetryWhere {
+    /// On one of the queue's retry rungs (`{queue}.retry.{rung}`): the copy is confirmed there
+    /// and the original acknowledged.
+    Broker,
+    /// In the consumer: the original held unacknowledged while the wait runs (a wait shorter
+    /// than the policy's broker threshold, a missing rung, a retry that keeps its ordering key),
+    /// or none at all (a retry with no wait goes straight back to the queue).
+    Consumer,
+}
+
+impl RetryWhere {
+    /// The `where` label of [`metrics::RETRIED_TOTAL`](super::metrics::RETRIED_TOTAL):
+    /// `broker` or `consumer`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryWhere::Broker => "broker",
+            RetryWhere::Consumer => "consumer",
+        }
+    }
+}
+
+/// Another attempt scheduled for a message (see [`Observer::retried`](super::Observer::retried)):
+/// its copy confirmed on a rung, or its wait started in the consumer.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Retried<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+    /// The attempt the retry will be.
+    pub attempt: u32,
+    /// How long it waits first.
+    pub wait: Duration,
+    /// Where the wait is spent.
+    pub waits: RetryWhere,
+}
+
+/// A retry long enough for a broker rung found the rung's queue missing and waits in the
+/// consumer instead (see [`Observer::rung_missing`](super::Observer::rung_missing)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct RungMissing<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// The rung queue that is missing (`{queue}.retry.{rung}`).
+    pub rung: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+}
+
+/// A message's dead-letter or parked copy could not be published (see
+/// [`Observer::set_aside_failed`](super::Observer::set_aside_failed)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SetAsideFailed<'a> {
+    /// The queue consumed.
+    pub queue: &'a str,
+    /// Where the copy was going: `{queue}.dlq` or `{queue}.parked`.
+    pub target: &'a str,
+    /// The message id.
+    pub message_id: &'a str,
+    /// Why.
+    pub error: &'a str,
+}
+
+/// How a pipeline run ended at a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PipelineOutcome {
+    /// The step marked last ([`Then::last`](crate::patterns::pipeline::Then::last)) did its
+    /// work (and its next message, if any, was confirmed).
+    Completed,
+    /// A step returned [`NOTHING`](crate::patterns::pipeline::NOTHING): the run does not go on.
+    EndedEarly,
+}
+
+impl PipelineOutcome {
+    /// The `outcome` label of [`metrics::PIPELINE_RUN_TOTAL`](super::metrics::PIPELINE_RUN_TOTAL).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PipelineOutcome::Completed => "completed",
+            PipelineOutcome::EndedEarly => "ended_early",
+        }
+    }
+}
+
+/// A pipeline run ended (see [`Observer::pipeline_run`](super::Observer::pipeline_run)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PipelineRun<'a> {
+    /// The pipeline's name.
+    pub pipeline: &'a str,
+    /// The step it ended at.
+    pub step: &'a str,
+    /// How it ended.
+    pub outcome: PipelineOutcome,
+    /// How long the message the step consumed had existed when the run ended: from its first
+    /// consumption (`x-acemq-first-seen`, which its retries keep) to the end of the step.
+    pub duration: Duration,
 }

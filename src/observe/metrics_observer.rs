@@ -3,26 +3,12 @@
 use std::sync::Arc;
 
 use super::events::{
-    ConnectionEvent, Duplicate, OutboxEvent, PublishOutcome, ReplayEvent, RequestEvent,
-    RequestOutcome, Settlement,
+    ConnectionEvent, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineRun,
+    PublishEvent, PublishOutcome, Received, ReplayEvent, RequestEvent, RequestOutcome, Retried,
+    RungMissing, SetAsideFailed, Settlement,
 };
 use super::metrics as names;
 use super::observer::{LogObserver, Observer};
-
-/// Counter, label `queue`: retries decided (the family's standalone retry counter).
-pub const RETRIED_TOTAL: &str = "acemq.messages.retried.total";
-/// Counter, labels `queue` and `outcome` (`dead_lettered`, `parked`): messages set aside.
-pub const DEAD_LETTERED_TOTAL: &str = "acemq.messages.dead.lettered.total";
-/// Histogram in seconds, labels `queue` and `outcome`: how long the handler ran.
-pub const CONSUME_DURATION: &str = "acemq.consume.duration";
-/// Counter, label `outcome`: request/reply round trips.
-pub const REQUEST_TOTAL: &str = "acemq.request.total";
-/// Gauge: outbox records waiting to be published, after a relay's last sweep (this crate's
-/// name; the family has none).
-pub const OUTBOX_PENDING: &str = "acemq.outbox.pending";
-/// Gauge in seconds: age of the oldest waiting outbox record, after a relay's last sweep, 0
-/// when none waits (this crate's name; the family has none).
-pub const OUTBOX_OLDEST_AGE: &str = "acemq.outbox.oldest.age";
 
 /// An [`Observer`] that records what the engine does through the [`metrics`](::metrics) crate's
 /// facade, under the family's names, so a service picks its exporter
@@ -33,25 +19,32 @@ pub const OUTBOX_OLDEST_AGE: &str = "acemq.outbox.oldest.age";
 ///
 /// | name | kind | labels | from |
 /// |---|---|---|---|
-/// | `acemq.publish.total` | counter | `exchange`, `outcome`: `confirmed`, `nacked`, `unroutable`, `failed`, `unconfirmed` | every publish answered; a request, and a responder's reply to a transient reply queue, when sent (`unconfirmed`), and again (`unroutable`) if the broker returns it |
-/// | `acemq.consume.total` | counter | `queue`, `outcome`: `acked`, `retried`, `rejected`, `parked`, `in_progress`, `dropped` | every delivery settled |
-/// | `acemq.consume.duration` | histogram, seconds | `queue`, `outcome` | the handler's run |
-/// | `acemq.messages.retried.total` | counter | `queue` | a retry decided |
-/// | `acemq.messages.dead.lettered.total` | counter | `queue`, `outcome`: `dead_lettered`, `parked` | a copy to `.dlq` / `.parked` |
+/// | `acemq.publish.total` | counter | `exchange`, `routing.key`, `outcome`: `confirmed`, `unroutable`, `failed`, `published` (sent without a confirm), `nacked` | every publish answered; a request, and a responder's reply to a transient reply queue, when sent (`published`), and again (`unroutable`) if the broker returns it |
+/// | `acemq.publish.duration` | histogram, seconds | as above | a publish's call to its answer (not for `published`) |
+/// | `acemq.consume.total` | counter | `queue`, `outcome`: `acked`, `retried`, `rejected`, `dead_lettered`, `parked`, `in_progress`, `copy_failed`, `dropped`, `lost` | every delivery settled, once |
+/// | `acemq.consume.duration` | histogram, seconds | `queue`, `outcome` | the handler's run (not for `dropped`: no handler's outcome) |
+/// | `acemq.consume.attempts` | histogram, attempts | `queue` | a delivery taken, before its handler |
+/// | `acemq.consume.in.flight` | gauge | `queue` | a delivery taken or settled |
+/// | `acemq.messages.retried.total` | counter | `queue`, `where`: `broker`, `consumer` | another attempt scheduled |
+/// | `acemq.messages.dead.lettered.total` | counter | `queue`, `outcome`: `dead_lettered`, `parked` | a copy confirmed in `.dlq` (deliveries `rejected` and `dead_lettered`) or `.parked` |
+/// | `acemq.messages.set.aside.failed` | counter | `queue`, `target` | a `.dlq` / `.parked` copy that could not be published |
+/// | `acemq.retry.rung.missing` | counter | `queue`, `rung` | a retry whose rung queue is missing (it waits in the consumer) |
 /// | `acemq.request.duration` | histogram, seconds | `routing.key`, `outcome`: `answered`, `responder_failed`, `timed_out`, `failed` | a request/reply round trip |
 /// | `acemq.request.total` | counter | as above | |
-/// | `acemq.outbox.total` | counter | `outcome`: `published`, `failed` | a relayed record |
-/// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key` (the family's) | a record's commit to its confirm |
+/// | `acemq.outbox.total` | counter | `exchange`, `routing.key`, `outcome`: `published`, `failed` | a relayed record |
+/// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key` | a record's commit to its confirm |
 /// | `acemq.outbox.pending`, `acemq.outbox.oldest.age` | gauges (count, seconds) | — | as a started relay reports its backlog ([`OutboxEvent::Backlog`](crate::observe::OutboxEvent::Backlog)) |
+/// | `acemq.pipeline.run.total` | counter | `pipeline`, `step`, `outcome`: `completed`, `ended_early` | a run ending at a named step ([`Then::named`](crate::patterns::pipeline::Then::named)) |
+/// | `acemq.pipeline.run.duration` | histogram, seconds | as above | |
 ///
-/// The consume outcomes are the family's words (Java, .NET and Python tag `acemq.consume.total`
-/// with `acked`, `retried`, `rejected`, `parked`); this crate's
-/// [`Settlement::outcome`] (`accept`, `retry`, `reject`, `park`) is mapped to them, and a
-/// `reject` (the handler's, or retries exhausted: both go to `.dlq`) also counts
-/// `acemq.messages.dead.lettered.total{outcome=dead_lettered}`. The request outcome `replied` is
-/// the family's `answered`. Prometheus exporters spell the names with `_` (`acemq_publish_total`,
-/// label `routing_key`). Durations are in seconds, as Prometheus expects. Recording is a few
-/// hash look-ups in the installed recorder: it does not block.
+/// The words are the family's (Java's `MetricNames`, Go's `telemetry.go`, Python's
+/// `telemetry.py`; `tests/fixtures/metric_words.json`); this crate's [`Settlement::outcome`]
+/// (`accept`, `retry`, `reject`, `dead_letter`, `park`) is mapped to theirs (`acked`, `retried`,
+/// `rejected`, `dead_lettered`, `parked`), [`PublishOutcome::Unconfirmed`] is the family's
+/// `published`, and the request outcome `replied` is the family's `answered`. Prometheus
+/// exporters spell the names with `_` (`acemq_publish_total`, label `routing_key`). Durations
+/// are in seconds, as Prometheus expects. Recording is a few hash look-ups in the installed
+/// recorder: it does not block.
 #[derive(Clone)]
 pub struct MetricsObserver {
     inner: Arc<dyn Observer>,
@@ -91,8 +84,17 @@ fn consume_outcome(label: &str) -> &str {
         "accept" => "acked",
         "retry" => "retried",
         "reject" => "rejected",
+        "dead_letter" => "dead_lettered",
         "park" => "parked",
         other => other,
+    }
+}
+
+/// The family's word for a publish outcome.
+fn publish_outcome(outcome: PublishOutcome) -> &'static str {
+    match outcome {
+        PublishOutcome::Unconfirmed => "published",
+        other => other.as_str(),
     }
 }
 
@@ -109,13 +111,45 @@ impl Observer for MetricsObserver {
     }
 
     fn published(&self, exchange: &str, outcome: PublishOutcome) {
+        // The engine reports through `publish_answered`; a call made here directly is recorded
+        // with an empty routing key.
         ::metrics::counter!(
             names::PUBLISH_TOTAL,
-            "exchange" => exchange.to_string(),
-            "outcome" => outcome.as_str()
+            names::TAG_EXCHANGE => exchange.to_string(),
+            names::TAG_ROUTING_KEY => "",
+            names::TAG_OUTCOME => publish_outcome(outcome)
         )
         .increment(1);
         self.inner.published(exchange, outcome)
+    }
+
+    fn publish_answered(&self, e: &PublishEvent<'_>) {
+        let labels = [
+            ::metrics::Label::new(names::TAG_EXCHANGE, e.exchange.to_string()),
+            ::metrics::Label::new(names::TAG_ROUTING_KEY, e.routing_key.to_string()),
+            ::metrics::Label::new(names::TAG_OUTCOME, publish_outcome(e.outcome)),
+        ];
+        ::metrics::counter!(names::PUBLISH_TOTAL, labels.iter()).increment(1);
+        if let Some(duration) = e.duration {
+            ::metrics::histogram!(names::PUBLISH_DURATION, labels.iter())
+                .record(duration.as_secs_f64());
+        }
+        self.inner.publish_answered(e)
+    }
+
+    fn received(&self, e: &Received<'_>) {
+        let queue = e.queue.to_string();
+        ::metrics::histogram!(names::CONSUME_ATTEMPTS, names::TAG_QUEUE => queue.clone())
+            .record(f64::from(e.attempt));
+        ::metrics::gauge!(names::CONSUME_IN_FLIGHT, names::TAG_QUEUE => queue)
+            .set(e.in_flight as f64);
+        self.inner.received(e)
+    }
+
+    fn in_flight(&self, e: &InFlight<'_>) {
+        ::metrics::gauge!(names::CONSUME_IN_FLIGHT, names::TAG_QUEUE => e.queue.to_string())
+            .set(e.in_flight as f64);
+        self.inner.in_flight(e)
     }
 
     fn settled(&self, s: &Settlement<'_>) {
@@ -123,33 +157,62 @@ impl Observer for MetricsObserver {
         let outcome = consume_outcome(s.outcome).to_string();
         ::metrics::counter!(
             names::CONSUME_TOTAL,
-            "queue" => queue.clone(),
-            "outcome" => outcome.clone()
+            names::TAG_QUEUE => queue.clone(),
+            names::TAG_OUTCOME => outcome.clone()
         )
         .increment(1);
-        ::metrics::histogram!(
-            CONSUME_DURATION,
-            "queue" => queue.clone(),
-            "outcome" => outcome
-        )
-        .record(s.handler_duration.as_secs_f64());
-        match s.outcome {
-            "retry" => ::metrics::counter!(RETRIED_TOTAL, "queue" => queue).increment(1),
-            "reject" => ::metrics::counter!(
-                DEAD_LETTERED_TOTAL,
-                "queue" => queue,
-                "outcome" => "dead_lettered"
+        if s.outcome != "dropped" {
+            ::metrics::histogram!(
+                names::CONSUME_DURATION,
+                names::TAG_QUEUE => queue.clone(),
+                names::TAG_OUTCOME => outcome
             )
-            .increment(1),
-            "park" => ::metrics::counter!(
-                DEAD_LETTERED_TOTAL,
-                "queue" => queue,
-                "outcome" => "parked"
+            .record(s.handler_duration.as_secs_f64());
+        }
+        let set_aside = match s.outcome {
+            "reject" | "dead_letter" => Some("dead_lettered"),
+            "park" => Some("parked"),
+            _ => None,
+        };
+        if let Some(set_aside) = set_aside {
+            ::metrics::counter!(
+                names::DEAD_LETTERED_TOTAL,
+                names::TAG_QUEUE => queue,
+                names::TAG_OUTCOME => set_aside
             )
-            .increment(1),
-            _ => {}
+            .increment(1);
         }
         self.inner.settled(s)
+    }
+
+    fn retried(&self, e: &Retried<'_>) {
+        ::metrics::counter!(
+            names::RETRIED_TOTAL,
+            names::TAG_QUEUE => e.queue.to_string(),
+            names::TAG_WHERE => e.waits.as_str()
+        )
+        .increment(1);
+        self.inner.retried(e)
+    }
+
+    fn rung_missing(&self, e: &RungMissing<'_>) {
+        ::metrics::counter!(
+            names::RUNG_MISSING,
+            names::TAG_QUEUE => e.queue.to_string(),
+            names::TAG_RUNG => e.rung.to_string()
+        )
+        .increment(1);
+        self.inner.rung_missing(e)
+    }
+
+    fn set_aside_failed(&self, e: &SetAsideFailed<'_>) {
+        ::metrics::counter!(
+            names::SET_ASIDE_FAILED,
+            names::TAG_QUEUE => e.queue.to_string(),
+            names::TAG_TARGET => e.target.to_string()
+        )
+        .increment(1);
+        self.inner.set_aside_failed(e)
     }
 
     fn outbox(&self, event: &OutboxEvent<'_>) {
@@ -160,23 +223,39 @@ impl Observer for MetricsObserver {
                 lag,
                 ..
             } => {
-                ::metrics::counter!(names::OUTBOX_TOTAL, "outcome" => "published").increment(1);
+                ::metrics::counter!(
+                    names::OUTBOX_TOTAL,
+                    names::TAG_EXCHANGE => exchange.to_string(),
+                    names::TAG_ROUTING_KEY => routing_key.to_string(),
+                    names::TAG_OUTCOME => "published"
+                )
+                .increment(1);
                 ::metrics::histogram!(
                     names::OUTBOX_LAG,
-                    "exchange" => exchange.to_string(),
-                    "routing.key" => routing_key.to_string()
+                    names::TAG_EXCHANGE => exchange.to_string(),
+                    names::TAG_ROUTING_KEY => routing_key.to_string()
                 )
                 .record(lag.as_secs_f64());
             }
-            OutboxEvent::Failed { .. } => {
-                ::metrics::counter!(names::OUTBOX_TOTAL, "outcome" => "failed").increment(1);
+            OutboxEvent::Failed {
+                exchange,
+                routing_key,
+                ..
+            } => {
+                ::metrics::counter!(
+                    names::OUTBOX_TOTAL,
+                    names::TAG_EXCHANGE => exchange.to_string(),
+                    names::TAG_ROUTING_KEY => routing_key.to_string(),
+                    names::TAG_OUTCOME => "failed"
+                )
+                .increment(1);
             }
             OutboxEvent::Backlog {
                 pending,
                 oldest_age,
             } => {
-                ::metrics::gauge!(OUTBOX_PENDING).set(*pending as f64);
-                ::metrics::gauge!(OUTBOX_OLDEST_AGE)
+                ::metrics::gauge!(names::OUTBOX_PENDING).set(*pending as f64);
+                ::metrics::gauge!(names::OUTBOX_OLDEST_AGE)
                     .set(oldest_age.map_or(0.0, |a| a.as_secs_f64()));
             }
         }
@@ -191,14 +270,14 @@ impl Observer for MetricsObserver {
         let outcome = request_outcome(e.outcome);
         ::metrics::histogram!(
             names::REQUEST_DURATION,
-            "routing.key" => e.routing_key.to_string(),
-            "outcome" => outcome
+            names::TAG_ROUTING_KEY => e.routing_key.to_string(),
+            names::TAG_OUTCOME => outcome
         )
         .record(e.duration.as_secs_f64());
         ::metrics::counter!(
-            REQUEST_TOTAL,
-            "routing.key" => e.routing_key.to_string(),
-            "outcome" => outcome
+            names::REQUEST_TOTAL,
+            names::TAG_ROUTING_KEY => e.routing_key.to_string(),
+            names::TAG_OUTCOME => outcome
         )
         .increment(1);
         self.inner.request(e)
@@ -206,5 +285,25 @@ impl Observer for MetricsObserver {
 
     fn replay(&self, event: &ReplayEvent<'_>) {
         self.inner.replay(event)
+    }
+
+    fn overrun(&self, overrun: &Overrun<'_>) {
+        self.inner.overrun(overrun)
+    }
+
+    fn id_replaced(&self, event: &IdReplaced<'_>) {
+        self.inner.id_replaced(event)
+    }
+
+    fn pipeline_run(&self, e: &PipelineRun<'_>) {
+        let labels = [
+            ::metrics::Label::new(names::TAG_PIPELINE, e.pipeline.to_string()),
+            ::metrics::Label::new(names::TAG_STEP, e.step.to_string()),
+            ::metrics::Label::new(names::TAG_OUTCOME, e.outcome.as_str()),
+        ];
+        ::metrics::counter!(names::PIPELINE_RUN_TOTAL, labels.iter()).increment(1);
+        ::metrics::histogram!(names::PIPELINE_RUN_DURATION, labels.iter())
+            .record(e.duration.as_secs_f64());
+        self.inner.pipeline_run(e)
     }
 }

@@ -2,8 +2,9 @@
 //! the engine's threads.
 
 use super::events::{
-    ConnectionEvent, Duplicate, IdReplaced, OutboxEvent, Overrun, PublishOutcome, ReplayEvent,
-    RequestEvent, Settlement,
+    ConnectionEvent, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineRun,
+    PublishEvent, PublishOutcome, Received, ReplayEvent, RequestEvent, Retried, RungMissing,
+    SetAsideFailed, Settlement,
 };
 use super::metrics;
 
@@ -65,6 +66,53 @@ pub trait Observer: Send + Sync + 'static {
     fn id_replaced(&self, event: &IdReplaced<'_>) {
         LogObserver.id_replaced(event)
     }
+
+    /// A publish was answered, failed, or sent without a confirm, with its routing key and the
+    /// time to its answer ([`metrics::PUBLISH_TOTAL`], [`metrics::PUBLISH_DURATION`]). Every
+    /// publish the engine reports comes here; the default passes it on to
+    /// [`published`](Self::published), so an observer written before this event was added
+    /// hears every publish as it did.
+    fn publish_answered(&self, event: &PublishEvent<'_>) {
+        self.published(event.exchange, event.outcome)
+    }
+
+    /// A consumer took a delivery, before its handler runs ([`metrics::CONSUME_ATTEMPTS`],
+    /// [`metrics::CONSUME_IN_FLIGHT`]), on the thread that took it.
+    fn received(&self, event: &Received<'_>) {
+        LogObserver.received(event)
+    }
+
+    /// A consumer's deliveries in flight after one was settled or its subscription ended
+    /// ([`metrics::CONSUME_IN_FLIGHT`]), on the consumer's own thread.
+    fn in_flight(&self, event: &InFlight<'_>) {
+        LogObserver.in_flight(event)
+    }
+
+    /// Another attempt was scheduled: the retry copy confirmed on a rung, or the wait started
+    /// in the consumer ([`metrics::RETRIED_TOTAL`] with `where`). Reported before the
+    /// delivery's [`settled`](Self::settled) (`retry`).
+    fn retried(&self, event: &Retried<'_>) {
+        LogObserver.retried(event)
+    }
+
+    /// A retry's rung queue is missing: it waits in the consumer instead
+    /// ([`metrics::RUNG_MISSING`]).
+    fn rung_missing(&self, event: &RungMissing<'_>) {
+        LogObserver.rung_missing(event)
+    }
+
+    /// A dead-letter or parked copy could not be published ([`metrics::SET_ASIDE_FAILED`]); the
+    /// original goes back to the queue after a pause (settled `copy_failed`).
+    fn set_aside_failed(&self, event: &SetAsideFailed<'_>) {
+        LogObserver.set_aside_failed(event)
+    }
+
+    /// A pipeline run ended at a named step ([`metrics::PIPELINE_RUN_TOTAL`],
+    /// [`metrics::PIPELINE_RUN_DURATION`]; see
+    /// [`Then::named`](crate::patterns::pipeline::Then::named)).
+    fn pipeline_run(&self, event: &PipelineRun<'_>) {
+        LogObserver.pipeline_run(event)
+    }
 }
 
 /// The default observer: logs through the `log` crate (connection events at info/warn,
@@ -116,6 +164,7 @@ impl Observer for LogObserver {
                 id,
                 attempts,
                 error,
+                ..
             } => log::warn!("acemq: outbox record {id} failed (attempt {attempts}): {error}"),
             OutboxEvent::Backlog {
                 pending,
@@ -175,6 +224,53 @@ impl Observer for LogObserver {
             o.limit,
             o.orphans,
             o.total
+        );
+    }
+
+    fn received(&self, _: &Received<'_>) {}
+
+    fn in_flight(&self, _: &InFlight<'_>) {}
+
+    fn retried(&self, e: &Retried<'_>) {
+        log::trace!(
+            "acemq: message {} on {:?} retried (attempt {}) after {:?}, waiting in the {}",
+            e.message_id,
+            e.queue,
+            e.attempt,
+            e.wait,
+            e.waits.as_str()
+        );
+    }
+
+    fn rung_missing(&self, e: &RungMissing<'_>) {
+        // The warn line is the consumer's own (`consume/copies.rs`), whatever the observer.
+        log::debug!(
+            "acemq: {}{{queue={:?},rung={:?}}} (message {})",
+            metrics::RUNG_MISSING,
+            e.queue,
+            e.rung,
+            e.message_id
+        );
+    }
+
+    fn set_aside_failed(&self, e: &SetAsideFailed<'_>) {
+        log::debug!(
+            "acemq: {}{{queue={:?},target={:?}}} (message {}): {}",
+            metrics::SET_ASIDE_FAILED,
+            e.queue,
+            e.target,
+            e.message_id,
+            e.error
+        );
+    }
+
+    fn pipeline_run(&self, e: &PipelineRun<'_>) {
+        log::trace!(
+            "acemq: pipeline {:?} run ended at step {:?}: {} after {:?}",
+            e.pipeline,
+            e.step,
+            e.outcome.as_str(),
+            e.duration
         );
     }
 
@@ -262,6 +358,27 @@ impl Observer for Guarded {
     fn id_replaced(&self, event: &IdReplaced<'_>) {
         self.guard("id_replaced", |o| o.id_replaced(event))
     }
+    fn publish_answered(&self, event: &PublishEvent<'_>) {
+        self.guard("publish_answered", |o| o.publish_answered(event))
+    }
+    fn received(&self, event: &Received<'_>) {
+        self.guard("received", |o| o.received(event))
+    }
+    fn in_flight(&self, event: &InFlight<'_>) {
+        self.guard("in_flight", |o| o.in_flight(event))
+    }
+    fn retried(&self, event: &Retried<'_>) {
+        self.guard("retried", |o| o.retried(event))
+    }
+    fn rung_missing(&self, event: &RungMissing<'_>) {
+        self.guard("rung_missing", |o| o.rung_missing(event))
+    }
+    fn set_aside_failed(&self, event: &SetAsideFailed<'_>) {
+        self.guard("set_aside_failed", |o| o.set_aside_failed(event))
+    }
+    fn pipeline_run(&self, event: &PipelineRun<'_>) {
+        self.guard("pipeline_run", |o| o.pipeline_run(event))
+    }
 }
 
 impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
@@ -291,5 +408,26 @@ impl<T: Observer + ?Sized> Observer for std::sync::Arc<T> {
     }
     fn id_replaced(&self, event: &IdReplaced<'_>) {
         self.as_ref().id_replaced(event)
+    }
+    fn publish_answered(&self, event: &PublishEvent<'_>) {
+        self.as_ref().publish_answered(event)
+    }
+    fn received(&self, event: &Received<'_>) {
+        self.as_ref().received(event)
+    }
+    fn in_flight(&self, event: &InFlight<'_>) {
+        self.as_ref().in_flight(event)
+    }
+    fn retried(&self, event: &Retried<'_>) {
+        self.as_ref().retried(event)
+    }
+    fn rung_missing(&self, event: &RungMissing<'_>) {
+        self.as_ref().rung_missing(event)
+    }
+    fn set_aside_failed(&self, event: &SetAsideFailed<'_>) {
+        self.as_ref().set_aside_failed(event)
+    }
+    fn pipeline_run(&self, event: &PipelineRun<'_>) {
+        self.as_ref().pipeline_run(event)
     }
 }

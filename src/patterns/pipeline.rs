@@ -43,10 +43,20 @@
 //!
 //! Since a failed publish runs the step again, **a step that changes anything (a database, an
 //! e-mail) should be idempotent**.
+//!
+//! # The family's run metrics
+//!
+//! A step given names with [`Then::named`] reports each run that ends at it to the connection's
+//! observer ([`Observer::pipeline_run`](crate::observe::Observer::pipeline_run):
+//! `acemq.pipeline.run.total` and `.duration`, labels `pipeline`, `step`, `outcome`): a run ends
+//! `ended_early` at a step that returns [`NOTHING`], and `completed` at the step marked
+//! [`Then::last`] once its work is done (its next message, if any, confirmed). Each service
+//! names its own steps, so the pipeline's name is what ties its steps' series together.
 
 use crate::consume::{Handler, HandlerResult, Outcome};
-use crate::envelope::Message;
+use crate::envelope::{now_ms, Message};
 use crate::error::{BoxError, Result};
+use crate::observe::{PipelineOutcome, PipelineRun};
 use crate::publish::Publisher;
 
 /// What a pipeline step produces.
@@ -96,6 +106,8 @@ where
         exchange: exchange.into(),
         routing_key: routing_key.into(),
         step,
+        names: None,
+        last: false,
     }
 }
 
@@ -105,6 +117,9 @@ pub struct Then<F> {
     exchange: String,
     routing_key: String,
     step: F,
+    /// The pipeline's and the step's names, for the run metrics.
+    names: Option<(String, String)>,
+    last: bool,
 }
 
 impl<F> std::fmt::Debug for Then<F> {
@@ -112,11 +127,43 @@ impl<F> std::fmt::Debug for Then<F> {
         f.debug_struct("Then")
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
+            .field("names", &self.names)
+            .field("last", &self.last)
             .finish_non_exhaustive()
     }
 }
 
 impl<F> Then<F> {
+    /// Names this step `step` of the pipeline `pipeline`: a run that ends here is reported to
+    /// the connection's observer under these names (see the [module docs](self#the-familys-run-metrics)).
+    /// Without names, nothing is reported.
+    pub fn named(mut self, pipeline: impl Into<String>, step: impl Into<String>) -> Then<F> {
+        self.names = Some((pipeline.into(), step.into()));
+        self
+    }
+
+    /// Marks this step the pipeline's last: a run whose work is done here is `completed` (and
+    /// one that returns [`NOTHING`] here too), where at any other step [`NOTHING`] ends it
+    /// `ended_early`. Reported only for a step given [`named`](Self::named).
+    pub fn last(mut self) -> Then<F> {
+        self.last = true;
+        self
+    }
+
+    /// Reports a run of `consumed` that ended here, if this step has names.
+    fn ended(&self, consumed: &Message, outcome: PipelineOutcome) {
+        let Some((pipeline, step)) = &self.names else {
+            return;
+        };
+        let age_ms = u64::try_from(now_ms().saturating_sub(consumed.envelope.first_seen_ms));
+        self.publisher.observer().pipeline_run(&PipelineRun {
+            pipeline,
+            step,
+            outcome,
+            duration: std::time::Duration::from_millis(age_ms.unwrap_or(0)),
+        });
+    }
+
     /// The message to publish for what the step produced.
     fn next_message(&self, consumed: &Message, next: Next) -> Result<Option<Message>> {
         let message = match next {
@@ -145,13 +192,24 @@ where
     fn handle(&self, m: &Message) -> HandlerResult {
         let next = (self.step)(m)?;
         let Some(message) = self.next_message(m, next)? else {
+            let outcome = if self.last {
+                PipelineOutcome::Completed
+            } else {
+                PipelineOutcome::EndedEarly
+            };
+            self.ended(m, outcome);
             return Ok(Outcome::Accept);
         };
         match self
             .publisher
             .publish_routed(&self.exchange, &self.routing_key, message)
         {
-            Ok(()) => Ok(Outcome::Accept),
+            Ok(()) => {
+                if self.last {
+                    self.ended(m, PipelineOutcome::Completed);
+                }
+                Ok(Outcome::Accept)
+            }
             Err(e) => Ok(Outcome::retry(format!(
                 "acemq: the work for message {} is done but the next message did not go out: {e}",
                 m.id()

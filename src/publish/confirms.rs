@@ -8,7 +8,7 @@ use crossbeam_channel::{never, select, Receiver};
 
 use super::state::{channel_failure, fail_all, Control, Shared};
 use crate::error::Error;
-use crate::observe::PublishOutcome;
+use crate::observe::{PublishEvent, PublishOutcome};
 
 /// The confirm thread: matches confirms and returns to pending publishes.
 pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
@@ -145,26 +145,30 @@ fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
         shared.room.notify_all();
     }
     for (p, acked) in done {
-        let (outcome, result) = match (acked, p.returned) {
-            (true, None) => (PublishOutcome::Confirmed, Ok(())),
-            (true, Some((reply_code, reply_text))) => (
-                PublishOutcome::Unroutable,
-                Err(Error::Unroutable {
-                    exchange: p.exchange.clone(),
-                    routing_key: p.routing_key,
-                    message_id: p.message_id,
-                    reply_code,
-                    reply_text,
-                }),
-            ),
-            (false, _) => (
-                PublishOutcome::Nacked,
-                Err(Error::Nacked {
-                    message_id: p.message_id,
-                }),
-            ),
+        let outcome = match (acked, &p.returned) {
+            (true, None) => PublishOutcome::Confirmed,
+            (true, Some(_)) => PublishOutcome::Unroutable,
+            (false, _) => PublishOutcome::Nacked,
         };
-        shared.observer.published(&p.exchange, outcome);
+        shared.observer.publish_answered(&PublishEvent {
+            exchange: &p.exchange,
+            routing_key: &p.routing_key,
+            outcome,
+            duration: Some(p.started.elapsed()),
+        });
+        let result = match (acked, p.returned) {
+            (true, None) => Ok(()),
+            (true, Some((reply_code, reply_text))) => Err(Error::Unroutable {
+                exchange: p.exchange.clone(),
+                routing_key: p.routing_key,
+                message_id: p.message_id,
+                reply_code,
+                reply_text,
+            }),
+            (false, _) => Err(Error::Nacked {
+                message_id: p.message_id,
+            }),
+        };
         crate::intercept::tell_answered(p.answered, &result);
         let _ = p.reply.send(result);
     }

@@ -15,7 +15,7 @@ use super::ticket::Ticket;
 use crate::connection::Reservation;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
-use crate::observe::{Observer, PublishOutcome};
+use crate::observe::{Observer, PublishEvent, PublishOutcome};
 
 impl Publisher {
     pub(super) fn publish_deferred_inner(
@@ -26,6 +26,7 @@ impl Publisher {
         mandatory: bool,
         answered: Vec<crate::intercept::AnswerListener>,
     ) -> Result<Ticket> {
+        let started = Instant::now();
         let mut span = prepare(exchange, routing_key, &mut message)?;
         let connection = &self.inner.connection;
         let fits = check_message_fits(
@@ -47,6 +48,7 @@ impl Publisher {
             message_id: message.envelope.id.clone(),
             exchange: exchange.to_string(),
             routing_key: routing_key.to_string(),
+            started,
             returned: None,
             reply: tx,
             answered,
@@ -204,7 +206,12 @@ impl Publisher {
             }
             drop(state);
             if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
-                shared.observer.published(exchange, PublishOutcome::Failed);
+                shared.observer.publish_answered(&PublishEvent {
+                    exchange,
+                    routing_key,
+                    outcome: PublishOutcome::Failed,
+                    duration: pending.as_ref().map(|p| p.started.elapsed()),
+                });
                 return Err(err);
             }
             if pending.is_none() || Instant::now() >= deadline {
@@ -266,12 +273,18 @@ pub(crate) fn send_unconfirmed(
     publish: Publish<'_>,
     observer: &dyn Observer,
 ) -> std::result::Result<(), crate::transport::AmqpError> {
+    let routing_key = publish.routing_key.clone();
     let sent = channel.basic_publish(exchange, publish);
     let outcome = match sent {
         Ok(()) => PublishOutcome::Unconfirmed,
         Err(_) => PublishOutcome::Failed,
     };
-    observer.published(exchange, outcome);
+    observer.publish_answered(&PublishEvent {
+        exchange,
+        routing_key: &routing_key,
+        outcome,
+        duration: None,
+    });
     sent
 }
 

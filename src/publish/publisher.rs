@@ -156,6 +156,11 @@ impl Publisher {
         &self.inner.codec
     }
 
+    /// The connection's observer, which this publisher reports to.
+    pub(crate) fn observer(&self) -> &Arc<dyn crate::observe::Observer> {
+        &self.inner.shared.observer
+    }
+
     /// Hands the message over and returns a [`Ticket`] for the answer, so a caller can publish a
     /// batch and wait once. Waits only for room in the window and, while the connection
     /// recovers, for a channel.

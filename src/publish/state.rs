@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Reservation;
 use crate::error::{Error, Result};
-use crate::observe::{Observer, PublishOutcome};
+use crate::observe::{Observer, PublishEvent, PublishOutcome};
 
 /// What the confirm thread and callers share.
 pub(super) struct Shared {
@@ -42,6 +42,8 @@ pub(super) struct Pending {
     pub(super) message_id: String,
     pub(super) exchange: String,
     pub(super) routing_key: String,
+    /// When the call began (`acemq.publish.duration` runs from here to the answer).
+    pub(super) started: std::time::Instant,
     pub(super) returned: Option<(u16, String)>,
     pub(super) reply: oneshot::Sender<Result<()>>,
     /// Publish interceptors' listeners for the answer.
@@ -117,7 +119,12 @@ pub(super) fn fail_all(
     error: impl Fn(&Pending) -> Error,
 ) {
     for (_, p) in std::mem::take(&mut state.pending) {
-        observer.published(&p.exchange, PublishOutcome::Failed);
+        observer.publish_answered(&PublishEvent {
+            exchange: &p.exchange,
+            routing_key: &p.routing_key,
+            outcome: PublishOutcome::Failed,
+            duration: Some(p.started.elapsed()),
+        });
         let failed = Err(error(&p));
         crate::intercept::tell_answered(p.answered, &failed);
         let _ = p.reply.send(failed);

@@ -302,7 +302,12 @@ impl Inner {
     /// The broker returned a request as unroutable: its call fails at once.
     pub(super) fn returned(&self, r: Return) {
         self.observer
-            .published(&r.exchange, PublishOutcome::Unroutable);
+            .publish_answered(&crate::observe::PublishEvent {
+                exchange: &r.exchange,
+                routing_key: &r.routing_key,
+                outcome: PublishOutcome::Unroutable,
+                duration: None,
+            });
         let correlation = returned_header(&r, headers::CORRELATION);
         let slot = self.state.lock().pending.remove(&correlation);
         match slot {

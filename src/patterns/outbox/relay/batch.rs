@@ -217,6 +217,8 @@ impl Core {
                     counted.push(r.id);
                     self.observer.outbox(&OutboxEvent::Failed {
                         id: r.id,
+                        exchange: &r.exchange,
+                        routing_key: &r.routing_key,
                         attempts: r.attempts + 1,
                         error: &error,
                     });
