@@ -242,6 +242,7 @@ mod error;
 #[cfg(feature = "internals")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod health;
 pub mod intercept;
 mod names;
 pub mod observe;

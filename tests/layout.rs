@@ -26,6 +26,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "codecs/",
             "observe.rs",
             "observe/",
+            "health.rs",
+            "health/",
         ],
     ),
     (

@@ -30,6 +30,7 @@ mod address;
 mod budget;
 mod connect;
 mod handle;
+mod health;
 mod link;
 mod options;
 mod shared;

@@ -49,6 +49,10 @@ pub(super) fn finished_in(batch: &[Settle], generation: u64) -> usize {
 /// A delivery of subscription `generation` was settled: one fewer in flight.
 pub(super) fn gone(ctx: &Context, generation: u64) {
     ctx.in_flight.gone(generation);
+    ctx.last_settled_ms.store(
+        crate::envelope::now_ms(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next

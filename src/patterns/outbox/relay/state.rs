@@ -28,6 +28,8 @@ pub(super) struct Core {
     pub(super) sweeps: AtomicU64,
     pub(super) failed_sweeps: AtomicU64,
     pub(super) published: AtomicU64,
+    /// What its health report reads.
+    pub(super) health: Mutex<super::health::RelayStats>,
 }
 
 impl Drop for Core {
@@ -51,6 +53,7 @@ impl Core {
         if result.is_err() {
             self.failed_sweeps.fetch_add(1, Ordering::SeqCst);
         }
+        self.health.lock().last_error = result.as_ref().err().map(ToString::to_string);
         result
     }
 
@@ -122,6 +125,7 @@ impl Core {
         let lag = Duration::from_millis(
             u64::try_from(now_ms().saturating_sub(r.created_ms)).unwrap_or(0),
         );
+        self.health.lock().last_lag = Some(lag);
         self.observer.outbox(&OutboxEvent::Published {
             id: r.id,
             exchange: &r.exchange,
