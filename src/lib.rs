@@ -83,6 +83,7 @@
 //! | `opentelemetry` | no | OpenTelemetry spans as the family names them (the W3C headers are carried without it too) |
 //! | `encryption` | no | `codecs::encrypted`: the family's AES-GCM codec and its keys |
 //! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`] |
+//! | `actuator` | no | `actuator`: the family's `/acemq-health`, `/acemq-info` and `/acemq-metrics` on a small blocking listener (`tiny_http`, `metrics-exporter-prometheus`); turns on `metrics` |
 //! | `test-ca` | no | `test_ca`: a development certificate authority for TLS tests (`rcgen`) |
 //! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received`, `MemoryBroker`; turns on `memory` |
 //! | `memory` | no | `memory://name`: an in-process broker for tests without RabbitMQ (`testing::MemoryBroker` gives its faults) |
@@ -232,6 +233,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "actuator")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actuator")))]
+pub mod actuator;
 mod codec;
 pub mod codecs;
 mod connection;

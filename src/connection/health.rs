@@ -146,3 +146,14 @@ impl Connection {
         report
     }
 }
+
+impl Connection {
+    /// The address of the current link (its password never shown), or `None` while not
+    /// connected.
+    pub(crate) fn current_address(&self) -> Option<String> {
+        match &*self.shared.state.lock() {
+            LinkState::Up(link) => Some(link.address.clone()),
+            _ => None,
+        }
+    }
+}
