@@ -64,6 +64,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "patterns/outbox/mod.rs",
         ],
     ),
+    // What a service exposes about itself (feature `actuator`): it reads every layer below.
+    ("service", &["actuator/"]),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 

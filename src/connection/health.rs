@@ -1,45 +1,14 @@
 //! [`Connection::health`]: the broker link's report (connected, blocked, reconnects), the
 //! registered sources' (running consumers and relays), the application's checks; and what the
-//! supervisor records for it.
+//! supervisor records for it (`health_state.rs`).
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-
-use parking_lot::Mutex;
+use std::time::Duration;
 
 use super::handle::Connection;
 use super::shared::LinkState;
 use crate::error::Result;
-use crate::health::{
-    rfc3339, AppChecks, Health, HealthReport, HealthSource, HealthSources, HealthStatus, Registered,
-};
-
-/// What the connection keeps for its health answer.
-#[derive(Default)]
-pub(crate) struct HealthState {
-    pub(crate) sources: HealthSources,
-    checks: AppChecks,
-    /// When the link last came back, and when it was last lost.
-    reconnects: Mutex<Reconnects>,
-}
-
-#[derive(Default)]
-struct Reconnects {
-    last_reconnect: Option<SystemTime>,
-    lost_at: Option<SystemTime>,
-}
-
-impl HealthState {
-    /// The supervisor brought a new link up.
-    pub(super) fn reconnected(&self) {
-        self.reconnects.lock().last_reconnect = Some(SystemTime::now());
-    }
-
-    /// The supervisor saw the link drop.
-    pub(super) fn lost(&self) {
-        self.reconnects.lock().lost_at = Some(SystemTime::now());
-    }
-}
+use crate::health::{rfc3339, Health, HealthReport, HealthSource, HealthStatus, Registered};
 
 impl Connection {
     /// How this connection and what runs on it are doing, as the family reports it: the broker

@@ -31,6 +31,7 @@ mod budget;
 mod connect;
 mod handle;
 mod health;
+mod health_state;
 mod link;
 mod options;
 mod shared;

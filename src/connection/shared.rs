@@ -30,7 +30,7 @@ pub(crate) struct Shared {
     pub(super) control: Sender<Control>,
     /// What [`Connection::health`](super::Connection::health) reads beside the link state: the
     /// registered sources, the application's checks, the reconnects.
-    pub(crate) health: super::health::HealthState,
+    pub(crate) health: super::health_state::HealthState,
     pub(super) supervisor: Mutex<Option<Supervisor>>,
 }
 

@@ -3,21 +3,10 @@
 //! error, against the thresholds of its options.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::state::Core;
 use crate::health::{HealthReport, HealthSource, HealthStatus};
-
-/// What the relay last learned, kept for its health report.
-#[derive(Default)]
-pub(super) struct RelayStats {
-    /// Records waiting and the age of the oldest, when the backlog was last counted.
-    pub(super) backlog: Option<(u64, Option<Duration>, Instant)>,
-    /// From commit to confirm, for the last record published.
-    pub(super) last_lag: Option<Duration>,
-    /// The last sweep's error, until a sweep succeeds.
-    pub(super) last_error: Option<String>,
-}
 
 /// What a running relay shows in [`Connection::health`](crate::Connection::health).
 pub(super) struct RelayHealth {

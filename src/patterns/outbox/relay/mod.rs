@@ -89,7 +89,7 @@ impl OutboxRelay {
                 sweeps: AtomicU64::new(0),
                 failed_sweeps: AtomicU64::new(0),
                 published: AtomicU64::new(0),
-                health: Mutex::new(health::RelayStats::default()),
+                health: Mutex::new(state::RelayStats::default()),
             }),
         })
     }
