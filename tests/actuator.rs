@@ -206,3 +206,12 @@ fn a_hanging_check_holds_the_answer_only_to_its_deadline() {
     assert_eq!(health["parts"]["broker"]["status"], "up");
     running.close().unwrap();
 }
+
+#[test]
+fn the_actuator_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Actuator>();
+    send_sync::<acemq_amqp::actuator::RunningActuator>();
+    send_sync::<ActuatorOptions>();
+    send_sync::<acemq_amqp::health::Health>();
+}

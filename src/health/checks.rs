@@ -86,7 +86,7 @@ impl AppChecks {
     pub(crate) fn run_all(&self) -> Vec<(String, HealthReport)> {
         let checks: Vec<Arc<Check>> = self.checks.lock().clone();
         // Start them all first, then wait: the whole answer takes the longest deadline.
-        let runs: Vec<(Arc<Check>, std::result::Result<Arc<Run>, HealthReport>)> = checks
+        let runs: Vec<(Arc<Check>, Started)> = checks
             .into_iter()
             .map(|c| {
                 let run = start(&c);
@@ -105,9 +105,12 @@ impl AppChecks {
     }
 }
 
+/// A run started, or the report of why none was.
+type Started = std::result::Result<Arc<Run>, HealthReport>;
+
 /// Starts a run of `check` on a thread, unless one is still under way (then `Err` with the
 /// report that says so).
-fn start(check: &Arc<Check>) -> std::result::Result<Arc<Run>, HealthReport> {
+fn start(check: &Arc<Check>) -> Started {
     let mut current = check.current.lock();
     if let Some(run) = current.as_ref() {
         if run.result.lock().is_none() {
