@@ -152,6 +152,8 @@
 //! | [`patterns::replay::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::routing_slip::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
 //! | [`patterns::saga::Saga`] | yes | yes | none: runs on the caller's thread |
+//! | `actuator::RunningActuator` (feature `actuator`) | yes | yes | `acemq-actuator` (hands requests over), four `acemq-actuator-N` (answer), `tiny_http`'s own threads reading the sockets |
+//! | [`Connection::health`] | — | — | one `acemq-health-check` per application check while a run of it is under way (not started again while one hangs) |
 //! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
 //! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |
 //!
