@@ -216,3 +216,31 @@ fn a_check_that_panics_is_down_saying_so() {
     assert_eq!(r.status, HealthStatus::Down);
     assert!(r.detail.contains("the cache is gone"), "{}", r.detail);
 }
+
+#[test]
+fn each_member_of_a_consumer_group_appears_as_a_consumer_until_the_group_closes() {
+    use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("health-group"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(2))
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::Accept))
+        .unwrap();
+    let health = conn.health();
+    for k in 1..=2 {
+        let name = format!("consumer:{q}#{k}");
+        let member = health
+            .component(&name)
+            .unwrap_or_else(|| panic!("{name} in {health:?}"));
+        assert_eq!(member.parts["subscribed"], true);
+    }
+    group.close().unwrap();
+    let health = conn.health();
+    assert!(
+        !health.components.iter().any(|(n, _)| n.contains(&q)),
+        "{}",
+        health.to_json()
+    );
+}
