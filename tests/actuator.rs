@@ -215,3 +215,37 @@ fn the_actuator_types_are_send_and_sync() {
     send_sync::<ActuatorOptions>();
     send_sync::<acemq_amqp::health::Health>();
 }
+
+#[test]
+fn clients_that_never_finish_their_request_do_not_stop_the_actuator_answering() {
+    use std::io::Write;
+    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
+    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
+        .unwrap()
+        .start()
+        .unwrap();
+    let addr = running.local_addr();
+    // Twenty clients that send half a request and then nothing (slowloris), and one that sends
+    // a whole request and never reads the answer.
+    let mut slow = Vec::new();
+    for _ in 0..20 {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /acemq-health HTTP/1.1\r\nHost: x\r\n")
+            .unwrap();
+        slow.push(s);
+    }
+    let mut deaf = std::net::TcpStream::connect(addr).unwrap();
+    deaf.write_all(b"GET /acemq-metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    slow.push(deaf);
+    let asked = Instant::now();
+    let (status, body) = get(addr, "/acemq-health");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    drop(slow);
+    running.close().unwrap();
+}

@@ -38,6 +38,10 @@
 //! that do not read, or waiting for health checks under their deadlines) a request is answered
 //! `503` at once by `acemq-actuator` itself, so a slow client never stops the actuator from
 //! answering. [`RunningActuator::close`] stops and joins them.
+//!
+//! `tiny_http` sets no socket timeouts: a client that opens a connection and never finishes its
+//! request holds one of `tiny_http`'s pool threads until it goes away (the actuator keeps
+//! answering others). Another reason to keep it on loopback or a port only the probes reach.
 
 mod options;
 
