@@ -24,7 +24,15 @@
 //! ```
 //!
 //! A component reports through a [`HealthSource`]: the connection holds each one as a `Weak`
-//! reference, so a consumer or relay appears while it runs and drops out when it is closed.
+//! reference, so a consumer or relay appears while it runs and drops out when it is closed. A
+//! started consumer is listed (`Consumer::start`, and what runs on one: a consumer group's
+//! members, a responder, a stream reader, a scheduler's control consumer); a `Consumer::run` on
+//! the caller's thread is not.
+//!
+//! Where the family differs, this follows Python: its lower-case words and `parts` (Java writes
+//! Spring Boot's `UP`/`DOWN` with `components` and `details`), and its snake_case keys (Go's
+//! are camelCase). A blocked connection is `degraded` here; Go and Java report it `up` with the
+//! reason, .NET as degraded only through a check the application registers.
 
 mod checks;
 mod report;

@@ -230,8 +230,9 @@ fn typed(
 impl Serving {
     fn answer(&self, request: tiny_http::Request) {
         let path = request.url().split('?').next().unwrap_or("").to_string();
-        let response = if *request.method() != tiny_http::Method::Get {
-            text(405, "only GET\n")
+        let method = request.method();
+        let response = if *method != tiny_http::Method::Get && *method != tiny_http::Method::Head {
+            text(405, "only GET and HEAD\n")
         } else {
             match path.as_str() {
                 "/acemq-health" => {
@@ -247,7 +248,10 @@ impl Serving {
                     ),
                     None => text(404, "no Prometheus recorder configured\n"),
                 },
-                _ => text(404, "not found\n"),
+                _ => text(
+                    404,
+                    "nothing here; try /acemq-health, /acemq-info or /acemq-metrics\n",
+                ),
             }
         };
         if let Err(e) = request.respond(response) {
