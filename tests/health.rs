@@ -244,3 +244,33 @@ fn each_member_of_a_consumer_group_appears_as_a_consumer_until_the_group_closes(
         health.to_json()
     );
 }
+
+#[test]
+fn a_consumer_stopped_through_its_handle_is_degraded_until_it_is_closed() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("health-stopped"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(|_: &Message| Ok(Outcome::Accept))
+        .unwrap();
+    let name = format!("consumer:{q}");
+    consumer.stop_handle().stop();
+    assert!(eventually(Duration::from_secs(10), || {
+        consumer.is_finished()
+            && conn
+                .health()
+                .component(&name)
+                .is_some_and(|r| r.detail.contains("has stopped"))
+    }));
+    let health = conn.health();
+    let report = health.component(&name).expect("listed until closed");
+    assert_eq!(report.status, HealthStatus::Degraded, "{report:?}");
+    assert_eq!(report.parts["subscribed"], false);
+    assert!(report.detail.contains("stopped"), "{}", report.detail);
+    assert_eq!(health.status, HealthStatus::Degraded);
+    let _ = consumer.wait();
+    assert!(conn.health().component(&name).is_none());
+}

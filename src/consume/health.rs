@@ -34,8 +34,10 @@ impl HealthSource for ConsumerHealth {
         let age = (last > 0).then(|| u64::try_from(now_ms().saturating_sub(last)).unwrap_or(0));
         let ended = self.ended.load(Ordering::SeqCst);
         let mut report = if ended {
-            HealthReport::down(
-                "the consumer has ended (stopped or failed); nothing reads the queue",
+            // Degraded, as the family reports a stopped consumer: the connection works, nothing
+            // reads this queue.
+            HealthReport::degraded(
+                "the consumer has stopped (stopped or failed); nothing reads the queue",
             )
         } else if subscribed {
             HealthReport::up()
