@@ -42,6 +42,10 @@
 //! * [`observe`]: the [`Observer`](observe::Observer) hook and the family's metric names; with the `metrics`
 //!   feature, `observe::MetricsObserver` records them through the `metrics` crate facade for
 //!   any exporter (Prometheus and the like).
+//! * [`health`]: [`Connection::health`] — the broker link, running consumers and relays, the
+//!   application's checks under deadlines; `up` / `degraded` / `down` and the family's JSON.
+//!   With the `actuator` feature, `actuator::Actuator` serves it on `/acemq-health` beside
+//!   `/acemq-info` and `/acemq-metrics`.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::request_reply::Requester`], [`patterns::request_reply::Responder`]), the
