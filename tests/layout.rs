@@ -26,6 +26,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "codecs/",
             "observe.rs",
             "observe/",
+            "health.rs",
+            "health/",
         ],
     ),
     (
@@ -62,6 +64,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "patterns/outbox/mod.rs",
         ],
     ),
+    // What a service exposes about itself (feature `actuator`): it reads every layer below.
+    ("service", &["actuator/"]),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 

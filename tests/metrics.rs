@@ -1,5 +1,5 @@
 //! `MetricsObserver` through the `metrics` facade into the Prometheus exporter, scraped over
-//! loopback from the endpoint the `advanced_metrics` example serves. Its own test binary: it
+//! loopback from the endpoint the `advanced_health_and_metrics` example serves. Its own test binary: it
 //! installs the process's metrics recorder.
 
 mod support;
@@ -158,7 +158,7 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
             "--quiet",
             "--all-features",
             "--example",
-            "advanced_metrics",
+            "advanced_health_and_metrics",
             "--message-format",
             "short",
         ])
@@ -169,7 +169,7 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|_| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target"));
-    let exe = target.join("debug/examples/advanced_metrics");
+    let exe = target.join("debug/examples/advanced_health_and_metrics");
     // Port 0: the example prints the address it bound.
     let mut child = std::process::Command::new(&exe)
         .args(["127.0.0.1:0", "60"])
@@ -208,7 +208,7 @@ fn the_metrics_example_serves_every_family_name_on_its_endpoint() {
     ];
     let mut text = String::new();
     let complete = eventually(Duration::from_secs(60), || {
-        text = prometheus_http::scrape(addr).unwrap_or_default();
+        text = prometheus_http::scrape_path(addr, "/acemq-metrics").unwrap_or_default();
         wanted.iter().all(|name| !samples(&text, name).is_empty())
     });
     let _ = child.kill();

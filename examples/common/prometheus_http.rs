@@ -1,6 +1,7 @@
 //! A Prometheus scrape endpoint on a std `TcpListener`: `GET /metrics` answers the recorder's
 //! text, anything else 404. No async runtime; one short-lived connection at a time, each read
-//! bounded (8 KiB, 5 s). Shared by the `advanced_metrics` example and the scrape test.
+//! bounded (8 KiB, 5 s). Used by the scrape test (`tests/metrics.rs`); `scrape_path` also reads the
+//! `advanced_health_and_metrics` example's `/acemq-metrics`.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -65,11 +66,16 @@ fn answer(mut s: TcpStream, handle: &PrometheusHandle) -> std::io::Result<()> {
 
 /// Scrapes `http://{addr}/metrics` over loopback (what Prometheus does), with deadlines.
 pub fn scrape(addr: std::net::SocketAddr) -> std::io::Result<String> {
+    scrape_path(addr, "/metrics")
+}
+
+/// `GET path` on `addr`: the body of a 200 answer.
+pub fn scrape_path(addr: std::net::SocketAddr, path: &str) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;

@@ -85,6 +85,7 @@ impl Connection {
             topology: Mutex::new(Topology::default()),
             blocked: Arc::default(),
             control,
+            health: super::health_state::HealthState::default(),
             supervisor: Mutex::new(None),
         });
         let weak = Arc::downgrade(&shared);

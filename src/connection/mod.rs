@@ -30,6 +30,8 @@ mod address;
 mod budget;
 mod connect;
 mod handle;
+mod health;
+mod health_state;
 mod link;
 #[cfg(any(feature = "tls", feature = "test-ca"))]
 mod marker;

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     /// unblocks or the link is replaced.
     pub(crate) blocked: Arc<Mutex<Option<String>>>,
     pub(super) control: Sender<Control>,
+    /// What [`Connection::health`](super::Connection::health) reads beside the link state: the
+    /// registered sources, the application's checks, the reconnects.
+    pub(crate) health: super::health_state::HealthState,
     pub(super) supervisor: Mutex<Option<Supervisor>>,
 }
 

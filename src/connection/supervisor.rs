@@ -55,7 +55,7 @@ pub(super) fn supervise(
             None => "closed".to_string(),
         };
         match weak.upgrade() {
-            Some(shared) if set_down(&shared, &reason) => {}
+            Some(shared) if set_down(&shared, &reason) => shared.health.lost(),
             _ => return,
         }
         observer.connection(&ConnectionEvent::Lost {
@@ -148,6 +148,7 @@ fn reconnect(
                 *state = LinkState::Up(new.clone());
                 shared.changed.notify_all();
                 drop(state);
+                shared.health.reconnected();
                 observer.connection(&ConnectionEvent::Connected {
                     address: &new.address,
                     generation,

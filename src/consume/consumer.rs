@@ -108,6 +108,7 @@ impl Connection {
             ack_first_wait: options
                 .ack_first_wait
                 .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),
+            last_settled_ms: std::sync::atomic::AtomicI64::new(0),
         });
         Ok(Consumer {
             ctx,

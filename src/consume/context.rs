@@ -62,6 +62,8 @@ pub(crate) struct Context {
     pub(crate) replies: Option<Arc<dyn ReplyHooks>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out.
     pub(crate) ack_first_wait: Duration,
+    /// When a delivery was last settled (ms since the epoch; 0: none yet), for its health.
+    pub(crate) last_settled_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Context {

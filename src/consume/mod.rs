@@ -82,6 +82,7 @@ mod consumer;
 mod context;
 pub(crate) mod copies;
 mod copy_failures;
+mod health;
 mod options;
 mod ordered;
 mod outcome;

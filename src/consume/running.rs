@@ -2,17 +2,21 @@
 //! by [`RunningConsumer::close`] (or dropped).
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Receiver;
 
 use super::consumer::{check_inline, Consumer};
+use super::health::ConsumerHealth;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
 use super::runtime::run_on;
 use crate::connection::Connection;
 use crate::error::{panic_message, Error, Result};
+use crate::health::Registered;
 use crate::stop::StopHandle;
 
 impl Connection {
@@ -52,9 +56,12 @@ impl Consumer {
         let ctx = self.ctx.clone();
         let stop_rx = self.stop_rx.clone();
         let concurrency = self.concurrency;
+        let ended = Arc::new(AtomicBool::new(false));
+        let ended_on_thread = EndedOnDrop(ended.clone());
         let thread = std::thread::Builder::new()
             .name(ctx.thread_name("acemq-consumer"))
             .spawn(move || {
+                let _ended = ended_on_thread;
                 // The report goes out on `done_tx` as soon as the owner is done; this returns
                 // after every worker has ended. A failure that reached neither sender (a
                 // thread that could not be spawned, a panic) goes out on `done_tx` too.
@@ -92,11 +99,21 @@ impl Consumer {
                 source: e,
             })?;
         match started_rx.recv() {
-            Ok(Ok(())) => Ok(RunningConsumer {
-                consumer: self,
-                thread: Some(thread),
-                done: done_rx,
-            }),
+            Ok(Ok(())) => {
+                let health = self
+                    .ctx
+                    .connection
+                    .register_health(Arc::new(ConsumerHealth {
+                        ctx: self.ctx.clone(),
+                        ended,
+                    }));
+                Ok(RunningConsumer {
+                    consumer: self,
+                    thread: Some(thread),
+                    done: done_rx,
+                    _health: health,
+                })
+            }
             Ok(Err(e)) => {
                 let _ = thread.join();
                 Err(e)
@@ -120,6 +137,17 @@ pub struct RunningConsumer {
     consumer: Consumer,
     thread: Option<JoinHandle<()>>,
     done: Receiver<Result<CloseReport>>,
+    /// Lists it in [`Connection::health`](crate::Connection::health) while it lives.
+    _health: Registered,
+}
+
+/// Sets the consumer's health flag when its thread ends, however it ends.
+struct EndedOnDrop(Arc<AtomicBool>);
+
+impl Drop for EndedOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for RunningConsumer {

@@ -53,6 +53,10 @@ pub(super) fn gone(ctx: &Context, generation: u64) {
         queue: &ctx.queue,
         in_flight: ctx.in_flight.count(),
     });
+    ctx.last_settled_ms.store(
+        crate::envelope::now_ms(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next

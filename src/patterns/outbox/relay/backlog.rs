@@ -49,12 +49,16 @@ impl Backlog {
 impl Core {
     fn report_backlog(&self) {
         match self.store.stats() {
-            Ok(stats) => self.observer.outbox(&OutboxEvent::Backlog {
-                pending: stats.pending,
-                oldest_age: stats.oldest_created_ms.map(|c| {
+            Ok(stats) => {
+                let oldest_age = stats.oldest_created_ms.map(|c| {
                     Duration::from_millis(u64::try_from(now_ms().saturating_sub(c)).unwrap_or(0))
-                }),
-            }),
+                });
+                self.health.lock().backlog = Some((stats.pending, oldest_age, Instant::now()));
+                self.observer.outbox(&OutboxEvent::Backlog {
+                    pending: stats.pending,
+                    oldest_age,
+                });
+            }
             Err(e) => log::warn!("acemq: reading the outbox backlog: {e}"),
         }
     }

@@ -15,6 +15,7 @@ use state::Core;
 
 mod backlog;
 mod batch;
+mod health;
 mod options;
 mod state;
 mod sweep;
@@ -88,6 +89,7 @@ impl OutboxRelay {
                 sweeps: AtomicU64::new(0),
                 failed_sweeps: AtomicU64::new(0),
                 published: AtomicU64::new(0),
+                health: Mutex::new(state::RelayStats::default()),
             }),
         })
     }
@@ -129,10 +131,16 @@ impl OutboxRelay {
                 context: "spawning the outbox relay thread".into(),
                 source: e,
             })?;
+        let health = core
+            .connection
+            .register_health(Arc::new(health::RelayHealth {
+                core: Arc::clone(&core),
+            }));
         Ok(RunningRelay {
             core,
             stop,
             thread: Some(thread),
+            _health: health,
         })
     }
 
@@ -160,6 +168,8 @@ pub struct RunningRelay {
     core: Arc<Core>,
     stop: Sender<()>,
     thread: Option<JoinHandle<()>>,
+    /// Lists it in [`Connection::health`] while it lives.
+    _health: crate::health::Registered,
 }
 
 impl std::fmt::Debug for RunningRelay {

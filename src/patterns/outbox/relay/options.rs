@@ -19,6 +19,9 @@ use crate::error::{Error, Result};
 pub struct OutboxRelayOptions {
     pub(super) interval: Duration,
     pub(super) batch_size: usize,
+    pub(super) health_backlog: u64,
+    pub(super) health_oldest_pending: Duration,
+    pub(super) health_lag: Duration,
 }
 
 impl Default for OutboxRelayOptions {
@@ -26,6 +29,9 @@ impl Default for OutboxRelayOptions {
         OutboxRelayOptions {
             interval: Duration::from_millis(500),
             batch_size: 100,
+            health_backlog: 10_000,
+            health_oldest_pending: Duration::from_secs(300),
+            health_lag: Duration::from_secs(60),
         }
     }
 }
@@ -52,6 +58,31 @@ impl OutboxRelayOptions {
     #[must_use]
     pub fn batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
+        self
+    }
+
+    /// Past how many records waiting in the outbox (as last counted) a running relay reports
+    /// itself `degraded` in [`Connection::health`](crate::Connection::health). Defaults to
+    /// 10,000.
+    #[must_use]
+    pub fn health_backlog_threshold(mut self, records: u64) -> Self {
+        self.health_backlog = records;
+        self
+    }
+
+    /// Past how old the oldest waiting record may be before a running relay reports itself
+    /// `degraded`. Defaults to 5 minutes.
+    #[must_use]
+    pub fn health_oldest_pending_threshold(mut self, age: Duration) -> Self {
+        self.health_oldest_pending = age;
+        self
+    }
+
+    /// Past how long from its commit to its confirm the last published record may have taken
+    /// (its lag) before a running relay reports itself `degraded`. Defaults to 60 s.
+    #[must_use]
+    pub fn health_lag_threshold(mut self, lag: Duration) -> Self {
+        self.health_lag = lag;
         self
     }
 

@@ -15,6 +15,17 @@ use crate::observe::{Observer, OutboxEvent};
 use crate::patterns::outbox::store::{OutboxRecord, OutboxStore};
 use crate::publish::{Publisher, PublisherOptions};
 
+/// What the relay last learned, kept for its health report.
+#[derive(Default)]
+pub(super) struct RelayStats {
+    /// Records waiting and the age of the oldest, when the backlog was last counted.
+    pub(super) backlog: Option<(u64, Option<Duration>, Instant)>,
+    /// From commit to confirm, for the last record published.
+    pub(super) last_lag: Option<Duration>,
+    /// The last sweep's error, until a sweep succeeds.
+    pub(super) last_error: Option<String>,
+}
+
 /// A relay's state: one per relay, shared by the [`OutboxRelay`](super::OutboxRelay) or
 /// [`RunningRelay`](super::RunningRelay) and the sweeper thread.
 pub(super) struct Core {
@@ -28,6 +39,8 @@ pub(super) struct Core {
     pub(super) sweeps: AtomicU64,
     pub(super) failed_sweeps: AtomicU64,
     pub(super) published: AtomicU64,
+    /// What its health report reads.
+    pub(super) health: Mutex<RelayStats>,
 }
 
 impl Drop for Core {
@@ -51,6 +64,7 @@ impl Core {
         if result.is_err() {
             self.failed_sweeps.fetch_add(1, Ordering::SeqCst);
         }
+        self.health.lock().last_error = result.as_ref().err().map(ToString::to_string);
         result
     }
 
@@ -122,6 +136,7 @@ impl Core {
         let lag = Duration::from_millis(
             u64::try_from(now_ms().saturating_sub(r.created_ms)).unwrap_or(0),
         );
+        self.health.lock().last_lag = Some(lag);
         self.observer.outbox(&OutboxEvent::Published {
             id: r.id,
             exchange: &r.exchange,

@@ -1,23 +1,27 @@
-//! Metrics for Prometheus: a `MetricsObserver` on the connection, the `metrics-exporter-prometheus`
-//! recorder, and a scrape endpoint on a std `TcpListener` (no async runtime).
+//! Health and metrics as the family serves them: a `MetricsObserver` on the connection, the
+//! `metrics-exporter-prometheus` recorder, and the actuator (feature `actuator`) serving
+//! `/acemq-health`, `/acemq-info` and `/acemq-metrics` on a small blocking listener (no async
+//! runtime), with one application check of its own.
 //!
 //! ```text
-//! cargo run --example advanced_metrics --features metrics -- 127.0.0.1:9464 30
-//! curl -s http://127.0.0.1:9464/metrics | grep acemq_
+//! cargo run --example advanced_health_and_metrics --features actuator -- 127.0.0.1:9464 30
+//! curl -s http://127.0.0.1:9464/acemq-metrics | grep acemq_
+//! curl -s http://127.0.0.1:9464/acemq-health
 //! ```
 //!
 //! It publishes, consumes, relays an outbox record and makes a request/reply round trip so that
-//! every family name has a sample, then serves for the given seconds (default 30) and exits.
+//! every family name has a sample, prints the health JSON, then serves for the given seconds
+//! (default 30) and exits.
 
 #[path = "common/fail.rs"]
 mod fail;
-#[path = "common/prometheus_http.rs"]
-mod prometheus_http;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use acemq_amqp::actuator::{install_prometheus_recorder, Actuator, ActuatorOptions};
+use acemq_amqp::health::HealthReport;
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::patterns::outbox::{
     record_message, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions,
@@ -39,19 +43,29 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into());
 
     // 1. The recorder, before anything records.
-    let handle = prometheus_http::install();
-    let listener = std::net::TcpListener::bind(&listen)
-        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
-    let addr = listener.local_addr()?;
-    prometheus_http::serve(listener, handle);
-    println!("serving metrics on http://{addr}/metrics for {serve_for:?}");
+    let prometheus = install_prometheus_recorder()?;
 
     // 2. The observer on the connection: everything on it is counted.
     let connection = acemq_amqp::Connection::open_with(
         ConnectionOptions::new()
             .address(url)
+            .service("metrics-example")
             .observer(MetricsObserver::new()),
     )?;
+
+    // 3. One of the application's own checks, and the endpoints.
+    connection.add_health_check("projections", Duration::from_secs(2), || {
+        HealthReport::up().part("up_to_date", 12)
+    })?;
+    let actuator = Actuator::new(
+        &connection,
+        ActuatorOptions::new().bind(&listen).prometheus(prometheus),
+    )?
+    .start()?;
+    let addr = actuator.local_addr();
+    println!(
+        "serving http://{addr}/acemq-metrics, /acemq-health and /acemq-info for {serve_for:?}"
+    );
     let queue = format!("metrics.example.{}", std::process::id());
     connection.declare_queue(&QueueSpec::new(&queue).classic())?;
 
@@ -95,8 +109,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     requester.close()?;
     responder.close()?;
 
-    println!("scrape it now: curl -s http://{addr}/metrics | grep acemq_");
+    let health = connection.health();
+    println!("health: {health}");
+    println!("{}", health.to_json());
+    println!("scrape it now: curl -s http://{addr}/acemq-metrics | grep acemq_");
     std::thread::sleep(serve_for);
+    actuator.close()?;
     publisher.close()?;
     for q in [&queue, &prices] {
         for suffix in ["", ".dlq", ".parked"] {

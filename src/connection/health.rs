@@ -1,0 +1,128 @@
+//! [`Connection::health`]: the broker link's report (connected, blocked, reconnects), the
+//! registered sources' (running consumers and relays), the application's checks; and what the
+//! supervisor records for it (`health_state.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::handle::Connection;
+use super::shared::LinkState;
+use crate::error::Result;
+use crate::health::{rfc3339, Health, HealthReport, HealthSource, HealthStatus, Registered};
+
+impl Connection {
+    /// How this connection and what runs on it are doing, as the family reports it: the broker
+    /// link (`broker`: down while not connected, degraded while the broker blocks publishing —
+    /// a memory or disk alarm), each running consumer (`consumer:{queue}`), each running outbox
+    /// relay (`outbox-relay`), and each of the application's checks
+    /// ([`add_health_check`](Self::add_health_check)) under its name; the worst status wins.
+    ///
+    /// Nothing here makes a round trip to the broker: the link's state is the supervisor's, and
+    /// consumers and relays report what they already know. The application's checks run at
+    /// once, each on a thread of its own, and each is waited for up to its deadline, so this
+    /// returns within the longest deadline; a check past its deadline is reported down
+    /// (`did not answer within …`), and one still running from an earlier call is not started
+    /// again while it runs.
+    pub fn health(&self) -> Health {
+        let mut components: Vec<(String, HealthReport)> =
+            vec![("broker".into(), self.link_health())];
+        for source in self.shared.health.sources.live() {
+            let mut name = source.name();
+            let taken = |n: &str, c: &[(String, HealthReport)]| c.iter().any(|(x, _)| x == n);
+            if taken(&name, &components) {
+                let base = name.clone();
+                let mut k = 2;
+                while taken(&name, &components) {
+                    name = format!("{base}#{k}");
+                    k += 1;
+                }
+            }
+            components.push((name, source.report()));
+        }
+        for (name, report) in self.shared.health.checks.run_all() {
+            components.push((name, report));
+        }
+        Health::of(components)
+    }
+
+    /// Registers one of the application's own checks (a database, a downstream service) under
+    /// `name`: [`health`](Self::health) runs `check` on a thread of its own and waits for it
+    /// up to `deadline` ([`health::DEFAULT_CHECK_DEADLINE`](crate::health::DEFAULT_CHECK_DEADLINE)
+    /// is the family's 5 s); past it the check counts as down. A check that panics counts as
+    /// down too. Every clone of this connection shares the checks.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty name, a zero
+    /// deadline, a name registered already, or more than 256 checks.
+    pub fn add_health_check<F>(&self, name: &str, deadline: Duration, check: F) -> Result<()>
+    where
+        F: Fn() -> HealthReport + Send + Sync + 'static,
+    {
+        self.shared
+            .health
+            .checks
+            .add(name, deadline, Arc::new(check))
+    }
+
+    /// Removes the check registered under `name`; false when there was none. A run of it still
+    /// under way ends on its thread, unread.
+    pub fn remove_health_check(&self, name: &str) -> bool {
+        self.shared.health.checks.remove(name)
+    }
+
+    /// Lists `source` in [`health`](Self::health) for as long as the returned handle lives.
+    pub(crate) fn register_health(&self, source: Arc<dyn HealthSource>) -> Registered {
+        self.shared.health.sources.register(source)
+    }
+
+    /// The broker link's report.
+    fn link_health(&self) -> HealthReport {
+        let reconnects = {
+            let r = self.shared.health.reconnects.lock();
+            (r.last_reconnect, r.lost_at)
+        };
+        let mut report = match &*self.shared.state.lock() {
+            LinkState::Up(link) => HealthReport::up()
+                .part("connected", true)
+                .part("address", link.address.clone())
+                .part("generation", link.generation)
+                .part("reconnects", link.generation.saturating_sub(1)),
+            LinkState::Down { last_error } => {
+                HealthReport::down(format!("not connected, reconnecting: {last_error}"))
+                    .part("connected", false)
+                    .part("last_error", last_error.clone())
+            }
+            LinkState::Closed => {
+                HealthReport::down("the connection has been closed").part("connected", false)
+            }
+        };
+        if let Some(at) = reconnects.0 {
+            report = report.part("last_reconnect", rfc3339(at));
+        }
+        if let Some(at) = reconnects.1 {
+            report = report.part("last_lost", rfc3339(at));
+        }
+        let blocked = self.shared.blocked.lock().clone();
+        report = report.part("blocked", blocked.is_some());
+        if let Some(reason) = blocked {
+            report.worsen(
+                HealthStatus::Degraded,
+                &format!("the broker has blocked this connection; publishing is paused: {reason}"),
+            );
+            report = report.part("blocked_reason", reason);
+        }
+        report
+    }
+}
+
+impl Connection {
+    /// The address of the current link (its password never shown), or `None` while not
+    /// connected.
+    pub(crate) fn current_address(&self) -> Option<String> {
+        match &*self.shared.state.lock() {
+            LinkState::Up(link) => Some(link.address.clone()),
+            _ => None,
+        }
+    }
+}
