@@ -274,3 +274,36 @@ fn a_consumer_stopped_through_its_handle_is_degraded_until_it_is_closed() {
     let _ = consumer.wait();
     assert!(conn.health().component(&name).is_none());
 }
+
+#[test]
+fn two_probes_at_once_share_a_slow_check_within_its_deadline_and_both_see_it_up() {
+    let conn = connect();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    // A slow dependency (1 s), well inside its 10 s deadline: the sleep is the dependency's
+    // own work, not a wait for another thread.
+    conn.add_health_check("slow-dependency", Duration::from_secs(10), move || {
+        s.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_secs(1));
+        HealthReport::up()
+    })
+    .unwrap();
+    std::thread::scope(|scope| {
+        let first = scope.spawn(|| conn.health());
+        assert!(eventually(Duration::from_secs(10), || started
+            .load(Ordering::SeqCst)
+            == 1));
+        // A second probe (another actuator thread, a load balancer) while the run is under way.
+        let second = conn.health();
+        let first = first.join().unwrap();
+        for (which, health) in [("first", &first), ("second", &second)] {
+            let r = health.component("slow-dependency").unwrap();
+            assert_eq!(r.status, HealthStatus::Up, "the {which} probe: {r:?}");
+        }
+    });
+    assert_eq!(
+        started.load(Ordering::SeqCst),
+        1,
+        "one run served both probes"
+    );
+}

@@ -1,7 +1,9 @@
 //! The application's own checks: closures registered with a name and a deadline, each run on
 //! a thread of its own and waited for with its deadline, so the whole answer comes back within
-//! the longest deadline. A check still running from an earlier answer is not started again: it
-//! is reported down (still running), so at most one thread per check is ever busy with it.
+//! the longest deadline. A check still running from an earlier answer is not started again:
+//! inside its deadline the new answer waits for that same run (two probes at once share it);
+//! past its deadline it is reported down (still running), so at most one thread per check is
+//! ever busy with it.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -115,6 +117,10 @@ fn start(check: &Arc<Check>) -> Started {
     if let Some(run) = current.as_ref() {
         if run.result.lock().is_none() {
             let since = run.started.elapsed();
+            if since < check.deadline {
+                // Another probe's run, still inside its deadline: this answer shares it.
+                return Ok(Arc::clone(run));
+            }
             return Err(timed_out(check).part(
                 "running_for_ms",
                 u64::try_from(since.as_millis()).unwrap_or(u64::MAX),
