@@ -55,30 +55,32 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                 Err(_) => {
                     confirms = never();
                     returns = never();
-                    // The channel is gone: taken out under the state lock, closed (to learn the
-                    // broker's reason) outside it.
-                    let broken = {
-                        let mut state = shared.state.lock();
-                        if state.epoch == epoch {
-                            state.current.take()
-                        } else {
-                            None
+                    // The channel is gone. Its lock is held from taking it out until its
+                    // publishes are failed with the broker's reason (learned by closing it,
+                    // outside the state lock): a hand-over finding it broken meanwhile waits on
+                    // that lock, so neither it nor a new channel fails them without the reason.
+                    let slot = {
+                        let state = shared.state.lock();
+                        match state.current.as_ref() {
+                            Some(current) if state.epoch == epoch => Some(current.channel.clone()),
+                            _ => None,
                         }
                     };
-                    if let Some(current) = broken {
-                        let channel = current
-                            .channel
-                            .try_lock_for(CHANNEL_FAILURE_WAIT)
-                            .and_then(|mut c| c.take());
+                    if let Some(slot) = slot {
+                        let mut guard = slot.try_lock_for(CHANNEL_FAILURE_WAIT);
+                        let channel = guard.as_mut().and_then(|c| c.take());
                         let failure = channel_failure(channel, crate::transport::AmqpError::EventLoopDropped);
                         let mut state = shared.state.lock();
                         // (A new channel installed meanwhile failed these already.)
                         if state.epoch == epoch {
+                            state.current = None;
                             fail_all(&mut state, &shared.observer, |p| {
                                 failure.error_for(&p.exchange)
                             });
                             shared.room.notify_all();
                         }
+                        drop(state);
+                        drop(guard);
                     }
                 }
             },

@@ -191,9 +191,10 @@ impl Publisher {
             };
             // Nothing was handed over: the channel is gone. Learn why (outside the state lock:
             // amiquip reports the broker's reason on the channel's close), fail what was in
-            // flight on it, and take this publish back to try again on a new channel.
+            // flight on it, and take this publish back to try again on a new channel. The
+            // channel's lock is held until they are failed, so the confirm thread (which sees
+            // the channel end too) never fails them first without the reason.
             let broken = channel.take();
-            drop(channel);
             let failure = channel_failure(broken, e);
             let mut state = shared.state.lock();
             pending = state.pending.remove(&tag);
@@ -205,6 +206,7 @@ impl Publisher {
                 shared.room.notify_all();
             }
             drop(state);
+            drop(channel);
             if let err @ Error::NotFound { .. } = failure.error_for(exchange) {
                 shared.observer.publish_answered(&PublishEvent {
                     exchange,
