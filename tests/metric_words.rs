@@ -331,7 +331,11 @@ fn an_accepted_delivery_counts_acked_its_attempt_and_in_flight_and_its_publish_i
         ("routing.key", q.as_str()),
         ("outcome", "confirmed"),
     ];
-    assert_eq!(rec.value("acemq.publish.total", &published), 1.0);
+    // The confirm's event comes from the confirm thread, which may answer after the
+    // consumer has settled the message: waited for.
+    assert!(eventually(WAIT, || rec
+        .value("acemq.publish.total", &published)
+        == 1.0));
     let took = rec.samples("acemq.publish.duration", &published);
     assert_eq!(took.len(), 1, "one publish, timed to its confirm");
     assert!(
@@ -453,12 +457,13 @@ fn retries_exhausted_are_dead_lettered_not_rejected() {
         0.0,
         "the consumer gave up, not the handler"
     );
-    assert_eq!(
-        rec.value(
+    // Recorded just after the settlement's own count, from the same event: waited for too.
+    assert!(
+        eventually(WAIT, || rec.value(
             "acemq.messages.dead.lettered.total",
             &[("queue", &q), ("outcome", "dead_lettered")]
-        ),
-        1.0
+        ) == 1.0),
+        "acemq.messages.dead.lettered.total{{outcome=dead_lettered}} for {q}"
     );
     // A retry with no wait goes straight back to the queue: not a rung.
     assert_eq!(
@@ -576,11 +581,12 @@ fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
         "acemq.messages.set.aside.failed",
         &[("queue", &q), ("target", &dlq)]
     ) >= 1.0));
+    // The settlement is counted after the failed copy's event: waited for too.
     assert!(
-        rec.value(
+        eventually(WAIT, || rec.value(
             "acemq.consume.total",
             &[("queue", &q), ("outcome", "copy_failed")]
-        ) >= 1.0,
+        ) >= 1.0),
         "the original goes back to the queue"
     );
     running.close().unwrap();

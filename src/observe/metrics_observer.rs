@@ -129,11 +129,12 @@ impl Observer for MetricsObserver {
             ::metrics::Label::new(names::TAG_ROUTING_KEY, e.routing_key.to_string()),
             ::metrics::Label::new(names::TAG_OUTCOME, publish_outcome(e.outcome)),
         ];
-        ::metrics::counter!(names::PUBLISH_TOTAL, labels.iter()).increment(1);
+        // The count last, as for a settlement: a publish seen counted has its duration too.
         if let Some(duration) = e.duration {
             ::metrics::histogram!(names::PUBLISH_DURATION, labels.iter())
                 .record(duration.as_secs_f64());
         }
+        ::metrics::counter!(names::PUBLISH_TOTAL, labels.iter()).increment(1);
         self.inner.publish_answered(e)
     }
 
@@ -155,17 +156,13 @@ impl Observer for MetricsObserver {
     fn settled(&self, s: &Settlement<'_>) {
         let queue = s.queue.to_string();
         let outcome = consume_outcome(s.outcome).to_string();
-        ::metrics::counter!(
-            names::CONSUME_TOTAL,
-            names::TAG_QUEUE => queue.clone(),
-            names::TAG_OUTCOME => outcome.clone()
-        )
-        .increment(1);
+        // The settlement's own count last: whoever sees it counted sees the rest of this
+        // settlement's series too.
         if s.outcome != "dropped" {
             ::metrics::histogram!(
                 names::CONSUME_DURATION,
                 names::TAG_QUEUE => queue.clone(),
-                names::TAG_OUTCOME => outcome
+                names::TAG_OUTCOME => outcome.clone()
             )
             .record(s.handler_duration.as_secs_f64());
         }
@@ -177,11 +174,17 @@ impl Observer for MetricsObserver {
         if let Some(set_aside) = set_aside {
             ::metrics::counter!(
                 names::DEAD_LETTERED_TOTAL,
-                names::TAG_QUEUE => queue,
+                names::TAG_QUEUE => queue.clone(),
                 names::TAG_OUTCOME => set_aside
             )
             .increment(1);
         }
+        ::metrics::counter!(
+            names::CONSUME_TOTAL,
+            names::TAG_QUEUE => queue,
+            names::TAG_OUTCOME => outcome
+        )
+        .increment(1);
         self.inner.settled(s)
     }
 
@@ -301,9 +304,9 @@ impl Observer for MetricsObserver {
             ::metrics::Label::new(names::TAG_STEP, e.step.to_string()),
             ::metrics::Label::new(names::TAG_OUTCOME, e.outcome.as_str()),
         ];
-        ::metrics::counter!(names::PIPELINE_RUN_TOTAL, labels.iter()).increment(1);
         ::metrics::histogram!(names::PIPELINE_RUN_DURATION, labels.iter())
             .record(e.duration.as_secs_f64());
+        ::metrics::counter!(names::PIPELINE_RUN_TOTAL, labels.iter()).increment(1);
         self.inner.pipeline_run(e)
     }
 }
