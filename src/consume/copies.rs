@@ -129,6 +129,13 @@ fn wait_then_copy_fitting(
     let mut copy = copy_of(message);
     stamp_origin(&mut copy, message, &ctx.queue);
     copy.envelope.attempt = attempt;
+    // A retry (`jitter` is set only for one) is reported once its wait is certain: the copy on
+    // its rung, or held here.
+    let scheduled = |wait, waits| {
+        if jitter {
+            retried(ctx, message, attempt, wait, waits);
+        }
+    };
     // A broker wait goes to one of the policy's rungs (declared with the consumer); a policy with
     // none holds it in the consumer: no queue is ever declared for one delay.
     if let Some(rung) = Some(wait)
@@ -138,9 +145,7 @@ fn wait_then_copy_fitting(
         let queue = retry_queue(&ctx.queue, rung);
         match publish(ctx, &queue, copy.clone()) {
             Ok(()) => {
-                if jitter {
-                    retried(ctx, message, attempt, wait, RetryWhere::Broker);
-                }
+                scheduled(wait, RetryWhere::Broker);
                 return Ok(Step::Now(SettleAction::Ack));
             }
             Err(Error::Unroutable { .. }) => {
@@ -159,37 +164,23 @@ fn wait_then_copy_fitting(
             }
             Err(e) => return Err(e),
         }
-        ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
-        if jitter {
-            retried(ctx, message, attempt, wait, RetryWhere::Consumer);
-        }
-        return Ok(Step::Later {
-            due: Instant::now() + wait,
-            copy: Some(Box::new(copy)),
-            again: false,
-        });
+        let step = held(ctx, copy, wait)?;
+        scheduled(wait, RetryWhere::Consumer);
+        return Ok(step);
     }
     let wait = if jitter {
         ctx.policy.jittered(wait)
     } else {
         wait
     };
-    if wait.is_zero() {
+    let step = if wait.is_zero() {
         publish(ctx, &ctx.queue, copy)?;
-        if jitter {
-            retried(ctx, message, attempt, wait, RetryWhere::Consumer);
-        }
-        return Ok(Step::Now(SettleAction::Ack));
-    }
-    ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
-    if jitter {
-        retried(ctx, message, attempt, wait, RetryWhere::Consumer);
-    }
-    Ok(Step::Later {
-        due: Instant::now() + wait,
-        copy: Some(Box::new(copy)),
-        again: false,
-    })
+        Step::Now(SettleAction::Ack)
+    } else {
+        held(ctx, copy, wait)?
+    };
+    scheduled(wait, RetryWhere::Consumer);
+    Ok(step)
 }
 
 /// A dead-letter or parked copy: same attempt, `x-acemq-error` set, and no per-message
@@ -216,6 +207,16 @@ fn dead_letter(ctx: &Context, message: &Message, queue: &str, error: String) -> 
         });
     }
     done
+}
+
+/// `copy` held in the consumer for `wait` (checked first: it must be publishable when due).
+fn held(ctx: &Context, copy: Message, wait: Duration) -> Result<Step> {
+    ctx.publisher.check_held_copy(&ctx.queue, &copy)?;
+    Ok(Step::Later {
+        due: Instant::now() + wait,
+        copy: Some(Box::new(copy)),
+        again: false,
+    })
 }
 
 /// Reports another attempt scheduled for `message`: `attempt`, after `wait`, spent `waits`.

@@ -41,7 +41,7 @@ use super::ordered::Ordered;
 use super::outcome::OrderBy;
 use super::protocol::{Job, Settle, TimerMsg};
 use super::report::CloseReport;
-use super::settle::{finished_in, gone, settle, with_waiting, State};
+use super::settle::{finished_in, gone, settle, settled_some, with_waiting, State};
 use super::source::Feed;
 use super::subscribe::cancel_and_drain;
 use super::subscribe::{
@@ -373,6 +373,7 @@ fn shutdown(
         }
         gone(ctx, generation);
     }
+    settled_some(ctx);
     // Each worker with a feed reports the end of the subscription once (none for an ordered
     // handler: the owner reads it).
     let deadline = Instant::now() + ctx.shutdown_timeout;

@@ -46,9 +46,16 @@ pub(super) fn finished_in(batch: &[Settle], generation: u64) -> usize {
         .count()
 }
 
-/// A delivery of subscription `generation` was settled: one fewer in flight.
+/// A delivery of subscription `generation` was settled: one fewer in flight. What a batch
+/// settled is told once, by [`settled_some`].
 pub(super) fn gone(ctx: &Context, generation: u64) {
     ctx.in_flight.gone(generation);
+}
+
+/// Deliveries were settled (a batch of them, or the ones put back at a stop): the observer hears
+/// the count in flight now, and the consumer's health the time — once per batch, not per
+/// delivery.
+pub(super) fn settled_some(ctx: &Context) {
     ctx.observer.in_flight(&crate::observe::InFlight {
         queue: &ctx.queue,
         in_flight: ctx.in_flight.count(),
@@ -80,6 +87,8 @@ pub(super) fn settle(
     let generation = state.generation;
     // At-most-once handlers waiting for their delivery's ack to reach the broker.
     let mut acked_first = Vec::new();
+    // Whether any delivery of this batch was settled (told once, at the end).
+    let mut settled = false;
     for s in batch {
         if s.generation != generation {
             if matches!(s.action, SettleAction::Signal(_)) {
@@ -108,6 +117,7 @@ pub(super) fn settle(
                     state.acks.done(d);
                 }
                 gone(ctx, generation);
+                settled = true;
             }
             SettleAction::Reply(reply) => {
                 // Before the acknowledgement, on the same channel: the broker has routed the
@@ -119,6 +129,7 @@ pub(super) fn settle(
                     state.acks.done(d);
                 }
                 gone(ctx, generation);
+                settled = true;
             }
             SettleAction::Requeue => {
                 release_key(state, s.tag, jobs);
@@ -130,6 +141,7 @@ pub(super) fn settle(
                     state.acks.settled(s.tag);
                 }
                 gone(ctx, generation);
+                settled = true;
             }
             SettleAction::Reject => {
                 release_key(state, s.tag, jobs);
@@ -138,6 +150,7 @@ pub(super) fn settle(
                     state.acks.settled(s.tag);
                 }
                 gone(ctx, generation);
+                settled = true;
             }
             SettleAction::Released => release_key(state, s.tag, jobs),
             SettleAction::Again(message) => {
@@ -188,6 +201,7 @@ pub(super) fn settle(
                 acked_unhandled(ctx, &question);
                 release_key(state, tag, jobs);
                 gone(ctx, generation);
+                settled = true;
             } else {
                 log::warn!(
                     "acemq: message {} from {}: its acknowledgement ahead of the handler may \
@@ -199,6 +213,9 @@ pub(super) fn settle(
             }
         }
         processed?;
+    }
+    if settled {
+        settled_some(ctx);
     }
     state.acks.flush(channel)
 }
