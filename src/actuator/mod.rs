@@ -36,12 +36,15 @@
 //! which hand over complete requests only. `acemq-actuator` takes them and gives each to one of
 //! four `acemq-actuator-N` threads that answer it; while all four are busy (writing to clients
 //! that do not read, or waiting for health checks under their deadlines) a request is answered
-//! `503` at once by `acemq-actuator` itself, so a slow client never stops the actuator from
-//! answering. [`RunningActuator::close`] stops and joins them.
+//! `503` at once by `acemq-actuator` itself, so a client slow to read its answer does not hold
+//! up the others' (but see the next paragraph on clients that hold `tiny_http`'s own threads). [`RunningActuator::close`] stops and joins them.
 //!
 //! `tiny_http` sets no socket timeouts: a client that opens a connection and never finishes its
-//! request holds one of `tiny_http`'s pool threads until it goes away (the actuator keeps
-//! answering others). Another reason to keep it on loopback or a port only the probes reach.
+//! request (or never reads its answer) holds one of `tiny_http`'s pool threads until it goes
+//! away. The actuator keeps answering others while fewer such clients are open than the pool's
+//! four idle threads; past that, `tiny_http`'s pool can queue a new connection behind a thread
+//! such a client holds (a race in its idle-thread count) and its request waits until one of
+//! them goes away. Another reason to keep it on loopback or a port only the probes reach.
 
 mod options;
 
