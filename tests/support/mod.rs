@@ -141,9 +141,35 @@ pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
     acemq_amqp::testing::wait_until(timeout, f).is_ok()
 }
 
-/// Runs `rabbitmqctl` with arguments; panics with its output if it fails.
+/// The `rabbitmqctl` command for the tests' broker: `ACEMQ_TEST_RABBITMQCTL` (a command line,
+/// split on whitespace, e.g. `scripts/rabbit4 ctl` for the RabbitMQ 4.x node), default
+/// `rabbitmqctl` (the local node). Every test that asks the broker something goes through it, so
+/// the suite runs against whichever node `ACEMQ_TEST_AMQP_URL` names.
+pub fn rabbitmqctl_command() -> std::process::Command {
+    let line = std::env::var("ACEMQ_TEST_RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".into());
+    let mut words = line.split_whitespace();
+    let program = words.next().unwrap_or("rabbitmqctl");
+    // A relative path is the project's own script: resolve it from the workspace root.
+    let program = if program.contains('/') && !program.starts_with('/') {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = if root.join("scripts").is_dir() {
+            root.to_path_buf()
+        } else {
+            root.join("..")
+        };
+        root.join(program).to_string_lossy().into_owned()
+    } else {
+        program.to_string()
+    };
+    let mut command = std::process::Command::new(program);
+    command.args(words);
+    command
+}
+
+/// Runs `rabbitmqctl` (for the tests' broker, [`rabbitmqctl_command`]) with arguments; panics
+/// with its output if it fails.
 pub fn rabbitmqctl(args: &[&str]) -> String {
-    let out = std::process::Command::new("rabbitmqctl")
+    let out = rabbitmqctl_command()
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run rabbitmqctl: {e}"));
@@ -154,6 +180,34 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The tests' broker's `host:port` (from [`amqp_url`]), for fault proxies and raw sockets.
+pub fn broker_addr() -> String {
+    let url = amqp_url();
+    let rest = url.split("://").nth(1).unwrap_or("127.0.0.1:5672/");
+    let authority = rest.split('/').next().unwrap_or("127.0.0.1:5672");
+    let host_port = authority.rsplit('@').next().unwrap_or(authority);
+    if host_port.contains(':') {
+        host_port.to_string()
+    } else {
+        format!("{host_port}:5672")
+    }
+}
+
+/// The tests' broker's major version (3 or 4), asked of the node once per test binary
+/// (`rabbitmqctl version`). A test whose expectation differs between majors asserts the one it
+/// runs against: no test is skipped for it.
+pub fn broker_major() -> u32 {
+    static MAJOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let v = rabbitmqctl(&["version"]);
+        v.trim()
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or_else(|| panic!("cannot read the broker's version from {v:?}"))
+    })
 }
 
 /// Closes, from the broker's side, the connections whose client-provided `information` is
