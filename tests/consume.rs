@@ -575,8 +575,11 @@ fn consuming_a_missing_queue_fails_at_start() {
     assert!(e.to_string().contains("prefetch"), "{e}");
 }
 
+/// The original comes back after its copy-failure pause as a fresh copy of itself (same id),
+/// never requeued: on RabbitMQ 4.x each requeue is a return the broker counts, and a quorum
+/// queue drops a message past its delivery limit.
 #[test]
-fn when_the_copy_cannot_be_published_the_original_is_requeued_not_lost() {
+fn when_the_copy_cannot_be_published_the_original_comes_back_not_lost() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("no-dlq"), &rungs());
@@ -589,9 +592,9 @@ fn when_the_copy_cannot_be_published_the_original_is_requeued_not_lost() {
         .consumer(&q, ConsumerOptions::new().declare(false))
         .unwrap()
         .start(move |m: &Message| {
-            let redelivered = m.received.as_ref().unwrap().redelivered;
-            c.lock().unwrap().push((m.id().to_string(), redelivered));
-            if redelivered {
+            let mut calls = c.lock().unwrap();
+            calls.push(m.id().to_string());
+            if calls.len() > 1 {
                 Ok(Outcome::Accept)
             } else {
                 Ok(Outcome::reject("nowhere to put it"))
@@ -602,7 +605,7 @@ fn when_the_copy_cannot_be_published_the_original_is_requeued_not_lost() {
     consumer.close().unwrap();
     assert_eq!(
         *calls.lock().unwrap(),
-        vec![(ids[0].clone(), false), (ids[0].clone(), true)],
+        vec![ids[0].clone(), ids[0].clone()],
         "the original came back"
     );
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);

@@ -24,6 +24,8 @@ pub(super) enum Step {
         due: Instant,
         copy: Option<Box<Message>>,
         again: bool,
+        /// `copy` is a fresh copy of the original itself, put back after its copy failed.
+        put_back: bool,
     },
     /// Reject it without requeueing (to the queue's own dead-lettering, if any): no copy of it
     /// fits the frame limit, not even trimmed; why.
@@ -94,6 +96,7 @@ fn run_again(message: &Message, wait: Duration, attempt: u32) -> Step {
         due: Instant::now() + wait,
         copy: Some(Box::new(again)),
         again: true,
+        put_back: false,
     }
 }
 
@@ -216,6 +219,7 @@ fn held(ctx: &Context, copy: Message, wait: Duration) -> Result<Step> {
         due: Instant::now() + wait,
         copy: Some(Box::new(copy)),
         again: false,
+        put_back: false,
     })
 }
 
@@ -361,6 +365,9 @@ pub(crate) fn publish_copy(
         );
         copy.drop_invalid_headers();
     }
+    // The broker's count of the original's returns is not the copy's: a copy starts with none
+    // (and a stale one would read as returns the broker never counted).
+    copy.headers.remove(super::put_back::DELIVERY_COUNT);
     publisher.publish_copy("", queue, copy)
 }
 

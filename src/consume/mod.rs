@@ -88,6 +88,7 @@ mod ordered;
 mod outcome;
 pub(crate) mod owner;
 mod protocol;
+pub(crate) mod put_back;
 pub(crate) mod reply;
 mod report;
 pub(crate) mod retry;

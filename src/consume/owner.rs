@@ -40,6 +40,7 @@ use super::context::Context;
 use super::ordered::Ordered;
 use super::outcome::OrderBy;
 use super::protocol::{Job, Settle, TimerMsg};
+use super::put_back::put_back;
 use super::report::CloseReport;
 use super::settle::{finished_in, gone, settle, settled_some, with_waiting, State};
 use super::source::Feed;
@@ -351,11 +352,11 @@ fn shutdown(
     let _ = lines.timer.send_timeout(TimerMsg::Stop, STOP_TIMEOUT);
     // Deliveries that were on their way before the cancel: back to the queue (workers reading
     // the subscription put back those they read; they see `stopping`).
+    // (Put back without spending the broker's delivery limit: `put_back.rs`.)
     let acks = &mut state.acks;
-    cancel_and_drain(&ctx.queue, consumer, |d| {
-        let tag = d.delivery_tag();
-        if d.nack(channel, true).is_ok() {
-            acks.settled(tag);
+    cancel_and_drain(&ctx.queue, consumer, |mut d| {
+        let message = d.take_message();
+        if put_back(ctx, channel, acks, d, &message).is_ok() {
             report.requeued += 1;
         }
     });
@@ -367,8 +368,7 @@ fn shutdown(
             continue;
         }
         state.ordered.forget(job.tag);
-        if job.delivery.nack(channel, true).is_ok() {
-            state.acks.settled(job.tag);
+        if put_back(ctx, channel, &mut state.acks, job.delivery, &job.message).is_ok() {
             report.requeued += 1;
         }
         gone(ctx, generation);

@@ -86,29 +86,15 @@ pub(crate) struct Settle {
     pub(crate) delivery: Option<crate::transport::Delivery>,
 }
 
-impl Settle {
-    pub(crate) fn of(job: &Job, action: SettleAction, started: bool) -> Settle {
-        Settle {
-            generation: job.generation,
-            tag: job.tag,
-            action,
-            started,
-            delivery: None,
-        }
-    }
-
-    pub(crate) fn with(mut self, delivery: crate::transport::Delivery) -> Settle {
-        self.delivery = Some(delivery);
-        self
-    }
-}
-
 pub(crate) enum SettleAction {
     Ack,
     /// Publish this reply on the delivery's channel, then acknowledge the delivery (or, with no
     /// delivery, at most once, only publish it).
     Reply(Box<Reply>),
     Requeue,
+    /// Give it back to the queue without the broker counting a second return of it (the
+    /// message as received: `put_back.rs`): a delivery the consumer received but never started.
+    PutBack(Box<Message>),
     /// Reject it without requeueing (`basic.nack`, requeue false): to the queue's own
     /// dead-lettering. For a message no copy of which can be sent (its header frame cannot fit
     /// the frame limit, even trimmed).
@@ -225,9 +211,12 @@ pub(crate) struct Delayed {
     pub(crate) due: Instant,
     /// The original's attempt (a retry copy carries the next one).
     pub(crate) attempt: u32,
-    /// The copy to publish to the queue when due; `None`: put the original back (a copy that
-    /// could not be published backs off here rather than spinning).
+    /// The copy to publish to the queue when due; `None`: requeue the original.
     pub(crate) copy: Option<Message>,
+    /// `copy` is a fresh copy of the original itself, put back after a copy of it could not be
+    /// published and its pause is over (so the broker never counts the return: `put_back.rs`);
+    /// its publish is not a success of the copy that failed.
+    pub(crate) put_back: bool,
     /// Hand `copy` back to the owner to run the handler again on the same delivery (a held
     /// retry of an ordered message) instead of publishing it.
     pub(crate) again: bool,

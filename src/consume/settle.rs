@@ -12,6 +12,7 @@ use super::at_most_once::acked_unhandled;
 use super::context::Context;
 use super::ordered::Ordered;
 use super::protocol::{Job, Settle, SettleAction};
+use super::put_back::put_back;
 use super::report::CloseReport;
 use crate::observe::Settlement;
 
@@ -139,6 +140,17 @@ pub(super) fn settle(
                 if let Some(d) = s.delivery {
                     d.nack(channel, true)?;
                     state.acks.settled(s.tag);
+                }
+                gone(ctx, generation);
+                settled = true;
+            }
+            SettleAction::PutBack(message) => {
+                release_key(state, s.tag, jobs);
+                if !s.started {
+                    report.requeued += 1;
+                }
+                if let Some(d) = s.delivery {
+                    put_back(ctx, channel, &mut state.acks, d, &message)?;
                 }
                 gone(ctx, generation);
                 settled = true;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::context::Context;
-use super::copies::{carry_out, Step};
+use super::copies::{carry_out, copy_of, Step};
 use super::copy_failures::copy_failure_pause;
 use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
@@ -29,7 +29,14 @@ pub(super) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<
         return None;
     }
     if ctx.stop_requested() {
-        let _ = settle.send(Settle::of(&job, SettleAction::Requeue, false).with(job.delivery));
+        let action = SettleAction::PutBack(Box::new(job.message));
+        let _ = settle.send(Settle {
+            generation: job.generation,
+            tag: job.tag,
+            action,
+            started: false,
+            delivery: Some(job.delivery),
+        });
         return None;
     }
     Some(job)
@@ -173,10 +180,13 @@ pub(super) fn finish(
                 message.id(),
                 ctx.queue
             );
+            // Put back as a fresh copy of itself when the pause is over, never requeued: the
+            // broker would count each return (`put_back.rs`), and drop it past its limit.
             let step = Step::Later {
                 due: Instant::now() + pause,
-                copy: None,
+                copy: Some(Box::new(copy_of(&message))),
                 again: false,
+                put_back: true,
             };
             (step, Some(text))
         }
@@ -229,7 +239,12 @@ pub(super) fn finish(
     match step {
         Step::Now(action) => now(action, delivery),
         Step::Rejected(_) => now(SettleAction::Reject, delivery),
-        Step::Later { due, copy, again } => {
+        Step::Later {
+            due,
+            copy,
+            again,
+            put_back,
+        } => {
             // Only an accepted request's delivery went with its reply, and acceptance is never
             // a delay.
             let Some(delivery) = delivery else { return };
@@ -252,6 +267,7 @@ pub(super) fn finish(
                 attempt: message.envelope.attempt,
                 copy: copy.map(|c| *c),
                 again,
+                put_back,
             });
             if let Err(e) = timer.send(TimerMsg::Delay(delayed)) {
                 // The timer is gone (the consumer is ending): put the original back.

@@ -143,7 +143,9 @@ fn fire(ctx: &Context, settle: &Sender<Settle>, mut d: Box<Delayed>) -> Option<B
             let kept = copy.clone();
             match publish(ctx, &ctx.queue, copy) {
                 Ok(()) => {
-                    ctx.copy_failures.succeeded(kept.id());
+                    if !d.put_back {
+                        ctx.copy_failures.succeeded(kept.id());
+                    }
                     SettleAction::Ack
                 }
                 Err(e) => match copy_failed(ctx, &mut d, kept, &e) {
@@ -173,7 +175,9 @@ fn copy_failed(
     mut held: Message,
     e: &Error,
 ) -> Option<SettleAction> {
-    let what = if held.envelope.attempt > d.attempt {
+    let what = if d.put_back {
+        "copy of itself"
+    } else if held.envelope.attempt > d.attempt {
         "retry"
     } else {
         "in-progress copy"
@@ -223,7 +227,6 @@ fn copy_failed(
                 ctx.queue
             );
             d.due = Instant::now() + pause;
-            d.copy = None;
             ("copy_failed", text)
         }
     };
@@ -235,6 +238,13 @@ fn copy_failed(
         message_id: held.id(),
         error: Some(&error),
     });
+    if action.is_none() {
+        // Held again: when the pause is over a fresh copy of the original itself goes back to
+        // the queue (never a requeue, which the broker would count: `put_back.rs`).
+        held.envelope.attempt = d.attempt;
+        d.copy = Some(held);
+        d.put_back = true;
+    }
     action
 }
 
@@ -249,10 +259,16 @@ fn requeue(ctx: &Context, settle: &Sender<Settle>, d: Delayed) {
     if d.generation != ctx.generation.load(Ordering::SeqCst) {
         return;
     }
+    // A held retry failed, and goes back as such; an original held after its copy failed is
+    // put back without a counted return when it can be (`put_back.rs`).
+    let action = match d.copy {
+        Some(copy) if d.put_back => SettleAction::PutBack(Box::new(copy)),
+        _ => SettleAction::Requeue,
+    };
     let _ = settle.send(Settle {
         generation: d.generation,
         tag: d.tag,
-        action: SettleAction::Requeue,
+        action,
         started: false,
         delivery: Some(d.delivery),
     });

@@ -124,7 +124,7 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
                     .requeues
                     .borrow_mut()
                     .held
-                    .retain(|h| h.delivery.delivery_tag() != tag);
+                    .retain(|h| h.delivery.acknowledgement_token.delivery_tag() != tag);
                 self.settled(delivery);
                 let dead = self.queue.dead_lettered.get() + 1;
                 self.queue.dead_lettered.set(dead);
@@ -170,7 +170,7 @@ impl AmqpAcknowledge<'_> {
             longest = longest.max(wait);
             requeues.held.push(Held {
                 due: now + wait,
-                delivery: delivery.clone(),
+                delivery: d.clone(),
             });
         }
         log::warn!(

@@ -36,7 +36,11 @@ impl Source for AmqpSource<'_> {
         // Requeue the rolled-back deliveries whose backoff is over, and wait no longer than
         // until the next one is due.
         let now = Instant::now();
-        self.requeue_due(now)?;
+        if let Some(held) = self.queue.requeues.borrow_mut().take_due(now) {
+            // A rolled-back delivery whose backoff is over: handed out again from here, still
+            // unacknowledged on the channel (never requeued: see `Held`).
+            return Ok(Polled::Item(held.delivery));
+        }
         let next_due = self
             .queue
             .requeues
@@ -139,24 +143,6 @@ impl<'a> AmqpSource<'a> {
     }
 
     /// Requeues, each with its own `basic.nack`, the held deliveries due by `now`.
-    fn requeue_due(&self, now: Instant) -> Result<()> {
-        let queue = self.queue;
-        let mut due = queue.requeues.borrow_mut().take_due(now).into_iter();
-        while let Some(held) = due.next() {
-            let tag = held.delivery.delivery_tag();
-            if let Err(e) = held.delivery.nack(&queue.channel, true) {
-                // Still unsettled: closing the source gives them back with the rest.
-                queue.requeues.borrow_mut().held.extend(due);
-                return Err(Error::amqp(
-                    format!("requeueing a rolled-back delivery of {:?}", queue.queue),
-                    e,
-                ));
-            }
-            queue.unsettled.borrow_mut().remove(&tag);
-        }
-        Ok(())
-    }
-
     fn lost(&self, why: &str) -> Error {
         Error::ConnectionLost {
             context: format!("consuming from {:?} ({why})", self.queue.queue),

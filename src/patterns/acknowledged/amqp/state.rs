@@ -18,7 +18,10 @@ const MAX_TRACKED_FAILURES: usize = 4096;
 /// A rolled-back delivery waiting for its requeue.
 pub(super) struct Held {
     pub(super) due: Instant,
-    pub(super) delivery: crate::transport::Delivery,
+    /// The delivery as the source handed it out (message and token), handed out again when due:
+    /// held in the run, never requeued, since RabbitMQ 4.x counts every return to a quorum
+    /// queue and drops a message past its delivery limit.
+    pub(super) delivery: crate::patterns::acknowledged::delivery::Delivery<AmqpToken>,
 }
 
 /// Consecutive failures of one message identity.
@@ -84,12 +87,12 @@ impl Requeues {
     }
 
     /// The deliveries due by `now`, taken out of the held ones.
-    pub(super) fn take_due(&mut self, now: Instant) -> Vec<Held> {
-        let (due, waiting) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| h.due <= now);
-        self.held = waiting;
-        due
+    /// The held delivery due first, if it is due at `now`.
+    pub(super) fn take_due(&mut self, now: Instant) -> Option<Held> {
+        let first = (0..self.held.len())
+            .filter(|&i| self.held[i].due <= now)
+            .min_by_key(|&i| self.held[i].due)?;
+        Some(self.held.swap_remove(first))
     }
 }
 

@@ -1,0 +1,82 @@
+//! Giving a delivery back to its queue without spending the broker's delivery limit
+//! ([`put_back`]).
+//!
+//! RabbitMQ 4.x counts every return of a message to a quorum queue — a `basic.nack` or
+//! `basic.reject` with requeue, or its channel closing while it is unacknowledged — in
+//! `x-delivery-count`, and past the queue's delivery limit (20 by default since 4.0) dead-letters
+//! it through the queue's own dead-letter exchange, or **drops** it when the queue has none. A
+//! consumer closing with messages it received but never started would so spend one of their
+//! returns at every restart, and lose them after about twenty.
+//!
+//! So what the consumer puts back without having failed it goes back one of two ways:
+//! * **never counted before** (no `x-delivery-count`, or 0: a classic queue, or a quorum
+//!   queue's first return): `basic.nack` with requeue. The message keeps its place (the head
+//!   of a quorum queue, its old position in a classic one), so a restart keeps the order of
+//!   what was prefetched; the broker's count becomes 1;
+//! * **counted before**: a fresh copy of it (same id, attempt, headers and body; without
+//!   `x-delivery-count`) is published to the queue, confirmed, and only then is the original
+//!   acknowledged. The copy starts with no count; it goes to the back of the queue.
+//!
+//! The library thus adds at most one to any message's count, whatever the number of restarts.
+//! Should the copy not be published (the connection is going), the original is requeued the
+//! plain way: counted, but never lost.
+
+use super::acks::Acks;
+use super::context::Context;
+use super::copies::{copy_of, publish};
+use crate::envelope::Message;
+use crate::transport::{AmqpError, Channel, Delivery};
+
+/// The header in which RabbitMQ's quorum queues count a message's returns (4.x: its delivery
+/// limit is read against it).
+pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
+
+/// How many returns of this message the broker has counted (its `x-delivery-count`; 0 when it
+/// carries none).
+pub(crate) fn returns_counted(message: &Message) -> i64 {
+    message
+        .headers
+        .get(DELIVERY_COUNT)
+        .and_then(|v| v.as_i64())
+        .unwrap_or(0)
+}
+
+/// How a delivery went back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PutBack {
+    /// `basic.nack` with requeue.
+    Requeued,
+    /// A fresh copy confirmed on the queue, the original acknowledged.
+    Replaced,
+}
+
+/// Puts `delivery` (whose message, as received, is `message`) back on this consumer's queue
+/// without the broker counting a second return of it (see the module docs). `Err` only when the
+/// channel failed.
+pub(super) fn put_back(
+    ctx: &Context,
+    channel: &Channel,
+    acks: &mut Acks,
+    delivery: Delivery,
+    message: &Message,
+) -> Result<PutBack, AmqpError> {
+    let tag = delivery.delivery_tag();
+    if returns_counted(message) > 0 {
+        match publish(ctx, &ctx.queue, copy_of(message)) {
+            Ok(()) => {
+                delivery.ack(channel)?;
+                acks.settled(tag);
+                return Ok(PutBack::Replaced);
+            }
+            Err(e) => log::warn!(
+                "acemq: message {} on {}: could not put a fresh copy of it back ({e}); it is \
+                 requeued instead, and the broker counts one more return of it",
+                message.id(),
+                ctx.who()
+            ),
+        }
+    }
+    delivery.nack(channel, true)?;
+    acks.settled(tag);
+    Ok(PutBack::Requeued)
+}

@@ -1,0 +1,111 @@
+//! RabbitMQ 4.x's quorum delivery limit (issue 46): a message the library puts back without
+//! having failed it is never spent by the broker's count of its returns (`x-delivery-count`,
+//! limit 20 by default since 4.0; past it the broker drops a message whose queue has no
+//! dead-letter target). Every test runs on whichever broker the suite is given and asserts the
+//! same: on 3.x the queue has no limit, on 4.x these failed before the library put messages back
+//! as fresh copies (`src/consume/put_back.rs`).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, QueueSpec};
+use support::{connect, eventually, publish_n, unique, Cleanup};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// Messages held by the restarted consumer.
+const HELD: usize = 30;
+
+/// Every message on `queue`, read with a plain consumer until `n` distinct ids are seen (or the
+/// deadline): the ids.
+fn drain_ids(conn: &Connection, queue: &str, n: usize) -> BTreeSet<String> {
+    let (consumer, got) = support::collect(conn, queue);
+    eventually(WAIT, || {
+        got.lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.id().to_string())
+            .collect::<BTreeSet<_>>()
+            .len()
+            >= n
+    });
+    consumer.close().expect("close the reader");
+    let ids = got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|m| m.id().to_string())
+        .collect();
+    ids
+}
+
+/// A deploy restarts a consumer fifty times while it holds messages it received and never
+/// started (prefetched behind a running handler). Each close gives them back; on 4.x each
+/// `basic.nack` was a counted return, and past twenty the broker dropped them from the quorum
+/// queue (no dead-letter target): all but the started one were gone.
+#[test]
+fn a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("dl-restart"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q))
+        .expect("a quorum queue");
+    // Thirty: the one started each round goes to the back, so each of the others waits behind
+    // a running handler for up to 29 restarts in a row, more than the 4.x limit of 20.
+    let sent: BTreeSet<String> = publish_n(&conn, &q, HELD, true).into_iter().collect();
+    let mut requeued = 0;
+    for round in 0..50 {
+        let (started_tx, started) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        // One worker: the first message it takes blocks until the test lets it go, so the other
+        // 29 wait in the consumer, received and not started. The started one is put back as
+        // a fresh copy (`InProgress` with no wait), which the broker never counts.
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .declare(false)
+                    .prefetch(HELD as u16)
+                    .concurrency(1),
+            )
+            .unwrap()
+            .start(move |_: &Message| {
+                let _ = started_tx.send(());
+                let _ = released.lock().unwrap().recv_timeout(WAIT);
+                Ok(Outcome::InProgress {
+                    delay: Duration::ZERO,
+                })
+            })
+            .expect("the consumer starts");
+        started.recv_timeout(WAIT).expect("a handler started");
+        assert!(
+            eventually(WAIT, || conn
+                .queue_info(&q)
+                .is_ok_and(|i| i.message_count == 0)),
+            "round {round}: the broker delivered them all"
+        );
+        // Stop taking new messages first, then let the running handler end: what is left in
+        // the consumer was received and never started.
+        consumer.stop_handle().stop();
+        release.send(()).unwrap();
+        let report = consumer.close().expect("close");
+        assert_eq!(report.abandoned, 0, "round {round}: {report:?}");
+        requeued += report.requeued;
+        assert!(
+            eventually(WAIT, || conn
+                .queue_info(&q)
+                .is_ok_and(|i| i.message_count as usize == HELD)),
+            "round {round}: all {HELD} are back on {q} (found {:?})",
+            conn.queue_info(&q).map(|i| i.message_count)
+        );
+    }
+    assert!(
+        requeued >= 50 * (HELD - 2),
+        "the rounds gave back what they held unstarted: {requeued}"
+    );
+    let ids = drain_ids(&conn, &q, sent.len());
+    assert_eq!(ids, sent, "every message survived fifty restarts");
+}
