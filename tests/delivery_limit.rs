@@ -109,3 +109,29 @@ fn a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none() {
     let ids = drain_ids(&conn, &q, sent.len());
     assert_eq!(ids, sent, "every message survived fifty restarts");
 }
+
+/// A person inspects a quorum queue (a `.dlq` on a vhost whose queues are quorum by default)
+/// fifty times. Each peek returned what it read with a counted `basic.nack`; on 4.x the broker
+/// dropped every message after twenty peeks.
+#[test]
+fn peeking_a_quorum_queue_fifty_times_destroys_nothing() {
+    use acemq_amqp::patterns::peek::{peek, peek_unordered};
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("dl-peek"));
+    conn.declare_queue(&QueueSpec::new(&q)).expect("a quorum queue");
+    let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+    let refused = peek(&conn, &q, 10).unwrap_err();
+    assert!(refused.to_string().contains("quorum"), "{refused}");
+    for round in 0..50 {
+        let seen: BTreeSet<String> = peek_unordered(&conn, &q, 10)
+            .unwrap_or_else(|e| panic!("peek {round}: {e}"))
+            .iter()
+            .map(|m| m.id().to_string())
+            .collect();
+        assert_eq!(seen, sent, "peek {round} saw every message");
+    }
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 3);
+    let ids = drain_ids(&conn, &q, sent.len());
+    assert_eq!(ids, sent, "every message survived fifty peeks");
+}

@@ -23,13 +23,20 @@
 //!   A crash between the read and the return loses nothing either: the broker requeues what an
 //!   ended channel held.
 //! * **Classic queues only.** On a quorum queue a returned message goes back **behind** the
-//!   others (RabbitMQ 3.10, checked here: peek the head twice and the second peek shows the
-//!   next message) and the requeue counts as a delivery (`x-delivery-count` rises; a queue with
-//!   a `delivery-limit` dead-letters a message that reaches it); a stream cannot be read with
-//!   `basic.get`. So [`peek`] first asks the broker the queue's type (as
-//!   [`Connection::compare_queue`] does: a declaration the broker refuses or accepts, never a
-//!   change) and refuses anything but a classic queue with [`Error::InvalidArgument`].
-//!   [`peek_unordered`] reads a quorum queue anyway, for an operator who accepts both effects.
+//!   others on RabbitMQ 3.x (checked here: peek the head twice and the second peek shows the
+//!   next message), and on both 3.x and 4.x the return is counted (`x-delivery-count` rises):
+//!   RabbitMQ 4.x dead-letters, or **drops**, a message returned more than its delivery limit
+//!   (20 by default) allows. A stream cannot be read with `basic.get`. So [`peek`] first asks
+//!   the broker the queue's type (as [`Connection::compare_queue`] does: a declaration the
+//!   broker refuses or accepts, never a change) and refuses anything but a classic queue with
+//!   [`Error::InvalidArgument`]. [`peek_unordered`] reads a quorum queue anyway, for an
+//!   operator who accepts that its order may change.
+//! * **Never spent by a delivery limit**, however often it is run: a message whose
+//!   `x-delivery-count` shows the broker counted a return of it before is not returned again;
+//!   a fresh copy of it (same id, body, properties and headers, without the count) is put on
+//!   the queue, confirmed, and only then is the one read acknowledged. The copy goes to the
+//!   back of the queue with no count. So a peek adds at most one to any message's count, and a
+//!   `.dlq` inspected every few seconds loses nothing.
 //! * **Bounded.** At most `limit` messages are read and held here (`limit` at most
 //!   [`PEEK_MAX`]); a message another consumer takes meanwhile is simply not seen.
 //! * Messages are returned as [`Message`]s read forgivingly (the envelope with the family's
@@ -37,6 +44,7 @@
 //!   routing key it was published with).
 
 use crate::connection::Connection;
+use crate::consume::put_back::returns_counted;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 
@@ -109,6 +117,9 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
         .queue_declare_passive(queue)
         .map_err(|e| Error::from_amqp_on("queue", queue, "checking", e))?;
     let mut messages = Vec::with_capacity(limit.min(256));
+    // The deliveries of messages the broker has counted a return of before: replaced by fresh
+    // copies rather than returned again (see the module docs).
+    let mut counted = Vec::new();
     let mut read = || -> Result<()> {
         while messages.len() < limit {
             let got = channel
@@ -116,12 +127,21 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
                 .map_err(|e| Error::from_amqp_on("queue", queue, "reading from", e))?;
             let Some(got) = got else { break };
             let mut delivery = got.delivery;
-            messages.push(delivery.take_message());
+            let message = delivery.take_message();
+            if returns_counted(&message) > 0 {
+                counted.push((delivery, messages.len()));
+            }
+            messages.push(message);
         }
         Ok(())
     };
     let result = read();
-    // Everything read goes back at once, in order: nack `multiple` with tag 0 covers every
+    let replaced = if result.is_ok() && !counted.is_empty() {
+        replace(connection, &channel, queue, counted, &messages)
+    } else {
+        Ok(())
+    };
+    // Everything else read goes back at once, in order: nack `multiple` with tag 0 covers every
     // unacknowledged delivery on this channel.
     let returned = if messages.is_empty() {
         Ok(())
@@ -130,6 +150,7 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
     };
     let _ = channel.close();
     result?;
+    replaced?;
     returned.map_err(|e| {
         Error::amqp(
             format!(
@@ -141,4 +162,32 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
         )
     })?;
     Ok(messages)
+}
+
+/// Puts a fresh copy of each counted message on `queue` (confirmed), then acknowledges its
+/// delivery; a copy that fails leaves its delivery to the plain return (counted once more).
+fn replace(
+    connection: &Connection,
+    channel: &crate::transport::Channel,
+    queue: &str,
+    counted: Vec<(crate::transport::Delivery, usize)>,
+    messages: &[Message],
+) -> Result<()> {
+    let publisher = connection.publisher()?;
+    for (delivery, i) in counted {
+        let copy = crate::consume::copies::copy_of(&messages[i]);
+        if let Err(e) = crate::consume::copies::publish_copy(&publisher, queue, copy) {
+            log::warn!(
+                "acemq: peek of {queue:?}: could not put back a fresh copy of message {} ({e}); \
+                 it is returned instead, and the broker counts one more return of it",
+                messages[i].id()
+            );
+            continue;
+        }
+        delivery
+            .ack(channel)
+            .map_err(|e| Error::amqp(format!("peek of {queue:?}: acknowledging a copied message"), e))?;
+    }
+    let _ = publisher.close();
+    Ok(())
 }
