@@ -119,7 +119,8 @@ fn peeking_a_quorum_queue_fifty_times_destroys_nothing() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("dl-peek"));
-    conn.declare_queue(&QueueSpec::new(&q)).expect("a quorum queue");
+    conn.declare_queue(&QueueSpec::new(&q))
+        .expect("a quorum queue");
     let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
     let refused = peek(&conn, &q, 10).unwrap_err();
     assert!(refused.to_string().contains("quorum"), "{refused}");

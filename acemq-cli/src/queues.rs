@@ -89,7 +89,7 @@ fn run_replay(
         .observer(Progress(bar.clone()))
         .only_message(move |m: &Message| {
             let wanted = match &needle {
-                Some(n) => m.envelope.error.as_deref().is_some_and(|e| e.contains(n)),
+                Some(n) => m.failure_reason().is_some_and(|e| e.contains(n.as_str())),
                 None => true,
             };
             if wanted && dry_run {
@@ -98,7 +98,7 @@ fn run_replay(
                         id: m.envelope.id.clone(),
                         message_type: m.envelope.message_type.clone(),
                         attempt: m.envelope.attempt,
-                        error: m.envelope.error.clone(),
+                        error: m.failure_reason(),
                         first_seen_ms: m.envelope.first_seen_ms,
                     });
                 }
@@ -231,7 +231,7 @@ fn describe(m: &Message) -> Value {
         "id": e.id,
         "type": e.message_type,
         "attempt": e.attempt,
-        "error": e.error,
+        "error": m.failure_reason(),
         "first_seen": rfc3339_ms(e.first_seen_ms),
         "age_ms": u64::try_from(age_d.as_millis()).unwrap_or(u64::MAX),
         "correlation": e.correlation_id,

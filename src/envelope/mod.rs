@@ -11,6 +11,7 @@
 //! [`HeaderValue::Bytes`] (an AMQP byte array), and [`HeaderValue::try_text`] refuses bytes that
 //! are not UTF-8.
 
+mod death;
 pub mod headers;
 mod ids;
 mod message;

@@ -184,9 +184,12 @@ fn replace(
             );
             continue;
         }
-        delivery
-            .ack(channel)
-            .map_err(|e| Error::amqp(format!("peek of {queue:?}: acknowledging a copied message"), e))?;
+        delivery.ack(channel).map_err(|e| {
+            Error::amqp(
+                format!("peek of {queue:?}: acknowledging a copied message"),
+                e,
+            )
+        })?;
     }
     let _ = publisher.close();
     Ok(())

@@ -13,7 +13,8 @@ use crate::error::{Error, Result};
 /// durable, non-exclusive, non-auto-delete queue, classic otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum QueueKind {
-    /// A classic queue (no `x-queue-type` argument is sent).
+    /// A classic queue (`x-queue-type: classic`, which RabbitMQ takes as equal to no argument,
+    /// so that a vhost whose default type is quorum does not make it one).
     Classic,
     /// A quorum queue (`x-queue-type: quorum`; durable, not exclusive).
     Quorum,
@@ -81,7 +82,7 @@ impl QueueSpec {
         self
     }
 
-    /// Makes it a classic queue (no `x-queue-type` argument is sent).
+    /// Makes it a classic queue (`x-queue-type: classic` is sent: see [`QueueKind::Classic`]).
     pub fn classic(mut self) -> Self {
         self.kind = Some(QueueKind::Classic);
         self
@@ -195,6 +196,16 @@ impl QueueSpec {
     pub(super) fn options(&self) -> QueueDeclareOptions {
         let mut arguments = to_table(&self.arguments);
         match self.kind() {
+            // Said, not left to the vhost: on one whose default queue type is quorum (RabbitMQ
+            // 3.9+, `--default-queue-type`) a declaration without it makes a quorum queue.
+            // RabbitMQ 3.x and 4.x take it as equal to a declaration without the argument, so a
+            // family library declaring the same queue without it agrees (tests/default_quorum.rs).
+            QueueKind::Classic if !arguments.contains_key("x-queue-type") => {
+                arguments.insert(
+                    "x-queue-type".into(),
+                    crate::transport::AmqpValue::LongString("classic".into()),
+                );
+            }
             QueueKind::Classic => {}
             QueueKind::Quorum => {
                 arguments.insert(

@@ -10,7 +10,7 @@
 //! What is promised, exactly (the family's contract, `tests/fixtures/schedule_topology.json`):
 //!
 //! * **Topology** ([`schedule_topology`]): exchange `acemq.schedule` (direct, durable); rungs
-//!   `acemq.schedule.{1h,10m,1m,10s,1s}`, durable classic queues (no `x-queue-type`) with
+//!   `acemq.schedule.{1h,10m,1m,10s,1s}`, durable classic queues (`x-queue-type: classic`, equal to none for the broker) with
 //!   exactly three arguments: `x-message-ttl` (ms), `x-dead-letter-exchange: acemq.schedule`,
 //!   `x-dead-letter-routing-key: acemq.schedule.due`; the control queue `acemq.schedule.due`,
 //!   durable, classic, no arguments; every queue bound to `acemq.schedule` under its own name.
