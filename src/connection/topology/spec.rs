@@ -100,6 +100,13 @@ impl QueueSpec {
     /// Dead-letters what the broker rejects or expires to `{name}.dlq` through `acemq.dlx`
     /// (`x-dead-letter-exchange: acemq.dlx`, `x-dead-letter-routing-key: {name}.dlq`), as the
     /// family's `dead_letter` topology option does.
+    ///
+    /// **Recommended for durable (quorum) queues on RabbitMQ 4.x**, whose quorum queues drop a
+    /// message returned more often than their delivery limit (20 by default) when they have no
+    /// dead-letter target: with this form such a message lands in `.dlq`, and
+    /// [`Message::failure_reason`](crate::Message::failure_reason) says why. Not the default:
+    /// the family's default declaration has no dead-letter target, and a queue two services
+    /// declare must be declared alike (docs/reliability.md).
     pub fn with_dead_letter(self) -> Self {
         let dlq = crate::names::dead_letter_queue(&self.name);
         self.dead_letter_exchange(crate::names::DEAD_LETTER_EXCHANGE)
