@@ -212,6 +212,22 @@ impl Connection {
         &self.shared.origin
     }
 
+    /// The broker's version as it announced it when this connection (or its latest reconnect)
+    /// was made — RabbitMQ's `version` server property, e.g. `"4.0.5"` — or `None` while the
+    /// connection is down or when the broker did not say. On `memory://`, the RabbitMQ version
+    /// the in-process broker follows.
+    pub fn broker_version(&self) -> Option<String> {
+        match &*self.shared.state.lock() {
+            LinkState::Up(link) => link.broker_version.clone(),
+            _ => None,
+        }
+    }
+
+    /// The broker's major version (`4` for RabbitMQ 4.0.5), from [`broker_version`](Self::broker_version).
+    pub fn broker_major(&self) -> Option<u32> {
+        self.broker_version()?.split('.').next()?.parse().ok()
+    }
+
     /// The largest frame this connection sends, in bytes: the `frame_max` it asked for in the
     /// handshake ([`ConnectionOptions::frame_max`], 131,072 by default), which the broker
     /// lowers only when its own limit is lower. A message's header frame (properties and

@@ -15,6 +15,8 @@ use crate::transport::{Channel, Transport};
 pub(crate) struct Link {
     pub(crate) generation: u64,
     pub(crate) address: String,
+    /// The broker's version as it announced it on this link (`Transport::broker_version`).
+    pub(crate) broker_version: Option<String>,
     /// The AMQP connection and what a channel open needs of the link, shared with the threads
     /// that make the opens.
     pub(super) opener: Arc<Opener>,
@@ -77,6 +79,7 @@ impl Link {
         Link {
             generation,
             address: address.to_string(),
+            broker_version: amqp.broker_version(),
             opener: Arc::new(Opener {
                 address: address.to_string(),
                 amqp: Mutex::new(Some(amqp)),

@@ -74,6 +74,7 @@ impl Connection {
         if options.declare {
             declare_failure_topology(self, queue, &options.retry)?;
         }
+        super::limit_warning::warn_if_unguarded(self, queue);
         let publisher = self.publisher_with(
             PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
         )?;

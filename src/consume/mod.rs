@@ -83,6 +83,7 @@ mod context;
 pub(crate) mod copies;
 mod copy_failures;
 mod health;
+mod limit_warning;
 mod options;
 mod ordered;
 mod outcome;

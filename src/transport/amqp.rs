@@ -26,6 +26,13 @@ impl Transport for AmqpTransport {
     fn close(self: Box<Self>) -> R<()> {
         self.0.close()
     }
+
+    fn broker_version(&self) -> Option<String> {
+        match self.0.server_properties().get("version")? {
+            amiquip::AmqpValue::LongString(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
 }
 
 struct AmqpChannel(amiquip::Channel);

@@ -23,6 +23,11 @@ pub(crate) trait Transport: Send {
     fn open_channel(&mut self) -> R<Channel>;
     /// Closes the connection: its channels and subscriptions end.
     fn close(self: Box<Self>) -> R<()>;
+    /// The broker's version as it announced it at connect (RabbitMQ's `version` server
+    /// property, e.g. `4.0.5`), when it did.
+    fn broker_version(&self) -> Option<String> {
+        None
+    }
 }
 
 /// One channel. Delivery tags are per channel, from 1, shared by consumed and got deliveries.

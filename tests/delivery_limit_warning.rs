@@ -1,0 +1,77 @@
+//! A consumer whose queue can lose messages to RabbitMQ 4.x's quorum delivery limit (a quorum
+//! queue with no dead-letter target) says so once at start, with the two mends; one whose queue
+//! has the family's dead-letter form says nothing, and on RabbitMQ 3.x (no default delivery
+//! limit) neither does. Alone in its binary: it installs the process's logger.
+
+mod support;
+
+use std::sync::Mutex;
+
+use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
+use support::{broker_major, connect, unique, Cleanup};
+
+static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+struct Capture;
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if record.level() <= log::Level::Warn {
+            LINES.lock().unwrap().push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+fn warnings_about(queue: &str) -> Vec<String> {
+    let q = format!("{queue:?}");
+    LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&q) && l.contains("delivery limit"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_consumer_of_a_quorum_queue_without_a_dead_letter_target_warns_once_on_rabbitmq_4() {
+    log::set_logger(&Capture).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let bare = clean.consumed_queue(&unique("dlw-bare"), &[]);
+    conn.declare_queue(&QueueSpec::new(&bare)).unwrap();
+    let guarded = clean.consumed_queue(&unique("dlw-guarded"), &[]);
+    conn.declare_queue(&QueueSpec::new(&guarded).with_dead_letter())
+        .unwrap();
+    for _ in 0..2 {
+        for q in [&bare, &guarded] {
+            conn.consumer(q, ConsumerOptions::new())
+                .unwrap()
+                .start(|_: &Message| Ok(Outcome::Accept))
+                .unwrap()
+                .close()
+                .unwrap();
+        }
+    }
+    assert!(
+        warnings_about(&guarded).is_empty(),
+        "{:?}",
+        warnings_about(&guarded)
+    );
+    let bare_warnings = warnings_about(&bare);
+    if broker_major() >= 4 {
+        assert_eq!(bare_warnings.len(), 1, "once: {bare_warnings:?}");
+        let w = &bare_warnings[0];
+        for mend in ["with_dead_letter", "policy", "drops", ".dlq"] {
+            assert!(w.contains(mend), "{mend} in {w}");
+        }
+        assert_eq!(conn.broker_major(), Some(broker_major()));
+    } else {
+        // RabbitMQ 3.x: quorum queues have no delivery limit unless one is set.
+        assert!(bare_warnings.is_empty(), "{bare_warnings:?}");
+    }
+}
