@@ -136,3 +136,52 @@ fn peeking_a_quorum_queue_fifty_times_destroys_nothing() {
     let ids = drain_ids(&conn, &q, sent.len());
     assert_eq!(ids, sent, "every message survived fifty peeks");
 }
+
+/// A handler still running when the consumer's shutdown deadline passes is abandoned. Its
+/// delivery was left to the channel's close, which RabbitMQ 4.x counts as a return: a message
+/// whose handler outlived fifty closes was dropped after twenty. Now the closing consumer gives
+/// it back itself, by the rule of `put_back.rs`, and drops the handler's late result.
+#[test]
+fn a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("dl-abandon"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q))
+        .expect("a quorum queue");
+    let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+    for round in 0..50 {
+        let (started_tx, started) = mpsc::channel::<()>();
+        let (release, released) = mpsc::channel::<()>();
+        let released = std::sync::Mutex::new(released);
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .declare(false)
+                    .prefetch(1)
+                    .concurrency(1)
+                    .shutdown_timeout(Duration::from_millis(50)),
+            )
+            .unwrap()
+            .start(move |_: &Message| {
+                let _ = started_tx.send(());
+                let _ = released.lock().unwrap().recv_timeout(WAIT);
+                // Late: the consumer gave the message back already; this is dropped.
+                Ok(Outcome::Accept)
+            })
+            .expect("the consumer starts");
+        started.recv_timeout(WAIT).expect("a handler started");
+        let report = consumer.close().expect("close");
+        assert_eq!(report.abandoned, 1, "round {round}: {report:?}");
+        release.send(()).unwrap();
+        assert!(
+            eventually(WAIT, || conn
+                .queue_info(&q)
+                .is_ok_and(|i| i.message_count == 3)),
+            "round {round}: all three are back on {q} (found {:?})",
+            conn.queue_info(&q).map(|i| i.message_count)
+        );
+    }
+    let ids = drain_ids(&conn, &q, sent.len());
+    assert_eq!(ids, sent, "every message survived fifty abandoned handlers");
+}

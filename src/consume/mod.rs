@@ -75,6 +75,7 @@
 //! | `timer.rs` | the timer thread: retries held in the consumer (`fire`) |
 //! | `outcome.rs`, `retry.rs`, `reply.rs`, `stream_cursor.rs` | outcomes and verdicts; the family's retry policy and topology; a responder's staged replies; a stream reader's position |
 
+mod abandon;
 mod acks;
 mod at_most_once;
 mod batches;

@@ -391,12 +391,30 @@ fn shutdown(
         }
     }
     // Every handler still running (also one on a delivery from before a reconnect, which is
-    // not among this subscription's deliveries): closing does not wait for it.
+    // not among this subscription's deliveries): closing does not wait for it. Its delivery is
+    // given back here, by the rule of `put_back.rs`, rather than by the channel's close, which
+    // RabbitMQ 4.x counts against a quorum queue's delivery limit (`abandon.rs`).
     report.abandoned = ctx.running.load(Ordering::SeqCst);
+    let abandoned = ctx.running_deliveries.abandon(generation);
+    for (delivery, copy) in abandoned {
+        let tag = delivery.delivery_tag();
+        let given = match &copy {
+            Some(message) => put_back(ctx, channel, &mut state.acks, delivery, message).map(|_| ()),
+            None => delivery
+                .nack(channel, true)
+                .map(|()| state.acks.settled(tag)),
+        };
+        if let Err(e) = given {
+            log::warn!(
+                "acemq: giving back an abandoned delivery of {}: {e}",
+                ctx.who()
+            );
+        }
+    }
     if report.abandoned > 0 {
         log::warn!(
-            "acemq: {} deliveries on {} were still being handled after {:?}; the broker \
-             requeues them when the channel closes",
+            "acemq: {} deliveries on {} were still being handled after {:?}; they were given \
+             back to the queue, and their handlers' results will be dropped",
             report.abandoned,
             ctx.who(),
             ctx.shutdown_timeout

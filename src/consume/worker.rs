@@ -58,18 +58,49 @@ pub(crate) fn take<H: Handler + Sync + ?Sized>(
         .and_then(|c| c.started(&job.message));
     // The message's trace is current while its handler runs and its copy is published.
     let mut watch = Watch::start(ctx, &job.message, offset);
-    let (verdict, exhausted, handler_duration) = match past_last_attempt(ctx, &job) {
-        Some(verdict) => (verdict, true, Duration::ZERO),
+    let (job, pieces) = match past_last_attempt(ctx, &job) {
+        Some(verdict) => (job, (verdict, true, Duration::ZERO)),
         None => {
             let started = Instant::now();
+            // The delivery is held where a consumer closing past its deadline can give it back
+            // (`abandon.rs`) while the handler runs.
+            let Job {
+                generation,
+                tag,
+                delivery,
+                message,
+                keyed,
+                hold,
+            } = job;
+            ctx.running_deliveries
+                .hold(generation, tag, delivery, &message);
             ctx.running.fetch_add(1, Ordering::SeqCst);
             let result = catch_unwind(AssertUnwindSafe(|| {
-                intercepted(ctx, &mut watch.intercept, handler, &job.message)
+                intercepted(ctx, &mut watch.intercept, handler, &message)
             }));
             ctx.running.fetch_sub(1, Ordering::SeqCst);
-            (judge(ctx, &job, result), false, started.elapsed())
+            let Some(delivery) = ctx.running_deliveries.release(generation, tag) else {
+                // Abandoned: the closing consumer gave the message back; its result is dropped.
+                let _ = super::reply::take();
+                log::warn!(
+                    "acemq: the handler of message {} on {} ended after the consumer's shutdown \
+                     deadline; the message was given back, and this result is dropped",
+                    message.id(),
+                    ctx.who()
+                );
+                return;
+            };
+            let job = Job {
+                generation,
+                tag,
+                delivery,
+                message,
+                keyed,
+                hold,
+            };
+            let verdict = judge(ctx, &job, result);
+            (job, (verdict, false, started.elapsed()))
         }
     };
-    let pieces = (verdict, exhausted, handler_duration);
     finish(ctx, job, pieces, watch, settle, timer);
 }
