@@ -116,6 +116,8 @@ impl State {
             redelivered: false,
             expiration: ms,
             deadline: None,
+            returns: 0,
+            deaths: None,
         };
         let mut accepted = true;
         for target in targets {
