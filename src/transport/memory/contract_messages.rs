@@ -323,7 +323,7 @@ fn expiry_dead_letters_and_holds_at_the_head() {
 }
 
 #[test]
-fn immediate_is_refused_as_rabbitmq_3_does() {
+fn immediate_is_refused_as_rabbitmq_does() {
     both("immediate", |s| {
         let mut t = s.connect();
         let ch = t.open_channel().unwrap();
