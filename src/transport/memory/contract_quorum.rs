@@ -1,10 +1,11 @@
 //! Contract tests of quorum queues on both transports (`contract.rs` runs them, the memory
 //! broker following the real one's major): the family's default queue type (`QueueSpec::new`).
-//! Each return of a delivered message — nack or reject with requeue, its channel or connection
-//! ending — is counted in `x-delivery-count` (4.x: none on the first delivery; 3.x: 0) and held
+//! Each return of a delivered message — a nack with requeue (one, or all of a channel's; the seam
+//! has no reject, which both count alike), its channel or connection ending — is counted in `x-delivery-count` (4.x: none on the first delivery; 3.x: 0) and held
 //! against the delivery limit (4.x: 20 by default; 3.x: none); past it the message is
-//! dead-lettered (`delivery_limit`) or dropped. A returned message goes to the head (4.x) or the
-//! tail (3.x); an exclusive consume is not enforced.
+//! dead-lettered (`delivery_limit`) or dropped. A returned message goes to the head of a queue
+//! with a delivery limit (4.x's default), to the tail of one without (3.x's default); an
+//! exclusive consume is not enforced.
 
 use super::contract::{args, body_of, both, get_within, headers_shape, send, wait_depth, Side};
 use crate::transport::{

@@ -1,8 +1,8 @@
 //! Queues: declare (server-named, exclusive, auto-delete, the arguments implemented and the
 //! equivalence of a redeclare, `x-queue-type` read back as the major does), passive, purge,
-//! delete; ready messages in order, a return to its place (a classic queue), to the head (a
-//! quorum queue on 4.x) or the tail (on 3.x), counted against the delivery limit; expiry at the
-//! head, `x-max-length` with `x-overflow`.
+//! delete; ready messages in order, a return to its place (a classic queue) or, counted against
+//! the delivery limit, to the head (a quorum queue with a limit: 4.x's default) or the tail (one
+//! without: 3.x's default); expiry at the head, `x-max-length` with `x-overflow`.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
