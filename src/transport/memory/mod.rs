@@ -43,6 +43,8 @@ mod routing;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_quorum;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
