@@ -7,14 +7,34 @@ use crate::transport::memory::{self, Broker};
 
 /// The in-process broker named `name`, as `memory://name` URLs reach it (feature `testing`):
 /// an AMQP 0-9-1 broker in the test's process, shared by every connection to that name for the
-/// life of the process, deliberately not more forgiving than RabbitMQ 3.x (what it does not
-/// emulate — streams, quorum-only arguments, priorities, `x-expires`, alternate exchanges and the
-/// like — it refuses with 540 NOT_IMPLEMENTED rather than accepting and ignoring). Parallel
-/// tests use distinct names and need no coordination.
+/// life of the process, deliberately not more forgiving than the RabbitMQ it follows (what it
+/// does not emulate — streams, `x-dead-letter-strategy`, priorities, `x-expires`, alternate
+/// exchanges and the like — it refuses with 540 NOT_IMPLEMENTED rather than accepting and
+/// ignoring). Parallel tests use distinct names and need no coordination.
 ///
-/// Its methods are the faults a test asks for (a cut, refused connections, nacked publishes, a
-/// memory alarm, held deliveries, time moving on) and what it reads back (depth, unacked
-/// messages, consumers, connections).
+/// It follows **RabbitMQ 4.x** by default, where the majors differ in what a test can see:
+///
+/// * a quorum queue has a delivery limit of 20 (`x-delivery-limit` overrides it; a negative
+///   one means none): each return of a delivered message — nack or reject with requeue, or its
+///   channel or connection ending while it is unacknowledged — counts, the redelivery carries
+///   the count in `x-delivery-count` (the first delivery carries none), and a message returned
+///   more often than the limit is dead-lettered with reason `delivery_limit` (dropped when the
+///   queue has no dead-letter exchange); a returned message goes back to the head;
+/// * dead-lettering writes `x-last-death-exchange`, `-queue` and `-reason` beside `x-death`
+///   and `x-first-death-*`, and counts only the deaths the broker recorded itself: a client
+///   that republishes a message carrying `x-death` does not raise its counts;
+/// * a queue declared without `x-queue-type` keeps `x-queue-type: classic` among its
+///   arguments (a redeclaration's refusal names it).
+///
+/// [`rabbitmq_major(3)`](Self::rabbitmq_major) makes it follow RabbitMQ 3.10 instead: no
+/// delivery limit unless `x-delivery-limit` sets one, `x-delivery-count` from the first
+/// delivery (0) and a returned message at the tail of a quorum queue, `x-death` counted in the
+/// header the message carries, no `x-last-death-*`, no `x-queue-type` kept. A classic queue
+/// puts a returned message back in its place on both.
+///
+/// Its other methods are the faults a test asks for (a cut, refused connections, nacked
+/// publishes, a memory alarm, held deliveries, time moving on) and what it reads back (depth,
+/// unacked messages, consumers, connections).
 ///
 /// ```
 /// use acemq_amqp::testing::MemoryBroker;
@@ -50,6 +70,37 @@ impl MemoryBroker {
             name: name.to_string(),
             broker: memory::broker(name),
         }
+    }
+
+    /// Makes it follow RabbitMQ `major`: 4 (the default) or 3 (RabbitMQ 3.10), as the type's
+    /// docs list, and returns it. Everything on the broker `name` follows it from this call
+    /// on, for every connection to it: what is declared, delivered, returned and dead-lettered
+    /// after it (a queue keeps the delivery limit it was declared with). Call it before the
+    /// first connection, on a name of the test's own.
+    ///
+    /// ```
+    /// use acemq_amqp::testing::MemoryBroker;
+    ///
+    /// let broker = MemoryBroker::named("doc-rabbitmq-3").rabbitmq_major(3);
+    /// assert_eq!(broker.rabbitmq(), 3);
+    /// assert_eq!(MemoryBroker::named("doc-rabbitmq-4").rabbitmq(), 4);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `major` is neither 3 nor 4.
+    pub fn rabbitmq_major(self, major: u8) -> MemoryBroker {
+        assert!(
+            matches!(major, 3 | 4),
+            "the memory broker follows RabbitMQ 3 or 4, not {major}"
+        );
+        self.broker.set_major(major);
+        self
+    }
+
+    /// The RabbitMQ major it follows: 4 unless [`rabbitmq_major`](Self::rabbitmq_major) said 3.
+    pub fn rabbitmq(&self) -> u8 {
+        self.broker.major()
     }
 
     /// Its name.

@@ -30,6 +30,7 @@ impl Broker {
                 clock_running: false,
                 dirty: Vec::new(),
                 ended: HashMap::new(),
+                major: 4,
             }),
             clock: Condvar::new(),
         }
@@ -65,6 +66,17 @@ impl Broker {
             },
         );
         Ok((id, rx))
+    }
+
+    /// Follows RabbitMQ `major` (3 or 4) from now on: in what is declared, returned and
+    /// dead-lettered after this call.
+    pub(crate) fn set_major(self: &Arc<Self>, major: u8) {
+        self.with(|st| st.major = major);
+    }
+
+    /// The RabbitMQ major it follows.
+    pub(crate) fn major(self: &Arc<Self>) -> u8 {
+        self.with(|st| st.major)
     }
 
     /// Runs `f` on the state, then dispatches what it made ready and wakes the clock.

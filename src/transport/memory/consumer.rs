@@ -15,7 +15,12 @@ impl State {
             if self.held_queues.contains(queue) {
                 return;
             }
-            let State { queues, conns, .. } = self;
+            let State {
+                queues,
+                conns,
+                major,
+                ..
+            } = self;
             let Some(q) = queues.get_mut(queue) else {
                 return;
             };
@@ -34,6 +39,7 @@ impl State {
                 .ready
                 .pop_front()
                 .expect("the queue is not empty: checked above under this same lock");
+            let properties = super::queue::delivered_properties(*major, Some(q), &msg);
             let c = &mut q.consumers[at];
             let Some(ch) = conns
                 .get_mut(&c.conn)
@@ -49,7 +55,7 @@ impl State {
                 msg.exchange.clone(),
                 msg.routing_key.clone(),
                 msg.body.clone(),
-                msg.properties.clone(),
+                properties,
                 Shell::Memory,
             );
             if !c.no_ack {
@@ -78,7 +84,7 @@ impl State {
         let tag = format!("amq.ctag-memory-{}", self.fresh_id());
         let prefetch = self.chan(conn, chan).map(|c| c.prefetch).unwrap_or(0);
         let q = self.owned(conn, queue)?;
-        // RabbitMQ 3.10 does not enforce an exclusive consume on a quorum queue.
+        // RabbitMQ (3.10 and 4.0 alike) does not enforce an exclusive consume on a quorum queue.
         let exclusive = o.exclusive && !q.quorum;
         if !q.consumers.is_empty() && (exclusive || q.consumers.iter().any(|c| c.exclusive)) {
             return Err(access_refused(format!(
@@ -157,6 +163,7 @@ impl State {
         self.expire(queue);
         let ready = self.queues.get(queue).map_or(0, |q| q.ready.len());
         let message_count = u32::try_from(ready).unwrap_or(u32::MAX);
+        let properties = self.delivered(queue, &msg);
         self.mark(queue);
         let ch = self
             .chan(conn, chan)
@@ -169,7 +176,7 @@ impl State {
             msg.exchange.clone(),
             msg.routing_key.clone(),
             msg.body.clone(),
-            msg.properties.clone(),
+            properties,
             Shell::Memory,
         );
         if !no_ack {

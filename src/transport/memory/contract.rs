@@ -1,6 +1,9 @@
 //! Contract tests: one body run over the memory broker and over the real RabbitMQ
-//! (127.0.0.1:5672, guest/guest; a test fails when it is unreachable), for what RabbitMQ shows
-//! deterministically. Each body asserts what it must and returns what it saw (texts and codes
+//! (`ACEMQ_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672`; a test fails when it is
+//! unreachable), for what RabbitMQ shows deterministically. The memory broker follows the real
+//! one's major (its `version` server property; else `rabbitmq_major()` asks
+//! `$ACEMQ_TEST_RABBITMQCTL version`), so each body runs against 3.10 in 3.x mode and against
+//! 4.x in 4.x mode. Each body asserts what it must and returns what it saw (texts and codes
 //! included); the two sides' observations must be equal.
 
 use std::time::{Duration, Instant};
@@ -13,7 +16,57 @@ use crate::transport::{
 /// One call tried on a fresh channel.
 pub(super) type Attempt<'a, T> = Box<dyn Fn(&Channel) -> Result<T, AmqpError> + 'a>;
 
-const REAL: &str = "amqp://guest:guest@127.0.0.1:5672";
+/// The real broker's URL: `ACEMQ_TEST_AMQP_URL`, else the local RabbitMQ on 5672.
+pub(super) fn real_url() -> String {
+    std::env::var("ACEMQ_TEST_AMQP_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672".into())
+}
+
+fn open_real() -> amiquip::Connection {
+    let url = real_url();
+    amiquip::Connection::insecure_open(&url)
+        .unwrap_or_else(|e| panic!("RabbitMQ at {url} is needed: {e}"))
+}
+
+/// The real broker's major version (3 or 4), read once per test binary: the `version` its
+/// connection announces, else what `rabbitmqctl version` says (the command line in
+/// `ACEMQ_TEST_RABBITMQCTL`, default `rabbitmqctl`).
+pub(super) fn rabbitmq_major() -> u8 {
+    static MAJOR: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let connection = open_real();
+        let announced = match connection.server_properties().get("version") {
+            Some(amiquip::AmqpValue::LongString(v)) => major_of(v),
+            _ => None,
+        };
+        let _ = connection.close();
+        announced.unwrap_or_else(|| {
+            let v = rabbitmqctl_version();
+            major_of(&v).unwrap_or_else(|| panic!("cannot read a RabbitMQ version from {v:?}"))
+        })
+    })
+}
+
+fn major_of(version: &str) -> Option<u8> {
+    version.trim().split('.').next()?.parse().ok()
+}
+
+fn rabbitmqctl_version() -> String {
+    let line = std::env::var("ACEMQ_TEST_RABBITMQCTL")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or_else(|| "rabbitmqctl".into());
+    let mut words = line.split_whitespace();
+    let program = words.next().expect("a command line");
+    let out = std::process::Command::new(program)
+        .args(words)
+        .arg("version")
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{line} version`: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
 
 /// One side of a contract test: a way to connect, and the names to delete at the end.
 pub(super) struct Side {
@@ -31,8 +84,12 @@ impl Side {
             .unwrap()
             .as_nanos();
         let stamp = format!("{}.{nanos}", std::process::id());
+        let memory = memory.then(|| format!("contract.{case}.{stamp}"));
+        if let Some(name) = &memory {
+            super::broker(name).set_major(rabbitmq_major());
+        }
         Side {
-            memory: memory.then(|| format!("contract.{case}.{stamp}")),
+            memory,
             case: case.to_string(),
             stamp,
             queues: Default::default(),
@@ -43,11 +100,13 @@ impl Side {
     pub(super) fn connect(&self) -> Box<dyn Transport> {
         match &self.memory {
             Some(name) => super::connect(name, None).expect("memory connect").0,
-            None => Box::new(AmqpTransport(
-                amiquip::Connection::insecure_open(REAL)
-                    .unwrap_or_else(|e| panic!("RabbitMQ at {REAL} is needed: {e}")),
-            )),
+            None => Box::new(AmqpTransport(open_real())),
         }
+    }
+
+    /// The RabbitMQ major both sides follow (the real broker's): for a wait whose end differs.
+    pub(super) fn major(&self) -> u8 {
+        rabbitmq_major()
     }
 
     /// A unique queue name (deleted at the end); `short` is what observations show.
@@ -202,4 +261,11 @@ pub(super) fn headers_shape(side: &Side, d: &Delivery) -> Vec<String> {
         }
     }
     out
+}
+
+#[test]
+fn a_version_is_read_as_its_major() {
+    assert_eq!(major_of("4.0.5"), Some(4));
+    assert_eq!(major_of("3.10.8\n"), Some(3));
+    assert_eq!(major_of("Error: unable to perform an operation"), None);
 }

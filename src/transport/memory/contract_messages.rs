@@ -323,7 +323,7 @@ fn expiry_dead_letters_and_holds_at_the_head() {
 }
 
 #[test]
-fn immediate_is_refused_as_rabbitmq_3_does() {
+fn immediate_is_refused_as_rabbitmq_does() {
     both("immediate", |s| {
         let mut t = s.connect();
         let ch = t.open_channel().unwrap();
@@ -342,5 +342,53 @@ fn immediate_is_refused_as_rabbitmq_3_does() {
             .map(|_| ())
             .map_err(|e| seen(s, e));
         vec![format!("publish {r:?}, then {then:?}")]
+    });
+}
+
+#[test]
+fn x_death_counts_the_deaths_the_broker_recorded() {
+    both("xdeath-cycle", |s| {
+        let mut t = s.connect();
+        let ch = t.open_channel().unwrap();
+        // c1 dead-letters to c2; c2 expires its messages back to c1.
+        let c1 = s.queue("c1");
+        let c2 = s.queue("c2");
+        let to = |q: &str| {
+            vec![
+                (
+                    "x-dead-letter-exchange",
+                    AmqpValue::LongString(String::new()),
+                ),
+                ("x-dead-letter-routing-key", AmqpValue::LongString(q.into())),
+            ]
+        };
+        declare(&ch, &c1, args(&to(&c2)));
+        let mut c2_args = to(&c1);
+        c2_args.push(("x-message-ttl", AmqpValue::LongInt(1)));
+        declare(&ch, &c2, args(&c2_args));
+        // A client's own `x-death`, naming c1: 3.x counts it up, 4.x replaces it.
+        let mut entry = FieldTable::new();
+        entry.insert("count".into(), AmqpValue::LongInt(9));
+        entry.insert("queue".into(), AmqpValue::LongString(c1.clone()));
+        entry.insert("reason".into(), AmqpValue::LongString("rejected".into()));
+        let mine = args(&[(
+            "x-death",
+            AmqpValue::FieldArray(vec![AmqpValue::FieldTable(entry)]),
+        )]);
+        send(
+            &ch,
+            "",
+            &c1,
+            "m",
+            AmqpProperties::default().with_headers(mine),
+        );
+        let mut out = Vec::new();
+        for round in 0..3 {
+            let d = get_within(&ch, &c1, false).expect("m, back in c1").delivery;
+            out.push(format!("round {round}"));
+            out.extend(headers_shape(s, &d));
+            d.nack(&ch, false).unwrap();
+        }
+        out
     });
 }

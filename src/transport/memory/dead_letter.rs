@@ -1,14 +1,17 @@
 //! Dead-lettering (`x-dead-letter-exchange`, `-routing-key`) on reject or nack without
-//! requeue (`rejected`), expiry (`expired`) and `x-max-length` (`maxlen`), with `x-death` as
-//! RabbitMQ 3.10 writes it (`rabbit_dead_letter`): an array of tables, newest first, an entry
-//! for the same queue and reason counted up and moved to the front, `x-first-death-*` set
-//! once; the `expiration` property removed (kept as `original-expiration`). A cycle with no
-//! `rejected` in it is dropped; a missing dead-letter exchange drops the message.
+//! requeue (`rejected`), expiry (`expired`), `x-max-length` (`maxlen`) and a quorum queue's
+//! delivery limit (`delivery_limit`), with `x-death` as RabbitMQ writes it: an array of tables,
+//! newest first, an entry for the same queue and reason counted up and moved to the front; the
+//! `expiration` property removed (kept as `original-expiration`). RabbitMQ 3.10 counts in the
+//! `x-death` header the message carries (a client's republished copy included) and sets
+//! `x-first-death-*` once; RabbitMQ 4.x counts in its own record of the message's deaths only
+//! (a client's `x-death` is replaced, never counted up) and writes `x-first-death-*` and
+//! `x-last-death-*` at each death. A cycle with no `rejected` in it is dropped; a missing
+//! dead-letter exchange drops the message.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::state::Msg;
-use super::state::State;
+use super::state::{Deaths, Msg, State};
 use crate::transport::{AmqpProperties, AmqpValue, FieldTable};
 
 fn text(s: &str) -> AmqpValue {
@@ -62,15 +65,8 @@ fn without_expiration(p: &AmqpProperties, headers: FieldTable) -> AmqpProperties
     out
 }
 
-/// The headers with this death recorded.
-fn record_death(
-    st: &State,
-    headers: &FieldTable,
-    queue: &str,
-    msg: &Msg,
-    reason: &str,
-) -> FieldTable {
-    let mut headers = headers.clone();
+/// A new `x-death` entry for this death.
+fn entry(st: &State, queue: &str, msg: &Msg, reason: &str) -> FieldTable {
     let seconds = (SystemTime::now() + st.offset)
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -88,27 +84,44 @@ fn record_death(
     if let Some(e) = msg.properties.expiration() {
         info.insert("original-expiration".into(), text(e));
     }
-    let deaths = match headers.get("x-death") {
-        Some(AmqpValue::FieldArray(entries)) => {
-            let (mut same, others): (Vec<AmqpValue>, Vec<AmqpValue>) = entries
-                .iter()
-                .cloned()
-                .partition(|e| entry_is(e, "queue", queue) && entry_is(e, "reason", reason));
-            let front = match same.pop() {
-                Some(AmqpValue::FieldTable(mut t)) => {
-                    let n = t.get("count").and_then(super::reply::integer).unwrap_or(0);
-                    t.insert(
-                        "count".into(),
-                        AmqpValue::LongLongInt(i64::try_from(n + 1).unwrap_or(i64::MAX)),
-                    );
-                    t
-                }
-                _ => info,
-            };
-            let mut all = vec![AmqpValue::FieldTable(front)];
-            all.extend(others);
-            all
+    info
+}
+
+/// The entries with this death counted: the entry for the same queue and reason counted up
+/// and moved to the front, else `info` in front.
+fn counted(entries: &[AmqpValue], info: FieldTable, queue: &str, reason: &str) -> Vec<AmqpValue> {
+    let (mut same, others): (Vec<AmqpValue>, Vec<AmqpValue>) = entries
+        .iter()
+        .cloned()
+        .partition(|e| entry_is(e, "queue", queue) && entry_is(e, "reason", reason));
+    let front = match same.pop() {
+        Some(AmqpValue::FieldTable(mut t)) => {
+            let n = t.get("count").and_then(super::reply::integer).unwrap_or(0);
+            t.insert(
+                "count".into(),
+                AmqpValue::LongLongInt(i64::try_from(n + 1).unwrap_or(i64::MAX)),
+            );
+            t
         }
+        _ => info,
+    };
+    let mut all = vec![AmqpValue::FieldTable(front)];
+    all.extend(others);
+    all
+}
+
+/// RabbitMQ 3.x: the headers with this death recorded in the `x-death` they carry (a client's
+/// included), `x-first-death-*` set when there was none.
+fn record_in_headers(
+    headers: &FieldTable,
+    info: FieldTable,
+    queue: &str,
+    msg: &Msg,
+    reason: &str,
+) -> FieldTable {
+    let mut headers = headers.clone();
+    let deaths = match headers.get("x-death") {
+        Some(AmqpValue::FieldArray(entries)) => counted(entries, info, queue, reason),
         _ => {
             headers.insert("x-first-death-reason".into(), text(reason));
             headers.insert("x-first-death-queue".into(), text(queue));
@@ -118,6 +131,33 @@ fn record_death(
     };
     headers.insert("x-death".into(), AmqpValue::FieldArray(deaths));
     headers
+}
+
+/// RabbitMQ 4.x: this death recorded in the broker's own record of the message (a client's
+/// `x-death` header is not read), which then replaces `x-death`, `x-first-death-*` and
+/// `x-last-death-*` in the headers.
+fn record_beside_headers(
+    headers: &FieldTable,
+    info: FieldTable,
+    queue: &str,
+    msg: &Msg,
+    reason: &str,
+) -> (FieldTable, Deaths) {
+    let mut deaths = msg.deaths.clone().unwrap_or_default();
+    deaths.entries = counted(&deaths.entries, info, queue, reason);
+    let this = [msg.exchange.clone(), queue.to_string(), reason.to_string()];
+    let first = deaths.first.get_or_insert_with(|| this.clone()).clone();
+    let mut headers = headers.clone();
+    headers.insert(
+        "x-death".into(),
+        AmqpValue::FieldArray(deaths.entries.clone()),
+    );
+    for (which, [exchange, queue, reason]) in [("first", first), ("last", this)] {
+        headers.insert(format!("x-{which}-death-exchange"), text(&exchange));
+        headers.insert(format!("x-{which}-death-queue"), text(&queue));
+        headers.insert(format!("x-{which}-death-reason"), text(&reason));
+    }
+    (headers, deaths)
 }
 
 /// RabbitMQ's cycle check: `target` is already in the deaths and no `rejected` death lies
@@ -147,9 +187,16 @@ impl State {
         }
         let empty = FieldTable::new();
         let old = msg.properties.headers().as_ref().unwrap_or(&empty);
-        let headers = record_death(self, old, queue, &msg, reason);
-        let deaths = match headers.get("x-death") {
-            Some(AmqpValue::FieldArray(d)) => d.clone(),
+        let info = entry(self, queue, &msg, reason);
+        let (headers, record) = if self.major >= 4 {
+            let (headers, record) = record_beside_headers(old, info, queue, &msg, reason);
+            (headers, Some(record))
+        } else {
+            (record_in_headers(old, info, queue, &msg, reason), None)
+        };
+        let deaths = match (&record, headers.get("x-death")) {
+            (Some(r), _) => r.entries.clone(),
+            (None, Some(AmqpValue::FieldArray(d))) => d.clone(),
             _ => Vec::new(),
         };
         let targets = self.route(&dlx, &key, Some(&headers));
@@ -168,6 +215,8 @@ impl State {
                 redelivered: false,
                 expiration: None,
                 deadline: None,
+                returns: 0,
+                deaths: record.clone(),
             };
             self.enqueue(&target, copy);
         }

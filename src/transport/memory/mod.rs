@@ -1,11 +1,15 @@
 //! The in-process broker behind `memory://name` (feature `memory`): an AMQP 0-9-1 broker in
-//! the process, deliberately not more forgiving than RabbitMQ 3.x. Each name is its own broker,
-//! shared by every connection to that name and kept for the life of the process.
+//! the process, deliberately not more forgiving than the RabbitMQ it follows — 4.x by default,
+//! 3.10 when `testing::MemoryBroker::rabbitmq_major(3)` asks (`State::major`): the quorum
+//! queues' delivery limit and `x-delivery-count`, where a returned message goes, how `x-death`
+//! is counted and `x-last-death-*`, `x-queue-type` kept among a queue's arguments. Each name is
+//! its own broker, shared by every connection to that name and kept for the life of the process.
 //!
 //! * `broker`: the state under one lock per broker (connections, channels, unacked messages);
 //! * `routing`: exchanges (default, direct, fanout, topic, headers and the `amq.*` ones);
-//! * `queue`: queues, their arguments and declare equivalence, ready messages and expiry;
-//! * `dead_letter`: `x-death` as RabbitMQ 3.10 writes it, cycles dropped;
+//! * `queue`: queues, their arguments and declare equivalence, ready messages, returns (the
+//!   delivery limit) and expiry;
+//! * `dead_letter`: `x-death` as RabbitMQ 4.x or 3.10 writes it, cycles dropped;
 //! * `publish`: routing a publish, returns before confirms, a memory alarm's held publishes;
 //! * `channel`: the seam's `Transport`, `ChannelApi` and `ConsumerApi`;
 //! * `consumer`: dispatch (round robin, prefetch), cancel, channel and connection ends;
@@ -23,6 +27,8 @@ mod consumer;
 #[cfg(test)]
 mod contract;
 #[cfg(test)]
+mod contract_arguments;
+#[cfg(test)]
 mod contract_messages;
 #[cfg(test)]
 mod contract_quorum;
@@ -37,6 +43,8 @@ mod routing;
 mod state;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_quorum;
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};

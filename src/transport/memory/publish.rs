@@ -116,6 +116,8 @@ impl State {
             redelivered: false,
             expiration: ms,
             deadline: None,
+            returns: 0,
+            deaths: None,
         };
         let mut accepted = true;
         for target in targets {
@@ -160,7 +162,7 @@ impl State {
     }
 }
 
-/// RabbitMQ 3.x refuses `immediate` with a connection error (540, its own text).
+/// RabbitMQ (3.x and 4.x) refuses `immediate` with a connection error (540, its own text).
 fn not_emulated_immediate() -> Refusal {
     refusal(540, "NOT_IMPLEMENTED - immediate=true".into())
 }

@@ -1,6 +1,8 @@
 //! Queues: declare (server-named, exclusive, auto-delete, the arguments implemented and the
-//! equivalence of a redeclare), passive, purge, delete; ready messages in order, requeue to
-//! their place, expiry at the head, `x-max-length` with `x-overflow`.
+//! equivalence of a redeclare, `x-queue-type` read back as the major does), passive, purge,
+//! delete; ready messages in order, a return to its place (a classic queue) or, counted against
+//! the delivery limit, to the head (a quorum queue with a limit: 4.x's default) or the tail (one
+//! without: 3.x's default); expiry at the head, `x-max-length` with `x-overflow`.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use super::reply::{
 };
 use super::state::{Msg, Queue, State};
 use crate::transport::{
-    AmqpValue, ConsumerMessage, QueueDeclareOptions, QueueDeleteOptions, QueueState,
+    AmqpProperties, AmqpValue, ConsumerMessage, QueueDeclareOptions, QueueDeleteOptions, QueueState,
 };
 
 /// The arguments RabbitMQ compares on a redeclare, in its order, that this broker implements
@@ -23,7 +25,12 @@ const COMPARED: &[&str] = &[
     "x-max-length",
     "x-overflow",
     "x-queue-type",
+    "x-delivery-limit",
 ];
+
+/// A quorum queue's delivery limit when `x-delivery-limit` is not given: 20 on RabbitMQ 4.x,
+/// none on 3.x.
+const DEFAULT_DELIVERY_LIMIT: u64 = 20;
 
 /// What a feature RabbitMQ has and this broker does not is called in its refusal.
 fn unemulated_argument(key: &str, value: &AmqpValue) -> String {
@@ -77,8 +84,10 @@ fn text(key: &str, queue: &str, v: &AmqpValue) -> Refused<String> {
 
 impl Queue {
     /// A new queue from its declare, its arguments checked: the implemented ones parsed,
-    /// every other `x-` argument refused (540).
-    fn new(name: &str, o: &QueueDeclareOptions, owner: Option<u64>) -> Refused<Queue> {
+    /// every other `x-` argument refused (540). On 4.x a queue declared without `x-queue-type`
+    /// keeps `x-queue-type: classic` among its arguments, and a quorum queue has a delivery
+    /// limit of 20 unless `x-delivery-limit` says otherwise.
+    fn new(name: &str, o: &QueueDeclareOptions, owner: Option<u64>, major: u8) -> Refused<Queue> {
         let mut q = Queue {
             durable: o.durable,
             owner,
@@ -94,7 +103,9 @@ impl Queue {
             rr: 0,
             had_consumer: false,
             quorum: false,
+            delivery_limit: None,
         };
+        let mut limit = None;
         for (key, v) in &o.arguments {
             match key.as_str() {
                 "x-message-ttl" => q.ttl = Some(non_negative(key, name, v)?),
@@ -122,19 +133,31 @@ impl Queue {
                         ))
                     }
                 },
+                // Any value is taken; only an integer limits (RabbitMQ checks no type).
+                "x-delivery-limit" => limit = Some(integer(v)),
                 k if k.starts_with("x-") => return Err(not_emulated(&unemulated_argument(k, v))),
                 _ => {}
             }
         }
-        if q.quorum {
-            for (property, set) in [("exclusive", o.exclusive), ("auto-delete", o.auto_delete)] {
-                if set {
-                    return Err(invalid_property(property, name));
-                }
+        q.delivery_limit = match limit {
+            Some(_) if !q.quorum => {
+                return Err(precondition(format!(
+                    "invalid arg 'x-delivery-limit' for queue '{name}' in vhost '/' of queue \
+                     type rabbit_classic_queue"
+                )))
             }
-            if !o.durable {
-                return Err(invalid_property("non-durable", name));
-            }
+            // 4.x: a negative limit is none; 3.x counts a first return past it.
+            Some(Some(n)) if n < 0 => (major < 4).then_some(0),
+            Some(Some(n)) => Some(u64::try_from(n).unwrap_or(u64::MAX)),
+            // Taken as a limit (so returns go to the head) that a count never passes.
+            Some(None) => Some(u64::MAX),
+            None => (q.quorum && major >= 4).then_some(DEFAULT_DELIVERY_LIMIT),
+        };
+        if major >= 4 && !q.arguments.contains_key("x-queue-type") {
+            q.arguments.insert(
+                "x-queue-type".into(),
+                AmqpValue::LongString("classic".into()),
+            );
         }
         if q.dlrk.is_some() && q.dlx.is_none() {
             return Err(invalid(
@@ -144,6 +167,23 @@ impl Queue {
             ));
         }
         Ok(q)
+    }
+
+    /// A new quorum queue's properties: exclusive, auto-delete and transient ones refused
+    /// (checked when it is made, not on a redeclaration, which is compared first).
+    fn check_properties(&self, name: &str, o: &QueueDeclareOptions) -> Refused<()> {
+        if !self.quorum {
+            return Ok(());
+        }
+        for (property, set) in [("exclusive", o.exclusive), ("auto-delete", o.auto_delete)] {
+            if set {
+                return Err(invalid_property(property, name));
+            }
+        }
+        if !o.durable {
+            return Err(invalid_property("non-durable", name));
+        }
+        Ok(())
     }
 
     /// Refuses another connection's exclusive queue (405).
@@ -163,7 +203,7 @@ impl Queue {
     }
 
     /// A redeclare against this queue: exclusivity, durable, auto_delete, then the arguments.
-    fn equivalent(&self, name: &str, conn: u64, o: &QueueDeclareOptions) -> Refused<()> {
+    fn equivalent(&self, name: &str, conn: u64, o: &QueueDeclareOptions, major: u8) -> Refused<()> {
         let what = format!("queue '{name}'");
         match self.owner {
             Some(owner) if owner != conn || !o.exclusive => return Err(locked(name)),
@@ -183,13 +223,20 @@ impl Queue {
                 ));
             }
         }
-        // RabbitMQ 3.10 reads a missing `x-queue-type` as the default, classic.
         let classic = AmqpValue::LongString("classic".into());
         for key in COMPARED {
             let (mut new, mut old) = (o.arguments.get(*key), self.arguments.get(*key));
             if *key == "x-queue-type" {
-                new = new.or(Some(&classic));
-                old = old.or(Some(&classic));
+                if major >= 4 {
+                    // 4.x declares with the default type, classic, where none is given (the
+                    // queue kept it among its arguments when it was made).
+                    new = new.or(Some(&classic));
+                } else if new.or(old).is_some_and(|v| same_value(v, &classic)) {
+                    // 3.x takes a missing type and `classic` as the same, and words any other
+                    // difference as it does for an argument missing on one side.
+                    new = new.or(Some(&classic));
+                    old = old.or(Some(&classic));
+                }
             }
             let same = match (new, old) {
                 (None, None) => true,
@@ -229,8 +276,8 @@ impl State {
         };
         if let Some(q) = self.queues.get(&name) {
             // The arguments are checked as a new declare would (a refusal before a comparison).
-            Queue::new(&name, o, None)?;
-            q.equivalent(&name, conn, o)?;
+            Queue::new(&name, o, None, self.major)?;
+            q.equivalent(&name, conn, o, self.major)?;
             return Ok(q.state(&name));
         }
         if name.starts_with("amq.") && !name.starts_with("amq.gen-") {
@@ -238,7 +285,8 @@ impl State {
                 "queue name '{name}' contains reserved prefix 'amq.*'"
             )));
         }
-        let q = Queue::new(&name, o, o.exclusive.then_some(conn))?;
+        let q = Queue::new(&name, o, o.exclusive.then_some(conn), self.major)?;
+        q.check_properties(&name, o)?;
         let state = q.state(&name);
         self.queues.insert(name, q);
         Ok(state)
@@ -332,10 +380,8 @@ impl State {
             (a, b) => a.or(b),
         };
         msg.deadline = ttl.map(|ms| now + Duration::from_millis(ms));
-        if q.quorum {
-            // A quorum queue counts a message's deliveries from 0 on entry.
-            set_delivery_count(&mut msg.properties, 0);
-        }
+        // A queue counts a message's returns from 0 on entry.
+        msg.returns = 0;
         q.ready.push_back(msg);
         let mut dropped = Vec::new();
         if let Some(max) = q.max_len {
@@ -350,21 +396,40 @@ impl State {
         true
     }
 
-    /// A delivered message back to its place in its queue (gone with its queue otherwise).
+    /// A delivered message returned to its queue (gone with its queue otherwise): a classic
+    /// queue puts it back in its place; a quorum queue counts the return and dead-letters it
+    /// (`delivery_limit`) past its limit, else, when it has a limit (always on 4.x unless a
+    /// negative one was given), puts it after the other returns at the head (they are delivered
+    /// first, in the order they came back), and without one at the tail (both majors).
     pub(super) fn requeue(&mut self, name: &str, mut msg: Msg) {
         let Some(q) = self.queues.get_mut(name) else {
             return;
         };
         msg.redelivered = true;
         if q.quorum {
-            // RabbitMQ 3.10's quorum queues: a returned message goes to the back, counted.
-            count_delivery(&mut msg.properties);
-            q.ready.push_back(msg);
+            msg.returns += 1;
+            if q.delivery_limit.is_some_and(|limit| msg.returns > limit) {
+                self.dead_letter(name, msg, "delivery_limit");
+                return;
+            }
+            if q.delivery_limit.is_some() {
+                let at = q.ready.partition_point(|m| m.redelivered);
+                q.ready.insert(at, msg);
+            } else {
+                q.ready.push_back(msg);
+            }
         } else {
             let at = q.ready.partition_point(|m| m.seq < msg.seq);
             q.ready.insert(at, msg);
         }
         self.mark(name);
+    }
+
+    /// The properties a delivery of `msg` from `queue` carries: from a quorum queue, its
+    /// returns in `x-delivery-count` (a long) — on 4.x only once returned (the publisher's own
+    /// header, if any, before), on 3.x from the first delivery (0).
+    pub(super) fn delivered(&self, queue: &str, msg: &Msg) -> AmqpProperties {
+        delivered_properties(self.major, self.queues.get(queue), msg)
     }
 
     /// Expires (and dead-letters, `expired`) the messages at the head whose deadline passed.
@@ -394,23 +459,16 @@ impl State {
     }
 }
 
-/// Counts one more return in `x-delivery-count`, as a quorum queue does.
-fn count_delivery(properties: &mut crate::transport::AmqpProperties) {
-    let n = match properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.get("x-delivery-count"))
-    {
-        Some(AmqpValue::LongLongInt(n)) => *n,
-        _ => 0,
-    };
-    set_delivery_count(properties, n + 1);
-}
-
-fn set_delivery_count(properties: &mut crate::transport::AmqpProperties, n: i64) {
-    let mut headers = properties.headers().clone().unwrap_or_default();
+/// [`State::delivered`], for a caller that holds the queue borrowed apart from the state.
+pub(super) fn delivered_properties(major: u8, queue: Option<&Queue>, msg: &Msg) -> AmqpProperties {
+    let quorum = queue.is_some_and(|q| q.quorum);
+    if !quorum || (msg.returns == 0 && major >= 4) {
+        return msg.properties.clone();
+    }
+    let mut headers = msg.properties.headers().clone().unwrap_or_default();
+    let n = i64::try_from(msg.returns).unwrap_or(i64::MAX);
     headers.insert("x-delivery-count".into(), AmqpValue::LongLongInt(n));
-    *properties = std::mem::take(properties).with_headers(headers);
+    msg.properties.clone().with_headers(headers)
 }
 
 /// RabbitMQ's refusal of a quorum queue declared exclusive, auto-delete or transient.

@@ -1,5 +1,5 @@
-//! RabbitMQ's reply codes and texts, as RabbitMQ 3.10 words them (checked against the real
-//! broker by the contract tests), and the protocol errors amiquip builds from them.
+//! RabbitMQ's reply codes and texts, as RabbitMQ 3.10 and 4.0 word them alike (checked against
+//! both by the contract tests), and the protocol errors amiquip builds from them.
 
 use crate::transport::{AmqpError, AmqpValue};
 

@@ -40,6 +40,8 @@ pub(super) struct State {
     pub(super) dirty: Vec<String>,
     /// Connections the broker closed, with why: the next call on one fails with it.
     pub(super) ended: HashMap<u64, Option<Refusal>>,
+    /// The RabbitMQ major it follows: 4 (the default) or 3 (`MemoryBroker::rabbitmq_major`).
+    pub(super) major: u8,
 }
 
 /// One connection.
@@ -89,6 +91,21 @@ pub(super) struct Msg {
     pub(super) expiration: Option<u64>,
     /// On the broker clock; set when it enters its queue.
     pub(super) deadline: Option<Instant>,
+    /// Its returns to a quorum queue (nack or reject with requeue, its channel's end): the
+    /// `x-delivery-count` of its next delivery, held against the queue's delivery limit.
+    pub(super) returns: u64,
+    /// Its deaths as the broker recorded them (RabbitMQ 4.x counts these, never a client's
+    /// `x-death` header); `None` until the broker dead-letters it.
+    pub(super) deaths: Option<Deaths>,
+}
+
+/// The deaths of a message as RabbitMQ 4.x keeps them beside its headers.
+#[derive(Clone, Default)]
+pub(super) struct Deaths {
+    /// The `x-death` entries, newest first.
+    pub(super) entries: Vec<crate::transport::AmqpValue>,
+    /// Its first death: exchange, queue, reason.
+    pub(super) first: Option<[String; 3]>,
 }
 
 /// A subscription on a queue.
@@ -118,10 +135,17 @@ pub(super) struct Queue {
     /// The consumer the next delivery starts looking from (round robin).
     pub(super) rr: usize,
     pub(super) had_consumer: bool,
-    /// `x-queue-type: quorum`: RabbitMQ 3.10's quorum behaviour where the patterns can tell (a
-    /// requeued message goes to the back with `x-delivery-count`; exclusive consumes are not
-    /// enforced); otherwise a classic queue.
+    /// `x-queue-type: quorum`: RabbitMQ's quorum behaviour where the patterns can tell (a
+    /// returned message is counted in `x-delivery-count` and held against the delivery limit,
+    /// back at the head when the queue has one and at the tail when not; exclusive consumes are
+    /// not enforced);
+    /// otherwise a classic queue.
     pub(super) quorum: bool,
+    /// A quorum queue's delivery limit: a message returned more often is dead-lettered
+    /// (`delivery_limit`). `x-delivery-limit`, else 20 on 4.x and none on 3.x; `u64::MAX` for
+    /// a value that is not an integer (taken, never reached). With one, returns go to the head;
+    /// without, to the tail.
+    pub(super) delivery_limit: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

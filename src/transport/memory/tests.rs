@@ -48,7 +48,6 @@ fn unemulated_features_are_refused_with_540_naming_them() {
     let (mut t, _) = open(&name);
     let queue_args = [
         ("x-queue-type", text("stream")),
-        ("x-delivery-limit", AmqpValue::LongInt(3)),
         ("x-dead-letter-strategy", text("at-least-once")),
         ("x-max-length-bytes", AmqpValue::LongInt(10)),
         ("x-max-priority", AmqpValue::LongInt(10)),
