@@ -11,8 +11,10 @@ use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use acemq_amqp::testing::{Cleanup, MemoryBroker};
+use acemq_amqp::ConnectionOptions;
 use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, QueueSpec};
-use support::{connect, eventually, publish_n, unique, Cleanup};
+use support::{amqp_url, connect_with, eventually, publish_n, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
 /// Messages held by the restarted consumer.
@@ -45,10 +47,9 @@ fn drain_ids(conn: &Connection, queue: &str, n: usize) -> BTreeSet<String> {
 /// started (prefetched behind a running handler). Each close gives them back; on 4.x each
 /// `basic.nack` was a counted return, and past twenty the broker dropped them from the quorum
 /// queue (no dead-letter target): all but the started one were gone.
-#[test]
-fn a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
+fn restarted(url: &str) {
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let mut clean = Cleanup::new(url);
     let q = clean.consumed_queue(&unique("dl-restart"), &[]);
     conn.declare_queue(&QueueSpec::new(&q))
         .expect("a quorum queue");
@@ -113,11 +114,10 @@ fn a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none() {
 /// A person inspects a quorum queue (a `.dlq` on a vhost whose queues are quorum by default)
 /// fifty times. Each peek returned what it read with a counted `basic.nack`; on 4.x the broker
 /// dropped every message after twenty peeks.
-#[test]
-fn peeking_a_quorum_queue_fifty_times_destroys_nothing() {
+fn peeked(url: &str) {
     use acemq_amqp::patterns::peek::{peek, peek_unordered};
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let mut clean = Cleanup::new(url);
     let q = clean.queue(&unique("dl-peek"));
     conn.declare_queue(&QueueSpec::new(&q))
         .expect("a quorum queue");
@@ -141,10 +141,9 @@ fn peeking_a_quorum_queue_fifty_times_destroys_nothing() {
 /// delivery was left to the channel's close, which RabbitMQ 4.x counts as a return: a message
 /// whose handler outlived fifty closes was dropped after twenty. Now the closing consumer gives
 /// it back itself, by the rule of `put_back.rs`, and drops the handler's late result.
-#[test]
-fn a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
+fn abandoned(url: &str) {
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let mut clean = Cleanup::new(url);
     let q = clean.consumed_queue(&unique("dl-abandon"), &[]);
     conn.declare_queue(&QueueSpec::new(&q))
         .expect("a quorum queue");
@@ -184,4 +183,40 @@ fn a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_ti
     }
     let ids = drain_ids(&conn, &q, sent.len());
     assert_eq!(ids, sent, "every message survived fifty abandoned handlers");
+}
+
+/// Each scenario on the tests' RabbitMQ, and on the in-process broker in both of the modes it
+/// follows: RabbitMQ 4.x (its default: the delivery limit of 20) and 3.10.
+macro_rules! everywhere {
+    ($($test:ident: $body:ident),* $(,)?) => {$(
+        mod $test {
+            use super::*;
+
+            #[test]
+            fn on_rabbitmq() {
+                $body(&amqp_url());
+            }
+
+            #[test]
+            fn on_memory_following_rabbitmq_4() {
+                let broker = MemoryBroker::named(&unique(stringify!($test)));
+                assert_eq!(broker.rabbitmq(), 4, "the in-process broker follows 4.x by default");
+                let conn = connect_with(ConnectionOptions::new().address(broker.url()));
+                assert_eq!(conn.broker_major(), Some(4));
+                $body(&broker.url());
+            }
+
+            #[test]
+            fn on_memory_following_rabbitmq_3() {
+                let broker = MemoryBroker::named(&unique(stringify!($test))).rabbitmq_major(3);
+                $body(&broker.url());
+            }
+        }
+    )*};
+}
+
+everywhere! {
+    a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none: restarted,
+    peeking_a_quorum_queue_fifty_times_destroys_nothing: peeked,
+    a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times: abandoned,
 }

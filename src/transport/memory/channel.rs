@@ -58,6 +58,14 @@ impl Transport for MemoryTransport {
             Ok(())
         })
     }
+
+    /// The RabbitMQ version the broker follows: its major's tested release (4.0.5 or 3.10.8).
+    fn broker_version(&self) -> Option<String> {
+        Some(match self.broker.major() {
+            3 => "3.10.8".to_string(),
+            _ => "4.0.5".to_string(),
+        })
+    }
 }
 
 impl Drop for MemoryTransport {
