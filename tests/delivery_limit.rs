@@ -185,6 +185,30 @@ fn abandoned(url: &str) {
     assert_eq!(ids, sent, "every message survived fifty abandoned handlers");
 }
 
+/// An operator looks at what a replay would move, fifty times, on a quorum queue (a dry run
+/// holds every message it reads and returns them at the end). On 4.x each return was counted and
+/// the broker dropped every message after twenty dry runs.
+fn dry_run_replayed(url: &str) {
+    use acemq_amqp::patterns::replay::{replay, ReplayOptions};
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let mut clean = Cleanup::new(url);
+    let q = clean.queue(&unique("dl-replay"));
+    conn.declare_queue(&QueueSpec::new(&q))
+        .expect("a quorum queue");
+    let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+    for round in 0..50 {
+        let report = replay(&conn, &q, ReplayOptions::default().dry_run(true))
+            .run()
+            .unwrap_or_else(|e| panic!("dry run {round}: {e}"));
+        assert_eq!(report.matched, 3, "dry run {round}: {report:?}");
+    }
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .is_ok_and(|i| i.message_count == 3)));
+    let ids = drain_ids(&conn, &q, sent.len());
+    assert_eq!(ids, sent, "every message survived fifty dry runs");
+}
+
 /// Each scenario on the tests' RabbitMQ, and on the in-process broker in both of the modes it
 /// follows: RabbitMQ 4.x (its default: the delivery limit of 20) and 3.10.
 macro_rules! everywhere {
@@ -219,4 +243,5 @@ everywhere! {
     a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none: restarted,
     peeking_a_quorum_queue_fifty_times_destroys_nothing: peeked,
     a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times: abandoned,
+    fifty_dry_runs_of_a_replay_of_a_quorum_queue_destroy_nothing: dry_run_replayed,
 }

@@ -80,3 +80,42 @@ pub(super) fn put_back(
     acks.settled(tag);
     Ok(PutBack::Requeued)
 }
+
+/// For a `basic.get` reader that returns what it read with one `nack` of everything at the end
+/// (`peek`, a replay's held messages): replaces each of `counted` — deliveries on `channel` of
+/// messages the broker counted a return of, with the messages — by a fresh copy on `queue`,
+/// confirmed, then acknowledges it, so the `nack` that follows does not count it again. A copy
+/// that cannot be published leaves its delivery to the `nack` (counted once more), logged.
+///
+/// # Errors
+///
+/// A publisher that cannot be opened, or an acknowledgement the channel refuses.
+pub(crate) fn replace_counted(
+    connection: &crate::Connection,
+    channel: &Channel,
+    queue: &str,
+    counted: Vec<(Delivery, Message)>,
+) -> crate::Result<()> {
+    if counted.is_empty() {
+        return Ok(());
+    }
+    let publisher = connection.publisher()?;
+    for (delivery, message) in counted {
+        if let Err(e) = super::copies::publish_copy(&publisher, queue, copy_of(&message)) {
+            log::warn!(
+                "acemq: {queue:?}: could not put back a fresh copy of message {} ({e}); it is \
+                 returned instead, and the broker counts one more return of it",
+                message.id()
+            );
+            continue;
+        }
+        delivery.ack(channel).map_err(|e| {
+            crate::Error::amqp(
+                format!("{queue:?}: acknowledging a message put back as a copy"),
+                e,
+            )
+        })?;
+    }
+    let _ = publisher.close();
+    Ok(())
+}

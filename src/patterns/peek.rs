@@ -44,7 +44,7 @@
 //!   routing key it was published with).
 
 use crate::connection::Connection;
-use crate::consume::put_back::returns_counted;
+use crate::consume::put_back::{replace_counted, returns_counted};
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 
@@ -129,15 +129,15 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
             let mut delivery = got.delivery;
             let message = delivery.take_message();
             if returns_counted(&message) > 0 {
-                counted.push((delivery, messages.len()));
+                counted.push((delivery, message.clone()));
             }
             messages.push(message);
         }
         Ok(())
     };
     let result = read();
-    let replaced = if result.is_ok() && !counted.is_empty() {
-        replace(connection, &channel, queue, counted, &messages)
+    let replaced = if result.is_ok() {
+        replace_counted(connection, &channel, queue, counted)
     } else {
         Ok(())
     };
@@ -162,35 +162,4 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
         )
     })?;
     Ok(messages)
-}
-
-/// Puts a fresh copy of each counted message on `queue` (confirmed), then acknowledges its
-/// delivery; a copy that fails leaves its delivery to the plain return (counted once more).
-fn replace(
-    connection: &Connection,
-    channel: &crate::transport::Channel,
-    queue: &str,
-    counted: Vec<(crate::transport::Delivery, usize)>,
-    messages: &[Message],
-) -> Result<()> {
-    let publisher = connection.publisher()?;
-    for (delivery, i) in counted {
-        let copy = crate::consume::copies::copy_of(&messages[i]);
-        if let Err(e) = crate::consume::copies::publish_copy(&publisher, queue, copy) {
-            log::warn!(
-                "acemq: peek of {queue:?}: could not put back a fresh copy of message {} ({e}); \
-                 it is returned instead, and the broker counts one more return of it",
-                messages[i].id()
-            );
-            continue;
-        }
-        delivery.ack(channel).map_err(|e| {
-            Error::amqp(
-                format!("peek of {queue:?}: acknowledging a copied message"),
-                e,
-            )
-        })?;
-    }
-    let _ = publisher.close();
-    Ok(())
 }

@@ -6,10 +6,28 @@ use std::time::Instant;
 use super::copy::{destination, replayed_copy};
 use super::options::ReplayOptions;
 use crate::connection::Connection;
+use crate::consume::put_back::{replace_counted, returns_counted};
 use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::replay_report::{ReplayReport, Stopped};
 use crate::observe::{Observer, ReplayEvent};
+
+/// What a pass holds unacknowledged until its end: how many, and those the broker counted a
+/// return of, with their messages (at most the window).
+#[derive(Default)]
+pub(super) struct Held {
+    count: usize,
+    counted: Vec<(crate::transport::Delivery, Message)>,
+}
+
+impl Held {
+    fn hold(&mut self, delivery: crate::transport::Delivery, message: &Message) {
+        self.count += 1;
+        if returns_counted(message) > 0 {
+            self.counted.push((delivery, message.clone()));
+        }
+    }
+}
 
 /// One pass under way.
 pub(super) struct Pass<'p, 'a> {
@@ -35,8 +53,17 @@ impl Pass<'_, '_> {
         } else {
             Some(self.connection.publisher()?)
         };
-        let mut held = 0usize;
+        let mut held = Held::default();
         let result = self.read_loop(&channel, publisher.as_ref(), &mut held);
+        // Held messages the broker counted a return of go back as fresh copies (not counted
+        // again: RabbitMQ 4.x drops a quorum queue's message past its delivery limit), the rest
+        // with the one nack below.
+        if result.is_ok() {
+            if let Err(e) = replace_counted(self.connection, &channel, &source, held.counted) {
+                log::warn!("acemq: replay of {source:?}: {e}");
+            }
+        }
+        let held = held.count;
         // Return what is held (declined, dry-run reads, the message whose move failed) all at
         // once, in order: nack `multiple` with tag 0 covers every unacknowledged delivery.
         let returned = channel.nack_all(true);
@@ -57,7 +84,7 @@ impl Pass<'_, '_> {
         &mut self,
         channel: &crate::transport::Channel,
         publisher: Option<&crate::Publisher>,
-        held: &mut usize,
+        held: &mut Held,
     ) -> Result<Stopped> {
         let source = self.source.to_string();
         loop {
@@ -71,7 +98,7 @@ impl Pass<'_, '_> {
             {
                 return Ok(Stopped::Deadline);
             }
-            if *held >= self.options.window {
+            if held.count >= self.options.window {
                 return Ok(Stopped::Window);
             }
             let got = channel
@@ -89,11 +116,11 @@ impl Pass<'_, '_> {
             };
             if !wanted {
                 self.report.skipped += 1;
-                *held += 1;
+                held.hold(delivery, &message);
             } else {
                 self.report.matched += 1;
                 match publisher {
-                    None => *held += 1,
+                    None => held.hold(delivery, &message),
                     Some(publisher) => {
                         // On failure the delivery stays unacknowledged: returned with the held.
                         self.move_one(publisher, message)?;
