@@ -800,6 +800,55 @@ fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_
         == 0));
 }
 
+/// A service restarted fifty times during a database outage: each run takes the deliveries,
+/// fails to apply them, and gives back what it holds when it stops. On RabbitMQ 4.x each give-back
+/// was a counted return, and the quorum queue dropped every message after twenty runs; now a
+/// message the broker counted a return of goes back as a fresh copy.
+#[test]
+fn fifty_runs_stopped_during_a_database_outage_lose_nothing() {
+    const N: usize = 3;
+    const PREFETCH: u16 = 8;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ack-amqp-restarts"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Outage {
+        counters: counters(&dir),
+        down: AtomicBool::new(true),
+        failed_calls: AtomicUsize::new(0),
+    });
+    publish_increments(&conn, &q, N, |_| "signups");
+    let run = |store: &std::sync::Arc<Outage>| {
+        let (batcher, stop) = stoppable_batcher(N, usize::from(PREFETCH) - 1);
+        let (done, running) = run_on_a_thread(&conn, &q, PREFETCH, None, store.clone(), batcher);
+        (stop, done, running)
+    };
+    for round in 0..50 {
+        let before = store.failed_calls.load(Ordering::SeqCst);
+        let (stop, done, running) = run(&store);
+        assert!(
+            eventually(WAIT, || store.failed_calls.load(Ordering::SeqCst) > before),
+            "round {round}: the run tried"
+        );
+        let _ = stop_and_join(&stop, &done, running);
+        assert!(
+            eventually(WAIT, || conn
+                .queue_info(&q)
+                .is_ok_and(|i| i.message_count as usize == N)),
+            "round {round}: all {N} are back on {q} (found {:?})",
+            conn.queue_info(&q).map(|i| i.message_count)
+        );
+    }
+    store.down.store(false, Ordering::SeqCst);
+    let (stop, done, running) = run(&store);
+    let all_applied = eventually(WAIT, || {
+        store.counters.value("signups").unwrap() == N as i64
+    });
+    let report = stop_and_join(&stop, &done, running).unwrap();
+    assert!(all_applied, "{report:?}");
+}
+
 /// A message whose effect always fails with a **database** error (here a `CHECK` constraint:
 /// not a refusal) while the database is up, alone in every batch it joins: the store's own
 /// check says the database commits, so the failure is the message's and it is dead-lettered

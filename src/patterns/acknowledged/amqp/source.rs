@@ -4,6 +4,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::consume::put_back::{replace_counted, returns_counted};
 use crate::transport::ConsumerMessage;
 
 use super::state::{AmqpToken, QueueState};
@@ -101,11 +102,32 @@ impl Source for AmqpSource<'_> {
         // After the cancel, wait for the deliveries already on their way: none may arrive
         // after the requeue below, or it would stay unsettled on the channel.
         let mut drained = 0_u64;
-        crate::consume::subscribe::cancel_and_drain(&self.queue.queue, &consumer, |_| drained += 1);
+        // What the broker counted a return of before goes back as a fresh copy, not counted
+        // again (RabbitMQ 4.x drops a quorum queue's message past its delivery limit); the rest
+        // with the one nack below.
+        let mut counted = Vec::new();
+        crate::consume::subscribe::cancel_and_drain(&self.queue.queue, &consumer, |mut d| {
+            drained += 1;
+            let message = d.take_message();
+            if returns_counted(&message) > 0 {
+                counted.push((d, message));
+            }
+        });
         drop(consumer);
         let queue = self.queue;
         // The held deliveries are unsettled too: the requeue below gives them back.
-        queue.requeues.borrow_mut().held.clear();
+        let held = std::mem::take(&mut queue.requeues.borrow_mut().held);
+        for held in held {
+            let token = held.delivery.acknowledgement_token;
+            if returns_counted(&token.received) > 0 {
+                let mut message = *token.received;
+                message.body = held.delivery.message.payload;
+                counted.push((token.delivery, message));
+            }
+        }
+        if let Err(e) = replace_counted(&queue.connection, &queue.channel, &queue.queue, counted) {
+            log::warn!("acemq: closing the source of {:?}: {e}", queue.queue);
+        }
         let left = std::mem::take(&mut *queue.unsettled.borrow_mut()).len();
         queue.source_open.set(false);
         if left == 0 && drained == 0 {
