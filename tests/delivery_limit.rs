@@ -245,3 +245,50 @@ everywhere! {
     a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times: abandoned,
     fifty_dry_runs_of_a_replay_of_a_quorum_queue_destroy_nothing: dry_run_replayed,
 }
+
+/// Where the broker's limit does fire — a message returned past it, as a consumer crashing on it
+/// again and again does — a queue in the family's dead-letter form sends it to `.dlq`, where the
+/// reason reads in words though it carries no `x-acemq-error`. (An explicit `x-delivery-limit`
+/// of 2, so that both majors have one: 3.x has no default.)
+#[test]
+fn a_message_past_the_brokers_delivery_limit_lands_in_the_dlq_with_the_reason_in_words() {
+    use acemq_amqp::patterns::peek::peek;
+    use acemq_amqp::HeaderValue;
+    let conn = support::connect();
+    let mut clean = Cleanup::new(amqp_url());
+    let q = clean.consumed_queue(&unique("dl-fires"), &[]);
+    conn.declare_queue(
+        &QueueSpec::new(&q)
+            .with_dead_letter()
+            .argument("x-delivery-limit", HeaderValue::Int(2)),
+    )
+    .unwrap();
+    // The consumer's own topology: `acemq.dlx` and `{q}.dlq`.
+    conn.consumer(&q, ConsumerOptions::new()).unwrap();
+    let sent = publish_n(&conn, &q, 1, true);
+    let raw = support::raw::Raw::open();
+    let dlq = acemq_amqp::dead_letter_queue(&q);
+    assert!(
+        eventually(WAIT, || {
+            if let Ok(Some(got)) = raw.channel.basic_get(q.as_str(), false) {
+                let _ = got.delivery.nack(&raw.channel, true);
+            }
+            conn.queue_info(&dlq).is_ok_and(|i| i.message_count == 1)
+        }),
+        "returned past its limit, it reached {dlq}"
+    );
+    raw.close();
+    let seen = peek(&conn, &dlq, 10).unwrap();
+    assert_eq!(seen[0].id(), sent[0]);
+    assert_eq!(
+        seen[0].envelope.error, None,
+        "no x-acemq-error: the broker moved it"
+    );
+    let reason = seen[0].failure_reason().expect("a reason");
+    assert!(
+        reason.contains("delivery limit")
+            && reason.contains("(delivery_limit)")
+            && reason.contains(&q),
+        "{reason}"
+    );
+}
