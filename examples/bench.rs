@@ -11,7 +11,7 @@
 //! rounds (under a minute; for CI, which reports and never fails on a ratio); the full run takes
 //! a few minutes. The machine is shared: the load average is printed with the figures.
 //!
-//! Services: RabbitMQ at 127.0.0.1:5672 (guest), PostgreSQL at `PG_URL` or
+//! Services: RabbitMQ at `ACEMQ_AMQP_URL` or 127.0.0.1:5672 (guest; raw amiquip dials the same), PostgreSQL at `PG_URL` or
 //! `host=127.0.0.1 user=postgres dbname=test`. SQLite files go to a temporary directory (WAL,
 //! `synchronous=FULL`).
 
@@ -50,7 +50,6 @@ mod common;
 #[path = "common/fail.rs"]
 mod fail;
 
-const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/";
 const BODY: [u8; 200] = [b'x'; 200];
 
 /// The heap, counted while a memory figure asks for it: what RSS cannot show once the process
@@ -532,7 +531,7 @@ fn consuming(s: &mut Suite, conn: &Connection) -> Result<()> {
 fn in_process(s: &mut Suite) -> Result<()> {
     let queue = format!("bench.inproc.{}", std::process::id());
     let memory = Connection::open(&format!("memory://bench-{}", std::process::id()))?;
-    let rabbit = Connection::open(AMQP)?;
+    let rabbit = Connection::open(&common::amqp_url())?;
     memory.declare_queue(&QueueSpec::new(&queue).classic())?;
     rabbit.declare_queue(&QueueSpec::new(&queue).classic())?;
     let n = s.n(20_000, 5_000);
@@ -792,7 +791,7 @@ fn relay_rate(store: impl OutboxStore + 'static, n: usize) -> Result<f64> {
     let (tx, rx) = crossbeam_channel::bounded(1);
     let connection = acemq_amqp::Connection::open_with(
         acemq_amqp::ConnectionOptions::new()
-            .address(AMQP)
+            .address(common::amqp_url())
             .observer(Published {
                 count: AtomicUsize::new(0),
                 n,
@@ -1463,7 +1462,7 @@ fn request_reply(s: &mut Suite, conn: &Connection) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let raw_thread = raw_responder(raw_q.clone(), stop.clone(), false);
     let env_thread = raw_responder(env_q.clone(), stop.clone(), true);
-    let server = Connection::open(AMQP)?;
+    let server = Connection::open(&common::amqp_url())?;
     // The raw responder answers on the thread that reads the requests: ours does too (inline).
     let price = |_: &Message| Ok::<_, BoxError>(&b"{\"price\":12.5}"[..]);
     let responder = Responder::new(
@@ -1889,7 +1888,7 @@ fn bench() -> Result<()> {
         println!("| figure | unit | ours | raw | ratio | target | met | peak RSS MiB | note |");
         println!("|---|---|---:|---:|---:|---|---|---:|---|");
     }
-    let conn = Connection::open(AMQP)?;
+    let conn = Connection::open(&common::amqp_url())?;
     let dir = tempfile::tempdir().map_err(|e| Error::Io {
         context: "a temporary directory".into(),
         source: e,

@@ -9,9 +9,29 @@ use amiquip::{
     ConsumerMessage, Publish,
 };
 
-/// An amiquip connection to the local broker with TCP_NODELAY.
+/// The broker the benchmarks use: `ACEMQ_AMQP_URL`, or the local broker's guest account (the
+/// examples' setting, so `scripts/test` can run them against a second broker).
+pub fn amqp_url() -> String {
+    std::env::var("ACEMQ_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".into())
+}
+
+/// `host:port` of [`amqp_url`], for raw amiquip's socket.
+pub fn broker_addr() -> String {
+    let url = amqp_url();
+    let rest = url.split("://").nth(1).unwrap_or("127.0.0.1:5672/");
+    let authority = rest.split('/').next().unwrap_or("127.0.0.1:5672");
+    authority
+        .rsplit('@')
+        .next()
+        .unwrap_or(authority)
+        .to_string()
+}
+
+/// An amiquip connection to the broker ([`amqp_url`]) with TCP_NODELAY, as guest.
 pub fn raw_connection() -> amiquip::Connection {
-    let s = std::net::TcpStream::connect("127.0.0.1:5672").expect("RabbitMQ at 127.0.0.1:5672");
+    let addr = broker_addr();
+    let s =
+        std::net::TcpStream::connect(&addr).unwrap_or_else(|e| panic!("RabbitMQ at {addr}: {e}"));
     s.set_nodelay(true).expect("nodelay");
     amiquip::Connection::insecure_open_stream(
         mio::net::TcpStream::from_stream(s).expect("mio stream"),
