@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 
-use super::put_back::returns_counted;
 use crate::envelope::Message;
 use crate::transport::Delivery;
 
@@ -24,7 +23,7 @@ pub(crate) struct RunningDeliveries(parking_lot::Mutex<HashMap<(u64, u64), Entry
 impl RunningDeliveries {
     /// The handler of `message` (delivery `tag` of subscription `generation`) starts.
     pub(crate) fn hold(&self, generation: u64, tag: u64, delivery: Delivery, message: &Message) {
-        let copy = (returns_counted(message) > 0).then(|| message.clone());
+        let copy = (message.returns_counted() > 0).then(|| message.clone());
         self.0
             .lock()
             .insert((generation, tag), Entry { delivery, copy });

@@ -367,7 +367,7 @@ pub(crate) fn publish_copy(
     }
     // The broker's count of the original's returns is not the copy's: a copy starts with none
     // (and a stale one would read as returns the broker never counted).
-    copy.headers.remove(super::put_back::DELIVERY_COUNT);
+    copy.headers.remove(crate::envelope::DELIVERY_COUNT);
     publisher.publish_copy("", queue, copy)
 }
 

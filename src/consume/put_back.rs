@@ -27,20 +27,6 @@ use super::copies::{copy_of, publish};
 use crate::envelope::Message;
 use crate::transport::{AmqpError, Channel, Delivery};
 
-/// The header in which RabbitMQ's quorum queues count a message's returns (4.x: its delivery
-/// limit is read against it).
-pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
-
-/// How many returns of this message the broker has counted (its `x-delivery-count`; 0 when it
-/// carries none).
-pub(crate) fn returns_counted(message: &Message) -> i64 {
-    message
-        .headers
-        .get(DELIVERY_COUNT)
-        .and_then(|v| v.as_i64())
-        .unwrap_or(0)
-}
-
 /// How a delivery went back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PutBack {
@@ -61,7 +47,7 @@ pub(super) fn put_back(
     message: &Message,
 ) -> Result<PutBack, AmqpError> {
     let tag = delivery.delivery_tag();
-    if returns_counted(message) > 0 {
+    if message.returns_counted() > 0 {
         match publish(ctx, &ctx.queue, copy_of(message)) {
             Ok(()) => {
                 delivery.ack(channel)?;

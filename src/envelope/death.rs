@@ -11,7 +11,20 @@
 
 use super::{HeaderValue, Message};
 
+/// The header in which RabbitMQ's quorum queues count a message's returns (4.x reads its
+/// delivery limit against it).
+pub(crate) const DELIVERY_COUNT: &str = "x-delivery-count";
+
 impl Message {
+    /// How many returns of this message the broker has counted (its `x-delivery-count`; 0 when
+    /// it carries none).
+    pub(crate) fn returns_counted(&self) -> i64 {
+        self.headers
+            .get(DELIVERY_COUNT)
+            .and_then(HeaderValue::as_i64)
+            .unwrap_or(0)
+    }
+
     /// Why this message was set aside: its `x-acemq-error` (the family's reason) when it has
     /// one, else the reason RabbitMQ dead-lettered it for, in words, with the queue it left —
     /// e.g. `the broker dead-lettered it from "orders": it was returned to the queue more often

@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 
 use amiquip::{AmqpValue, FieldTable};
 
+pub(crate) use death::DELIVERY_COUNT;
 pub use ids::{new_id, now_ms};
 pub(crate) use ids::{random_u64, uuid_v8};
 pub use message::{Message, Received};

@@ -44,7 +44,7 @@
 //!   routing key it was published with).
 
 use crate::connection::Connection;
-use crate::consume::put_back::{replace_counted, returns_counted};
+use crate::consume::put_back::replace_counted;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 
@@ -128,7 +128,7 @@ fn read_and_return(connection: &Connection, queue: &str, limit: usize) -> Result
             let Some(got) = got else { break };
             let mut delivery = got.delivery;
             let message = delivery.take_message();
-            if returns_counted(&message) > 0 {
+            if message.returns_counted() > 0 {
                 counted.push((delivery, message.clone()));
             }
             messages.push(message);

@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::copy::{destination, replayed_copy};
 use super::options::ReplayOptions;
 use crate::connection::Connection;
-use crate::consume::put_back::{replace_counted, returns_counted};
+use crate::consume::put_back::replace_counted;
 use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::replay_report::{ReplayReport, Stopped};
@@ -23,7 +23,7 @@ pub(super) struct Held {
 impl Held {
     fn hold(&mut self, delivery: crate::transport::Delivery, message: &Message) {
         self.count += 1;
-        if returns_counted(message) > 0 {
+        if message.returns_counted() > 0 {
             self.counted.push((delivery, message.clone()));
         }
     }

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::consume::put_back::{replace_counted, returns_counted};
+use crate::consume::put_back::replace_counted;
 use crate::transport::ConsumerMessage;
 
 use super::state::{AmqpToken, QueueState};
@@ -109,7 +109,7 @@ impl Source for AmqpSource<'_> {
         crate::consume::subscribe::cancel_and_drain(&self.queue.queue, &consumer, |mut d| {
             drained += 1;
             let message = d.take_message();
-            if returns_counted(&message) > 0 {
+            if message.returns_counted() > 0 {
                 counted.push((d, message));
             }
         });
@@ -119,7 +119,7 @@ impl Source for AmqpSource<'_> {
         let held = std::mem::take(&mut queue.requeues.borrow_mut().held);
         for held in held {
             let token = held.delivery.acknowledgement_token;
-            if returns_counted(&token.received) > 0 {
+            if token.received.returns_counted() > 0 {
                 let mut message = *token.received;
                 message.body = held.delivery.message.payload;
                 counted.push((token.delivery, message));
