@@ -145,7 +145,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
 
     // Both AMQP connections go through the proxy and carry the run's name, so a cut can come
     // from either side.
-    let proxy = FaultProxy::start("127.0.0.1:5672");
+    let proxy = FaultProxy::start(&support::amqp_url());
     let options = |role: &str| {
         ConnectionOptions::new()
             .address(proxy.url())
@@ -441,7 +441,7 @@ fn close_from_the_broker(name: &str) -> usize {
     let mut closed = 0;
     for line in listing.lines().filter(|l| l.contains(name)) {
         let pid = line.split('\t').next().unwrap_or_default();
-        let ok = std::process::Command::new("rabbitmqctl")
+        let ok = support::rabbitmqctl_command()
             .args(["close_connection", pid, "closed by the acemq chaos test"])
             .output()
             .map(|o| o.status.success())

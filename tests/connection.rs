@@ -107,7 +107,7 @@ fn declares_quorum_and_stream_queues_and_bindings() {
 
 #[test]
 fn recovers_from_a_cut_under_load_and_redeclares_topology() {
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -243,7 +243,7 @@ fn close_is_final_and_reported() {
 
 #[test]
 fn recovers_from_a_silent_peer_through_missed_heartbeats() {
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -280,7 +280,7 @@ fn close_during_an_outage_is_final_and_a_consumer_on_it_ends() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.queue(&unique("close-outage"));
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

@@ -459,7 +459,7 @@ fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     let ids: HashSet<String> = publish_n(&direct, &q, 5_000, true).into_iter().collect();
 
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -621,7 +621,7 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
     // (which we never send). (A NaN double, which we also refuse, closes the connection at the
     // broker with 541 INTERNAL_ERROR, so it cannot arrive.)
     {
-        let s = std::net::TcpStream::connect("127.0.0.1:5672").unwrap();
+        let s = std::net::TcpStream::connect(support::broker_addr()).unwrap();
         let mut raw = amiquip::Connection::insecure_open_stream(
             mio::net::TcpStream::from_stream(s).unwrap(),
             amiquip::ConnectionOptions::<amiquip::Auth>::default(),
@@ -791,7 +791,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
     let q = clean.consumed_queue(&unique("stale-jobs"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     publish_n(&direct, &q, 8, true);
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

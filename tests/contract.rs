@@ -802,7 +802,7 @@ fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_on
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("held-cut"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -996,7 +996,7 @@ fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("non-utf8"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     proxy.mangle(
         b"ZZ-NOT-UTF8-ZZ",
         b"\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe\xff\xfe",

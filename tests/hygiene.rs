@@ -127,7 +127,7 @@ impl User {
 
 impl Drop for User {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = support::rabbitmqctl_command()
             .args(["delete_user", &self.name])
             .output();
     }
@@ -137,7 +137,12 @@ impl Drop for User {
 fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let user = User::new();
-    let url = format!("amqp://{}:{}@127.0.0.1:5672/", user.name, user.password);
+    let url = format!(
+        "amqp://{}:{}@{}/",
+        user.name,
+        user.password,
+        support::broker_addr()
+    );
     let options = ConnectionOptions::new().address(&url).name("hygiene-debug");
     let mut seen = vec![format!("{options:?}")];
     let conn = support::connect_with(options);

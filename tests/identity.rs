@@ -41,7 +41,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
     );
     raw.close();
 
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

@@ -686,7 +686,7 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
             Ok(acemq_amqp::Outcome::Accept)
         })
         .unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let history: History = Arc::default();
     let confirms = Confirms {
         history: history.clone(),

@@ -182,7 +182,7 @@ fn an_inline_consumer_resumes_after_a_connection_cut_and_loses_nothing() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("inline-cut"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

@@ -409,7 +409,7 @@ fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("at-most-once-kill"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

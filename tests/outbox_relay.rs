@@ -182,7 +182,7 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
     let ids = add_many(&db, &store, &q, 1_000);
     let (consumer, seen) = collector(&direct, &q);
 
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -861,7 +861,7 @@ fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answe
             .lease(lease),
     )
     .unwrap();
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(ConnectionOptions::new().address(proxy.url()));
     let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();
     // Warm up: the relay's publisher and channel exist before the broker stops answering.

@@ -281,7 +281,7 @@ fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.queue(&unique("stalled-publish"));
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = support::connect_with(
         acemq_amqp::ConnectionOptions::new()
             .address(proxy.url())

@@ -322,7 +322,7 @@ fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
     let mut clean = support::Cleanup::new(&direct);
     let q = clean.queue(&unique("batch-cut"));
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = support::connect_with(
         ConnectionOptions::new()
             .address(proxy.url())
@@ -413,7 +413,7 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
     let mut clean = support::Cleanup::new(&direct);
     let q = clean.queue(&unique("batch-frozen"));
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = support::connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

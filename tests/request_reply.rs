@@ -405,7 +405,7 @@ fn survive_a_cut(options: ConsumerOptions) {
     let direct = connect();
     let mut clean = Cleanup::new(&direct);
     let q = request_queue(&direct, &mut clean, "rr-cut");
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let connection = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

@@ -268,7 +268,7 @@ fn after_a_reconnect_a_reader_goes_on_where_it_was_not_from_its_first_offset() {
     let s = clean.consumed_queue(&unique("stream-resume"), &[]);
     declare_stream(&direct, &s, StreamRetention::default()).unwrap();
     publish(&direct, &s, &["0", "1", "2", "3", "4"]);
-    let proxy = FaultProxy::start("127.0.0.1:5672").expect("fault proxy");
+    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let conn = connect_with(
         ConnectionOptions::new()
             .address(proxy.url())

@@ -177,10 +177,10 @@ fn a_name_mismatch_is_refused_and_the_server_name_override_makes_it_pass() {
 
 #[test]
 fn an_amqps_address_on_a_plain_port_says_it_does_not_speak_tls() {
-    // The broker every other test uses listens without TLS on 5672.
+    // The broker every other test uses listens without TLS.
     let (failure, text) = refused(
         ConnectionOptions::new()
-            .address("amqps://guest:guest@localhost:5672/")
+            .address(format!("amqps://guest:guest@{}/", support::broker_addr()))
             .tls_root_certificate(pem("ca.crt")),
     );
     assert_eq!(failure, TlsFailure::NotTls, "{text}");
@@ -189,7 +189,7 @@ fn an_amqps_address_on_a_plain_port_says_it_does_not_speak_tls() {
 
 #[test]
 fn tls_settings_on_a_plain_address_are_refused() {
-    let plain = || ConnectionOptions::new().address("amqp://guest:guest@localhost:5672/");
+    let plain = || ConnectionOptions::new().address(support::amqp_url());
     for options in [
         plain().tls_root_certificate(pem("ca.crt")),
         plain().tls_server_name("localhost"),

@@ -635,7 +635,7 @@ fn unreachable_broker_or_database_is_exit_3_with_one_line_and_no_password() {
     drop(closed);
     let url = format!("amqp://guest:{secret}@127.0.0.1:{port}/%2f");
     // The broker refusing the password.
-    let refused = format!("amqp://guest:{secret}@127.0.0.1:5672/%2f");
+    let refused = format!("amqp://guest:{secret}@{}/%2f", support::broker_addr());
     for url in [url.as_str(), refused.as_str()] {
         for json in [false, true] {
             let mut args = vec!["--url", url];

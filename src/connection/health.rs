@@ -116,6 +116,8 @@ impl Connection {
     }
 }
 
+// Only the actuator's `/acemq-info` reads it: without the feature it would be dead code.
+#[cfg(feature = "actuator")]
 impl Connection {
     /// The address of the current link (its password never shown), or `None` while not
     /// connected.

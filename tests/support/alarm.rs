@@ -21,7 +21,7 @@ pub struct Watermark {
 }
 
 fn set_watermark(value: &str) {
-    let _ = std::process::Command::new("rabbitmqctl")
+    let _ = super::rabbitmqctl_command()
         .args(["set_vm_memory_high_watermark", value])
         .output();
 }

@@ -1,6 +1,6 @@
 //! A TLS-terminating proxy in front of the local broker (which listens without TLS), for the
 //! tests of `amqps://` connections: it holds the certificate a test made and forwards the plain
-//! bytes to 127.0.0.1:5672.
+//! bytes to the tests' broker ([`super::broker_addr`]).
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,7 +18,7 @@ pub fn tls_proxy(cert: &[u8], key: &[u8]) -> u16 {
                 let Ok(mut tls) = acceptor.accept(client) else {
                     return;
                 };
-                let Ok(mut up) = TcpStream::connect("127.0.0.1:5672") else {
+                let Ok(mut up) = TcpStream::connect(super::broker_addr()) else {
                     return;
                 };
                 tls.get_ref().set_nonblocking(true).unwrap();
