@@ -1,7 +1,7 @@
 //! A consumer whose queue can lose messages to RabbitMQ 4.x's quorum delivery limit (a quorum
 //! queue with no dead-letter target) says so once at start, with the two mends; one whose queue
 //! has the family's dead-letter form says nothing, and on RabbitMQ 3.x (no default delivery
-//! limit) neither does. Alone in its binary: it installs the process's logger.
+//! limit) neither does; a transient queue that is not exclusive is warned about once. Alone in its binary: it installs the process's logger.
 
 mod support;
 
@@ -57,6 +57,21 @@ fn a_consumer_of_a_quorum_queue_without_a_dead_letter_target_warns_once_on_rabbi
                 .unwrap();
         }
     }
+    // A transient queue that is not exclusive: deprecated by RabbitMQ (4.0 logs it, 4.3 refuses
+    // it by default), said once whatever the major.
+    let transient = clean.queue(&unique("dlw-transient"));
+    for _ in 0..2 {
+        conn.declare_queue(&QueueSpec::new(&transient).durable(false))
+            .unwrap();
+    }
+    let said: Vec<String> = LINES
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains(&format!("{transient:?}")) && l.contains("transient_nonexcl_queues"))
+        .cloned()
+        .collect();
+    assert_eq!(said.len(), 1, "{said:?}");
     assert!(
         warnings_about(&guarded).is_empty(),
         "{:?}",

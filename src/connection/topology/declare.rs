@@ -46,6 +46,7 @@ impl Connection {
     /// when it exists with other settings; the connection keeps working.
     pub fn declare_queue(&self, spec: &QueueSpec) -> Result<QueueInfo> {
         spec.validate()?;
+        warn_if_transient_nonexclusive(spec);
         let info = self.with_channel(|c| declare_queue_on(c, spec))?;
         if !spec.name.is_empty() {
             let mut t = self.shared.topology.lock();
@@ -91,4 +92,27 @@ impl Connection {
             .retain(|x| x != binding);
         Ok(())
     }
+}
+
+/// RabbitMQ deprecates transient queues that are not exclusive (`transient_nonexcl_queues`: 4.0
+/// logs it, 4.3 refuses them by default): said once per queue name in this process (bounded).
+fn warn_if_transient_nonexclusive(spec: &QueueSpec) {
+    static WARNED: parking_lot::Mutex<Vec<String>> = parking_lot::Mutex::new(Vec::new());
+    if spec.durable || spec.exclusive || spec.name.is_empty() {
+        return;
+    }
+    let mut warned = WARNED.lock();
+    if warned.iter().any(|n| n == &spec.name) {
+        return;
+    }
+    if warned.len() >= 256 {
+        warned.clear();
+    }
+    warned.push(spec.name.clone());
+    log::warn!(
+        "acemq: queue {:?} is transient and not exclusive, which RabbitMQ deprecates \
+         (transient_nonexcl_queues: 4.0 warns, 4.3 refuses it by default); make it exclusive \
+         or durable",
+        spec.name
+    );
 }

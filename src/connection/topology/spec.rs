@@ -140,6 +140,11 @@ impl QueueSpec {
     }
 
     /// Durable (survives a broker restart). Defaults to true.
+    ///
+    /// A transient queue that is not [`exclusive`](Self::exclusive) is deprecated by RabbitMQ:
+    /// 4.0 logs `transient_nonexcl_queues` for it, and 4.3 refuses it by default;
+    /// [`Connection::declare_queue`](crate::Connection::declare_queue) logs a warning (once
+    /// per queue name). Make a transient queue exclusive, or durable.
     pub fn durable(mut self, durable: bool) -> Self {
         self.durable = durable;
         self
