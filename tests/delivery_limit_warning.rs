@@ -1,7 +1,8 @@
 //! A consumer whose queue can lose messages to RabbitMQ 4.x's quorum delivery limit (a quorum
 //! queue with no dead-letter target) says so once at start, with the two mends; one whose queue
 //! has the family's dead-letter form says nothing, and on RabbitMQ 3.x (no default delivery
-//! limit) neither does; a transient queue that is not exclusive is warned about once. Alone in its binary: it installs the process's logger.
+//! limit) neither does; a transient queue that is not exclusive is warned about once. Alone in
+//! its binary: it installs the process's logger.
 
 mod support;
 
