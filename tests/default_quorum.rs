@@ -183,3 +183,98 @@ fn a_classic_queue_declared_by_the_family_and_by_this_library_is_one_declaration
     }
     raw.close();
 }
+
+/// The default declaration stays the family's (issue 46: changing it would be a wire-contract
+/// change): `QueueSpec::new` is a durable quorum queue with no dead-letter target, exactly what
+/// Python's `Topology.queue(name)` declares, and `with_dead_letter` is its `dead_letter=True`
+/// form. Each accepted by the broker after the other's declaration, both ways, on both majors.
+#[test]
+fn the_default_and_the_dead_letter_declarations_are_the_familys_on_both_majors() {
+    use support::raw::text;
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let raw = support::raw::Raw::open();
+    let family_quorum = || {
+        let mut args = amiquip::FieldTable::new();
+        args.insert("x-queue-type".into(), text("quorum"));
+        args
+    };
+    let family_dead_letter = |q: &str| {
+        let mut args = family_quorum();
+        args.insert("x-dead-letter-exchange".into(), text("acemq.dlx"));
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            text(&acemq_amqp::dead_letter_queue(q)),
+        );
+        args
+    };
+    for family_first in [true, false] {
+        let plain = clean.queue(&unique("dq-default"));
+        let guarded = clean.queue(&unique("dq-dead-letter"));
+        if family_first {
+            raw.declare_queue(&plain, family_quorum()).unwrap();
+            raw.declare_queue(&guarded, family_dead_letter(&guarded))
+                .unwrap();
+        }
+        conn.declare_queue(&QueueSpec::new(&plain))
+            .expect("the default declaration is the family's");
+        conn.declare_queue(&QueueSpec::new(&guarded).with_dead_letter())
+            .expect("the dead-letter form is the family's");
+        if !family_first {
+            raw.declare_queue(&plain, family_quorum())
+                .expect("the family's default agrees with ours");
+            raw.declare_queue(&guarded, family_dead_letter(&guarded))
+                .expect("the family's dead-letter form agrees with ours");
+        }
+        // And they differ from each other: the broker refuses one over the other.
+        assert!(conn
+            .compare_queue(&QueueSpec::new(&plain).with_dead_letter())
+            .unwrap()
+            .iter()
+            .any(|d| d.what == "x-dead-letter-exchange"));
+    }
+    raw.close();
+}
+
+/// The scheduler on a default-quorum vhost: its TTL rungs and control queue stay classic, and a
+/// message scheduled a second ahead arrives.
+#[test]
+fn on_a_default_quorum_vhost_the_schedulers_queues_stay_classic_and_a_message_arrives() {
+    use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
+    let vhost = QuorumVhost::new();
+    let conn = vhost.connect();
+    let base = unique("dq-schedule");
+    let target = unique("dq-target");
+    conn.declare_queue(&QueueSpec::new(&target)).unwrap();
+    let scheduler = Scheduler::new(
+        &conn,
+        SchedulerOptions::new()
+            .base(&base)
+            .rungs([Duration::from_secs(1), Duration::from_secs(10)]),
+    )
+    .and_then(Scheduler::start)
+    .expect("the scheduler starts");
+    scheduler
+        .after(Duration::from_secs(1), "", &target, Message::new("later"))
+        .expect("scheduled");
+    assert!(
+        eventually(WAIT, || conn
+            .queue_info(&target)
+            .is_ok_and(|i| i.message_count == 1)),
+        "the scheduled message arrived"
+    );
+    let types = vhost.queue_types();
+    for q in [
+        format!("{base}.1s"),
+        format!("{base}.10s"),
+        format!("{base}.due"),
+    ] {
+        assert_eq!(
+            types.get(&q).map(String::as_str),
+            Some("classic"),
+            "{q} in {types:?}"
+        );
+    }
+    scheduler.close().unwrap();
+    conn.close().unwrap();
+}
