@@ -54,12 +54,14 @@ fn read_exactly(stream: &mut TcpStream, n: usize) -> std::io::Result<Vec<u8>> {
 
 #[test]
 fn the_proxy_url_keeps_the_upstream_credentials_and_vhost() {
-    let p = FaultProxy::start("amqp://bob:secret@127.0.0.1:5672/orders?heartbeat=5").unwrap();
+    // The tests' broker (ACEMQ_TEST_AMQP_URL's host and port), with other credentials and vhost.
+    let upstream = support::broker_addr();
+    let p = FaultProxy::start(&format!("amqp://bob:secret@{upstream}/orders?heartbeat=5")).unwrap();
     assert_eq!(
         p.url(),
         format!("amqp://bob:secret@{}/orders?heartbeat=5", p.addr())
     );
-    let plain = FaultProxy::start("127.0.0.1:5672").unwrap();
+    let plain = FaultProxy::start(&upstream).unwrap();
     assert_eq!(plain.url(), format!("amqp://guest:guest@{}/", plain.addr()));
     assert!(FaultProxy::start("amqp:///").is_err());
 }
