@@ -2,7 +2,9 @@
 //! `acemq-a`, `-b`, `-c` on 127.0.0.1:5673–5675; the broker on 5672 is not involved).
 //!
 //! These tests fail — never skip — when the cluster cannot be started. They stop and restart
-//! nodes, so they run one at a time.
+//! nodes, so they run one at a time. The nodes are RabbitMQ 3.10 or, in `scripts/test`'s 4.x
+//! run, RabbitMQ 4.x (`ACEMQ_NODES_MAJOR=4`); either way they are asked through the run's
+//! rabbitmqctl (`support::rabbitmqctl_command`, with `-n node`).
 
 mod support;
 
@@ -58,7 +60,7 @@ fn ensure_cluster() {
 }
 
 fn ctl(node: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new("rabbitmqctl")
+    let out = support::rabbitmqctl_command()
         .arg("-n")
         .arg(node)
         .args(args)
@@ -86,10 +88,10 @@ impl StoppedNode {
 
 impl Drop for StoppedNode {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = support::rabbitmqctl_command()
             .args(["-n", self.0, "start_app"])
             .output();
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = support::rabbitmqctl_command()
             .args(["-n", self.0, "await_startup"])
             .output();
     }

@@ -10,7 +10,7 @@ use acemq_amqp::{
     Binding, Connection, ConnectionOptions, Error, ExchangeKind, ExchangeSpec, Message,
     PublisherOptions, QueueSpec,
 };
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use support::{connect, connect_with, eventually, unique, Cleanup, StopOnDrop};
 
 #[test]
 fn unreachable_broker_is_a_clear_error_without_the_password() {
@@ -129,6 +129,8 @@ fn recovers_from_a_cut_under_load_and_redeclares_topology() {
     let confirmed = AtomicUsize::new(0);
     let failed_retriably = AtomicUsize::new(0);
     std::thread::scope(|s| {
+        // A failed assertion below must end the publishing threads, or the scope waits for ever.
+        let _stop = StopOnDrop(&stop);
         for t in 0..4 {
             let (publisher, q, stop) = (&publisher, &q, &stop);
             let (confirmed, failed_retriably) = (&confirmed, &failed_retriably);
@@ -185,9 +187,12 @@ fn recovers_from_a_cut_under_load_and_redeclares_topology() {
         conn.wait_connected(Duration::from_secs(10))
             .expect("the connection comes back by itself");
         let after_recovery = confirmed.load(Ordering::SeqCst);
-        assert!(eventually(Duration::from_secs(10), || confirmed
-            .load(Ordering::SeqCst)
-            > after_recovery + 100));
+        assert!(
+            eventually(Duration::from_secs(10), || confirmed.load(Ordering::SeqCst)
+                > after_recovery + 100),
+            "publishing goes on after the recovery: {} confirmed since",
+            confirmed.load(Ordering::SeqCst) - after_recovery
+        );
         stop.store(true, Ordering::SeqCst);
     });
     assert!(conn.generation().unwrap() >= 2);

@@ -185,6 +185,74 @@ fn abandoned(url: &str) {
     assert_eq!(ids, sent, "every message survived fifty abandoned handlers");
 }
 
+/// A batch handler gathering every message (`Handler::batch_limits`), still running when the
+/// consumer's shutdown deadline passes: the whole batch is abandoned. Its deliveries were left to
+/// the channel's close, a return RabbitMQ 4.x counts, so after twenty rounds they were dropped.
+/// The closing consumer now gives them back as it does a single handler's.
+fn abandoned_batch(url: &str) {
+    struct Blocking {
+        started: mpsc::Sender<usize>,
+        released: std::sync::Mutex<mpsc::Receiver<()>>,
+    }
+    impl acemq_amqp::Handler for Blocking {
+        fn handle(&self, _: &Message) -> acemq_amqp::HandlerResult {
+            unreachable!("a batch handler is called with batches")
+        }
+        fn batch_limits(&self) -> Option<(usize, Duration)> {
+            Some((3, Duration::from_secs(5)))
+        }
+        fn handle_batch(
+            &self,
+            messages: &[&Message],
+        ) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
+            let _ = self.started.send(messages.len());
+            let _ = self.released.lock().unwrap().recv_timeout(WAIT);
+            // Late: the consumer gave the batch back already; these are dropped.
+            messages.iter().map(|_| Ok(Ok(Outcome::Accept))).collect()
+        }
+    }
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let mut clean = Cleanup::new(url);
+    let q = clean.consumed_queue(&unique("dl-abandon-batch"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q))
+        .expect("a quorum queue");
+    let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
+    for round in 0..50 {
+        let (started_tx, started) = mpsc::channel::<usize>();
+        let (release, released) = mpsc::channel::<()>();
+        let handler = Blocking {
+            started: started_tx,
+            released: std::sync::Mutex::new(released),
+        };
+        let consumer = conn
+            .consumer(
+                &q,
+                ConsumerOptions::new()
+                    .declare(false)
+                    .prefetch(3)
+                    .concurrency(1)
+                    .shutdown_timeout(Duration::from_millis(50)),
+            )
+            .unwrap()
+            .start(handler)
+            .expect("the consumer starts");
+        let size = started.recv_timeout(WAIT).expect("a batch started");
+        assert_eq!(size, 3, "round {round}: the batch gathered all three");
+        let report = consumer.close().expect("close");
+        assert_eq!(report.abandoned, 3, "round {round}: {report:?}");
+        release.send(()).unwrap();
+        assert!(
+            eventually(WAIT, || conn
+                .queue_info(&q)
+                .is_ok_and(|i| i.message_count == 3)),
+            "round {round}: all three are back on {q} (found {:?})",
+            conn.queue_info(&q).map(|i| i.message_count)
+        );
+    }
+    let ids = drain_ids(&conn, &q, sent.len());
+    assert_eq!(ids, sent, "every message survived fifty abandoned batches");
+}
+
 /// An operator looks at what a replay would move, fifty times, on a quorum queue (a dry run
 /// holds every message it reads and returns them at the end). On 4.x each return was counted and
 /// the broker dropped every message after twenty dry runs.
@@ -243,6 +311,7 @@ everywhere! {
     a_consumer_restarted_fifty_times_with_prefetched_messages_loses_none: restarted,
     peeking_a_quorum_queue_fifty_times_destroys_nothing: peeked,
     a_handler_outliving_fifty_shutdown_deadlines_loses_its_message_none_of_the_times: abandoned,
+    a_batch_handler_outliving_fifty_shutdown_deadlines_loses_none_of_its_batch: abandoned_batch,
     fifty_dry_runs_of_a_replay_of_a_quorum_queue_destroy_nothing: dry_run_replayed,
 }
 

@@ -2,7 +2,9 @@
 //! worker, while the handler runs, so that a consumer closing past its shutdown deadline can give
 //! back what it abandons itself — by the rule of `put_back.rs` — instead of leaving it to the
 //! channel's close, which RabbitMQ 4.x counts as a return against a quorum queue's delivery
-//! limit. A worker whose handler ends after that finds its delivery gone and settles nothing.
+//! limit. A worker whose handler (single or batch) ends after that finds its delivery gone and
+//! settles nothing. Workers park a job here with `Job::park` and take it back with
+//! `Parked::unpark` (`protocol.rs`).
 
 use std::collections::HashMap;
 

@@ -1,6 +1,7 @@
 //! The batched worker loop, for a handler with [`Handler::batch_limits`] (the batched
 //! `idempotent_tx`): deliveries gathered up to a bound, one [`Handler::handle_batch`] call, then
-//! each settled as a single delivery is.
+//! each settled as a single delivery is. While the batch runs, its deliveries are parked where a
+//! consumer closing past its deadline can give them back (`abandon.rs`), as a single handler's.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -76,28 +77,40 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
             continue;
         }
         let started = Instant::now();
-        ctx.running.fetch_add(batch.len(), Ordering::SeqCst);
-        let messages: Vec<&Message> = batch.iter().map(|(job, _)| &job.message).collect();
+        let parked: Vec<_> = batch
+            .into_iter()
+            .map(|(job, offset)| (job.park(ctx), offset))
+            .collect();
+        ctx.running.fetch_add(parked.len(), Ordering::SeqCst);
+        let messages: Vec<&Message> = parked.iter().map(|(p, _)| &p.message).collect();
         let results = catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)));
         drop(messages);
-        ctx.running.fetch_sub(batch.len(), Ordering::SeqCst);
+        ctx.running.fetch_sub(parked.len(), Ordering::SeqCst);
         let duration = started.elapsed();
         let mut results = match results {
-            Ok(results) if results.len() == batch.len() => results.into_iter().map(Some).collect(),
+            Ok(results) if results.len() == parked.len() => results.into_iter().map(Some).collect(),
             Ok(results) => {
                 log::error!(
                     "acemq: a batch handler returned {} results for {} messages from {:?}; \
                      they will be retried",
                     results.len(),
-                    batch.len(),
+                    parked.len(),
                     ctx.queue
                 );
                 Vec::new()
             }
             Err(_) => Vec::new(),
         };
-        results.resize_with(batch.len(), || None);
-        for ((job, offset), result) in batch.into_iter().zip(results) {
+        results.resize_with(parked.len(), || None);
+        // Those the closing consumer gave back meanwhile are left out: their results are dropped.
+        let batch: Vec<_> = parked
+            .into_iter()
+            .zip(results)
+            .filter_map(|((parked, offset), result)| {
+                parked.unpark(ctx).map(|job| ((job, offset), result))
+            })
+            .collect();
+        for ((job, offset), result) in batch {
             // A batch that panicked as a whole (or answered wrongly) is every message's retry.
             let result = result.unwrap_or_else(|| {
                 Err(Box::new("the batch handler panicked or answered wrongly") as _)

@@ -59,7 +59,7 @@
 //! | `report.rs` | [`CloseReport`] |
 //! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
 //! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
-//! | `protocol.rs` | the messages between the threads: `Job`, `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg` |
+//! | `protocol.rs` | the messages between the threads: `Job` (`Parked` while its handler runs), `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg` |
 //! | `owner.rs` | the owner thread's loop: subscribing again after a reconnect, serving one subscription, shutting down |
 //! | `settle.rs` | one subscription's settlement state and applying settlements to it (`settle`) |
 //! | `subscribe.rs` | one subscription's start and end: link, channel, `basic.consume`, `cancel_and_drain` |

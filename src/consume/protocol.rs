@@ -1,5 +1,5 @@
-//! The messages between the threads of one consumer: a delivery handed to a worker ([`Job`]),
-//! a worker's or the timer's word to the owner ([`Settle`], [`SettleAction`], with the
+//! The messages between the threads of one consumer: a delivery handed to a worker ([`Job`],
+//! [`Parked`] while its handler runs), a worker's or the timer's word to the owner ([`Settle`], [`SettleAction`], with the
 //! at-most-once question [`AckAhead`]), and what the timer thread is handed ([`TimerMsg`]).
 
 use std::sync::atomic::Ordering;
@@ -70,6 +70,64 @@ impl Job {
             keyed: false,
             hold: false,
         }
+    }
+}
+
+/// A job whose handler is running: all of it but the delivery, which is held in the consumer's
+/// [`RunningDeliveries`](super::abandon::RunningDeliveries) meanwhile, so that a consumer closing
+/// past its shutdown deadline can give it back itself (`abandon.rs`).
+pub(crate) struct Parked {
+    generation: u64,
+    tag: u64,
+    pub(crate) message: Message,
+    keyed: bool,
+    hold: bool,
+}
+
+impl Job {
+    /// Parks the job's delivery in `ctx`'s running deliveries while its handler runs.
+    pub(crate) fn park(self, ctx: &Context) -> Parked {
+        let Job {
+            generation,
+            tag,
+            delivery,
+            message,
+            keyed,
+            hold,
+        } = self;
+        ctx.running_deliveries
+            .hold(generation, tag, delivery, &message);
+        Parked {
+            generation,
+            tag,
+            message,
+            keyed,
+            hold,
+        }
+    }
+}
+
+impl Parked {
+    /// The handler ended: the job again, or `None` (logged) when the closing consumer gave the
+    /// delivery back meanwhile — then the handler's result must be dropped.
+    pub(crate) fn unpark(self, ctx: &Context) -> Option<Job> {
+        let Some(delivery) = ctx.running_deliveries.release(self.generation, self.tag) else {
+            log::warn!(
+                "acemq: the handler of message {} on {} ended after the consumer's shutdown \
+                 deadline; the message was given back, and this result is dropped",
+                self.message.id(),
+                ctx.who()
+            );
+            return None;
+        };
+        Some(Job {
+            generation: self.generation,
+            tag: self.tag,
+            delivery,
+            message: self.message,
+            keyed: self.keyed,
+            hold: self.hold,
+        })
     }
 }
 

@@ -64,39 +64,16 @@ pub(crate) fn take<H: Handler + Sync + ?Sized>(
             let started = Instant::now();
             // The delivery is held where a consumer closing past its deadline can give it back
             // (`abandon.rs`) while the handler runs.
-            let Job {
-                generation,
-                tag,
-                delivery,
-                message,
-                keyed,
-                hold,
-            } = job;
-            ctx.running_deliveries
-                .hold(generation, tag, delivery, &message);
+            let parked = job.park(ctx);
             ctx.running.fetch_add(1, Ordering::SeqCst);
             let result = catch_unwind(AssertUnwindSafe(|| {
-                intercepted(ctx, &mut watch.intercept, handler, &message)
+                intercepted(ctx, &mut watch.intercept, handler, &parked.message)
             }));
             ctx.running.fetch_sub(1, Ordering::SeqCst);
-            let Some(delivery) = ctx.running_deliveries.release(generation, tag) else {
+            let Some(job) = parked.unpark(ctx) else {
                 // Abandoned: the closing consumer gave the message back; its result is dropped.
                 let _ = super::reply::take();
-                log::warn!(
-                    "acemq: the handler of message {} on {} ended after the consumer's shutdown \
-                     deadline; the message was given back, and this result is dropped",
-                    message.id(),
-                    ctx.who()
-                );
                 return;
-            };
-            let job = Job {
-                generation,
-                tag,
-                delivery,
-                message,
-                keyed,
-                hold,
             };
             let verdict = judge(ctx, &job, result);
             (job, (verdict, false, started.elapsed()))

@@ -141,6 +141,17 @@ pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
     acemq_amqp::testing::wait_until(timeout, f).is_ok()
 }
 
+/// Sets its flag when dropped. Inside `std::thread::scope`, a failed assertion in the scope's
+/// own body still waits for every spawned thread: threads that loop until a stop flag would keep
+/// it waiting for ever, turning a failure into a hang. Hold one of these first in the body.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// The `rabbitmqctl` command for the tests' broker: `ACEMQ_TEST_RABBITMQCTL` (a command line,
 /// split on whitespace, e.g. `scripts/rabbit4 ctl` for the RabbitMQ 4.x node), default
 /// `rabbitmqctl` (the local node). Every test that asks the broker something goes through it, so
