@@ -404,7 +404,7 @@ mod otel {
 
     /// The family's outcome words (the Python library's `tracing.py`, Java's `MetricNames`):
     /// `rejected` is the handler's own decision (a reject, a `FatalError`), `dead_lettered` the
-    /// consumer's (no attempt left, or it arrived past the last one).
+    /// consumer's (no attempt left after a failure).
     fn outcome(label: &str) -> &str {
         match label {
             "accept" => "acked",

@@ -330,49 +330,148 @@ fn a_dead_letter_queue_consumer_without_declarations_handles_its_messages_instea
     );
 }
 
-/// The rule where it belongs: a message back on this queue past this policy's last attempt
-/// after going round this queue's own ladder is dead-lettered without running the handler —
-/// one carrying this queue as its `acemq-original-queue` (this crate's copies), and one that
-/// came back from one of this queue's rungs through `acemq.retry` (any family library's).
+/// The family's rule (issue 47): the attempt header counts past failures, it is no budget. A
+/// message back on this queue past this policy's last attempt — after going round this queue's
+/// own ladder under a consumer with a longer policy, or a policy shortened since — is run once
+/// more; accepted, it is done; failed, it is dead-lettered as exhausted (no further rung). Both
+/// shapes: one carrying this queue as its `acemq-original-queue` (this crate's copies), and one
+/// that came back from one of this queue's rungs through `acemq.retry` (any family library's).
 #[test]
-fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_still_dead_lettered_unhandled(
-) {
+fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_run_once_more() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("own-ladder"), &[Duration::from_secs(1)]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
+    let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().retry(one_second_rung()))
         .unwrap()
-        .start(move |_: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
+        .start(move |m: &Message| {
+            let body = String::from_utf8_lossy(&m.body).into_owned();
+            c.lock().unwrap().push(body.clone());
+            if body.ends_with("fail") {
+                Err("still broken".into())
+            } else {
+                Ok(Outcome::Accept)
+            }
         })
         .unwrap();
-    // Our own consumer-side retry copy, as it arrives: through the default exchange, stamped.
-    let mut own = Message::new("own").header(headers::ORIGINAL_QUEUE, q.as_str());
-    own.envelope.attempt = 4;
-    put(&conn, &q, own);
-    // A family library's rung copy (no `acemq-original-*`): back through `acemq.retry`.
-    let mut rung = Message::new("rung");
-    rung.envelope.attempt = 4;
-    put(&conn, &retry_queue(&q, Duration::from_secs(1)), rung);
+    for body in ["own-ok", "own-fail", "rung-ok", "rung-fail"] {
+        let mut m = Message::new(body);
+        m.envelope.attempt = 4;
+        if body.starts_with("own") {
+            // Our own consumer-side retry copy, as it arrives: through the default exchange.
+            let m = m.header(headers::ORIGINAL_QUEUE, q.as_str());
+            put(&conn, &q, m);
+        } else {
+            // A family library's rung copy (no `acemq-original-*`): back through `acemq.retry`.
+            put(&conn, &retry_queue(&q, Duration::from_secs(1)), m);
+        }
+    }
     let dlq = dead_letter_queue(&q);
     assert!(eventually(WAIT, || conn
         .queue_info(&dlq)
         .unwrap()
         .message_count
         == 2));
+    assert!(eventually(WAIT, || calls.lock().unwrap().len() == 4));
     consumer.close().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 0, "no handler ran");
+    let mut ran = calls.lock().unwrap().clone();
+    ran.sort();
+    // Each ran exactly once: the failures were not sent round the ladder again.
+    assert_eq!(ran, ["own-fail", "own-ok", "rung-fail", "rung-ok"]);
     for copy in raw_headers(&dlq, 2) {
         assert_eq!(
             text(&copy, "x-acemq-error"),
-            Some("exhausted 3 attempts: it arrived at attempt 4")
+            Some("exhausted 3 attempts: Error: still broken")
         );
     }
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    let rung = retry_queue(&q, Duration::from_secs(1));
+    assert_eq!(conn.queue_info(&rung).unwrap().message_count, 0);
+}
+
+/// Two consumers of one queue whose policies allow different numbers of attempts (5 and 2, each
+/// with a 1 s rung), every message failing: under the family's rule each message is run at most
+/// five times in all and ends in `.dlq` — nothing cycles between the queue and its rungs, in
+/// either order of meeting the two policies (a message first run by the short policy's consumer
+/// is exhausted at its first failure past attempt 2; one first run by the long policy's is sent
+/// round until one of them finds it exhausted).
+#[test]
+fn two_consumers_with_different_attempt_limits_on_one_queue_never_cycle_a_message() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("two-limits"), &[Duration::from_secs(1)]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let runs: Arc<Mutex<std::collections::HashMap<String, Vec<(&'static str, u32)>>>> =
+        Arc::default();
+    let start = |who: &'static str, attempts: u32| {
+        let runs = runs.clone();
+        conn.consumer(
+            &q,
+            ConsumerOptions::new().prefetch(1).retry(
+                RetryPolicy::fixed(attempts, Duration::from_secs(1))
+                    .broker_wait_threshold(Duration::from_secs(1)),
+            ),
+        )
+        .unwrap()
+        .start(move |m: &Message| {
+            runs.lock()
+                .unwrap()
+                .entry(m.id().to_string())
+                .or_default()
+                .push((who, m.envelope.attempt));
+            Err("always fails".into())
+        })
+        .unwrap()
+    };
+    let long = start("long", 5);
+    let short = start("short", 2);
+    const N: usize = 12;
+    for i in 0..N {
+        put(&conn, &q, Message::new(format!("m{i}")));
+    }
+    let dlq = dead_letter_queue(&q);
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .queue_info(&dlq)
+            .unwrap()
+            .message_count
+            == N as u32),
+        "every message ends in {dlq} (found {:?})",
+        conn.queue_info(&dlq).map(|i| i.message_count)
+    );
+    long.close().unwrap();
+    short.close().unwrap();
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), N);
+    let mut first_short = 0;
+    let mut first_long = 0;
+    for (id, seen) in runs.iter() {
+        assert!(seen.len() <= 5, "{id} ran {} times: {seen:?}", seen.len());
+        let attempts: Vec<u32> = seen.iter().map(|(_, a)| *a).collect();
+        let expected: Vec<u32> = (1..=seen.len() as u32).collect();
+        assert_eq!(attempts, expected, "{id}: one run per attempt, in order");
+        // The run that exhausted it: the short policy's at attempt 2 or later, or the long
+        // policy's at attempt 5.
+        let (last_who, last) = *seen.last().unwrap();
+        assert!(
+            (last_who == "short" && last >= 2) || (last_who == "long" && last == 5),
+            "{id} was dead-lettered by the {last_who} policy at attempt {last}: {seen:?}"
+        );
+        match seen[0].0 {
+            "short" => first_short += 1,
+            _ => first_long += 1,
+        }
+    }
+    assert!(
+        first_short > 0 && first_long > 0,
+        "both orders met ({first_short} first run by the short policy, {first_long} by the long)"
+    );
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+    let rung = retry_queue(&q, Duration::from_secs(1));
+    assert_eq!(conn.queue_info(&rung).unwrap().message_count, 0);
 }
 
 // ---------------------------------------------------------------------------------------------

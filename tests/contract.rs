@@ -909,47 +909,75 @@ fn a_hundred_distinct_explicit_delays_declare_no_new_queue() {
     }
 }
 
-/// A foreign message that arrives with `x-acemq-attempt` already past the policy's limit is
-/// dead-lettered without running the handler.
+/// A foreign producer's message arriving with `x-acemq-attempt` already past the policy's limit
+/// — as an integer, and as text, as some of the family's producers write it — is run, as the
+/// family's consumers run it (the header counts past failures; it is no budget): accepted, it
+/// is acknowledged and nothing is dead-lettered; failed, it is dead-lettered as exhausted with
+/// the handler's error, at its own attempt.
 #[test]
-fn a_message_arriving_past_its_last_attempt_is_dead_lettered_unhandled() {
+fn a_message_arriving_past_its_last_attempt_is_run_and_dead_lettered_only_if_it_fails() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("past-limit"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let raw = Raw::open();
-    let mut table = FieldTable::new();
-    table.insert(headers::ID.into(), text("past-limit-1"));
-    table.insert(headers::ATTEMPT.into(), AmqpValue::LongInt(9));
-    raw.publish("", &q, b"{}", AmqpProperties::default().with_headers(table));
+    for (id, attempt) in [
+        ("ok-int", AmqpValue::LongInt(9)),
+        ("fail-int", AmqpValue::LongInt(9)),
+        ("ok-text", text("2")),
+        ("fail-text", text("2")),
+    ] {
+        let mut table = FieldTable::new();
+        table.insert(headers::ID.into(), text(id));
+        table.insert(headers::ATTEMPT.into(), attempt);
+        raw.publish("", &q, b"{}", AmqpProperties::default().with_headers(table));
+    }
     raw.close();
-    let calls = Arc::new(Mutex::new(0));
+    let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_millis(10))),
+            ConsumerOptions::new().retry(RetryPolicy::fixed(1, Duration::from_millis(10))),
         )
         .unwrap()
-        .start(move |_: &Message| {
-            *c.lock().unwrap() += 1;
-            Ok(Outcome::Accept)
+        .start(move |m: &Message| {
+            c.lock().unwrap().push(m.id().to_string());
+            if m.id().starts_with("fail") {
+                Err("the handler failed".into())
+            } else {
+                Ok(Outcome::Accept)
+            }
         })
         .unwrap();
-    let mut dead = None;
+    let mut dead = Vec::new();
     assert!(eventually(WAIT, || {
-        dead = conn.get(&dead_letter_queue(&q)).unwrap();
-        dead.is_some()
+        if let Some(m) = conn.get(&dead_letter_queue(&q)).unwrap() {
+            dead.push(m);
+        }
+        dead.len() == 2
     }));
+    assert!(eventually(WAIT, || calls.lock().unwrap().len() == 4));
     consumer.close().unwrap();
-    assert_eq!(*calls.lock().unwrap(), 0, "the handler never ran");
-    let dead = dead.unwrap();
-    assert_eq!(dead.id(), "past-limit-1");
-    assert_eq!(dead.envelope.attempt, 9);
+    let mut ran = calls.lock().unwrap().clone();
+    ran.sort();
     assert_eq!(
-        dead.envelope.error.as_deref(),
-        Some("exhausted 3 attempts: it arrived at attempt 9")
+        ran,
+        ["fail-int", "fail-text", "ok-int", "ok-text"],
+        "each ran once"
     );
+    dead.sort_by(|a, b| a.id().cmp(b.id()));
+    assert_eq!(dead[0].id(), "fail-int");
+    assert_eq!(dead[0].envelope.attempt, 9);
+    assert_eq!(dead[1].id(), "fail-text");
+    assert_eq!(dead[1].envelope.attempt, 2);
+    for d in &dead {
+        assert_eq!(
+            d.envelope.error.as_deref(),
+            Some("exhausted 1 attempt: Error: the handler failed")
+        );
+    }
+    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
 }
 
 /// A foreign message without `x-acemq-first-seen` reads as first seen on receipt, and its copies

@@ -13,7 +13,7 @@ use super::context::Context;
 use super::outcome::Handler;
 use super::protocol::{Settle, TimerMsg};
 use super::source::{Next, Source};
-use super::step::{admit, finish, judge, past_last_attempt, Watch};
+use super::step::{admit, finish, judge, Watch};
 use crate::envelope::Message;
 
 /// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more
@@ -58,20 +58,7 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
                 .stream_cursor
                 .as_ref()
                 .and_then(|c| c.started(&job.message));
-            match past_last_attempt(ctx, &job) {
-                Some(verdict) => {
-                    let watch = Watch::start(ctx, &job.message, offset);
-                    finish(
-                        ctx,
-                        job,
-                        (verdict, true, Duration::ZERO),
-                        watch,
-                        &settle,
-                        &timer,
-                    )
-                }
-                None => batch.push((job, offset)),
-            }
+            batch.push((job, offset));
         }
         if batch.is_empty() {
             continue;
@@ -120,7 +107,7 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
             // own message's. The consume interceptors wrap single calls only (see the module
             // docs of `crate::intercept`): a batch handler is not intercepted.
             let watch = Watch::start(ctx, &job.message, offset);
-            finish(ctx, job, (verdict, false, duration), watch, &settle, &timer);
+            finish(ctx, job, (verdict, duration), watch, &settle, &timer);
         }
     }
 }

@@ -102,7 +102,6 @@ impl Connection {
             running_deliveries: Default::default(),
             label: options.label,
             stream_cursor: options.stream_cursor,
-            any_attempt: options.any_attempt,
             at_most_once: options.at_most_once,
             inline: options.inline,
             lost: AtomicU64::new(0),

@@ -52,8 +52,6 @@ pub(crate) struct Context {
     pub(crate) label: Option<String>,
     /// A stream reader's position (see [`ConsumerOptions::stream_cursor`]).
     pub(crate) stream_cursor: Option<Arc<StreamCursor>>,
-    /// Every attempt reaches the handler (see [`ConsumerOptions::any_attempt`]).
-    pub(crate) any_attempt: bool,
     /// Acknowledge when a worker takes a delivery, before the handler runs.
     pub(crate) at_most_once: bool,
     /// The owner runs the handler itself ([`ConsumerOptions::inline`]).

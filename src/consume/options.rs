@@ -27,12 +27,8 @@ pub struct ConsumerOptions {
     /// Set by a [`ConsumerGroup`](crate::patterns::consumer_group::ConsumerGroup) for its members: a suffix of
     /// the thread names (`acemq-consumer-3`) and a tag in log lines.
     pub(super) label: Option<String>,
-    /// Set by a stream reader: where the reader is, for resuming after a reconnect; it also
-    /// turns off the attempt check (a stream never retries).
+    /// Set by a stream reader: where the reader is, for resuming after a reconnect.
     pub(super) stream_cursor: Option<Arc<StreamCursor>>,
-    /// Set by patterns that decide every message themselves (the scheduler): a message that
-    /// arrives past the policy's last attempt still reaches the handler.
-    pub(super) any_attempt: bool,
     /// Set by a responder: its handler stages replies that the owner publishes on the request's
     /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
     pub(super) replies: Option<Arc<dyn ReplyHooks>>,
@@ -56,7 +52,6 @@ impl Default for ConsumerOptions {
             inline: false,
             label: None,
             stream_cursor: None,
-            any_attempt: false,
             replies: None,
             ack_first_wait: None,
         }
@@ -195,13 +190,6 @@ impl ConsumerOptions {
     /// Makes this a stream reader's consumer, tracking its position in `cursor`.
     pub(crate) fn stream_cursor(mut self, cursor: Arc<StreamCursor>) -> Self {
         self.stream_cursor = Some(cursor);
-        self.any_attempt = true;
-        self
-    }
-
-    /// Hands every message to the handler, whatever its attempt.
-    pub(crate) fn any_attempt(mut self) -> Self {
-        self.any_attempt = true;
         self
     }
 

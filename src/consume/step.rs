@@ -42,50 +42,6 @@ pub(super) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<
     Some(job)
 }
 
-/// The verdict for a message back on this queue past this policy's last attempt after going
-/// round this queue's own retry ladder (a consumer of the queue with a longer policy sent it
-/// round, or the policy was shortened since): it can never be retried here, so it goes to
-/// `.dlq` without running the handler. Any other message reaches the handler whatever its
-/// attempt — a consumer of another queue's dead letters (`orders.dlq`, whose messages arrive on
-/// `orders`' last attempt) must see them — and a failure of one past the limit is then
-/// dead-lettered as exhausted.
-pub(super) fn past_last_attempt(ctx: &Context, job: &Job) -> Option<Verdict> {
-    let (attempt, limit) = (job.message.envelope.attempt, ctx.policy.attempts());
-    if attempt <= limit || ctx.any_attempt || !round_own_ladder(&job.message, &ctx.queue) {
-        return None;
-    }
-    let plural = if limit == 1 { "" } else { "s" };
-    let error = format!("exhausted {limit} attempt{plural}: it arrived at attempt {attempt}");
-    Some(Verdict::DeadLetter { error })
-}
-
-/// Whether `message` came back to `queue` round `queue`'s own retry ladder, as the family's
-/// copies are stamped: a copy of this crate's recording `queue` as the queue that first
-/// consumed it (`acemq-original-queue`); a delivery back from one of `queue`'s rungs (they
-/// dead-letter through `acemq.retry` with the queue's own name as the routing key); or a
-/// retry copy waited out in a consumer (published through the default exchange to the queue by
-/// name, carrying no `x-acemq-error`). A dead letter of another queue read from that queue's
-/// `.dlq` is none of these: it names the other queue, or it carries the reason it was
-/// dead-lettered (every library's dead-letter and parked copies do), or the broker's own
-/// dead-lettering brought it through an exchange.
-fn round_own_ladder(message: &Message, queue: &str) -> bool {
-    use crate::envelope::{headers, HeaderValue};
-    let consumed_here = match message.headers.get(headers::ORIGINAL_QUEUE) {
-        Some(HeaderValue::Text(q)) => q == queue,
-        Some(HeaderValue::Bytes(q)) => q == queue.as_bytes(),
-        _ => false,
-    };
-    let Some(received) = &message.received else {
-        return consumed_here;
-    };
-    let from_rung =
-        received.exchange == crate::names::RETRY_EXCHANGE && received.routing_key == queue;
-    let retried_to_queue = received.exchange.is_empty()
-        && received.routing_key == queue
-        && message.envelope.error.is_none();
-    consumed_here || from_rung || retried_to_queue
-}
-
 /// The handler's result as a verdict (a panic logged: it is a retry).
 pub(super) fn judge(
     ctx: &Context,
@@ -104,17 +60,16 @@ pub(super) fn judge(
 
 /// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
 /// timer).
-/// `decided`: the verdict, whether the consumer decided it because no attempt was left (the
-/// message arrived past the last one), and how long the handler ran.
+/// `decided`: the verdict and how long the handler ran.
 pub(super) fn finish(
     ctx: &Context,
     job: Job,
-    decided: (Verdict, bool, Duration),
+    decided: (Verdict, Duration),
     watch: Watch<'_>,
     settle: &Sender<Settle>,
     timer: &Sender<TimerMsg>,
 ) {
-    let (verdict, exhausted, handler_duration) = decided;
+    let (verdict, handler_duration) = decided;
     let Job {
         generation,
         tag,
@@ -199,7 +154,7 @@ pub(super) fn finish(
     // The trace tells the handler's own reject (`rejected`) from the consumer's decision that
     // no attempt is left (`dead_lettered`), as the family's spans do.
     let traced = match really {
-        "reject" if exhausted || matches!(verdict, Verdict::Retry { .. }) => "exhausted",
+        "reject" if matches!(verdict, Verdict::Retry { .. }) => "exhausted",
         other => other,
     };
     watch.trace.settled(traced);
@@ -212,9 +167,8 @@ pub(super) fn finish(
     });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        // The consumer's decision, as the family counts it: a retry with no attempt left, or a
-        // message that arrived past the last one, is `dead_letter`; the handler's own reject is
-        // `reject`.
+        // The consumer's decision, as the family counts it: a retry with no attempt left is
+        // `dead_letter`; the handler's own reject is `reject`.
         outcome: match traced {
             "exhausted" => "dead_letter",
             other => other,

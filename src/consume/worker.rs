@@ -7,7 +7,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
@@ -17,7 +17,7 @@ use super::context::Context;
 use super::outcome::Handler;
 use super::protocol::{Job, Settle, TimerMsg};
 use super::source::{Next, Source};
-use super::step::{admit, finish, intercepted, judge, past_last_attempt, Watch};
+use super::step::{admit, finish, intercepted, judge, Watch};
 
 pub(crate) fn run<H: Handler + Sync + ?Sized>(
     ctx: &Context,
@@ -58,26 +58,20 @@ pub(crate) fn take<H: Handler + Sync + ?Sized>(
         .and_then(|c| c.started(&job.message));
     // The message's trace is current while its handler runs and its copy is published.
     let mut watch = Watch::start(ctx, &job.message, offset);
-    let (job, pieces) = match past_last_attempt(ctx, &job) {
-        Some(verdict) => (job, (verdict, true, Duration::ZERO)),
-        None => {
-            let started = Instant::now();
-            // The delivery is held where a consumer closing past its deadline can give it back
-            // (`abandon.rs`) while the handler runs.
-            let parked = job.park(ctx);
-            ctx.running.fetch_add(1, Ordering::SeqCst);
-            let result = catch_unwind(AssertUnwindSafe(|| {
-                intercepted(ctx, &mut watch.intercept, handler, &parked.message)
-            }));
-            ctx.running.fetch_sub(1, Ordering::SeqCst);
-            let Some(job) = parked.unpark(ctx) else {
-                // Abandoned: the closing consumer gave the message back; its result is dropped.
-                let _ = super::reply::take();
-                return;
-            };
-            let verdict = judge(ctx, &job, result);
-            (job, (verdict, false, started.elapsed()))
-        }
+    let started = Instant::now();
+    // The delivery is held where a consumer closing past its deadline can give it back
+    // (`abandon.rs`) while the handler runs.
+    let parked = job.park(ctx);
+    ctx.running.fetch_add(1, Ordering::SeqCst);
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        intercepted(ctx, &mut watch.intercept, handler, &parked.message)
+    }));
+    ctx.running.fetch_sub(1, Ordering::SeqCst);
+    let Some(job) = parked.unpark(ctx) else {
+        // Abandoned: the closing consumer gave the message back; its result is dropped.
+        let _ = super::reply::take();
+        return;
     };
-    finish(ctx, job, pieces, watch, settle, timer);
+    let verdict = judge(ctx, &job, result);
+    finish(ctx, job, (verdict, started.elapsed()), watch, settle, timer);
 }

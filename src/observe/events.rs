@@ -220,8 +220,8 @@ pub struct Settlement<'a> {
     pub queue: &'a str,
     /// The outcome label: accept, retry, reject (the handler's own: a
     /// [`FatalError`](crate::FatalError) or [`Outcome::reject`](crate::Outcome::reject)),
-    /// dead_letter (the consumer's decision: no attempt or age left for a retry, a message
-    /// arriving past the last attempt, a held retry that can never be published), park,
+    /// dead_letter (the consumer's decision: no attempt or age left for a retry, a held retry
+    /// that can never be published), park,
     /// in_progress, copy_failed (the copy the outcome needs could not be published: the
     /// original goes back to the queue after a pause), dropped, and with
     /// [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once) lost (the handler

@@ -67,7 +67,7 @@ impl Scheduler {
         options.topology().apply(&connection)?;
         let publisher = connection.publisher()?;
         let control = options.control_queue();
-        let consumer_options = options.consumer.clone().declare(false).any_attempt();
+        let consumer_options = options.consumer.clone().declare(false);
         let inner = Arc::new(Inner {
             options,
             publisher,
