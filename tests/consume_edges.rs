@@ -404,8 +404,9 @@ fn two_consumers_with_different_attempt_limits_on_one_queue_never_cycle_a_messag
     let mut clean = Cleanup::new(&conn);
     let q = clean.consumed_queue(&unique("two-limits"), &[Duration::from_secs(1)]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let runs: Arc<Mutex<std::collections::HashMap<String, Vec<(&'static str, u32)>>>> =
-        Arc::default();
+    // Per message id: which policy ran it, at which attempt.
+    type Runs = std::collections::HashMap<String, Vec<(&'static str, u32)>>;
+    let runs: Arc<Mutex<Runs>> = Arc::default();
     let start = |who: &'static str, attempts: u32| {
         let runs = runs.clone();
         conn.consumer(
