@@ -29,17 +29,27 @@
 //! members, a responder, a stream reader, a scheduler's control consumer); a `Consumer::run` on
 //! the caller's thread is not.
 //!
-//! Where the family differs, this follows Python: its lower-case words and `parts` (Java writes
-//! Spring Boot's `UP`/`DOWN` with `components` and `details`), and its snake_case keys (Go's
-//! are camelCase). A blocked connection is `degraded` here; Go and Java report it `up` with the
-//! reason, .NET as degraded only through a check the application registers.
+//! The broker link's report asks the broker, as Go's and Python's connection checks do: a round
+//! trip (an exclusive, auto-delete queue of the connection's own, `acemq-health-{id}`, declared
+//! on a short-lived channel) under [`ROUND_TRIP_DEADLINE`] (3 s, Go's), so that an open but
+//! wedged connection is `down` within it rather than after two missed heartbeats; its time is
+//! `roundTripMillis`. One round trip serves every probe for [`ROUND_TRIP_REUSE`] (1 s), and
+//! probes at once share the one under way, so a probe every 100 ms never means a declare every
+//! 100 ms. A blocked connection (a memory or disk alarm) is `up`, its detail saying so, and is
+//! not asked (the broker reads nothing from it), as Go, Python, Java and .NET report it.
+//!
+//! Where the family differs, this follows the majority; docs/wire-contract.md lists each choice:
+//! Go's and Python's lower-case words and `parts` (Java and .NET write `UP`/`DOWN` with
+//! `components` and `details`), the camelCase keys of Go, Java and .NET (`roundTripMillis`,
+//! `blockedReason`, `inFlight`; Python writes `in-flight`, `round-trip`), and Go's aggregate
+//! detail (`name: detail` for each component that is not up or has something to say).
 
 mod checks;
 mod report;
 mod sources;
 
-pub(crate) use checks::AppChecks;
-pub use checks::DEFAULT_CHECK_DEADLINE;
+pub(crate) use checks::{AppChecks, Probe, Started};
+pub use checks::{DEFAULT_CHECK_DEADLINE, ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE};
 pub(crate) use report::rfc3339;
 pub use report::{Health, HealthReport, HealthStatus};
 pub use sources::HealthSource;

@@ -298,3 +298,4 @@ pub use names::{
 };
 pub use publish::{BatchItem, BatchOutcome, BatchReport, Publisher, PublisherOptions, Ticket};
 pub use stop::StopHandle;
+pub use transport::Capabilities;

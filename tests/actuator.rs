@@ -87,16 +87,28 @@ fn the_endpoints_answer_health_info_and_metrics_with_the_familys_fields() {
     assert_eq!(health["parts"]["broker"]["parts"]["connected"], true);
     let component = &health["parts"][format!("consumer:{q}")];
     assert_eq!(component["parts"]["subscribed"], true, "{body}");
-    assert!(component["parts"]["in_flight"].is_u64());
+    assert!(component["parts"]["inFlight"].is_u64());
 
     let (status, body) = get(addr, "/acemq-info");
     assert_eq!(status, 200);
     let info = json(&body);
     assert_eq!(info["library"], "acemq-amqp");
-    assert_eq!(info["library_version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(info["service"], "billing");
+    // The family's keys (Go's and Java's `/acemq-info`): camelCase, the transport's
+    // capabilities as Go writes them.
+    assert_eq!(info["libraryVersion"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(info["name"], "billing");
+    assert!(
+        info.get("version").is_none(),
+        "no application version was given"
+    );
     assert!(info["origin"].as_str().unwrap().starts_with("billing@"));
-    assert_eq!(info["connection_name"], "billing-actuator-test");
+    assert_eq!(info["connectionName"], "billing-actuator-test");
+    assert_eq!(
+        info["transport"],
+        serde_json::json!({"publisher-confirms": true, "dead-lettering": true,
+            "quorum-queues": true, "streams": true, "recovery": true}),
+        "{body}"
+    );
     assert!(
         info["address"]
             .as_str()
@@ -167,7 +179,7 @@ fn with_the_broker_gone_health_is_down_503_and_up_again_when_it_is_back() {
     );
     let health = json(&get(addr, "/acemq-health").1);
     assert_eq!(health["parts"]["broker"]["parts"]["reconnects"], 1);
-    assert!(health["parts"]["broker"]["parts"]["last_reconnect"].is_string());
+    assert!(health["parts"]["broker"]["parts"]["lastReconnect"].is_string());
     running.close().unwrap();
     conn.close().unwrap();
 }
@@ -253,4 +265,43 @@ fn clients_that_never_finish_their_request_do_not_stop_the_actuator_answering() 
     );
     drop(slow);
     running.close().unwrap();
+}
+
+/// Go's `Options.Prefix`: the three paths under a prefix (a service that serves its own routes on
+/// the same port keeps them apart); the bare paths answer 404 then. `/acemq-info` carries the
+/// application's version when given, and an in-process broker's capabilities (no streams).
+#[test]
+fn a_prefix_puts_the_three_paths_under_it_and_info_shows_the_version_and_the_transport() {
+    let broker = acemq_amqp::testing::MemoryBroker::named(&unique("actuator-prefix"));
+    let conn = connect_with(ConnectionOptions::new().address(broker.url()));
+    let running = Actuator::new(
+        &conn,
+        ActuatorOptions::new()
+            .bind("127.0.0.1:0")
+            .prefix("/ops")
+            .version("2.3.1")
+            .prometheus(prometheus()),
+    )
+    .unwrap()
+    .start()
+    .unwrap();
+    let addr = running.local_addr();
+    assert_eq!(get(addr, "/ops/acemq-health").0, 200);
+    assert_eq!(get(addr, "/ops/acemq-metrics").0, 200);
+    let (status, body) = get(addr, "/ops/acemq-info");
+    assert_eq!(status, 200);
+    let info = json(&body);
+    assert_eq!(info["version"], "2.3.1");
+    assert_eq!(info["transport"]["streams"], false, "{body}");
+    assert_eq!(info["transport"]["publisher-confirms"], true, "{body}");
+    for bare in ["/acemq-health", "/acemq-info", "/acemq-metrics"] {
+        let (status, body) = get(addr, bare);
+        assert_eq!(status, 404, "{bare}: {body}");
+        assert!(body.contains("/ops/acemq-health"), "{body}");
+    }
+    running.close().unwrap();
+    for bad in ["ops", "/ops/", "/o?ps", "/o ps"] {
+        let e = Actuator::new(&conn, ActuatorOptions::new().prefix(bad)).unwrap_err();
+        assert!(e.to_string().contains("prefix"), "{bad}: {e}");
+    }
 }

@@ -3,11 +3,12 @@
 //! | path | what |
 //! |---|---|
 //! | `/acemq-health` | [`Connection::health`] as the family's JSON; **200** when up or degraded, **503** when down |
-//! | `/acemq-info` | `library`, `library_version`, `service`, `origin`, `connection_name`, `address` (never a password) |
+//! | `/acemq-info` | `library`, `libraryVersion`, `name` (the service), `version` (the application's, when given), `transport` (the five capabilities, as Go writes them), `origin`, `connectionName`, `address` (never a password) |
 //! | `/acemq-metrics` | Prometheus text, from the `metrics` facade's recorder (`metrics-exporter-prometheus`) |
 //!
 //! The same paths as the Python, Go, Java and .NET libraries, so one scrape configuration or
-//! probe reads them all. Nothing checks who asks: bind it to loopback or a port the ingress
+//! probe reads them all; [`ActuatorOptions::prefix`] puts them under a prefix, as Go's
+//! `Options.Prefix` does. Nothing checks who asks: bind it to loopback or a port the ingress
 //! does not publish.
 //!
 //! ```no_run
@@ -237,7 +238,8 @@ impl Serving {
         let response = if *method != tiny_http::Method::Get && *method != tiny_http::Method::Head {
             text(405, "only GET and HEAD\n")
         } else {
-            match path.as_str() {
+            let prefix = self.options.prefix.as_str();
+            match path.strip_prefix(prefix).unwrap_or("") {
                 "/acemq-health" => {
                     let health = self.connection.health();
                     let status = if health.is_healthy() { 200 } else { 503 };
@@ -253,7 +255,10 @@ impl Serving {
                 },
                 _ => text(
                     404,
-                    "nothing here; try /acemq-health, /acemq-info or /acemq-metrics\n",
+                    &format!(
+                        "nothing here; try {prefix}/acemq-health, {prefix}/acemq-info or \
+                         {prefix}/acemq-metrics\n"
+                    ),
                 ),
             }
         };
@@ -262,16 +267,33 @@ impl Serving {
         }
     }
 
+    /// The family's keys (Go's and Java's): `library`, `libraryVersion`, `name` and `version`
+    /// (the application's, `version` only when given), and `transport` as Go writes it (an
+    /// object of the five capabilities; `null` while the connection is down); then ours:
+    /// `origin`, `connectionName`, `address` (never a password).
     fn info(&self) -> serde_json::Value {
         let options = &self.connection.shared.options;
-        json!({
+        let mut info = json!({
             "library": env!("CARGO_PKG_NAME"),
-            "library_version": env!("CARGO_PKG_VERSION"),
-            "service": self.options.service.clone().unwrap_or_else(|| options.service.clone()),
-            "origin": self.connection.origin(),
-            "connection_name": options.name.clone(),
-            "address": self.connection.current_address(),
-        })
+            "libraryVersion": env!("CARGO_PKG_VERSION"),
+            "name": self.options.service.clone().unwrap_or_else(|| options.service.clone()),
+        });
+        if let Some(version) = &self.options.version {
+            info["version"] = version.clone().into();
+        }
+        info["transport"] = match self.connection.capabilities() {
+            Some(c) => c
+                .entries()
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), serde_json::Value::Bool(*v)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+            None => serde_json::Value::Null,
+        };
+        info["origin"] = self.connection.origin().into();
+        info["connectionName"] = options.name.clone().into();
+        info["address"] = self.connection.current_address().into();
+        info
     }
 }
 

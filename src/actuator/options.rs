@@ -14,7 +14,9 @@ use crate::error::{Error, Result};
 #[derive(Clone)]
 pub struct ActuatorOptions {
     pub(super) bind: String,
+    pub(super) prefix: String,
     pub(super) service: Option<String>,
+    pub(super) version: Option<String>,
     pub(super) prometheus: Option<PrometheusHandle>,
 }
 
@@ -22,7 +24,9 @@ impl std::fmt::Debug for ActuatorOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ActuatorOptions")
             .field("bind", &self.bind)
+            .field("prefix", &self.prefix)
             .field("service", &self.service)
+            .field("version", &self.version)
             .field("prometheus", &self.prometheus.is_some())
             .finish()
     }
@@ -32,7 +36,9 @@ impl Default for ActuatorOptions {
     fn default() -> Self {
         ActuatorOptions {
             bind: "127.0.0.1:9464".into(),
+            prefix: String::new(),
             service: None,
+            version: None,
             prometheus: None,
         }
     }
@@ -54,7 +60,24 @@ impl ActuatorOptions {
         self
     }
 
-    /// The service name shown by `/acemq-info`. Defaults to the connection's
+    /// A path the three endpoints are served under (`/ops` serves `/ops/acemq-health`, …), as
+    /// Go's `Options.Prefix`: for a port shared with the service's own routes. It starts with
+    /// `/`, does not end with one, and holds no `?`, `#` or whitespace. Defaults to none.
+    #[must_use]
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The application's version shown by `/acemq-info` (`version`, as Go and Java write it).
+    /// Defaults to none (the key left out).
+    #[must_use]
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
+    }
+
+    /// The service name shown by `/acemq-info` (`name`). Defaults to the connection's
     /// [`ConnectionOptions::service`](crate::ConnectionOptions::service).
     #[must_use]
     pub fn service(mut self, service: impl Into<String>) -> Self {
@@ -77,6 +100,17 @@ impl ActuatorOptions {
             return Err(Error::invalid(
                 "the actuator's bind address must not be empty",
             ));
+        }
+        let p = &self.prefix;
+        if !p.is_empty()
+            && (!p.starts_with('/')
+                || p.ends_with('/')
+                || p.chars().any(|c| c == '?' || c == '#' || c.is_whitespace()))
+        {
+            return Err(Error::invalid(format!(
+                "the actuator's path prefix {p:?} must start with '/', not end with one, and \
+                 hold no '?', '#' or whitespace (e.g. \"/ops\")"
+            )));
         }
         Ok(())
     }

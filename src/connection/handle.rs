@@ -223,6 +223,15 @@ impl Connection {
         }
     }
 
+    /// What the transport of the current link can do (`/acemq-info`'s `transport`), or `None`
+    /// while the connection is down.
+    pub fn capabilities(&self) -> Option<crate::transport::Capabilities> {
+        match &*self.shared.state.lock() {
+            LinkState::Up(link) => Some(link.capabilities),
+            _ => None,
+        }
+    }
+
     /// The broker's major version (`4` for RabbitMQ 4.0.5), from [`broker_version`](Self::broker_version).
     pub fn broker_major(&self) -> Option<u32> {
         self.broker_version()?.split('.').next()?.parse().ok()

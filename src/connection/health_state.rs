@@ -1,20 +1,36 @@
 //! What a connection keeps for [`Connection::health`](super::Connection::health): the
-//! registered sources, the application's checks, when the supervisor last lost and regained
-//! the link.
+//! registered sources, the application's checks, the broker round trip's probe, when the
+//! supervisor last lost and regained the link.
 
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
-use crate::health::{AppChecks, HealthSources};
+use crate::health::{AppChecks, HealthSources, Probe, ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE};
 
 /// What the connection keeps for its health answer.
-#[derive(Default)]
 pub(crate) struct HealthState {
     pub(crate) sources: HealthSources,
     pub(super) checks: AppChecks,
     /// When the link last came back, and when it was last lost.
     pub(super) reconnects: Mutex<Reconnects>,
+    /// The broker link's round trip, run once at a time and reused for a while.
+    pub(super) round_trip: Probe,
+    /// The queue the round trip declares: one per connection, exclusive and auto-delete (it
+    /// goes with the link), as Go's `acemq-health-{id}`.
+    pub(super) probe_queue: String,
+}
+
+impl Default for HealthState {
+    fn default() -> HealthState {
+        HealthState {
+            sources: HealthSources::default(),
+            checks: AppChecks::default(),
+            reconnects: Mutex::default(),
+            round_trip: Probe::new(ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE),
+            probe_queue: format!("acemq-health-{}", crate::envelope::new_id()),
+        }
+    }
 }
 
 #[derive(Default)]

@@ -17,6 +17,8 @@ pub(crate) struct Link {
     pub(crate) address: String,
     /// The broker's version as it announced it on this link (`Transport::broker_version`).
     pub(crate) broker_version: Option<String>,
+    /// What the transport can do (`Transport::capabilities`).
+    pub(crate) capabilities: crate::transport::Capabilities,
     /// The AMQP connection and what a channel open needs of the link, shared with the threads
     /// that make the opens.
     pub(super) opener: Arc<Opener>,
@@ -80,6 +82,7 @@ impl Link {
             generation,
             address: address.to_string(),
             broker_version: amqp.broker_version(),
+            capabilities: amqp.capabilities(),
             opener: Arc::new(Opener {
                 address: address.to_string(),
                 amqp: Mutex::new(Some(amqp)),

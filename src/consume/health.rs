@@ -49,11 +49,11 @@ impl HealthSource for ConsumerHealth {
         report = report
             .part("queue", ctx.queue.clone())
             .part("subscribed", subscribed && !ended)
-            .part("in_flight", taken + buffered)
+            .part("inFlight", taken + buffered)
             .part("prefetch", ctx.prefetch)
             .part("concurrency", ctx.concurrency)
             .part(
-                "last_settlement_age_ms",
+                "lastSettlementAgeMillis",
                 age.map_or(serde_json::Value::Null, serde_json::Value::from),
             );
         report

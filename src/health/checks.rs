@@ -1,9 +1,11 @@
-//! The application's own checks: closures registered with a name and a deadline, each run on
-//! a thread of its own and waited for with its deadline, so the whole answer comes back within
-//! the longest deadline. A check still running from an earlier answer is not started again:
-//! inside its deadline the new answer waits for that same run (two probes at once share it);
-//! past its deadline it is reported down (still running), so at most one thread per check is
-//! ever busy with it.
+//! The application's own checks, and the run-once machinery they share with the broker link's
+//! round trip ([`Probe`]): each run on a thread of its own and waited for with its deadline, so
+//! the whole answer comes back within the longest deadline. A probe still running from an
+//! earlier answer is not started again: inside its deadline the new answer waits for that same
+//! run (two probes at once share it); past its deadline it is reported down (still running), so
+//! at most one thread per check is ever busy with it. A probe may also reuse a finished run's
+//! answer for a while (the broker's round trip: once a second at most), so that health probes
+//! arriving every 100 ms do not each ask the broker.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -18,25 +20,123 @@ use crate::error::{Error, Result};
 /// `aggregate_health(timeout=5.0)`, Go's actuator `Timeout`).
 pub const DEFAULT_CHECK_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The deadline of the broker link's round trip (Go's `DefaultHealthTimeout`): past it the link
+/// is reported down.
+pub const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(3);
+
+/// How long one round trip to the broker answers later health probes: they come every few
+/// hundred milliseconds from load balancers and orchestrators, and must not each ask the broker.
+pub const ROUND_TRIP_REUSE: Duration = Duration::from_secs(1);
+
 /// The most checks one connection takes.
 const MAX_CHECKS: usize = 256;
 
 /// A check's closure.
 pub(crate) type CheckFn = Arc<dyn Fn() -> HealthReport + Send + Sync>;
 
-/// One run of a check: its result once the thread has one.
-struct Run {
+/// One run of a probe: its result, and when it came, once the thread has one.
+pub(crate) struct Run {
     started: Instant,
-    result: Mutex<Option<HealthReport>>,
+    result: Mutex<Option<(HealthReport, Instant)>>,
     done: Condvar,
+}
+
+/// Runs one kind of check at most once at a time, under a deadline (see the module docs).
+pub(crate) struct Probe {
+    deadline: Duration,
+    /// How long a finished run's answer is given again instead of a new run.
+    reuse: Duration,
+    /// The run under way, or the last one.
+    current: Mutex<Option<Arc<Run>>>,
+}
+
+/// What [`Probe::start`] did: a run to wait for (new, shared or reused), or none because one is
+/// still running past its deadline (for this long), or because no thread could be started.
+pub(crate) enum Started {
+    Run(Arc<Run>),
+    Busy(Duration),
+    Failed(String),
+}
+
+impl Probe {
+    pub(crate) fn new(deadline: Duration, reuse: Duration) -> Probe {
+        Probe {
+            deadline,
+            reuse,
+            current: Mutex::new(None),
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Starts a run of `f` on a thread named `thread`, unless one is still under way or a
+    /// finished one is recent enough to give again.
+    pub(crate) fn start(
+        &self,
+        thread: &str,
+        f: impl FnOnce() -> HealthReport + Send + 'static,
+    ) -> Started {
+        let mut current = self.current.lock();
+        if let Some(run) = current.as_ref() {
+            match run.result.lock().as_ref() {
+                None => {
+                    let since = run.started.elapsed();
+                    if since < self.deadline {
+                        // Another probe's run, still inside its deadline: this answer shares it.
+                        return Started::Run(Arc::clone(run));
+                    }
+                    return Started::Busy(since);
+                }
+                Some((_, at)) if at.elapsed() < self.reuse => {
+                    return Started::Run(Arc::clone(run));
+                }
+                Some(_) => {}
+            }
+        }
+        let run = Arc::new(Run {
+            started: Instant::now(),
+            result: Mutex::new(None),
+            done: Condvar::new(),
+        });
+        let on_thread = Arc::clone(&run);
+        let spawned = std::thread::Builder::new()
+            .name(thread.into())
+            .spawn(move || {
+                let report = std::panic::catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+                    HealthReport::down(format!(
+                        "the check itself failed: it panicked ({})",
+                        crate::error::panic_message(&*p)
+                    ))
+                });
+                *on_thread.result.lock() = Some((report, Instant::now()));
+                on_thread.done.notify_all();
+            });
+        if let Err(e) = spawned {
+            return Started::Failed(e.to_string());
+        }
+        *current = Some(Arc::clone(&run));
+        Started::Run(run)
+    }
+
+    /// Waits for `run` up to the deadline: its report, or `None` when it did not answer in time.
+    pub(crate) fn wait(&self, run: &Run) -> Option<HealthReport> {
+        let deadline = run.started + self.deadline;
+        let mut result = run.result.lock();
+        while result.is_none() {
+            if run.done.wait_until(&mut result, deadline).timed_out() {
+                break;
+            }
+        }
+        result.as_ref().map(|(report, _)| report.clone())
+    }
 }
 
 struct Check {
     name: String,
-    deadline: Duration,
     run: CheckFn,
-    /// The run under way, or the last one.
-    current: Mutex<Option<Arc<Run>>>,
+    probe: Probe,
 }
 
 /// The checks registered on one connection.
@@ -69,9 +169,8 @@ impl AppChecks {
         }
         checks.push(Arc::new(Check {
             name: name.to_string(),
-            deadline,
             run,
-            current: Mutex::new(None),
+            probe: Probe::new(deadline, Duration::ZERO),
         }));
         Ok(())
     }
@@ -91,15 +190,25 @@ impl AppChecks {
         let runs: Vec<(Arc<Check>, Started)> = checks
             .into_iter()
             .map(|c| {
-                let run = start(&c);
+                let f = Arc::clone(&c.run);
+                let run = c.probe.start("acemq-health-check", move || f());
                 (c, run)
             })
             .collect();
         runs.into_iter()
             .map(|(check, run)| {
                 let report = match run {
-                    Ok(run) => wait(&check, &run),
-                    Err(report) => report,
+                    Started::Run(run) => {
+                        check.probe.wait(&run).unwrap_or_else(|| timed_out(&check))
+                    }
+                    Started::Busy(since) => timed_out(&check).part(
+                        "runningForMillis",
+                        u64::try_from(since.as_millis()).unwrap_or(u64::MAX),
+                    ),
+                    Started::Failed(e) => HealthReport::down(format!(
+                        "the check {:?} could not be started: {e}",
+                        check.name
+                    )),
                 };
                 (check.name.clone(), report)
             })
@@ -107,75 +216,11 @@ impl AppChecks {
     }
 }
 
-/// A run started, or the report of why none was.
-type Started = std::result::Result<Arc<Run>, HealthReport>;
-
-/// Starts a run of `check` on a thread, unless one is still under way (then `Err` with the
-/// report that says so).
-fn start(check: &Arc<Check>) -> Started {
-    let mut current = check.current.lock();
-    if let Some(run) = current.as_ref() {
-        if run.result.lock().is_none() {
-            let since = run.started.elapsed();
-            if since < check.deadline {
-                // Another probe's run, still inside its deadline: this answer shares it.
-                return Ok(Arc::clone(run));
-            }
-            return Err(timed_out(check).part(
-                "running_for_ms",
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX),
-            ));
-        }
-    }
-    let run = Arc::new(Run {
-        started: Instant::now(),
-        result: Mutex::new(None),
-        done: Condvar::new(),
-    });
-    let on_thread = Arc::clone(&run);
-    let f = Arc::clone(&check.run);
-    let name = check.name.clone();
-    let spawned = std::thread::Builder::new()
-        .name("acemq-health-check".into())
-        .spawn(move || {
-            let report = std::panic::catch_unwind(AssertUnwindSafe(|| f())).unwrap_or_else(|p| {
-                HealthReport::down(format!(
-                    "the check itself failed: it panicked ({})",
-                    crate::error::panic_message(&*p)
-                ))
-            });
-            *on_thread.result.lock() = Some(report);
-            on_thread.done.notify_all();
-        });
-    if let Err(e) = spawned {
-        return Err(HealthReport::down(format!(
-            "the check {name:?} could not be started: {e}"
-        )));
-    }
-    *current = Some(Arc::clone(&run));
-    Ok(run)
-}
-
-/// Waits for `run` up to its check's deadline.
-fn wait(check: &Check, run: &Run) -> HealthReport {
-    let deadline = run.started + check.deadline;
-    let mut result = run.result.lock();
-    while result.is_none() {
-        if run.done.wait_until(&mut result, deadline).timed_out() {
-            break;
-        }
-    }
-    match result.as_ref() {
-        Some(report) => report.clone(),
-        None => timed_out(check),
-    }
-}
-
 /// Down, as the family reports a check that did not answer in time.
 fn timed_out(check: &Check) -> HealthReport {
     HealthReport::new(
         HealthStatus::Down,
-        format!("did not answer within {:?}", check.deadline),
+        format!("did not answer within {:?}", check.probe.deadline()),
     )
-    .part("timed_out", true)
+    .part("timedOut", true)
 }

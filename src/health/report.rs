@@ -45,7 +45,8 @@ pub struct HealthReport {
     /// Why, when it is not simply up; empty otherwise.
     pub detail: String,
     /// What it shows beside the status, written as the JSON object `parts`. Keys are
-    /// snake_case, as the Python library writes them.
+    /// camelCase, as the Go, Java and .NET libraries write them (`roundTripMillis`,
+    /// `blockedReason`, `inFlight`).
     pub parts: Map<String, Value>,
 }
 
@@ -107,13 +108,15 @@ impl HealthReport {
 }
 
 /// The answer of [`Connection::health`](crate::Connection::health): every component's report
-/// under its name, and the worst of their statuses. `detail` names the components that are not
-/// up (`broker, consumer:orders`), as the family's aggregate does.
+/// under its name, and the worst of their statuses. `detail` says, for each component that is
+/// not up or has something to say, `name: detail` (`consumer:orders: stopped; broker: the
+/// broker has blocked this connection; …`), as Go's aggregate does.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Health {
     /// The worst of the components' statuses (`up` when there are none).
     pub status: HealthStatus,
-    /// The names of the components that are not up, joined with `, `; empty when all are.
+    /// `name: detail` of each component that is not up or has a detail, joined with `; `;
+    /// empty when there is none.
     pub detail: String,
     /// When this was worked out.
     pub checked: SystemTime,
@@ -131,10 +134,16 @@ impl Health {
             .unwrap_or(HealthStatus::Up);
         let detail = components
             .iter()
-            .filter(|(_, r)| r.status != HealthStatus::Up)
-            .map(|(n, _)| n.as_str())
+            .filter(|(_, r)| r.status != HealthStatus::Up || !r.detail.is_empty())
+            .map(|(n, r)| {
+                if r.detail.is_empty() {
+                    n.clone()
+                } else {
+                    format!("{n}: {}", r.detail)
+                }
+            })
             .collect::<Vec<_>>()
-            .join(", ");
+            .join("; ");
         Health {
             status,
             detail,
@@ -183,7 +192,7 @@ impl Health {
 }
 
 impl std::fmt::Display for Health {
-    /// `up`, or `degraded: consumer:orders` (the family's `status: detail`).
+    /// `up`, or `degraded: consumer:orders: stopped` (the family's `status: detail`).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.detail.is_empty() {
             f.write_str(self.status.as_str())
@@ -220,7 +229,7 @@ mod tests {
         ]);
         assert_eq!(h.status, HealthStatus::Degraded);
         assert!(h.is_healthy());
-        assert_eq!(h.detail, "relay");
+        assert_eq!(h.detail, "relay: behind");
         let h = Health::of(vec![
             ("a".into(), HealthReport::degraded("x")),
             ("b".into(), HealthReport::down("y")),
@@ -230,6 +239,14 @@ mod tests {
         let json = h.to_value();
         assert_eq!(json["status"], "down");
         assert_eq!(json["parts"]["b"]["detail"], "y");
+        assert_eq!(json["detail"], "a: x; b: y");
+        // Up with something to say (a blocked connection) is named too, as Go's aggregate does.
+        let h = Health::of(vec![
+            ("broker".into(), HealthReport::up()),
+            ("c".into(), HealthReport::new(HealthStatus::Up, "blocked")),
+        ]);
+        assert_eq!(h.status, HealthStatus::Up);
+        assert_eq!(h.to_string(), "up: c: blocked");
         assert!(json["checked"].as_str().unwrap().ends_with('Z'));
     }
 }

@@ -27,6 +27,10 @@ impl Transport for AmqpTransport {
         self.0.close()
     }
 
+    fn capabilities(&self) -> super::Capabilities {
+        super::Capabilities::ALL
+    }
+
     fn broker_version(&self) -> Option<String> {
         match self.0.server_properties().get("version")? {
             amiquip::AmqpValue::LongString(v) => Some(v.clone()),

@@ -28,6 +28,8 @@ pub(crate) trait Transport: Send {
     fn broker_version(&self) -> Option<String> {
         None
     }
+    /// What it can do (`/acemq-info`'s `transport`).
+    fn capabilities(&self) -> super::Capabilities;
 }
 
 /// One channel. Delivery tags are per channel, from 1, shared by consumed and got deliveries.

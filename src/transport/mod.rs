@@ -21,12 +21,14 @@
 //! feature, `memory` (an in-process broker, `memory://name`).
 
 mod amqp;
+mod capabilities;
 mod channel;
 #[cfg(feature = "memory")]
 pub(crate) mod memory;
 mod wire;
 
 pub(crate) use amqp::AmqpTransport;
+pub use capabilities::Capabilities;
 pub(crate) use channel::{Channel, Consumer, ConsumerMessage, Deliveries, Delivery, Transport};
 #[cfg(feature = "memory")]
 pub(crate) use channel::{ChannelApi, ConsumerApi, Get, QueueState, Shell};

@@ -1,14 +1,28 @@
-//! Passive checks, deletes and purges of queues and exchanges.
+//! Passive checks, deletes and purges of queues and exchanges, and the health check's round
+//! trip.
 
 use crate::transport::QueueDeleteOptions;
 
-use super::calls::map_err;
-use super::spec::QueueInfo;
+use super::calls::{declare_queue_on, map_err};
+use super::spec::{QueueInfo, QueueSpec};
 use crate::connection::Connection;
 use crate::envelope::check_name;
 use crate::error::Result;
 
 impl Connection {
+    /// The health check's round trip: declares `queue`, a transient classic queue exclusive to
+    /// this connection, on a short-lived channel, without remembering it for recovery (it is
+    /// declared again by the next round trip on a new link).
+    pub(crate) fn round_trip(&self, queue: &str) -> Result<()> {
+        let spec = QueueSpec::new(queue)
+            .classic()
+            .durable(false)
+            .exclusive(true)
+            .auto_delete(true);
+        self.with_channel(|c| declare_queue_on(c, &spec))
+            .map(|_| ())
+    }
+
     /// Passive check of a queue: its counts, or [`Error::NotFound`](crate::Error::NotFound).
     ///
     /// # Errors

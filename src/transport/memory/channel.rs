@@ -59,6 +59,14 @@ impl Transport for MemoryTransport {
         })
     }
 
+    /// Everything but streams, which the in-process broker refuses.
+    fn capabilities(&self) -> crate::transport::Capabilities {
+        crate::transport::Capabilities {
+            streams: false,
+            ..crate::transport::Capabilities::ALL
+        }
+    }
+
     /// The RabbitMQ version the broker follows: its major's tested release (4.0.5 or 3.10.8).
     fn broker_version(&self) -> Option<String> {
         Some(match self.broker.major() {

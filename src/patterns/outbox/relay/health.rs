@@ -26,17 +26,17 @@ impl HealthSource for RelayHealth {
         let o = &self.core.options;
         let stats = self.core.health.lock();
         let mut report = HealthReport::up()
-            .part("backlog_threshold", o.health_backlog)
-            .part("oldest_pending_threshold_ms", ms(o.health_oldest_pending))
-            .part("lag_threshold_ms", ms(o.health_lag));
+            .part("backlogThreshold", o.health_backlog)
+            .part("oldestPendingThresholdMillis", ms(o.health_oldest_pending))
+            .part("lagThresholdMillis", ms(o.health_lag));
         if let Some((pending, oldest, at)) = stats.backlog {
             report = report
                 .part("backlog", pending)
                 .part(
-                    "oldest_pending_ms",
+                    "oldestPendingMillis",
                     oldest.map_or(serde_json::Value::Null, |d| ms(d).into()),
                 )
-                .part("counted_ms_ago", ms(at.elapsed()));
+                .part("countedMillisAgo", ms(at.elapsed()));
             if pending > o.health_backlog {
                 report.worsen(
                     HealthStatus::Degraded,
@@ -57,7 +57,7 @@ impl HealthSource for RelayHealth {
             }
         }
         if let Some(lag) = stats.last_lag {
-            report = report.part("lag_ms", ms(lag));
+            report = report.part("lagMillis", ms(lag));
             if lag > o.health_lag {
                 report.worsen(
                     HealthStatus::Degraded,
@@ -73,7 +73,7 @@ impl HealthSource for RelayHealth {
                 HealthStatus::Degraded,
                 &format!("the last sweep failed: {e}"),
             );
-            report = report.part("last_error", e.clone());
+            report = report.part("lastError", e.clone());
         }
         report
     }
