@@ -14,9 +14,26 @@ use acemq_amqp::{ConnectionOptions, Message, PublisherOptions, QueueSpec};
 use support::alarm::Watermark;
 use support::{amqp_url, connect_with, eventually, unique, Cleanup};
 
+/// Every publish outcome the connection's observer hears.
+#[derive(Default)]
+struct Outcomes(std::sync::Mutex<Vec<acemq_amqp::observe::PublishOutcome>>);
+
+impl acemq_amqp::observe::Observer for Outcomes {
+    fn publish_answered(&self, e: &acemq_amqp::observe::PublishEvent<'_>) {
+        self.0.lock().unwrap().push(e.outcome);
+    }
+}
+
 #[test]
 fn under_a_memory_alarm_the_link_is_up_saying_it_is_blocked_and_plain_up_after_it() {
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
+    let outcomes = std::sync::Arc::new(Outcomes::default());
+    // Room for one unconfirmed 1 MiB body: under the alarm the next publish finds no room.
+    let conn = connect_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .max_unconfirmed_bytes(2 << 20)
+            .observer(outcomes.clone()),
+    );
     let mut clean = Cleanup::new(&conn);
     let q = clean.queue(&unique("health-alarm"));
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
@@ -36,6 +53,33 @@ fn under_a_memory_alarm_the_link_is_up_saying_it_is_blocked_and_plain_up_after_i
         conn.is_blocked()
     });
     assert!(blocked, "the broker blocked the publishing connection");
+
+    // A publish that cannot even be written while the broker blocks the connection is refused,
+    // as the family counts it (`refused`, not `failed`), and says why.
+    let mut refused = None;
+    for _ in 0..20 {
+        match publisher.publish_deferred("", &q, Message::new(body.clone())) {
+            Ok(t) => tickets.push(t),
+            Err(e) => {
+                refused = Some(e);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a publish found no room under the alarm");
+    assert!(
+        matches!(&refused, acemq_amqp::Error::Blocked { .. }),
+        "{refused:?}"
+    );
+    assert!(
+        outcomes
+            .0
+            .lock()
+            .unwrap()
+            .contains(&acemq_amqp::observe::PublishOutcome::Refused),
+        "the observer heard it refused: {:?}",
+        outcomes.0.lock().unwrap()
+    );
 
     let asked = std::time::Instant::now();
     let health = conn.health();

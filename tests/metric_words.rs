@@ -686,7 +686,63 @@ fn an_outbox_relay_counts_each_record_by_exchange_and_routing_key() {
         ),
         1.0
     );
-    assert_eq!(rec.samples("acemq.outbox.lag", &record).len(), 1);
+    // The lag carries `outcome="published"`, as Go's and Python's do.
+    assert_eq!(
+        rec.samples(
+            "acemq.outbox.lag",
+            &[record[0], record[1], ("outcome", "published")]
+        )
+        .len(),
+        1
+    );
+    everything_emitted_is_in_the_fixture();
+    conn.close().unwrap();
+}
+
+/// A retry whose copy cannot be published (the in-process broker nacks it: the real one cannot
+/// be made to refuse one publish on demand) goes back on its queue as it was, after a pause: the
+/// family's `retried{where="requeued"}` (Python's, for a republish that failed), and the
+/// message still gets its next attempt.
+#[test]
+fn a_retry_whose_copy_cannot_be_published_is_retried_where_requeued() {
+    recording();
+    let broker = acemq_amqp::testing::MemoryBroker::named(&unique("words-requeued"));
+    let conn = support::connect_with(
+        ConnectionOptions::new()
+            .address(broker.url())
+            .observer(MetricsObserver::new()),
+    );
+    let q = unique("words-requeued");
+    let options = ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_millis(10)));
+    let (running, calls) = consume(&conn, &q, options, |attempt| match attempt {
+        1 => Outcome::retry("not yet"),
+        _ => Outcome::Accept,
+    });
+    // The message, then its first retry copy, are nacked.
+    conn.publisher()
+        .unwrap()
+        .publish("", &q, Message::new("soon"))
+        .unwrap();
+    broker.nack_next_publishes(1);
+    let rec = recording();
+    assert!(eventually(WAIT, || rec.value(
+        "acemq.consume.total",
+        &[("queue", &q), ("outcome", "acked")]
+    ) == 1.0));
+    let retried = |place| {
+        rec.value(
+            "acemq.messages.retried.total",
+            &[("queue", &q), ("where", place)],
+        )
+    };
+    assert_eq!(retried("requeued"), 1.0, "the failed copy");
+    assert_eq!(retried("consumer"), 2.0, "both tries at the retry");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "attempt 1 twice, then attempt 2"
+    );
+    running.close().unwrap();
     everything_emitted_is_in_the_fixture();
     conn.close().unwrap();
 }
@@ -732,6 +788,6 @@ fn the_fixture_holds_the_words_the_issue_names() {
         .unwrap();
     assert_eq!(
         places.iter().map(String::as_str).collect::<Vec<_>>(),
-        ["broker", "consumer"]
+        ["broker", "consumer", "requeued"]
     );
 }

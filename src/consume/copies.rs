@@ -224,7 +224,13 @@ fn held(ctx: &Context, copy: Message, wait: Duration) -> Result<Step> {
 }
 
 /// Reports another attempt scheduled for `message`: `attempt`, after `wait`, spent `waits`.
-fn retried(ctx: &Context, message: &Message, attempt: u32, wait: Duration, waits: RetryWhere) {
+pub(super) fn retried(
+    ctx: &Context,
+    message: &Message,
+    attempt: u32,
+    wait: Duration,
+    waits: RetryWhere,
+) {
     ctx.observer.retried(&Retried {
         queue: &ctx.queue,
         message_id: message.id(),

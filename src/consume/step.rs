@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::context::Context;
-use super::copies::{carry_out, copy_of, Step};
+use super::copies::{carry_out, copy_of, retried, Step};
 use super::copy_failures::copy_failure_pause;
 use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
 use super::reply;
 use super::retry::NextWait;
 use crate::envelope::{now_ms, Message};
-use crate::observe::Settlement;
+use crate::observe::{RetryWhere, Settlement};
 
 /// The job, or `None` (and the job dealt with) for a job from an old generation or one that
 /// arrives while the consumer is stopping.
@@ -135,6 +135,12 @@ pub(super) fn finish(
                 message.id(),
                 ctx.queue
             );
+            if decided == "retry" {
+                // Its retry copy failed: it comes back as it was, the same attempt, which the
+                // family counts as a retry `requeued`.
+                let attempt = message.envelope.attempt;
+                retried(ctx, &message, attempt, pause, RetryWhere::Requeued);
+            }
             // Put back as a fresh copy of itself when the pause is over, never requeued: the
             // broker would count each return (`put_back.rs`), and drop it past its limit.
             let step = Step::Later {

@@ -227,6 +227,16 @@ fn copy_failed(
                 ctx.queue
             );
             d.due = Instant::now() + pause;
+            if what == "retry" {
+                // It comes back as it was, the same attempt: the family's retry `requeued`.
+                super::copies::retried(
+                    ctx,
+                    &held,
+                    d.attempt,
+                    pause,
+                    crate::observe::RetryWhere::Requeued,
+                );
+            }
             ("copy_failed", text)
         }
     };

@@ -15,6 +15,11 @@ pub enum PublishOutcome {
     Unroutable,
     /// The connection or channel failed before an answer.
     Failed,
+    /// Declined before anything was written: the broker blocks the connection (a memory or
+    /// disk alarm) and the publish found no room within its timeout
+    /// ([`Error::Blocked`](crate::Error::Blocked)). The family's `refused`, told apart from
+    /// `failed`.
+    Refused,
     /// Handed to the broker without a publisher confirm: a
     /// [`Requester`](crate::patterns::request_reply::Requester)'s request (its reply is its confirmation), and
     /// a responder's reply to a transient reply queue, published on the request's channel just
@@ -32,6 +37,7 @@ impl PublishOutcome {
             PublishOutcome::Nacked => "nacked",
             PublishOutcome::Unroutable => "unroutable",
             PublishOutcome::Failed => "failed",
+            PublishOutcome::Refused => "refused",
             PublishOutcome::Unconfirmed => "unconfirmed",
         }
     }
@@ -293,15 +299,19 @@ pub enum RetryWhere {
     /// than the policy's broker threshold, a missing rung, a retry that keeps its ordering key),
     /// or none at all (a retry with no wait goes straight back to the queue).
     Consumer,
+    /// Back on its own queue as it was (same attempt), after its retry copy could not be
+    /// published: the family's `requeued` (Python's, for a republish that failed).
+    Requeued,
 }
 
 impl RetryWhere {
     /// The `where` label of [`metrics::RETRIED_TOTAL`](super::metrics::RETRIED_TOTAL):
-    /// `broker` or `consumer`.
+    /// `broker`, `consumer` or `requeued`.
     pub fn as_str(self) -> &'static str {
         match self {
             RetryWhere::Broker => "broker",
             RetryWhere::Consumer => "consumer",
+            RetryWhere::Requeued => "requeued",
         }
     }
 }

@@ -19,20 +19,20 @@ use super::observer::{LogObserver, Observer};
 ///
 /// | name | kind | labels | from |
 /// |---|---|---|---|
-/// | `acemq.publish.total` | counter | `exchange`, `routing.key`, `outcome`: `confirmed`, `unroutable`, `failed`, `published` (sent without a confirm), `nacked` | every publish answered; a request, and a responder's reply to a transient reply queue, when sent (`published`), and again (`unroutable`) if the broker returns it |
+/// | `acemq.publish.total` | counter | `exchange`, `routing.key`, `outcome`: `confirmed`, `unroutable`, `failed`, `refused` (not written: the broker blocks the connection), `published` (sent without a confirm), `nacked` | every publish answered; a request, and a responder's reply to a transient reply queue, when sent (`published`), and again (`unroutable`) if the broker returns it |
 /// | `acemq.publish.duration` | histogram, seconds | as above | a publish's call to its answer (not for `published`) |
 /// | `acemq.consume.total` | counter | `queue`, `outcome`: `acked`, `retried`, `rejected`, `dead_lettered`, `parked`, `in_progress`, `copy_failed`, `dropped`, `lost` | every delivery settled, once |
 /// | `acemq.consume.duration` | histogram, seconds | `queue`, `outcome` | the handler's run (not for `dropped`: no handler's outcome) |
 /// | `acemq.consume.attempts` | histogram, attempts | `queue` | a delivery taken, before its handler |
 /// | `acemq.consume.in.flight` | gauge | `queue` | a delivery taken or settled |
-/// | `acemq.messages.retried.total` | counter | `queue`, `where`: `broker`, `consumer` | another attempt scheduled |
+/// | `acemq.messages.retried.total` | counter | `queue`, `where`: `broker`, `consumer`, `requeued` (its retry copy could not be published: back on its queue as it was) | another attempt scheduled |
 /// | `acemq.messages.dead.lettered.total` | counter | `queue`, `outcome`: `dead_lettered`, `parked` | a copy confirmed in `.dlq` (deliveries `rejected` and `dead_lettered`) or `.parked` |
 /// | `acemq.messages.set.aside.failed` | counter | `queue`, `target` | a `.dlq` / `.parked` copy that could not be published |
 /// | `acemq.retry.rung.missing` | counter | `queue`, `rung` | a retry whose rung queue is missing (it waits in the consumer) |
 /// | `acemq.request.duration` | histogram, seconds | `routing.key`, `outcome`: `answered`, `responder_failed`, `timed_out`, `failed` | a request/reply round trip |
 /// | `acemq.request.total` | counter | as above | |
 /// | `acemq.outbox.total` | counter | `exchange`, `routing.key`, `outcome`: `published`, `failed` | a relayed record |
-/// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key` | a record's commit to its confirm |
+/// | `acemq.outbox.lag` | histogram, seconds | `exchange`, `routing.key`, `outcome` (`published`, as Go and Python write it) | a record's commit to its confirm |
 /// | `acemq.outbox.pending`, `acemq.outbox.oldest.age` | gauges (count, seconds) | — | as a started relay reports its backlog ([`OutboxEvent::Backlog`](crate::observe::OutboxEvent::Backlog)) |
 /// | `acemq.pipeline.run.total` | counter | `pipeline`, `step`, `outcome`: `completed`, `ended_early` | a run ending at a named step ([`Then::named`](crate::patterns::pipeline::Then::named)) |
 /// | `acemq.pipeline.run.duration` | histogram, seconds | as above | |
@@ -236,7 +236,8 @@ impl Observer for MetricsObserver {
                 ::metrics::histogram!(
                     names::OUTBOX_LAG,
                     names::TAG_EXCHANGE => exchange.to_string(),
-                    names::TAG_ROUTING_KEY => routing_key.to_string()
+                    names::TAG_ROUTING_KEY => routing_key.to_string(),
+                    names::TAG_OUTCOME => "published"
                 )
                 .record(lag.as_secs_f64());
             }

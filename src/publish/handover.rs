@@ -41,7 +41,14 @@ impl Publisher {
         }
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
-        let bytes = self.reserve_bytes(&message, deadline)?;
+        let bytes = match self.reserve_bytes(&message, deadline) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let e = self.refused_if_blocked(exchange, routing_key, started, e);
+                span.end(Err(&e));
+                return Err(e);
+            }
+        };
         let (tx, rx) = oneshot::channel();
         let pending = Pending {
             _bytes: Some(bytes),
@@ -61,6 +68,7 @@ impl Publisher {
             mandatory,
             deadline,
         ) {
+            let e = self.refused_if_blocked(exchange, routing_key, started, e);
             span.end(Err(&e));
             return Err(e);
         }
@@ -72,6 +80,28 @@ impl Publisher {
             span,
             blocked: self.inner.connection.shared.blocked.clone(),
         })
+    }
+
+    /// A publish that timed out before anything was written (no room among the unconfirmed
+    /// bytes or in the window, no channel) while the broker blocks the connection: refused, as
+    /// the family counts it (`refused`), and said so ([`Error::Blocked`]).
+    fn refused_if_blocked(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        started: Instant,
+        e: Error,
+    ) -> Error {
+        let e = super::ticket::blocked_or(&self.inner.connection.shared.blocked, e);
+        if matches!(e, Error::Blocked { .. }) {
+            self.inner.shared.observer.publish_answered(&PublishEvent {
+                exchange,
+                routing_key,
+                outcome: PublishOutcome::Refused,
+                duration: Some(started.elapsed()),
+            });
+        }
+        e
     }
 
     /// Reserves the message's bytes among the connection's unconfirmed bytes, waiting for room

@@ -28,9 +28,12 @@ pub(super) struct Counters {
 }
 
 impl Counters {
-    /// A reply the broker could not route: no longer answered, counted and logged.
-    fn unroutable(&self, request_id: &str, address: &str) {
-        self.answered.fetch_sub(1, Ordering::SeqCst);
+    /// A reply the broker could not route: no longer answered (when it was counted: a success
+    /// reply), counted and logged.
+    fn unroutable(&self, request_id: &str, address: &str, counted: bool) {
+        if counted {
+            self.answered.fetch_sub(1, Ordering::SeqCst);
+        }
         self.unroutable.fetch_add(1, Ordering::SeqCst);
         log::warn!(
             "acemq: the reply to request {request_id} on {:?} is unroutable (its requester's \
@@ -48,7 +51,8 @@ impl ReplyHooks for Counters {
 
     fn returned(&self, r: Return) {
         let request_id = returned_header(&r, headers::CAUSATION);
-        self.unroutable(&request_id, &r.routing_key);
+        // Only success replies are staged on the request's channel: each was counted.
+        self.unroutable(&request_id, &r.routing_key, true);
     }
 }
 
@@ -108,7 +112,19 @@ where
             }
         };
         let mut reply = addressed(reply, request);
-        self.counters.answered.fetch_add(1, Ordering::SeqCst);
+        // An answer is a success reply, as the family counts it: a failure reply tells the
+        // caller at once but is not counted, or a responder failing every request would show
+        // a healthy answered rate. Counted before the publish (a caller holding its reply finds
+        // it counted), handed back if it does not go out or turns into a failure reply.
+        let mut counted = failed.is_none();
+        if counted {
+            self.counters.answered.fetch_add(1, Ordering::SeqCst);
+        }
+        let uncount = |counted: &mut bool| {
+            if std::mem::take(counted) {
+                self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+            }
+        };
         // A failure reply goes through the confirming publisher whatever the queue: the
         // request is dead-lettered after it (as the family's responders do), and its `.dlq`
         // copy and acknowledgement must not overtake an unconfirmed reply.
@@ -134,9 +150,10 @@ where
                     let text = reply_too_large(&e);
                     reply = addressed(failure(&text), request);
                     failed = Some(text);
+                    uncount(&mut counted);
                 }
                 Err(e) => {
-                    self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                    uncount(&mut counted);
                     return Err(Box::new(e));
                 }
             }
@@ -152,7 +169,7 @@ where
             match self.publisher.publish("", &address, reply) {
                 Ok(()) => return Ok(settled(&failed)),
                 Err(e) if e.is_unroutable() => {
-                    self.counters.unroutable(request.id(), &address);
+                    self.counters.unroutable(request.id(), &address, counted);
                     return Ok(settled(&failed));
                 }
                 // Refused before sending; handling the request again would make the same
@@ -163,16 +180,16 @@ where
                         let text = reply_too_large(&e);
                         reply = addressed(failure(&text), request);
                         failed = Some(text);
+                        uncount(&mut counted);
                     }
                     Some(text) => {
-                        self.counters.answered.fetch_sub(1, Ordering::SeqCst);
                         return Ok(Outcome::Reject {
                             reason: format!("{text}; its failure reply could not be sent: {e}"),
                         });
                     }
                 },
                 Err(e) => {
-                    self.counters.answered.fetch_sub(1, Ordering::SeqCst);
+                    uncount(&mut counted);
                     return Err(Box::new(e));
                 }
             }

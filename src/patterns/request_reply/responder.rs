@@ -157,8 +157,10 @@ impl std::fmt::Debug for RunningResponder {
 }
 
 impl RunningResponder {
-    /// Requests answered: counted **before** each reply is published (so a caller holding its
-    /// reply finds it counted), and handed back when that publish fails.
+    /// Requests answered with a success reply: counted **before** each reply is published (so a
+    /// caller holding its reply finds it counted), and handed back when that publish fails. A
+    /// request whose handler failed gets the family's failure reply but is not counted, as the
+    /// family counts it (a responder failing every request shows no answers).
     pub fn answered(&self) -> u64 {
         self.counters.answered.load(Ordering::SeqCst)
     }
