@@ -1066,3 +1066,66 @@ fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
     assert_eq!(m.id(), "prop-id", "the identity falls back to message_id");
     assert_eq!(m.envelope.attempt, 1);
 }
+
+/// `acemq-replay-count` as each family member writes it — Python the smallest integer that holds
+/// it (a one-byte `b` for 1), Go and Java a 32-bit `I`, a 64-bit `l`, unsigned, or text — is read
+/// by a replay, which writes the next count as the family's 32-bit integer (the envelope
+/// fixture's type, which Go's reader takes; it was a 64-bit `l`).
+#[test]
+fn replay_counts_in_any_integer_width_are_read_and_the_next_is_written_as_a_32_bit_integer() {
+    use acemq_amqp::patterns::replay::{replay, ReplayOptions};
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let target = clean.queue(&unique("replay-width"));
+    conn.declare_queue(&QueueSpec::new(&target).classic())
+        .unwrap();
+    let dlq = clean.queue(&format!("{target}.dlq"));
+    conn.declare_queue(&QueueSpec::new(&dlq).classic()).unwrap();
+    let raw = Raw::open();
+    let counts = [
+        ("python-1", AmqpValue::ShortShortInt(1), 2),
+        ("python-300", AmqpValue::ShortInt(300), 301),
+        ("go-2", AmqpValue::LongInt(2), 3),
+        ("l-3", AmqpValue::LongLongInt(3), 4),
+        ("unsigned-4", AmqpValue::LongUInt(4), 5),
+        ("text-5", text("5"), 6),
+    ];
+    for (id, count, _) in &counts {
+        let mut table = FieldTable::new();
+        table.insert(headers::ID.into(), text(id));
+        table.insert(headers::REPLAY_COUNT.into(), count.clone());
+        raw.publish(
+            "",
+            &dlq,
+            b"{}",
+            AmqpProperties::default().with_headers(table),
+        );
+    }
+    assert!(eventually(WAIT, || conn
+        .queue_info(&dlq)
+        .unwrap()
+        .message_count
+        == counts.len() as u32));
+    let report = replay(&conn, &dlq, ReplayOptions::new().routing_key(&target))
+        .run()
+        .unwrap();
+    assert_eq!(report.moved, counts.len() as u64, "{report:?}");
+    let mut seen = BTreeMap::new();
+    for _ in 0..counts.len() {
+        let (props, _, _) = raw.get(&target).expect("a replayed copy");
+        let table = props.headers().clone().unwrap_or_default();
+        let id = match table.get(headers::ID) {
+            Some(AmqpValue::LongString(s)) => s.clone(),
+            other => panic!("id: {other:?}"),
+        };
+        seen.insert(id, table.get(headers::REPLAY_COUNT).cloned());
+    }
+    raw.close();
+    for (id, _, next) in counts {
+        assert_eq!(
+            seen.get(id),
+            Some(&Some(AmqpValue::LongInt(next))),
+            "{id}: read, incremented and written as a 32-bit integer"
+        );
+    }
+}

@@ -115,6 +115,70 @@ fn a_three_step_json_slip_visits_each_stop_in_order() {
     }
 }
 
+/// The family's rule for the forwarded message's type (Go's `FollowSlip` and Python's
+/// `follow_slip` publish the next hop with `x-acemq-type` = that hop's routing key): a step that
+/// returns a message without a type sends it on typed with the next stop's routing key, not with
+/// the type it received; a step that sets one keeps it.
+#[test]
+fn a_forwarded_message_is_typed_with_the_next_stops_routing_key_unless_the_step_set_one() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let names: Vec<String> = (0..3).map(|i| unique(&format!("slip-type-{i}"))).collect();
+    queues(&conn, &mut clean, &names);
+    let publisher = conn.publisher().unwrap();
+    let types: Arc<Mutex<Vec<(String, Option<String>)>>> = Arc::default();
+    let consumers: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .zip(&names)
+        .map(|(name, q)| {
+            let (types, name) = (types.clone(), name.to_string());
+            let handler = follow_slip(
+                &publisher,
+                move |m: &Message| {
+                    types
+                        .lock()
+                        .unwrap()
+                        .push((name.clone(), m.envelope.message_type.clone()));
+                    // Step b names what it sends on; step a does not.
+                    let onward = Message::new(m.body.clone());
+                    Ok::<_, BoxError>(Some(if name == "b" {
+                        onward.message_type("order.charged")
+                    } else {
+                        onward
+                    }))
+                },
+                FollowSlipOptions::new(),
+            );
+            conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
+                .unwrap()
+                .start(handler)
+                .unwrap()
+        })
+        .collect();
+    let slip = RoutingSlip::new()
+        .then("", &names[0], "a")
+        .then("", &names[1], "b")
+        .then("", &names[2], "c");
+    slip.send(
+        &publisher,
+        Message::new("order").message_type("order.placed"),
+    )
+    .unwrap();
+    assert!(eventually(WAIT, || types.lock().unwrap().len() == 3));
+    for c in consumers {
+        c.close().unwrap();
+    }
+    let types = types.lock().unwrap().clone();
+    assert_eq!(
+        types,
+        [
+            ("a".to_string(), Some("order.placed".to_string())),
+            ("b".to_string(), Some(names[1].clone())),
+            ("c".to_string(), Some("order.charged".to_string())),
+        ]
+    );
+}
+
 #[test]
 fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
     let conn = connect();

@@ -543,10 +543,14 @@ fn wire_value(received: Option<&FieldTable>, name: &str, value: &HeaderValue) ->
         }
     }
     match value {
-        HeaderValue::Int(i) if is_reserved(name) => match i32::try_from(*i) {
-            Ok(i) => AmqpValue::LongInt(i),
-            Err(_) => AmqpValue::LongLongInt(*i),
-        },
+        // The family writes its own integers 32-bit (Go, Java; the envelope fixture's type), so
+        // Go's readers, which take `int`, `int32` and `int64`, read them.
+        HeaderValue::Int(i) if is_reserved(name) || name == headers::REPLAY_COUNT => {
+            match i32::try_from(*i) {
+                Ok(i) => AmqpValue::LongInt(i),
+                Err(_) => AmqpValue::LongLongInt(*i),
+            }
+        }
         v => v.to_amqp(),
     }
 }

@@ -105,9 +105,8 @@ where
                 .unwrap_or_else(|| message.id().to_string()),
         );
         onward.envelope.causation_id = Some(message.id().to_string());
-        if onward.envelope.message_type.is_none() {
-            onward.envelope.message_type = message.envelope.message_type.clone();
-        }
+        // A step that names no type sends it on typed with the next stop's routing key (the
+        // publisher's default), as Go's and Python's slips do; not with the type it received.
         let mut advanced = advanced;
         if advanced.form == SlipForm::StepNames && advanced.route_id.is_none() {
             advanced.route_id = Some(new_id());

@@ -66,7 +66,9 @@
 //! * [`follow_slip`] is a [`Handler`](crate::Handler): it reads the slip (unreadable or missing → fatal,
 //!   dead-lettered), runs the step (an `Err` is a retry, a [`FatalError`](crate::FatalError) a reject, as for any
 //!   handler), then publishes the step's payload — the one it returned, or the received body
-//!   and content type unchanged — to the next stop, **mandatory, with a confirm**, and accepts
+//!   and content type unchanged — to the next stop, typed with that stop's routing key unless the
+//!   step's message names its own type (as Go's and Python's slips do), **mandatory, with a
+//!   confirm**, and accepts
 //!   only once that hop is routed and confirmed; a hop that fails (no queue bound there, the
 //!   broker refusing it, the connection lost) is a retry of this step. After the last step it
 //!   just accepts. It writes back the form it read. The onward message carries the received
@@ -117,6 +119,13 @@ mod tests {
         let go = r#"{"steps":[{"exchange":"x","routingKey":"a","name":null,"extra":1}]}"#;
         let s = RoutingSlip::from_json(go).unwrap();
         assert!(s.done().is_empty() && s.next().unwrap().name.is_none());
+        // A first slip both ways: Go omits an empty `done`, Python (and this crate) write
+        // `"done": []`; each reads as the same slip.
+        let omitted = RoutingSlip::from_json(r#"{"steps":[{"exchange":"x","routingKey":"a"}]}"#);
+        let empty = RoutingSlip::from_json(
+            r#"{"steps": [{"exchange": "x", "routingKey": "a"}], "done": []}"#,
+        );
+        assert_eq!(omitted.unwrap(), empty.unwrap());
         assert!(RoutingSlip::from_json("{not json").is_err());
         assert!(RoutingSlip::from_json(r#"{"steps":"nope"}"#).is_err());
     }
