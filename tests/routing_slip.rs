@@ -126,7 +126,9 @@ fn a_forwarded_message_is_typed_with_the_next_stops_routing_key_unless_the_step_
     let names: Vec<String> = (0..3).map(|i| unique(&format!("slip-type-{i}"))).collect();
     queues(&conn, &mut clean, &names);
     let publisher = conn.publisher().unwrap();
-    let types: Arc<Mutex<Vec<(String, Option<String>)>>> = Arc::default();
+    // Per step run: the step's name, the type it received.
+    type Types = Vec<(String, Option<String>)>;
+    let types: Arc<Mutex<Types>> = Arc::default();
     let consumers: Vec<_> = ["a", "b", "c"]
         .iter()
         .zip(&names)
