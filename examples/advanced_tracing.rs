@@ -49,7 +49,7 @@ fn example() -> Result<()> {
     publisher.publish(
         "",
         &first,
-        Message::new("start").header(acemq_amqp::headers::TRACEPARENT, traceparent),
+        Message::new("start").with_header(acemq_amqp::headers::TRACEPARENT, traceparent),
     )?;
     ex::wait_for("both steps", || seen.lock().expect("seen").len() == 2);
     step_one.close()?;

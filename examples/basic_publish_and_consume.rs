@@ -41,7 +41,7 @@ fn example() -> Result<()> {
     let publisher = connection.publisher()?;
     for (id, cents) in [("o-1", 4200), ("o-2", 999), ("o-3", 15000)] {
         let order = serde_json::json!({"order_id": id, "total_cents": cents});
-        let message = Message::encode(&JsonCodec, &order)?.message_type("order.placed");
+        let message = Message::encode(&JsonCodec, &order)?.with_type("order.placed");
         publisher.publish("", &queue, message)?;
         println!("published {id}: the broker confirmed it before publish returned");
     }

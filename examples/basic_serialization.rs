@@ -43,7 +43,7 @@ fn example() -> Result<()> {
     publisher.publish(
         "",
         &queue,
-        Message::new("{not json").content_type("application/json"),
+        Message::new("{not json").with_content_type("application/json"),
     )?;
 
     let json = connection.get(&queue)?.expect("the JSON order");
@@ -71,7 +71,7 @@ fn example() -> Result<()> {
     publisher.publish(
         "",
         &queue,
-        Message::new("{not json").content_type("application/json"),
+        Message::new("{not json").with_content_type("application/json"),
     )?;
     let consumer = connection.consume(&queue, |m: &Message| {
         let order: OrderPlaced = m.decode(&JsonCodec)?;

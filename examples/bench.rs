@@ -1302,7 +1302,7 @@ fn raw_responder(
                             _ => None,
                         })
                 };
-                let mut reply = Message::new(&b"{\"price\":12.5}"[..]).persistent(false);
+                let mut reply = Message::new(&b"{\"price\":12.5}"[..]).with_persistent(false);
                 reply.envelope.correlation_id = header("x-acemq-correlation");
                 reply.envelope.causation_id = d.properties.message_id().clone();
                 reply.to_properties_for_bench(&to, "acemq@bench")
@@ -1357,9 +1357,9 @@ fn raw_caller(queue: &str, n: usize, envelope: bool) -> Vec<Duration> {
         let start = Instant::now();
         let props = if envelope {
             let mut m = Message::new(RPC_BODY)
-                .persistent(false)
-                .header("acemq-reply-to", reply_name.as_str())
-                .reply_to(reply_name.as_str());
+                .with_persistent(false)
+                .with_header("acemq-reply-to", reply_name.as_str())
+                .with_reply_to(reply_name.as_str());
             m.envelope.correlation_id = Some(correlation.clone());
             m.to_properties_for_bench(queue, "acemq@bench")
                 .with_correlation_id(correlation.clone())
@@ -1410,7 +1410,7 @@ fn acemq_callers(
                     for _ in 0..n {
                         let t = Instant::now();
                         requester
-                            .ask(Message::new(RPC_BODY).persistent(false))
+                            .ask(Message::new(RPC_BODY).with_persistent(false))
                             .expect("reply");
                         lat.push(t.elapsed());
                     }
@@ -1628,8 +1628,8 @@ fn fill_keyed(conn: &Connection, queue: &str, n: usize) -> Result<()> {
     let mut tickets = Vec::with_capacity(1000);
     for i in 0..n {
         let m = Message::new(BODY.to_vec())
-            .persistent(false)
-            .header("k", format!("key-{}", i % ORDERED_KEYS));
+            .with_persistent(false)
+            .with_header("k", format!("key-{}", i % ORDERED_KEYS));
         tickets.push(p.publish_deferred("", queue, m)?);
         if tickets.len() == 1000 {
             for t in tickets.drain(..) {

@@ -30,7 +30,7 @@ fn example() -> Result<()> {
                         reason: "every message must say its type".into(),
                     });
                 }
-                context.message = context.message.header("tenant", "acme");
+                context.message = context.message.with_header("tenant", "acme");
                 next.run(context)
             })
             .intercept_consume(
@@ -69,7 +69,7 @@ fn example() -> Result<()> {
     publisher.publish(
         "",
         &queue,
-        Message::new("invoice inv-1").message_type("invoice"),
+        Message::new("invoice inv-1").with_type("invoice"),
     )?;
     match publisher.publish("", &queue, Message::new("no type")) {
         Err(e) => println!("refused by the publish interceptor: {e}"),

@@ -90,7 +90,7 @@ fn example() -> Result<()> {
         publisher.publish(
             "",
             &queue,
-            Message::encode(&JsonCodec, &order)?.header(SCHEMA_ID, schema),
+            Message::encode(&JsonCodec, &order)?.with_header(SCHEMA_ID, schema),
         )?;
     }
     let dlq = dead_letter_queue(&queue);

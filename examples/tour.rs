@@ -47,7 +47,7 @@ fn tour() -> Result<()> {
     // A confirmed publish: `publish` returns once the broker has the message.
     let publisher = connection.publisher()?;
     let order = serde_json::json!({"order_id": "o-1", "total_cents": 4200});
-    let message = Message::encode(publisher.codec().as_ref(), &order)?.message_type("order.placed");
+    let message = Message::encode(publisher.codec().as_ref(), &order)?.with_type("order.placed");
     let id = message.id().to_string();
     publisher.publish(&exchange, "order.placed", message)?;
     println!("published order.placed {id}: confirmed by the broker");
@@ -436,7 +436,8 @@ fn order_pipeline(connection: &Connection, run: u32) -> Result<()> {
         ("o-12", 0, false),
     ] {
         let order = serde_json::json!({"order_id": id, "total_cents": total, "digital": digital});
-        let message = Message::encode(&JsonCodec, &order)?.correlation_id(format!("checkout-{id}"));
+        let message =
+            Message::encode(&JsonCodec, &order)?.with_correlation_id(format!("checkout-{id}"));
         publisher.publish("", &validate_q, message)?;
     }
     wait_until(|| {

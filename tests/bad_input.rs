@@ -166,7 +166,7 @@ fn a_garbage_body_for_the_codec_is_parked_as_undecodable() {
         .publish(
             "",
             &q,
-            Message::new(b"\xff{not json".to_vec()).content_type("application/json"),
+            Message::new(b"\xff{not json".to_vec()).with_content_type("application/json"),
         )
         .unwrap();
     let parked = parked_queue(&q);

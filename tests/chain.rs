@@ -74,7 +74,7 @@ fn layers_run_outermost_first_and_pass_the_ordering_on() {
     let publisher = conn.publisher().unwrap();
     for i in 0..30 {
         publisher
-            .publish("", &q, Message::new(i.to_string()).header("k", "same"))
+            .publish("", &q, Message::new(i.to_string()).with_header("k", "same"))
             .unwrap();
     }
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -250,9 +250,9 @@ fn logging_records_id_type_attempt_outcome_and_never_the_payload() {
     let q = clean.consumed_queue(&unique("chain-log"), &[]);
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let secret = format!("card-4111-1111-{}", unique("secret"));
-    let ok = Message::new(format!("{{\"card\":\"{secret}\"}}")).message_type("payment.taken");
-    let failing = Message::new(format!("{{\"card\":\"{secret}\",\"fail\":true}}"))
-        .message_type("payment.taken");
+    let ok = Message::new(format!("{{\"card\":\"{secret}\"}}")).with_type("payment.taken");
+    let failing =
+        Message::new(format!("{{\"card\":\"{secret}\",\"fail\":true}}")).with_type("payment.taken");
     let (ok_id, failing_id) = (ok.id().to_string(), failing.id().to_string());
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, ok).unwrap();
@@ -353,7 +353,7 @@ fn the_whole_chain_runs_in_order_and_logging_records_what_the_guards_decided() {
             .collect::<Vec<_>>()
     };
 
-    let m = Message::new("fast").header("k", "a");
+    let m = Message::new("fast").with_header("k", "a");
     assert_eq!(handler.handle(&m).unwrap(), Outcome::Accept);
     assert_eq!(
         taken(&log),
@@ -372,7 +372,7 @@ fn the_whole_chain_runs_in_order_and_logging_records_what_the_guards_decided() {
 
     // An overrun: settled as a retry when the deadline passes, not when the handler ends;
     // logging, outside the deadline, records the retry.
-    let slow = Message::new("slow").header("k", "b");
+    let slow = Message::new("slow").with_header("k", "b");
     let started = Instant::now();
     let outcome = handler.handle(&slow).unwrap();
     let took = started.elapsed();

@@ -230,7 +230,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
                             for i in chunk {
                                 let m = Message::new(format!("{{\"n\":{i}}}"))
                                     .with_id(format!("{run}-{i}"))
-                                    .content_type("application/json");
+                                    .with_content_type("application/json");
                                 outbox.add(&mut tx, &record_message("", &q, &m)?)?;
                             }
                             tx.commit()?;

@@ -191,7 +191,7 @@ fn publish_all(
             for id in &todo {
                 let m = Message::new(id.as_bytes().to_vec())
                     .with_id(id.as_str())
-                    .persistent(true);
+                    .with_persistent(true);
                 match publisher.publish_deferred("", queue, m) {
                     Ok(t) => tickets.push((*id, t)),
                     Err(e) => {

@@ -149,7 +149,7 @@ fn every_family_sample_reads_as_expected() {
         let Some(codec) = codec_for(&s.format) else {
             continue;
         };
-        let m = Message::new(s.body.clone()).content_type(s.content_type.clone());
+        let m = Message::new(s.body.clone()).with_content_type(s.content_type.clone());
         let got: Value = m
             .decode(codec.as_ref())
             .unwrap_or_else(|e| panic!("{} from {}: {e}", s.format, s.producer));
@@ -242,13 +242,13 @@ fn a_composite_codec_picks_the_codec_the_content_type_names() {
     // Nothing takes it, without BytesCodec.
     let strict = CompositeCodec::new(JsonCodec).or(TextCodec);
     let e = Message::new("x")
-        .content_type("image/png")
+        .with_content_type("image/png")
         .decode::<Value>(&strict)
         .unwrap_err();
     let text = fatal(e);
     assert!(text.contains("no codec here reads \"image/png\""), "{text}");
     let e = Message::new("not json")
-        .content_type("application/json")
+        .with_content_type("application/json")
         .decode::<Value>(&strict)
         .unwrap_err();
     assert!(fatal(e).contains("no codec could read this message"));
@@ -271,7 +271,7 @@ fn optional_formats_are_chosen_by_content_type_and_never_claim_an_untyped_messag
         if !["yaml", "toml", "xml"].contains(&s.format.as_str()) {
             continue;
         }
-        let m = Message::new(s.body.clone()).content_type(s.content_type.clone());
+        let m = Message::new(s.body.clone()).with_content_type(s.content_type.clone());
         assert_eq!(
             m.decode::<Value>(&codec).unwrap(),
             s.expected,
@@ -316,23 +316,23 @@ fn xml_refuses_every_dtd_and_unknown_entities() {
     let codec = XmlCodec::default();
     let laughs = r#"<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol2 "&lol;&lol;">]><lolz>&lol2;</lolz>"#;
     let e = Message::new(laughs)
-        .content_type("application/xml")
+        .with_content_type("application/xml")
         .decode::<Value>(&codec)
         .unwrap_err();
     assert!(fatal(e).contains("document type declaration"));
     let e = Message::new("<a>&xxe;</a>")
-        .content_type("application/xml")
+        .with_content_type("application/xml")
         .decode::<Value>(&codec)
         .unwrap_err();
     assert!(fatal(e).contains("&xxe;"));
     let m = Message::new(r#"<a xmlns:p="urn:x" id="7"><p:b>1 &lt; 2 &#x26; &amp;</p:b><c/></a>"#)
-        .content_type("text/xml");
+        .with_content_type("text/xml");
     assert_eq!(
         m.decode::<Value>(&codec).unwrap(),
         json!({"id": "7", "b": "1 < 2 & &", "c": ""})
     );
     let e = Message::new("<a><b></a>")
-        .content_type("application/xml")
+        .with_content_type("application/xml")
         .decode::<Value>(&codec)
         .unwrap_err();
     fatal(e);
@@ -359,7 +359,7 @@ fn avro_reads_by_the_content_types_framing_and_refuses_rather_than_guesses() {
     }
     // A registered one reads framed bodies by identifier, and refuses an unknown one.
     let reading = AvroCodec::reading(schema).unwrap();
-    let m = Message::new(framed.clone()).content_type("application/vnd.acemq.avro");
+    let m = Message::new(framed.clone()).with_content_type("application/vnd.acemq.avro");
     let e = fatal(m.decode::<Value>(&reading).unwrap_err());
     assert!(e.contains("schema id 7"), "{e}");
     reading.learn(7, schema).unwrap();

@@ -705,7 +705,7 @@ fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration() {
         p.publish(
             "",
             &q,
-            Message::new(body).expiration(Duration::from_secs(600)),
+            Message::new(body).with_expiration(Duration::from_secs(600)),
         )
         .unwrap();
     }

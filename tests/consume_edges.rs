@@ -362,7 +362,7 @@ fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_run_once_
         m.envelope.attempt = 4;
         if body.starts_with("own") {
             // Our own consumer-side retry copy, as it arrives: through the default exchange.
-            let m = m.header(headers::ORIGINAL_QUEUE, q.as_str());
+            let m = m.with_header(headers::ORIGINAL_QUEUE, q.as_str());
             put(&conn, &q, m);
         } else {
             // A family library's rung copy (no `acemq-original-*`): back through `acemq.retry`.
@@ -534,15 +534,15 @@ fn a_dead_letter_copy_keeps_the_original_headers_the_message_arrived_with() {
     let (q, consumer) = rejecting_behind_a_rung(&conn, &mut clean, "kept-origin");
     let rung = retry_queue(&q, Duration::from_secs(1));
     let mut all = Message::new("all three")
-        .header(headers::ORIGINAL_EXCHANGE, "orders.events")
-        .header(headers::ORIGINAL_ROUTING_KEY, "orders.placed")
-        .header(headers::ORIGINAL_QUEUE, q.as_str());
+        .with_header(headers::ORIGINAL_EXCHANGE, "orders.events")
+        .with_header(headers::ORIGINAL_ROUTING_KEY, "orders.placed")
+        .with_header(headers::ORIGINAL_QUEUE, q.as_str());
     all.envelope.attempt = 2;
     let all_id = all.id().to_string();
     put(&conn, &rung, all);
     let mut some = Message::new("two of them")
-        .header(headers::ORIGINAL_EXCHANGE, "orders.events")
-        .header(headers::ORIGINAL_ROUTING_KEY, "orders.placed");
+        .with_header(headers::ORIGINAL_EXCHANGE, "orders.events")
+        .with_header(headers::ORIGINAL_ROUTING_KEY, "orders.placed");
     some.envelope.attempt = 2;
     put(&conn, &rung, some);
     let copies = raw_headers(&dead_letter_queue(&q), 2);

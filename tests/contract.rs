@@ -48,7 +48,7 @@ fn exchange_and_queue(
 fn message_from_case(publish: &Value) -> Message {
     let e = &publish["envelope"];
     let s = |k: &str| e.get(k).and_then(Value::as_str).map(str::to_string);
-    let mut m = Message::new("{}").content_type("application/json");
+    let mut m = Message::new("{}").with_content_type("application/json");
     if let Some(id) = s("id") {
         m = m.with_id(id);
     }
@@ -69,7 +69,7 @@ fn message_from_case(publish: &Value) -> Message {
     }
     if let Some(h) = publish.get("app_headers").and_then(Value::as_object) {
         for (k, v) in h {
-            m = m.header(k.clone(), v.as_str().unwrap());
+            m = m.with_header(k.clone(), v.as_str().unwrap());
         }
     }
     m

@@ -733,11 +733,11 @@ fn scheduler_killed_between_a_hop_and_the_ack_loses_nothing() {
         let now = acemq_amqp::now_ms();
         for i in 0..count {
             let m = Message::new(format!("m{}", ids.len()))
-                .message_type(acemq_amqp::patterns::scheduler::SCHEDULED_MESSAGE_TYPE)
-                .header(headers::SCHEDULE_EXCHANGE, "")
-                .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-                .header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 50)
-                .header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
+                .with_type(acemq_amqp::patterns::scheduler::SCHEDULED_MESSAGE_TYPE)
+                .with_header(headers::SCHEDULE_EXCHANGE, "")
+                .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
+                .with_header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 50)
+                .with_header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
             ids.push(m.id().to_string());
             p.publish(&base, &format!("{base}.1s"), m).unwrap();
         }
@@ -784,7 +784,7 @@ fn publish_keyed(
     for i in 0..count {
         let key = format!("key-{}", i % keys);
         let seq = next.entry(key.clone()).or_insert(0);
-        let m = Message::new(seq.to_string()).header("k", key.as_str());
+        let m = Message::new(seq.to_string()).with_header("k", key.as_str());
         tickets.push(publisher.publish_deferred("", q, m).unwrap());
         sent.push((key, *seq));
         *seq += 1;

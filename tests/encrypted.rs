@@ -65,7 +65,7 @@ fn the_familys_vector_and_a_java_body_decrypt_here() {
     let c = codec();
     assert_eq!(c.decrypt(&hex(VECTOR)).unwrap(), b"hello");
     assert_eq!(c.decrypt(&hex(JAVA_BODY)).unwrap(), b"hello");
-    let m = Message::new(hex(JAVA_BODY)).content_type(ENCRYPTED_CONTENT_TYPE);
+    let m = Message::new(hex(JAVA_BODY)).with_content_type(ENCRYPTED_CONTENT_TYPE);
     assert_eq!(m.decode::<Vec<u8>>(&c).unwrap(), b"hello");
     assert_eq!(key_id_of(&hex(JAVA_BODY)), Some("2026-01"));
 }

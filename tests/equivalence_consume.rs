@@ -82,7 +82,7 @@ fn publish_keyed(conn: &Connection, queue: &str, items: &[(String, usize)]) {
     let tickets: Vec<_> = items
         .iter()
         .map(|(key, seq)| {
-            let m = Message::new(seq.to_string()).header("k", key.as_str());
+            let m = Message::new(seq.to_string()).with_header("k", key.as_str());
             publisher.publish_deferred("", queue, m).unwrap()
         })
         .collect();
@@ -177,7 +177,7 @@ on_both! {
         let mut clean = on.cleanup();
         let q = clean.consumed_queue(&unique("eq-ladder"), &[]);
         conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-        let m = Message::new("body").header("app", "kept");
+        let m = Message::new("body").with_header("app", "kept");
         let id = m.id().to_string();
         put(&conn, &q, m);
         let calls = Arc::new(AtomicUsize::new(0));
@@ -328,7 +328,7 @@ on_both! {
             })
             .unwrap();
         for body in ["reject", "park"] {
-            put(&conn, &q, Message::new(body).expiration(Duration::from_secs(600)));
+            put(&conn, &q, Message::new(body).with_expiration(Duration::from_secs(600)));
         }
         let (dlq, parked) = (dead_letter_queue(&q), parked_queue(&q));
         assert!(eventually(WAIT, || depth(&conn, &dlq) == 1
@@ -719,7 +719,7 @@ on_both! {
         let (collecting, got) = collect(&conn, &output);
         let m = Message::encode(&acemq_amqp::JsonCodec, &json!({"order_id": "o-9"}))
             .unwrap()
-            .correlation_id("checkout-77");
+            .with_correlation_id("checkout-77");
         let consumed_id = m.id().to_string();
         put(&conn, &input, m);
         assert!(eventually(WAIT, || got.lock().unwrap().len() == 1

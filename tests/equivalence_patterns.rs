@@ -443,7 +443,7 @@ on_both! {
             ))
             .unwrap();
         publisher
-            .publish("", &q, Message::new("x").header(headers::ROUTING_SLIP, "{not json"))
+            .publish("", &q, Message::new("x").with_header(headers::ROUTING_SLIP, "{not json"))
             .unwrap();
         publisher.publish("", &q, Message::new("no slip at all")).unwrap();
         let dlq = dead_letter_queue(&q);
@@ -748,8 +748,8 @@ on_both! {
             .unwrap();
         let delay = s(60);
         let message = Message::new(r#"{"invoice":7}"#)
-            .content_type("application/json")
-            .header("tenant", "t-1");
+            .with_content_type("application/json")
+            .with_header("tenant", "t-1");
         let id = message.id().to_string();
         scheduler.after(delay, "", &q, message).unwrap();
         assert_eq!(scheduler.scheduled(), 1);

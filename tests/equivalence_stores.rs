@@ -218,7 +218,7 @@ on_both! {
             .unwrap();
 
         let publisher = conn.publisher().unwrap();
-        let first = Message::new("charge").message_type("payment.requested");
+        let first = Message::new("charge").with_type("payment.requested");
         let id = first.id().to_string();
         publisher.publish("", &q, first.clone()).unwrap();
         publisher.publish("", &q, first).unwrap();

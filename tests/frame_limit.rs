@@ -97,10 +97,10 @@ fn padded_to(
     routing_key: &str,
     size: usize,
 ) -> Message {
-    let m = message.header(name, "");
+    let m = message.with_header(name, "");
     let empty = acemq_amqp::fuzzing::header_frame_size(&m, routing_key, conn.origin());
     assert!(empty <= size, "{empty} > {size}");
-    let m = m.header(name, "p".repeat(size - empty));
+    let m = m.with_header(name, "p".repeat(size - empty));
     assert_eq!(
         acemq_amqp::fuzzing::header_frame_size(&m, routing_key, conn.origin()),
         size
@@ -128,7 +128,7 @@ fn a_header_too_large_for_the_frame_is_refused_before_sending_as_a_message_fault
     let limit = conn.frame_max();
     assert_eq!(limit, 131_072, "the frame size asked for by default");
 
-    let big = Message::new("body").header("big", "x".repeat(200_000));
+    let big = Message::new("body").with_header("big", "x".repeat(200_000));
     let e = publisher.publish("", &q, big).unwrap_err();
     assert!(e.is_message_fault(), "a fault of the message: {e:?}");
     assert!(!e.is_retriable(), "not retriable as it is: {e:?}");
@@ -210,7 +210,7 @@ fn an_outbox_row_too_large_for_the_frame_is_counted_and_retired(db: &Db) {
     )
     .unwrap();
     let relay = OutboxRelay::new(&conn, relay_store, OutboxRelayOptions::new()).unwrap();
-    let big = Message::new("big").header("big", "x".repeat(200_000));
+    let big = Message::new("big").with_header("big", "x".repeat(200_000));
     let big_id = db.in_tx(true, |tx| {
         store
             .add(tx, &record_message("", &q, &big).unwrap())
@@ -291,7 +291,7 @@ fn consume(
 
 /// Publishes the big message (its header frame `size` bytes) and a small one behind it.
 fn publish_big_then_small(conn: &Connection, q: &str, size: usize) -> String {
-    let big = padded_to(conn, Message::new("big"), "app-pad", q, size).header("kept-small", 1);
+    let big = padded_to(conn, Message::new("big"), "app-pad", q, size).with_header("kept-small", 1);
     let big = padded_to(conn, big, "app-pad", q, size);
     let id = big.id().to_string();
     let publisher = conn.publisher().unwrap();
@@ -547,7 +547,7 @@ fn pong_responder(
             *c.lock().unwrap().entry(body.clone()).or_insert(0) += 1;
             let reply = Message::new("pong");
             Ok::<_, acemq_amqp::BoxError>(if body == "big" {
-                reply.header("big", "x".repeat(200_000))
+                reply.with_header("big", "x".repeat(200_000))
             } else {
                 reply
             })
@@ -577,7 +577,7 @@ fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_o
     .and_then(acemq_amqp::patterns::request_reply::Requester::start)
     .unwrap();
 
-    let big = Message::new("small").header("big", "x".repeat(200_000));
+    let big = Message::new("small").with_header("big", "x".repeat(200_000));
     let e = requester.ask(big).unwrap_err();
     assert!(
         matches!(e, acemq_amqp::Error::FrameTooLarge { size, limit, .. }

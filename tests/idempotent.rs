@@ -98,7 +98,7 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
         })
         .unwrap();
     let publisher = conn.publisher().unwrap();
-    let first = Message::new("charge").message_type("payment.requested");
+    let first = Message::new("charge").with_type("payment.requested");
     let again = first.clone(); // the same x-acemq-id, delivered a second time
     publisher.publish("", &q, first).unwrap();
     publisher.publish("", &q, again).unwrap();

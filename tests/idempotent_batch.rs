@@ -176,7 +176,7 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
     let publisher = conn.publisher().unwrap();
     for body in ["ok-1", "fail", "panic", "ok-2"] {
         publisher
-            .publish("", &q, Message::new(body).message_type("test"))
+            .publish("", &q, Message::new(body).with_type("test"))
             .unwrap();
     }
     let (commits, on_commit) = recorder();
@@ -243,7 +243,7 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
     // The next batch starts with savepoints: its failure rolls back alone, no handler runs twice.
     for body in ["ok-3", "fail-2", "ok-4", "ok-5"] {
         publisher
-            .publish("", &q, Message::new(body).message_type("test"))
+            .publish("", &q, Message::new(body).with_type("test"))
             .unwrap();
     }
     assert!(

@@ -163,7 +163,7 @@ fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<St
     let publisher = conn.publisher().unwrap();
     let mut ids: Vec<String> = (0..n)
         .map(|i| {
-            let m = Message::new(format!("{i}")).header("k", format!("k{i}"));
+            let m = Message::new(format!("{i}")).with_header("k", format!("k{i}"));
             let id = m.id().to_string();
             publisher.publish("", queue, m).unwrap();
             id

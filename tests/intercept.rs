@@ -43,7 +43,7 @@ fn publish_layer(
         let seen_outer = c.message.headers.contains_key("x-outer");
         c.message = c
             .message
-            .header(format!("x-{name}"), format!("seen outer: {seen_outer}"));
+            .with_header(format!("x-{name}"), format!("seen outer: {seen_outer}"));
         if name == "outer" && c.message.headers.contains_key("refuse") {
             push(&log, "outer refused");
             return Err(Error::InvalidArgument {
@@ -72,7 +72,7 @@ fn consume_layer(
         c.when_settled(move |s: &Settled| push(&l, format!("{name} settled: {}", s.outcome)));
         let r = if name == "inner" {
             // Hands the handler a changed message.
-            next.run(c, &m.clone().header("x-added-by-inner", "yes"))
+            next.run(c, &m.clone().with_header("x-added-by-inner", "yes"))
         } else {
             next.run(c, m)
         };
@@ -179,7 +179,7 @@ fn an_interceptor_short_circuits_a_publish_and_a_handler() {
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     let publisher = conn.publisher().unwrap();
     let e = publisher
-        .publish("", &q, Message::new("x").header("refuse", true))
+        .publish("", &q, Message::new("x").with_header("refuse", true))
         .unwrap_err();
     assert!(e.to_string().contains("refused by the outer"), "{e}");
     assert_eq!(

@@ -32,7 +32,7 @@ fn publish_keyed(
     for (key, seq) in items {
         let mut m = Message::new(seq.to_string());
         if !key.is_empty() {
-            m = m.header("k", key.as_str());
+            m = m.with_header("k", key.as_str());
         }
         ids.push(m.id().to_string());
         tickets.push(publisher.publish_deferred("", queue, m).unwrap());
@@ -207,7 +207,7 @@ fn messages_without_a_key_are_not_serialised() {
     let publisher = conn.publisher().unwrap();
     for i in 20..40 {
         publisher
-            .publish("", &q, Message::new(i.to_string()).header("k", ""))
+            .publish("", &q, Message::new(i.to_string()).with_header("k", ""))
             .unwrap();
     }
 

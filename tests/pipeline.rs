@@ -35,7 +35,7 @@ fn the_next_message_carries_the_correlation_and_the_consumed_id_as_causation() {
     let (collecting, got) = collect(&conn, &output);
     let m = Message::encode(&acemq_amqp::JsonCodec, &json!({"order_id": "o-9"}))
         .unwrap()
-        .correlation_id("checkout-77");
+        .with_correlation_id("checkout-77");
     let consumed_id = m.id().to_string();
     conn.publisher().unwrap().publish("", &input, m).unwrap();
     assert!(eventually(WAIT, || got.lock().unwrap().len() == 1));

@@ -20,13 +20,13 @@ fn publish_confirmed_and_read_back_with_the_envelope_intact() {
 
     let sent = Message::encode(conn.codec().as_ref(), &serde_json::json!({"order": 42}))
         .unwrap()
-        .message_type("order.placed")
-        .correlation_id("corr-1")
-        .causation_id("cause-1")
-        .header("tenant", "t-7")
-        .header("weight", 12)
-        .header("raw", vec![0u8, 0xff, 1])
-        .reply_to("replies");
+        .with_type("order.placed")
+        .with_correlation_id("corr-1")
+        .with_causation_id("cause-1")
+        .with_header("tenant", "t-7")
+        .with_header("weight", 12)
+        .with_header("raw", vec![0u8, 0xff, 1])
+        .with_reply_to("replies");
     let id = sent.id().to_string();
     let first_seen = sent.envelope.first_seen_ms;
     publisher.publish("", &q, sent).unwrap();
@@ -162,7 +162,7 @@ fn refused_headers_are_refused_before_anything_is_sent() {
     let publisher = conn.publisher().unwrap();
 
     let reserved = publisher
-        .publish("", &q, Message::new("x").header("x-acemq-attempt", 99))
+        .publish("", &q, Message::new("x").with_header("x-acemq-attempt", 99))
         .unwrap_err();
     assert!(
         matches!(&reserved, Error::InvalidHeader { name, reason } if name == "x-acemq-attempt" && reason.contains("reserved")),
@@ -171,7 +171,7 @@ fn refused_headers_are_refused_before_anything_is_sent() {
 
     let long_name = "h".repeat(256);
     let e = publisher
-        .publish("", &q, Message::new("x").header(long_name, "v"))
+        .publish("", &q, Message::new("x").with_header(long_name, "v"))
         .unwrap_err();
     assert!(matches!(e, Error::InvalidHeader { .. }), "{e:?}");
     assert!(e.to_string().contains("256 bytes"), "{e}");
@@ -201,7 +201,7 @@ fn refused_headers_are_refused_before_anything_is_sent() {
     // Nothing reached the queue, and the publisher is still usable.
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
     publisher
-        .publish("", &q, Message::new("x").header("note", "fine"))
+        .publish("", &q, Message::new("x").with_header("note", "fine"))
         .unwrap();
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 1);
 }

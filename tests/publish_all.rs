@@ -284,7 +284,7 @@ on_both! {
         let mut batch: Vec<(String, String, Message)> = (0..5)
             .map(|i| (String::new(), q.clone(), Message::new(format!("m{i}"))))
             .collect();
-        batch[3].2 = Message::new("bad").header("x-acemq-mine", "no");
+        batch[3].2 = Message::new("bad").with_header("x-acemq-mine", "no");
         let e = publisher.publish_all(batch).unwrap_err();
         match &e {
             Error::InvalidBatch { index: 3, source } => {

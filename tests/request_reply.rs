@@ -554,7 +554,7 @@ fn replies_pass_through_the_connections_publish_interceptors() {
                 move |mut context: PublishContext,
                       next: PublishNext<'_>|
                       -> Result<Ticket, Error> {
-                    context.message = context.message.header("x-test-stamped", "yes");
+                    context.message = context.message.with_header("x-test-stamped", "yes");
                     let (h, key) = (h.clone(), context.routing_key.clone());
                     context.when_answered(move |answer| {
                         h.lock().unwrap().push(format!("{key}: {}", answer.is_ok()));
@@ -617,7 +617,7 @@ fn a_request_with_a_reserved_header_is_refused_at_once_and_leaves_no_call_waitin
     .and_then(Requester::start)
     .expect("requester");
     let started = Instant::now();
-    let bad = Message::new("bad").header("x-acemq-mine", "not mine to set");
+    let bad = Message::new("bad").with_header("x-acemq-mine", "not mine to set");
     match requester.ask_timeout(bad, WAIT) {
         Err(e @ Error::InvalidHeader { .. }) => {
             assert!(e.to_string().contains("x-acemq-"), "{e}")

@@ -144,7 +144,7 @@ fn a_forwarded_message_is_typed_with_the_next_stops_routing_key_unless_the_step_
                     // Step b names what it sends on; step a does not.
                     let onward = Message::new(m.body.clone());
                     Ok::<_, BoxError>(Some(if name == "b" {
-                        onward.message_type("order.charged")
+                        onward.with_type("order.charged")
                     } else {
                         onward
                     }))
@@ -161,11 +161,8 @@ fn a_forwarded_message_is_typed_with_the_next_stops_routing_key_unless_the_step_
         .then("", &names[0], "a")
         .then("", &names[1], "b")
         .then("", &names[2], "c");
-    slip.send(
-        &publisher,
-        Message::new("order").message_type("order.placed"),
-    )
-    .unwrap();
+    slip.send(&publisher, Message::new("order").with_type("order.placed"))
+        .unwrap();
     assert!(eventually(WAIT, || types.lock().unwrap().len() == 3));
     for c in consumers {
         c.close().unwrap();
@@ -348,7 +345,7 @@ fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
         .publish(
             "",
             &q,
-            Message::new("x").header(headers::ROUTING_SLIP, "{not json"),
+            Message::new("x").with_header(headers::ROUTING_SLIP, "{not json"),
         )
         .unwrap();
     publisher

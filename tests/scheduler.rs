@@ -316,8 +316,8 @@ fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
         .unwrap();
 
     let message = Message::new(r#"{"invoice":7}"#)
-        .content_type("application/json")
-        .header("tenant", "t-1");
+        .with_content_type("application/json")
+        .with_header("tenant", "t-1");
     let id = message.id().to_string();
     let started = Instant::now();
     scheduler
@@ -388,7 +388,7 @@ fn a_multi_hop_delivery_on_a_short_ladder() {
             time::OffsetDateTime::now_utc() + time::Duration::seconds(7),
             "",
             &q,
-            Message::new("bytes").content_type("text/plain"),
+            Message::new("bytes").with_content_type("text/plain"),
         )
         .unwrap();
     let raw = Raw::open();
@@ -479,9 +479,9 @@ fn a_control_message_without_the_scheduler_headers_is_rejected_not_retried() {
         "",
         &format!("{base}.due"),
         Message::new("bad due")
-            .header(headers::SCHEDULE_EXCHANGE, "")
-            .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .header(headers::SCHEDULE_DUE_AT, HeaderValue::Bool(true)),
+            .with_header(headers::SCHEDULE_EXCHANGE, "")
+            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
+            .with_header(headers::SCHEDULE_DUE_AT, HeaderValue::Bool(true)),
     )
     .unwrap();
     // A well-formed one, as another library writes it (due at as decimal text even).
@@ -489,9 +489,9 @@ fn a_control_message_without_the_scheduler_headers_is_rejected_not_retried() {
         "",
         &format!("{base}.due"),
         Message::new("good")
-            .header(headers::SCHEDULE_EXCHANGE, "")
-            .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .header(headers::SCHEDULE_DUE_AT, "0"),
+            .with_header(headers::SCHEDULE_EXCHANGE, "")
+            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
+            .with_header(headers::SCHEDULE_DUE_AT, "0"),
     )
     .unwrap();
     p.close().unwrap();
@@ -551,11 +551,11 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
     let mut ids = HashSet::new();
     for i in 0..60i64 {
         let m = Message::new(format!("m{i}"))
-            .message_type("ScheduledMessage")
-            .header(headers::SCHEDULE_EXCHANGE, "")
-            .header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 80)
-            .header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
+            .with_type("ScheduledMessage")
+            .with_header(headers::SCHEDULE_EXCHANGE, "")
+            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
+            .with_header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 80)
+            .with_header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
         ids.insert(m.id().to_string());
         p.publish(&base, &format!("{base}.1s"), m).unwrap();
     }
@@ -627,7 +627,7 @@ fn two_schedulers_share_the_topology_and_the_work_and_deliver_each_message_once(
     let mut sent = HashSet::new();
     for i in 0..40 {
         let by = if i % 2 == 0 { &a } else { &b };
-        let m = Message::new(format!("{i}")).content_type("text/plain");
+        let m = Message::new(format!("{i}")).with_content_type("text/plain");
         sent.insert(format!("{i}"));
         by.after(Duration::from_millis(2_500), "", &q, m).unwrap();
     }

@@ -333,7 +333,7 @@ fn cleanup_reports_but_does_not_panic_when_the_broker_is_unreachable() {
 fn order(id: &str, customer: &str) -> Message {
     Message::new(format!(r#"{{"order":"{id}"}}"#))
         .with_id(format!("order-{id}"))
-        .header("customer", customer)
+        .with_header("customer", customer)
 }
 
 #[test]
@@ -406,9 +406,9 @@ fn received_matches_what_a_consumer_hands_the_handler() {
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let sent = Message::new("{}")
         .with_id("m-same")
-        .message_type("order.placed")
-        .header("tenant", "acme")
-        .content_type("application/json");
+        .with_type("order.placed")
+        .with_header("tenant", "acme")
+        .with_content_type("application/json");
     conn.publisher()
         .unwrap()
         .publish("", &q, sent.clone())

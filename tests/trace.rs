@@ -198,7 +198,7 @@ fn a_handler_publishes_in_its_messages_trace_and_nothing_else_gets_one() {
         p.publish(
             "",
             &o,
-            Message::new("own").header(
+            Message::new("own").with_header(
                 headers::TRACEPARENT,
                 "00-11111111111111111111111111111111-2222222222222222-00",
             ),
@@ -261,7 +261,7 @@ fn traceparent_is_parsed_as_w3c_says() {
     )
     .is_some());
     // Read from a message, as text or bytes; entered and left.
-    let m = Message::new("x").header(
+    let m = Message::new("x").with_header(
         headers::TRACEPARENT,
         HeaderValue::Bytes(TRACEPARENT.as_bytes().to_vec()),
     );

@@ -81,9 +81,9 @@ fn json_lines(o: &Output) -> Vec<Value> {
 /// A dead letter as a consumer of `queue` leaves it: attempt, error, first seen an hour ago.
 fn dead_letter(i: usize, error: &str) -> Message {
     let mut m = Message::new(format!("{{\"n\":{i}}}"))
-        .message_type("OrderPlaced")
-        .content_type("application/json")
-        .header("tenant", format!("t{i}"));
+        .with_type("OrderPlaced")
+        .with_content_type("application/json")
+        .with_header("tenant", format!("t{i}"));
     m.envelope.attempt = 5;
     m.envelope.error = Some(error.to_string());
     m.envelope.first_seen_ms = acemq_amqp::now_ms() - 3_600_000;
@@ -138,9 +138,9 @@ fn peek_shows_envelopes_and_leaves_the_queue_exactly_as_it_was() {
     let mut messages: Vec<Message> = (0..6).map(|i| dead_letter(i, "boom")).collect();
     messages[1] = messages[1]
         .clone()
-        .header("acemq-replayed-from", q.as_str())
-        .header("acemq-replayed-at", "2026-11-30T03:00:00Z")
-        .header("acemq-replay-count", 2i64);
+        .with_header("acemq-replayed-from", q.as_str())
+        .with_header("acemq-replayed-at", "2026-11-30T03:00:00Z")
+        .with_header("acemq-replay-count", 2i64);
     let ids = put(&connection, &q, messages);
     let before = {
         // The reference: what a consumer would read, compared after the peeks.
@@ -779,7 +779,8 @@ fn peek_shows_a_slips_position_and_a_claim_checks_key() {
         .then("", "enrich", "enrich")
         .then("orders", "dispatch", "dispatch")
         .advance();
-    let on_a_slip = dead_letter(0, "enrich failed").header("acemq-routing-slip", slip.to_json());
+    let on_a_slip =
+        dead_letter(0, "enrich failed").with_header("acemq-routing-slip", slip.to_json());
     let mut claimed = dead_letter(1, "too slow");
     claimed.body = b"\xAC\x01\x01orders/2026/o-1.json".to_vec();
     let ids = put(&connection, &q, vec![on_a_slip, claimed]);

@@ -126,7 +126,7 @@ pub fn fill_queue(
     let p = conn.publisher_with(acemq_amqp::PublisherOptions::new().window(2000))?;
     let mut tickets = Vec::with_capacity(1000);
     for i in 0..n {
-        let m = acemq_amqp::Message::new(body(i)).persistent(false);
+        let m = acemq_amqp::Message::new(body(i)).with_persistent(false);
         tickets.push(p.publish_deferred("", queue, m)?);
         if tickets.len() == 1000 {
             for t in tickets.drain(..) {

@@ -139,9 +139,9 @@ pub(crate) fn kind_of(v: &Value) -> &'static str {
 ///
 /// # fn main() -> acemq_amqp::Result<()> {
 /// let codec = CompositeCodec::new(JsonCodec).or(TextCodec);
-/// let text = Message::new("hello").content_type("text/plain");
+/// let text = Message::new("hello").with_content_type("text/plain");
 /// assert_eq!(text.decode::<String>(&codec)?, "hello");
-/// let json = Message::new(r#""hello""#).content_type("application/json");
+/// let json = Message::new(r#""hello""#).with_content_type("application/json");
 /// assert_eq!(json.decode::<String>(&codec)?, "hello");
 /// # Ok(()) }
 /// ```

@@ -86,13 +86,13 @@ mod tests {
     #[test]
     fn the_family_reason_comes_first_then_the_brokers_in_words() {
         let mut m = Message::new("x")
-            .header("x-first-death-reason", "delivery_limit")
-            .header("x-first-death-queue", "orders");
+            .with_header("x-first-death-reason", "delivery_limit")
+            .with_header("x-first-death-queue", "orders");
         let reason = m.failure_reason().unwrap();
         assert!(reason.contains("delivery limit"), "{reason}");
         assert!(reason.contains("\"orders\""), "{reason}");
         assert!(reason.ends_with("(delivery_limit)"), "{reason}");
-        m = m.header("x-last-death-reason", "expired");
+        m = m.with_header("x-last-death-reason", "expired");
         assert!(m.failure_reason().unwrap().contains("(expired)"));
         m.envelope.error = Some("exhausted 3 attempts: boom".into());
         assert_eq!(m.failure_reason().unwrap(), "exhausted 3 attempts: boom");
@@ -104,7 +104,7 @@ mod tests {
         let mut entry = std::collections::BTreeMap::new();
         entry.insert("reason".to_string(), HeaderValue::Text("rejected".into()));
         entry.insert("queue".to_string(), HeaderValue::Text("work".into()));
-        let m = Message::new("x").header(
+        let m = Message::new("x").with_header(
             "x-death",
             HeaderValue::Array(vec![HeaderValue::Table(entry)]),
         );

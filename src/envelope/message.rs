@@ -30,6 +30,21 @@ pub struct Received {
 /// The same type is published and received, so a received message can be forwarded as it is.
 /// Build one with [`Message::new`] (raw bytes) or [`Message::encode`] (a value through a
 /// [`Codec`]); every builder call is cheap and nothing is validated until it is published.
+///
+/// One naming rule: every builder is `with_*` — `with_id`, `with_type`, `with_header`,
+/// `with_content_type`, `with_correlation_id`, … — as amiquip's `AmqpProperties::with_*` are;
+/// what a message carries is read from its public fields (`m.envelope.message_type`,
+/// `m.headers`, `m.content_type`) and [`id`](Self::id). (The names without `with_` still build,
+/// deprecated, for one release.)
+///
+/// ```
+/// use acemq_amqp::Message;
+/// let m = Message::new(r#"{"sku":"A-1"}"#)
+///     .with_type("order.placed")
+///     .with_content_type("application/json")
+///     .with_header("tenant", "acme");
+/// assert_eq!(m.envelope.message_type.as_deref(), Some("order.placed"));
+/// ```
 #[derive(Clone, Debug)]
 pub struct Message {
     /// The envelope (reserved headers).
@@ -130,7 +145,7 @@ impl Message {
     /// [`Error::Codec`] when the value cannot be encoded.
     pub fn encode<T: Serialize + ?Sized>(codec: &dyn Codec, value: &T) -> Result<Message> {
         let body = crate::codec::encode_with(codec, value)?;
-        Ok(Message::new(body).content_type(codec.content_type()))
+        Ok(Message::new(body).with_content_type(codec.content_type()))
     }
 
     /// Decodes the body with `codec` into a `T`.
@@ -176,73 +191,73 @@ impl Message {
     }
 
     /// Sets the message type (`x-acemq-type`).
-    pub fn message_type(mut self, t: impl Into<String>) -> Self {
+    pub fn with_type(mut self, t: impl Into<String>) -> Self {
         self.envelope.message_type = Some(t.into());
         self
     }
 
     /// Sets the schema version of the payload (`x-acemq-version`, from 1). Defaults to 1.
-    pub fn version(mut self, version: u32) -> Self {
+    pub fn with_version(mut self, version: u32) -> Self {
         self.envelope.version = version.max(1);
         self
     }
 
     /// Sets the origin (`x-acemq-origin`, `service@host`). Defaults to the connection's.
-    pub fn origin(mut self, origin: impl Into<String>) -> Self {
+    pub fn with_origin(mut self, origin: impl Into<String>) -> Self {
         self.envelope.origin = Some(origin.into());
         self
     }
 
     /// Sets where a claim-checked payload is kept (`x-acemq-claim`). Defaults to none.
-    pub fn claim(mut self, key: impl Into<String>) -> Self {
+    pub fn with_claim(mut self, key: impl Into<String>) -> Self {
         self.envelope.claim = Some(key.into());
         self
     }
 
     /// Sets the correlation id. Defaults to the message's own id.
-    pub fn correlation_id(mut self, id: impl Into<String>) -> Self {
+    pub fn with_correlation_id(mut self, id: impl Into<String>) -> Self {
         self.envelope.correlation_id = Some(id.into());
         self
     }
 
     /// Sets the causation id.
-    pub fn causation_id(mut self, id: impl Into<String>) -> Self {
+    pub fn with_causation_id(mut self, id: impl Into<String>) -> Self {
         self.envelope.causation_id = Some(id.into());
         self
     }
 
     /// Sets the content type.
-    pub fn content_type(mut self, ct: impl Into<String>) -> Self {
+    pub fn with_content_type(mut self, ct: impl Into<String>) -> Self {
         self.content_type = Some(ct.into());
         self
     }
 
     /// Adds an application header. It is validated when published.
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<HeaderValue>) -> Self {
         self.headers.insert(name.into(), value.into());
         self
     }
 
     /// Sets AMQP `reply_to`.
-    pub fn reply_to(mut self, queue: impl Into<String>) -> Self {
+    pub fn with_reply_to(mut self, queue: impl Into<String>) -> Self {
         self.reply_to = Some(queue.into());
         self
     }
 
     /// Sets AMQP `expiration` (per-message TTL).
-    pub fn expiration(mut self, ttl: std::time::Duration) -> Self {
+    pub fn with_expiration(mut self, ttl: std::time::Duration) -> Self {
         self.expiration_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
         self
     }
 
     /// Sets AMQP `priority`.
-    pub fn priority(mut self, priority: u8) -> Self {
+    pub fn with_priority(mut self, priority: u8) -> Self {
         self.priority = Some(priority);
         self
     }
 
     /// Sets persistence. Defaults to true (delivery mode 2).
-    pub fn persistent(mut self, persistent: bool) -> Self {
+    pub fn with_persistent(mut self, persistent: bool) -> Self {
         self.persistent = persistent;
         self
     }
@@ -255,8 +270,8 @@ impl Message {
             .clone()
             .unwrap_or_else(|| self.envelope.id.clone());
         Message::new(body)
-            .correlation_id(correlation)
-            .causation_id(self.envelope.id.clone())
+            .with_correlation_id(correlation)
+            .with_causation_id(self.envelope.id.clone())
     }
 
     /// Checks every header and property that goes on the wire.

@@ -15,6 +15,7 @@ mod death;
 pub mod headers;
 mod ids;
 mod message;
+mod renamed;
 #[cfg(test)]
 mod tests;
 mod validate;

@@ -31,12 +31,12 @@ fn ids_are_unique_and_uuid_shaped() {
 
 #[test]
 fn the_reserved_prefix_is_refused_and_matched_case_sensitively() {
-    let m = Message::new("x").header("x-acemq-id", "forged");
+    let m = Message::new("x").with_header("x-acemq-id", "forged");
     let e = m.validate().unwrap_err();
     assert!(e.to_string().contains("reserved"), "{e}");
     // The family's prefix match is case-sensitive: another spelling is the application's.
     assert!(Message::new("x")
-        .header("X-AceMQ-Tenant", "t")
+        .with_header("X-AceMQ-Tenant", "t")
         .validate()
         .is_ok());
 }
@@ -45,14 +45,14 @@ fn the_reserved_prefix_is_refused_and_matched_case_sensitively() {
 fn oversize_short_strings_are_refused() {
     let long = "k".repeat(256);
     assert!(Message::new("x")
-        .header(long.clone(), 1)
+        .with_header(long.clone(), 1)
         .validate()
         .is_err());
     assert!(Message::new("x").with_id(long.clone()).validate().is_err());
     // Envelope values other than the id are long strings: no short-string limit.
-    assert!(Message::new("x").message_type(long).validate().is_ok());
+    assert!(Message::new("x").with_type(long).validate().is_ok());
     assert!(Message::new("x")
-        .header("k".repeat(255), 1)
+        .with_header("k".repeat(255), 1)
         .validate()
         .is_ok());
 }
@@ -138,10 +138,10 @@ fn reading_arbitrary_headers_never_panics() {
 #[test]
 fn envelope_round_trips_through_properties() {
     let m = Message::new("b")
-        .message_type("order.placed")
-        .causation_id("c-1")
-        .header("tenant", "t-7")
-        .header("n", 5);
+        .with_type("order.placed")
+        .with_causation_id("c-1")
+        .with_header("tenant", "t-7")
+        .with_header("n", 5);
     let props = m.to_properties("q", Some("svc@h"));
     let back = Message::from_delivery(
         m.body.clone(),

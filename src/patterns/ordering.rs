@@ -227,12 +227,12 @@ mod tests {
     #[test]
     fn keys_come_from_headers_of_several_kinds() {
         let key = by_header("order-id");
-        let m = Message::new("x").header("order-id", "o-7");
+        let m = Message::new("x").with_header("order-id", "o-7");
         assert_eq!(key(&m).as_deref(), Some("o-7"));
-        let m = Message::new("x").header("order-id", 42i64);
+        let m = Message::new("x").with_header("order-id", 42i64);
         assert_eq!(key(&m).as_deref(), Some("42"));
         assert_eq!(key(&Message::new("x")), None);
-        let m = Message::new("x").correlation_id("c-1");
+        let m = Message::new("x").with_correlation_id("c-1");
         assert_eq!(by_correlation()(&m).as_deref(), Some("c-1"));
     }
 }

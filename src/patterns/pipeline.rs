@@ -179,8 +179,8 @@ impl<F> Then<F> {
             .unwrap_or_else(|| consumed.id().to_string());
         Ok(Some(
             message
-                .correlation_id(correlation)
-                .causation_id(consumed.id().to_string()),
+                .with_correlation_id(correlation)
+                .with_causation_id(consumed.id().to_string()),
         ))
     }
 }

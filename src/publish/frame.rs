@@ -343,18 +343,18 @@ mod tests {
         copy.envelope.error = Some("exhausted 3 attempts: nope".into());
         copy.envelope.attempt = 3;
         let mut ours = Message::new("body")
-            .header("text", "x".repeat(1000))
-            .header("n", 7)
-            .header("f", 1.5)
-            .header("b", true)
-            .header("bytes", HeaderValue::Bytes(vec![1, 2, 3]))
-            .content_type("application/json");
+            .with_header("text", "x".repeat(1000))
+            .with_header("n", 7)
+            .with_header("f", 1.5)
+            .with_header("b", true)
+            .with_header("bytes", HeaderValue::Bytes(vec![1, 2, 3]))
+            .with_content_type("application/json");
         ours.reply_to = Some("replies".into());
         ours.amqp_correlation_id = Some("c".into());
         ours.expiration_ms = Some(u64::MAX);
         ours.priority = Some(9);
         ours.envelope.causation_id = Some("cause".into());
-        let big = Message::new("b").header("pad", "y".repeat(130_000));
+        let big = Message::new("b").with_header("pad", "y".repeat(130_000));
         for (m, rk) in [
             (&foreign, "orders.created"),
             (&copy, "orders.created.retry"),

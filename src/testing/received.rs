@@ -276,8 +276,8 @@ mod tests {
         let m = received(
             Message::new("{}")
                 .with_id("m-1")
-                .header("tenant", "acme")
-                .content_type("application/json"),
+                .with_header("tenant", "acme")
+                .with_content_type("application/json"),
         );
         assert_eq!(m.id(), "m-1");
         assert_eq!(m.envelope.attempt, 1);
@@ -297,7 +297,7 @@ mod tests {
 
     #[test]
     fn setters_change_what_the_handler_sees() {
-        let m = received(Message::new("x").message_type("order.placed"))
+        let m = received(Message::new("x").with_type("order.placed"))
             .attempt(3)
             .first_seen_ms(1_000)
             .redelivered(true)
@@ -341,6 +341,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "no consumer could receive this message")]
     fn an_unsendable_message_is_refused() {
-        let _ = received(Message::new("x").header("x-acemq-attempt", 2));
+        let _ = received(Message::new("x").with_header("x-acemq-attempt", 2));
     }
 }

@@ -99,7 +99,7 @@ pub fn publish_n(connection: &Connection, queue: &str, n: usize, persistent: boo
     let mut ids = Vec::with_capacity(n);
     let mut tickets = Vec::with_capacity(500);
     for i in 0..n {
-        let m = acemq_amqp::Message::new(format!("{i}")).persistent(persistent);
+        let m = acemq_amqp::Message::new(format!("{i}")).with_persistent(persistent);
         ids.push(m.id().to_string());
         tickets.push(publisher.publish_deferred("", queue, m).expect("publish"));
         if tickets.len() == 500 {

@@ -28,7 +28,7 @@ pub fn record<T: Serialize + ?Sized>(
 ) -> Result<NewOutboxRecord> {
     let message = codec.with_codec(|c| -> Result<Message> {
         let body = encode_with(c, payload)?;
-        Ok(Message::new(body).content_type(c.content_type()))
+        Ok(Message::new(body).with_content_type(c.content_type()))
     })?;
     record_message(exchange, routing_key, &message)
 }

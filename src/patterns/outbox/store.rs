@@ -169,6 +169,49 @@ pub trait OutboxStore: Send + Sync {
     fn stats(&self) -> Result<OutboxStats>;
 }
 
+/// A shared store is a store: open the outbox once, keep it in an `Arc`, `add` to it in the
+/// handlers and hand a clone of the `Arc` to [`OutboxRelay::new`](super::OutboxRelay::new). Every
+/// call (the defaulted ones too) goes to the store itself, so its overrides are kept.
+impl<S: OutboxStore + ?Sized> OutboxStore for std::sync::Arc<S> {
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRecord>> {
+        (**self).pending(limit)
+    }
+    fn mark_published(&self, id: i64) -> Result<()> {
+        (**self).mark_published(id)
+    }
+    fn record_failure(&self, id: i64, error: &str) -> Result<()> {
+        (**self).record_failure(id, error)
+    }
+    fn retired(&self) -> Result<Vec<OutboxRecord>> {
+        (**self).retired()
+    }
+    fn release(&self, id: i64) -> Result<()> {
+        (**self).release(id)
+    }
+    fn mark_published_many(&self, ids: &[i64]) -> Result<()> {
+        (**self).mark_published_many(ids)
+    }
+    fn mark_published_and_lease(
+        &self,
+        published: &[i64],
+        limit: usize,
+    ) -> Result<Vec<OutboxRecord>> {
+        (**self).mark_published_and_lease(published, limit)
+    }
+    fn unlease(&self, ids: &[i64]) -> Result<()> {
+        (**self).unlease(ids)
+    }
+    fn renew(&self, ids: &[i64]) -> Result<Vec<i64>> {
+        (**self).renew(ids)
+    }
+    fn lease(&self) -> Duration {
+        (**self).lease()
+    }
+    fn stats(&self) -> Result<OutboxStats> {
+        (**self).stats()
+    }
+}
+
 /// The backlog of an outbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OutboxStats {

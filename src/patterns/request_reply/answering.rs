@@ -251,15 +251,17 @@ mod tests {
     #[test]
     fn the_header_comes_before_the_property() {
         let m = Message::new("x")
-            .header(
+            .with_header(
                 headers::REPLY_TO,
                 HeaderValue::Bytes(b"from-header".to_vec()),
             )
-            .reply_to("from-property");
+            .with_reply_to("from-property");
         assert_eq!(reply_address(&m).as_deref(), Some("from-header"));
-        let m = Message::new("x").reply_to("from-property");
+        let m = Message::new("x").with_reply_to("from-property");
         assert_eq!(reply_address(&m).as_deref(), Some("from-property"));
-        let m = Message::new("x").header(headers::REPLY_TO, "").reply_to("");
+        let m = Message::new("x")
+            .with_header(headers::REPLY_TO, "")
+            .with_reply_to("");
         assert_eq!(reply_address(&m), None);
     }
 

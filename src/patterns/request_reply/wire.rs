@@ -25,8 +25,8 @@ pub(super) fn answer(reply: Message) -> Result<Message> {
 /// `acemq-error`.
 pub(super) fn failure(text: &str) -> Message {
     Message::new(&b"null"[..])
-        .content_type("application/json")
-        .header(headers::REPLY_ERROR, text)
+        .with_content_type("application/json")
+        .with_header(headers::REPLY_ERROR, text)
 }
 
 /// A text header of a message the broker returned; empty when absent.
@@ -58,7 +58,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The old form (an empty body, no content type) too.
-        let old = Message::new(Vec::new()).header(headers::REPLY_ERROR, "no such sku");
+        let old = Message::new(Vec::new()).with_header(headers::REPLY_ERROR, "no such sku");
         assert!(matches!(answer(old), Err(Error::Responder { .. })));
         assert!(answer(Message::new("ok")).is_ok());
     }

@@ -147,8 +147,8 @@ impl Inner {
         let queue = self.options.rung_queue(rung);
         let mut m = Message::new(s.body)
             .with_id(s.id)
-            .message_type(SCHEDULED_MESSAGE_TYPE)
-            .content_type("application/octet-stream");
+            .with_type(SCHEDULED_MESSAGE_TYPE)
+            .with_content_type("application/octet-stream");
         m.headers = s.headers;
         m.headers.retain(|k, _| !is_broker_header(k));
         m.received_headers = s.received;
@@ -166,8 +166,8 @@ impl Inner {
         // A copy of the body: kept (on a rung) when no queue receives the delivery.
         let mut m = Message::new(s.body.clone())
             .with_id(s.id.clone())
-            .message_type(SCHEDULED_MESSAGE_TYPE)
-            .content_type(content_type);
+            .with_type(SCHEDULED_MESSAGE_TYPE)
+            .with_content_type(content_type);
         m.headers = application;
         m.received_headers = s.received.clone();
         match self.publisher.publish(&s.exchange, &s.routing_key, m) {

@@ -21,7 +21,10 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 /// caller's transaction; every other operation gets a connection from the connections
 /// factory given to [`open`](Self::open), one per call, in autocommit mode.
 ///
-/// Each instance has its own lease owner id: two instances on one table are two relays.
+/// Open it once and share it: keep it in an `Arc`, [`add`](Self::add) in the handlers and give
+/// the relay a clone of the `Arc` (`OutboxStore` is implemented for `Arc<S>`). Each instance has
+/// its own lease owner id, so two instances on one table are two relays — which is what a
+/// second process is, not what a second handle in one process needs.
 ///
 /// # Example
 ///
