@@ -18,11 +18,14 @@ use out::Out;
 /// The local broker's guest account.
 const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 
+/// The environment variable `--url` falls back to.
+const URL_ENV: &str = "ACEMQ_URL";
+
 /// `--url`'s help: the default shown with its password masked (clap would print it whole).
 fn url_help() -> String {
     format!(
         "The broker (`amqp://user:password@host:port/vhost` or `amqps://…`). The password is \
-         never printed [default: {}]",
+         never printed [env: {URL_ENV}] [default: {}]",
         out::mask_url(DEFAULT_URL)
     )
 }
@@ -30,14 +33,20 @@ fn url_help() -> String {
 /// The operator's command line for acemq-amqp: replay dead letters, peek at a queue, look after
 /// an outbox, print or apply the SQL schema, check the broker's topology.
 ///
+/// The commands that talk to the broker (replay, peek, topology check) take `--url` (else
+/// `ACEMQ_URL`, else the local guest account); the outbox and `schema create` take `--db` (else
+/// `ACEMQ_DB`).
+///
 /// Exit codes: 0 ok; 1 partial or failed (a replay that stopped short, differences found, a
 /// record not released); 2 usage (a bad argument, or a URL that is not `amqp://`/`amqps://`);
 /// 3 cannot connect to the broker or the database.
 #[derive(Parser, Debug)]
 #[command(name = "acemq", version)]
 struct Cli {
-    #[arg(long, global = true, env = "ACEMQ_URL", default_value = DEFAULT_URL, hide_env_values = true, hide_default_value = true, help = url_help())]
-    url: String,
+    /// `acemq --url URL peek …`, as it was written when `--url` was global: still read for the
+    /// broker commands, refused for the others. Not shown: the commands show their own.
+    #[arg(long, hide = true, value_name = "URL")]
+    url: Option<String>,
 
     /// One JSON object per line on stdout, for scripts (errors too, usage errors included:
     /// `{"error": …, "kind": "usage", "exit": 2}`).
@@ -63,8 +72,35 @@ enum Command {
     Topology(TopologyArgs),
 }
 
+/// `--url`, on the commands that talk to the broker only.
+#[derive(Args, Debug)]
+struct BrokerArgs {
+    #[arg(long, value_name = "URL", help = url_help())]
+    url: Option<String>,
+}
+
+impl BrokerArgs {
+    /// The broker URL: `--url` after the command, else `--url` before it, else `ACEMQ_URL`,
+    /// else the local guest account.
+    fn url(&self, before: Option<&str>) -> Result<String, Failure> {
+        if let Some(url) = self.url.as_deref().or(before) {
+            return Ok(url.to_string());
+        }
+        match std::env::var(URL_ENV) {
+            Ok(url) => Ok(url),
+            Err(std::env::VarError::NotPresent) => Ok(DEFAULT_URL.to_string()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(Failure {
+                code: 2,
+                message: format!("{URL_ENV} is not valid UTF-8"),
+            }),
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct ReplayArgs {
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// The dead-letter queue (`orders.dlq`, `orders.parked`), or a work queue (`orders`) to
     /// replay its `.dlq`.
     queue: String,
@@ -78,7 +114,8 @@ struct ReplayArgs {
     /// Stops after this many messages moved (or, with --dry-run, listed).
     #[arg(long, value_name = "N")]
     limit: Option<u64>,
-    /// Stops once this long has passed (`90s`, `5m`, `1h`, `250ms`).
+    /// Stops once this long has passed (`90s`, `5m`, `1h`, `250ms`; a bare number is seconds:
+    /// `90` is `90s`).
     #[arg(long, value_name = "D", value_parser = parse_duration)]
     deadline: Option<Duration>,
     /// Moves only messages whose `x-acemq-error` contains this text.
@@ -95,6 +132,8 @@ struct ReplayArgs {
 
 #[derive(Args, Debug)]
 struct PeekArgs {
+    #[command(flatten)]
+    broker: BrokerArgs,
     /// The queue, as named (`orders.dlq`).
     queue: String,
     /// How many messages to show, from the head of the queue.
@@ -204,11 +243,13 @@ enum TopologyCommand {
     /// topology `.dlq`, `.parked`, retry rungs) or the scheduler topology (--schedule), argument
     /// by argument. Changes nothing.
     Check {
+        #[command(flatten)]
+        broker: BrokerArgs,
         /// A consumed queue whose failure topology to check (repeatable).
         #[arg(long, value_name = "Q")]
         queue: Vec<String>,
-        /// A broker retry rung of those queues (`40s`, `5m`; repeatable): the consumer
-        /// policy's broker rungs.
+        /// A broker retry rung of those queues (`40s`, `5m`; a bare number is seconds: `40` is
+        /// `40s`; repeatable): the consumer policy's broker rungs.
         #[arg(long, value_name = "D", value_parser = parse_duration)]
         rung: Vec<Duration>,
         /// Checks the scheduler topology (alone, or with --queue).
@@ -314,21 +355,51 @@ fn usage_message(rendered: &str) -> String {
 }
 
 fn run(cli: &Cli, out: &mut Out) -> Outcome {
+    let before = cli.url.as_deref();
+    // `--url` before a command that does not talk to the broker: refused, as it is after one.
+    let no_broker = |command: &str, instead: &str| -> Result<(), Failure> {
+        match before {
+            Some(_) => Err(Failure {
+                code: 2,
+                message: format!(
+                    "--url names the broker, and `acemq {command}` does not talk to the \
+                     broker{instead}: leave --url out"
+                ),
+            }),
+            None => Ok(()),
+        }
+    };
     match &cli.command {
-        Command::Replay(a) => queues::replay(&cli.url, a, out),
-        Command::Peek(a) => queues::peek(&cli.url, a, out),
-        Command::Outbox(a) => outbox::run(a.db.url()?, a, out),
+        Command::Replay(a) => queues::replay(&a.broker.url(before)?, a, out),
+        Command::Peek(a) => queues::peek(&a.broker.url(before)?, a, out),
+        Command::Outbox(a) => {
+            no_broker("outbox", " (its database is --db)")?;
+            outbox::run(a.db.url()?, a, out)
+        }
         Command::Schema(a) => match &a.command {
-            SchemaCommand::Ddl { dialect } => db::ddl(*dialect, out),
-            SchemaCommand::Create { db } => db::create(db.url()?, out),
+            SchemaCommand::Ddl { dialect } => {
+                no_broker("schema ddl", "")?;
+                db::ddl(*dialect, out)
+            }
+            SchemaCommand::Create { db } => {
+                no_broker("schema create", " (its database is --db)")?;
+                db::create(db.url()?, out)
+            }
         },
         Command::Topology(a) => match &a.command {
-            TopologyCommand::Schedule => topology::schedule(out),
+            TopologyCommand::Schedule => {
+                no_broker(
+                    "topology schedule",
+                    " (it prints what the library declares)",
+                )?;
+                topology::schedule(out)
+            }
             TopologyCommand::Check {
+                broker,
                 queue,
                 rung,
                 schedule,
-            } => topology::check(&cli.url, queue, rung, *schedule, out),
+            } => topology::check(&broker.url(before)?, queue, rung, *schedule, out),
         },
     }
 }
@@ -338,9 +409,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (write 90s, 5m, 1h, 250ms)"))?;
+    let n: u64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a duration (write 90s, 5m, 1h, 250ms, or 90 for seconds)")
+    })?;
     let d = match unit {
         "" | "s" => Duration::from_secs(n),
         "ms" => Duration::from_millis(n),
@@ -352,17 +423,30 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Opens the broker connection: exit 2 for a URL that is not an AMQP URL, exit 3 with one line
-/// (the URL's password masked) when the broker cannot be reached.
+/// Opens the broker connection: exit 2 for a URL that is not an AMQP URL (`memory://`, the
+/// library's in-process broker, included), exit 3 with one line (the URL's password masked)
+/// when the broker cannot be reached.
 pub fn connect(url: &str) -> Result<acemq_amqp::Connection, Failure> {
     let shown = out::mask_url(url);
     let not_amqp = |why: &str| Failure {
         code: 2,
         message: format!(
-            "the broker URL {shown} (--url or ACEMQ_URL) is not an AMQP URL: {why}; give \
+            "the broker URL {shown} (--url or {URL_ENV}) is not an AMQP URL: {why}; give \
              amqp://host:port/vhost or amqps://host:port/vhost, user:password@ before the host"
         ),
     };
+    if url.starts_with("memory://") {
+        // The library takes it (feature `memory`), but a broker inside this process is an
+        // empty one of its own: nothing an operator could look at or repair.
+        return Err(not_amqp(
+            "memory:// is the library's in-process broker, which lives inside the application \
+             that opened it; acemq would get an empty one of its own",
+        ));
+    }
+    if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+        // Not the library's message, which offers memory:// too.
+        return Err(not_amqp("it must start with amqp:// or amqps://"));
+    }
     if let Err(e) = acemq_amqp::Address::parse(url) {
         return Err(not_amqp(&match e {
             acemq_amqp::Error::InvalidArgument { reason } => reason

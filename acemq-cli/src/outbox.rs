@@ -31,13 +31,22 @@ pub fn run(url: &str, a: &OutboxArgs, out: &mut Out) -> Outcome {
             let stats = store.stats().map_err(failed("reading the backlog"))?;
             let retired = store.retired().map_err(failed("reading retired records"))?;
             let lag = stats.oldest_created_ms.map(age_of_ms);
-            out.text(format!(
-                "{}: pending {}, oldest pending {} (lag), retired {}",
-                a.table,
-                stats.pending,
-                lag.map_or("-".to_string(), age),
-                retired.len()
-            ));
+            // In words: `pending 0, oldest pending - (lag)` read as a malfunction.
+            let pending = match (stats.pending, lag) {
+                (0, _) => "nothing pending".to_string(),
+                (n, Some(lag)) => format!("pending {n}, oldest pending {} (lag)", age(lag)),
+                (n, None) => format!("pending {n}"),
+            };
+            let retired_text = match retired.len() {
+                0 => "nothing retired".to_string(),
+                n => format!("retired {n}"),
+            };
+            let empty = if stats.pending == 0 && retired.is_empty() {
+                "empty: "
+            } else {
+                ""
+            };
+            out.text(format!("{}: {empty}{pending}, {retired_text}", a.table));
             out.record(json!({
                 "table": a.table,
                 "pending": stats.pending,

@@ -119,6 +119,13 @@ fn run_replay(
     }
     let result = acemq_amqp::patterns::replay::replay(connection, source, options).run();
     bar.finish_and_clear();
+    // The deadline as it was read (`--deadline 5` is five seconds), in the summary.
+    let deadline_ms = a
+        .deadline
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let deadline_text = a
+        .deadline
+        .map_or(String::new(), |d| format!("; deadline {}", age(d)));
     if a.dry_run {
         let listed = listed.lock().map(|mut l| std::mem::take(&mut *l));
         for m in listed.unwrap_or_default() {
@@ -150,9 +157,10 @@ fn run_replay(
                 "would_move": if report.dry_run { report.matched } else { 0 },
                 "skipped": report.skipped,
                 "stopped": report.stopped.as_str(),
+                "deadline_ms": deadline_ms,
                 "elapsed_ms": u64::try_from(report.elapsed.as_millis()).unwrap_or(u64::MAX),
             });
-            out.text(format!("{}: {report}", report.queue));
+            out.text(format!("{}: {report}{deadline_text}", report.queue));
             out.record(summary);
             // Stopped by the deadline or the window: messages were left behind.
             Ok(match report.stopped {
@@ -167,6 +175,7 @@ fn run_replay(
                 "moved": report.moved,
                 "skipped": report.skipped,
                 "stopped": report.stopped.as_str(),
+                "deadline_ms": deadline_ms,
                 "error": source.to_string(),
             }));
             let failure = Failure::from_error(

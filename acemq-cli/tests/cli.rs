@@ -436,6 +436,11 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
     let status = &json_lines(&out)[0];
     assert_eq!(status["pending"], 0);
     assert_eq!(status["retired"], 2);
+    // In words for people: no `pending 0, oldest pending -` (issue 48, 10).
+    let mut text_args = vec!["outbox", "status"];
+    text_args.extend_from_slice(&base);
+    let text = stdout(&acemq(&text_args));
+    assert_eq!(text, format!("{table}: nothing pending, retired 2\n"));
 
     let out = run(&["retired"]);
     assert_eq!(out.status.code(), Some(0));
@@ -468,6 +473,12 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
         (Some(1), Some(1))
     );
     assert!(status["lag_ms"].as_u64().is_some());
+    let text = stdout(&acemq(&text_args));
+    assert!(
+        text.starts_with(&format!("{table}: pending 1, oldest pending "))
+            && text.ends_with(" (lag), retired 1\n"),
+        "{text}"
+    );
     assert_eq!(relay.sweep().unwrap(), 1);
     assert_eq!(count(&connection, &q), 1);
     let m = connection.get(&q).unwrap().unwrap();
@@ -480,6 +491,34 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
     assert!(store().retired().unwrap().is_empty());
     assert_eq!(count(&connection, &q), 1);
     relay.close().unwrap();
+}
+
+/// An empty outbox is said in words, not `pending 0, oldest pending - (lag), retired 0`; its JSON
+/// keeps its keys (issue 48, 10).
+#[test]
+fn outbox_status_on_an_empty_outbox_says_so_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite:{}", dir.path().join("outbox.db").display());
+    let out = acemq(&["schema", "create", "--db", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = acemq(&["outbox", "status", "--db", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "acemq_outbox: empty: nothing pending, nothing retired\n"
+    );
+    let out = acemq(&["--json", "outbox", "status", "--db", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 1);
+    assert_eq!(
+        keys(&lines[0]),
+        ["table", "pending", "oldest_pending", "lag_ms", "retired"]
+    );
+    assert_eq!(lines[0]["table"], "acemq_outbox");
+    assert_eq!(lines[0]["pending"], 0);
+    assert_eq!(lines[0]["retired"], 0);
+    assert!(lines[0]["oldest_pending"].is_null() && lines[0]["lag_ms"].is_null());
 }
 
 #[test]
@@ -752,6 +791,71 @@ fn replay_to_another_routing_key_and_a_deadline_that_leaves_messages_behind_is_e
         "none lost"
     );
     assert_eq!(u64::from(count(&connection, &work)), moved);
+}
+
+/// A duration option given a bare number reads it as seconds, and says so in its help: every
+/// one of them, `replay --deadline` and `topology check --rung` (issue 48, 12).
+#[test]
+fn a_bare_number_is_seconds_for_every_duration_option() {
+    for args in [&["replay", "--help"][..], &["topology", "check", "--help"]] {
+        let help = stdout(&acemq(args));
+        assert!(
+            help.contains("a bare number is seconds"),
+            "{args:?}: {help}"
+        );
+    }
+
+    // --deadline 5 is five seconds: the summary gives the deadline it ran under.
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let dlq = cleanup.queue(&format!("{}.dlq", support::unique("cli.deadline")));
+    connection
+        .declare_queue(&QueueSpec::new(&dlq).classic())
+        .unwrap();
+    put(&connection, &dlq, vec![dead_letter(0, "e")]);
+    for deadline in ["5", "5s", "5000ms"] {
+        let out = acemq(&[
+            "--json",
+            "replay",
+            &dlq,
+            "--dry-run",
+            "--deadline",
+            deadline,
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let summary = json_lines(&out).last().unwrap().clone();
+        assert_eq!(
+            summary["deadline_ms"], 5000,
+            "--deadline {deadline}: {summary}"
+        );
+        assert_eq!(summary["stopped"], "drained", "{summary}");
+        let out = acemq(&["replay", &dlq, "--dry-run", "--deadline", deadline]);
+        assert!(
+            stdout(&out).contains("; deadline 5s"),
+            "--deadline {deadline}: {}",
+            stdout(&out)
+        );
+    }
+    let out = acemq(&["--json", "replay", &dlq, "--dry-run"]);
+    assert!(json_lines(&out).last().unwrap()["deadline_ms"].is_null());
+    assert!(!stdout(&acemq(&["replay", &dlq, "--dry-run"])).contains("; deadline"));
+    assert_eq!(count(&connection, &dlq), 1, "dry runs moved nothing");
+
+    // --rung 40 is the 40s rung.
+    let q = support::unique("cli.rung-seconds");
+    let check = |rung: &str| {
+        let out = acemq(&["--json", "topology", "check", "--queue", &q, "--rung", rung]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        json_lines(&out)
+    };
+    let bare = check("40");
+    let rung = acemq_amqp::retry_queue(&q, Duration::from_secs(40));
+    assert!(
+        bare.iter()
+            .any(|l| l["difference"]["name"] == rung.as_str()),
+        "{bare:?}"
+    );
+    assert_eq!(bare, check("40s"));
 }
 
 #[test]
@@ -1083,6 +1187,8 @@ fn a_url_that_is_not_amqp_or_does_not_parse_is_a_usage_error_exit_2() {
             let err = stderr(&out);
             assert_eq!(err.lines().count(), 1, "one line: {err:?}");
             assert!(err.contains("amqp://") && err.contains("amqps://"), "{err}");
+            // The CLI cannot use the library's in-process broker: it is not offered (issue 48).
+            assert!(!err.contains("memory://"), "{err}");
             assert!(!err.contains("cannot connect"), "{err}");
             assert!(
                 !err.contains(secret) && !stdout(&out).contains(secret),
@@ -1108,9 +1214,71 @@ fn a_url_that_is_not_amqp_or_does_not_parse_is_a_usage_error_exit_2() {
     }
 }
 
+/// `memory://` is the library's in-process broker: a CLI process would get an empty one of its
+/// own, never the application's. Refused as a usage error that says why, from `--url` (before or
+/// after the command) and from `ACEMQ_URL` alike (issue 48, 9).
+#[test]
+fn a_memory_url_is_refused_as_a_usage_error_that_says_why() {
+    let q = support::unique("cli.memory");
+    let forms: [&[&str]; 3] = [
+        &["--url", "memory://orders", "peek", &q],
+        &["peek", &q, "--url", "memory://orders"],
+        &[
+            "topology",
+            "check",
+            "--queue",
+            &q,
+            "--url",
+            "memory://orders",
+        ],
+    ];
+    for args in forms {
+        for json in [false, true] {
+            let mut args = args.to_vec();
+            if json {
+                args.insert(0, "--json");
+            }
+            let out = acemq(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+            assert!(err.contains("memory://orders"), "{err}");
+            assert!(err.contains("in-process broker"), "the reason: {err}");
+            assert!(err.contains("amqp://") && err.contains("amqps://"), "{err}");
+            assert!(!err.contains("cannot connect"), "{err}");
+            if json {
+                let line = &json_lines(&out)[0];
+                assert_eq!(
+                    (line["kind"].as_str(), line["exit"].as_u64()),
+                    (Some("usage"), Some(2))
+                );
+            }
+        }
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+        .env("ACEMQ_URL", "memory://orders")
+        .args(["replay", &q])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in-process broker"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn help_shows_the_default_url_with_its_password_masked() {
-    for args in [&["--help"][..], &["-h"], &["peek", "--help"]] {
+    let cases: [&[&str]; 6] = [
+        &["peek", "--help"],
+        &["peek", "-h"],
+        &["replay", "--help"],
+        &["replay", "-h"],
+        &["topology", "check", "--help"],
+        &["topology", "check", "-h"],
+    ];
+    for args in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
             .env_remove("ACEMQ_URL")
             .args(args)
@@ -1124,11 +1292,141 @@ fn help_shows_the_default_url_with_its_password_masked() {
         );
         assert!(!help.contains("guest:guest"), "{help}");
     }
-    // The exit codes are in the top-level help.
+    // The exit codes are in the top-level help, and which commands take --url and --db.
     let out = acemq(&["--help"]);
     let help = stdout(&out);
     for code in ["0 ok", "1 partial or failed", "2 usage", "3 cannot connect"] {
         assert!(help.contains(code), "{code}: {help}");
+    }
+    assert!(
+        help.contains("--url") && help.contains("--db") && !help.contains("guest:guest"),
+        "{help}"
+    );
+}
+
+/// Only the commands that talk to the broker (replay, peek, topology check) show and take
+/// `--url`: the outbox and schema commands use `--db`, and `topology schedule` nothing (issue
+/// 48, 11). `--url` before the command still works for those that do.
+#[test]
+fn only_the_broker_commands_show_and_take_url() {
+    let quiet: [&[&str]; 8] = [
+        &["outbox", "--help"],
+        &["outbox", "status", "--help"],
+        &["outbox", "retired", "--help"],
+        &["outbox", "release", "--help"],
+        &["schema", "ddl", "--help"],
+        &["schema", "create", "--help"],
+        &["topology", "schedule", "--help"],
+        &["outbox", "status", "-h"],
+    ];
+    for args in quiet {
+        let out = acemq(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(
+            !stdout(&out).contains("--url"),
+            "{args:?}: {}",
+            stdout(&out)
+        );
+        assert!(
+            !stdout(&out).contains("ACEMQ_URL"),
+            "{args:?}: {}",
+            stdout(&out)
+        );
+    }
+    for args in [
+        &["peek", "--help"][..],
+        &["replay", "--help"],
+        &["topology", "check", "--help"],
+    ] {
+        let help = stdout(&acemq(args));
+        assert!(
+            help.contains("--url") && help.contains("ACEMQ_URL"),
+            "{args:?}: {help}"
+        );
+    }
+
+    // Refused on the commands that do not talk to the broker, wherever it is written; the
+    // URL's password is not printed.
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite:{}", dir.path().join("outbox.db").display());
+    assert_eq!(
+        acemq(&["schema", "create", "--db", &db]).status.code(),
+        Some(0)
+    );
+    let url = "amqp://guest:s3cr3t-Pw@127.0.0.1:5672/%2f";
+    let refused: [&[&str]; 7] = [
+        &["outbox", "status", "--db", &db, "--url", url],
+        &["outbox", "--url", url, "status", "--db", &db],
+        &["--url", url, "outbox", "status", "--db", &db],
+        &["--url", url, "outbox", "retired", "--db", &db],
+        &["--url", url, "schema", "create", "--db", &db],
+        &["--url", url, "schema", "ddl", "--dialect", "sqlite"],
+        &["--url", url, "topology", "schedule"],
+    ];
+    for args in refused {
+        for json in [false, true] {
+            let mut args = args.to_vec();
+            if json {
+                args.insert(0, "--json");
+            }
+            let out = acemq(&args);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("--url"), "{args:?}: {err}");
+            assert!(
+                !err.contains("s3cr3t") && !stdout(&out).contains("s3cr3t"),
+                "{err}"
+            );
+            if json {
+                assert_eq!(json_lines(&out)[0]["kind"], "usage", "{args:?}");
+            }
+        }
+    }
+    let err = stderr(&acemq(&["--url", url, "outbox", "status", "--db", &db]));
+    assert!(
+        err.contains("does not talk to the broker") && err.contains("--db"),
+        "{err}"
+    );
+
+    // The broker commands take it before or after the command.
+    let connection = support::connect();
+    let mut cleanup = Cleanup::new(&connection);
+    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.url-where")));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    let good = support::amqp_url();
+    let wrong = "amqp://guest:guest@127.0.0.1:1/%2f";
+    for args in [
+        &["--url", good.as_str(), "peek", q.as_str()][..],
+        &["peek", q.as_str(), "--url", good.as_str()],
+        &["--url", good.as_str(), "replay", q.as_str(), "--dry-run"],
+        &["replay", "--url", good.as_str(), q.as_str(), "--dry-run"],
+        &[
+            "--url",
+            good.as_str(),
+            "topology",
+            "check",
+            "--queue",
+            q.as_str(),
+        ],
+        &[
+            "topology",
+            "check",
+            "--url",
+            good.as_str(),
+            "--queue",
+            q.as_str(),
+        ],
+    ] {
+        // ACEMQ_URL names a port nothing listens on: --url wins over it.
+        let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
+            .env("ACEMQ_URL", wrong)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_ne!(out.status.code(), Some(3), "{args:?}: {}", stderr(&out));
+        assert_ne!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
 }
 
