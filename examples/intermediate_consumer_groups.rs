@@ -54,7 +54,7 @@ fn example() -> Result<()> {
     }
     println!(
         "group closed: {} finished in flight, {} requeued",
-        report.finished, report.requeued
+        report.finished_in_time, report.requeued
     );
     ex::delete_queues(&connection, &[&queue])?;
     connection.close()

@@ -53,7 +53,7 @@ fn example() -> Result<()> {
     let report = consumer.close()?;
     println!(
         "closed: {} finished during shutdown, {} requeued unstarted, {} abandoned",
-        report.finished, report.requeued, report.abandoned
+        report.finished_in_time, report.requeued, report.abandoned
     );
     let left = connection.queue_info(&queue)?.message_count;
     println!(

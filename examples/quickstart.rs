@@ -9,7 +9,7 @@ fn main() -> acemq_amqp::Result<()> {
     let (done, handled) = std::sync::mpsc::sync_channel(1);
     let consumer = connection.consume("quickstart", move |m: &Message| {
         println!("handled {}: {}", m.id(), String::from_utf8_lossy(&m.body));
-        let _ = done.try_send(()); // an Err here is dead-lettered at once (RetryPolicy::none())
+        let _ = done.try_send(()); // an Err is a failed attempt; the default policy allows one, so it is dead-lettered
         Ok(Outcome::Accept)
     })?;
     let order = Message::new(r#"{"order_id":"o-1"}"#);

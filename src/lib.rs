@@ -192,8 +192,8 @@
 //! * Application integers in headers are written as AMQP long-long (unless a copy re-sends a
 //!   header unchanged: then with the type it arrived with); the reserved ones as the family
 //!   writes them (32-bit, `x-acemq-first-seen` 64-bit). Every width is read.
-//! * Where the AceMQ libraries disagree with each other this crate follows the majority; the
-//!   README's "wire contract" table lists each point.
+//! * Where the AceMQ libraries disagree with each other this crate follows the majority;
+//!   docs/wire-contract.md lists each point.
 //! * A server-named queue is not re-declared after recovery (it would get a new name).
 //! * Consumer tags are chosen by the broker: amiquip 0.4 sends none, so no tag prefix can be set.
 //! * A handler's `Err` is a retry (`Error: …`), a [`FatalError`] a reject, a panic a retry

@@ -441,7 +441,7 @@ fn close_lets_running_handlers_finish_and_requeues_the_rest() {
         2,
         "running handlers finished"
     );
-    assert_eq!(report.finished, 2);
+    assert_eq!(report.finished_in_time, 2);
     assert_eq!(report.requeued, 18);
     assert_eq!(report.abandoned, 0);
     assert!(eventually(WAIT, || conn
@@ -967,4 +967,37 @@ fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
         "the running delivery went back to the queue when the channel closed (ready: {})",
         conn.queue_info(&q).unwrap().message_count
     );
+}
+
+/// A newcomer's reading of a report (issue 48): after three messages handled and nothing
+/// running, `finished_in_time` is 0 — it counts handlers that were running when the close began —
+/// and `handled` counts what the consumer handled in its whole life: 3.
+#[test]
+fn a_close_report_counts_what_the_consumer_handled_in_its_life() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("report-handled"));
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let consumer = conn
+        .consumer(&q, ConsumerOptions::new())
+        .unwrap()
+        .start(move |_: &Message| {
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    let publisher = conn.publisher().unwrap();
+    for i in 0..3 {
+        publisher
+            .publish("", &q, Message::new(format!("{i}")))
+            .unwrap();
+    }
+    assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 3
+        && consumer.in_flight() == 0));
+    let report = consumer.close().unwrap();
+    assert_eq!(report.handled, 3, "{report:?}");
+    assert_eq!(report.finished_in_time, 0, "{report:?}");
+    assert_eq!((report.requeued, report.abandoned), (0, 0), "{report:?}");
 }

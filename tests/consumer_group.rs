@@ -242,7 +242,7 @@ fn closing_a_group_sums_the_members_reports_and_settles_everything() {
         == 6));
     drop(release_tx);
     let report = closing.join().unwrap().unwrap();
-    assert_eq!(report.finished, 2);
+    assert_eq!(report.finished_in_time, 2);
     assert_eq!(report.requeued, 6);
     assert_eq!(report.abandoned, 0);
 

@@ -379,7 +379,7 @@ on_both! {
         );
         drop(release_tx);
         let report = closing.join().unwrap().unwrap();
-        assert_eq!(report.finished, 2);
+        assert_eq!(report.finished_in_time, 2);
         assert_eq!(report.requeued, 18);
         assert_eq!(report.abandoned, 0);
         let finished: HashSet<String> = started.lock().unwrap().iter().cloned().collect();
@@ -696,7 +696,7 @@ on_both! {
         drop(release_tx);
         let report = closing.join().unwrap().unwrap();
         assert_eq!(report.abandoned, 0);
-        assert_eq!(report.finished, 1, "only the key's holder was running");
+        assert_eq!(report.finished_in_time, 1, "only the key's holder was running");
         assert_eq!(report.requeued, 9);
         assert!(started_rx.try_recv().is_err(), "nothing else started");
         assert_eq!(depth(&conn, &q), 9);
@@ -912,7 +912,7 @@ on_both! {
         assert!(eventually(WAIT, || depth(&conn, &q) == 6));
         drop(release_tx);
         let report = closing.join().unwrap().unwrap();
-        assert_eq!(report.finished, 2);
+        assert_eq!(report.finished_in_time, 2);
         assert_eq!(report.requeued, 6);
         assert_eq!(report.abandoned, 0);
         let info = conn.queue_info(&q).unwrap();

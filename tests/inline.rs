@@ -160,7 +160,7 @@ fn closing_an_inline_consumer_waits_for_its_running_handler_and_requeues_the_res
             .expect("close returns once the handler does")
             .unwrap();
         assert_eq!(
-            (report.finished, report.requeued, report.abandoned),
+            (report.finished_in_time, report.requeued, report.abandoned),
             (1, 3, 0),
             "{report:?}"
         );

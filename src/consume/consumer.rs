@@ -99,6 +99,7 @@ impl Connection {
             buffer: parking_lot::Mutex::new(None),
             max_in_flight: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            handled: Default::default(),
             running_deliveries: Default::default(),
             label: options.label,
             stream_cursor: options.stream_cursor,

@@ -46,6 +46,8 @@ pub(crate) struct Context {
     pub(crate) max_in_flight: AtomicUsize,
     /// Handlers running now, of any generation.
     pub(crate) running: AtomicUsize,
+    /// Handlers that ran and were settled, in the consumer's life (`CloseReport::handled`).
+    pub(crate) handled: std::sync::atomic::AtomicU64,
     /// Their deliveries, held while their handlers run (`abandon.rs`).
     pub(crate) running_deliveries: super::abandon::RunningDeliveries,
     /// A group member's number: a suffix of the thread names and a tag in log lines.

@@ -90,8 +90,11 @@ impl Outcome {
     }
 }
 
-/// What a handler returns: an [`Outcome`], or an error. An `Err` is a retry, unless it is a
-/// [`FatalError`], which is a reject.
+/// What a handler returns: an [`Outcome`], or an error. An `Err` (or a panic) is a failed
+/// attempt: retried while the consumer's retry policy allows another, then dead-lettered to
+/// `{queue}.dlq` with its reason. The default policy, [`RetryPolicy::none`](crate::RetryPolicy::none)
+/// (one attempt, as in the family), allows none, so by default an `Err` is dead-lettered at
+/// once. A [`FatalError`] is never retried: it is a reject.
 pub type HandlerResult = Result<Outcome, BoxError>;
 
 /// Handles one message. Any `Fn(&Message) -> HandlerResult` is a handler.

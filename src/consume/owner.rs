@@ -284,7 +284,7 @@ fn run_inline(
     run(Job::taken(ctx, state.generation, d));
     let batch: Vec<Settle> = lines.settles.try_iter().collect();
     if !stopping && ctx.stop_requested() {
-        report.finished += finished_in(&batch, state.generation);
+        report.finished_in_time += finished_in(&batch, state.generation);
     }
     if batch.is_empty() {
         return Ok(());
@@ -381,7 +381,7 @@ fn shutdown(
         match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
                 let batch = with_waiting(s, lines.settles);
-                report.finished += finished_in(&batch, generation);
+                report.finished_in_time += finished_in(&batch, generation);
                 if let Err(e) = settle(ctx, channel, state, lines.jobs, batch, report) {
                     log::warn!("acemq: settling while closing {}: {e}", ctx.who());
                     break;
@@ -395,6 +395,7 @@ fn shutdown(
     // given back here, by the rule of `put_back.rs`, rather than by the channel's close, which
     // RabbitMQ 4.x counts against a quorum queue's delivery limit (`abandon.rs`).
     report.abandoned = ctx.running.load(Ordering::SeqCst);
+    report.handled = ctx.handled.load(Ordering::Relaxed);
     let abandoned = ctx.running_deliveries.abandon(generation);
     for (delivery, copy) in abandoned {
         let tag = delivery.delivery_tag();

@@ -86,6 +86,9 @@ pub(super) fn settle(
     report: &mut CloseReport,
 ) -> std::result::Result<(), crate::transport::AmqpError> {
     let generation = state.generation;
+    let ran = u64::try_from(finished_in(&batch, generation)).unwrap_or(u64::MAX);
+    ctx.handled
+        .fetch_add(ran, std::sync::atomic::Ordering::Relaxed);
     // At-most-once handlers waiting for their delivery's ack to reach the broker.
     let mut acked_first = Vec::new();
     // Whether any delivery of this batch was settled (told once, at the end).

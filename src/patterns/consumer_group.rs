@@ -13,7 +13,7 @@
 //!     .start(|_: &Message| Ok(Outcome::Accept))?;
 //! // … later:
 //! let report = group.close()?; // the members' reports, summed
-//! println!("{} finished, {} requeued", report.finished, report.requeued);
+//! println!("{} handled, {} requeued", report.handled, report.requeued);
 //! # Ok(()) }
 //! ```
 //!
@@ -217,7 +217,7 @@ impl RunningConsumerGroup {
     }
 
     /// Stops every member at once, then joins them and returns their [`CloseReport`]s summed
-    /// (`finished`, `requeued` and `abandoned` each added up).
+    /// (`handled`, `finished_in_time`, `requeued` and `abandoned` each added up).
     ///
     /// # Errors
     ///
@@ -256,7 +256,8 @@ fn close_all(queue: &str, members: Vec<RunningConsumer>) -> (CloseReport, Result
     for (i, member) in members.into_iter().enumerate() {
         match member.close() {
             Ok(r) => {
-                total.finished += r.finished;
+                total.finished_in_time += r.finished_in_time;
+                total.handled += r.handled;
                 total.requeued += r.requeued;
                 total.abandoned += r.abandoned;
             }
