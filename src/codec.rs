@@ -325,17 +325,8 @@ impl<C: Codec + ?Sized> CodecSource for C {
     }
 }
 
-impl CodecSource for crate::Connection {
-    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
-        f(self.codec().as_ref())
-    }
-}
-
-impl CodecSource for crate::Publisher {
-    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
-        f(self.codec().as_ref())
-    }
-}
+// A `Connection` and a `Publisher` are codec sources too: their impls live with them
+// (`connection/handle.rs`, `publish/publisher.rs`), above this base layer.
 
 /// Lets an unsized codec be used as `&dyn Codec`.
 #[derive(Debug)]

@@ -6,7 +6,8 @@
 //! An import is a `use` (also `pub use`, re-exports included) or an inline path in code
 //! (`crate::…`, `super::…`, `self::…`, or a child module's name), followed through the
 //! re-exports of the module it names to the file that defines the item. Comments (intra-doc
-//! links included), string literals and a trailing `#[cfg(test)] mod tests` block do not count.
+//! links included), string literals and test-only items (`#[cfg(test)]`, wherever they sit in
+//! the file) do not count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -69,7 +70,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 
-/// Code lines a file may have, a trailing test module not counted.
+/// Lines a file may have, its test-only items not counted.
 const MAX_CODE_LINES: usize = 600;
 
 fn src() -> PathBuf {
@@ -119,30 +120,54 @@ fn files() -> BTreeMap<String, String> {
     out
 }
 
-/// The text before a trailing `#[cfg(test)] mod tests {` block (or `#[cfg(all(test, …))]`).
-fn without_trailing_tests(text: &str) -> &str {
+/// The text without its test-only items: every item under `#[cfg(test)]` (or
+/// `#[cfg(all(test, …))]`) wherever it sits — a `mod tests { … }` block in the middle of a file
+/// as well as at its end, a `mod x;`, a `use`, a `fn` — with its other attributes. Lines are
+/// dropped, so what is left counts as the file's code. Run it on [`code_only`]'s output, so that
+/// braces in comments and literals do not count.
+fn without_test_items(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
-    let mut offset = text.len();
-    let mut at = 0;
-    let mut starts = Vec::with_capacity(lines.len());
-    for line in &lines {
-        starts.push(at);
-        at += line.len() + 1;
-    }
-    for i in (0..lines.len()).rev() {
+    let mut keep = vec![true; lines.len()];
+    let mut i = 0;
+    while i < lines.len() {
         let attribute = lines[i].trim();
         let test_only = attribute == "#[cfg(test)]"
             || (attribute.starts_with("#[cfg(all(test") && attribute.ends_with(")]"));
-        if test_only
-            && lines
-                .get(i + 1)
-                .is_some_and(|next| next.trim_start().starts_with("mod tests"))
-        {
-            offset = starts[i];
-            break;
+        if !test_only {
+            i += 1;
+            continue;
         }
+        // The item runs to its first `;` outside braces, or to the brace closing its first `{`.
+        let mut depth = 0usize;
+        let mut j = i + 1;
+        'item: while j < lines.len() {
+            for c in lines[j].chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            break 'item;
+                        }
+                    }
+                    ';' if depth == 0 => break 'item,
+                    _ => {}
+                }
+            }
+            j += 1;
+        }
+        for k in keep.iter_mut().take((j + 1).min(lines.len())).skip(i) {
+            *k = false;
+        }
+        i = j + 1;
     }
-    &text[..offset.min(text.len())]
+    lines
+        .iter()
+        .zip(keep)
+        .filter(|(_, kept)| *kept)
+        .map(|(line, _)| *line)
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Code with comments, string and char literals blanked out (lines kept).
@@ -325,7 +350,7 @@ impl Crate {
         let mut code = BTreeMap::new();
         for (rel, text) in &files {
             modules.insert(module_of(rel), rel.clone());
-            code.insert(rel.clone(), code_only(without_trailing_tests(text)));
+            code.insert(rel.clone(), without_test_items(&code_only(text)));
         }
         let mut krate = Crate {
             modules,
@@ -600,14 +625,14 @@ fn no_file_is_over_600_lines_of_code() {
     let mut over: Vec<String> = files()
         .iter()
         .filter_map(|(rel, text)| {
-            let lines = without_trailing_tests(text).lines().count();
+            let lines = without_test_items(&code_only(text)).lines().count();
             (lines > MAX_CODE_LINES).then(|| format!("src/{rel}: {lines} lines"))
         })
         .collect();
     over.sort();
     assert!(
         over.is_empty(),
-        "files over {MAX_CODE_LINES} lines of code (a trailing test module not counted): split \
+        "files over {MAX_CODE_LINES} lines (test-only items not counted): split \
          them by job:\n  {}",
         over.join("\n  ")
     );
@@ -667,5 +692,12 @@ fn the_layout_checks_find_what_they_guard_against() {
     );
 
     let long = format!("{}#[cfg(test)]\nmod tests {{\n}}\n", "x\n".repeat(10));
-    assert_eq!(without_trailing_tests(&long).lines().count(), 10);
+    assert_eq!(without_test_items(&long).lines().count(), 10);
+    // A test module in the middle is dropped and the code after it is kept (issue 49: the
+    // impls after `codec.rs`'s test module were never read).
+    let middle = "use a;\n#[cfg(test)]\nmod tests {\n    fn f() { let x = 1; }\n}\nimpl X for crate::Y {}\n#[cfg(test)]\nmod more;\nfn g() {}\n";
+    assert_eq!(
+        without_test_items(middle),
+        "use a;\nimpl X for crate::Y {}\nfn g() {}"
+    );
 }

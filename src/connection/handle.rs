@@ -295,3 +295,11 @@ impl Connection {
         result
     }
 }
+
+/// The connection's codec ([`codec`](Connection::codec)) for `record(&connection, …)` and the
+/// other calls that take a [`CodecSource`](crate::CodecSource).
+impl crate::CodecSource for Connection {
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
+        f(self.codec().as_ref())
+    }
+}

@@ -6,6 +6,7 @@ use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
 use super::message::looks_truncated;
 use super::*;
+use crate::error::Error;
 
 #[test]
 fn a_table_with_reserved_headers_but_no_id_looks_truncated() {

@@ -1,6 +1,9 @@
 //! Checks on what goes on the wire: header names, short strings, the reserved prefix.
 
-use super::{headers, MAX_SHORT_STRING};
+use super::headers;
+
+/// The longest AMQP short string: routing keys, ids, header names, property strings.
+pub const MAX_SHORT_STRING: usize = 255;
 use crate::error::{Error, Result};
 
 /// True for a name in the reserved namespace: a case-sensitive prefix match, as in every AceMQ

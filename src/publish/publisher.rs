@@ -323,3 +323,11 @@ impl Publisher {
         }
     }
 }
+
+/// The publisher's codec ([`codec`](Publisher::codec)) for the calls that take a
+/// [`CodecSource`](crate::CodecSource).
+impl crate::CodecSource for Publisher {
+    fn with_codec<R>(&self, f: impl FnOnce(&dyn Codec) -> R) -> R {
+        f(self.codec().as_ref())
+    }
+}
