@@ -129,7 +129,8 @@ fn a_python_style_request_gets_the_familys_failure_reply_and_is_dead_lettered() 
         dead.envelope.error.as_deref(),
         Some("the handler rejected it: Error: no such sku: A-1")
     );
-    assert_eq!(responder.answered(), 1);
+    // The failure reply went out, but a failure is not counted answered (issue 47).
+    assert_eq!(responder.answered(), 0);
     responder.close().expect("close");
     raw.close();
 }
