@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::actuator::{install_prometheus_recorder, Actuator, ActuatorOptions};
-use acemq_amqp::health::HealthReport;
+use acemq_amqp::health::{HealthCheckOptions, HealthReport};
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::patterns::outbox::{
     record_message, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions,
@@ -54,9 +54,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     )?;
 
     // 3. One of the application's own checks, and the endpoints.
-    connection.add_health_check("projections", Duration::from_secs(2), || {
-        HealthReport::up().part("up_to_date", 12)
-    })?;
+    connection.add_health_check(
+        "projections",
+        HealthCheckOptions::new().deadline(Duration::from_secs(2)),
+        || HealthReport::up().part("up_to_date", 12),
+    )?;
     let actuator = Actuator::new(
         &connection,
         ActuatorOptions::new().bind(&listen).prometheus(prometheus),

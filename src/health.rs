@@ -10,12 +10,13 @@
 //! `parts`), which the `actuator` feature serves on `/acemq-health`.
 //!
 //! ```no_run
-//! use acemq_amqp::health::HealthReport;
+//! use acemq_amqp::health::{HealthCheckOptions, HealthReport};
 //! use acemq_amqp::Connection;
 //! use std::time::Duration;
 //! # fn main() -> acemq_amqp::Result<()> {
 //! let connection = Connection::open("amqp://guest:guest@127.0.0.1:5672/")?;
-//! connection.add_health_check("database", Duration::from_secs(2), || {
+//! let options = HealthCheckOptions::new().deadline(Duration::from_secs(2));
+//! connection.add_health_check("database", options, || {
 //!     HealthReport::up() // ask the database here
 //! })?;
 //! let health = connection.health();
@@ -49,7 +50,9 @@ mod report;
 mod sources;
 
 pub(crate) use checks::{AppChecks, Probe, Started};
-pub use checks::{DEFAULT_CHECK_DEADLINE, ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE};
+pub use checks::{
+    HealthCheckOptions, DEFAULT_CHECK_DEADLINE, ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE,
+};
 pub(crate) use report::rfc3339;
 pub use report::{Health, HealthReport, HealthStatus};
 pub use sources::HealthSource;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use acemq_amqp::actuator::{
     install_prometheus_recorder, Actuator, ActuatorOptions, PrometheusHandle,
 };
-use acemq_amqp::health::HealthReport;
+use acemq_amqp::health::{HealthCheckOptions, HealthReport};
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
@@ -188,10 +188,14 @@ fn with_the_broker_gone_health_is_down_503_and_up_again_when_it_is_back() {
 fn a_hanging_check_holds_the_answer_only_to_its_deadline() {
     let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
     let (_hold, held) = crossbeam_channel::bounded::<()>(0);
-    conn.add_health_check("payments-api", Duration::from_millis(500), move || {
-        let _ = held.recv_timeout(Duration::from_secs(60)); // hangs for a minute
-        HealthReport::up()
-    })
+    conn.add_health_check(
+        "payments-api",
+        HealthCheckOptions::new().deadline(Duration::from_millis(500)),
+        move || {
+            let _ = held.recv_timeout(Duration::from_secs(60)); // hangs for a minute
+            HealthReport::up()
+        },
+    )
     .unwrap();
     let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
         .unwrap()

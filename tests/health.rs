@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use acemq_amqp::health::{HealthReport, HealthStatus};
+use acemq_amqp::health::{HealthCheckOptions, HealthReport, HealthStatus};
 use acemq_amqp::patterns::outbox::{
     record_message, InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions,
 };
@@ -151,21 +151,35 @@ fn a_hanging_check_is_down_at_its_deadline_and_is_not_started_again_while_it_han
     let started = Arc::new(AtomicUsize::new(0));
     let (_hold, held) = crossbeam_channel::bounded::<()>(0);
     let s = started.clone();
-    conn.add_health_check("stuck-dependency", Duration::from_millis(300), move || {
-        s.fetch_add(1, Ordering::SeqCst);
-        let _ = held.recv_timeout(Duration::from_secs(30)); // hangs
-        HealthReport::up()
-    })
+    conn.add_health_check(
+        "stuck-dependency",
+        HealthCheckOptions::new().deadline(Duration::from_millis(300)),
+        move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            let _ = held.recv_timeout(Duration::from_secs(30)); // hangs
+            HealthReport::up()
+        },
+    )
     .unwrap();
-    conn.add_health_check("database", Duration::from_secs(2), || {
-        HealthReport::up().part("pool", 4)
-    })
+    conn.add_health_check(
+        "database",
+        HealthCheckOptions::new().deadline(Duration::from_secs(2)),
+        || HealthReport::up().part("pool", 4),
+    )
     .unwrap();
     assert!(conn
-        .add_health_check("database", Duration::from_secs(1), HealthReport::up)
+        .add_health_check(
+            "database",
+            HealthCheckOptions::new().deadline(Duration::from_secs(1)),
+            HealthReport::up
+        )
         .is_err());
     assert!(conn
-        .add_health_check("zero", Duration::ZERO, HealthReport::up)
+        .add_health_check(
+            "zero",
+            HealthCheckOptions::new().deadline(Duration::ZERO),
+            HealthReport::up
+        )
         .is_err());
 
     let asked = Instant::now();
@@ -207,9 +221,11 @@ fn a_hanging_check_is_down_at_its_deadline_and_is_not_started_again_while_it_han
 #[test]
 fn a_check_that_panics_is_down_saying_so() {
     let conn = connect();
-    conn.add_health_check("panicky", Duration::from_secs(2), || {
-        panic!("the cache is gone")
-    })
+    conn.add_health_check(
+        "panicky",
+        HealthCheckOptions::new().deadline(Duration::from_secs(2)),
+        || panic!("the cache is gone"),
+    )
     .unwrap();
     let health = conn.health();
     let r = health.component("panicky").unwrap();
@@ -282,11 +298,15 @@ fn two_probes_at_once_share_a_slow_check_within_its_deadline_and_both_see_it_up(
     let s = started.clone();
     // A slow dependency (1 s), well inside its 10 s deadline: the sleep is the dependency's
     // own work, not a wait for another thread.
-    conn.add_health_check("slow-dependency", Duration::from_secs(10), move || {
-        s.fetch_add(1, Ordering::SeqCst);
-        std::thread::sleep(Duration::from_secs(1));
-        HealthReport::up()
-    })
+    conn.add_health_check(
+        "slow-dependency",
+        HealthCheckOptions::new().deadline(Duration::from_secs(10)),
+        move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_secs(1));
+            HealthReport::up()
+        },
+    )
     .unwrap();
     std::thread::scope(|scope| {
         let first = scope.spawn(|| conn.health());

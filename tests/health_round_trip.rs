@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use acemq_amqp::health::{HealthReport, HealthStatus};
+use acemq_amqp::health::{HealthCheckOptions, HealthReport, HealthStatus};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Outcome, QueueSpec};
@@ -115,10 +115,14 @@ fn the_reports_keys_are_the_familys_camel_case() {
         .unwrap()
         .start()
         .unwrap();
-    conn.add_health_check("too-slow", Duration::from_millis(50), || {
-        std::thread::sleep(Duration::from_millis(500));
-        HealthReport::up()
-    })
+    conn.add_health_check(
+        "too-slow",
+        HealthCheckOptions::new().deadline(Duration::from_millis(50)),
+        || {
+            std::thread::sleep(Duration::from_millis(500));
+            HealthReport::up()
+        },
+    )
     .unwrap();
     let health = conn.health();
     let broker = health.component("broker").unwrap();

@@ -3,7 +3,7 @@
 //! supervisor records for it (`health_state.rs`).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::handle::Connection;
 use super::shared::LinkState;
@@ -63,22 +63,27 @@ impl Connection {
 
     /// Registers one of the application's own checks (a database, a downstream service) under
     /// `name`: [`health`](Self::health) runs `check` on a thread of its own and waits for it
-    /// up to `deadline` ([`health::DEFAULT_CHECK_DEADLINE`](crate::health::DEFAULT_CHECK_DEADLINE)
-    /// is the family's 5 s); past it the check counts as down. A check that panics counts as
+    /// up to the options' [`deadline`](crate::health::HealthCheckOptions::deadline) (by default
+    /// the family's 5 s); past it the check counts as down. A check that panics counts as
     /// down too. Every clone of this connection shares the checks.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for an empty name, a zero
     /// deadline, a name registered already, or more than 256 checks.
-    pub fn add_health_check<F>(&self, name: &str, deadline: Duration, check: F) -> Result<()>
+    pub fn add_health_check<F>(
+        &self,
+        name: &str,
+        options: crate::health::HealthCheckOptions,
+        check: F,
+    ) -> Result<()>
     where
         F: Fn() -> HealthReport + Send + Sync + 'static,
     {
         self.shared
             .health
             .checks
-            .add(name, deadline, Arc::new(check))
+            .add(name, &options, Arc::new(check))
     }
 
     /// Removes the check registered under `name`; false when there was none. A run of it still

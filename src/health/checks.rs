@@ -20,6 +20,53 @@ use crate::error::{Error, Result};
 /// `aggregate_health(timeout=5.0)`, Go's actuator `Timeout`).
 pub const DEFAULT_CHECK_DEADLINE: Duration = Duration::from_secs(5);
 
+/// The options of one of the application's checks
+/// ([`Connection::add_health_check`](crate::Connection::add_health_check)).
+///
+/// ```
+/// use acemq_amqp::health::HealthCheckOptions;
+/// use std::time::Duration;
+/// let options = HealthCheckOptions::new().deadline(Duration::from_secs(2));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug)]
+pub struct HealthCheckOptions {
+    pub(crate) deadline: Duration,
+}
+
+impl Default for HealthCheckOptions {
+    fn default() -> Self {
+        HealthCheckOptions {
+            deadline: DEFAULT_CHECK_DEADLINE,
+        }
+    }
+}
+
+impl HealthCheckOptions {
+    /// The default options: a deadline of [`DEFAULT_CHECK_DEADLINE`] (the family's 5 s).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long an answer waits for the check: past it the check counts as down (`did not
+    /// answer within …`), and a run still going is not started again. Must not be zero.
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The one place these options are checked.
+    pub(crate) fn validate(&self, name: &str) -> Result<()> {
+        if self.deadline.is_zero() {
+            return Err(Error::invalid(format!(
+                "the health check {name:?}: its deadline must not be zero"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// The deadline of the broker link's round trip (Go's `DefaultHealthTimeout`): past it the link
 /// is reported down.
 pub const ROUND_TRIP_DEADLINE: Duration = Duration::from_secs(3);
@@ -147,15 +194,12 @@ pub(crate) struct AppChecks {
 
 impl AppChecks {
     /// Registers a check.
-    pub(crate) fn add(&self, name: &str, deadline: Duration, run: CheckFn) -> Result<()> {
+    pub(crate) fn add(&self, name: &str, options: &HealthCheckOptions, run: CheckFn) -> Result<()> {
         if name.trim().is_empty() {
             return Err(Error::invalid("a health check's name must not be empty"));
         }
-        if deadline.is_zero() {
-            return Err(Error::invalid(format!(
-                "the health check {name:?}: its deadline must not be zero"
-            )));
-        }
+        options.validate(name)?;
+        let deadline = options.deadline;
         let mut checks = self.checks.lock();
         if checks.iter().any(|c| c.name == name) {
             return Err(Error::invalid(format!(
