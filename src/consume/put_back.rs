@@ -47,20 +47,12 @@ pub(super) fn put_back(
     message: &Message,
 ) -> Result<PutBack, AmqpError> {
     let tag = delivery.delivery_tag();
-    if message.returns_counted() > 0 {
-        match publish(ctx, &ctx.queue, copy_of(message)) {
-            Ok(()) => {
-                delivery.ack(channel)?;
-                acks.settled(tag);
-                return Ok(PutBack::Replaced);
-            }
-            Err(e) => log::warn!(
-                "acemq: message {} on {}: could not put a fresh copy of it back ({e}); it is \
-                 requeued instead, and the broker counts one more return of it",
-                message.id(),
-                ctx.who()
-            ),
-        }
+    if message.returns_counted() > 0
+        && copied_back(message, &ctx.who(), |copy| publish(ctx, &ctx.queue, copy))
+    {
+        delivery.ack(channel)?;
+        acks.settled(tag);
+        return Ok(PutBack::Replaced);
     }
     delivery.nack(channel, true)?;
     acks.settled(tag);
@@ -87,12 +79,10 @@ pub(crate) fn replace_counted(
     }
     let publisher = connection.publisher()?;
     for (delivery, message) in counted {
-        if let Err(e) = super::copies::publish_copy(&publisher, queue, copy_of(&message)) {
-            log::warn!(
-                "acemq: {queue:?}: could not put back a fresh copy of message {} ({e}); it is \
-                 returned instead, and the broker counts one more return of it",
-                message.id()
-            );
+        let on = format!("{queue:?}");
+        if !copied_back(&message, &on, |copy| {
+            super::copies::publish_copy(&publisher, queue, copy)
+        }) {
             continue;
         }
         delivery.ack(channel).map_err(|e| {
@@ -104,4 +94,25 @@ pub(crate) fn replace_counted(
     }
     let _ = publisher.close();
     Ok(())
+}
+
+/// The step both ways of putting back share: a fresh copy of `message` published (confirmed) by
+/// `publish`; true when it went out. A copy that did not is logged (`on`: where), and the caller
+/// returns the original the counted way instead.
+fn copied_back(
+    message: &Message,
+    on: &str,
+    publish: impl FnOnce(Message) -> crate::Result<()>,
+) -> bool {
+    match publish(copy_of(message)) {
+        Ok(()) => true,
+        Err(e) => {
+            log::warn!(
+                "acemq: message {} on {on}: could not put a fresh copy of it back ({e}); it is \
+                 returned instead, and the broker counts one more return of it",
+                message.id()
+            );
+            false
+        }
+    }
 }
