@@ -15,9 +15,9 @@ mod observer;
 pub(crate) mod replay_report;
 
 pub use events::{
-    ConnectionEvent, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineOutcome,
-    PipelineRun, PublishEvent, PublishOutcome, Received, ReplayEvent, RequestEvent, RequestOutcome,
-    Retried, RetryWhere, RungMissing, SetAsideFailed, Settlement,
+    ConnectionEvent, Decision, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun,
+    PipelineOutcome, PipelineRun, PublishEvent, PublishOutcome, Received, ReplayEvent,
+    RequestEvent, RequestOutcome, Retried, RetryWhere, RungMissing, SetAsideFailed, Settlement,
 };
 // The names `MetricsObserver` alone used to define, at their old paths (one documented path
 // per item: `observe::metrics`).

@@ -263,12 +263,12 @@ impl Consuming {
 
     /// Ends the span with the consumer's outcome (`accept`, `retry`, `reject`, `park`, …, as
     /// the observer's labels).
-    pub(crate) fn settled(self, label: &str) {
+    pub(crate) fn settled(self, decision: crate::observe::Decision) {
         #[cfg(feature = "opentelemetry")]
         if let Some(span) = self.span {
-            span.end(label);
+            span.end(decision.family_word());
         }
-        let _ = label;
+        let _ = decision;
     }
 }
 

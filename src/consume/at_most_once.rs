@@ -13,7 +13,7 @@ use super::outcome::{decide, Handler, Verdict};
 use super::protocol::{AckAhead, Job, Settle, SettleAction};
 use super::reply;
 use super::step::intercepted;
-use crate::observe::Settlement;
+use crate::observe::{Decision, Settlement};
 
 /// At most once: the delivery is acknowledged (the owner answers once the ack is out) before
 /// the handler runs; whatever the handler decides then, nothing is copied: a failure is counted
@@ -90,15 +90,19 @@ pub(super) fn at_most_once<H: Handler + Sync + ?Sized>(
     if error.is_some() {
         ctx.lost.fetch_add(1, Ordering::SeqCst);
     }
-    let outcome = if error.is_some() { "lost" } else { "accept" };
+    let outcome = if error.is_some() {
+        Decision::Lost
+    } else {
+        Decision::Accept
+    };
     trace.settled(outcome);
     intercept.settled(&crate::intercept::Settled {
-        outcome,
+        outcome: outcome.as_str(),
         error: error.clone(),
     });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        outcome: if error.is_some() { "lost" } else { "accept" },
+        outcome,
         attempt: message.envelope.attempt,
         handler_duration,
         message_id: message.id(),
@@ -131,7 +135,7 @@ pub(super) fn acked_unhandled(ctx: &Context, question: &AckAhead) {
     log::warn!("acemq: message {} from {}: {error}", question.id, ctx.who());
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        outcome: "lost",
+        outcome: Decision::Lost,
         attempt: question.attempt,
         handler_duration: Duration::ZERO,
         message_id: &question.id,

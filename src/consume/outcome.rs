@@ -263,15 +263,22 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    /// The `outcome` label of `acemq.consume.total`.
-    pub(crate) fn label(&self) -> &'static str {
+    /// What the handler's answer is, before the consumer weighs it against its policy
+    /// (`step::decision`): a dead letter here is the handler's own reject.
+    pub(crate) fn decision(&self) -> crate::observe::Decision {
+        use crate::observe::Decision;
         match self {
-            Verdict::Accept => "accept",
-            Verdict::Retry { .. } => "retry",
-            Verdict::DeadLetter { .. } => "reject",
-            Verdict::Park { .. } => "park",
-            Verdict::InProgress { .. } => "in_progress",
+            Verdict::Accept => Decision::Accept,
+            Verdict::Retry { .. } => Decision::Retry,
+            Verdict::DeadLetter { .. } => Decision::Reject,
+            Verdict::Park { .. } => Decision::Park,
+            Verdict::InProgress { .. } => Decision::InProgress,
         }
+    }
+
+    /// [`decision`](Self::decision)'s label.
+    pub(crate) fn label(&self) -> &'static str {
+        self.decision().as_str()
     }
 
     /// The error to report to the observer.

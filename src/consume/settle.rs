@@ -105,7 +105,7 @@ pub(super) fn settle(
             );
             ctx.observer.settled(&Settlement {
                 queue: &ctx.queue,
-                outcome: "dropped",
+                outcome: crate::observe::Decision::Dropped,
                 attempt: 0,
                 handler_duration: Duration::ZERO,
                 message_id: "",

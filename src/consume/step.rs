@@ -15,7 +15,7 @@ use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
 use super::reply;
 use super::retry::NextWait;
 use crate::envelope::{now_ms, Message};
-use crate::observe::{RetryWhere, Settlement};
+use crate::observe::{Decision, RetryWhere, Settlement};
 
 /// The job, or `None` (and the job dealt with) for a job from an old generation or one that
 /// arrives while the consumer is stopping.
@@ -93,8 +93,8 @@ pub(super) fn finish(
         });
     }
     // What the consumer decides, which is not always what the handler answered: a retry with no
-    // attempt left is dead-lettered (for the trace and the interceptors).
-    let decided = decided_label(ctx, &message, &verdict);
+    // attempt left is dead-lettered.
+    let decided = decision(ctx, &message, &verdict);
     let (step, copy_error) = match carry_out(ctx, &message, &verdict, hold) {
         // No copy can carry it (its header frame cannot fit, even trimmed): the original is
         // rejected to the queue's own dead-lettering, and the reason reported.
@@ -135,7 +135,7 @@ pub(super) fn finish(
                 message.id(),
                 ctx.queue
             );
-            if decided == "retry" {
+            if decided == Decision::Retry {
                 // Its retry copy failed: it comes back as it was, the same attempt, which the
                 // family counts as a retry `requeued`.
                 let attempt = message.envelope.attempt;
@@ -152,20 +152,20 @@ pub(super) fn finish(
             (step, Some(text))
         }
     };
-    let really = if copy_error.is_some() {
-        "copy_failed"
+    let decided = if copy_error.is_some() {
+        Decision::CopyFailed
     } else {
         decided
     };
-    // The trace tells the handler's own reject (`rejected`) from the consumer's decision that
-    // no attempt is left (`dead_lettered`), as the family's spans do.
-    let traced = match really {
-        "reject" if matches!(verdict, Verdict::Retry { .. }) => "exhausted",
-        other => other,
-    };
-    watch.trace.settled(traced);
+    // The trace and the observer tell the handler's own reject (`rejected`) from the consumer's
+    // decision that no attempt is left (`dead_lettered`), as the family's spans do.
+    watch.trace.settled(decided);
     watch.intercept.settled(&crate::intercept::Settled {
-        outcome: really,
+        // The interceptors' word for a dead letter of either kind is `reject`, as before.
+        outcome: match decided {
+            Decision::DeadLetter => Decision::Reject.as_str(),
+            other => other.as_str(),
+        },
         error: copy_error
             .as_deref()
             .or(verdict.error())
@@ -173,12 +173,7 @@ pub(super) fn finish(
     });
     ctx.observer.settled(&Settlement {
         queue: &ctx.queue,
-        // The consumer's decision, as the family counts it: a retry with no attempt left is
-        // `dead_letter`; the handler's own reject is `reject`.
-        outcome: match traced {
-            "exhausted" => "dead_letter",
-            other => other,
-        },
+        outcome: decided,
         attempt: message.envelope.attempt,
         handler_duration,
         message_id: message.id(),
@@ -264,9 +259,9 @@ impl<'a> Watch<'a> {
     }
 }
 
-/// The label of what the consumer does with a verdict: a retry that the policy has no attempt
-/// (or age) left for is dead-lettered (`reject`).
-pub(super) fn decided_label(ctx: &Context, message: &Message, verdict: &Verdict) -> &'static str {
+/// What the consumer does with a verdict: a retry that the policy has no attempt (or age) left
+/// for is the consumer's dead letter; anything else is what the handler answered.
+pub(super) fn decision(ctx: &Context, message: &Message, verdict: &Verdict) -> Decision {
     if let Verdict::Retry { .. } = verdict {
         let age_ms =
             u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
@@ -275,10 +270,10 @@ pub(super) fn decided_label(ctx: &Context, message: &Message, verdict: &Verdict)
                 .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
             NextWait::Wait(_)
         ) {
-            return "reject";
+            return Decision::DeadLetter;
         }
     }
-    verdict.label()
+    verdict.decision()
 }
 
 /// The handler, inside the connection's consume interceptors (outermost first).

@@ -216,8 +216,8 @@ fn copy_failed(
     // Dead-lettered, it is reported as the worker reports the consumer's own dead-letter
     // (`dead_letter`).
     let (outcome, error) = match &action {
-        Some(SettleAction::Ack) => ("dead_letter", text),
-        Some(_) => ("copy_failed", text),
+        Some(SettleAction::Ack) => (crate::observe::Decision::DeadLetter, text),
+        Some(_) => (crate::observe::Decision::CopyFailed, text),
         None => {
             let pause = copy_failure_pause(failures);
             log::error!(
@@ -237,7 +237,7 @@ fn copy_failed(
                     crate::observe::RetryWhere::Requeued,
                 );
             }
-            ("copy_failed", text)
+            (crate::observe::Decision::CopyFailed, text)
         }
     };
     ctx.observer.settled(&Settlement {

@@ -224,16 +224,9 @@ pub enum OutboxEvent<'a> {
 pub struct Settlement<'a> {
     /// The queue consumed.
     pub queue: &'a str,
-    /// The outcome label: accept, retry, reject (the handler's own: a
-    /// [`FatalError`](crate::FatalError) or [`Outcome::reject`](crate::Outcome::reject)),
-    /// dead_letter (the consumer's decision: no attempt or age left for a retry, a held retry
-    /// that can never be published), park,
-    /// in_progress, copy_failed (the copy the outcome needs could not be published: the
-    /// original goes back to the queue after a pause), dropped, and with
-    /// [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once) lost (the handler
-    /// failed after the ack, or never ran on a delivery acknowledged after its worker stopped
-    /// waiting: nothing is retried).
-    pub outcome: &'a str,
+    /// What the consumer did with the delivery (see [`Decision`]). It compares with its label
+    /// (`s.outcome == "accept"`).
+    pub outcome: Decision,
     /// The delivery's attempt.
     pub attempt: u32,
     /// How long the handler ran.
@@ -242,6 +235,101 @@ pub struct Settlement<'a> {
     pub message_id: &'a str,
     /// The error that caused a retry or reject, if any.
     pub error: Option<&'a str>,
+}
+
+/// What a consumer did with a delivery: the one typed outcome its observer, its metrics
+/// ([`MetricsObserver`](super::MetricsObserver): `acemq.consume.total`'s `outcome`) and its
+/// trace read. [`as_str`](Self::as_str) is this crate's label, [`family_word`](Self::family_word)
+/// the family's metric and span word. It compares equal to its label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Acknowledged (`accept`; the family's `acked`).
+    Accept,
+    /// Another attempt scheduled (`retry`; `retried`).
+    Retry,
+    /// The handler's own reject — a [`FatalError`](crate::FatalError),
+    /// [`Outcome::reject`](crate::Outcome::reject) or a body that cannot be read — dead-lettered
+    /// (`reject`; `rejected`).
+    Reject,
+    /// The consumer's decision to dead-letter: no attempt or age left for a retry, or a held
+    /// retry that can never be published (`dead_letter`; `dead_lettered`).
+    DeadLetter,
+    /// Set aside in `{queue}.parked` (`park`; `parked`).
+    Park,
+    /// Back later with its attempt unchanged (`in_progress`).
+    InProgress,
+    /// The copy its outcome needs could not be published: the original goes back to the queue
+    /// after a pause (`copy_failed`).
+    CopyFailed,
+    /// An outcome from before a reconnect, dropped: the broker redelivers the message
+    /// (`dropped`).
+    Dropped,
+    /// With [`ConsumerOptions::at_most_once`](crate::ConsumerOptions::at_most_once): the handler
+    /// failed after the ack, or never ran on a delivery acknowledged after its worker stopped
+    /// waiting; nothing is retried (`lost`).
+    Lost,
+}
+
+impl Decision {
+    /// This crate's label: `accept`, `retry`, `reject`, `dead_letter`, `park`, `in_progress`,
+    /// `copy_failed`, `dropped`, `lost`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Accept => "accept",
+            Decision::Retry => "retry",
+            Decision::Reject => "reject",
+            Decision::DeadLetter => "dead_letter",
+            Decision::Park => "park",
+            Decision::InProgress => "in_progress",
+            Decision::CopyFailed => "copy_failed",
+            Decision::Dropped => "dropped",
+            Decision::Lost => "lost",
+        }
+    }
+
+    /// The family's word (Java's `MetricNames`, Python's `tracing.py`): `acked`, `retried`,
+    /// `rejected` (the handler's own), `dead_lettered` (the consumer's), `parked`; the others as
+    /// [`as_str`](Self::as_str).
+    pub fn family_word(self) -> &'static str {
+        match self {
+            Decision::Accept => "acked",
+            Decision::Retry => "retried",
+            Decision::Reject => "rejected",
+            Decision::DeadLetter => "dead_lettered",
+            Decision::Park => "parked",
+            other => other.as_str(),
+        }
+    }
+
+    /// Whether it put a copy in `{queue}.dlq` (`Reject`, `DeadLetter`) or `{queue}.parked`
+    /// (`Park`): the family's `acemq.messages.dead.lettered.total` word, `dead_lettered` or
+    /// `parked`.
+    pub fn set_aside(self) -> Option<&'static str> {
+        match self {
+            Decision::Reject | Decision::DeadLetter => Some("dead_lettered"),
+            Decision::Park => Some("parked"),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Decision {
+    fn eq(&self, label: &&str) -> bool {
+        self.as_str() == *label
+    }
+}
+
+impl PartialEq<str> for Decision {
+    fn eq(&self, label: &str) -> bool {
+        self.as_str() == label
+    }
 }
 
 /// A publish answered (or failed, or sent without a confirm), with where it went and how long
@@ -395,4 +483,42 @@ pub struct PipelineRun<'a> {
     /// How long the message the step consumed had existed when the run ended: from its first
     /// consumption (`x-acemq-first-seen`, which its retries keep) to the end of the step.
     pub duration: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Decision;
+
+    /// The one mapping every reader uses: this crate's label, the family's word (metrics, spans)
+    /// and where a copy was set aside, for each decision.
+    #[test]
+    fn each_decision_has_its_label_its_family_word_and_its_set_aside() {
+        for (d, label, word, aside) in [
+            (Decision::Accept, "accept", "acked", None),
+            (Decision::Retry, "retry", "retried", None),
+            (
+                Decision::Reject,
+                "reject",
+                "rejected",
+                Some("dead_lettered"),
+            ),
+            (
+                Decision::DeadLetter,
+                "dead_letter",
+                "dead_lettered",
+                Some("dead_lettered"),
+            ),
+            (Decision::Park, "park", "parked", Some("parked")),
+            (Decision::InProgress, "in_progress", "in_progress", None),
+            (Decision::CopyFailed, "copy_failed", "copy_failed", None),
+            (Decision::Dropped, "dropped", "dropped", None),
+            (Decision::Lost, "lost", "lost", None),
+        ] {
+            assert_eq!(d.as_str(), label);
+            assert_eq!(d, label, "compares with its label");
+            assert_eq!(d.to_string(), label);
+            assert_eq!(d.family_word(), word, "{label}");
+            assert_eq!(d.set_aside(), aside, "{label}");
+        }
+    }
 }

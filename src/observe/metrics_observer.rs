@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::events::{
-    ConnectionEvent, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineRun,
+    ConnectionEvent, Decision, Duplicate, IdReplaced, InFlight, OutboxEvent, Overrun, PipelineRun,
     PublishEvent, PublishOutcome, Received, ReplayEvent, RequestEvent, RequestOutcome, Retried,
     RungMissing, SetAsideFailed, Settlement,
 };
@@ -78,18 +78,6 @@ impl MetricsObserver {
     }
 }
 
-/// The family's word for a consume outcome.
-fn consume_outcome(label: &str) -> &str {
-    match label {
-        "accept" => "acked",
-        "retry" => "retried",
-        "reject" => "rejected",
-        "dead_letter" => "dead_lettered",
-        "park" => "parked",
-        other => other,
-    }
-}
-
 /// The family's word for a publish outcome.
 fn publish_outcome(outcome: PublishOutcome) -> &'static str {
     match outcome {
@@ -155,23 +143,18 @@ impl Observer for MetricsObserver {
 
     fn settled(&self, s: &Settlement<'_>) {
         let queue = s.queue.to_string();
-        let outcome = consume_outcome(s.outcome).to_string();
+        let outcome = s.outcome.family_word();
         // The settlement's own count last: whoever sees it counted sees the rest of this
         // settlement's series too.
-        if s.outcome != "dropped" {
+        if s.outcome != Decision::Dropped {
             ::metrics::histogram!(
                 names::CONSUME_DURATION,
                 names::TAG_QUEUE => queue.clone(),
-                names::TAG_OUTCOME => outcome.clone()
+                names::TAG_OUTCOME => outcome
             )
             .record(s.handler_duration.as_secs_f64());
         }
-        let set_aside = match s.outcome {
-            "reject" | "dead_letter" => Some("dead_lettered"),
-            "park" => Some("parked"),
-            _ => None,
-        };
-        if let Some(set_aside) = set_aside {
+        if let Some(set_aside) = s.outcome.set_aside() {
             ::metrics::counter!(
                 names::DEAD_LETTERED_TOTAL,
                 names::TAG_QUEUE => queue.clone(),
