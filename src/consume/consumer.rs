@@ -8,11 +8,11 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use super::context::{Context, InFlight};
-use super::copy_failures::CopyFailures;
+use super::ladder::copy_failures::CopyFailures;
+use super::ladder::policy::declare_failure_topology;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
-use super::retry::declare_failure_topology;
 use super::runtime::run_on;
 use crate::connection::Connection;
 use crate::error::{Error, Result};

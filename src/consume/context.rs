@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::copy_failures::CopyFailures;
+use super::ladder::copy_failures::CopyFailures;
+use super::ladder::policy::RetryPolicy;
 use super::reply::ReplyHooks;
-use super::retry::RetryPolicy;
 use super::stream_cursor::StreamCursor;
 use crate::codec::Codec;
 use crate::connection::Connection;

@@ -12,7 +12,7 @@
 //!    confirmed and mandatory — and only then sends the settlement, with the delivery, to the
 //!    owner. If the copy cannot be published, the original is requeued: a crash or failure in
 //!    between duplicates a message, it never loses one. A wait under the broker-wait threshold
-//!    goes instead to the **timer** thread (`timer.rs`), which holds it (the delivery stays
+//!    goes instead to the **timer** thread (`ladder/timer.rs`), which holds it (the delivery stays
 //!    unacknowledged), publishes the copy to the queue when it is due, and then sends the
 //!    settlement.
 //! 3. The **owner** thread (`owner.rs`), which holds the amiquip channel and consumer,
@@ -70,10 +70,8 @@
 //! | `step.rs` | a delivery's pieces: admitted, judged, finished (copy, then settlement), its trace and interceptors |
 //! | `batches.rs` | the batched worker loop ([`Handler::batch_limits`]) |
 //! | `at_most_once.rs` | at most once: the ack ahead of the handler, and a late ack's loss on the owner's side |
-//! | `copies.rs` | the copies a verdict needs (`carry_out`): retry, dead-letter, park, trimmed; published before the settlement |
-//! | `copy_failures.rs` | the back-off of an original whose copy failed |
-//! | `timer.rs` | the timer thread: retries held in the consumer (`fire`) |
-//! | `outcome.rs`, `retry.rs`, `reply.rs`, `stream_cursor.rs` | outcomes and verdicts; the family's retry policy and topology; a responder's staged replies; a stream reader's position |
+//! | `ladder/` | the retry ladder in one room: `policy.rs` (the family's retry policy and topology), `copies.rs` (what the consumer decides, `decision`, and the copies a verdict needs, `carry_out`: retry, dead-letter, park, trimmed; published before the settlement), `copy_failures.rs` (the back-off of an original whose copy failed), `timer.rs` (the timer thread: retries held in the consumer, `fire`) |
+//! | `outcome.rs`, `reply.rs`, `stream_cursor.rs` | outcomes and verdicts; a responder's staged replies; a stream reader's position |
 
 mod abandon;
 mod acks;
@@ -81,9 +79,8 @@ mod at_most_once;
 mod batches;
 mod consumer;
 mod context;
-pub(crate) mod copies;
-mod copy_failures;
 mod health;
+pub(crate) mod ladder;
 mod limit_warning;
 mod options;
 mod ordered;
@@ -93,7 +90,6 @@ mod protocol;
 pub(crate) mod put_back;
 pub(crate) mod reply;
 mod report;
-pub(crate) mod retry;
 mod running;
 mod runtime;
 mod settle;
@@ -101,14 +97,15 @@ mod source;
 mod step;
 mod stream_cursor;
 pub(crate) mod subscribe;
-mod timer;
 pub(crate) mod worker;
 
 pub use consumer::Consumer;
+pub use ladder::policy::{
+    failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD,
+};
 pub use options::ConsumerOptions;
 pub(crate) use outcome::format_duration;
 pub use outcome::{Handler, HandlerResult, OrderBy, Outcome};
 pub use report::CloseReport;
-pub use retry::{failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD};
 pub use running::RunningConsumer;
 pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ladder::policy::RetryPolicy;
 use super::reply::ReplyHooks;
-use super::retry::RetryPolicy;
 use super::stream_cursor::StreamCursor;
 use crate::codec::Codec;
 use crate::envelope::{check_name, HeaderValue};

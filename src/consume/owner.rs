@@ -37,6 +37,7 @@ use crossbeam_channel::{Receiver, Select, Sender};
 
 use super::acks::Acks;
 use super::context::Context;
+use super::ladder::timer::STOP_TIMEOUT;
 use super::ordered::Ordered;
 use super::outcome::OrderBy;
 use super::protocol::{Job, Settle, TimerMsg};
@@ -49,7 +50,6 @@ use super::subscribe::{
     begin_generation, consume_error, consume_on, count_returned, fail, reply_returned,
     subscribe_channel, wait_for_link,
 };
-use super::timer::STOP_TIMEOUT;
 use crate::error::{Error, Result};
 
 /// Why the inner loop ended.

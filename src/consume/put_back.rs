@@ -23,7 +23,7 @@
 
 use super::acks::Acks;
 use super::context::Context;
-use super::copies::{copy_of, publish};
+use super::ladder::copies::{copy_of, publish};
 use crate::envelope::Message;
 use crate::transport::{AmqpError, Channel, Delivery};
 
@@ -81,7 +81,7 @@ pub(crate) fn replace_counted(
     for (delivery, message) in counted {
         let on = format!("{queue:?}");
         if !copied_back(&message, &on, |copy| {
-            super::copies::publish_copy(&publisher, queue, copy)
+            super::ladder::copies::publish_copy(&publisher, queue, copy)
         }) {
             continue;
         }

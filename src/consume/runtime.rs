@@ -4,12 +4,12 @@
 use crossbeam_channel::{Receiver, Sender};
 
 use super::context::Context;
+use super::ladder::timer::{self, STOP_TIMEOUT};
 use super::outcome::Handler;
 use super::owner;
 use super::protocol::{Job, Settle, TimerMsg};
 use super::report::CloseReport;
 use super::source::Source;
-use super::timer::{self, STOP_TIMEOUT};
 use super::worker;
 use crate::error::{Error, Result};
 

@@ -8,13 +8,12 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 
 use super::context::Context;
-use super::copies::{carry_out, copy_of, retried, Step};
-use super::copy_failures::copy_failure_pause;
+use super::ladder::copies::{carry_out, copy_of, decision, retried, Step};
+use super::ladder::copy_failures::copy_failure_pause;
 use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
 use super::reply;
-use super::retry::NextWait;
-use crate::envelope::{now_ms, Message};
+use crate::envelope::Message;
 use crate::observe::{Decision, RetryWhere, Settlement};
 
 /// The job, or `None` (and the job dealt with) for a job from an old generation or one that
@@ -257,23 +256,6 @@ impl<'a> Watch<'a> {
             offset,
         }
     }
-}
-
-/// What the consumer does with a verdict: a retry that the policy has no attempt (or age) left
-/// for is the consumer's dead letter; anything else is what the handler answered.
-pub(super) fn decision(ctx: &Context, message: &Message, verdict: &Verdict) -> Decision {
-    if let Verdict::Retry { .. } = verdict {
-        let age_ms =
-            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
-        if !matches!(
-            ctx.policy
-                .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
-            NextWait::Wait(_)
-        ) {
-            return Decision::DeadLetter;
-        }
-    }
-    verdict.decision()
 }
 
 /// The handler, inside the connection's consume interceptors (outermost first).

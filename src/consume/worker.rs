@@ -2,7 +2,7 @@
 //! the owner for an ordered handler), run the handler, turn its result into a verdict, publish
 //! the copy the verdict needs (a retry rung, `.dlq`, `.parked`) **before** the original is
 //! acknowledged, and send the settlement (with the delivery) back to the owner thread, which
-//! acknowledges. A wait spent in the consumer is handed to the timer thread (`timer.rs`) with the
+//! acknowledges. A wait spent in the consumer is handed to the timer thread (`ladder/timer.rs`) with the
 //! delivery still unacknowledged: the worker goes on at once.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -243,7 +243,7 @@ impl Observer for LogObserver {
     }
 
     fn rung_missing(&self, e: &RungMissing<'_>) {
-        // The warn line is the consumer's own (`consume/copies.rs`), whatever the observer.
+        // The warn line is the consumer's own (`consume/ladder/copies.rs`), whatever the observer.
         log::debug!(
             "acemq: {}{{queue={:?},rung={:?}}} (message {})",
             metrics::RUNG_MISSING,

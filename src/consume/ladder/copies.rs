@@ -4,17 +4,19 @@
 
 use std::time::{Duration, Instant};
 
-use super::context::Context;
-use super::outcome::{format_duration, retry_failed, trimmed_reason, Verdict, IN_PROGRESS_FAILED};
-use super::protocol::SettleAction;
-use super::retry::NextWait;
+use super::policy::NextWait;
+use crate::consume::context::Context;
+use crate::consume::outcome::{
+    format_duration, retry_failed, trimmed_reason, Verdict, IN_PROGRESS_FAILED,
+};
+use crate::consume::protocol::SettleAction;
 use crate::envelope::{now_ms, Message};
 use crate::error::{Error, Result};
 use crate::names::{dead_letter_queue, parked_queue, retry_queue};
-use crate::observe::{Retried, RetryWhere, RungMissing, SetAsideFailed};
+use crate::observe::{Decision, Retried, RetryWhere, RungMissing, SetAsideFailed};
 
 /// What to do with the original once the verdict's copy is taken care of.
-pub(super) enum Step {
+pub(in crate::consume) enum Step {
     /// Settle it now.
     Now(SettleAction),
     /// Hold it, unacknowledged; at `due` the timer publishes `copy` to the queue itself and then
@@ -32,11 +34,32 @@ pub(super) enum Step {
     Rejected(String),
 }
 
+/// What the consumer does with a verdict: a retry that the policy has no attempt (or age) left
+/// for is the consumer's dead letter; anything else is what the handler answered.
+pub(in crate::consume) fn decision(
+    ctx: &Context,
+    message: &Message,
+    verdict: &Verdict,
+) -> Decision {
+    if let Verdict::Retry { .. } = verdict {
+        let age_ms =
+            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
+        if !matches!(
+            ctx.policy
+                .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
+            NextWait::Wait(_)
+        ) {
+            return Decision::DeadLetter;
+        }
+    }
+    verdict.decision()
+}
+
 /// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
 /// `Ok(Step::Now(Ack))` means the original may be acknowledged. With `hold` (an ordered message
 /// whose retries keep its key) a retry or in-progress wait is spent in the consumer on the same
 /// delivery, whatever its length, and the handler runs again on it.
-pub(super) fn carry_out(
+pub(in crate::consume) fn carry_out(
     ctx: &Context,
     message: &Message,
     verdict: &Verdict,
@@ -224,7 +247,7 @@ fn held(ctx: &Context, copy: Message, wait: Duration) -> Result<Step> {
 }
 
 /// Reports another attempt scheduled for `message`: `attempt`, after `wait`, spent `waits`.
-pub(super) fn retried(
+pub(in crate::consume) fn retried(
     ctx: &Context,
     message: &Message,
     attempt: u32,

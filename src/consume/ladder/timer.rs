@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::context::Context;
 use super::copies::{dead_letter_held, publish};
 use super::copy_failures::copy_failure_pause;
-use super::protocol::{Delayed, Settle, SettleAction, TimerMsg};
+use crate::consume::context::Context;
+use crate::consume::protocol::{Delayed, Settle, SettleAction, TimerMsg};
 use crate::envelope::Message;
 use crate::error::Error;
 use crate::observe::Settlement;
