@@ -31,8 +31,8 @@
 //! the caller's thread is not.
 //!
 //! The broker link's report asks the broker, as Go's and Python's connection checks do: a round
-//! trip (an exclusive, auto-delete queue of the connection's own, `acemq-health-{id}`, declared
-//! on a short-lived channel) under [`ROUND_TRIP_DEADLINE`] (3 s, Go's), so that an open but
+//! trip (a passive declare of the standard exchange `amq.direct` on a short-lived channel: no
+//! permission needed, nothing changed) under [`ROUND_TRIP_DEADLINE`] (3 s, Go's), so that an open but
 //! wedged connection is `down` within it rather than after two missed heartbeats; its time is
 //! `roundTripMillis`. One round trip serves every probe for [`ROUND_TRIP_REUSE`] (1 s), and
 //! probes at once share the one under way, so a probe every 100 ms never means a declare every

@@ -1,6 +1,6 @@
 //! The broker link's health asks the broker, as the family's Go and Python connection checks do
-//! (issue 47): a round trip (an exclusive, auto-delete queue of the connection's own declared on
-//! a short-lived channel) under a deadline of 3 s, so an open but wedged connection is `down`
+//! (issue 47): a round trip (a passive declare of `amq.direct` on a short-lived channel, which
+//! needs no permission) under a deadline of 3 s, so an open but wedged connection is `down`
 //! within that deadline instead of after two missed heartbeats; probes arriving faster than
 //! once a second share one round trip; and the report's keys are the family's camelCase.
 
@@ -154,4 +154,52 @@ fn the_reports_keys_are_the_familys_camel_case() {
     assert!(snake.is_empty(), "keys not in camelCase: {snake:?}");
     relay.close().unwrap();
     consumer.close().unwrap();
+}
+
+/// A broker user of its own with no permission at all on the vhost (configure, write and read
+/// all `^$`), deleted when the test ends.
+struct Powerless {
+    name: String,
+    password: String,
+}
+
+impl Powerless {
+    fn new() -> Powerless {
+        let name = unique("health-powerless");
+        let password = format!("pw-{}", acemq_amqp::new_id().replace('-', ""));
+        support::rabbitmqctl(&["add_user", &name, &password]);
+        support::rabbitmqctl(&["set_permissions", "-p", "/", &name, "^$", "^$", "^$"]);
+        Powerless { name, password }
+    }
+}
+
+impl Drop for Powerless {
+    fn drop(&mut self) {
+        let _ = support::rabbitmqctl_command()
+            .args(["delete_user", &self.name])
+            .output();
+    }
+}
+
+/// A service whose broker user may configure, write and read nothing (a least-privilege
+/// deployment, or one whose queues an operator declares) is still `up`: the round trip needs no
+/// permission. A check that declared a queue of its own (as Go's does) would read `down` here.
+#[test]
+fn a_user_with_no_permission_at_all_still_reads_up() {
+    let user = Powerless::new();
+    let url = format!(
+        "amqp://{}:{}@{}/",
+        user.name,
+        user.password,
+        support::broker_addr()
+    );
+    let conn = connect_with(ConnectionOptions::new().address(url));
+    let health = conn.health();
+    let broker = health.component("broker").unwrap();
+    assert_eq!(broker.status, HealthStatus::Up, "{broker:?}");
+    assert!(broker.parts["roundTripMillis"].is_u64(), "{broker:?}");
+    // And it really may not declare anything: the check proves nothing it could not do.
+    let refused = conn.declare_queue(&QueueSpec::new(unique("health-powerless-q")).classic());
+    assert!(refused.is_err(), "{refused:?}");
+    conn.close().unwrap();
 }

@@ -106,14 +106,13 @@ impl Connection {
             return None;
         }
         let connection = self.clone();
-        let queue = self.shared.health.probe_queue.clone();
         Some(
             self.shared
                 .health
                 .round_trip
                 .start("acemq-health-broker", move || {
                     let started = Instant::now();
-                    match connection.round_trip(&queue) {
+                    match connection.round_trip() {
                         Ok(()) => HealthReport::up().part(
                             "roundTripMillis",
                             u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),

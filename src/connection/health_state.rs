@@ -16,9 +16,6 @@ pub(crate) struct HealthState {
     pub(super) reconnects: Mutex<Reconnects>,
     /// The broker link's round trip, run once at a time and reused for a while.
     pub(super) round_trip: Probe,
-    /// The queue the round trip declares: one per connection, exclusive and auto-delete (it
-    /// goes with the link), as Go's `acemq-health-{id}`.
-    pub(super) probe_queue: String,
 }
 
 impl Default for HealthState {
@@ -28,7 +25,6 @@ impl Default for HealthState {
             checks: AppChecks::default(),
             reconnects: Mutex::default(),
             round_trip: Probe::new(ROUND_TRIP_DEADLINE, ROUND_TRIP_REUSE),
-            probe_queue: format!("acemq-health-{}", crate::envelope::new_id()),
         }
     }
 }

@@ -3,24 +3,22 @@
 
 use crate::transport::QueueDeleteOptions;
 
-use super::calls::{declare_queue_on, map_err};
-use super::spec::{QueueInfo, QueueSpec};
+use super::calls::map_err;
+use super::spec::QueueInfo;
 use crate::connection::Connection;
 use crate::envelope::check_name;
 use crate::error::Result;
 
 impl Connection {
-    /// The health check's round trip: declares `queue`, a transient classic queue exclusive to
-    /// this connection, on a short-lived channel, without remembering it for recovery (it is
-    /// declared again by the next round trip on a new link).
-    pub(crate) fn round_trip(&self, queue: &str) -> Result<()> {
-        let spec = QueueSpec::new(queue)
-            .classic()
-            .durable(false)
-            .exclusive(true)
-            .auto_delete(true);
-        self.with_channel(|c| declare_queue_on(c, &spec))
-            .map(|_| ())
+    /// The health check's round trip: a passive declare of `amq.direct` (every AMQP 0-9-1 vhost
+    /// has it) on a short-lived channel. It needs no permission and changes nothing, so an
+    /// application whose user may not configure queues is not reported down for it (Go's check
+    /// declares a queue of its own, which needs the configure permission).
+    pub(crate) fn round_trip(&self) -> Result<()> {
+        self.with_channel(|c| {
+            c.exchange_declare_passive("amq.direct")
+                .map_err(|e| map_err("exchange", "amq.direct", "checking", e))
+        })
     }
 
     /// Passive check of a queue: its counts, or [`Error::NotFound`](crate::Error::NotFound).
