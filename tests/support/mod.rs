@@ -206,18 +206,22 @@ pub fn broker_addr() -> String {
     }
 }
 
-/// The tests' broker's major version (3 or 4), asked of the node once per test binary
-/// (`rabbitmqctl version`). A test whose expectation differs between majors asserts the one it
-/// runs against: no test is skipped for it.
+/// The tests' broker's major version (3 or 4), as the broker announced it to a connection
+/// (`Connection::broker_major`), once per test binary. A test whose expectation differs between
+/// majors asserts the one it runs against: no test is skipped for it.
 pub fn broker_major() -> u32 {
     static MAJOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *MAJOR.get_or_init(|| {
-        let v = rabbitmqctl(&["version"]);
-        v.trim()
-            .split('.')
-            .next()
-            .and_then(|m| m.parse().ok())
-            .unwrap_or_else(|| panic!("cannot read the broker's version from {v:?}"))
+        let conn = connect();
+        let major = conn.broker_major().unwrap_or_else(|| {
+            panic!(
+                "the broker at {} did not announce its version ({:?})",
+                amqp_url(),
+                conn.broker_version()
+            )
+        });
+        let _ = conn.close();
+        major
     })
 }
 
