@@ -143,8 +143,8 @@ on_both! {
         assert_eq!(count(&conn, &dead_letter_queue(&q)), 0);
     }
 
-    /// A responder's error reaches the caller as `Error::Responder`, and the request is
-    /// dead-lettered.
+    /// A responder's error reaches the caller as `Error::Responder`, well inside the timeout (a
+    /// failure reply, not a wait), and the request is dead-lettered.
     fn request_reply_a_responder_error_arrives_as_error_responder(on) {
         let conn = on.connect();
         let mut clean = on.cleanup();
@@ -157,10 +157,12 @@ on_both! {
         let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
             .and_then(Requester::start)
             .expect("requester");
+        let started = Instant::now();
         match requester.ask_timeout("sku-9", WAIT) {
             Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku: sku-9"),
             other => panic!("expected Error::Responder, got {other:?}"),
         }
+        assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
         // Told, but not counted as answered, as the family counts a failure reply (issue 47).
         assert_eq!(responder.answered(), 0);
         assert_eq!(requester.timed_out(), 0);
@@ -195,6 +197,7 @@ on_both! {
             other => panic!("expected Error::RequestTimeout, got {other:?}"),
         }
         assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         assert_eq!(requester.timed_out(), 1);
         assert_eq!(requester.unmatched(), 0);
         release.send(()).unwrap();
@@ -251,7 +254,7 @@ on_both! {
         let started = Instant::now();
         let e = requester.ask_timeout("x", WAIT).unwrap_err();
         assert!(e.is_unroutable(), "{e}");
-        assert!(started.elapsed() < WAIT / 2, "{:?}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
         requester.close().unwrap();
     }
 }

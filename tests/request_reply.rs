@@ -1,5 +1,7 @@
 //! Request/reply on the real broker: the requester, the responder, the wire between them and
-//! recovery from a connection cut.
+//! recovery from a connection cut. The scenarios that hold on both transports — a reply, a
+//! responder's error, a timed-out request and its late reply, concurrent calls, an unroutable
+//! request — are written once, in `tests/equivalence_patterns.rs`.
 
 mod support;
 
@@ -153,80 +155,6 @@ fn sixteen_threads_ask(options: ConsumerOptions) {
     responder.close().unwrap();
 }
 
-#[test]
-fn a_responder_error_arrives_as_error_responder_well_inside_the_timeout() {
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-error");
-    let responder = Responder::new(&connection, &q, ResponderOptions::new())
-        .and_then(|responder| {
-            responder.start(|_: &Message| Err::<Vec<u8>, BoxError>("no such sku: sku-9".into()))
-        })
-        .expect("serve");
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
-    let started = Instant::now();
-    match requester.ask_timeout("sku-9", Duration::from_secs(20)) {
-        Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku: sku-9"),
-        other => panic!("expected Error::Responder, got {other:?}"),
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
-    // The caller was told, and the request dead-lettered, as the family's responders do
-    // (issue 35 item 14); a failure reply is not counted as answered, as the family counts it
-    // (issue 47: a service failing every request must not show a healthy answered rate).
-    assert_eq!(responder.answered(), 0);
-    assert_eq!(requester.timed_out(), 0);
-    assert!(eventually(WAIT, || connection
-        .get(&acemq_amqp::dead_letter_queue(&q))
-        .unwrap()
-        .is_some()));
-    requester.close().unwrap();
-    responder.close().unwrap();
-}
-
-#[test]
-fn a_timed_out_request_fails_and_its_late_reply_is_counted_unmatched() {
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-timeout");
-    let (release, gate) = crossbeam_channel::bounded::<()>(1);
-    let responder = Responder::new(&connection, &q, ResponderOptions::new())
-        .and_then(|responder| {
-            responder.start(move |_: &Message| {
-                let _ = gate.recv_timeout(WAIT);
-                Ok::<_, BoxError>("late")
-            })
-        })
-        .expect("serve");
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
-    let started = Instant::now();
-    match requester.ask_timeout("slow", Duration::from_millis(300)) {
-        Err(e @ Error::RequestTimeout { .. }) => {
-            assert!(e.is_timeout() && e.is_retriable(), "{e}")
-        }
-        other => panic!("expected Error::RequestTimeout, got {other:?}"),
-    }
-    assert!(started.elapsed() >= Duration::from_millis(300));
-    assert!(started.elapsed() < Duration::from_secs(5));
-    assert_eq!(requester.timed_out(), 1);
-    assert_eq!(requester.unmatched(), 0);
-    release.send(()).unwrap();
-    assert!(eventually(WAIT, || requester.unmatched() == 1));
-    assert!(eventually(WAIT, || responder.answered() == 1));
-    // The requester goes on working after a late reply.
-    release.send(()).unwrap();
-    assert_eq!(requester.ask("next").expect("a reply").body, b"late");
-    requester.close().unwrap();
-    responder.close().unwrap();
-}
-
 /// A request from a plain AMQP client (raw amiquip) with its reply address in one place only.
 fn raw_request(raw: &Raw, queue: &str, correlation: &str, id: &str, reply: Reply<'_>) {
     let mut table = FieldTable::new();
@@ -370,24 +298,6 @@ fn a_named_reply_queue_is_durable_and_kept() {
     requester.close().unwrap();
     assert!(connection.queue_info(&replies).is_ok(), "kept after close");
     responder.close().unwrap();
-}
-
-#[test]
-fn an_unroutable_request_fails_at_once() {
-    let connection = connect();
-    let requester = Requester::new(
-        &connection,
-        RequesterOptions::new().routing_key(unique("rr-nobody-listens")),
-    )
-    .and_then(Requester::start)
-    .expect("requester");
-    let started = Instant::now();
-    let e = requester
-        .ask_timeout("x", Duration::from_secs(20))
-        .unwrap_err();
-    assert!(e.is_unroutable(), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(5));
-    requester.close().unwrap();
 }
 
 #[test]

@@ -1,20 +1,22 @@
-//! Routing slips on the real broker: a three-step route in each wire form, a literal JSON slip as
-//! another library writes it, a malformed slip, an unroutable next stop, and a slip resumed after
-//! dead-letter and replay.
+//! Routing slips on the real broker, where RabbitMQ alone can show it: a literal JSON slip as
+//! another library writes it (raw AMQP), the declared form refused for a slip it cannot say, an
+//! unroutable next stop, and the forwarded message's type. The scenarios that hold on both
+//! transports — a three-step route in each wire form, a malformed slip, the forwarded slip's done
+//! steps, a route resumed after dead-letter and replay — are written once, in
+//! `tests/equivalence_patterns.rs`, and run on RabbitMQ and on `memory://`.
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::routing_slip::{
-    follow_slip, route_of, route_queue, slip_from, FollowSlipOptions, RoutingSlip, SlipForm,
+    follow_slip, slip_from, FollowSlipOptions, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
-    dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, ExchangeSpec,
-    FatalError, HeaderValue, Message, QueueSpec, RetryPolicy, RunningConsumer,
+    dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, Message, QueueSpec,
+    RetryPolicy, RunningConsumer,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::raw::Raw;
@@ -71,48 +73,6 @@ fn step(
         .unwrap()
         .start(handler)
         .unwrap()
-}
-
-#[test]
-fn a_three_step_json_slip_visits_each_stop_in_order() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let names: Vec<String> = (0..3).map(|i| unique(&format!("slip-json-{i}"))).collect();
-    queues(&conn, &mut clean, &names);
-    let publisher = conn.publisher().unwrap();
-    let seen: Seen = Arc::default();
-    let consumers: Vec<_> = ["a", "b", "c"]
-        .iter()
-        .zip(&names)
-        .map(|(n, q)| step(&conn, &publisher, q, n, &seen, None))
-        .collect();
-    let slip = RoutingSlip::new()
-        .then("", &names[0], "a")
-        .then("", &names[1], "b")
-        .then("", &names[2], "c");
-    let first = Message::new("order");
-    let first_id = first.id().to_string();
-    slip.send(&publisher, first).unwrap();
-    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
-    for c in consumers {
-        c.close().unwrap();
-    }
-    let seen = seen.lock().unwrap().clone();
-    let order: Vec<&str> = seen.iter().map(|s| s.0.as_str()).collect();
-    assert_eq!(order, ["a", "b", "c"]);
-    assert!(seen.iter().all(|s| s.2 == first_id), "one correlation");
-    assert_eq!(seen[1].3.as_deref(), Some(seen[0].1.as_str()), "causation");
-    assert_eq!(seen[2].3.as_deref(), Some(seen[1].1.as_str()), "causation");
-    assert_eq!(seen[2].4, b"order+a+b", "each step's payload went on");
-    for q in &names {
-        assert_eq!(conn.queue_info(q).unwrap().message_count, 0);
-        assert_eq!(
-            conn.queue_info(&dead_letter_queue(q))
-                .unwrap()
-                .message_count,
-            0
-        );
-    }
 }
 
 /// The family's rule for the forwarded message's type (Go's `FollowSlip` and Python's
@@ -176,73 +136,6 @@ fn a_forwarded_message_is_typed_with_the_next_stops_routing_key_unless_the_step_
             ("c".to_string(), Some("order.charged".to_string())),
         ]
     );
-}
-
-#[test]
-fn a_three_step_declared_route_runs_through_its_pipeline_exchange() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let pipeline = clean.exchange(&unique("fulfilment"));
-    conn.declare_exchange(&ExchangeSpec::direct(&pipeline))
-        .unwrap();
-    let steps = ["validate", "enrich", "dispatch"];
-    let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
-    queues(&conn, &mut clean, &names);
-    for (s, q) in steps.iter().zip(&names) {
-        conn.bind(&Binding::new().queue(q).exchange(&pipeline).routing_key(*s))
-            .unwrap();
-    }
-    let publisher = conn.publisher().unwrap();
-    let seen: Seen = Arc::default();
-    let routes = Arc::new(Mutex::new(Vec::new()));
-    let consumers: Vec<_> = steps
-        .iter()
-        .zip(&names)
-        .map(|(s, q)| {
-            let (seen, routes, name) = (seen.clone(), routes.clone(), s.to_string());
-            let handler = follow_slip(
-                &publisher,
-                move |m: &Message| {
-                    record(&seen, &name, m);
-                    routes.lock().unwrap().push((
-                        m.engine_header(headers::ROUTE).cloned(),
-                        m.engine_header(headers::ROUTE_POSITION).cloned(),
-                        m.engine_header(headers::ROUTE_ID).cloned(),
-                        m.headers.contains_key(headers::ROUTING_SLIP),
-                    ));
-                    Ok::<_, BoxError>(None)
-                },
-                FollowSlipOptions::new().pipeline(pipeline.clone()),
-            );
-            conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
-                .unwrap()
-                .start(handler)
-                .unwrap()
-        })
-        .collect();
-    let slip = route_of(&pipeline, &steps).unwrap();
-    let run_id = slip.route_id().unwrap().to_string();
-    slip.send(&publisher, Message::new("order")).unwrap();
-    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
-    for c in consumers {
-        c.close().unwrap();
-    }
-    let order: Vec<String> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
-    assert_eq!(order, steps);
-    let routes = routes.lock().unwrap().clone();
-    for (i, (route, position, id, json)) in routes.into_iter().enumerate() {
-        assert_eq!(
-            route,
-            Some(HeaderValue::Text("validate,enrich,dispatch".into()))
-        );
-        assert_eq!(
-            position,
-            Some(HeaderValue::Int(i as i64)),
-            "0-based position"
-        );
-        assert_eq!(id, Some(HeaderValue::Text(run_id.clone())), "one run id");
-        assert!(!json, "written back in the form it was read");
-    }
 }
 
 #[test]
@@ -318,56 +211,6 @@ fn a_literal_json_slip_written_by_another_library_is_followed() {
 }
 
 #[test]
-fn a_malformed_slip_is_dead_lettered_as_fatal_without_running_the_step() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = unique("slip-bad");
-    queues(&conn, &mut clean, std::slice::from_ref(&q));
-    let publisher = conn.publisher().unwrap();
-    let ran = Arc::new(AtomicUsize::new(0));
-    let r = ran.clone();
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))),
-        )
-        .unwrap()
-        .start(follow_slip(
-            &publisher,
-            move |_: &Message| {
-                r.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(None)
-            },
-            FollowSlipOptions::new(),
-        ))
-        .unwrap();
-    publisher
-        .publish(
-            "",
-            &q,
-            Message::new("x").with_header(headers::ROUTING_SLIP, "{not json"),
-        )
-        .unwrap();
-    publisher
-        .publish("", &q, Message::new("no slip at all"))
-        .unwrap();
-    let dlq = dead_letter_queue(&q);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 2));
-    consumer.close().unwrap();
-    assert_eq!(ran.load(Ordering::SeqCst), 0, "the step never ran");
-    for _ in 0..2 {
-        let dead = conn.get(&dlq).unwrap().unwrap();
-        assert_eq!(dead.envelope.attempt, 1, "fatal: no retries spent");
-        let error = dead.envelope.error.unwrap();
-        assert!(error.contains("routing slip"), "{error}");
-    }
-}
-
-#[test]
 fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
@@ -421,65 +264,4 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
         arrived.envelope.attempt == 1,
         "a fresh message at the next stop"
     );
-}
-
-#[test]
-fn a_dead_lettered_declared_route_resumes_after_replay() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let pipeline = clean.exchange(&unique("resume"));
-    conn.declare_exchange(&ExchangeSpec::direct(&pipeline))
-        .unwrap();
-    let steps = ["a", "b", "c"];
-    let names: Vec<String> = steps.iter().map(|s| route_queue(&pipeline, s)).collect();
-    queues(&conn, &mut clean, &names);
-    for (s, q) in steps.iter().zip(&names) {
-        conn.bind(&Binding::new().queue(q).exchange(&pipeline).routing_key(*s))
-            .unwrap();
-    }
-    let publisher = conn.publisher().unwrap();
-    let fixed = Arc::new(AtomicBool::new(false));
-    let seen: Seen = Arc::default();
-    let consumers: Vec<_> = steps
-        .iter()
-        .zip(&names)
-        .map(|(s, q)| {
-            let (seen, fixed, name) = (seen.clone(), fixed.clone(), s.to_string());
-            let handler = follow_slip(
-                &publisher,
-                move |m: &Message| {
-                    if name == "b" && !fixed.load(Ordering::SeqCst) {
-                        return Err(FatalError::new("the bug in b").into());
-                    }
-                    record(&seen, &name, m);
-                    Ok(None)
-                },
-                FollowSlipOptions::new().pipeline(pipeline.clone()),
-            );
-            conn.consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
-                .unwrap()
-                .start(handler)
-                .unwrap()
-        })
-        .collect();
-    let slip = route_of(&pipeline, &steps).unwrap();
-    let run_id = slip.route_id().unwrap().to_string();
-    slip.send(&publisher, Message::new("order")).unwrap();
-    let dlq = dead_letter_queue(&names[1]);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 1));
-    fixed.store(true, Ordering::SeqCst);
-
-    let report = replay(&conn, &dlq, ReplayOptions::default()).run().unwrap();
-    assert_eq!(report.moved, 1);
-    assert!(eventually(WAIT, || seen.lock().unwrap().len() == 3));
-    for c in consumers {
-        c.close().unwrap();
-    }
-    let order: Vec<String> = seen.lock().unwrap().iter().map(|s| s.0.clone()).collect();
-    assert_eq!(order, ["a", "b", "c"], "b resumed after the replay, then c");
-    let _ = run_id;
 }

@@ -44,7 +44,12 @@ impl Watermark {
         if value < 0.01 {
             // An alarm left behind by a run that was killed: restore the major's default
             // (RabbitMQ 3.x: 0.4; 4.x: 0.6).
-            previous = if super::broker_major() >= 4 { "0.6" } else { "0.4" }.into();
+            previous = if super::broker_major() >= 4 {
+                "0.6"
+            } else {
+                "0.4"
+            }
+            .into();
         }
         let (disarm, disarmed) = crossbeam_channel::bounded::<()>(0);
         let watchdog = std::thread::spawn(move || {
