@@ -1,5 +1,7 @@
 //! The consumer runtime against the real broker: outcomes, the retry ladder, panics, volume,
-//! bounded memory, shutdown, recovery, the scoped form.
+//! bounded memory, shutdown, recovery, the scoped form. The scenarios that hold on both
+//! transports (accept, a panicking handler, a close that lets running handlers finish, the
+//! copies' expiration, …) are written once, in `tests/equivalence_consume.rs`.
 
 mod support;
 
@@ -48,36 +50,6 @@ fn rungs() -> Vec<Duration> {
         Duration::from_millis(200),
         Duration::from_millis(150),
     ]
-}
-
-#[test]
-fn accept_acknowledges_and_leaves_nothing_behind() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("accept"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    publish_n(&conn, &q, 5, true);
-    let seen = Arc::new(AtomicUsize::new(0));
-    let s = seen.clone();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-        .unwrap()
-        .start(move |m: &Message| {
-            assert_eq!(m.envelope.attempt, 1);
-            s.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
-    assert!(eventually(WAIT, || seen.load(Ordering::SeqCst) == 5));
-    let report = consumer.close().unwrap();
-    assert_eq!(report.abandoned, 0);
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-    assert_eq!(
-        conn.queue_info(&dead_letter_queue(&q))
-            .unwrap()
-            .message_count,
-        0
-    );
 }
 
 #[derive(Default)]
@@ -313,34 +285,6 @@ fn in_progress_comes_back_later_with_its_attempt_unchanged_and_is_never_dead_let
 }
 
 #[test]
-fn a_panicking_handler_is_retried_and_the_worker_survives() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("panic"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let ids: HashSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
-    let accepted = Arc::new(Mutex::new(HashSet::new()));
-    let a = accepted.clone();
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().concurrency(1).retry(short_ladder()),
-        )
-        .unwrap()
-        .start(move |m: &Message| {
-            if m.envelope.attempt == 1 {
-                panic!("handler bug on {}", m.id());
-            }
-            a.lock().unwrap().insert(m.id().to_string());
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
-    assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 3));
-    consumer.close().unwrap();
-    assert_eq!(*accepted.lock().unwrap(), ids);
-}
-
-#[test]
 fn ten_thousand_messages_at_concurrency_eight_are_all_handled_and_acked() {
     let conn = connect();
     let mut clean = Cleanup::new(&conn);
@@ -405,50 +349,6 @@ fn a_large_backlog_is_consumed_with_in_flight_bounded_by_prefetch() {
     );
     consumer.close().unwrap();
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-}
-
-#[test]
-fn close_lets_running_handlers_finish_and_requeues_the_rest() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("close-drain"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    publish_n(&conn, &q, 20, true);
-    let started = Arc::new(AtomicUsize::new(0));
-    let finished = Arc::new(AtomicUsize::new(0));
-    let (s, f) = (started.clone(), finished.clone());
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
-        .unwrap()
-        .start(move |_: &Message| {
-            s.fetch_add(1, Ordering::SeqCst);
-            // Long enough that no third message can start before the close below.
-            std::thread::sleep(Duration::from_millis(1500));
-            f.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
-    assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 2));
-    assert!(eventually(WAIT, || consumer.in_flight() == 20));
-    let report = consumer.close().unwrap();
-    assert_eq!(
-        started.load(Ordering::SeqCst),
-        2,
-        "nothing new started while closing"
-    );
-    assert_eq!(
-        finished.load(Ordering::SeqCst),
-        2,
-        "running handlers finished"
-    );
-    assert_eq!(report.finished_in_time, 2);
-    assert_eq!(report.requeued, 18);
-    assert_eq!(report.abandoned, 0);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 18));
 }
 
 #[test]
@@ -678,56 +578,6 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
         dead.headers.get("kept").and_then(|v| v.as_str()),
         Some("yes")
     );
-}
-
-/// A message published with a per-message TTL and then dead-lettered or parked: the copy in
-/// `.dlq` / `.parked` carries no expiration (as RabbitMQ strips it when it dead-letters), so it
-/// does not silently expire out of the dead-letter queue.
-#[test]
-fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("no-expiry"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new())
-        .unwrap()
-        .start(|m: &Message| {
-            Ok(if m.body == b"park" {
-                Outcome::park("needs a person")
-            } else {
-                Outcome::reject("no such customer")
-            })
-        })
-        .unwrap();
-    let p = conn.publisher().unwrap();
-    for body in ["reject", "park"] {
-        p.publish(
-            "",
-            &q,
-            Message::new(body).with_expiration(Duration::from_secs(600)),
-        )
-        .unwrap();
-    }
-    let (mut dead, mut parked) = (None, None);
-    assert!(eventually(WAIT, || {
-        dead = dead
-            .take()
-            .or_else(|| conn.get(&dead_letter_queue(&q)).unwrap());
-        parked = parked
-            .take()
-            .or_else(|| conn.get(&parked_queue(&q)).unwrap());
-        dead.is_some() && parked.is_some()
-    }));
-    consumer.close().unwrap();
-    for copy in [dead.unwrap(), parked.unwrap()] {
-        assert_eq!(copy.expiration_ms, None, "{:?}", copy.envelope.error);
-        assert_eq!(
-            copy.properties.as_ref().unwrap().expiration(),
-            &None,
-            "no expiration on the wire"
-        );
-    }
 }
 
 /// The `.dlq` is deleted under a running consumer: the reject copy cannot be published. The
