@@ -323,22 +323,6 @@ fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() 
         == 0));
 }
 
-#[test]
-fn a_queue_gives_one_source_at_a_time() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp-one-source"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let queue = AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(4)).unwrap();
-    let first = queue.source().unwrap();
-    // Two consumers on one channel: a `multiple` could cover the other's untaken deliveries.
-    assert!(matches!(queue.source(), Err(Error::InvalidArgument { .. })));
-    drop(first);
-    let second = queue.source().unwrap();
-    drop(second);
-    queue.close().unwrap();
-}
-
 /// A store in front of the counters whose commits fail (a database error) until it has rolled
 /// back `fail_deliveries` deliveries, then works.
 struct FailingCommits {
