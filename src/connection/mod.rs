@@ -39,7 +39,7 @@ mod options;
 mod shared;
 mod supervisor;
 #[cfg(feature = "tls")]
-mod tls;
+pub(crate) mod tls;
 mod topology;
 
 pub use address::Address;

@@ -27,7 +27,6 @@ mod channel;
 pub(crate) mod memory;
 mod wire;
 
-pub(crate) use amqp::AmqpTransport;
 pub use capabilities::Capabilities;
 pub(crate) use channel::{Channel, Consumer, ConsumerMessage, Deliveries, Delivery, Transport};
 #[cfg(feature = "memory")]
@@ -39,3 +38,20 @@ pub(crate) use wire::{
     ExchangeDeclareOptions, ExchangeType, FieldTable, Publish, QueueDeclareOptions,
     QueueDeleteOptions, Return,
 };
+
+/// Opens a connection to `address` with the transport its scheme names — the one place a
+/// transport is chosen: `memory://` the in-process broker (feature `memory`), else AMQP
+/// (`amqp://`, `amqps://`). A new transport is a folder here and a line in this function.
+pub(crate) fn connect(
+    options: &crate::connection::ConnectionOptions,
+    address: &crate::connection::Address,
+) -> std::result::Result<
+    (Box<dyn Transport>, crossbeam_channel::Receiver<Blocked>),
+    crate::error::BoxError,
+> {
+    #[cfg(feature = "memory")]
+    if address.memory {
+        return Ok(memory::connect(&address.host, options.name.as_deref())?);
+    }
+    amqp::connect(options, address)
+}

@@ -8,8 +8,9 @@
 
 use std::time::{Duration, Instant};
 
+use crate::transport::amqp::AmqpTransport;
 use crate::transport::{
-    AmqpError, AmqpProperties, AmqpTransport, AmqpValue, Channel, Delivery, FieldTable, Publish,
+    AmqpError, AmqpProperties, AmqpValue, Channel, Delivery, FieldTable, Publish,
     QueueDeclareOptions, QueueDeleteOptions, Transport,
 };
 

@@ -1,6 +1,8 @@
 //! The AMQP transport: amiquip behind the seam. Each call is amiquip's own, once; a delivery
 //! is converted where it is read ([`Deliveries::Amqp`]).
 
+mod connect;
+
 use crossbeam_channel::Receiver;
 
 use super::channel::{
@@ -13,6 +15,15 @@ use super::wire::{
 };
 
 type R<T> = std::result::Result<T, AmqpError>;
+
+/// Connects to `address` (`amqp://` or `amqps://`) with `options` (`connect.rs`).
+pub(crate) fn connect(
+    options: &crate::connection::ConnectionOptions,
+    address: &crate::connection::Address,
+) -> std::result::Result<(Box<dyn Transport>, Receiver<super::Blocked>), crate::error::BoxError> {
+    let (conn, blocked) = connect::open(options, address)?;
+    Ok((Box::new(AmqpTransport(conn)), blocked))
+}
 
 /// One amiquip connection.
 pub(crate) struct AmqpTransport(pub(crate) amiquip::Connection);
