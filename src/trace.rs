@@ -402,20 +402,6 @@ mod otel {
         }
     }
 
-    /// The family's outcome words (the Python library's `tracing.py`, Java's `MetricNames`):
-    /// `rejected` is the handler's own decision (a reject, a `FatalError`), `dead_lettered` the
-    /// consumer's (no attempt left after a failure).
-    fn outcome(label: &str) -> &str {
-        match label {
-            "accept" => "acked",
-            "retry" => "retried",
-            "reject" => "rejected",
-            "exhausted" => "dead_lettered",
-            "park" => "parked",
-            other => other,
-        }
-    }
-
     fn error_outcome(outcome: &str) -> bool {
         matches!(outcome, "unroutable" | "failed" | "dead_lettered")
     }
@@ -480,10 +466,11 @@ mod otel {
     pub(super) struct ProcessSpan(Span, Option<opentelemetry::ContextGuard>);
 
     impl ProcessSpan {
-        pub(super) fn end(self, label: &str) {
+        /// Ends the span with the family's outcome word (`Decision::family_word`: `rejected`
+        /// the handler's own decision, `dead_lettered` the consumer's).
+        pub(super) fn end(self, outcome: &str) {
             let ProcessSpan(mut span, guard) = self;
             drop(guard);
-            let outcome = outcome(label);
             // Events on the delivery's own span at the moment the consumer decides, as the
             // family records them.
             match outcome {

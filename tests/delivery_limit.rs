@@ -137,41 +137,43 @@ fn peeked(url: &str) {
     assert_eq!(ids, sent, "every message survived fifty peeks");
 }
 
-/// A handler still running when the consumer's shutdown deadline passes is abandoned. Its
-/// delivery was left to the channel's close, which RabbitMQ 4.x counts as a return: a message
-/// whose handler outlived fifty closes was dropped after twenty. Now the closing consumer gives
-/// it back itself, by the rule of `put_back.rs`, and drops the handler's late result.
-fn abandoned(url: &str) {
+/// Fifty consumers of one quorum queue of three messages, each closed (shutdown timeout 50 ms)
+/// while its handler — single or batch, made by `handler` from a "started" sender and a
+/// "release" receiver — is still running: each close abandons `abandoned` handlers' messages,
+/// and all three must be back on the queue every time, and readable at the end.
+fn fifty_abandoned_closes<H>(
+    url: &str,
+    name: &str,
+    prefetch: u16,
+    abandoned: usize,
+    handler: impl Fn(mpsc::Sender<()>, mpsc::Receiver<()>) -> H,
+) where
+    H: acemq_amqp::Handler + Send + Sync + 'static,
+{
     let conn = connect_with(ConnectionOptions::new().address(url));
     let mut clean = Cleanup::new(url);
-    let q = clean.consumed_queue(&unique("dl-abandon"), &[]);
+    let q = clean.consumed_queue(&unique(name), &[]);
     conn.declare_queue(&QueueSpec::new(&q))
         .expect("a quorum queue");
     let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
     for round in 0..50 {
         let (started_tx, started) = mpsc::channel::<()>();
         let (release, released) = mpsc::channel::<()>();
-        let released = std::sync::Mutex::new(released);
         let consumer = conn
             .consumer(
                 &q,
                 ConsumerOptions::new()
                     .declare(false)
-                    .prefetch(1)
+                    .prefetch(prefetch)
                     .concurrency(1)
                     .shutdown_timeout(Duration::from_millis(50)),
             )
             .unwrap()
-            .start(move |_: &Message| {
-                let _ = started_tx.send(());
-                let _ = released.lock().unwrap().recv_timeout(WAIT);
-                // Late: the consumer gave the message back already; this is dropped.
-                Ok(Outcome::Accept)
-            })
+            .start(handler(started_tx, released))
             .expect("the consumer starts");
         started.recv_timeout(WAIT).expect("a handler started");
         let report = consumer.close().expect("close");
-        assert_eq!(report.abandoned, 1, "round {round}: {report:?}");
+        assert_eq!(report.abandoned, abandoned, "round {round}: {report:?}");
         release.send(()).unwrap();
         assert!(
             eventually(WAIT, || conn
@@ -182,16 +184,33 @@ fn abandoned(url: &str) {
         );
     }
     let ids = drain_ids(&conn, &q, sent.len());
-    assert_eq!(ids, sent, "every message survived fifty abandoned handlers");
+    assert_eq!(ids, sent, "every message survived fifty abandoned closes");
+}
+
+/// A handler still running when the consumer's shutdown deadline passes is abandoned. Its
+/// delivery was left to the channel's close, which RabbitMQ 4.x counts as a return: a message
+/// whose handler outlived fifty closes was dropped after twenty. Now the closing consumer gives
+/// it back itself, by the rule of `put_back.rs`, and drops the handler's late result.
+fn abandoned(url: &str) {
+    fifty_abandoned_closes(url, "dl-abandon", 1, 1, |started, released| {
+        let released = std::sync::Mutex::new(released);
+        move |_: &Message| {
+            let _ = started.send(());
+            let _ = released.lock().unwrap().recv_timeout(WAIT);
+            // Late: the consumer gave the message back already; this is dropped.
+            Ok(Outcome::Accept)
+        }
+    });
 }
 
 /// A batch handler gathering every message (`Handler::batch_limits`), still running when the
-/// consumer's shutdown deadline passes: the whole batch is abandoned. Its deliveries were left to
+/// consumer's shutdown deadline passes: the whole batch — all three, as the report's count of
+/// abandoned handlers says — is abandoned. Its deliveries were left to
 /// the channel's close, a return RabbitMQ 4.x counts, so after twenty rounds they were dropped.
 /// The closing consumer now gives them back as it does a single handler's.
 fn abandoned_batch(url: &str) {
     struct Blocking {
-        started: mpsc::Sender<usize>,
+        started: mpsc::Sender<()>,
         released: std::sync::Mutex<mpsc::Receiver<()>>,
     }
     impl acemq_amqp::Handler for Blocking {
@@ -205,52 +224,18 @@ fn abandoned_batch(url: &str) {
             &self,
             messages: &[&Message],
         ) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
-            let _ = self.started.send(messages.len());
+            let _ = self.started.send(());
             let _ = self.released.lock().unwrap().recv_timeout(WAIT);
             // Late: the consumer gave the batch back already; these are dropped.
             messages.iter().map(|_| Ok(Ok(Outcome::Accept))).collect()
         }
     }
-    let conn = connect_with(ConnectionOptions::new().address(url));
-    let mut clean = Cleanup::new(url);
-    let q = clean.consumed_queue(&unique("dl-abandon-batch"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q))
-        .expect("a quorum queue");
-    let sent: BTreeSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
-    for round in 0..50 {
-        let (started_tx, started) = mpsc::channel::<usize>();
-        let (release, released) = mpsc::channel::<()>();
-        let handler = Blocking {
-            started: started_tx,
+    fifty_abandoned_closes(url, "dl-abandon-batch", 3, 3, |started, released| {
+        Blocking {
+            started,
             released: std::sync::Mutex::new(released),
-        };
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new()
-                    .declare(false)
-                    .prefetch(3)
-                    .concurrency(1)
-                    .shutdown_timeout(Duration::from_millis(50)),
-            )
-            .unwrap()
-            .start(handler)
-            .expect("the consumer starts");
-        let size = started.recv_timeout(WAIT).expect("a batch started");
-        assert_eq!(size, 3, "round {round}: the batch gathered all three");
-        let report = consumer.close().expect("close");
-        assert_eq!(report.abandoned, 3, "round {round}: {report:?}");
-        release.send(()).unwrap();
-        assert!(
-            eventually(WAIT, || conn
-                .queue_info(&q)
-                .is_ok_and(|i| i.message_count == 3)),
-            "round {round}: all three are back on {q} (found {:?})",
-            conn.queue_info(&q).map(|i| i.message_count)
-        );
-    }
-    let ids = drain_ids(&conn, &q, sent.len());
-    assert_eq!(ids, sent, "every message survived fifty abandoned batches");
+        }
+    });
 }
 
 /// An operator looks at what a replay would move, fifty times, on a quorum queue (a dry run

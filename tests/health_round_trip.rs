@@ -119,6 +119,8 @@ fn the_reports_keys_are_the_familys_camel_case() {
         "too-slow",
         HealthCheckOptions::new().deadline(Duration::from_millis(50)),
         || {
+            // The dependency's own slowness (past the check's 50 ms deadline), not a wait for
+            // another thread.
             std::thread::sleep(Duration::from_millis(500));
             HealthReport::up()
         },
@@ -156,44 +158,13 @@ fn the_reports_keys_are_the_familys_camel_case() {
     consumer.close().unwrap();
 }
 
-/// A broker user of its own with no permission at all on the vhost (configure, write and read
-/// all `^$`), deleted when the test ends.
-struct Powerless {
-    name: String,
-    password: String,
-}
-
-impl Powerless {
-    fn new() -> Powerless {
-        let name = unique("health-powerless");
-        let password = format!("pw-{}", acemq_amqp::new_id().replace('-', ""));
-        support::rabbitmqctl(&["add_user", &name, &password]);
-        support::rabbitmqctl(&["set_permissions", "-p", "/", &name, "^$", "^$", "^$"]);
-        Powerless { name, password }
-    }
-}
-
-impl Drop for Powerless {
-    fn drop(&mut self) {
-        let _ = support::rabbitmqctl_command()
-            .args(["delete_user", &self.name])
-            .output();
-    }
-}
-
 /// A service whose broker user may configure, write and read nothing (a least-privilege
 /// deployment, or one whose queues an operator declares) is still `up`: the round trip needs no
 /// permission. A check that declared a queue of its own (as Go's does) would read `down` here.
 #[test]
 fn a_user_with_no_permission_at_all_still_reads_up() {
-    let user = Powerless::new();
-    let url = format!(
-        "amqp://{}:{}@{}/",
-        user.name,
-        user.password,
-        support::broker_addr()
-    );
-    let conn = connect_with(ConnectionOptions::new().address(url));
+    let user = support::users::BrokerUser::new("health-powerless", ["^$", "^$", "^$"]);
+    let conn = connect_with(ConnectionOptions::new().address(user.url()));
     let health = conn.health();
     let broker = health.component("broker").unwrap();
     assert_eq!(broker.status, HealthStatus::Up, "{broker:?}");

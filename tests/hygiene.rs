@@ -109,40 +109,11 @@ fn five_hundred_consumers_publishers_and_relays_leave_no_thread_or_descriptor_be
     );
 }
 
-/// A broker user of the test's own with a password nothing else contains, removed at the end.
-struct User {
-    name: String,
-    password: String,
-}
-
-impl User {
-    fn new() -> User {
-        let name = unique("hyg-user");
-        let password = format!("pw-{}", acemq_amqp::new_id().replace('-', ""));
-        support::rabbitmqctl(&["add_user", &name, &password]);
-        support::rabbitmqctl(&["set_permissions", "-p", "/", &name, ".*", ".*", ".*"]);
-        User { name, password }
-    }
-}
-
-impl Drop for User {
-    fn drop(&mut self) {
-        let _ = support::rabbitmqctl_command()
-            .args(["delete_user", &self.name])
-            .output();
-    }
-}
-
 #[test]
 fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let user = User::new();
-    let url = format!(
-        "amqp://{}:{}@{}/",
-        user.name,
-        user.password,
-        support::broker_addr()
-    );
+    let user = support::users::BrokerUser::new("hyg-user", [".*", ".*", ".*"]);
+    let url = user.url();
     let options = ConnectionOptions::new().address(&url).name("hygiene-debug");
     let mut seen = vec![format!("{options:?}")];
     let conn = support::connect_with(options);

@@ -91,6 +91,16 @@ fn dead_letter(i: usize, error: &str) -> Message {
 }
 
 /// Publishes `messages` to `queue` (default exchange, confirmed); returns their ids.
+/// A classic queue `{unique(prefix)}.dlq` (a dead-letter queue as the CLI finds one), declared
+/// on the tests' broker and deleted at the end.
+fn dead_letter_queue_of(connection: &Connection, cleanup: &mut Cleanup, prefix: &str) -> String {
+    let q = cleanup.queue(&format!("{}.dlq", support::unique(prefix)));
+    connection
+        .declare_queue(&QueueSpec::new(&q).classic())
+        .unwrap();
+    q
+}
+
 fn put(connection: &Connection, queue: &str, messages: Vec<Message>) -> Vec<String> {
     let p = connection.publisher().expect("publisher");
     let ids = messages
@@ -131,10 +141,7 @@ fn count(connection: &Connection, queue: &str) -> u32 {
 fn peek_shows_envelopes_and_leaves_the_queue_exactly_as_it_was() {
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
-    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.peek")));
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .unwrap();
+    let q = dead_letter_queue_of(&connection, &mut cleanup, "cli.peek");
     let mut messages: Vec<Message> = (0..6).map(|i| dead_letter(i, "boom")).collect();
     messages[1] = messages[1]
         .clone()
@@ -367,10 +374,7 @@ fn the_operating_pages_dry_run_json_has_the_keys_in_the_order_acemq_prints_them(
 fn a_replay_that_cannot_route_fails_with_exit_1_and_loses_nothing() {
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
-    let dlq = cleanup.queue(&format!("{}.dlq", support::unique("cli.noroute")));
-    connection
-        .declare_queue(&QueueSpec::new(&dlq).classic())
-        .unwrap();
+    let dlq = dead_letter_queue_of(&connection, &mut cleanup, "cli.noroute");
     // Its work queue does not exist: the copy is unroutable.
     put(&connection, &dlq, vec![dead_letter(0, "e")]);
     let out = acemq(&["replay", &dlq]);
@@ -808,10 +812,7 @@ fn a_bare_number_is_seconds_for_every_duration_option() {
     // --deadline 5 is five seconds: the summary gives the deadline it ran under.
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
-    let dlq = cleanup.queue(&format!("{}.dlq", support::unique("cli.deadline")));
-    connection
-        .declare_queue(&QueueSpec::new(&dlq).classic())
-        .unwrap();
+    let dlq = dead_letter_queue_of(&connection, &mut cleanup, "cli.deadline");
     put(&connection, &dlq, vec![dead_letter(0, "e")]);
     for deadline in ["5", "5s", "5000ms"] {
         let out = acemq(&[
@@ -874,10 +875,7 @@ fn peek_shows_a_slips_position_and_a_claim_checks_key() {
     use acemq_amqp::patterns::routing_slip::RoutingSlip;
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
-    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.peek-slip")));
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .unwrap();
+    let q = dead_letter_queue_of(&connection, &mut cleanup, "cli.peek-slip");
     let slip = RoutingSlip::new()
         .then("", "validate", "validate")
         .then("", "enrich", "enrich")
@@ -1171,10 +1169,12 @@ fn usage_errors_with_json_anywhere_are_one_json_object_and_exit_2() {
 #[test]
 fn a_url_that_is_not_amqp_or_does_not_parse_is_a_usage_error_exit_2() {
     let secret = "s3cr3t-Pw";
+    // The tests' broker, in forms the CLI must refuse before dialing it.
+    let broker = support::broker_addr();
     for url in [
-        format!("http://guest:{secret}@127.0.0.1:5672/"),
+        format!("http://guest:{secret}@{broker}/"),
         format!("amqp://guest:{secret}@[::1"),
-        "127.0.0.1:5672".to_string(),
+        broker.clone(),
     ] {
         for json in [false, true] {
             let mut args = vec!["--url", url.as_str()];
@@ -1202,10 +1202,7 @@ fn a_url_that_is_not_amqp_or_does_not_parse_is_a_usage_error_exit_2() {
     // From ACEMQ_URL too, on every command that connects.
     for args in [&["replay", "orders"][..], &["topology", "check"]] {
         let out = Command::new(env!("CARGO_BIN_EXE_acemq"))
-            .env(
-                "ACEMQ_URL",
-                format!("http://guest:{secret}@127.0.0.1:5672/"),
-            )
+            .env("ACEMQ_URL", format!("http://guest:{secret}@{broker}/"))
             .args(args)
             .output()
             .unwrap();
@@ -1353,7 +1350,8 @@ fn only_the_broker_commands_show_and_take_url() {
         acemq(&["schema", "create", "--db", &db]).status.code(),
         Some(0)
     );
-    let url = "amqp://guest:s3cr3t-Pw@127.0.0.1:5672/%2f";
+    let url = format!("amqp://guest:s3cr3t-Pw@{}/%2f", support::broker_addr());
+    let url = url.as_str();
     let refused: [&[&str]; 7] = [
         &["outbox", "status", "--db", &db, "--url", url],
         &["outbox", "--url", url, "status", "--db", &db],
@@ -1391,10 +1389,7 @@ fn only_the_broker_commands_show_and_take_url() {
     // The broker commands take it before or after the command.
     let connection = support::connect();
     let mut cleanup = Cleanup::new(&connection);
-    let q = cleanup.queue(&format!("{}.dlq", support::unique("cli.url-where")));
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .unwrap();
+    let q = dead_letter_queue_of(&connection, &mut cleanup, "cli.url-where");
     let good = support::amqp_url();
     let wrong = "amqp://guest:guest@127.0.0.1:1/%2f";
     for args in [

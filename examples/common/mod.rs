@@ -18,13 +18,9 @@ pub fn amqp_url() -> String {
 /// `host:port` of [`amqp_url`], for raw amiquip's socket.
 pub fn broker_addr() -> String {
     let url = amqp_url();
-    let rest = url.split("://").nth(1).unwrap_or("127.0.0.1:5672/");
-    let authority = rest.split('/').next().unwrap_or("127.0.0.1:5672");
-    authority
-        .rsplit('@')
-        .next()
-        .unwrap_or(authority)
-        .to_string()
+    acemq_amqp::Address::parse(&url)
+        .unwrap_or_else(|e| panic!("ACEMQ_AMQP_URL {url:?} cannot be read: {e}"))
+        .host_port()
 }
 
 /// An amiquip connection to the broker ([`amqp_url`]) with TCP_NODELAY, as guest.

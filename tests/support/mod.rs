@@ -13,6 +13,7 @@ pub mod proxy;
 pub mod raw;
 #[cfg(feature = "tls")]
 pub mod tls_proxy;
+pub mod users;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -193,17 +194,13 @@ pub fn rabbitmqctl(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The tests' broker's `host:port` (from [`amqp_url`]), for fault proxies and raw sockets.
+/// The tests' broker's `host:port` (from [`amqp_url`], read by the library's own parser), for
+/// fault proxies and raw sockets. A URL it cannot read fails the test, saying so.
 pub fn broker_addr() -> String {
     let url = amqp_url();
-    let rest = url.split("://").nth(1).unwrap_or("127.0.0.1:5672/");
-    let authority = rest.split('/').next().unwrap_or("127.0.0.1:5672");
-    let host_port = authority.rsplit('@').next().unwrap_or(authority);
-    if host_port.contains(':') {
-        host_port.to_string()
-    } else {
-        format!("{host_port}:5672")
-    }
+    acemq_amqp::Address::parse(&url)
+        .unwrap_or_else(|e| panic!("ACEMQ_TEST_AMQP_URL {url:?} cannot be read: {e}"))
+        .host_port()
 }
 
 /// The tests' broker's major version (3 or 4), as the broker announced it to a connection
