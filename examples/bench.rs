@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use acemq_amqp::fuzzing::to_amiquip_properties;
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::OutboxEvent;
 use acemq_amqp::patterns::acknowledged::{
@@ -298,7 +299,9 @@ fn raw_publish(queue: &str, n: usize, window: usize, envelope: bool) -> Duration
         let batch = window.min(n - sent);
         for _ in 0..batch {
             let props = if envelope {
-                Message::new(&BODY[..]).to_properties_for_bench(queue, "acemq@bench")
+                to_amiquip_properties(
+                    Message::new(&BODY[..]).to_properties_for_bench(queue, "acemq@bench"),
+                )
             } else {
                 bare.clone()
             };
@@ -1305,7 +1308,7 @@ fn raw_responder(
                 let mut reply = Message::new(&b"{\"price\":12.5}"[..]).with_persistent(false);
                 reply.envelope.correlation_id = header("x-acemq-correlation");
                 reply.envelope.causation_id = d.properties.message_id().clone();
-                reply.to_properties_for_bench(&to, "acemq@bench")
+                to_amiquip_properties(reply.to_properties_for_bench(&to, "acemq@bench"))
             } else {
                 AmqpProperties::default().with_delivery_mode(1)
             };
@@ -1361,7 +1364,7 @@ fn raw_caller(queue: &str, n: usize, envelope: bool) -> Vec<Duration> {
                 .with_header("acemq-reply-to", reply_name.as_str())
                 .with_reply_to(reply_name.as_str());
             m.envelope.correlation_id = Some(correlation.clone());
-            m.to_properties_for_bench(queue, "acemq@bench")
+            to_amiquip_properties(m.to_properties_for_bench(queue, "acemq@bench"))
                 .with_correlation_id(correlation.clone())
         } else {
             AmqpProperties::default()

@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::observe::batch_report::write_refused;
+use crate::wire::AmqpError;
 
 /// A boxed error from a handler, a codec or a database driver.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -44,8 +45,8 @@ pub enum Error {
     Amqp {
         /// What was being done.
         context: String,
-        /// amiquip's error (boxed: it is large).
-        source: Box<amiquip::Error>,
+        /// What the transport answered (boxed: it is large).
+        source: Box<AmqpError>,
     },
     /// A declaration conflicts with what exists on the broker (AMQP 406 PRECONDITION_FAILED),
     /// for example a queue declared with a different `x-message-ttl`.
@@ -270,26 +271,17 @@ impl Error {
             && !matches!(self, Error::Batch { report } if report.is_retriable())
     }
 
-    /// An amiquip error from `doing` on the `kind` named `name`, with the broker's refusals
+    /// A transport's error from `doing` on the `kind` named `name`, with the broker's refusals
     /// named: 404 is [`Error::NotFound`], 406 [`Error::TopologyConflict`]; everything else keeps
     /// its context. The one place these codes are read.
-    pub(crate) fn from_amqp_on(
-        kind: &'static str,
-        name: &str,
-        doing: &str,
-        e: amiquip::Error,
-    ) -> Error {
+    pub(crate) fn from_amqp_on(kind: &'static str, name: &str, doing: &str, e: AmqpError) -> Error {
         match e {
-            amiquip::Error::ServerClosedChannel {
-                code: 404, message, ..
-            } => Error::NotFound {
+            AmqpError::ServerClosedChannel { code: 404, message } => Error::NotFound {
                 kind,
                 name: name.to_string(),
                 reason: message,
             },
-            amiquip::Error::ServerClosedChannel {
-                code: 406, message, ..
-            } => Error::TopologyConflict {
+            AmqpError::ServerClosedChannel { code: 406, message } => Error::TopologyConflict {
                 kind,
                 name: name.to_string(),
                 reason: message,
@@ -322,15 +314,12 @@ impl Error {
         matches!(self, Error::ConnectionLost { .. })
     }
 
-    pub(crate) fn amqp(context: impl Into<String>, source: amiquip::Error) -> Error {
+    pub(crate) fn amqp(context: impl Into<String>, source: AmqpError) -> Error {
         let context = context.into();
         match source {
-            amiquip::Error::EventLoopDropped
-            | amiquip::Error::EventLoopClientDropped
-            | amiquip::Error::UnexpectedSocketClose
-            | amiquip::Error::MissedServerHeartbeats
-            | amiquip::Error::ServerClosedConnection { .. }
-            | amiquip::Error::ClientClosedConnection => Error::ConnectionLost { context },
+            AmqpError::LinkLost { .. }
+            | AmqpError::ServerClosedConnection { .. }
+            | AmqpError::ClientClosedConnection => Error::ConnectionLost { context },
             source => Error::Amqp {
                 context,
                 source: Box::new(source),
@@ -438,13 +427,10 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
     }
 }
 
-fn amqp_is_retriable(e: &amiquip::Error) -> bool {
+fn amqp_is_retriable(e: &AmqpError) -> bool {
     matches!(
         e,
-        amiquip::Error::EventLoopDropped
-            | amiquip::Error::UnexpectedSocketClose
-            | amiquip::Error::MissedServerHeartbeats
-            | amiquip::Error::ServerClosedConnection { .. }
+        AmqpError::LinkLost { .. } | AmqpError::ServerClosedConnection { .. }
     )
 }
 
@@ -623,7 +609,7 @@ mod tests {
 
     #[test]
     fn lost_connection_is_retriable_and_unroutable_is_not() {
-        let lost = Error::amqp("publishing", amiquip::Error::EventLoopDropped);
+        let lost = Error::amqp("publishing", AmqpError::link_lost("i/o loop ended"));
         assert!(lost.is_retriable());
         assert!(lost.is_connection_lost());
         let un = Error::Unroutable {

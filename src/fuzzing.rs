@@ -2,7 +2,11 @@
 //! database, reachable by this crate's fuzz targets (`fuzz/`) and property tests. No stability
 //! promise.
 
-use crate::transport::AmqpProperties;
+use crate::wire::AmqpProperties;
+
+pub use crate::transport::internals::{
+    from_amiquip_properties, message_from_amiquip_delivery, to_amiquip_properties,
+};
 
 use crate::envelope::{Message, Received};
 use crate::Result;

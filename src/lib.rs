@@ -274,6 +274,7 @@ pub mod test_ca;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod trace;
+pub mod wire;
 // The seam under the engine: the AMQP transport (amiquip) and the in-process one (`memory`).
 mod transport;
 

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use acemq_amqp::fuzzing::from_amiquip_properties;
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::{ConnectionEvent, Settlement};
 use acemq_amqp::patterns::outbox::{
@@ -401,9 +402,12 @@ fn the_computed_header_frame_size_is_the_one_the_broker_measures() {
                 .with_headers(t)
                 .with_message_id("raw-1".into())
         };
-        let empty = acemq_amqp::fuzzing::properties_frame_size(&with(0));
+        let empty = acemq_amqp::fuzzing::properties_frame_size(&from_amiquip_properties(&with(0)));
         let p = with(size - empty);
-        assert_eq!(acemq_amqp::fuzzing::properties_frame_size(&p), size);
+        assert_eq!(
+            acemq_amqp::fuzzing::properties_frame_size(&from_amiquip_properties(&p)),
+            size
+        );
         p
     };
     let publish = |raw: &support::raw::Raw, size: usize| {
@@ -718,10 +722,10 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
             .with_reply_to(reply_queue.clone())
     };
     // The request fits, 100 bytes under the limit; a reply, with its own envelope, does not.
-    let empty = acemq_amqp::fuzzing::properties_frame_size(&props(0));
+    let empty = acemq_amqp::fuzzing::properties_frame_size(&from_amiquip_properties(&props(0)));
     let request = props(conn.frame_max() - 100 - empty);
     assert_eq!(
-        acemq_amqp::fuzzing::properties_frame_size(&request),
+        acemq_amqp::fuzzing::properties_frame_size(&from_amiquip_properties(&request)),
         conn.frame_max() - 100
     );
     raw.publish("", &q, b"huge-correlation", request);

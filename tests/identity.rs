@@ -122,13 +122,13 @@ fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
             .delivery
     };
     let (a, b) = (get(), get());
-    let first = acemq_amqp::Message::from_raw_delivery_for_tests(&a);
-    let second = acemq_amqp::Message::from_raw_delivery_for_tests(&b);
+    let first = acemq_amqp::fuzzing::message_from_amiquip_delivery(&a);
+    let second = acemq_amqp::fuzzing::message_from_amiquip_delivery(&b);
     a.nack(&raw.channel, true).unwrap();
     b.nack(&raw.channel, true).unwrap();
     let again = get();
     assert!(again.redelivered);
-    let first_again = acemq_amqp::Message::from_raw_delivery_for_tests(&again);
+    let first_again = acemq_amqp::fuzzing::message_from_amiquip_delivery(&again);
     again.ack(&raw.channel).unwrap();
     assert_ne!(first.id(), second.id(), "different messages, different ids");
     assert_eq!(

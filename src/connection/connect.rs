@@ -1,18 +1,16 @@
 //! Connecting to the first of the configured addresses that answers; each connection is made by
 //! the transport its address names (`crate::transport::connect`).
 
-use crossbeam_channel::Receiver;
-
 use super::address::Address;
 use super::options::ConnectionOptions;
 use crate::error::{Error, Result};
-use crate::transport::{Blocked, Transport};
+use crate::transport::{Blocked, Feed, Transport};
 
 /// Tries each address once, in order.
 pub(super) fn connect_any(
     options: &ConnectionOptions,
     addresses: &[Address],
-) -> Result<(Box<dyn Transport>, Receiver<Blocked>, Address)> {
+) -> Result<(Box<dyn Transport>, Feed<Blocked>, Address)> {
     let mut last = None;
     for address in addresses {
         match connect_one(options, address) {
@@ -35,6 +33,6 @@ pub(super) fn connect_any(
 fn connect_one(
     options: &ConnectionOptions,
     address: &Address,
-) -> std::result::Result<(Box<dyn Transport>, Receiver<Blocked>), crate::error::BoxError> {
+) -> std::result::Result<(Box<dyn Transport>, Feed<Blocked>), crate::error::BoxError> {
     crate::transport::connect(options, address)
 }

@@ -250,13 +250,12 @@ impl Connection {
     /// in-process broker's clock (which `testing::MemoryBroker::advance_clock` moves on), so a
     /// scheduler's due times and the broker's TTLs agree.
     pub(crate) fn now_ms(&self) -> i64 {
-        let now = crate::envelope::now_ms();
-        #[cfg(feature = "memory")]
-        if let Some(a) = self.shared.addresses.first().filter(|a| a.memory) {
-            let offset = crate::transport::memory::broker(&a.host).clock_offset_ms();
-            return now.saturating_add(offset);
-        }
-        now
+        let offset = self
+            .shared
+            .addresses
+            .first()
+            .map_or(0, crate::transport::clock_offset_ms);
+        crate::envelope::now_ms().saturating_add(offset)
     }
 
     pub(crate) fn budget(&self) -> &Arc<ByteBudget> {

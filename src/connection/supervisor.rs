@@ -4,8 +4,8 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::transport::Blocked;
-use crossbeam_channel::{select, Receiver};
+use crate::transport::{Blocked, Feed};
+use crossbeam_channel::{Receiver, Select};
 use parking_lot::Mutex;
 
 use super::connect::connect_any;
@@ -30,7 +30,7 @@ pub(super) fn supervise(
     weak: Weak<Shared>,
     control: Receiver<Control>,
     mut link: Arc<Link>,
-    mut blocked: Receiver<Blocked>,
+    mut blocked: Feed<Blocked>,
 ) {
     loop {
         let Some((observer, state)) = weak
@@ -84,24 +84,30 @@ enum Watched {
 /// ends or the connection is closed.
 fn watch(
     control: &Receiver<Control>,
-    blocked: &Receiver<Blocked>,
+    blocked: &Feed<Blocked>,
     state: &Mutex<Option<String>>,
     observer: &dyn Observer,
 ) -> Watched {
     loop {
-        select! {
-            recv(blocked) -> note => match note {
-                Ok(Blocked::Blocked(reason)) => {
-                    *state.lock() = Some(reason.clone());
-                    observer.connection(&ConnectionEvent::Blocked { reason: &reason })
-                }
-                Ok(Blocked::Unblocked) => {
-                    *state.lock() = None;
-                    observer.connection(&ConnectionEvent::Unblocked)
-                }
-                Err(_) => return Watched::Dropped,
-            },
-            recv(control) -> _ => return Watched::Closing,
+        let mut select = Select::new();
+        let on_blocked = blocked.register(&mut select);
+        let on_control = select.recv(control);
+        let op = select.select();
+        if op.index() == on_control {
+            let _ = op.recv(control);
+            return Watched::Closing;
+        }
+        debug_assert_eq!(op.index(), on_blocked);
+        match blocked.read(op) {
+            Ok(Blocked::Blocked(reason)) => {
+                *state.lock() = Some(reason.clone());
+                observer.connection(&ConnectionEvent::Blocked { reason: &reason })
+            }
+            Ok(Blocked::Unblocked) => {
+                *state.lock() = None;
+                observer.connection(&ConnectionEvent::Unblocked)
+            }
+            Err(_) => return Watched::Dropped,
         }
     }
 }
@@ -126,7 +132,7 @@ fn reconnect(
     control: &Receiver<Control>,
     generation: u64,
     observer: &dyn Observer,
-) -> Option<(Arc<Link>, Receiver<Blocked>)> {
+) -> Option<(Arc<Link>, Feed<Blocked>)> {
     let mut attempt = 0u32;
     loop {
         let shared = weak.upgrade()?;

@@ -99,7 +99,7 @@ pub(crate) fn run(
                     continue;
                 }
             },
-            None => crossbeam_channel::never(),
+            None => crate::transport::Feed::never(),
         };
         let consumer = match consume_on(ctx, &channel) {
             Ok(c) => c,
@@ -187,7 +187,7 @@ fn serve(
     ctx: &Context,
     channel: &Channel,
     consumer: &crate::transport::Consumer<'_>,
-    returns: &Receiver<crate::transport::Return>,
+    returns: &crate::transport::Feed<crate::transport::Return>,
     state: &mut State<'_>,
     lines: &Lines<'_>,
 ) -> Result<End> {
@@ -201,16 +201,16 @@ fn serve(
     let mut returned = returns.clone();
     loop {
         let mut select = Select::new();
-        let on_returned = select.recv(&returned);
+        let on_returned = returned.register(&mut select);
         let on_delivery = deliveries.register(&mut select);
         let on_settle = select.recv(lines.settles);
         select.recv(lines.stop);
         let op = select.select();
         match op.index() {
-            i if i == on_returned => match op.recv(&returned) {
+            i if i == on_returned => match returned.read(op) {
                 Ok(r) => reply_returned(ctx, r),
                 // The channel is gone: the deliveries say so next.
-                Err(_) => returned = crossbeam_channel::never(),
+                Err(_) => returned = crate::transport::Feed::never(),
             },
             i if i == on_delivery => match deliveries.read(op) {
                 Ok(ConsumerMessage::Delivery(d)) => match lines.inline {

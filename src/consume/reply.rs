@@ -103,7 +103,6 @@ impl Reply {
             body: &self.body,
             routing_key,
             mandatory: true,
-            immediate: false,
             properties,
         };
         crate::publish::send_unconfirmed(channel, "", publish, observer)?;

@@ -19,8 +19,11 @@ use crate::error::{Error, Result};
 use crate::observe::PublishOutcome;
 
 /// Hands the responder's replies returned so far to its hooks.
-pub(super) fn count_returned(ctx: &Context, returns: &Receiver<crate::transport::Return>) {
-    for r in returns.try_iter() {
+pub(super) fn count_returned(
+    ctx: &Context,
+    returns: &crate::transport::Feed<crate::transport::Return>,
+) {
+    while let Ok(r) = returns.try_recv() {
         reply_returned(ctx, r);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use crate::wire::{AmqpProperties, AmqpValue, FieldTable};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -309,23 +309,6 @@ impl Message {
             }
         }
         Ok(())
-    }
-
-    /// Not for applications (feature `internals`): reads an amiquip delivery as a consumer
-    /// would, for this crate's own tests.
-    #[cfg(feature = "internals")]
-    #[doc(hidden)]
-    pub fn from_raw_delivery_for_tests(d: &amiquip::Delivery) -> Message {
-        Message::from_delivery(
-            d.body.clone(),
-            d.properties.clone(),
-            Received {
-                exchange: d.exchange.clone(),
-                routing_key: d.routing_key.clone(),
-                redelivered: d.redelivered,
-                delivery_tag: d.delivery_tag(),
-            },
-        )
     }
 
     /// Not for applications (feature `internals`): the properties a publish would carry, for

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use amiquip::{AmqpValue, FieldTable};
+use crate::wire::{AmqpValue, FieldTable};
 
 use super::headers;
 use super::ids::{new_id, now_ms};

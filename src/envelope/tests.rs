@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use crate::wire::{AmqpProperties, AmqpValue, FieldTable};
 
 use super::message::looks_truncated;
 use super::*;

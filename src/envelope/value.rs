@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use amiquip::AmqpValue;
+use crate::wire::AmqpValue;
 
 use super::validate::{check_header_name, truncate};
 use crate::error::{Error, Result};

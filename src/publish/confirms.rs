@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::transport::{Confirm, Return};
-use crossbeam_channel::{never, select, Receiver};
+use crate::transport::{AmqpError, Confirm, Feed, Return};
+use crossbeam_channel::{Receiver, RecvError, Select};
 
 use super::state::{channel_failure, fail_all, Control, Shared};
 use crate::error::Error;
@@ -13,12 +13,16 @@ use crate::observe::{PublishEvent, PublishOutcome};
 /// The confirm thread: matches confirms and returns to pending publishes.
 pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
     let mut epoch = 0u64;
-    let mut confirms: Receiver<Confirm> = never();
-    let mut returns: Receiver<Return> = never();
+    let mut confirms: Feed<Confirm> = Feed::never();
+    let mut returns: Feed<Return> = Feed::never();
     loop {
-        select! {
-            recv(control) -> msg => match msg {
-                Ok(Control::Channel { epoch: e, confirms: c, returns: r }) => {
+        match next(control, &returns, &confirms) {
+            Event::Control(msg) => match msg {
+                Ok(Control::Channel {
+                    epoch: e,
+                    confirms: c,
+                    returns: r,
+                }) => {
                     epoch = e;
                     confirms = c;
                     returns = r;
@@ -26,16 +30,18 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                 Ok(Control::Stop) | Err(_) => {
                     let mut state = shared.state.lock();
                     state.closed = true;
-                    fail_all(&mut state, &shared.observer, |_| Error::Closed { what: "publisher" });
+                    fail_all(&mut state, &shared.observer, |_| Error::Closed {
+                        what: "publisher",
+                    });
                     shared.room.notify_all();
                     return;
                 }
             },
-            recv(returns) -> r => match r {
+            Event::Return(r) => match r {
                 Ok(r) => mark_returned(shared, epoch, r),
-                Err(_) => returns = never(),
+                Err(_) => returns = Feed::never(),
             },
-            recv(confirms) -> c => match c {
+            Event::Confirm(c) => match c {
                 Ok(confirm) => {
                     // Every confirm already queued, resolved under one lock. A return is queued
                     // before the ack of the same message: the returns are drained after the
@@ -53,8 +59,8 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                     resolve(shared, epoch, batch);
                 }
                 Err(_) => {
-                    confirms = never();
-                    returns = never();
+                    confirms = Feed::never();
+                    returns = Feed::never();
                     // The channel is gone. Its lock is held from taking it out until its
                     // publishes are failed with the broker's reason (learned by closing it,
                     // outside the state lock): a hand-over finding it broken meanwhile waits on
@@ -69,7 +75,10 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                     if let Some(slot) = slot {
                         let mut guard = slot.try_lock_for(CHANNEL_FAILURE_WAIT);
                         let channel = guard.as_mut().and_then(|c| c.take());
-                        let failure = channel_failure(channel, crate::transport::AmqpError::EventLoopDropped);
+                        let failure = channel_failure(
+                            channel,
+                            AmqpError::link_lost("the confirm channel ended"),
+                        );
                         let mut state = shared.state.lock();
                         // (A new channel installed meanwhile failed these already.)
                         if state.epoch == epoch {
@@ -85,6 +94,27 @@ pub(super) fn confirm_loop(shared: &Shared, control: &Receiver<Control>) {
                 }
             },
         }
+    }
+}
+
+/// What the confirm thread waits for, whichever comes first.
+#[allow(clippy::large_enum_variant)] // moved once, straight to its match: boxing would cost more
+enum Event {
+    Control(Result<Control, RecvError>),
+    Return(Result<Return, RecvError>),
+    Confirm(Result<Confirm, RecvError>),
+}
+
+fn next(control: &Receiver<Control>, returns: &Feed<Return>, confirms: &Feed<Confirm>) -> Event {
+    let mut select = Select::new();
+    let on_control = select.recv(control);
+    let on_return = returns.register(&mut select);
+    confirms.register(&mut select);
+    let op = select.select();
+    match op.index() {
+        i if i == on_control => Event::Control(op.recv(control)),
+        i if i == on_return => Event::Return(returns.read(op)),
+        _ => Event::Confirm(confirms.read(op)),
     }
 }
 

@@ -235,8 +235,10 @@ pub(crate) fn check_fits(properties: &AmqpProperties, limit: usize) -> Result<()
 mod tests {
     use super::*;
 
-    /// What amq-protocol, amiquip's encoder, writes for these properties.
+    /// What amq-protocol, amiquip's encoder, writes for these properties (as the AMQP
+    /// transport hands them over).
     fn encoded(properties: &AmqpProperties, body_len: u64) -> usize {
+        let properties = &crate::transport::amqp_convert::properties_out(properties.clone());
         let mut buf = vec![0u8; 1 << 20];
         let (_, n) = amq_protocol::frame::generation::gen_content_header_frame(
             (&mut buf, 0),
@@ -297,7 +299,7 @@ mod tests {
             .with_expiration("60000".into())
             .with_message_id("0d4c6f1e-9a7b-4c1e-8f00-2f5d3c1a9b77".into())
             .with_timestamp(1_700_000_000)
-            .with_type_("order.placed".into())
+            .with_type("order.placed".into())
             .with_user_id("guest".into())
             .with_app_id("billing".into())
             .with_cluster_id("c1".into());
@@ -327,7 +329,7 @@ mod tests {
         );
         raw.insert(
             "dec".into(),
-            AmqpValue::DecimalValue(amq_protocol::types::DecimalValue {
+            AmqpValue::DecimalValue(crate::wire::Decimal {
                 scale: 2,
                 value: 12345,
             }),

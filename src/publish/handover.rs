@@ -207,14 +207,15 @@ impl Publisher {
                 body: &message.body,
                 routing_key: routing_key.to_string(),
                 mandatory,
-                immediate: false,
                 properties: properties
                     .take()
                     .unwrap_or_else(|| message.to_properties(routing_key, origin)),
             };
             let sent = match channel.as_ref() {
                 Some(c) => c.basic_publish(exchange, publish),
-                None => Err(crate::transport::AmqpError::EventLoopDropped),
+                None => Err(crate::transport::AmqpError::link_lost(
+                    "the channel is gone",
+                )),
             };
             let Err(e) = sent else {
                 return Ok(());

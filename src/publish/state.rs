@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::transport::{Confirm, Return};
-use crossbeam_channel::Receiver;
+use crate::transport::{Confirm, Feed, Return};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Reservation;
@@ -53,8 +52,8 @@ pub(super) struct Pending {
 pub(super) enum Control {
     Channel {
         epoch: u64,
-        confirms: Receiver<Confirm>,
-        returns: Receiver<Return>,
+        confirms: Feed<Confirm>,
+        returns: Feed<Return>,
     },
     Stop,
 }

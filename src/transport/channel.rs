@@ -1,14 +1,13 @@
 //! The seam itself: [`Transport`] (a live connection), [`ChannelApi`] (a channel),
 //! [`ConsumerApi`] (a subscription), and the owned wrappers the engine holds ([`Channel`],
-//! [`Consumer`]) with amiquip's method names; a [`Delivery`] and the [`Deliveries`] buffer.
+//! [`Consumer`]) with the AMQP methods' names; a [`Delivery`], what settles it ([`Settle`]),
+//! and the [`Deliveries`] buffer.
 
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::{
-    Receiver, RecvError, RecvTimeoutError, Select, SelectedOperation, TryRecvError,
-};
+use std::any::Any;
 
 use crate::envelope::{Message, Received};
+
+use super::feed::Feed;
 
 use super::wire::{
     AmqpError, AmqpProperties, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType,
@@ -40,9 +39,9 @@ pub(crate) trait ChannelApi: Send {
     /// `confirm.select`.
     fn enable_publisher_confirms(&self) -> R<()>;
     /// The channel's confirms (acks and nacks, by publish sequence number).
-    fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>>;
+    fn listen_for_publisher_confirms(&self) -> R<Feed<Confirm>>;
     /// The channel's returned (unroutable mandatory) messages, each sent before its confirm.
-    fn listen_for_returns(&self) -> R<Receiver<Return>>;
+    fn listen_for_returns(&self) -> R<Feed<Return>>;
     fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState>;
     fn queue_declare_passive(&self, queue: &str) -> R<QueueState>;
     fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()>;
@@ -91,10 +90,10 @@ impl Channel {
     pub(crate) fn enable_publisher_confirms(&self) -> R<()> {
         self.api.enable_publisher_confirms()
     }
-    pub(crate) fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>> {
+    pub(crate) fn listen_for_publisher_confirms(&self) -> R<Feed<Confirm>> {
         self.api.listen_for_publisher_confirms()
     }
-    pub(crate) fn listen_for_returns(&self) -> R<Receiver<Return>> {
+    pub(crate) fn listen_for_returns(&self) -> R<Feed<Return>> {
         self.api.listen_for_returns()
     }
     pub(crate) fn queue_declare<S: AsRef<str>>(
@@ -208,17 +207,55 @@ impl<'a> Consumer<'a> {
     }
 }
 
-/// What settles a delivery on its transport: amiquip acks with what is left of its own
-/// delivery (its channel and tag); the in-process broker needs only the tag.
-#[allow(clippy::large_enum_variant)] // as amiquip's own ConsumerMessage: nearly all are deliveries
-#[derive(Clone, Debug)]
-pub(crate) enum Shell {
-    Amqp(amiquip::Delivery),
-    #[cfg(feature = "memory")]
-    Memory,
+/// What a transport needs, besides the delivery's tag, to settle it: nothing on `memory://`;
+/// on AMQP what is left of amiquip's own delivery (its channel and tag), which amiquip acks
+/// with. Opaque to everything but the transport that made it.
+pub(crate) struct Settle(Option<Box<dyn Token>>);
+
+/// A transport's settle value: anything sendable and cloneable.
+trait Token: Send {
+    fn clone_box(&self) -> Box<dyn Token>;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
-/// A message delivered to a consumer or got: amiquip's fields, and what settles it.
+impl<T: Any + Send + Clone> Token for T {
+    fn clone_box(&self) -> Box<dyn Token> {
+        Box::new(self.clone())
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+impl Settle {
+    /// Nothing beyond the tag.
+    #[cfg(feature = "memory")]
+    pub(crate) fn tag_only() -> Settle {
+        Settle(None)
+    }
+    /// The transport's own value.
+    pub(crate) fn with<T: Any + Send + Clone>(value: T) -> Settle {
+        Settle(Some(Box::new(value)))
+    }
+    /// The transport's value back, if it is a `T` (a delivery of another transport is not).
+    pub(crate) fn take<T: Any>(self) -> Option<T> {
+        self.0?.into_any().downcast::<T>().ok().map(|b| *b)
+    }
+}
+
+impl Clone for Settle {
+    fn clone(&self) -> Settle {
+        Settle(self.0.as_ref().map(|t| t.clone_box()))
+    }
+}
+
+impl std::fmt::Debug for Settle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Settle")
+    }
+}
+
+/// A message delivered to a consumer or got, and what settles it.
 #[derive(Clone, Debug)]
 pub(crate) struct Delivery {
     /// Set when the message was delivered before (requeued).
@@ -228,11 +265,10 @@ pub(crate) struct Delivery {
     pub(crate) body: Vec<u8>,
     pub(crate) properties: AmqpProperties,
     delivery_tag: u64,
-    shell: Shell,
+    settle: Settle,
 }
 
 impl Delivery {
-    #[cfg(feature = "memory")]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         delivery_tag: u64,
@@ -241,7 +277,7 @@ impl Delivery {
         routing_key: String,
         body: Vec<u8>,
         properties: AmqpProperties,
-        shell: Shell,
+        settle: Settle,
     ) -> Delivery {
         Delivery {
             redelivered,
@@ -250,7 +286,7 @@ impl Delivery {
             body,
             properties,
             delivery_tag,
-            shell,
+            settle,
         }
     }
 
@@ -260,7 +296,7 @@ impl Delivery {
     }
 
     /// Moves the body, properties, exchange and routing key out into a received message; what
-    /// is left (its tag, and on AMQP amiquip's delivery on its channel) is enough to settle it.
+    /// is left (its tag and its [`Settle`]) is enough to settle it.
     pub(crate) fn take_message(&mut self) -> Message {
         let received = Received {
             exchange: std::mem::take(&mut self.exchange),
@@ -273,8 +309,9 @@ impl Delivery {
         Message::from_delivery(body, properties, received)
     }
 
-    pub(crate) fn shell(self) -> Shell {
-        self.shell
+    /// What settles it, for its transport.
+    pub(crate) fn into_settle(self) -> Settle {
+        self.settle
     }
 
     pub(crate) fn ack(self, channel: &Channel) -> R<()> {
@@ -298,7 +335,7 @@ pub(crate) struct Get {
     pub(crate) message_count: u32,
 }
 
-/// What a subscription's buffer yields (amiquip's variants).
+/// What a subscription's buffer yields: a delivery, or how the subscription ended.
 #[allow(clippy::large_enum_variant)] // as amiquip's own ConsumerMessage: nearly all are deliveries
 #[derive(Debug)]
 pub(crate) enum ConsumerMessage {
@@ -311,93 +348,6 @@ pub(crate) enum ConsumerMessage {
     ServerClosedConnection(AmqpError),
 }
 
-impl ConsumerMessage {
-    /// amiquip's message as the seam's; a delivery's fields are moved, not copied.
-    fn from_amqp(m: amiquip::ConsumerMessage) -> ConsumerMessage {
-        use amiquip::ConsumerMessage as A;
-        match m {
-            A::Delivery(d) => ConsumerMessage::Delivery(ConsumerMessage::amqp_delivery(d)),
-            A::ClientCancelled => ConsumerMessage::ClientCancelled,
-            A::ServerCancelled => ConsumerMessage::ServerCancelled,
-            A::ClientClosedChannel => ConsumerMessage::ClientClosedChannel,
-            A::ServerClosedChannel(e) => ConsumerMessage::ServerClosedChannel(e),
-            A::ClientClosedConnection => ConsumerMessage::ClientClosedConnection,
-            A::ServerClosedConnection(e) => ConsumerMessage::ServerClosedConnection(e),
-        }
-    }
-
-    /// amiquip's delivery as the seam's: its fields moved out, what is left settles it.
-    pub(crate) fn amqp_delivery(mut d: amiquip::Delivery) -> Delivery {
-        Delivery {
-            redelivered: d.redelivered,
-            exchange: std::mem::take(&mut d.exchange),
-            routing_key: std::mem::take(&mut d.routing_key),
-            body: std::mem::take(&mut d.body),
-            properties: std::mem::take(&mut d.properties),
-            delivery_tag: d.delivery_tag(),
-            shell: Shell::Amqp(d),
-        }
-    }
-}
-
 /// A subscription's buffer of deliveries: cloneable, read by several threads, and waited on in
-/// a [`Select`] beside other channels ([`Deliveries::register`], [`Deliveries::read`]).
-#[derive(Clone)]
-pub(crate) enum Deliveries {
-    /// amiquip's own receiver: converted where read.
-    Amqp(Receiver<amiquip::ConsumerMessage>),
-    #[cfg(feature = "memory")]
-    Memory(Receiver<ConsumerMessage>),
-}
-
-impl Deliveries {
-    /// A buffer that never yields (for a select arm that is switched off).
-    pub(crate) fn never() -> Deliveries {
-        Deliveries::Amqp(crossbeam_channel::never())
-    }
-
-    pub(crate) fn try_recv(&self) -> Result<ConsumerMessage, TryRecvError> {
-        match self {
-            Deliveries::Amqp(rx) => rx.try_recv().map(ConsumerMessage::from_amqp),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => rx.try_recv(),
-        }
-    }
-    pub(crate) fn recv_timeout(&self, t: Duration) -> Result<ConsumerMessage, RecvTimeoutError> {
-        match self {
-            Deliveries::Amqp(rx) => rx.recv_timeout(t).map(ConsumerMessage::from_amqp),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => rx.recv_timeout(t),
-        }
-    }
-    pub(crate) fn recv_deadline(&self, d: Instant) -> Result<ConsumerMessage, RecvTimeoutError> {
-        match self {
-            Deliveries::Amqp(rx) => rx.recv_deadline(d).map(ConsumerMessage::from_amqp),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => rx.recv_deadline(d),
-        }
-    }
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Deliveries::Amqp(rx) => rx.len(),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => rx.len(),
-        }
-    }
-    /// Adds a receive of this buffer to `select`; its index.
-    pub(crate) fn register<'a>(&'a self, select: &mut Select<'a>) -> usize {
-        match self {
-            Deliveries::Amqp(rx) => select.recv(rx),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => select.recv(rx),
-        }
-    }
-    /// Completes the receive `select` chose (its index was [`register`](Self::register)'s).
-    pub(crate) fn read(&self, op: SelectedOperation<'_>) -> Result<ConsumerMessage, RecvError> {
-        match self {
-            Deliveries::Amqp(rx) => op.recv(rx).map(ConsumerMessage::from_amqp),
-            #[cfg(feature = "memory")]
-            Deliveries::Memory(rx) => op.recv(rx),
-        }
-    }
-}
+/// a `Select` beside other channels ([`Feed::register`], [`Feed::read`]).
+pub(crate) type Deliveries = Feed<ConsumerMessage>;

@@ -2,35 +2,45 @@
 //! scheduler, stream reader) asks of a broker connection, behind one small internal trait pair,
 //! and its implementations.
 //!
-//! * [`Transport`] is one live connection: open a channel, close.
+//! * [`Transport`] is one live connection: open a channel, close, what it can do.
 //! * [`ChannelApi`] is one channel: declare / check / delete / bind, publish with confirms and
-//!   returns, consume with a prefetch, ack / nack / reject (`multiple`, requeue or not), get,
-//!   close. [`Channel`] owns one (boxed) and gives it amiquip's method names, so the callers read
-//!   as they did.
-//! * [`Deliveries`] is a subscription's buffer: a crossbeam receiver the callers `select` on
-//!   with their own channels. Its AMQP form *is* amiquip's receiver (a delivery is converted
-//!   where it is read: no thread and no copy of the body in between), so the AMQP path costs
-//!   what it did.
+//!   returns, consume with a prefetch, ack / nack (`multiple`, requeue or not), get, close.
+//!   [`Channel`] owns one (boxed) and gives it the AMQP methods' names.
+//! * A [`Feed`] is a buffer the transport fills (a subscription's deliveries, confirms,
+//!   returns, blocked notices): a crossbeam receiver the callers `select` on beside their own
+//!   channels, each item made the seam's where it is read — no thread and no copy in between.
 //!
-//! The data that crosses the seam is AMQP's own (properties, field tables, values, confirms,
-//! returns, the protocol's errors with their reply codes: [`wire`]); only amiquip's behaviour
-//! (its connection, channel, consumer and delivery) stays behind [`amqp`]. Nothing above this
-//! layer names amiquip.
+//! Everything that crosses is the crate's own: a message's data ([`crate::wire`]: properties,
+//! tables, values, the [`AmqpError`] with AMQP's reply codes) and the seam's small types
+//! ([`wire`]: a publish, a confirm, a return, a declaration's options). A delivery carries its
+//! transport's [`Settle`], opaque to the engine. Only [`amqp`] names amiquip
+//! (`tests/layout.rs`).
 //!
 //! Implementations: [`amqp`] (amiquip, `amqp://` and `amqps://`) and, with the `memory`
-//! feature, `memory` (an in-process broker, `memory://name`).
+//! feature, `memory` (an in-process broker, `memory://name`). A third is a folder here and a
+//! line in [`connect`].
 
 mod amqp;
 mod capabilities;
 mod channel;
+/// The conformance cases every transport runs beside RabbitMQ (tests only).
+#[cfg(all(test, feature = "memory"))]
+pub(crate) mod conformance;
+mod feed;
 #[cfg(feature = "memory")]
 pub(crate) mod memory;
 mod wire;
 
+/// The AMQP transport's conversions, for tests that compare with amiquip's own encoder.
+#[cfg(test)]
+pub(crate) use amqp::convert as amqp_convert;
+#[cfg(feature = "internals")]
+pub(crate) use amqp::internals;
 pub use capabilities::Capabilities;
 pub(crate) use channel::{Channel, Consumer, ConsumerMessage, Deliveries, Delivery, Transport};
 #[cfg(feature = "memory")]
-pub(crate) use channel::{ChannelApi, ConsumerApi, Get, QueueState, Shell};
+pub(crate) use channel::{ChannelApi, ConsumerApi, Get, QueueState, Settle};
+pub(crate) use feed::Feed;
 #[cfg(feature = "memory")]
 pub(crate) use wire::ConfirmPayload;
 pub(crate) use wire::{
@@ -45,13 +55,21 @@ pub(crate) use wire::{
 pub(crate) fn connect(
     options: &crate::connection::ConnectionOptions,
     address: &crate::connection::Address,
-) -> std::result::Result<
-    (Box<dyn Transport>, crossbeam_channel::Receiver<Blocked>),
-    crate::error::BoxError,
-> {
+) -> std::result::Result<(Box<dyn Transport>, Feed<Blocked>), crate::error::BoxError> {
     #[cfg(feature = "memory")]
     if address.memory {
         return Ok(memory::connect(&address.host, options.name.as_deref())?);
     }
     amqp::connect(options, address)
+}
+
+/// How far the broker at `address` keeps its clock ahead of the system's, in ms: 0 but on
+/// `memory://`, whose clock `testing::MemoryBroker::advance_clock` moves on.
+pub(crate) fn clock_offset_ms(address: &crate::connection::Address) -> i64 {
+    #[cfg(feature = "memory")]
+    if address.memory {
+        return memory::broker(&address.host).clock_offset_ms();
+    }
+    let _ = address;
+    0
 }

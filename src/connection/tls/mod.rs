@@ -13,4 +13,4 @@ mod stream;
 
 pub use failure::{TlsError, TlsFailure};
 pub(crate) use settings::{Pem, TlsSettings};
-pub(crate) use stream::{client_certificate_refusal, handshake};
+pub(crate) use stream::{client_certificate_refusal, handshake, TlsIo};

@@ -199,5 +199,3 @@ impl Evented for TlsIo {
         self.polled()?.deregister(poll)
     }
 }
-
-impl amiquip::IoStream for TlsIo {}

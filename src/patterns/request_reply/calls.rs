@@ -126,7 +126,6 @@ impl Inner {
             body: &message.body,
             routing_key: inner.routing_key.clone(),
             mandatory: true,
-            immediate: false,
             properties,
         };
         // Requests go out one at a time on the request channel; the wait for it has the call's

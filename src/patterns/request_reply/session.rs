@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::transport::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions};
-use crossbeam_channel::{select, Receiver, Sender};
+use crate::transport::{ConsumerMessage, ConsumerOptions as AmqpConsumerOptions, Feed, Return};
+use crossbeam_channel::{Receiver, RecvError, Select, Sender};
 use parking_lot::Mutex;
 
 use super::calls::Inner;
@@ -18,6 +18,47 @@ use super::wire::REPLY_QUEUE_PREFIX;
 use crate::connection::{declare_queue_on, Link, QueueSpec};
 use crate::envelope::new_id;
 use crate::error::{Error, Result};
+
+/// What woke the requester thread, whichever came first.
+#[allow(clippy::large_enum_variant)] // moved once, straight to its match: boxing would cost more
+enum Wake {
+    Stop,
+    Returned(std::result::Result<Return, RecvError>),
+    Ended(std::result::Result<u64, RecvError>),
+    Ack,
+    /// Nothing within the idle wait.
+    Idle,
+}
+
+fn wake(
+    stop: &Receiver<()>,
+    returns: &Feed<Return>,
+    ended: &Receiver<u64>,
+    ack_woken: &Receiver<()>,
+    idle: Duration,
+) -> Wake {
+    let mut select = Select::new();
+    let on_stop = select.recv(stop);
+    let on_return = returns.register(&mut select);
+    let on_ended = select.recv(ended);
+    let on_ack = select.recv(ack_woken);
+    let Ok(op) = select.select_timeout(idle) else {
+        return Wake::Idle;
+    };
+    match op.index() {
+        i if i == on_stop => {
+            let _ = op.recv(stop);
+            Wake::Stop
+        }
+        i if i == on_return => Wake::Returned(returns.read(op)),
+        i if i == on_ended => Wake::Ended(op.recv(ended)),
+        i => {
+            debug_assert_eq!(i, on_ack);
+            let _ = op.recv(ack_woken);
+            Wake::Ack
+        }
+    }
+}
 
 /// While no call waits, `acemq-requester` reads the reply queue itself this often.
 const IDLE_READ: Duration = Duration::from_millis(100);
@@ -191,22 +232,20 @@ fn run_session(
     // While a backlog is being read, the next idle read comes soon.
     let mut idle = IDLE_READ;
     let how = loop {
-        select! {
-            recv(stop) -> _ => break Ended::Stopped,
-            recv(returns) -> r => match r {
-                Ok(r) => inner.returned(r),
-                Err(_) => break Ended::Requests(closed_reason(&requests)),
-            },
-            recv(ended) -> n => {
+        match wake(stop, &returns, ended, &inner.ack_woken, idle) {
+            Wake::Stop => break Ended::Stopped,
+            Wake::Returned(Ok(r)) => inner.returned(r),
+            Wake::Returned(Err(_)) => break Ended::Requests(closed_reason(&requests)),
+            Wake::Ended(n) => {
                 if n == Ok(number) {
                     break Ended::Replies;
                 }
-            },
-            recv(inner.ack_woken) -> _ => {
+            }
+            Wake::Ack => {
                 acks.ack(&channel);
                 inner.release_parked();
-            },
-            default(idle) => match inner.read_idle(consumer.receiver(), &acks, &channel) {
+            }
+            Wake::Idle => match inner.read_idle(consumer.receiver(), &acks, &channel) {
                 Some(read) => {
                     inner.release_parked();
                     idle = if read > 0 { BACKLOG_READ } else { IDLE_READ };

@@ -8,13 +8,18 @@ use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
 use crate::connection::{Address, ConnectionOptions};
-use crate::transport::Blocked;
 
 /// Opens an amiquip connection to `address` (`amqp://` or `amqps://`) with `options`.
 pub(super) fn open(
     options: &ConnectionOptions,
     address: &Address,
-) -> std::result::Result<(amiquip::Connection, Receiver<Blocked>), crate::error::BoxError> {
+) -> std::result::Result<
+    (
+        amiquip::Connection,
+        Receiver<amiquip::ConnectionBlockedNotification>,
+    ),
+    crate::error::BoxError,
+> {
     let socket_addrs: Vec<SocketAddr> = (address.host.as_str(), address.port)
         .to_socket_addrs()?
         .collect();
@@ -179,3 +184,7 @@ fn tuning(ours: &ConnectionOptions) -> ConnectionTuning {
     let high_water = (16usize << 20).max(ours.max_unconfirmed_bytes.saturating_mul(2));
     ConnectionTuning::default().buffered_writes_high_water(high_water)
 }
+
+/// The TLS stream made in `connection/tls/stream.rs` is handed to amiquip as a plain one.
+#[cfg(feature = "tls")]
+impl amiquip::IoStream for crate::connection::tls::TlsIo {}

@@ -1,18 +1,21 @@
-//! The AMQP transport: amiquip behind the seam. Each call is amiquip's own, once; a delivery
-//! is converted where it is read ([`Deliveries::Amqp`]).
+//! The AMQP transport: amiquip behind the seam. Each call is amiquip's own, once; what crosses
+//! is converted where it is sent or read (`convert.rs`): no thread and no copy of a body is
+//! added. The only folder that names amiquip.
 
 mod connect;
-
-use crossbeam_channel::Receiver;
+pub(crate) mod convert;
+#[cfg(feature = "internals")]
+pub(crate) mod internals;
 
 use super::channel::{
-    Channel, ChannelApi, Consumer, ConsumerApi, ConsumerMessage, Deliveries, Delivery, Get,
-    QueueState, Shell, Transport,
+    Channel, ChannelApi, Consumer, ConsumerApi, Deliveries, Delivery, Get, QueueState, Transport,
 };
+use super::feed::Feed;
 use super::wire::{
-    AmqpError, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
-    QueueDeclareOptions, QueueDeleteOptions, Return,
+    AmqpError, Blocked, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable,
+    Publish, QueueDeclareOptions, QueueDeleteOptions, Return,
 };
+use convert::error_in;
 
 type R<T> = std::result::Result<T, AmqpError>;
 
@@ -20,9 +23,12 @@ type R<T> = std::result::Result<T, AmqpError>;
 pub(crate) fn connect(
     options: &crate::connection::ConnectionOptions,
     address: &crate::connection::Address,
-) -> std::result::Result<(Box<dyn Transport>, Receiver<super::Blocked>), crate::error::BoxError> {
+) -> std::result::Result<(Box<dyn Transport>, Feed<Blocked>), crate::error::BoxError> {
     let (conn, blocked) = connect::open(options, address)?;
-    Ok((Box::new(AmqpTransport(conn)), blocked))
+    Ok((
+        Box::new(AmqpTransport(conn)),
+        Feed::mapped(blocked, convert::blocked_in),
+    ))
 }
 
 /// One amiquip connection.
@@ -30,12 +36,12 @@ pub(crate) struct AmqpTransport(pub(crate) amiquip::Connection);
 
 impl Transport for AmqpTransport {
     fn open_channel(&mut self) -> R<Channel> {
-        let channel = self.0.open_channel(None)?;
+        let channel = self.0.open_channel(None).map_err(error_in)?;
         Ok(Channel::new(Box::new(AmqpChannel(channel))))
     }
 
     fn close(self: Box<Self>) -> R<()> {
-        self.0.close()
+        self.0.close().map_err(error_in)
     }
 
     fn capabilities(&self) -> super::Capabilities {
@@ -52,13 +58,14 @@ impl Transport for AmqpTransport {
 
 struct AmqpChannel(amiquip::Channel);
 
-/// What is left of amiquip's delivery (its channel and tag), which its ack needs.
-fn shell(d: Delivery) -> amiquip::Delivery {
-    match d.shell() {
-        Shell::Amqp(d) => d,
-        #[cfg(feature = "memory")]
-        Shell::Memory => unreachable!("a memory:// delivery settled on an AMQP channel"),
-    }
+/// What is left of amiquip's delivery (its channel and tag), which its ack needs; a delivery
+/// another transport made is refused, not settled.
+fn amiquip_delivery(d: Delivery) -> R<amiquip::Delivery> {
+    d.into_settle()
+        .take::<amiquip::Delivery>()
+        .ok_or_else(|| AmqpError::Other {
+            message: "a delivery of another transport settled on an AMQP channel".into(),
+        })
 }
 
 fn queue_state(q: &amiquip::Queue<'_>) -> QueueState {
@@ -71,39 +78,55 @@ fn queue_state(q: &amiquip::Queue<'_>) -> QueueState {
 
 impl ChannelApi for AmqpChannel {
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
-        self.0.qos(prefetch_size, prefetch_count, global)
+        self.0
+            .qos(prefetch_size, prefetch_count, global)
+            .map_err(error_in)
     }
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()> {
-        self.0.basic_publish(exchange, publish)
+        self.0
+            .basic_publish(exchange, convert::publish_out(publish))
+            .map_err(error_in)
     }
     fn enable_publisher_confirms(&self) -> R<()> {
-        self.0.enable_publisher_confirms()
+        self.0.enable_publisher_confirms().map_err(error_in)
     }
-    fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>> {
-        self.0.listen_for_publisher_confirms()
+    fn listen_for_publisher_confirms(&self) -> R<Feed<Confirm>> {
+        let rx = self.0.listen_for_publisher_confirms().map_err(error_in)?;
+        Ok(Feed::mapped(rx, convert::confirm_in))
     }
-    fn listen_for_returns(&self) -> R<Receiver<Return>> {
-        self.0.listen_for_returns()
+    fn listen_for_returns(&self) -> R<Feed<Return>> {
+        let rx = self.0.listen_for_returns().map_err(error_in)?;
+        Ok(Feed::mapped(rx, convert::return_in))
     }
     fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState> {
         self.0
-            .queue_declare(queue, options)
+            .queue_declare(queue, convert::queue_declare_out(options))
             .map(|q| queue_state(&q))
+            .map_err(error_in)
     }
     fn queue_declare_passive(&self, queue: &str) -> R<QueueState> {
-        self.0.queue_declare_passive(queue).map(|q| queue_state(&q))
+        self.0
+            .queue_declare_passive(queue)
+            .map(|q| queue_state(&q))
+            .map_err(error_in)
     }
     fn queue_bind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
-        self.0.queue_bind(queue, exchange, key, arguments)
+        self.0
+            .queue_bind(queue, exchange, key, convert::table_out(arguments))
+            .map_err(error_in)
     }
     fn queue_unbind(&self, queue: &str, exchange: &str, key: &str, arguments: FieldTable) -> R<()> {
-        self.0.queue_unbind(queue, exchange, key, arguments)
+        self.0
+            .queue_unbind(queue, exchange, key, convert::table_out(arguments))
+            .map_err(error_in)
     }
     fn queue_purge(&self, queue: &str) -> R<u32> {
-        self.0.queue_purge(queue)
+        self.0.queue_purge(queue).map_err(error_in)
     }
     fn queue_delete(&self, queue: &str, options: QueueDeleteOptions) -> R<u32> {
-        self.0.queue_delete(queue, options)
+        self.0
+            .queue_delete(queue, convert::queue_delete_out(options))
+            .map_err(error_in)
     }
     fn exchange_declare(
         &self,
@@ -111,46 +134,68 @@ impl ChannelApi for AmqpChannel {
         exchange: &str,
         options: ExchangeDeclareOptions,
     ) -> R<()> {
-        self.0.exchange_declare(kind, exchange, options).map(drop)
+        self.0
+            .exchange_declare(
+                convert::exchange_type_out(kind),
+                exchange,
+                convert::exchange_declare_out(options),
+            )
+            .map(drop)
+            .map_err(error_in)
     }
     fn exchange_declare_passive(&self, exchange: &str) -> R<()> {
-        self.0.exchange_declare_passive(exchange).map(drop)
+        self.0
+            .exchange_declare_passive(exchange)
+            .map(drop)
+            .map_err(error_in)
     }
     fn exchange_delete(&self, exchange: &str, if_unused: bool) -> R<()> {
-        self.0.exchange_delete(exchange, if_unused)
+        self.0
+            .exchange_delete(exchange, if_unused)
+            .map_err(error_in)
     }
     fn basic_consume<'a>(&'a self, queue: &str, options: ConsumerOptions) -> R<Consumer<'a>> {
-        let consumer = self.0.basic_consume(queue, options)?;
-        let receiver = Deliveries::Amqp(consumer.receiver().clone());
+        let consumer = self
+            .0
+            .basic_consume(queue, convert::consumer_out(options))
+            .map_err(error_in)?;
+        let receiver: Deliveries =
+            Feed::mapped(consumer.receiver().clone(), convert::consumer_message_in);
         Ok(Consumer::new(Box::new(AmqpConsumer(consumer)), receiver))
     }
     fn basic_get(&self, queue: &str, no_ack: bool) -> R<Option<Get>> {
-        Ok(self.0.basic_get(queue, no_ack)?.map(|g| Get {
-            message_count: g.message_count,
-            delivery: ConsumerMessage::amqp_delivery(g.delivery),
-        }))
+        Ok(self
+            .0
+            .basic_get(queue, no_ack)
+            .map_err(error_in)?
+            .map(|g| Get {
+                message_count: g.message_count,
+                delivery: convert::delivery_in(g.delivery),
+            }))
     }
     fn ack(&self, delivery: Delivery, multiple: bool) -> R<()> {
-        let d = shell(delivery);
+        let d = amiquip_delivery(delivery)?;
         if multiple {
             d.ack_multiple(&self.0)
         } else {
             d.ack(&self.0)
         }
+        .map_err(error_in)
     }
     fn nack(&self, delivery: Delivery, multiple: bool, requeue: bool) -> R<()> {
-        let d = shell(delivery);
+        let d = amiquip_delivery(delivery)?;
         if multiple {
             d.nack_multiple(&self.0, requeue)
         } else {
             d.nack(&self.0, requeue)
         }
+        .map_err(error_in)
     }
     fn nack_all(&self, requeue: bool) -> R<()> {
-        self.0.nack_all(requeue)
+        self.0.nack_all(requeue).map_err(error_in)
     }
     fn close(self: Box<Self>) -> R<()> {
-        self.0.close()
+        self.0.close().map_err(error_in)
     }
 }
 
@@ -158,6 +203,6 @@ struct AmqpConsumer<'a>(amiquip::Consumer<'a>);
 
 impl ConsumerApi for AmqpConsumer<'_> {
     fn cancel(&self) -> R<()> {
-        self.0.cancel()
+        self.0.cancel().map_err(error_in)
     }
 }

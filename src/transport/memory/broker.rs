@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use parking_lot::{Condvar, Mutex};
 
-use super::reply::Refusal;
+use super::reply::{closed, Refusal};
 use super::state::{Broker, Chan, Conn, End, Exchange, State};
 use crate::transport::{AmqpError, Blocked};
 
@@ -43,11 +43,8 @@ impl Broker {
     ) -> Result<(u64, Receiver<Blocked>), AmqpError> {
         let mut st = self.state.lock();
         if st.refuse {
-            return Err(AmqpError::IoErrorReadingSocket {
-                source: std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    format!("memory broker '{}' refuses connections", st.name),
-                ),
+            return Err(AmqpError::LinkLost {
+                reason: format!("memory broker '{}' refuses connections", st.name),
             });
         }
         let id = st.fresh_id();
@@ -122,17 +119,15 @@ impl State {
     pub(super) fn chan(&mut self, conn: u64, chan: u16) -> Result<&mut Chan, AmqpError> {
         let Some(c) = self.conns.get_mut(&conn) else {
             let said = self.ended.get_mut(&conn).and_then(Option::take);
-            return Err(said.map_or(AmqpError::EventLoopDropped, |r| {
-                AmqpError::ServerClosedConnection {
+            return Err(
+                said.map_or_else(closed, |r| AmqpError::ServerClosedConnection {
                     code: r.code,
                     message: r.text,
-                }
-            }));
+                }),
+            );
         };
         if let Some(r) = c.closed.get_mut(&chan) {
-            return Err(r
-                .take()
-                .map_or(AmqpError::EventLoopDropped, |r| r.error(chan)));
+            return Err(r.take().map_or_else(closed, |r| r.error()));
         }
         c.channels
             .get_mut(&chan)
@@ -155,7 +150,7 @@ impl State {
         match f(self) {
             Ok(v) => Ok(v),
             Err(r) => {
-                let e = r.error(chan);
+                let e = r.error();
                 self.close_channel(conn, chan, End::Server(r));
                 Err(e)
             }

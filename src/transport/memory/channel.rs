@@ -4,14 +4,12 @@
 
 use std::sync::Arc;
 
-use crossbeam_channel::Receiver;
-
-use super::reply::not_emulated;
+use super::reply::{closed, not_emulated};
 use super::state::{Broker, Chan, End, State};
 use crate::transport::{
     AmqpError, Channel, ChannelApi, Confirm, Consumer, ConsumerApi, ConsumerMessage,
-    ConsumerOptions, Deliveries, Delivery, ExchangeDeclareOptions, ExchangeType, FieldTable, Get,
-    Publish, QueueDeclareOptions, QueueDeleteOptions, QueueState, Return, Transport,
+    ConsumerOptions, Deliveries, Delivery, ExchangeDeclareOptions, ExchangeType, Feed, FieldTable,
+    Get, Publish, QueueDeclareOptions, QueueDeleteOptions, QueueState, Return, Transport,
 };
 
 type R<T> = std::result::Result<T, AmqpError>;
@@ -32,12 +30,14 @@ impl Transport for MemoryTransport {
     fn open_channel(&mut self) -> R<Channel> {
         let conn = self.conn;
         let chan = self.broker.with(|st| {
-            let c = st.conns.get_mut(&conn).ok_or(AmqpError::EventLoopDropped)?;
+            let c = st.conns.get_mut(&conn).ok_or_else(closed)?;
             let id = c.next_channel;
             c.next_channel = c
                 .next_channel
                 .checked_add(1)
-                .ok_or(AmqpError::ExhaustedChannelIds)?;
+                .ok_or_else(|| AmqpError::Other {
+                    message: "no more channel ids are available".into(),
+                })?;
             c.channels.insert(id, Chan::default());
             Ok(id)
         })?;
@@ -52,7 +52,7 @@ impl Transport for MemoryTransport {
         let conn = self.conn;
         self.broker.with(|st| {
             if !st.conns.contains_key(&conn) {
-                return Err(AmqpError::EventLoopDropped);
+                return Err(closed());
             }
             st.close_connection(conn, End::ConnectionClosed);
             Ok(())
@@ -154,22 +154,22 @@ impl ChannelApi for MemoryChannel {
             Ok(())
         })
     }
-    fn listen_for_publisher_confirms(&self) -> R<Receiver<Confirm>> {
+    fn listen_for_publisher_confirms(&self) -> R<Feed<Confirm>> {
         self.method(|st, conn, chan| {
             let (tx, rx) = crossbeam_channel::unbounded();
             st.chan(conn, chan)
                 .expect("the channel is open: State::method checked it under this same lock")
                 .confirm_tx = Some(tx);
-            Ok(rx)
+            Ok(Feed::new(rx))
         })
     }
-    fn listen_for_returns(&self) -> R<Receiver<Return>> {
+    fn listen_for_returns(&self) -> R<Feed<Return>> {
         self.method(|st, conn, chan| {
             let (tx, rx) = crossbeam_channel::unbounded();
             st.chan(conn, chan)
                 .expect("the channel is open: State::method checked it under this same lock")
                 .return_tx = Some(tx);
-            Ok(rx)
+            Ok(Feed::new(rx))
         })
     }
     fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState> {
@@ -212,7 +212,7 @@ impl ChannelApi for MemoryChannel {
             chan: self.chan,
             tag,
         };
-        Ok(Consumer::new(Box::new(api), Deliveries::Memory(rx)))
+        Ok(Consumer::new(Box::new(api), Deliveries::new(rx)))
     }
     fn basic_get(&self, queue: &str, no_ack: bool) -> R<Option<Get>> {
         self.method(|st, conn, chan| st.get(conn, chan, queue, no_ack))

@@ -5,7 +5,7 @@
 
 use super::reply::{access_refused, not_emulated, precondition, Refused};
 use super::state::{ConsumerEntry, End, State, Unacked};
-use crate::transport::{AmqpError, ConsumerMessage, ConsumerOptions, Delivery, Get, Shell};
+use crate::transport::{AmqpError, ConsumerMessage, ConsumerOptions, Delivery, Get, Settle};
 
 impl State {
     /// Delivers what `queue` has ready to its consumers with room, round robin.
@@ -56,7 +56,7 @@ impl State {
                 msg.routing_key.clone(),
                 msg.body.clone(),
                 properties,
-                Shell::Memory,
+                Settle::tag_only(),
             );
             if !c.no_ack {
                 c.unacked += 1;
@@ -177,7 +177,7 @@ impl State {
             msg.routing_key.clone(),
             msg.body.clone(),
             properties,
-            Shell::Memory,
+            Settle::tag_only(),
         );
         if !no_ack {
             let u = Unacked {
@@ -252,7 +252,7 @@ impl State {
         for tag in tags {
             let said = match &end {
                 End::Client => Some(ConsumerMessage::ClientClosedChannel),
-                End::Server(r) => Some(ConsumerMessage::ServerClosedChannel(r.error(chan))),
+                End::Server(r) => Some(ConsumerMessage::ServerClosedChannel(r.error())),
                 End::ConnectionClosed => Some(ConsumerMessage::ClientClosedConnection),
                 End::Cut => None,
                 End::ServerConnection(r) => Some(ConsumerMessage::ServerClosedConnection(

@@ -51,7 +51,7 @@ fn without_expiration(p: &AmqpProperties, headers: FieldTable) -> AmqpProperties
         out = out.with_timestamp(*v);
     }
     if let Some(v) = p.type_() {
-        out = out.with_type_(v.clone());
+        out = out.with_type(v.clone());
     }
     if let Some(v) = p.user_id() {
         out = out.with_user_id(v.clone());

@@ -24,16 +24,6 @@ mod broker;
 mod channel;
 mod clock;
 mod consumer;
-#[cfg(test)]
-mod contract;
-#[cfg(test)]
-mod contract_arguments;
-#[cfg(test)]
-mod contract_messages;
-#[cfg(test)]
-mod contract_quorum;
-#[cfg(test)]
-mod contract_topology;
 mod dead_letter;
 mod faults;
 mod publish;
@@ -49,10 +39,9 @@ mod tests_quorum;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock};
 
-use crossbeam_channel::Receiver;
 use parking_lot::Mutex;
 
-use crate::transport::{AmqpError, Blocked, Transport};
+use crate::transport::{AmqpError, Blocked, Feed, Transport};
 
 pub(crate) use state::Broker;
 
@@ -75,11 +64,11 @@ pub(crate) fn broker(name: &str) -> Arc<Broker> {
 pub(crate) fn connect(
     name: &str,
     connection_name: Option<&str>,
-) -> Result<(Box<dyn Transport>, Receiver<Blocked>), AmqpError> {
+) -> Result<(Box<dyn Transport>, Feed<Blocked>), AmqpError> {
     let broker = broker(name);
     let (conn, blocked) = broker.open_connection(connection_name)?;
     Ok((
         Box::new(channel::MemoryTransport::new(broker, conn)),
-        blocked,
+        Feed::new(blocked),
     ))
 }

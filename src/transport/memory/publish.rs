@@ -4,7 +4,7 @@
 //! (ack, or nack under a fault or `x-overflow reject-publish`); a memory alarm holds publishes
 //! in order until it ends.
 
-use super::reply::{precondition, refusal, Refusal, Refused};
+use super::reply::{precondition, Refused};
 use super::state::{End, Msg, Outgoing, State};
 use crate::transport::{AmqpError, AmqpProperties, Confirm, ConfirmPayload, Publish, Return};
 
@@ -53,10 +53,6 @@ impl State {
             properties: p.properties,
             mandatory: p.mandatory,
         };
-        if p.immediate {
-            self.close_connection(conn, End::ServerConnection(not_emulated_immediate()));
-            return Ok(());
-        }
         if self.blocked.is_some() {
             if let Some(c) = self.conns.get_mut(&conn) {
                 c.held.push_back((chan, seq, out));
@@ -98,7 +94,6 @@ impl State {
                 reply_text: "NO_ROUTE".into(),
                 exchange: out.exchange.clone(),
                 routing_key: out.routing_key.clone(),
-                content: out.body.clone(),
                 properties: out.properties.clone(),
             };
             if let Ok(ch) = self.chan(conn, chan) {
@@ -160,9 +155,4 @@ impl State {
             }
         }
     }
-}
-
-/// RabbitMQ (3.x and 4.x) refuses `immediate` with a connection error (540, its own text).
-fn not_emulated_immediate() -> Refusal {
-    refusal(540, "NOT_IMPLEMENTED - immediate=true".into())
 }

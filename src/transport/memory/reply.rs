@@ -27,10 +27,9 @@ pub(super) fn refusal(code: u16, mut text: String) -> Refusal {
 }
 
 impl Refusal {
-    /// The error amiquip returns for it on `channel_id`.
-    pub(super) fn error(&self, channel_id: u16) -> AmqpError {
+    /// The error a transport answers with for it.
+    pub(super) fn error(&self) -> AmqpError {
         AmqpError::ServerClosedChannel {
-            channel_id,
             code: self.code,
             message: self.text.clone(),
         }
@@ -166,4 +165,9 @@ pub(super) fn same_value(a: &AmqpValue, b: &AmqpValue) -> bool {
         (Some(x), Some(y)) => x == y,
         _ => a == b,
     }
+}
+
+/// What a call on a connection that has ended answers: the link is gone.
+pub(super) fn closed() -> AmqpError {
+    AmqpError::link_lost("the connection has ended")
 }

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::contract::{args, declare, send};
+use crate::transport::conformance::{args, declare, send};
 use crate::transport::{
     AmqpError, AmqpProperties, AmqpValue, Blocked, Channel, Confirm, ConsumerMessage,
-    ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
-    QueueDeclareOptions, QueueDeleteOptions, Transport,
+    ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable, QueueDeclareOptions,
+    QueueDeleteOptions, Transport,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -20,7 +20,7 @@ fn unique(case: &str) -> String {
     format!("test.mem.{case}.{}.{nanos}", std::process::id())
 }
 
-fn open(name: &str) -> (Box<dyn Transport>, crossbeam_channel::Receiver<Blocked>) {
+fn open(name: &str) -> (Box<dyn Transport>, crate::transport::Feed<Blocked>) {
     super::connect(name, Some("test")).expect("connect")
 }
 
@@ -95,27 +95,7 @@ fn unemulated_features_are_refused_with_540_naming_them() {
     );
     assert_eq!(c, 540);
     let ch = t.open_channel().unwrap();
-    // `immediate` and `prefetch_size` are connection errors on RabbitMQ (540, its texts).
-    let p = Publish {
-        body: b"x",
-        routing_key: "q".into(),
-        mandatory: false,
-        immediate: true,
-        properties: Default::default(),
-    };
-    ch.basic_publish("", p).unwrap();
-    match ch.queue_declare_passive("q").unwrap_err() {
-        AmqpError::ServerClosedConnection { code: 540, message } => {
-            assert_eq!(message, "NOT_IMPLEMENTED - immediate=true")
-        }
-        e => panic!("{e:?}"),
-    }
-    assert!(matches!(
-        t.open_channel().map(drop),
-        Err(AmqpError::EventLoopDropped)
-    ));
-    let (mut t, _) = open(&name);
-    let ch = t.open_channel().unwrap();
+    // `prefetch_size` is a connection error on RabbitMQ (540, its text).
     assert!(matches!(
         ch.qos(10, 1, false),
         Err(AmqpError::ServerClosedConnection { code: 540, .. })
@@ -344,10 +324,10 @@ fn cut_connections_requeues_disconnects_and_deletes_exclusive_queues() {
         (broker.queue_depth("q"), broker.queue_depth("mine")),
         (Some(1), None)
     );
-    assert!(matches!(d.ack(&ch), Err(AmqpError::EventLoopDropped)));
+    assert!(matches!(d.ack(&ch), Err(AmqpError::LinkLost { .. })));
     assert!(matches!(
         t.open_channel().map(drop),
-        Err(AmqpError::EventLoopDropped)
+        Err(AmqpError::LinkLost { .. })
     ));
     assert_eq!(broker.connection_count(), 0);
     broker.refuse_connections(true);

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::contract::{args, declare, send};
+use crate::transport::conformance::{args, declare, send};
 use crate::transport::{
     AmqpProperties, AmqpValue, ConsumerMessage, ConsumerOptions, Delivery, FieldTable,
     QueueDeclareOptions, Transport,

@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use super::contract::{
-    args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth,
-};
+use super::{args, body_of, both, declare, get_within, headers_shape, seen, send, wait_depth};
 use crate::transport::{
     AmqpProperties, AmqpValue, Confirm, ConsumerMessage, ConsumerOptions, Delivery,
     ExchangeDeclareOptions, ExchangeType, FieldTable, Publish,
@@ -27,7 +25,6 @@ fn returns_come_before_confirms() {
                 body: b"x",
                 routing_key: key.into(),
                 mandatory,
-                immediate: false,
                 properties: AmqpProperties::default(),
             };
             ch.basic_publish("", p).unwrap();
@@ -319,29 +316,6 @@ fn expiry_dead_letters_and_holds_at_the_head() {
                 .map(|g| body_of(&g.delivery))
         ));
         out
-    });
-}
-
-#[test]
-fn immediate_is_refused_as_rabbitmq_does() {
-    both("immediate", |s| {
-        let mut t = s.connect();
-        let ch = t.open_channel().unwrap();
-        let q = s.queue("q");
-        declare(&ch, &q, FieldTable::new());
-        let p = Publish {
-            body: b"x",
-            routing_key: q.clone(),
-            mandatory: false,
-            immediate: true,
-            properties: AmqpProperties::default(),
-        };
-        let r = ch.basic_publish("", p).map_err(|e| seen(s, e));
-        let then = ch
-            .queue_declare_passive(&q)
-            .map(|_| ())
-            .map_err(|e| seen(s, e));
-        vec![format!("publish {r:?}, then {then:?}")]
     });
 }
 

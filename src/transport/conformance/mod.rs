@@ -1,10 +1,17 @@
-//! Contract tests: one body run over the memory broker and over the real RabbitMQ
+//! The conformance suite every transport runs: one body per case, run through the seam on each
+//! transport under test ([`CANDIDATES`]) and on the reference, the real RabbitMQ over AMQP
 //! (`ACEMQ_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672`; a test fails when it is
-//! unreachable), for what RabbitMQ shows deterministically. The memory broker follows the real
-//! one's major (its `version` server property; else `rabbitmq_major()` asks
+//! unreachable), for what RabbitMQ shows deterministically. A candidate follows the reference's
+//! major (its `version` server property; else `rabbitmq_major()` asks
 //! `$ACEMQ_TEST_RABBITMQCTL version`), so each body runs against 3.10 in 3.x mode and against
 //! 4.x in 4.x mode. Each body asserts what it must and returns what it saw (texts and codes
-//! included); the two sides' observations must be equal.
+//! included); each candidate's observations must equal the reference's. A new transport is one
+//! more entry in [`CANDIDATES`]. The cases: `arguments`, `messages`, `quorum`, `topology`.
+
+mod arguments;
+mod messages;
+mod quorum;
+mod topology;
 
 use std::time::{Duration, Instant};
 
@@ -69,9 +76,29 @@ fn rabbitmqctl_version() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// One side of a contract test: a way to connect, and the names to delete at the end.
+/// A transport under test: its name, and how to connect to its broker `instance` (one per
+/// case and run), which follows RabbitMQ's `major`.
+pub(super) struct Candidate {
+    name: &'static str,
+    open: fn(instance: &str, major: u8) -> Box<dyn Transport>,
+}
+
+/// The transports under test.
+pub(super) const CANDIDATES: &[Candidate] = &[Candidate {
+    name: "memory",
+    open: |instance, major| {
+        super::memory::broker(instance).set_major(major);
+        super::memory::connect(instance, None)
+            .expect("memory connect")
+            .0
+    },
+}];
+
+/// One side of a case: a candidate's broker or the reference, and the names to delete at the
+/// end.
 pub(super) struct Side {
-    memory: Option<String>,
+    /// The candidate and its broker's instance name; `None` for the reference.
+    candidate: Option<(&'static Candidate, String)>,
     case: String,
     stamp: String,
     queues: std::cell::RefCell<Vec<String>>,
@@ -79,18 +106,15 @@ pub(super) struct Side {
 }
 
 impl Side {
-    fn new(memory: bool, case: &str) -> Side {
+    fn new(candidate: Option<&'static Candidate>, case: &str) -> Side {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos();
         let stamp = format!("{}.{nanos}", std::process::id());
-        let memory = memory.then(|| format!("contract.{case}.{stamp}"));
-        if let Some(name) = &memory {
-            super::broker(name).set_major(rabbitmq_major());
-        }
+        let candidate = candidate.map(|c| (c, format!("contract.{case}.{stamp}")));
         Side {
-            memory,
+            candidate,
             case: case.to_string(),
             stamp,
             queues: Default::default(),
@@ -99,8 +123,8 @@ impl Side {
     }
 
     pub(super) fn connect(&self) -> Box<dyn Transport> {
-        match &self.memory {
-            Some(name) => super::connect(name, None).expect("memory connect").0,
+        match &self.candidate {
+            Some((c, instance)) => (c.open)(instance, rabbitmq_major()),
             None => Box::new(AmqpTransport(open_real())),
         }
     }
@@ -147,38 +171,44 @@ impl Drop for Side {
     }
 }
 
-/// Runs `body` on both transports; their observations must be equal.
+/// Runs `body` on every candidate and on RabbitMQ; each candidate's observations must equal
+/// RabbitMQ's.
 pub(super) fn both(case: &str, body: impl Fn(&Side) -> Vec<String>) {
-    let memory = Side::new(true, case);
-    let seen_memory = body(&memory);
-    drop(memory);
-    let real = Side::new(false, case);
+    let real = Side::new(None, case);
     let seen_real = body(&real);
     drop(real);
-    assert_eq!(
-        seen_memory, seen_real,
-        "memory (left) and RabbitMQ (right) differ"
-    );
+    for candidate in CANDIDATES {
+        let side = Side::new(Some(candidate), case);
+        let seen = body(&side);
+        drop(side);
+        assert_eq!(
+            seen, seen_real,
+            "{} (left) and RabbitMQ (right) differ",
+            candidate.name
+        );
+    }
 }
 
-/// An error as observed: a channel refusal's code and text, else the variant.
+/// An error as observed: a channel refusal's code and text, else the variant (a lost link's
+/// reason is each transport's own words).
 pub(super) fn seen(side: &Side, e: AmqpError) -> String {
     match e {
         AmqpError::ServerClosedChannel { code, message, .. } => {
             format!("{code} {}", side.plain(&message))
         }
+        AmqpError::LinkLost { .. } => "LinkLost".into(),
         e => format!("{e:?}"),
     }
 }
 
-pub(super) fn args(pairs: &[(&str, AmqpValue)]) -> FieldTable {
+pub(crate) fn args(pairs: &[(&str, AmqpValue)]) -> FieldTable {
     pairs
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect()
 }
 
-pub(super) fn declare(ch: &Channel, q: &str, arguments: FieldTable) {
+pub(crate) fn declare(ch: &Channel, q: &str, arguments: FieldTable) {
     ch.queue_declare(
         q,
         QueueDeclareOptions {
@@ -189,7 +219,7 @@ pub(super) fn declare(ch: &Channel, q: &str, arguments: FieldTable) {
     .expect("declare");
 }
 
-pub(super) fn send(ch: &Channel, exchange: &str, key: &str, body: &str, props: AmqpProperties) {
+pub(crate) fn send(ch: &Channel, exchange: &str, key: &str, body: &str, props: AmqpProperties) {
     ch.basic_publish(
         exchange,
         Publish::with_properties(body.as_bytes(), key, props),

@@ -5,7 +5,7 @@
 //! compared as the other arguments are, taken on a quorum queue whatever its type, refused on a
 //! classic one.
 
-use super::contract::{args, both, seen, Side};
+use super::{args, both, seen, Side};
 use crate::transport::{AmqpValue, FieldTable, QueueDeclareOptions, Transport};
 
 /// Declares `q` with `first`, then again with `then` on a fresh channel: `ok` or the refusal.

@@ -7,7 +7,7 @@
 //! with a delivery limit (4.x's default), to the tail of one without (3.x's default); an
 //! exclusive consume is not enforced.
 
-use super::contract::{args, body_of, both, get_within, headers_shape, send, wait_depth, Side};
+use super::{args, body_of, both, get_within, headers_shape, send, wait_depth, Side};
 use crate::transport::{
     AmqpProperties, AmqpValue, Channel, ConsumerOptions, Delivery, QueueDeclareOptions, Transport,
 };

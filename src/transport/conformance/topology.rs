@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::contract::{args, body_of, both, declare, seen, send, wait_depth, Attempt};
+use super::{args, body_of, both, declare, seen, send, wait_depth, Attempt};
 use crate::transport::{
     AmqpProperties, AmqpValue, ConsumerMessage, ConsumerOptions, ExchangeDeclareOptions,
     ExchangeType, FieldTable, Publish, QueueDeclareOptions, QueueDeleteOptions,
