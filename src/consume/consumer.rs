@@ -101,12 +101,11 @@ impl Connection {
             running: AtomicUsize::new(0),
             handled: Default::default(),
             running_deliveries: Default::default(),
-            label: options.label,
-            stream_cursor: options.stream_cursor,
+            label: options.hook.as_ref().and_then(|h| h.label()),
             at_most_once: options.at_most_once,
             inline: options.inline,
             lost: AtomicU64::new(0),
-            replies: options.replies,
+            hook: options.hook,
             ack_first_wait: options
                 .ack_first_wait
                 .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),

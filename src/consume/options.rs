@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::hook::DeliveryHook;
 use super::ladder::policy::RetryPolicy;
-use super::reply::ReplyHooks;
-use super::stream_cursor::StreamCursor;
 use crate::codec::Codec;
 use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
@@ -24,14 +23,9 @@ pub struct ConsumerOptions {
     pub(super) shutdown_timeout: Duration,
     pub(super) at_most_once: bool,
     pub(super) inline: bool,
-    /// Set by a [`ConsumerGroup`](crate::patterns::consumer_group::ConsumerGroup) for its members: a suffix of
-    /// the thread names (`acemq-consumer-3`) and a tag in log lines.
-    pub(super) label: Option<String>,
-    /// Set by a stream reader: where the reader is, for resuming after a reconnect.
-    pub(super) stream_cursor: Option<Arc<StreamCursor>>,
-    /// Set by a responder: its handler stages replies that the owner publishes on the request's
-    /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
-    pub(super) replies: Option<Arc<dyn ReplyHooks>>,
+    /// Set by a pattern that takes part in each delivery's life (`hook.rs`): a consumer
+    /// group's member, a stream reader, a responder.
+    pub(super) hook: Option<Arc<dyn DeliveryHook>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out before
     /// it gives the delivery up (`None`: the shutdown timeout, at least 30 s).
     pub(super) ack_first_wait: Option<Duration>,
@@ -50,9 +44,7 @@ impl Default for ConsumerOptions {
             shutdown_timeout: Duration::from_secs(30),
             at_most_once: false,
             inline: false,
-            label: None,
-            stream_cursor: None,
-            replies: None,
+            hook: None,
             ack_first_wait: None,
         }
     }
@@ -181,22 +173,10 @@ impl ConsumerOptions {
         self
     }
 
-    /// Names this consumer's threads and log lines after `label` (a group member's number).
-    pub(crate) fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// Makes this a stream reader's consumer, tracking its position in `cursor`.
-    pub(crate) fn stream_cursor(mut self, cursor: Arc<StreamCursor>) -> Self {
-        self.stream_cursor = Some(cursor);
-        self
-    }
-
-    /// Makes this a responder's consumer: replies its handler stages are published on the
-    /// request's channel before the request is acknowledged (see `reply.rs`).
-    pub(crate) fn replies(mut self, hooks: Arc<dyn ReplyHooks>) -> Self {
-        self.replies = Some(hooks);
+    /// Has `hook` take part in each delivery's life (see `hook.rs`): set by the patterns that
+    /// need it, one per consumer (a later one replaces it).
+    pub(crate) fn hook(mut self, hook: Arc<dyn DeliveryHook>) -> Self {
+        self.hook = Some(hook);
         self
     }
 
