@@ -106,6 +106,7 @@ impl Connection {
             inline: options.inline,
             lost: AtomicU64::new(0),
             hook: options.hook,
+            order: options.order,
             ack_first_wait: options
                 .ack_first_wait
                 .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),
@@ -179,7 +180,7 @@ pub(super) fn check_inline<H: Handler + Sync + ?Sized>(ctx: &Context, handler: &
     if !ctx.inline {
         return Ok(());
     }
-    if handler.ordering().is_some() {
+    if ctx.ordering(handler).is_some() {
         return Err(Error::invalid(
             "an ordered handler cannot run inline: the consumer's thread decides which delivery \
              may run next while handlers run",

@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::hook::DeliveryHook;
 use super::ladder::copy_failures::CopyFailures;
 use super::ladder::policy::RetryPolicy;
+use super::outcome::{Handler, OrderBy};
 use crate::codec::Codec;
 use crate::connection::Connection;
 use crate::envelope::HeaderValue;
@@ -58,6 +59,12 @@ pub(crate) struct Context {
     pub(crate) inline: bool,
     /// At-most-once deliveries whose handler failed: lost on purpose.
     pub(crate) lost: AtomicU64,
+    /// The per-key ordering set on the options ([`ConsumerOptions::ordering`]); else the
+    /// handler's ([`Handler::ordering`]).
+    ///
+    /// [`ConsumerOptions::ordering`]: super::ConsumerOptions::ordering
+    /// [`Handler::ordering`]: super::Handler::ordering
+    pub(crate) order: Option<Arc<OrderBy>>,
     /// The pattern taking part in each delivery's life, if any (`hook.rs`).
     pub(crate) hook: Option<Arc<dyn DeliveryHook>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out.
@@ -67,6 +74,14 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// The ordering this consumer keeps: its options', else its handler's.
+    pub(crate) fn ordering<'a, H: Handler + ?Sized>(
+        &'a self,
+        handler: &'a H,
+    ) -> Option<&'a OrderBy> {
+        self.order.as_deref().or_else(|| handler.ordering())
+    }
+
     pub(crate) fn stop_requested(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

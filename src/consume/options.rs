@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use super::hook::DeliveryHook;
 use super::ladder::policy::RetryPolicy;
+use super::outcome::OrderBy;
 use crate::codec::Codec;
 use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
@@ -26,6 +27,8 @@ pub struct ConsumerOptions {
     /// Set by a pattern that takes part in each delivery's life (`hook.rs`): a consumer
     /// group's member, a stream reader, a responder.
     pub(super) hook: Option<Arc<dyn DeliveryHook>>,
+    /// Per-key ordering ([`ordering`](Self::ordering)).
+    pub(super) order: Option<Arc<OrderBy>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out before
     /// it gives the delivery up (`None`: the shutdown timeout, at least 30 s).
     pub(super) ack_first_wait: Option<Duration>,
@@ -45,6 +48,7 @@ impl Default for ConsumerOptions {
             at_most_once: false,
             inline: false,
             hook: None,
+            order: None,
             ack_first_wait: None,
         }
     }
@@ -160,6 +164,34 @@ impl ConsumerOptions {
     /// the consumer starts.
     pub fn inline(mut self, inline: bool) -> Self {
         self.inline = inline;
+        self
+    }
+
+    /// Handles messages with the same key one at a time, in delivery order, and different keys
+    /// in parallel (up to the concurrency): what
+    /// [`patterns::ordering`](crate::patterns::ordering) promises, kept by the consumer itself,
+    /// so that no wrapper around the handler can lose it. Defaults to none.
+    ///
+    /// ```no_run
+    /// use acemq_amqp::patterns::ordering::by_header;
+    /// use acemq_amqp::{Connection, ConsumerOptions, Message, OrderBy, Outcome};
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// let connection = Connection::open("amqp://127.0.0.1")?;
+    /// let options = ConsumerOptions::new()
+    ///     .concurrency(8)
+    ///     .prefetch(256)
+    ///     .ordering(OrderBy::new(by_header("order-id")).hold_on_retry(true));
+    /// let running = connection
+    ///     .consumer("orders", options)?
+    ///     .start(|m: &Message| Ok(Outcome::Accept))?;
+    /// # running.close()?; Ok(()) }
+    /// ```
+    ///
+    /// It takes the place of a handler's own [`Handler::ordering`](crate::Handler::ordering)
+    /// (the [`ordered`](crate::patterns::ordering::ordered) wrapper's), which is still honoured
+    /// when this is not set. Refused with [`inline`](Self::inline) when the consumer starts.
+    pub fn ordering(mut self, order: OrderBy) -> Self {
+        self.order = Some(Arc::new(order));
         self
     }
 

@@ -26,7 +26,9 @@ pub trait Handler {
     /// had been handled alone. Defaults to `None`: one message at a time, through
     /// [`handle`](Self::handle). A wrapper around a batched handler passes this and
     /// [`handle_batch`](Self::handle_batch) on (this crate's wrappers and the chain's layers
-    /// do), or the batching is lost.
+    /// do), or the batching is lost — only the batching: each message is then handled alone
+    /// through [`handle`](Self::handle), with the same outcomes. (Unlike the ordering this
+    /// stays on the handler: a batch needs the handler's own `handle_batch` anyway.)
     fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
         None
     }
@@ -46,7 +48,10 @@ pub trait Handler {
     /// default) for none. Set by [`ordered`](crate::patterns::ordering::ordered); a wrapper around another
     /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent::idempotent)) passes on its inner
     /// handler's, so that the ordering holds wherever it sits in a chain. A handler written by
-    /// hand around an ordered one should do the same, or the ordering is lost.
+    /// hand around an ordered one should do the same, or the ordering is lost — which is why
+    /// [`ConsumerOptions::ordering`](crate::ConsumerOptions::ordering), which nothing can hide,
+    /// is the better place for it; the consumer asks the handler only when its options set
+    /// none.
     fn ordering(&self) -> Option<&OrderBy> {
         None
     }
