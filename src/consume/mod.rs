@@ -85,30 +85,38 @@ mod consumer;
 mod context;
 mod health;
 mod hook;
-pub(crate) mod ladder;
+mod ladder;
 mod limit_warning;
 mod options;
 mod ordered;
 mod outcome;
-pub(crate) mod owner;
+mod owner;
 mod protocol;
-pub(crate) mod put_back;
+mod put_back;
 mod report;
 mod running;
 mod runtime;
 mod settle;
 mod source;
 mod step;
-pub(crate) mod subscribe;
-pub(crate) mod worker;
+mod subscribe;
+mod worker;
 
 pub use consumer::Consumer;
 pub(crate) use hook::{BeforeAck, DeliveryHook, OnChannel};
+// The engine's pieces the patterns that work beside a consumer (the acknowledged source, the
+// requester, peek, replay) use, named here and nowhere else: `consume/`'s files are private.
+#[cfg(test)]
+pub(crate) use ladder::copies::copy_of;
+pub(crate) use ladder::copies::{dead_letter_copy, publish_copy};
+pub(crate) use ladder::policy::declare_failure_topology;
 pub use ladder::policy::{
     failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD,
 };
 pub use options::ConsumerOptions;
 pub(crate) use outcome::format_duration;
 pub use outcome::{Handler, HandlerResult, OrderBy, Outcome};
+pub(crate) use put_back::replace_counted;
 pub use report::CloseReport;
 pub use running::RunningConsumer;
+pub(crate) use subscribe::cancel_and_drain;
