@@ -1,5 +1,9 @@
 //! Interceptors: the seam around every publish and every handler on a connection.
 //!
+//! (In the base layer: the traits name only a [`Message`], a [`Ticket`] and a
+//! [`HandlerResult`](crate::HandlerResult), so [`ConnectionOptions`](crate::ConnectionOptions)
+//! holds them typed; `publish/` and `consume/` run them.)
+//!
 //! The family's shape (Python `interceptors.py`: one function handed the message and the rest
 //! of the work), in Rust's idiom: a trait whose method receives a `next` to call. Register them
 //! on [`ConnectionOptions`] with
@@ -43,15 +47,13 @@
 //!
 //! The observer keeps working as before, beside the interceptors.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::connection::ConnectionOptions;
-use crate::consume::HandlerResult;
 use crate::envelope::Message;
 use crate::error::Result;
-use crate::publish::Ticket;
+use crate::outcome::HandlerResult;
+use crate::ticket::Ticket;
 
 /// A message on its way out.
 pub struct PublishContext {
@@ -115,36 +117,9 @@ pub(crate) fn tell_answered(listeners: Vec<AnswerListener>, answer: &Result<()>)
     }
 }
 
-/// The connection's interceptors as [`ConnectionOptions`] keeps them: type-erased (the transport
-/// does not know this module), each an `Arc<dyn PublishInterceptor>` or an
-/// `Arc<dyn ConsumeInterceptor>` in an `Arc<dyn Any>`, added and downcast only here.
-type Erased = Arc<dyn Any + Send + Sync>;
-
-/// Registering interceptors: here, beside the traits, rather than with the rest of the options
-/// (the transport does not depend on the engine).
-impl ConnectionOptions {
-    /// Adds a publish interceptor, run around every publish of this connection's publishers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    #[must_use]
-    pub fn intercept_publish(mut self, interceptor: impl PublishInterceptor) -> Self {
-        let layer: Arc<dyn PublishInterceptor> = Arc::new(interceptor);
-        self.publish_interceptors.push(Arc::new(layer));
-        self
-    }
-
-    /// Adds a consume interceptor, run around every handler of this connection's consumers,
-    /// inside those added before it (see [`intercept`](crate::intercept)).
-    #[must_use]
-    pub fn intercept_consume(mut self, interceptor: impl ConsumeInterceptor) -> Self {
-        let layer: Arc<dyn ConsumeInterceptor> = Arc::new(interceptor);
-        self.consume_interceptors.push(Arc::new(layer));
-        self
-    }
-}
-
 /// The rest of a publish: the next interceptor, or the hand-over itself.
 pub struct PublishNext<'a> {
-    rest: &'a [Erased],
+    rest: &'a [Arc<dyn PublishInterceptor>],
     send: &'a dyn Fn(PublishContext) -> Result<Ticket>,
 }
 
@@ -155,24 +130,14 @@ impl PublishNext<'_> {
     ///
     /// What a later interceptor or the publish returns.
     pub fn run(self, context: PublishContext) -> Result<Ticket> {
-        // (Only `intercept_publish` adds to the list: every entry downcasts.)
-        let first = self.rest.split_first().map(|(first, rest)| {
-            let first = first.downcast_ref::<Arc<dyn PublishInterceptor>>();
-            (first, rest)
-        });
-        match first {
-            Some((Some(first), rest)) => first.publish(
+        match self.rest.split_first() {
+            Some((first, rest)) => first.publish(
                 context,
                 PublishNext {
                     rest,
                     send: self.send,
                 },
             ),
-            Some((None, rest)) => PublishNext {
-                rest,
-                send: self.send,
-            }
-            .run(context),
             None => (self.send)(context),
         }
     }
@@ -199,7 +164,7 @@ where
 
 /// Runs `interceptors` (outermost first) around `send`.
 pub(crate) fn run_publish(
-    interceptors: &[Erased],
+    interceptors: &[Arc<dyn PublishInterceptor>],
     context: PublishContext,
     send: &dyn Fn(PublishContext) -> Result<Ticket>,
 ) -> Result<Ticket> {
@@ -269,7 +234,7 @@ impl<'a> ConsumeContext<'a> {
 
 /// The rest of a delivery: the next interceptor, or the handler.
 pub struct ConsumeNext<'a> {
-    rest: &'a [Erased],
+    rest: &'a [Arc<dyn ConsumeInterceptor>],
     handler: &'a dyn Fn(&Message) -> HandlerResult,
 }
 
@@ -277,13 +242,8 @@ impl ConsumeNext<'_> {
     /// Runs the rest of the chain and the handler on `message` (the delivered one, or a
     /// changed clone of it).
     pub fn run(self, context: &mut ConsumeContext<'_>, message: &Message) -> HandlerResult {
-        // (Only `intercept_consume` adds to the list: every entry downcasts.)
-        let first = self.rest.split_first().map(|(first, rest)| {
-            let first = first.downcast_ref::<Arc<dyn ConsumeInterceptor>>();
-            (first, rest)
-        });
-        match first {
-            Some((Some(first), rest)) => first.consume(
+        match self.rest.split_first() {
+            Some((first, rest)) => first.consume(
                 context,
                 message,
                 ConsumeNext {
@@ -291,11 +251,6 @@ impl ConsumeNext<'_> {
                     handler: self.handler,
                 },
             ),
-            Some((None, rest)) => ConsumeNext {
-                rest,
-                handler: self.handler,
-            }
-            .run(context, message),
             None => (self.handler)(message),
         }
     }
@@ -336,7 +291,7 @@ where
 
 /// Runs `interceptors` (outermost first) around `handler`.
 pub(crate) fn run_consume(
-    interceptors: &[Erased],
+    interceptors: &[Arc<dyn ConsumeInterceptor>],
     context: &mut ConsumeContext<'_>,
     message: &Message,
     handler: &dyn Fn(&Message) -> HandlerResult,

@@ -263,6 +263,7 @@ pub mod health;
 pub mod intercept;
 mod names;
 pub mod observe;
+mod outcome;
 pub mod patterns;
 mod publish;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -273,6 +274,7 @@ mod stop;
 pub mod test_ca;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod ticket;
 pub mod trace;
 pub mod wire;
 // The seam under the engine: the AMQP transport (amiquip) and the in-process one (`memory`).

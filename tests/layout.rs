@@ -30,22 +30,17 @@ const LAYERS: &[(&str, &[&str])] = &[
             "health.rs",
             "health/",
             "wire/",
+            "outcome.rs",
+            "ticket.rs",
+            "intercept.rs",
+            "trace.rs",
         ],
     ),
     (
         "transport",
         &["connection/", "transport/", "credentials.rs", "test_ca.rs"],
     ),
-    (
-        "engine",
-        &[
-            "publish/",
-            "publish.rs",
-            "consume/",
-            "intercept.rs",
-            "trace.rs",
-        ],
-    ),
+    ("engine", &["publish/", "publish.rs", "consume/"]),
     (
         "stores",
         &[

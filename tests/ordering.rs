@@ -152,6 +152,54 @@ fn two_thousand_messages_over_twenty_keys_keep_per_key_order_with_keys_in_parall
     assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
 }
 
+/// The ordering set on the consumer's options holds whatever wraps the handler: here a closure
+/// around a closure, which would hide an `ordered` handler's `Handler::ordering`.
+#[test]
+fn ordering_on_the_options_holds_behind_a_wrapper_that_forwards_nothing() {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique("ordered-options"), &[]);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let items: Vec<(String, usize)> = (0..400).map(|i| (format!("key-{}", i % 8), i)).collect();
+    publish_keyed(&conn, &q, &items);
+
+    let trace = Arc::new(Trace::default());
+    let t = trace.clone();
+    let inner = move |m: &Message| {
+        let key = key_of(m);
+        t.enter(&key, seq_of(m));
+        std::thread::sleep(Duration::from_micros(500));
+        t.leave(&key);
+        Ok(Outcome::Accept)
+    };
+    let wrapper = move |m: &Message| inner(m);
+    let options = ConsumerOptions::new()
+        .concurrency(8)
+        .prefetch(200)
+        .ordering(acemq_amqp::OrderBy::new(by_header("k")));
+    let consumer = conn.consumer(&q, options).unwrap().start(wrapper).unwrap();
+    assert!(
+        eventually(WAIT, || trace.done.load(Ordering::SeqCst) == 400),
+        "handled {} of 400",
+        trace.done.load(Ordering::SeqCst)
+    );
+    consumer.close().unwrap();
+    assert_eq!(
+        trace.same_key_overlaps.load(Ordering::SeqCst),
+        0,
+        "two handlers of one key never ran at once"
+    );
+    let order = trace.order.lock().unwrap();
+    for (key, seqs) in order.iter() {
+        let expected: Vec<usize> = items
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, s)| *s)
+            .collect();
+        assert_eq!(seqs, &expected, "key {key} handled in delivery order");
+    }
+}
+
 #[test]
 fn one_slow_key_does_not_stall_the_others() {
     let conn = connect();

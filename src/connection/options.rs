@@ -1,6 +1,5 @@
 //! Connection options. Passwords are kept in [`Address`] and never shown.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +7,7 @@ use std::time::Duration;
 use super::address::Address;
 use crate::codec::{Codec, JsonCodec};
 use crate::error::{Error, Result};
+use crate::intercept::{ConsumeInterceptor, PublishInterceptor};
 use crate::observe::{LogObserver, Observer};
 
 /// The `frame_max` asked for by default: RabbitMQ's own default.
@@ -48,12 +48,10 @@ pub struct ConnectionOptions {
     pub(crate) observer: Arc<dyn Observer>,
     /// Where the login comes from, asked at each connect (replaces the URLs' user and password).
     pub(crate) credentials: Option<crate::credentials::SharedSource>,
-    /// Run around every publish, outermost first. Type-erased: the engine's publish
-    /// interceptors, added and run by [`intercept`](crate::intercept) (which downcasts them), so
-    /// that the transport does not depend on the engine above it.
-    pub(crate) publish_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
-    /// Run around every handler, outermost first. Type-erased, as `publish_interceptors`.
-    pub(crate) consume_interceptors: Vec<Arc<dyn Any + Send + Sync>>,
+    /// Run around every publish, outermost first (run by `Publisher::publish_deferred`).
+    pub(crate) publish_interceptors: Vec<Arc<dyn PublishInterceptor>>,
+    /// Run around every handler, outermost first (run by `consume/step.rs`).
+    pub(crate) consume_interceptors: Vec<Arc<dyn ConsumeInterceptor>>,
     /// How `amqps://` addresses are checked and what they present.
     #[cfg(feature = "tls")]
     pub(crate) tls: super::tls::TlsSettings,
@@ -366,6 +364,22 @@ impl ConnectionOptions {
     #[must_use]
     pub fn allow_development_certificates(mut self, allow: bool) -> Self {
         self.tls.allow_development = allow;
+        self
+    }
+
+    /// Adds a publish interceptor, run around every publish of this connection's publishers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
+    pub fn intercept_publish(mut self, interceptor: impl PublishInterceptor) -> Self {
+        self.publish_interceptors.push(Arc::new(interceptor));
+        self
+    }
+
+    /// Adds a consume interceptor, run around every handler of this connection's consumers,
+    /// inside those added before it (see [`intercept`](crate::intercept)).
+    #[must_use]
+    pub fn intercept_consume(mut self, interceptor: impl ConsumeInterceptor) -> Self {
+        self.consume_interceptors.push(Arc::new(interceptor));
         self
     }
 

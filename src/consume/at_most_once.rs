@@ -11,7 +11,6 @@ use crossbeam_channel::Sender;
 use super::context::Context;
 use super::outcome::{decide, Handler, Verdict};
 use super::protocol::{AckAhead, Job, Settle, SettleAction};
-use super::reply;
 use super::step::intercepted;
 use crate::observe::{Decision, Settlement};
 
@@ -77,8 +76,11 @@ pub(super) fn at_most_once<H: Handler + Sync + ?Sized>(
     }));
     ctx.running.fetch_sub(1, Ordering::SeqCst);
     let handler_duration = started.elapsed();
-    let reply = reply::take();
     let verdict = decide(result);
+    let before_ack = ctx
+        .hook
+        .as_ref()
+        .and_then(|h| h.after_handler(verdict == Verdict::Accept));
     let error = match &verdict {
         Verdict::Accept => None,
         other => Some(format!(
@@ -108,10 +110,10 @@ pub(super) fn at_most_once<H: Handler + Sync + ?Sized>(
         message_id: message.id(),
         error: error.as_deref(),
     });
-    // Acknowledged already: the owner only counts it settled (and publishes a responder's
-    // reply).
-    let action = match (error.is_none(), reply) {
-        (true, Some(reply)) => SettleAction::Reply(reply),
+    // Acknowledged already: the owner only counts it settled (and runs a pattern's publish, a
+    // responder's reply).
+    let action = match (error.is_none(), before_ack) {
+        (true, Some(work)) => SettleAction::BeforeAck(work),
         _ => SettleAction::Ack,
     };
     let _ = settle.send(Settle {

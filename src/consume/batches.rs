@@ -54,22 +54,18 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
             let Some(job) = admit(ctx, job, &settle) else {
                 continue;
             };
-            let offset = ctx
-                .stream_cursor
-                .as_ref()
-                .and_then(|c| c.started(&job.message));
-            batch.push((job, offset));
+            if let Some(hook) = &ctx.hook {
+                hook.before_handler(&job.message);
+            }
+            batch.push(job);
         }
         if batch.is_empty() {
             continue;
         }
         let started = Instant::now();
-        let parked: Vec<_> = batch
-            .into_iter()
-            .map(|(job, offset)| (job.park(ctx), offset))
-            .collect();
+        let parked: Vec<_> = batch.into_iter().map(|job| job.park(ctx)).collect();
         ctx.running.fetch_add(parked.len(), Ordering::SeqCst);
-        let messages: Vec<&Message> = parked.iter().map(|(p, _)| &p.message).collect();
+        let messages: Vec<&Message> = parked.iter().map(|p| &p.message).collect();
         let results = catch_unwind(AssertUnwindSafe(|| handler.handle_batch(&messages)));
         drop(messages);
         ctx.running.fetch_sub(parked.len(), Ordering::SeqCst);
@@ -93,11 +89,9 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
         let batch: Vec<_> = parked
             .into_iter()
             .zip(results)
-            .filter_map(|((parked, offset), result)| {
-                parked.unpark(ctx).map(|job| ((job, offset), result))
-            })
+            .filter_map(|(parked, result)| parked.unpark(ctx).map(|job| (job, result)))
             .collect();
-        for ((job, offset), result) in batch {
+        for (job, result) in batch {
             // A batch that panicked as a whole (or answered wrongly) is every message's retry.
             let result = result.unwrap_or_else(|| {
                 Err(Box::new("the batch handler panicked or answered wrongly") as _)
@@ -106,7 +100,7 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
             // The batch ran under no single message's trace; each copy is published under its
             // own message's. The consume interceptors wrap single calls only (see the module
             // docs of `crate::intercept`): a batch handler is not intercepted.
-            let watch = Watch::start(ctx, &job.message, offset);
+            let watch = Watch::start(ctx, &job.message);
             finish(ctx, job, (verdict, duration), watch, &settle, &timer);
         }
     }

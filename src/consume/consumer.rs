@@ -101,12 +101,12 @@ impl Connection {
             running: AtomicUsize::new(0),
             handled: Default::default(),
             running_deliveries: Default::default(),
-            label: options.label,
-            stream_cursor: options.stream_cursor,
+            label: options.hook.as_ref().and_then(|h| h.label()),
             at_most_once: options.at_most_once,
             inline: options.inline,
             lost: AtomicU64::new(0),
-            replies: options.replies,
+            hook: options.hook,
+            order: options.order,
             ack_first_wait: options
                 .ack_first_wait
                 .unwrap_or_else(|| options.shutdown_timeout.max(Duration::from_secs(30))),
@@ -180,7 +180,7 @@ pub(super) fn check_inline<H: Handler + Sync + ?Sized>(ctx: &Context, handler: &
     if !ctx.inline {
         return Ok(());
     }
-    if handler.ordering().is_some() {
+    if ctx.ordering(handler).is_some() {
         return Err(Error::invalid(
             "an ordered handler cannot run inline: the consumer's thread decides which delivery \
              may run next while handlers run",

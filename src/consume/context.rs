@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::hook::DeliveryHook;
 use super::ladder::copy_failures::CopyFailures;
 use super::ladder::policy::RetryPolicy;
-use super::reply::ReplyHooks;
-use super::stream_cursor::StreamCursor;
+use super::outcome::{Handler, OrderBy};
 use crate::codec::Codec;
 use crate::connection::Connection;
 use crate::envelope::HeaderValue;
@@ -50,18 +50,23 @@ pub(crate) struct Context {
     pub(crate) handled: std::sync::atomic::AtomicU64,
     /// Their deliveries, held while their handlers run (`abandon.rs`).
     pub(crate) running_deliveries: super::abandon::RunningDeliveries,
-    /// A group member's number: a suffix of the thread names and a tag in log lines.
+    /// The hook's label (a group member's number, a stream reader's name): a suffix of the
+    /// thread names and a tag in log lines.
     pub(crate) label: Option<String>,
-    /// A stream reader's position (see [`ConsumerOptions::stream_cursor`]).
-    pub(crate) stream_cursor: Option<Arc<StreamCursor>>,
     /// Acknowledge when a worker takes a delivery, before the handler runs.
     pub(crate) at_most_once: bool,
     /// The owner runs the handler itself ([`ConsumerOptions::inline`]).
     pub(crate) inline: bool,
     /// At-most-once deliveries whose handler failed: lost on purpose.
     pub(crate) lost: AtomicU64,
-    /// A responder's reply hooks: the owner listens for returned replies.
-    pub(crate) replies: Option<Arc<dyn ReplyHooks>>,
+    /// The per-key ordering set on the options ([`ConsumerOptions::ordering`]); else the
+    /// handler's ([`Handler::ordering`]).
+    ///
+    /// [`ConsumerOptions::ordering`]: super::ConsumerOptions::ordering
+    /// [`Handler::ordering`]: super::Handler::ordering
+    pub(crate) order: Option<Arc<OrderBy>>,
+    /// The pattern taking part in each delivery's life, if any (`hook.rs`).
+    pub(crate) hook: Option<Arc<dyn DeliveryHook>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out.
     pub(crate) ack_first_wait: Duration,
     /// When a delivery was last settled (ms since the epoch; 0: none yet), for its health.
@@ -69,6 +74,14 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// The ordering this consumer keeps: its options', else its handler's.
+    pub(crate) fn ordering<'a, H: Handler + ?Sized>(
+        &'a self,
+        handler: &'a H,
+    ) -> Option<&'a OrderBy> {
+        self.order.as_deref().or_else(|| handler.ordering())
+    }
+
     pub(crate) fn stop_requested(&self) -> bool {
         self.stopping.load(Ordering::SeqCst)
     }

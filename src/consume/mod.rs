@@ -33,9 +33,12 @@
 //! step 2. With [`ConsumerOptions::at_most_once`] the worker has the owner acknowledge the
 //! delivery before the handler runs and publishes no copy.
 //!
-//! A responder's handler ([`Responder`](crate::patterns::request_reply::Responder)) stages its reply on the worker's
-//! thread; the worker sends it with the accepted settlement and the owner publishes it on the
-//! request's channel just before the acknowledgement (`reply.rs` says why).
+//! A pattern that takes part in each delivery's life (a responder's reply on the request's
+//! channel, a stream reader's position, a group member's thread names) does it through one
+//! crate-private [`DeliveryHook`] in the consumer's options, which the engine calls at fixed
+//! points (`hook.rs` lists them); the pattern's code stays in its folder. The hook's
+//! [`BeforeAck`] is what the owner runs on the delivery's channel just before the
+//! acknowledgement (`hook.rs` says why).
 //!
 //! With [`ConsumerOptions::inline`] (concurrency 1) there are no worker threads: the owner
 //! reads each delivery and runs step 2 itself (`worker::take`, the same code a worker runs),
@@ -71,7 +74,8 @@
 //! | `batches.rs` | the batched worker loop ([`Handler::batch_limits`]) |
 //! | `at_most_once.rs` | at most once: the ack ahead of the handler, and a late ack's loss on the owner's side |
 //! | `ladder/` | the retry ladder in one room: `policy.rs` (the family's retry policy and topology), `copies.rs` (what the consumer decides, `decision`, and the copies a verdict needs, `carry_out`: retry, dead-letter, park, trimmed; published before the settlement), `copy_failures.rs` (the back-off of an original whose copy failed), `timer.rs` (the timer thread: retries held in the consumer, `fire`) |
-//! | `outcome.rs`, `reply.rs`, `stream_cursor.rs` | outcomes and verdicts; a responder's staged replies; a stream reader's position |
+//! | `outcome.rs` | outcomes and verdicts |
+//! | `hook.rs` | [`DeliveryHook`]: how a pattern takes part in a delivery's life; [`BeforeAck`], run on the delivery's channel before its ack |
 
 mod abandon;
 mod acks;
@@ -80,32 +84,39 @@ mod batches;
 mod consumer;
 mod context;
 mod health;
-pub(crate) mod ladder;
+mod hook;
+mod ladder;
 mod limit_warning;
 mod options;
 mod ordered;
 mod outcome;
-pub(crate) mod owner;
+mod owner;
 mod protocol;
-pub(crate) mod put_back;
-pub(crate) mod reply;
+mod put_back;
 mod report;
 mod running;
 mod runtime;
 mod settle;
 mod source;
 mod step;
-mod stream_cursor;
-pub(crate) mod subscribe;
-pub(crate) mod worker;
+mod subscribe;
+mod worker;
 
 pub use consumer::Consumer;
+pub(crate) use hook::{BeforeAck, DeliveryHook, OnChannel};
+// The engine's pieces the patterns that work beside a consumer (the acknowledged source, the
+// requester, peek, replay) use, named here and nowhere else: `consume/`'s files are private.
+#[cfg(test)]
+pub(crate) use ladder::copies::copy_of;
+pub(crate) use ladder::copies::{dead_letter_copy, publish_copy};
+pub(crate) use ladder::policy::declare_failure_topology;
 pub use ladder::policy::{
     failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD,
 };
 pub use options::ConsumerOptions;
 pub(crate) use outcome::format_duration;
 pub use outcome::{Handler, HandlerResult, OrderBy, Outcome};
+pub(crate) use put_back::replace_counted;
 pub use report::CloseReport;
 pub use running::RunningConsumer;
-pub(crate) use stream_cursor::{offset_of as stream_offset_of, StreamCursor};
+pub(crate) use subscribe::cancel_and_drain;

@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::hook::DeliveryHook;
 use super::ladder::policy::RetryPolicy;
-use super::reply::ReplyHooks;
-use super::stream_cursor::StreamCursor;
+use super::outcome::OrderBy;
 use crate::codec::Codec;
 use crate::envelope::{check_name, HeaderValue};
 use crate::error::{Error, Result};
@@ -24,14 +24,11 @@ pub struct ConsumerOptions {
     pub(super) shutdown_timeout: Duration,
     pub(super) at_most_once: bool,
     pub(super) inline: bool,
-    /// Set by a [`ConsumerGroup`](crate::patterns::consumer_group::ConsumerGroup) for its members: a suffix of
-    /// the thread names (`acemq-consumer-3`) and a tag in log lines.
-    pub(super) label: Option<String>,
-    /// Set by a stream reader: where the reader is, for resuming after a reconnect.
-    pub(super) stream_cursor: Option<Arc<StreamCursor>>,
-    /// Set by a responder: its handler stages replies that the owner publishes on the request's
-    /// channel before acknowledging it (`reply.rs`); what becomes of them goes to these hooks.
-    pub(super) replies: Option<Arc<dyn ReplyHooks>>,
+    /// Set by a pattern that takes part in each delivery's life (`hook.rs`): a consumer
+    /// group's member, a stream reader, a responder.
+    pub(super) hook: Option<Arc<dyn DeliveryHook>>,
+    /// Per-key ordering ([`ordering`](Self::ordering)).
+    pub(super) order: Option<Arc<OrderBy>>,
     /// At most once: how long a worker waits for the owner's word that the ack went out before
     /// it gives the delivery up (`None`: the shutdown timeout, at least 30 s).
     pub(super) ack_first_wait: Option<Duration>,
@@ -50,9 +47,8 @@ impl Default for ConsumerOptions {
             shutdown_timeout: Duration::from_secs(30),
             at_most_once: false,
             inline: false,
-            label: None,
-            stream_cursor: None,
-            replies: None,
+            hook: None,
+            order: None,
             ack_first_wait: None,
         }
     }
@@ -171,6 +167,34 @@ impl ConsumerOptions {
         self
     }
 
+    /// Handles messages with the same key one at a time, in delivery order, and different keys
+    /// in parallel (up to the concurrency): what
+    /// [`patterns::ordering`](crate::patterns::ordering) promises, kept by the consumer itself,
+    /// so that no wrapper around the handler can lose it. Defaults to none.
+    ///
+    /// ```no_run
+    /// use acemq_amqp::patterns::ordering::by_header;
+    /// use acemq_amqp::{Connection, ConsumerOptions, Message, OrderBy, Outcome};
+    /// # fn main() -> acemq_amqp::Result<()> {
+    /// let connection = Connection::open("amqp://127.0.0.1")?;
+    /// let options = ConsumerOptions::new()
+    ///     .concurrency(8)
+    ///     .prefetch(256)
+    ///     .ordering(OrderBy::new(by_header("order-id")).hold_on_retry(true));
+    /// let running = connection
+    ///     .consumer("orders", options)?
+    ///     .start(|m: &Message| Ok(Outcome::Accept))?;
+    /// # running.close()?; Ok(()) }
+    /// ```
+    ///
+    /// It takes the place of a handler's own [`Handler::ordering`](crate::Handler::ordering)
+    /// (the [`ordered`](crate::patterns::ordering::ordered) wrapper's), which is still honoured
+    /// when this is not set. Refused with [`inline`](Self::inline) when the consumer starts.
+    pub fn ordering(mut self, order: OrderBy) -> Self {
+        self.order = Some(Arc::new(order));
+        self
+    }
+
     /// Not for applications (feature `internals`): how long an at-most-once worker waits for the
     /// word that its delivery's ack went out (by default the shutdown timeout, at least 30 s),
     /// so that this crate's tests can make that wait run out without taking 30 s.
@@ -181,22 +205,10 @@ impl ConsumerOptions {
         self
     }
 
-    /// Names this consumer's threads and log lines after `label` (a group member's number).
-    pub(crate) fn label(mut self, label: impl Into<String>) -> Self {
-        self.label = Some(label.into());
-        self
-    }
-
-    /// Makes this a stream reader's consumer, tracking its position in `cursor`.
-    pub(crate) fn stream_cursor(mut self, cursor: Arc<StreamCursor>) -> Self {
-        self.stream_cursor = Some(cursor);
-        self
-    }
-
-    /// Makes this a responder's consumer: replies its handler stages are published on the
-    /// request's channel before the request is acknowledged (see `reply.rs`).
-    pub(crate) fn replies(mut self, hooks: Arc<dyn ReplyHooks>) -> Self {
-        self.replies = Some(hooks);
+    /// Has `hook` take part in each delivery's life (see `hook.rs`): set by the patterns that
+    /// need it, one per consumer (a later one replaces it).
+    pub(crate) fn hook(mut self, hook: Arc<dyn DeliveryHook>) -> Self {
+        self.hook = Some(hook);
         self
     }
 

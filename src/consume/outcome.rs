@@ -1,101 +1,14 @@
-//! What a handler returns, and the handler trait.
+//! The handler trait, the ordering it may ask for, and what the consumer makes of its result
+//! ([`Verdict`]); what a handler returns ([`Outcome`], [`HandlerResult`]) is in the base layer
+//! (`src/outcome.rs`).
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::envelope::Message;
+use crate::error::panic_message;
 use crate::error::FatalError;
-use crate::error::{panic_message, BoxError};
-
-/// What to do with a message once its handler has run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Done: acknowledge it.
-    Accept,
-    /// Try again later: a copy with `x-acemq-attempt` + 1 comes back after `delay` (the
-    /// policy's wait when `None`) — held in the consumer under the broker-wait threshold, on a
-    /// rung at or over it; after the last attempt (or past the age limit) it goes to
-    /// `{queue}.dlq`.
-    Retry {
-        /// How long to wait; `None` uses the retry policy's schedule.
-        delay: Option<Duration>,
-        /// Why (written to `x-acemq-error`).
-        reason: String,
-    },
-    /// It can never succeed: a copy goes to `{queue}.dlq` with the reason.
-    Reject {
-        /// Why (written to `x-acemq-error` as `the handler rejected it: {reason}`).
-        reason: String,
-    },
-    /// Set it aside for a person: a copy goes to `{queue}.parked` with the reason.
-    Park {
-        /// Why (written to `x-acemq-error` as `the handler parked it: {reason}`).
-        reason: String,
-    },
-    /// Someone else is working on it: put it back after `delay` with its attempt unchanged. It is
-    /// never dead-lettered for this.
-    InProgress {
-        /// How long to wait before it comes back.
-        delay: Duration,
-    },
-}
-
-impl Outcome {
-    /// [`Outcome::Retry`] after the policy's wait.
-    pub fn retry(reason: impl Into<String>) -> Outcome {
-        Outcome::Retry {
-            delay: None,
-            reason: reason.into(),
-        }
-    }
-
-    /// [`Outcome::Retry`] after `delay`.
-    pub fn retry_after(delay: Duration, reason: impl Into<String>) -> Outcome {
-        Outcome::Retry {
-            delay: Some(delay),
-            reason: reason.into(),
-        }
-    }
-
-    /// [`Outcome::Reject`].
-    pub fn reject(reason: impl Into<String>) -> Outcome {
-        Outcome::Reject {
-            reason: reason.into(),
-        }
-    }
-
-    /// [`Outcome::Park`].
-    pub fn park(reason: impl Into<String>) -> Outcome {
-        Outcome::Park {
-            reason: reason.into(),
-        }
-    }
-
-    /// [`Outcome::InProgress`].
-    pub fn in_progress(delay: Duration) -> Outcome {
-        Outcome::InProgress { delay }
-    }
-
-    /// The [`Settlement::outcome`](crate::observe::Settlement::outcome) a handler's outcome
-    /// settles with (`MetricsObserver` writes the family's word for it on
-    /// `acemq.consume.total`: `acked`, `retried`, `rejected`, `parked`, `in_progress`).
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Accept => "accept",
-            Outcome::Retry { .. } => "retry",
-            Outcome::Reject { .. } => "reject",
-            Outcome::Park { .. } => "park",
-            Outcome::InProgress { .. } => "in_progress",
-        }
-    }
-}
-
-/// What a handler returns: an [`Outcome`], or an error. An `Err` (or a panic) is a failed
-/// attempt: retried while the consumer's retry policy allows another, then dead-lettered to
-/// `{queue}.dlq` with its reason. The default policy, [`RetryPolicy::none`](crate::RetryPolicy::none)
-/// (one attempt, as in the family), allows none, so by default an `Err` is dead-lettered at
-/// once. A [`FatalError`] is never retried: it is a reject.
-pub type HandlerResult = Result<Outcome, BoxError>;
+pub use crate::outcome::{HandlerResult, Outcome};
 
 /// Handles one message. Any `Fn(&Message) -> HandlerResult` is a handler.
 ///
@@ -113,7 +26,9 @@ pub trait Handler {
     /// had been handled alone. Defaults to `None`: one message at a time, through
     /// [`handle`](Self::handle). A wrapper around a batched handler passes this and
     /// [`handle_batch`](Self::handle_batch) on (this crate's wrappers and the chain's layers
-    /// do), or the batching is lost.
+    /// do), or the batching is lost — only the batching: each message is then handled alone
+    /// through [`handle`](Self::handle), with the same outcomes. (Unlike the ordering this
+    /// stays on the handler: a batch needs the handler's own `handle_batch` anyway.)
     fn batch_limits(&self) -> Option<(usize, std::time::Duration)> {
         None
     }
@@ -133,7 +48,10 @@ pub trait Handler {
     /// default) for none. Set by [`ordered`](crate::patterns::ordering::ordered); a wrapper around another
     /// handler (the chain's, [`idempotent`](fn@crate::patterns::idempotent::idempotent)) passes on its inner
     /// handler's, so that the ordering holds wherever it sits in a chain. A handler written by
-    /// hand around an ordered one should do the same, or the ordering is lost.
+    /// hand around an ordered one should do the same, or the ordering is lost — which is why
+    /// [`ConsumerOptions::ordering`](crate::ConsumerOptions::ordering), which nothing can hide,
+    /// is the better place for it; the consumer asks the handler only when its options set
+    /// none.
     fn ordering(&self) -> Option<&OrderBy> {
         None
     }

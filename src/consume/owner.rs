@@ -89,8 +89,9 @@ pub(crate) fn run(
                 continue;
             }
         };
-        // A responder's replies the broker could not route (published on this channel).
-        let returns = match &ctx.replies {
+        // What a hook published on this channel and the broker could not route (a responder's
+        // replies).
+        let returns = match ctx.hook.as_ref().filter(|h| h.listens_for_returns()) {
             Some(_) => match channel.listen_for_returns() {
                 Ok(returns) => returns,
                 Err(e) if first => return fail(&mut started, consume_error(&ctx.queue, e)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Context;
-use super::reply::Reply;
+use super::hook::BeforeAck;
 use crate::envelope::Message;
 
 /// A delivery handed to a worker: its message, and the delivery itself (emptied of its body and
@@ -146,9 +146,9 @@ pub(crate) struct Settle {
 
 pub(crate) enum SettleAction {
     Ack,
-    /// Publish this reply on the delivery's channel, then acknowledge the delivery (or, with no
-    /// delivery, at most once, only publish it).
-    Reply(Box<Reply>),
+    /// Run this (a pattern's publish, `hook.rs`) on the delivery's channel, then acknowledge the
+    /// delivery (or, with no delivery, at most once, only run it).
+    BeforeAck(Box<dyn BeforeAck>),
     Requeue,
     /// Give it back to the queue without the broker counting a second return of it (the
     /// message as received: `put_back.rs`): a delivery the consumer received but never started.

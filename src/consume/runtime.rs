@@ -37,7 +37,8 @@ pub(super) fn run_on<H: Handler + Sync + ?Sized>(
         crossbeam_channel::bounded::<TimerMsg>(usize::from(ctx.prefetch) + 1);
     // Without ordering each worker reads the subscription itself; the owner hands each one the
     // subscription's buffer on `feeds` (one a reconnect).
-    let direct = handler.ordering().is_none();
+    let order = ctx.ordering(handler);
+    let direct = order.is_none();
     // Inline (checked by the callers: `check_inline`) there are no workers.
     let workers = if ctx.inline { 0 } else { concurrency };
     let mut feeds = Vec::new();
@@ -82,7 +83,7 @@ pub(super) fn run_on<H: Handler + Sync + ?Sized>(
             stop: stop_rx,
             timer: &timer_tx,
         };
-        let result = owner::run(ctx, handler.ordering(), &lines, started);
+        let result = owner::run(ctx, order, &lines, started);
         drop(run_inline);
         drop(feeds);
         drop(jobs_rx);

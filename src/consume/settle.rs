@@ -1,6 +1,6 @@
 //! One subscription's settlement state on the owner thread ([`State`]) and applying the workers'
 //! and the timer's settlements to it ([`settle`]): acknowledgements, requeues, rejections, a
-//! responder's replies before their acks, keys released, at-most-once acks ahead of handlers.
+//! pattern's publishes before their acks (`hook.rs`), keys released, at-most-once acks ahead of handlers.
 
 use std::time::Duration;
 
@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, Sender};
 use super::acks::Acks;
 use super::at_most_once::acked_unhandled;
 use super::context::Context;
+use super::hook::OnChannel;
 use super::ordered::Ordered;
 use super::protocol::{Job, Settle, SettleAction};
 use super::put_back::put_back;
@@ -123,11 +124,14 @@ pub(super) fn settle(
                 gone(ctx, generation);
                 settled = true;
             }
-            SettleAction::Reply(reply) => {
-                // Before the acknowledgement, on the same channel: the broker has routed the
-                // reply by the time it takes the ack (`reply.rs`). If it cannot go out, neither
-                // can the ack: the request is redelivered and answered again.
-                reply.publish(channel, &*ctx.observer)?;
+            SettleAction::BeforeAck(work) => {
+                // Before the acknowledgement, on the same channel: the broker has routed what it
+                // publishes by the time it takes the ack (`hook.rs`). If it cannot go out,
+                // neither can the ack: the delivery comes again (and is answered again).
+                work.run(OnChannel {
+                    channel,
+                    observer: &*ctx.observer,
+                })?;
                 release_key(state, s.tag, jobs);
                 if let Some(d) = s.delivery {
                     state.acks.done(d);

@@ -12,7 +12,6 @@ use super::ladder::copies::{carry_out, copy_of, decision, retried, Step};
 use super::ladder::copy_failures::copy_failure_pause;
 use super::outcome::{decide, Handler, HandlerResult, Verdict};
 use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
-use super::reply;
 use crate::envelope::Message;
 use crate::observe::{Decision, RetryWhere, Settlement};
 
@@ -78,15 +77,17 @@ pub(super) fn finish(
         hold,
     } = job;
     let mut delivery = Some(delivery);
-    // A responder's reply, staged by its handler on this thread: it goes to the owner with the
-    // request's acknowledgement **now**, before the bookkeeping below, because a caller is
-    // waiting for it. A staged reply without an accepted request is dropped (a retry answers
-    // again), which the responder counts as not sent.
-    if let (Some(reply), Verdict::Accept) = (reply::take(), &verdict) {
+    // A pattern's publish before the ack (a responder's reply, staged by its handler on this
+    // thread): it goes to the owner with the delivery's acknowledgement **now**, before the
+    // bookkeeping below, because a caller is waiting for it. One without an accepted delivery is
+    // dropped (a retry answers again).
+    let accepted = verdict == Verdict::Accept;
+    let before_ack = ctx.hook.as_ref().and_then(|h| h.after_handler(accepted));
+    if let (Some(work), true) = (before_ack, accepted) {
         let _ = settle.send(Settle {
             generation,
             tag,
-            action: SettleAction::Reply(reply),
+            action: SettleAction::BeforeAck(work),
             started: true,
             delivery: delivery.take(),
         });
@@ -102,9 +103,9 @@ pub(super) fn finish(
             (Step::Rejected(reason), Some(text))
         }
         Ok(step) => {
-            if let (Some(cursor), Some(offset)) = (&ctx.stream_cursor, watch.offset) {
-                // Handled and its copy (if any) confirmed: a resumed reader starts after it.
-                cursor.finished(offset);
+            if let Some(hook) = &ctx.hook {
+                // Handled and its copy (if any) confirmed (a stream reader resumes after it).
+                hook.done(&message);
             }
             // (A copy held for the timer is not published yet: the timer says how it went.)
             if !matches!(
@@ -179,7 +180,7 @@ pub(super) fn finish(
         error: copy_error.as_deref().or(verdict.error()),
     });
     let now = |action, delivery: Option<_>| {
-        // (Unless it went with the reply above.)
+        // (Unless it went with the publish before the ack above.)
         if let Some(delivery) = delivery {
             let _ = settle.send(Settle {
                 generation,
@@ -199,8 +200,8 @@ pub(super) fn finish(
             again,
             put_back,
         } => {
-            // Only an accepted request's delivery went with its reply, and acceptance is never
-            // a delay.
+            // Only an accepted delivery went with a publish before its ack, and acceptance is
+            // never a delay.
             let Some(delivery) = delivery else { return };
             if keyed && !again {
                 // Its handler is done: later messages with its key need not wait for the
@@ -244,16 +245,13 @@ pub(super) fn finish(
 pub(super) struct Watch<'a> {
     pub(super) trace: crate::trace::Consuming,
     pub(super) intercept: crate::intercept::ConsumeContext<'a>,
-    /// On a stream, its offset: finished once its copy (if any) is confirmed.
-    pub(super) offset: Option<u64>,
 }
 
 impl<'a> Watch<'a> {
-    pub(super) fn start(ctx: &'a Context, message: &Message, offset: Option<u64>) -> Watch<'a> {
+    pub(super) fn start(ctx: &'a Context, message: &Message) -> Watch<'a> {
         Watch {
             trace: crate::trace::Consuming::start(message, &ctx.queue),
             intercept: crate::intercept::ConsumeContext::new(&ctx.queue),
-            offset,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! One subscription's beginning and end on the owner thread: waiting for a link, the channel
-//! and its prefetch, `basic.consume`, a responder's returned replies, and the cancel that must
+//! and its prefetch, `basic.consume`, what the broker returned of a hook's publishes, and the cancel that must
 //! drain amiquip's receiver ([`cancel_and_drain`]).
 
 use std::sync::atomic::Ordering;
@@ -18,7 +18,7 @@ use crate::connection::Link;
 use crate::error::{Error, Result};
 use crate::observe::PublishOutcome;
 
-/// Hands the responder's replies returned so far to its hooks.
+/// Hands what the broker returned so far on the delivery channel to the hook.
 pub(super) fn count_returned(
     ctx: &Context,
     returns: &crate::transport::Feed<crate::transport::Return>,
@@ -28,7 +28,8 @@ pub(super) fn count_returned(
     }
 }
 
-/// A responder's reply the broker could not route.
+/// Something a hook published on the delivery channel (a responder's reply) that the broker could
+/// not route.
 pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
     ctx.observer
         .publish_answered(&crate::observe::PublishEvent {
@@ -37,8 +38,8 @@ pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
             outcome: PublishOutcome::Unroutable,
             duration: None,
         });
-    if let Some(hooks) = &ctx.replies {
-        hooks.returned(r);
+    if let Some(hook) = &ctx.hook {
+        hook.returned(r);
     }
 }
 
@@ -81,15 +82,16 @@ pub(super) fn consume_on<'c>(
     ctx: &Context,
     channel: &'c Channel,
 ) -> Result<crate::transport::Consumer<'c>> {
-    let mut arguments = crate::connection::to_table(&ctx.arguments);
-    if let Some(next) = ctx.stream_cursor.as_ref().and_then(|c| c.resume_at()) {
-        // A stream reader subscribing again after a reconnect goes on where it was, not from
-        // the offset it first asked for.
-        arguments.insert(
-            "x-stream-offset".into(),
-            crate::transport::AmqpValue::LongLongInt(i64::try_from(next).unwrap_or(i64::MAX)),
-        );
-    }
+    // A hook may change them for each subscription (a stream reader subscribing again after a
+    // reconnect goes on where it was, not from the offset it first asked for).
+    let arguments = match &ctx.hook {
+        Some(hook) => {
+            let mut arguments = ctx.arguments.clone();
+            hook.on_subscribe(&mut arguments);
+            crate::connection::to_table(&arguments)
+        }
+        None => crate::connection::to_table(&ctx.arguments),
+    };
     let options = AmqpConsumerOptions {
         exclusive: ctx.exclusive,
         arguments,

@@ -52,12 +52,11 @@ pub(crate) fn take<H: Handler + Sync + ?Sized>(
         at_most_once(ctx, handler, job, settle);
         return;
     }
-    let offset = ctx
-        .stream_cursor
-        .as_ref()
-        .and_then(|c| c.started(&job.message));
+    if let Some(hook) = &ctx.hook {
+        hook.before_handler(&job.message);
+    }
     // The message's trace is current while its handler runs and its copy is published.
-    let mut watch = Watch::start(ctx, &job.message, offset);
+    let mut watch = Watch::start(ctx, &job.message);
     let started = Instant::now();
     // The delivery is held where a consumer closing past its deadline can give it back
     // (`abandon.rs`) while the handler runs.
@@ -68,8 +67,11 @@ pub(crate) fn take<H: Handler + Sync + ?Sized>(
     }));
     ctx.running.fetch_sub(1, Ordering::SeqCst);
     let Some(job) = parked.unpark(ctx) else {
-        // Abandoned: the closing consumer gave the message back; its result is dropped.
-        let _ = super::reply::take();
+        // Abandoned: the closing consumer gave the message back; its result is dropped (and so
+        // is anything the hook would have published before its ack).
+        if let Some(hook) = &ctx.hook {
+            drop(hook.after_handler(false));
+        }
         return;
     };
     let verdict = judge(ctx, &job, result);

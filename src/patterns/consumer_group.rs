@@ -56,7 +56,7 @@
 use std::sync::Arc;
 
 use crate::connection::Connection;
-use crate::consume::{CloseReport, ConsumerOptions, Handler, RunningConsumer};
+use crate::consume::{CloseReport, ConsumerOptions, DeliveryHook, Handler, RunningConsumer};
 use crate::error::{Error, Result};
 
 /// How a [`ConsumerGroup`] runs: given to [`ConsumerGroup::new`], checked there.
@@ -152,7 +152,7 @@ impl ConsumerGroup {
         for k in 1..=n {
             let member_options = options
                 .clone()
-                .label(k.to_string())
+                .hook(Arc::new(Member(k)))
                 .declare(declare && k == 1);
             let shared = handler.clone();
             let started = connection
@@ -274,4 +274,15 @@ fn close_all(queue: &str, members: Vec<RunningConsumer>) -> (CloseReport, Result
         }
     }
     (total, first_error.map_or(Ok(()), Err))
+}
+
+/// A group member's part in its consumer's deliveries: its number names its threads
+/// (`acemq-consumer-3`) and tags its log lines.
+#[derive(Debug)]
+struct Member(usize);
+
+impl DeliveryHook for Member {
+    fn label(&self) -> Option<String> {
+        Some(self.0.to_string())
+    }
 }

@@ -69,10 +69,17 @@
 //!   published, a reconnect) is delivered again after messages the broker already sent, so it
 //!   may come after later ones. After a reconnect the keys start free: a handler still running
 //!   on the old channel may overlap its key's redeliveries.
-//! * **What sees the key.** The consumer asks its handler ([`Handler::ordering`]); the wrappers
-//!   of this crate ([`chain`](fn@crate::patterns::chain::chain), [`idempotent`](fn@crate::patterns::idempotent::idempotent),
-//!   the chain's layers) pass it on from the handler they wrap. A closure that calls an ordered
-//!   handler hides it: no ordering then. A handler's `handle` called by hand is not ordered.
+//! * **Where the key is set.** Best on the consumer:
+//!   [`ConsumerOptions::ordering`](crate::ConsumerOptions::ordering)`(`[`OrderBy::new`]`(key))`,
+//!   which no wrapper around the handler can hide. [`ordered`] sets it on the handler instead
+//!   ([`Handler::ordering`]), which the consumer honours when its options set none: the
+//!   wrappers of this crate ([`chain`](fn@crate::patterns::chain::chain),
+//!   [`idempotent`](fn@crate::patterns::idempotent::idempotent), the chain's layers) pass it on
+//!   from the handler they wrap, but a closure (or any handler written by hand) that calls an
+//!   ordered handler hides it: no ordering then. A handler's `handle` called by hand is not
+//!   ordered.
+//!
+//! [`OrderBy::new`]: crate::OrderBy::new
 //! * [`with_timeout`](crate::patterns::chain::with_timeout) settles an overrun on time while the
 //!   handler's thread runs on: that message's key is freed then, and the next one may run beside
 //!   the overrunning handler.

@@ -44,7 +44,7 @@
 //!   routing key it was published with).
 
 use crate::connection::Connection;
-use crate::consume::put_back::replace_counted;
+use crate::consume::replace_counted;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 

@@ -43,11 +43,15 @@ use time::OffsetDateTime;
 
 use crate::connection::{Connection, QueueInfo, QueueSpec, StreamRetention};
 use crate::consume::{
-    CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer, StreamCursor,
+    CloseReport, ConsumerOptions, Handler, HandlerResult, Outcome, RunningConsumer,
 };
 use crate::envelope::{HeaderValue, Message};
 use crate::error::{panic_message, Error, Result};
 use crate::stop::StopHandle;
+
+mod cursor;
+
+use cursor::{ReaderHook, StreamCursor};
 
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -114,7 +118,7 @@ pub fn from_first() -> Offset {
 /// The offset RabbitMQ stamped on a stream delivery (`x-stream-offset`), in any integer width;
 /// `None` on a message that did not come from a stream.
 pub fn stream_offset_of(message: &Message) -> Option<u64> {
-    crate::consume::stream_offset_of(message)
+    cursor::offset_of(message)
 }
 
 /// How a [`StreamReader`] reads: given to [`StreamReader::new`], checked there.
@@ -210,14 +214,15 @@ impl StreamReader {
             options,
         } = self;
         let cursor = Arc::new(StreamCursor::default());
-        let mut consumer_options = options
+        let hook = Arc::new(ReaderHook {
+            cursor: cursor.clone(),
+            name: options.consumer_name.clone(),
+        });
+        let consumer_options = options
             .consumer
             .retry(crate::RetryPolicy::none())
             .argument("x-stream-offset", options.offset.argument())
-            .stream_cursor(cursor.clone());
-        if let Some(name) = &options.consumer_name {
-            consumer_options = consumer_options.label(name.clone());
-        }
+            .hook(hook);
         let running = connection
             .consumer(&stream, consumer_options)?
             .start(StreamHandler {

@@ -4,10 +4,10 @@
 
 use super::frame::check_message_fits;
 use super::publisher::Publisher;
-use super::ticket::Ticket;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 use crate::observe::batch_report::{BatchItem, BatchOutcome, BatchReport};
+use crate::ticket::Ticket;
 
 impl Publisher {
     /// Publishes a batch of `(exchange, routing key, message)` — each as

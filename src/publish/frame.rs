@@ -341,7 +341,7 @@ mod tests {
             .with_timestamp(5)
             .with_app_id("someone".into());
         let foreign = Message::from_delivery(b"x".to_vec(), props, received);
-        let mut copy = crate::consume::ladder::copies::copy_of(&foreign);
+        let mut copy = crate::consume::copy_of(&foreign);
         copy.envelope.error = Some("exhausted 3 attempts: nope".into());
         copy.envelope.attempt = 3;
         let mut ours = Message::new("body")

@@ -11,11 +11,11 @@ use parking_lot::{Mutex, MutexGuard};
 use super::frame::check_message_fits;
 use super::publisher::Publisher;
 use super::state::{channel_failure, fail_all, Control, Current, Pending, State};
-use super::ticket::Ticket;
 use crate::connection::Reservation;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
 use crate::observe::{Observer, PublishEvent, PublishOutcome};
+use crate::ticket::Ticket;
 
 impl Publisher {
     pub(super) fn publish_deferred_inner(
@@ -92,7 +92,7 @@ impl Publisher {
         started: Instant,
         e: Error,
     ) -> Error {
-        let e = super::ticket::blocked_or(&self.inner.connection.shared.blocked, e);
+        let e = crate::ticket::blocked_or(&self.inner.connection.shared.blocked, e);
         if matches!(e, Error::Blocked { .. }) {
             self.inner.shared.observer.publish_answered(&PublishEvent {
                 exchange,

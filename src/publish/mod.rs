@@ -37,14 +37,13 @@ mod handover;
 mod options;
 mod publisher;
 mod state;
-mod ticket;
 
 pub use crate::observe::batch_report::{BatchItem, BatchOutcome, BatchReport};
+pub(crate) use crate::ticket::blocked_or;
+pub use crate::ticket::Ticket;
 pub(crate) use frame::check_fits;
 #[cfg(feature = "internals")]
 pub(crate) use frame::header_frame_size;
 pub(crate) use handover::{prepare, send_unconfirmed};
 pub use options::PublisherOptions;
 pub use publisher::Publisher;
-pub(crate) use ticket::blocked_or;
-pub use ticket::Ticket;

@@ -14,11 +14,11 @@ use super::confirms::confirm_loop;
 use super::frame;
 use super::options::PublisherOptions;
 use super::state::{fail_all, Control, Shared, State};
-use super::ticket::{blocked_or, Ticket};
 use crate::codec::Codec;
 use crate::connection::Connection;
 use crate::envelope::Message;
 use crate::error::{Error, Result};
+use crate::ticket::{blocked_or, Ticket};
 
 /// Publishes with confirms. `Clone + Send + Sync`: clones share one channel and confirm thread.
 ///

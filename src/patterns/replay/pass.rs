@@ -6,7 +6,7 @@ use std::time::Instant;
 use super::copy::{destination, replayed_copy};
 use super::options::ReplayOptions;
 use crate::connection::Connection;
-use crate::consume::put_back::replace_counted;
+use crate::consume::replace_counted;
 use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::observe::replay_report::{ReplayReport, Stopped};

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use crate::transport::Return;
 
+use super::reply::{Reply, ReplyHooks};
 use super::wire::{failure, header_text, returned_header, REPLY_QUEUE_PREFIX};
-use crate::consume::reply::{Reply, ReplyHooks};
 use crate::consume::{HandlerResult, Outcome};
 use crate::envelope::{headers, Message};
 use crate::error::FatalError;
@@ -43,7 +43,7 @@ impl Counters {
     }
 }
 
-/// What becomes of the replies sent on the request's channel (`consume/reply.rs`).
+/// What becomes of the replies sent on the request's channel (`reply.rs`).
 impl ReplyHooks for Counters {
     fn not_sent(&self) {
         self.answered.fetch_sub(1, Ordering::SeqCst);
@@ -140,7 +140,7 @@ where
             );
             match built {
                 Ok(reply) => {
-                    crate::consume::reply::stage(reply);
+                    super::reply::stage(reply);
                     return Ok(Outcome::Accept);
                 }
                 // Never sent as is (the broker would close the connection, the request

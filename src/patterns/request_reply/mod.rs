@@ -134,6 +134,7 @@
 
 mod answering;
 mod calls;
+mod reply;
 mod reply_queue;
 mod requester;
 mod responder;

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::answering::{Answering, Counters};
+use super::reply::ReplyOnChannel;
 use crate::connection::Connection;
 use crate::consume::{CloseReport, Consumer, ConsumerOptions, RunningConsumer};
 use crate::envelope::Message;
@@ -73,7 +74,10 @@ impl Responder {
             unanswerable: AtomicU64::new(0),
             unroutable: AtomicU64::new(0),
         });
-        let consumer = connection.consumer(queue, options.consumer.replies(counters.clone()))?;
+        let hook = Arc::new(ReplyOnChannel {
+            hooks: counters.clone(),
+        });
+        let consumer = connection.consumer(queue, options.consumer.hook(hook))?;
         Ok(Responder {
             connection: connection.clone(),
             consumer,

@@ -282,7 +282,7 @@ fn run_session(
             });
         }
     }
-    crate::consume::subscribe::cancel_and_drain(&spec.name, &consumer, |mut d| {
+    crate::consume::cancel_and_drain(&spec.name, &consumer, |mut d| {
         let reply = d.take_message();
         acks.took(d);
         inner.deliver(reply)

@@ -189,12 +189,8 @@ impl AmqpAcknowledge<'_> {
         let publisher = queue.dead_letter_publisher()?;
         let mut received = (*delivery.acknowledgement_token.received).clone();
         received.body.clone_from(&delivery.message.payload);
-        let copy = crate::consume::ladder::copies::dead_letter_copy(
-            &received,
-            &queue.queue,
-            reason.to_string(),
-        );
-        crate::consume::ladder::copies::publish_copy(
+        let copy = crate::consume::dead_letter_copy(&received, &queue.queue, reason.to_string());
+        crate::consume::publish_copy(
             &publisher,
             &crate::names::dead_letter_queue(&queue.queue),
             copy,

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::consume::put_back::replace_counted;
+use crate::consume::replace_counted;
 use crate::transport::ConsumerMessage;
 
 use super::state::{AmqpToken, QueueState};
@@ -106,7 +106,7 @@ impl Source for AmqpSource<'_> {
         // again (RabbitMQ 4.x drops a quorum queue's message past its delivery limit); the rest
         // with the one nack below.
         let mut counted = Vec::new();
-        crate::consume::subscribe::cancel_and_drain(&self.queue.queue, &consumer, |mut d| {
+        crate::consume::cancel_and_drain(&self.queue.queue, &consumer, |mut d| {
             drained += 1;
             let message = d.take_message();
             if message.returns_counted() > 0 {

@@ -124,7 +124,7 @@ impl QueueState {
         if let Some(p) = self.dead_letters.borrow().as_ref() {
             return Ok(p.clone());
         }
-        crate::consume::ladder::policy::declare_failure_topology(
+        crate::consume::declare_failure_topology(
             &self.connection,
             &self.queue,
             &crate::RetryPolicy::none(),

@@ -17,24 +17,25 @@
 //!
 //! **The path.** The responder's handler runs on a worker, builds the reply (validated, its
 //! AMQP properties made there, off the owner thread) and [`stage`]s it on that thread; the
-//! worker [`take`]s it when it settles an accepted request and sends it with the settlement;
-//! the owner thread publishes it (mandatory) and then acknowledges. A reply the broker cannot
-//! route comes back on the channel's return listener, read by the owner, and goes to the
-//! [`ReplyHooks`]. A reply that never went out (the request was not accepted after all, the
-//! channel broke, the settlement belonged to a channel that is gone) tells the hooks so when it
-//! is dropped.
+//! consumer's [`DeliveryHook`] ([`ReplyOnChannel`], `consume/hook.rs`) takes it back on that
+//! thread right after the handler, and, for an accepted request, hands it to the engine as the
+//! [`BeforeAck`] of the request's settlement; the owner thread publishes it (mandatory) and then
+//! acknowledges. A reply the broker cannot route comes back on the channel's return listener,
+//! read by the owner, and goes to the hook. A reply that never went out (the request was not
+//! accepted after all, the channel broke, the settlement belonged to a channel that is gone)
+//! tells the [`ReplyHooks`] so when it is dropped.
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use crate::transport::{AmqpProperties, Channel, Publish, Return};
+use crate::transport::{AmqpProperties, Publish, Return};
 
+use crate::consume::{BeforeAck, DeliveryHook, OnChannel};
 use crate::envelope::Message;
-use crate::observe::Observer;
 use crate::trace::PublishSpan;
 
 /// What the responder counts about its replies.
-pub(crate) trait ReplyHooks: Send + Sync + std::fmt::Debug {
+pub(super) trait ReplyHooks: Send + Sync + std::fmt::Debug {
     /// A staged reply was dropped without being published (it will be answered again when the
     /// request is redelivered, or the request was not accepted).
     fn not_sent(&self);
@@ -43,7 +44,7 @@ pub(crate) trait ReplyHooks: Send + Sync + std::fmt::Debug {
 }
 
 /// A reply ready to be published by the owner thread.
-pub(crate) struct Reply {
+pub(super) struct Reply {
     routing_key: String,
     body: Vec<u8>,
     properties: AmqpProperties,
@@ -65,7 +66,7 @@ impl Reply {
     /// [`Error::InvalidHeader`](crate::Error::InvalidHeader), as for any publish;
     /// [`Error::FrameTooLarge`](crate::Error::FrameTooLarge) when its header frame would not
     /// fit in a frame of `frame_max` bytes (the broker would close the whole connection).
-    pub(crate) fn build(
+    pub(super) fn build(
         address: String,
         mut message: Message,
         origin: &str,
@@ -89,14 +90,19 @@ impl Reply {
             sent: false,
         })
     }
+}
 
-    /// Publishes it (mandatory, through the default exchange, reported to `observer`) on
-    /// `channel`: the owner calls this before it acknowledges the request on the same channel.
-    pub(crate) fn publish(
-        mut self,
-        channel: &Channel,
-        observer: &dyn Observer,
-    ) -> Result<(), crate::transport::AmqpError> {
+impl BeforeAck for Reply {
+    /// Publishes it (mandatory, through the default exchange, reported to the observer) on the
+    /// request's channel: the owner runs this before it acknowledges the request there.
+    fn run(self: Box<Self>, channel: OnChannel<'_>) -> Result<(), crate::transport::AmqpError> {
+        let mut this = self;
+        this.publish(channel)
+    }
+}
+
+impl Reply {
+    fn publish(&mut self, channel: OnChannel<'_>) -> Result<(), crate::transport::AmqpError> {
         let properties = std::mem::take(&mut self.properties);
         let routing_key = std::mem::take(&mut self.routing_key);
         let publish = Publish {
@@ -105,7 +111,7 @@ impl Reply {
             mandatory: true,
             properties,
         };
-        crate::publish::send_unconfirmed(channel, "", publish, observer)?;
+        channel.publish("", publish)?;
         self.sent = true;
         self.span.end(Ok(()));
         Ok(())
@@ -133,12 +139,36 @@ thread_local! {
 }
 
 /// Stages `reply` for the request being handled on this thread (replacing any staged before).
-pub(crate) fn stage(reply: Reply) {
+pub(super) fn stage(reply: Reply) {
     STAGED.with(|s| *s.borrow_mut() = Some(Box::new(reply)));
 }
 
-/// Takes the reply staged on this thread, if any. Workers call it once per handled request,
+/// Takes the reply staged on this thread, if any. The hook calls it once per handled request,
 /// whatever the verdict, so that nothing staged outlives its request.
-pub(crate) fn take() -> Option<Box<Reply>> {
+fn take() -> Option<Box<Reply>> {
     STAGED.with(|s| s.borrow_mut().take())
+}
+
+/// A responder consumer's [`DeliveryHook`]: the reply its handler staged goes out on the
+/// request's channel just before the request's ack; what the broker returns goes to `hooks`.
+#[derive(Debug)]
+pub(super) struct ReplyOnChannel {
+    pub(super) hooks: Arc<dyn ReplyHooks>,
+}
+
+impl DeliveryHook for ReplyOnChannel {
+    fn after_handler(&self, accepted: bool) -> Option<Box<dyn BeforeAck>> {
+        // Taken whatever the verdict (nothing staged may outlive its request); dropped unless
+        // the request is accepted, which the hooks count as not sent.
+        let reply = take()?;
+        accepted.then_some(reply as Box<dyn BeforeAck>)
+    }
+
+    fn listens_for_returns(&self) -> bool {
+        true
+    }
+
+    fn returned(&self, returned: Return) {
+        self.hooks.returned(returned);
+    }
 }

@@ -1,4 +1,6 @@
-//! The answer to one publish, waited for later.
+//! The answer to one publish, waited for later. In the base layer (it names only errors and
+//! the trace's span), so that the publish interceptors' trait (`intercept.rs`), which returns
+//! one, can be held typed by the connection's options; made and answered by `publish/`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,14 +11,14 @@ use crate::error::{Error, Result};
 #[must_use = "a ticket must be waited on to know whether the broker took the message"]
 #[derive(Debug)]
 pub struct Ticket {
-    pub(super) reply: oneshot::Receiver<Result<()>>,
-    pub(super) message_id: String,
-    pub(super) deadline: Instant,
-    pub(super) timeout: Duration,
+    pub(crate) reply: oneshot::Receiver<Result<()>>,
+    pub(crate) message_id: String,
+    pub(crate) deadline: Instant,
+    pub(crate) timeout: Duration,
     /// The publish's span (feature `opentelemetry`), ended with the answer.
-    pub(super) span: crate::trace::PublishSpan,
+    pub(crate) span: crate::trace::PublishSpan,
     /// The connection's blocked state, to report a timeout while blocked as such.
-    pub(super) blocked: Arc<parking_lot::Mutex<Option<String>>>,
+    pub(crate) blocked: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Ticket {
