@@ -11,21 +11,21 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{
     consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
-    CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
+    CounterStore, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::patterns::idempotent::{
     idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
 };
-use acemq_amqp::patterns::outbox::{
-    record, record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
-};
+use acemq_amqp::patterns::outbox::{record, record_message, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
-    Connection, ConsumerOptions, Error, FatalError, Handler, HandlerResult, JsonCodec, Message,
-    Outcome, QueueSpec, RetryPolicy, StopHandle,
+    Connection, ConsumerOptions, Error, FatalError, Handler, JsonCodec, Message, Outcome,
+    QueueSpec, RetryPolicy, StopHandle,
 };
+use support::ack::counters;
 use support::db::{sqlite_open, Db};
-use support::idem::{effects_table, keys, record_effect, recorder, store};
+use support::idem::{effects_table, keys, record_effect, recorder, store, Forward};
+use support::outbox::{outbox, same_table};
 use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -45,54 +45,6 @@ fn drain_ids(conn: &Connection, q: &str) -> Vec<String> {
     std::iter::from_fn(|| conn.get(q).unwrap())
         .map(|m| m.id().to_string())
         .collect()
-}
-
-/// Hands a boxed handler to the consumer with its batching intact.
-struct Forward(Box<dyn Handler + Send + Sync>);
-
-impl Handler for Forward {
-    fn handle(&self, m: &Message) -> HandlerResult {
-        self.0.handle(m)
-    }
-    fn batch_limits(&self) -> Option<(usize, Duration)> {
-        self.0.batch_limits()
-    }
-    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
-        self.0.handle_batch(messages)
-    }
-}
-
-fn outbox(db: &Db, max_attempts: u32) -> SqlOutboxStore {
-    let s = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(db.table("outbox"))
-            .max_attempts(max_attempts),
-    )
-    .unwrap();
-    s.create_table().unwrap();
-    s
-}
-
-/// A second store (the relay's) on the same table.
-fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(first.table())
-            .max_attempts(first.max_attempts()),
-    )
-    .unwrap()
-}
-
-fn counters(dir: &tempfile::TempDir) -> CounterStore {
-    let store = CounterStore::new(
-        dir.path().join("counters.db"),
-        CounterStoreOptions::new().allow(["page_views", "signups"]),
-    )
-    .unwrap();
-    store.create_tables().unwrap();
-    store
 }
 
 /// Runs the acknowledged recipe on `q` until `done` says so, then stops it; its report.

@@ -19,7 +19,7 @@ use acemq_amqp::{
     QueueSpec,
 };
 use support::db::{self, Backend, Db};
-use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
+use support::idem::{effects_table, keys, record_effect, recorder, store, Forward, OnCommit};
 use support::{connect, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -73,22 +73,6 @@ fn batched(
             let d = h.duplicates();
             (Box::new(h), d)
         }
-    }
-}
-
-/// Hands a boxed handler to the consumer with its batching intact (a closure calling `handle`
-/// would hide it: then the wrapper gathers concurrent workers' calls instead).
-struct Forward(Box<dyn Handler + Send + Sync>);
-
-impl Handler for Forward {
-    fn handle(&self, m: &Message) -> HandlerResult {
-        self.0.handle(m)
-    }
-    fn batch_limits(&self) -> Option<(usize, Duration)> {
-        self.0.batch_limits()
-    }
-    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
-        self.0.handle_batch(messages)
     }
 }
 

@@ -19,32 +19,10 @@ use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec,
 };
 use support::db::{self, Backend, Db};
+use support::outbox::{outbox, same_table};
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-fn outbox(db: &Db, max_attempts: u32) -> SqlOutboxStore {
-    let s = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(db.table("outbox"))
-            .max_attempts(max_attempts),
-    )
-    .unwrap();
-    s.create_table().unwrap();
-    s
-}
-
-/// A second store (another relay) on the same table.
-fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(first.table())
-            .max_attempts(first.max_attempts()),
-    )
-    .unwrap()
-}
 
 fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
     let conn = connect();

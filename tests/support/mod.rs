@@ -2,6 +2,8 @@
 //! `rabbitmqctl` wrappers and a broker memory alarm ([`alarm::Watermark`]). Tests that need RabbitMQ fail (never skip) when it is unreachable.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+#[cfg(feature = "sqlite")]
+pub mod ack;
 pub mod alarm;
 pub mod both;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
@@ -9,6 +11,8 @@ pub mod db;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod idem;
 pub mod observe;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub mod outbox;
 pub mod proxy;
 pub mod raw;
 #[cfg(feature = "tls")]
