@@ -22,6 +22,7 @@ use acemq_amqp::{
     HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
 };
 use serde_json::json;
+use support::keyed::{key_of, publish_keyed, seq_of};
 use support::{collect, eventually, publish_n, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -74,34 +75,77 @@ fn drain(conn: &Connection, queue: &str) -> Vec<Message> {
     got
 }
 
-/// Publishes one message per `(key, seq)` to `queue`, body = seq, header `k` = key, confirmed.
-fn publish_keyed(conn: &Connection, queue: &str, items: &[(String, usize)]) {
-    let publisher = conn
-        .publisher_with(PublisherOptions::new().window(1000))
+/// Key `k`: seq 0 fails its first attempt, 1 and 2 succeed; key `x`: seq 10 always fails, 11
+/// succeeds; an ordered consumer (`hold_on_retry` or not) retries once after 300 ms. Returns
+/// the accepted (key, seq, attempt) in the order they were accepted, and the one dead letter.
+fn ordered_retry_scenario(
+    on: &support::both::On,
+    hold: bool,
+) -> (Vec<(String, usize, u32)>, Message) {
+    let conn = on.connect();
+    let mut clean = on.cleanup();
+    let q = clean.consumed_queue(
+        &unique(if hold {
+            "eq-ordered-hold"
+        } else {
+            "eq-ordered-free"
+        }),
+        &[],
+    );
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let items = [
+        ("k".to_string(), 0),
+        ("x".to_string(), 10),
+        ("k".to_string(), 1),
+        ("x".to_string(), 11),
+        ("k".to_string(), 2),
+    ];
+    publish_keyed(&conn, &q, &items);
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let a = accepted.clone();
+    let inner = move |m: &Message| {
+        let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
+        if (seq == 0 && attempt == 1) || seq == 10 {
+            return Err("not now".into());
+        }
+        a.lock().unwrap().push((key, seq, attempt));
+        Ok(Outcome::Accept)
+    };
+    let handler = if hold {
+        ordered(by_header("k"), inner).hold_on_retry()
+    } else {
+        ordered(by_header("k"), inner)
+    };
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .concurrency(4)
+                .prefetch(16)
+                .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
+        )
+        .unwrap()
+        .start(handler)
         .unwrap();
-    let tickets: Vec<_> = items
-        .iter()
-        .map(|(key, seq)| {
-            let m = Message::new(seq.to_string()).with_header("k", key.as_str());
-            publisher.publish_deferred("", queue, m).unwrap()
-        })
-        .collect();
-    for t in tickets {
-        t.wait().unwrap();
-    }
-    publisher.close().unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
+        && depth(&conn, &dlq) == 1
+        && consumer.in_flight() == 0));
+    consumer.close().unwrap();
+    let seen = accepted.lock().unwrap().clone();
+    let mut dead = drain(&conn, &dlq);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].envelope.attempt, 2);
+    assert_eq!(depth(&conn, &q), 0);
+    (seen, dead.remove(0))
 }
 
-fn key_of(m: &Message) -> String {
-    m.headers
-        .get("k")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn seq_of(m: &Message) -> usize {
-    String::from_utf8_lossy(&m.body).parse().unwrap()
+/// The (seq, attempt) of key `key`'s accepted messages, in the order they were accepted.
+fn of_key(seen: &[(String, usize, u32)], key: &str) -> Vec<(usize, u32)> {
+    seen.iter()
+        .filter(|(k, _, _)| k == key)
+        .map(|(_, s, a)| (*s, *a))
+        .collect()
 }
 
 on_both! {
@@ -528,8 +572,10 @@ on_both! {
         let order = Arc::new(Mutex::new(HashMap::<String, Vec<usize>>::new()));
         let running = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
         let overlaps = Arc::new(AtomicUsize::new(0));
+        let most_keys_at_once = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicUsize::new(0));
         let (o, r, ov, d) = (order.clone(), running.clone(), overlaps.clone(), done.clone());
+        let most = most_keys_at_once.clone();
         let handler = ordered(by_header("k"), move |m: &Message| {
             let key = key_of(m);
             o.lock().unwrap().entry(key.clone()).or_default().push(seq_of(m));
@@ -540,8 +586,10 @@ on_both! {
                 if *n > 1 {
                     ov.fetch_add(1, Ordering::SeqCst);
                 }
+                most.fetch_max(r.values().filter(|n| **n > 0).count(), Ordering::SeqCst);
             }
-            std::thread::yield_now();
+            // The handler's work, long enough for other keys' handlers to run beside it.
+            std::thread::sleep(Duration::from_micros(500));
             *r.lock().unwrap().get_mut(&key).unwrap() -= 1;
             d.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
@@ -566,62 +614,35 @@ on_both! {
                 items.iter().filter(|(k, _)| k == key).map(|(_, s)| *s).collect();
             assert_eq!(seqs, &expected, "key {key} in publish order, each once");
         }
+        let most = most_keys_at_once.load(Ordering::SeqCst);
+        assert!(most > 1, "different keys ran at once (most at once: {most})");
         assert_eq!(depth(&conn, &q), 0);
     }
 
     /// Ordered with `hold_on_retry`: a retried message keeps its key, the later ones of the key
     /// wait until it settles; another key's exhausted message goes to `.dlq` and frees its key.
     fn with_hold_on_retry_later_messages_wait_for_the_retried_one(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered-hold"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-        let items = [
-            ("k".to_string(), 0),
-            ("x".to_string(), 10),
-            ("k".to_string(), 1),
-            ("x".to_string(), 11),
-            ("k".to_string(), 2),
-        ];
-        publish_keyed(&conn, &q, &items);
-        let accepted = Arc::new(Mutex::new(Vec::new()));
-        let a = accepted.clone();
-        let handler = ordered(by_header("k"), move |m: &Message| {
-            let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
-            if (seq == 0 && attempt == 1) || seq == 10 {
-                return Err("not now".into());
-            }
-            a.lock().unwrap().push((key, seq, attempt));
-            Ok(Outcome::Accept)
-        })
-        .hold_on_retry();
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new()
-                    .concurrency(4)
-                    .prefetch(16)
-                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
-            )
-            .unwrap()
-            .start(handler)
-            .unwrap();
-        let dlq = dead_letter_queue(&q);
-        assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
-            && depth(&conn, &dlq) == 1
-            && consumer.in_flight() == 0));
-        consumer.close().unwrap();
-        let seen = accepted.lock().unwrap().clone();
-        let of_key = |key: &str| -> Vec<(usize, u32)> {
-            seen.iter().filter(|(k, _, _)| k == key).map(|(_, s, a)| (*s, *a)).collect()
-        };
-        assert_eq!(of_key("k"), vec![(0, 2), (1, 1), (2, 1)]);
-        assert_eq!(of_key("x"), vec![(11, 1)]);
-        let dead = drain(&conn, &dlq);
-        assert_eq!(dead.len(), 1);
-        assert_eq!(seq_of(&dead[0]), 10);
-        assert_eq!(dead[0].envelope.attempt, 2);
-        assert_eq!(depth(&conn, &q), 0);
+        let (seen, dead) = ordered_retry_scenario(on, true);
+        assert_eq!(
+            of_key(&seen, "k"),
+            vec![(0, 2), (1, 1), (2, 1)],
+            "seqs 1 and 2 waited behind the retry of seq 0"
+        );
+        assert_eq!(of_key(&seen, "x"), vec![(11, 1)], "seq 11 ran once seq 10 was dead-lettered");
+        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts and went to .dlq");
+    }
+
+    /// Ordered without `hold_on_retry`: while a retried message waits, its key is free, and the
+    /// later messages of the key overtake it.
+    fn without_hold_on_retry_a_later_message_overtakes_a_retried_one(on) {
+        let (seen, dead) = ordered_retry_scenario(on, false);
+        assert_eq!(
+            of_key(&seen, "k"),
+            vec![(1, 1), (2, 1), (0, 2)],
+            "the retry of seq 0 came back after seqs 1 and 2: the key was free while it waited"
+        );
+        assert_eq!(of_key(&seen, "x"), vec![(11, 1)]);
+        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts");
     }
 
     /// At most once (acknowledged before the handler runs): a handler error or panic loses the
@@ -839,12 +860,15 @@ on_both! {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 400, "each message handled exactly once");
         let unique_seen: HashSet<&String> = seen.iter().collect();
+        assert_eq!(unique_seen.len(), 400, "no message handled twice");
         let published: HashSet<&String> = ids.iter().collect();
         assert_eq!(unique_seen, published);
         let threads = threads.lock().unwrap().clone();
         assert!(threads.len() > 1, "the work went to one member only: {threads:?}");
+        let members: HashSet<String> = (1..=4).map(|k| format!("acemq-worker-{k}-0")).collect();
+        assert!(threads.is_subset(&members), "handler threads are named after their member: {threads:?}");
         let info = conn.queue_info(&q).unwrap();
-        assert_eq!(info.message_count, 0);
+        assert_eq!(info.message_count, 0, "nothing left on the queue");
         assert_eq!(info.consumer_count, 0, "no member left subscribed");
     }
 
@@ -872,7 +896,8 @@ on_both! {
             })
         });
         let error = result.expect_err("member 2 cannot share an exclusively consumed queue");
-        assert!(error.to_string().contains("exclusive use"), "{error}");
+        assert!(error.to_string().contains("exclusive use"), "the broker's refusal of member 2: {error}");
+        // Member 1 was closed before the error came back: nobody holds the queue or its messages.
         let info = conn.queue_info(&q).unwrap();
         assert_eq!(info.consumer_count, 0, "member 1 was closed");
         assert_eq!(info.message_count as usize + handled.load(Ordering::SeqCst), 10);

@@ -10,6 +10,7 @@ pub mod both;
 pub mod db;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod idem;
+pub mod keyed;
 pub mod observe;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod outbox;
