@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
     Message, Outcome, QueueSpec, RetryPolicy,
@@ -359,13 +358,7 @@ fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     let ids: HashSet<String> = publish_n(&direct, &q, 5_000, true).into_iter().collect();
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let handled = Arc::new(AtomicUsize::new(0));
     let (s, h) = (seen.clone(), handled.clone());
@@ -641,13 +634,7 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
     let q = clean.consumed_queue(&unique("stale-jobs"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     publish_n(&direct, &q, 8, true);
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(200)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(200));
     let (open, wait_at_gate) = gate();
     let started = Arc::new(AtomicUsize::new(0));
     let (g, s) = (wait_at_gate, started.clone());

@@ -802,13 +802,7 @@ fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_on
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("held-cut"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
     let s = seen.clone();
     let consumer = conn

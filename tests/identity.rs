@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
-use acemq_amqp::testing::FaultProxy;
-use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::raw::Raw;
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -41,13 +40,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
     );
     raw.close();
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let effects: Arc<Mutex<Vec<String>>> = Arc::default();
     let ids: Arc<Mutex<Vec<String>>> = Arc::default();
     let cut = Arc::new(AtomicBool::new(false));

@@ -10,12 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::ordered;
-use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
-    dead_letter_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec,
-    RetryPolicy,
+    dead_letter_queue, ConsumerOptions, Error, Message, Outcome, QueueSpec, RetryPolicy,
 };
-use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
+use support::{connect, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -182,13 +180,7 @@ fn an_inline_consumer_resumes_after_a_connection_cut_and_loses_nothing() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("inline-cut"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let s = seen.clone();
     let consumer = conn

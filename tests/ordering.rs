@@ -12,10 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::{by_header, ordered, partition, partitioned_routing_key};
-use acemq_amqp::testing::FaultProxy;
-use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
 use support::keyed::{key_of, publish_keyed, seq_of};
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -134,13 +133,7 @@ fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
     let mut clean = Cleanup::new(&direct);
     let q = clean.consumed_queue(&unique("at-most-once-kill"), &[]);
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(4);
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(4);
     let seen = Arc::new(Mutex::new(Vec::new()));

@@ -160,13 +160,7 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
     let ids = add_many(&db, &store, &q, 1_000);
     let (consumer, seen) = collector(&direct, &q);
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let options = OutboxRelayOptions::new()
         .batch_size(20)
         .interval(Duration::from_millis(20));

@@ -245,3 +245,23 @@ pub fn close_connections_named(name: &str) -> usize {
     }
     closed
 }
+
+/// A fault proxy in front of the tests' broker and a connection through it that reconnects
+/// quickly (backoff from 50 ms up to `backoff_max`). Hold both: the proxy is the way in.
+pub fn through_proxy(backoff_max: Duration) -> (acemq_amqp::testing::FaultProxy, Connection) {
+    through_proxy_with(
+        ConnectionOptions::new()
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(backoff_max),
+    )
+}
+
+/// A fault proxy in front of the tests' broker and a connection through it with `options`
+/// (their address replaced by the proxy's).
+pub fn through_proxy_with(
+    options: ConnectionOptions,
+) -> (acemq_amqp::testing::FaultProxy, Connection) {
+    let proxy = acemq_amqp::testing::FaultProxy::start(&amqp_url()).expect("fault proxy");
+    let conn = connect_with(options.address(proxy.url()));
+    (proxy, conn)
+}
