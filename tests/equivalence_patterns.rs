@@ -23,8 +23,8 @@ use acemq_amqp::testing::Cleanup;
 use acemq_amqp::{
     dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, Error,
     ExchangeSpec, FatalError, HandlerResult, HeaderValue, Message, QueueSpec, RetryPolicy,
-    RunningConsumer,
 };
+use support::slip::{queues, record, step, Seen};
 use support::{eventually, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -262,52 +262,6 @@ on_both! {
 
 // ---------------------------------------------------------------------------------------------
 // Routing slips
-
-/// What a step saw: its name, the message id, correlation, causation, body.
-type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>, Vec<u8>)>>>;
-
-fn record(seen: &Seen, name: &str, m: &Message) {
-    seen.lock().unwrap().push((
-        name.to_string(),
-        m.id().to_string(),
-        m.envelope.correlation_id.clone().unwrap_or_default(),
-        m.envelope.causation_id.clone(),
-        m.body.clone(),
-    ));
-}
-
-/// Classic queues named exactly `names`, `.dlq` / `.parked` cleaned up.
-fn queues(conn: &Connection, clean: &mut Cleanup, names: &[String]) {
-    for q in names {
-        clean.consumed_queue(q, &[]);
-        conn.declare_queue(&QueueSpec::new(q).classic()).unwrap();
-    }
-}
-
-/// A step on `queue` that records what it saw and appends `+name` to the body.
-fn step(
-    conn: &Connection,
-    publisher: &acemq_amqp::Publisher,
-    queue: &str,
-    name: &str,
-    seen: &Seen,
-) -> RunningConsumer {
-    let (seen, name) = (seen.clone(), name.to_string());
-    let handler = follow_slip(
-        publisher,
-        move |m: &Message| {
-            record(&seen, &name, m);
-            let mut body = m.body.clone();
-            body.extend_from_slice(format!("+{name}").as_bytes());
-            Ok::<_, BoxError>(Some(Message::new(body)))
-        },
-        FollowSlipOptions::new(),
-    );
-    conn.consumer(queue, ConsumerOptions::new().retry(RetryPolicy::none()))
-        .unwrap()
-        .start(handler)
-        .unwrap()
-}
 
 /// Declares a direct pipeline exchange and its step queues bound under the step names.
 fn pipeline(

@@ -16,6 +16,7 @@ pub mod observe;
 pub mod outbox;
 pub mod proxy;
 pub mod raw;
+pub mod slip;
 #[cfg(feature = "tls")]
 pub mod tls_proxy;
 pub mod users;
