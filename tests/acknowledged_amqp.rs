@@ -13,21 +13,11 @@ use acemq_amqp::patterns::acknowledged::{
     consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
     CounterStore, Message as AckMessage, Receipt, Report,
 };
-use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
+use acemq_amqp::{Error, Message, StopHandle};
 use support::ack::counters;
-use support::{connect, eventually, unique, Cleanup};
+use support::eventually;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// A queue of this test's own (its dead-letter queue cleaned up too), declared, on a new
-/// connection; the clean-up must live as long as the queue is used.
-fn queue_of_its_own(prefix: &str) -> (acemq_amqp::Connection, Cleanup, String) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique(prefix), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    (conn, clean, q)
-}
 
 /// Waits (within the deadline) until exactly `n` messages are ready on `q`.
 fn assert_left_on(conn: &acemq_amqp::Connection, q: &str, n: u32) {
@@ -146,7 +136,7 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
 fn failed_batches_do_not_exhaust_the_prefetch_and_stall_the_run() {
     const N: u32 = 20;
     const PREFETCH: u16 = 4;
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-stall");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-stall");
     let dir = tempfile::tempdir().unwrap();
     // The first commits fail until as many deliveries as the prefetch were rolled back: held
     // unacknowledged, they would fill the prefetch and the broker would send nothing more.
@@ -233,7 +223,7 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     const PREFETCH: u16 = 4;
     const FIRST: Duration = Duration::from_millis(50);
     const MAX: Duration = Duration::from_millis(400);
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-poison");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-poison");
     {
         // The backoff is checked.
         let options = || AmqpQueueOptions::new().prefetch(PREFETCH);
@@ -382,7 +372,7 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
     const N: usize = 20;
     const PREFETCH: u16 = 8;
     const ATTEMPTS: u32 = 3;
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-dlq");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-dlq");
     let dir = tempfile::tempdir().unwrap();
     let store = PoisonWatch::on(&dir);
     // Message 3 names a counter that is not allowed: the store refuses it every time.
@@ -478,7 +468,7 @@ impl ApplyBatch for Outage {
 fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_nothing() {
     const N: usize = 10;
     const PREFETCH: u16 = 8;
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-outage");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-outage");
     let dir = tempfile::tempdir().unwrap();
     let store = Outage::down(&dir);
     publish_increments(&conn, &q, N, |_| "signups");
@@ -523,7 +513,7 @@ fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_
 fn fifty_runs_stopped_during_a_database_outage_lose_nothing() {
     const N: usize = 3;
     const PREFETCH: u16 = 8;
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-restarts");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-restarts");
     let dir = tempfile::tempdir().unwrap();
     let store = Outage::down(&dir);
     publish_increments(&conn, &q, N, |_| "signups");
@@ -567,7 +557,7 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     use acemq_amqp::patterns::acknowledged::{BatchStore, BatchStoreOptions};
     use acemq_amqp::sql::Sql;
     const ATTEMPTS: u32 = 3;
-    let (conn, _clean, q) = queue_of_its_own("ack-amqp-db-poison");
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-db-poison");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("amounts.db");
     let open = move || {

@@ -276,10 +276,7 @@ fn recovers_from_a_silent_peer_through_missed_heartbeats() {
 /// `RunningConsumer::wait()` returns instead of hanging.
 #[test]
 fn close_during_an_outage_is_final_and_a_consumer_on_it_ends() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("close-outage"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_direct, _clean, q) = support::declared_queue("close-outage");
     let (proxy, conn) = support::through_proxy_with(
         ConnectionOptions::new()
             .connect_timeout(Duration::from_secs(3))

@@ -112,10 +112,7 @@ fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_return
 
 #[test]
 fn a_group_of_zero_is_refused_and_starts_nothing() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("group-zero"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("group-zero");
     let result = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(0))
         .and_then(|group| group.start(|_: &Message| Ok(Outcome::Accept)));
     assert!(matches!(result, Err(Error::InvalidArgument { .. })));

@@ -22,10 +22,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// idempotent wrapper recognises the duplicate and the effect is applied once.
 #[test]
 fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("id-less"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("id-less");
     let raw = Raw::open();
     let mut headers = FieldTable::new();
     headers.insert("tenant".into(), AmqpValue::LongString("acme".into()));
@@ -137,10 +134,7 @@ fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
 /// empty is the key a `.key(…)` function computes — refused clearly, to `.dlq`, never run.
 #[test]
 fn an_empty_idempotency_key_from_a_key_function_is_refused_clearly() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("empty-key"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("empty-key");
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let handler = idempotent(

@@ -12,18 +12,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::{by_header, ordered, partition, partitioned_routing_key};
-use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
+use acemq_amqp::{ConsumerOptions, Message, Outcome};
 use support::keyed::{key_of, publish_keyed, seq_of};
-use support::{connect, eventually, unique, Cleanup};
+use support::{connect, eventually};
 
 const WAIT: Duration = Duration::from_secs(30);
 
 #[test]
 fn one_slow_key_does_not_stall_the_others() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-hot"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ordered-hot");
     // The slow key's hundred first: a blocking wrapper would sit its workers on key A.
     let mut items: Vec<(String, usize)> = (0..100).map(|i| ("A".to_string(), i)).collect();
     items.extend((100..200).map(|i| ("B".to_string(), i)));
@@ -63,10 +60,7 @@ fn one_slow_key_does_not_stall_the_others() {
 
 #[test]
 fn messages_without_a_key_are_not_serialised() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-nokey"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ordered-nokey");
     // Half without the header, half with it empty: neither is one shared key.
     let items: Vec<(String, usize)> = (0..20).map(|i| (String::new(), i)).collect();
     publish_keyed(&conn, &q, &items);
@@ -129,10 +123,7 @@ fn partition_vectors_match_the_family() {
 
 #[test]
 fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("at-most-once-kill"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("at-most-once-kill");
     let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(4);
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(4);
@@ -208,10 +199,7 @@ fn at_most_once_kill_child() {
 /// it out again: the queue is empty and a new consumer sees only what comes after.
 #[test]
 fn at_most_once_a_consumer_process_killed_mid_handler_never_sees_the_message_again() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("at-most-once-sigkill"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("at-most-once-sigkill");
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("started");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())

@@ -63,6 +63,25 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// A connection to the tests' broker, its clean-up, and a queue of the test's own named after
+/// `prefix`, declared with the library's defaults. Hold the clean-up while the queue is used.
+pub fn declared_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique(prefix));
+    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    (conn, clean, q)
+}
+
+/// [`declared_queue`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned up too.
+pub fn declared_consumed_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique(prefix), &[]);
+    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    (conn, clean, q)
+}
+
 /// The public `acemq_amqp::testing::Cleanup` on the tests' broker, made from a connection as
 /// older tests do; dereferences to it (`queue`, `consumed_queue`, `exchange`, `table`, …).
 pub struct Cleanup(acemq_amqp::testing::Cleanup);
