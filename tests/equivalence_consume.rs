@@ -12,14 +12,15 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::{Observer, Settlement};
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
 use acemq_amqp::{
-    dead_letter_queue, parked_queue, retry_queue, Connection, ConsumerOptions, FatalError,
-    HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
+    dead_letter_queue, parked_queue, retry_queue, Connection, ConnectionOptions, ConsumerOptions,
+    FatalError, HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
 };
 use serde_json::json;
 use support::keyed::{key_of, publish_keyed, seq_of};
@@ -41,6 +42,32 @@ fn short_ladder() -> RetryPolicy {
         .initial_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .jitter(0.0)
+}
+
+/// The settlements an observer saw: (queue, outcome, attempt).
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, String, u32)>>);
+
+impl Observer for Recorder {
+    fn settled(&self, s: &Settlement<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((s.queue.to_string(), s.outcome.to_string(), s.attempt));
+    }
+}
+
+impl Recorder {
+    /// The (outcome, attempt) of each settlement on `queue`, in order.
+    fn outcomes(&self, queue: &str) -> Vec<(String, u32)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(q, _, _)| q == queue)
+            .map(|(_, o, a)| (o.clone(), *a))
+            .collect()
+    }
 }
 
 fn depth(conn: &Connection, queue: &str) -> u32 {
@@ -152,10 +179,7 @@ on_both! {
     /// Accept acknowledges: every message handled once at attempt 1, nothing left on the queue
     /// or its `.dlq`, nothing abandoned.
     fn accept_acknowledges_and_leaves_nothing_behind(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-accept"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-accept");
         let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
@@ -182,7 +206,8 @@ on_both! {
     /// A handler error is retried (waits held in the consumer) with the same id and the attempt
     /// counted in `x-acemq-attempt`; the third attempt accepts and nothing is dead-lettered.
     fn a_handler_that_fails_twice_succeeds_on_the_third_attempt(on) {
-        let conn = on.connect();
+        let recorder = Arc::new(Recorder::default());
+        let conn = on.connect_with(ConnectionOptions::new().observer(recorder.clone()));
         let mut clean = on.cleanup();
         let q = clean.consumed_queue(&unique("eq-third-time"), &[]);
         conn.declare_queue(&QueueSpec::new(&q)).unwrap();
@@ -208,29 +233,35 @@ on_both! {
         let seen = attempts.lock().unwrap().clone();
         assert_eq!(
             seen,
-            vec![(ids[0].clone(), 1), (ids[0].clone(), 2), (ids[0].clone(), 3)]
+            vec![(ids[0].clone(), 1), (ids[0].clone(), 2), (ids[0].clone(), 3)],
+            "the same id, attempts counted in x-acemq-attempt"
         );
         assert_eq!(depth(&conn, &q), 0);
         assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0);
+        // The observer saw each settlement: two retries, then the accept.
+        assert!(eventually(WAIT, || recorder.outcomes(&q).len() == 3));
+        assert_eq!(
+            recorder.outcomes(&q),
+            vec![("retry".into(), 1), ("retry".into(), 2), ("accept".into(), 3)]
+        );
     }
 
     /// A handler that always fails walks its attempts and ends in `.dlq` once, with its id, its
     /// last attempt, the error and the queue it was consumed from (`acemq-original-queue`).
     fn always_failing_ends_in_the_dlq_with_its_error_and_origin(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ladder"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ladder");
         let m = Message::new("body").with_header("app", "kept");
         let id = m.id().to_string();
         put(&conn, &q, m);
         let calls = Arc::new(AtomicUsize::new(0));
-        let c = calls.clone();
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let (c, t) = (calls.clone(), times.clone());
         let consumer = conn
             .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
             .unwrap()
             .start(move |_: &Message| {
                 c.fetch_add(1, Ordering::SeqCst);
+                t.lock().unwrap().push(Instant::now());
                 Err("the database is down".into())
             })
             .unwrap();
@@ -238,6 +269,10 @@ on_both! {
         assert!(eventually(WAIT, || depth(&conn, &dlq) == 1 && consumer.in_flight() == 0));
         consumer.close().unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // The ladder in time: 100 ms before the second attempt, 200 ms before the third.
+        let times = times.lock().unwrap().clone();
+        assert!(times[1] - times[0] >= Duration::from_millis(100), "{:?}", times[1] - times[0]);
+        assert!(times[2] - times[1] >= Duration::from_millis(200), "{:?}", times[2] - times[1]);
         let dead = drain(&conn, &dlq);
         assert_eq!(dead.len(), 1, "dead-lettered once");
         let dead = &dead[0];
@@ -257,10 +292,7 @@ on_both! {
     /// Reject and a `FatalError` go to `.dlq` at once (attempt 1, no retry), park goes to
     /// `.parked`; each with its reason in `x-acemq-error` and its origin queue.
     fn reject_and_fatal_dead_letter_at_once_and_park_sets_aside(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-reject-park"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-reject-park");
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         let consumer = conn
@@ -317,10 +349,7 @@ on_both! {
     /// A panicking handler is a retry: every message is accepted on its second attempt by the
     /// same single worker; one that always panics ends in `.dlq` with the panic's message.
     fn a_panicking_handler_is_retried_and_the_worker_survives(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-panic"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-panic");
         let ids: HashSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
         let doomed = Message::new("always");
         let doomed_id = doomed.id().to_string();
@@ -356,10 +385,7 @@ on_both! {
     /// Dead-lettered and parked copies do not keep the original's per-message expiration: no
     /// `expiration` on the wire, and they stay in `.dlq` / `.parked` past it.
     fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-no-expiry"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-no-expiry");
         let consumer = conn
             .consumer(&q, ConsumerOptions::new())
             .unwrap()
@@ -397,10 +423,7 @@ on_both! {
     /// never started; a new consumer then gets each of those once, marked redelivered, and
     /// none of the finished ones again.
     fn close_lets_running_handlers_finish_and_requeues_the_rest(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-close-drain"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-close-drain");
         let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
         let started = Arc::new(Mutex::new(Vec::new()));
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
@@ -562,10 +585,7 @@ on_both! {
     /// Ordered dispatch: 600 messages over 12 keys at concurrency 8, each key's messages
     /// handled in publish order, never two of one key at once, each message once.
     fn ordered_messages_keep_per_key_order_and_never_overlap_a_key(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ordered");
         let items: Vec<(String, usize)> =
             (0..600).map(|i| (format!("key-{}", i % 12), i)).collect();
         publish_keyed(&conn, &q, &items);
@@ -648,10 +668,7 @@ on_both! {
     /// At most once (acknowledged before the handler runs): a handler error or panic loses the
     /// message, counted lost; nothing is retried, dead-lettered or left on the queue.
     fn at_most_once_a_failing_handler_neither_retries_nor_dead_letters(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-at-most-once"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-at-most-once");
         let items: Vec<(String, usize)> = (0..6).map(|i| (String::new(), i)).collect();
         publish_keyed(&conn, &q, &items);
         let calls = Arc::new(Mutex::new(HashMap::<usize, usize>::new()));
@@ -689,10 +706,7 @@ on_both! {
     /// An ordered consumer closing while one message of a key runs and nine wait for the key:
     /// the running one finishes and is acknowledged, the nine go back to the queue.
     fn an_ordered_consumer_closes_and_requeues_what_waits_for_its_key(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered-close"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ordered-close");
         let items: Vec<(String, usize)> = (0..10).map(|i| ("one".to_string(), i)).collect();
         publish_keyed(&conn, &q, &items);
         let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(16);
@@ -786,10 +800,7 @@ on_both! {
     /// A next hop nobody can route (mandatory, returned) retries the step, the original kept
     /// until then; after the last attempt it is in `.dlq` with its id and the error.
     fn an_unroutable_next_hop_retries_the_step_then_dead_letters(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let input = clean.consumed_queue(&unique("eq-then-unroutable"), &[]);
-        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+        let (conn, _clean, input) = on.declared_consumed_queue("eq-then-unroutable");
         let nowhere = unique("eq-then-no-such-queue");
         let publisher = conn
             .publisher_with(PublisherOptions::new().mandatory(false))
