@@ -37,3 +37,25 @@ pub fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
         SqlOutboxStoreOptions::default().max_attempts(first.max_attempts()),
     )
 }
+
+/// An outbox store on a table of its own that gives a record up after `max_attempts`, its
+/// table's name, and a relay on `conn` (default options) over another store on that table.
+pub fn outbox_and_relay(
+    conn: &acemq_amqp::Connection,
+    db: &Db,
+    max_attempts: u32,
+) -> (
+    SqlOutboxStore,
+    String,
+    acemq_amqp::patterns::outbox::OutboxRelay,
+) {
+    let store = outbox(db, max_attempts);
+    let table = store.table().to_string();
+    let relay = acemq_amqp::patterns::outbox::OutboxRelay::new(
+        conn,
+        same_table(db, &store),
+        acemq_amqp::patterns::outbox::OutboxRelayOptions::new(),
+    )
+    .unwrap();
+    (store, table, relay)
+}
