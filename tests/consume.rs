@@ -34,6 +34,40 @@ fn gate() -> (
     })
 }
 
+/// A consumer of `q` with one worker and a prefetch of 4 whose handler counts its starts and
+/// waits at a gate (at most `hold`) until the test opens it; shutting down waits `shutdown` for
+/// it. Returns the consumer, the gate's opener (dropped: open) and the count of starts.
+fn one_at_a_time_at_a_gate(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    shutdown: Duration,
+    hold: Duration,
+) -> (
+    acemq_amqp::RunningConsumer,
+    crossbeam_channel::Sender<()>,
+    Arc<AtomicUsize>,
+) {
+    let (open, wait_at_gate) = gate();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let consumer = conn
+        .consumer(
+            q,
+            ConsumerOptions::new()
+                .concurrency(1)
+                .prefetch(4)
+                .shutdown_timeout(shutdown),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            wait_at_gate(hold);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    (consumer, open, started)
+}
+
 fn rungs() -> Vec<Duration> {
     vec![
         Duration::from_millis(100),
@@ -433,24 +467,8 @@ fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
     let (direct, _clean, q) = support::declared_consumed_queue("stale-jobs");
     publish_n(&direct, &q, 8, true);
     let (proxy, conn) = support::through_proxy(Duration::from_millis(200));
-    let (open, wait_at_gate) = gate();
-    let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (wait_at_gate, started.clone());
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(1)
-                .prefetch(4)
-                .shutdown_timeout(Duration::from_secs(1)),
-        )
-        .unwrap()
-        .start(move |_: &Message| {
-            s.fetch_add(1, Ordering::SeqCst);
-            g(Duration::from_secs(60));
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
+    let (consumer, open, started) =
+        one_at_a_time_at_a_gate(&conn, &q, Duration::from_secs(1), Duration::from_secs(60));
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1));
     assert!(eventually(WAIT, || consumer.in_flight() == 4));
     proxy.cut();
@@ -517,24 +535,12 @@ fn a_panicking_observer_does_not_kill_the_workers() {
 #[test]
 fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
     let (conn, _clean, q) = support::declared_consumed_queue("close-report");
-    let (open, wait_at_gate) = gate();
-    let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (wait_at_gate, started.clone());
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(1)
-                .prefetch(4)
-                .shutdown_timeout(Duration::from_millis(500)),
-        )
-        .unwrap()
-        .start(move |_: &Message| {
-            s.fetch_add(1, Ordering::SeqCst);
-            g(Duration::from_secs(30));
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
+    let (consumer, open, started) = one_at_a_time_at_a_gate(
+        &conn,
+        &q,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
     publish_n(&conn, &q, 4, true);
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1
         && consumer.in_flight() == 4));
