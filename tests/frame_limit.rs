@@ -417,10 +417,7 @@ fn a_header_near_the_frame_limit_dead_letters_a_trimmed_copy_instead_of_a_rung()
 #[test]
 fn the_computed_header_frame_size_is_the_one_the_broker_measures() {
     use amiquip::{AmqpProperties, AmqpValue, FieldTable, Publish};
-    let conn = support::connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("frame-raw"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("frame-raw");
     let limit = conn.frame_max(); // RabbitMQ's, which raw amiquip takes as it is
     let props = |size: usize| {
         let with = |pad: usize| {

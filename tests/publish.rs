@@ -263,11 +263,8 @@ fn one_message_to_two_routing_keys_the_second_unroutable_answers_each_caller_tru
 #[test]
 fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
     let (_direct, _clean, q) = support::declared_queue("stalled-publish");
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        acemq_amqp::ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
+    let (proxy, conn) = support::through_proxy_with(
+        acemq_amqp::ConnectionOptions::new().heartbeat(Duration::from_secs(60)),
     );
     let timeout = Duration::from_secs(2);
     let publisher = conn

@@ -309,16 +309,9 @@ on_both! {
 /// that is not on the queue.
 #[test]
 fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
-    let direct = support::connect();
-    let mut clean = support::Cleanup::new(&direct);
-    let q = clean.queue(&unique("batch-cut"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
-    );
+    let (direct, _clean, q) = support::declared_queue("batch-cut");
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let window = 50;
     let publisher = conn
         .publisher_with(
@@ -400,16 +393,9 @@ fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
 /// whole call takes about two timeouts, not one per message.
 #[test]
 fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
-    let direct = support::connect();
-    let mut clean = support::Cleanup::new(&direct);
-    let q = clean.queue(&unique("batch-frozen"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
-    );
+    let (direct, _clean, q) = support::declared_queue("batch-frozen");
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let timeout = Duration::from_secs(1);
     let window = 5;
     let publisher = conn
