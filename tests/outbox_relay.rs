@@ -862,6 +862,24 @@ impl OutboxStore for Watched {
     }
 }
 
+/// An outbox holding 20 records for `q`, its table's name, another relay's store on that table
+/// watched for the limits it leases with, those limits, and relay options of batches of 7 every
+/// 20 ms.
+fn twenty_records_watched(
+    db: &Db,
+    q: &str,
+) -> (String, Watched, Arc<Mutex<Vec<usize>>>, OutboxRelayOptions) {
+    let store = outbox(db, 10);
+    let table = store.table().to_string();
+    add_many(db, &store, q, 20);
+    let watched = Watched::new(same_table(db, &store));
+    let limits = Arc::clone(&watched.limits);
+    let options = OutboxRelayOptions::new()
+        .batch_size(7)
+        .interval(Duration::from_millis(20));
+    (table, watched, limits, options)
+}
+
 /// The options a relay is made with are the ones its thread sweeps with. (Before
 /// `OutboxRelayOptions`, `relay.start(); let relay = relay.batch(7);` compiled and was silently
 /// ignored — this test, written that way, saw the thread lease `[100]`; now options can only be
@@ -870,14 +888,7 @@ impl OutboxStore for Watched {
 fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
     let db = Db::sqlite();
     let (conn, _clean, q) = support::declared_queue("outbox-options");
-    let store = outbox(&db, 10);
-    let table = store.table().to_string();
-    add_many(&db, &store, &q, 20);
-    let watched = Watched::new(same_table(&db, &store));
-    let limits = Arc::clone(&watched.limits);
-    let options = OutboxRelayOptions::new()
-        .batch_size(7)
-        .interval(Duration::from_millis(20));
+    let (table, watched, limits, options) = twenty_records_watched(&db, &q);
     let relay = OutboxRelay::new(&conn, watched, options.clone()).unwrap();
     let running = relay.start().unwrap();
     assert_eq!(running.options(), &options);
@@ -912,14 +923,7 @@ fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
 fn dropping_a_running_relay_joins_its_thread_and_deletes_what_went_out() {
     let db = Db::sqlite();
     let (conn, _clean, q) = support::declared_queue("outbox-drop");
-    let store = outbox(&db, 10);
-    let table = store.table().to_string();
-    add_many(&db, &store, &q, 20);
-    let watched = Watched::new(same_table(&db, &store));
-    let limits = Arc::clone(&watched.limits);
-    let options = OutboxRelayOptions::new()
-        .batch_size(7)
-        .interval(Duration::from_millis(20));
+    let (table, watched, limits, options) = twenty_records_watched(&db, &q);
     let running = OutboxRelay::new(&conn, watched, options)
         .unwrap()
         .start()
