@@ -1,4 +1,7 @@
-//! The acknowledged consumer over RabbitMQ: the AMQP source and acknowledgements.
+//! The acknowledged consumer over RabbitMQ: the AMQP source and acknowledgements — backoff,
+//! dead-lettering, outages. The scenarios that run the same on the `memory://` broker (a
+//! redelivery replayed, a rolled-back delivery returned, a second run on one queue) are written
+//! once, in the on-both `equivalence_stores.rs`.
 
 mod support;
 
@@ -8,21 +11,21 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::acknowledged::{
     consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
-    CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
+    CounterStore, Message as AckMessage, Receipt, Report,
 };
-use acemq_amqp::{Error, Message, QueueSpec, StopHandle};
-use support::{connect, eventually, unique, Cleanup};
+use acemq_amqp::{Error, Message, StopHandle};
+use support::ack::counters;
+use support::eventually;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn counters(dir: &tempfile::TempDir) -> CounterStore {
-    let store = CounterStore::new(
-        dir.path().join("counters.db"),
-        CounterStoreOptions::new().allow(["page_views", "signups"]),
-    )
-    .unwrap();
-    store.create_tables().unwrap();
-    store
+/// Waits (within the deadline) until exactly `n` messages are ready on `q`.
+fn assert_left_on(conn: &acemq_amqp::Connection, q: &str, n: u32) {
+    assert!(
+        eventually(WAIT, || conn.queue_info(q).unwrap().message_count == n),
+        "{q} did not come to {n} ready messages (found {:?})",
+        conn.queue_info(q).map(|i| i.message_count)
+    );
 }
 
 /// Publishes `n` counter increments to `q`, confirmed, the i-th for counter `counter(i)`;
@@ -57,270 +60,6 @@ fn stoppable_batcher(batch: usize, max_pending: usize) -> (Batcher, StopHandle) 
     )
     .unwrap();
     (batcher, stop)
-}
-
-/// Runs the recipe on `q` until `done` says so, then stops it; returns its report.
-fn run_until(
-    conn: &acemq_amqp::Connection,
-    q: &str,
-    store: &CounterStore,
-    batch: usize,
-    done: impl Fn() -> bool,
-) -> Report {
-    let stop = StopHandle::new();
-    let batcher = Batcher::new(
-        BatcherOptions::new()
-            .batch_size(batch)
-            .max_pending(2 * batch)
-            .poll_interval(Duration::from_millis(20))
-            .stop_handle(stop.clone()),
-    )
-    .unwrap();
-    std::thread::scope(|s| {
-        let running = s.spawn(|| {
-            // The source borrows the queue's channel and stays on this thread.
-            let queue = AmqpQueue::open(
-                conn,
-                q,
-                AmqpQueueOptions::new().prefetch(u16::try_from(2 * batch + 1).unwrap()),
-            )
-            .unwrap();
-            let report = consume(
-                queue.source().unwrap(),
-                store,
-                queue.acknowledger(),
-                &batcher,
-            );
-            queue.close().unwrap();
-            report
-        });
-        assert!(eventually(WAIT, &done), "the recipe did not get there");
-        stop.stop();
-        running.join().unwrap().unwrap()
-    })
-}
-
-#[test]
-fn over_rabbitmq_a_redelivered_message_is_acknowledged_without_repeating_its_effect() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = counters(&dir);
-    let publisher = conn.publisher().unwrap();
-    let mut first = None;
-    for _ in 0..100 {
-        let m = Message::new(CounterIncrement::new("page_views", 1).payload());
-        first.get_or_insert_with(|| m.clone());
-        publisher.publish("", &q, m).unwrap();
-    }
-    // The first message again: the same x-acemq-id, another delivery tag.
-    publisher.publish("", &q, first.unwrap()).unwrap();
-
-    let report = run_until(&conn, &q, &store, 32, || {
-        store.receipt_count().unwrap() == 100 && conn.queue_info(&q).unwrap().message_count == 0
-    });
-    assert_eq!(
-        store.value("page_views").unwrap(),
-        100,
-        "the effect once per message"
-    );
-    assert_eq!(
-        (report.acknowledged, report.replayed, report.failed),
-        (101, 1, 0)
-    );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
-}
-
-#[test]
-fn a_rolled_back_delivery_is_never_covered_by_a_multiple_ack_and_returns_on_close() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp-fail"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = counters(&dir);
-    let publisher = conn.publisher().unwrap();
-    for i in 0..40 {
-        // Message 10 names a counter that is not allowed: its batch rolls back.
-        let counter = if i == 10 { "not_allowed" } else { "signups" };
-        publisher
-            .publish(
-                "",
-                &q,
-                Message::new(CounterIncrement::new(counter, 1).payload()),
-            )
-            .unwrap();
-    }
-    let report = run_until(&conn, &q, &store, 1, || {
-        store.value("signups").unwrap() == 39
-    });
-    // Requeued after its backoff, the bad delivery may have failed more than once by now.
-    assert!(report.failed >= 1, "{report:?}");
-    assert_eq!(report.acknowledged, 39);
-    // Batches after the failure were acknowledged one by one: the bad delivery is back.
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 1));
-    let back = conn.get(&q).unwrap().unwrap();
-    let inc = CounterIncrement::from_payload(&back.body).unwrap();
-    assert_eq!(inc.counter, "not_allowed");
-}
-
-/// A store in front of the counters that rolls back its first batch and holds its second on the
-/// worker until released, so that a run can be stopped with deliveries rolled back, deliveries
-/// taken by the batcher, and deliveries prefetched but not yet taken.
-struct RollBackThenHold<'a> {
-    counters: &'a CounterStore,
-    /// The identities of the rolled-back batch, failed again when the recipe then applies them
-    /// one at a time (until another batch comes).
-    first: Mutex<Option<Vec<String>>>,
-    batches: AtomicUsize,
-    rolled_back: AtomicUsize,
-    holding: AtomicBool,
-    release: Mutex<Option<mpsc::Receiver<()>>>,
-}
-
-impl ApplyBatch for RollBackThenHold<'_> {
-    fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
-        let ids: Vec<String> = messages.iter().map(|m| m.identifier.clone()).collect();
-        {
-            let mut first = self.first.lock().unwrap();
-            let rolled_back_again = match &*first {
-                None => {
-                    *first = Some(ids);
-                    self.rolled_back.fetch_add(messages.len(), Ordering::SeqCst);
-                    true
-                }
-                Some(f) => {
-                    self.batches.load(Ordering::SeqCst) == 0 && ids.iter().all(|i| f.contains(i))
-                }
-            };
-            if rolled_back_again {
-                return Err(Error::Handler {
-                    source: "the first batch rolls back".into(),
-                });
-            }
-        }
-        // The batch after the rolled-back one is held.
-        if self.batches.fetch_add(1, Ordering::SeqCst) == 0 {
-            let release = self.release.lock().unwrap().take().unwrap();
-            self.holding.store(true, Ordering::SeqCst);
-            // Released by the test (or by its end): never waits past the deadline.
-            let _ = release.recv_timeout(WAIT);
-        }
-        self.counters.apply_batch(messages)
-    }
-}
-
-#[test]
-fn a_second_run_on_one_queue_never_acknowledges_what_the_first_left_unapplied() {
-    const N: u32 = 40;
-    const PREFETCH: u16 = 20;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp-rerun"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let counters = counters(&dir);
-    let (release, gate) = mpsc::channel();
-    let store = RollBackThenHold {
-        counters: &counters,
-        first: Mutex::new(None),
-        batches: AtomicUsize::new(0),
-        rolled_back: AtomicUsize::new(0),
-        holding: AtomicBool::new(false),
-        release: Mutex::new(Some(gate)),
-    };
-    let publisher = conn.publisher().unwrap();
-    for _ in 0..N {
-        let m = Message::new(CounterIncrement::new("page_views", 1).payload());
-        publisher.publish("", &q, m).unwrap();
-    }
-    let batcher = |stop: &StopHandle| {
-        Batcher::new(
-            BatcherOptions::new()
-                .batch_size(4)
-                .max_pending(8)
-                .poll_interval(Duration::from_millis(20))
-                .stop_handle(stop.clone()),
-        )
-        .unwrap()
-    };
-    let (first_stop, second_stop) = (StopHandle::new(), StopHandle::new());
-    let (first, second, all_applied) = std::thread::scope(|s| {
-        let running = s.spawn(|| {
-            // Two runs, one after the other, on one queue (one channel).
-            let queue =
-                AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(PREFETCH)).unwrap();
-            let first = consume(
-                queue.source().unwrap(),
-                &store,
-                queue.acknowledger(),
-                &batcher(&first_stop),
-            );
-            let second = consume(
-                queue.source().unwrap(),
-                &store,
-                queue.acknowledger(),
-                &batcher(&second_stop),
-            );
-            queue.close().unwrap();
-            (first, second)
-        });
-        // The first run has rolled back its first batch and holds its second, and the broker
-        // has sent the whole prefetch. Of those 20 deliveries the batcher takes at most 8 and
-        // the rolled-back batch is at most 4: the rest are prefetched and not taken.
-        let first_in_place = eventually(WAIT, || {
-            store.holding.load(Ordering::SeqCst)
-                && conn.queue_info(&q).unwrap().message_count == N - u32::from(PREFETCH)
-        });
-        first_stop.stop();
-        release.send(()).ok();
-        // The second run goes until every message's effect has been applied.
-        let all_applied = first_in_place
-            && eventually(WAIT, || {
-                counters.receipt_count().unwrap() == u64::from(N)
-                    && conn.queue_info(&q).unwrap().message_count == 0
-            });
-        second_stop.stop();
-        let (first, second) = running.join().unwrap();
-        assert!(first_in_place, "the first run never held its second batch");
-        (first.unwrap(), second.unwrap(), all_applied)
-    });
-    assert!(store.rolled_back.load(Ordering::SeqCst) >= 1);
-    assert_eq!(
-        first.failed,
-        store.rolled_back.load(Ordering::SeqCst) as u64
-    );
-    assert_eq!(
-        (
-            counters.value("page_views").unwrap(),
-            counters.receipt_count().unwrap()
-        ),
-        (i64::from(N), u64::from(N)),
-        "every message's effect applied exactly once (first run {first:?}, second {second:?})"
-    );
-    assert!(all_applied);
-    assert_eq!(
-        first.acknowledged + second.acknowledged,
-        u64::from(N),
-        "each delivery acknowledged once, after its effect"
-    );
-    assert_eq!(first.replayed + second.replayed, 0);
-    // Only now that all were applied: nothing is left on the queue.
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
 }
 
 /// A store in front of the counters whose commits fail (a database error) until it has rolled
@@ -397,10 +136,7 @@ fn run_on_a_thread<S: ApplyBatch + Send + 'static>(
 fn failed_batches_do_not_exhaust_the_prefetch_and_stall_the_run() {
     const N: u32 = 20;
     const PREFETCH: u16 = 4;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp-stall"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-stall");
     let dir = tempfile::tempdir().unwrap();
     // The first commits fail until as many deliveries as the prefetch were rolled back: held
     // unacknowledged, they would fill the prefetch and the broker would send nothing more.
@@ -449,17 +185,22 @@ fn failed_batches_do_not_exhaust_the_prefetch_and_stall_the_run() {
     );
     assert_eq!(report.acknowledged, u64::from(N), "{report:?}");
     assert_eq!(report.failed, rolled_back as u64, "{report:?}");
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    assert_left_on(&conn, &q, 0);
 }
 
 /// The counters, recording when each batch holding the poisoned message was tried.
 struct PoisonWatch {
     counters: CounterStore,
     poisoned_tries: Mutex<Vec<Instant>>,
+}
+
+impl PoisonWatch {
+    fn on(dir: &tempfile::TempDir) -> std::sync::Arc<PoisonWatch> {
+        std::sync::Arc::new(PoisonWatch {
+            counters: counters(dir),
+            poisoned_tries: Mutex::new(Vec::new()),
+        })
+    }
 }
 
 impl ApplyBatch for PoisonWatch {
@@ -482,10 +223,7 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     const PREFETCH: u16 = 4;
     const FIRST: Duration = Duration::from_millis(50);
     const MAX: Duration = Duration::from_millis(400);
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("ack-amqp-poison"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-poison");
     {
         // The backoff is checked.
         let options = || AmqpQueueOptions::new().prefetch(PREFETCH);
@@ -518,10 +256,7 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(PoisonWatch {
-        counters: counters(&dir),
-        poisoned_tries: Mutex::new(Vec::new()),
-    });
+    let store = PoisonWatch::on(&dir);
     // Message 3 names a counter that is not allowed: every batch holding it rolls back.
     publish_increments(
         &conn,
@@ -575,11 +310,7 @@ fn a_message_that_always_fails_is_requeued_with_a_growing_backoff_until_its_last
     assert!(report.failed >= tries.len() as u64, "{report:?}");
     assert_eq!(store.counters.receipt_count().unwrap(), N as u64 - 1);
     // Never acknowledged: back on the queue once the run is over.
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 1));
+    assert_left_on(&conn, &q, 1);
     let back = conn.get(&q).unwrap().unwrap();
     let inc = CounterIncrement::from_payload(&back.body).unwrap();
     assert_eq!(inc.counter, "not_allowed");
@@ -624,11 +355,7 @@ fn the_dead_letter(
     attempts: u32,
     reason: &str,
 ) -> Message {
-    assert!(eventually(WAIT, || conn
-        .queue_info(q)
-        .unwrap()
-        .message_count
-        == 0));
+    assert_left_on(conn, q, 0);
     let dlq = acemq_amqp::dead_letter_queue(q);
     let dead = conn.get(&dlq).unwrap().expect("the dead letter");
     assert_eq!(dead.id(), id, "the copy keeps the message's identity");
@@ -645,15 +372,9 @@ fn a_message_the_store_always_refuses_is_dead_lettered_with_the_reason_after_its
     const N: usize = 20;
     const PREFETCH: u16 = 8;
     const ATTEMPTS: u32 = 3;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ack-amqp-dlq"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-dlq");
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(PoisonWatch {
-        counters: counters(&dir),
-        poisoned_tries: Mutex::new(Vec::new()),
-    });
+    let store = PoisonWatch::on(&dir);
     // Message 3 names a counter that is not allowed: the store refuses it every time.
     let ids = publish_increments(
         &conn,
@@ -706,6 +427,17 @@ struct Outage {
     failed_calls: AtomicUsize,
 }
 
+impl Outage {
+    /// The counters in `dir`, down.
+    fn down(dir: &tempfile::TempDir) -> std::sync::Arc<Outage> {
+        std::sync::Arc::new(Outage {
+            counters: counters(dir),
+            down: AtomicBool::new(true),
+            failed_calls: AtomicUsize::new(0),
+        })
+    }
+}
+
 impl ApplyBatch for Outage {
     fn apply_batch(&self, messages: &[&AckMessage]) -> acemq_amqp::Result<Vec<Receipt>> {
         if self.down.load(Ordering::SeqCst) {
@@ -736,16 +468,9 @@ impl ApplyBatch for Outage {
 fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_nothing() {
     const N: usize = 10;
     const PREFETCH: u16 = 8;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ack-amqp-outage"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-outage");
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(Outage {
-        counters: counters(&dir),
-        down: AtomicBool::new(true),
-        failed_calls: AtomicUsize::new(0),
-    });
+    let store = Outage::down(&dir);
     publish_increments(&conn, &q, N, |_| "signups");
     let (batcher, stop) = stoppable_batcher(4, usize::from(PREFETCH) - 1);
     let (done, running) = run_on_a_thread(
@@ -777,11 +502,7 @@ fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_
         conn.queue_info(&dlq).map_or(true, |i| i.message_count == 0),
         "an outage dead-lettered messages"
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    assert_left_on(&conn, &q, 0);
 }
 
 /// A service restarted fifty times during a database outage: each run takes the deliveries,
@@ -792,16 +513,9 @@ fn a_database_outage_longer_than_the_brokers_delivery_limit_backs_off_and_loses_
 fn fifty_runs_stopped_during_a_database_outage_lose_nothing() {
     const N: usize = 3;
     const PREFETCH: u16 = 8;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ack-amqp-restarts"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-restarts");
     let dir = tempfile::tempdir().unwrap();
-    let store = std::sync::Arc::new(Outage {
-        counters: counters(&dir),
-        down: AtomicBool::new(true),
-        failed_calls: AtomicUsize::new(0),
-    });
+    let store = Outage::down(&dir);
     publish_increments(&conn, &q, N, |_| "signups");
     let run = |store: &std::sync::Arc<Outage>| {
         let (batcher, stop) = stoppable_batcher(N, usize::from(PREFETCH) - 1);
@@ -843,10 +557,7 @@ fn a_message_failing_alone_with_a_database_error_while_the_database_is_up_is_dea
     use acemq_amqp::patterns::acknowledged::{BatchStore, BatchStoreOptions};
     use acemq_amqp::sql::Sql;
     const ATTEMPTS: u32 = 3;
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ack-amqp-db-poison"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-amqp-db-poison");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("amounts.db");
     let open = move || {

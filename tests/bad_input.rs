@@ -14,9 +14,8 @@ use acemq_amqp::patterns::replay::{replay, ReplayOptions};
 use acemq_amqp::patterns::request_reply::{Requester, RequesterOptions};
 use acemq_amqp::{
     parked_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, PublisherOptions,
-    QueueSpec,
 };
-use support::{connect, eventually, unique, Cleanup};
+use support::eventually;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -35,10 +34,7 @@ fn is_invalid<T: std::fmt::Debug>(what: &str, r: acemq_amqp::Result<T>) {
 /// sent: no consumer appears on the queue, no channel is opened for it.
 #[test]
 fn zero_sizes_are_refused_before_anything_is_sent() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("bad-zero"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("bad-zero");
 
     is_invalid(
         "prefetch 0",
@@ -113,10 +109,7 @@ fn zero_sizes_are_refused_before_anything_is_sent() {
 /// still bounds what is buffered; messages flow.
 #[test]
 fn the_largest_prefetch_is_accepted() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("bad-prefetch"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("bad-prefetch");
     support::publish_n(&conn, &q, 100, false);
     let done = Arc::new(AtomicUsize::new(0));
     let d = done.clone();
@@ -142,10 +135,7 @@ struct Order {
 /// family's text, `could not be decoded: …`; it is not retried.
 #[test]
 fn a_garbage_body_for_the_codec_is_parked_as_undecodable() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("bad-body"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("bad-body");
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let consumer = conn

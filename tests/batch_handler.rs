@@ -7,10 +7,8 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::{
-    dead_letter_queue, ConsumerOptions, Handler, HandlerResult, Message, Outcome, QueueSpec,
-};
-use support::{connect, eventually, publish_n, unique, Cleanup};
+use acemq_amqp::{dead_letter_queue, ConsumerOptions, Handler, HandlerResult, Message, Outcome};
+use support::{eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -40,10 +38,7 @@ fn run(
     prefetch: u16,
     answer: fn(&[&Message]) -> Vec<std::thread::Result<HandlerResult>>,
 ) -> (Vec<usize>, usize, usize) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("batches"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("batches");
     publish_n(&conn, &q, n, false);
     let sizes = Arc::new(Mutex::new(Vec::new()));
     let consumer = conn

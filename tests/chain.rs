@@ -15,8 +15,8 @@ use acemq_amqp::patterns::chain::{
 };
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 use acemq_amqp::patterns::ordering::by_header;
-use acemq_amqp::{ConsumerOptions, Handler, Message, Outcome, QueueSpec, RetryPolicy};
-use support::{connect, eventually, unique, Cleanup};
+use acemq_amqp::{ConsumerOptions, Handler, Message, Outcome, RetryPolicy};
+use support::{eventually, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -67,10 +67,7 @@ fn layers_run_outermost_first_and_pass_the_ordering_on() {
         vec!["a>", "b>", "c>", "handler", "<c", "<b", "<a"]
     );
     // Through a consumer too: one key, concurrency 4, still one at a time and in order.
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("chain-order"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("chain-order");
     let publisher = conn.publisher().unwrap();
     for i in 0..30 {
         publisher
@@ -119,10 +116,7 @@ impl Observer for Overruns {
 
 #[test]
 fn an_overrun_is_settled_as_a_retry_on_time_and_its_orphan_is_counted() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("chain-timeout"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("chain-timeout");
     let overruns = Arc::new(Overruns::default());
     let deadline = Deadline::new(
         Duration::from_millis(200),
@@ -245,10 +239,7 @@ fn logging_records_id_type_attempt_outcome_and_never_the_payload() {
     if log::set_logger(&Capture).is_ok() {
         log::set_max_level(log::LevelFilter::Debug);
     }
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("chain-log"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("chain-log");
     let secret = format!("card-4111-1111-{}", unique("secret"));
     let ok = Message::new(format!("{{\"card\":\"{secret}\"}}")).with_type("payment.taken");
     let failing =

@@ -11,11 +11,9 @@ use std::time::Duration;
 use acemq_amqp::patterns::claim_check::{
     claim_key_of, is_claim_check, ClaimCheckCodec, ClaimCheckStore, FilesystemClaimCheckStore,
 };
-use acemq_amqp::{
-    BytesCodec, Codec, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec,
-};
+use acemq_amqp::{BytesCodec, Codec, ConsumerOptions, Error, JsonCodec, Message, Outcome};
 use serde_json::Value;
-use support::{connect, eventually, unique, Cleanup};
+use support::eventually;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -280,10 +278,7 @@ fn a_filesystem_claim_check_is_readable_by_its_owner_only() {
 
 #[test]
 fn a_one_mib_payload_round_trips_through_the_broker_as_a_claim_check() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("claim-1mib"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("claim-1mib");
     let dir = tempfile::tempdir().unwrap();
     let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
     let codec = ClaimCheckCodec::new(BytesCodec, store);
@@ -318,10 +313,7 @@ fn a_one_mib_payload_round_trips_through_the_broker_as_a_claim_check() {
 
 #[test]
 fn a_message_whose_claim_is_gone_is_dead_lettered_with_the_reason() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("claim-gone"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("claim-gone");
     let dir = tempfile::tempdir().unwrap();
     let store = FilesystemClaimCheckStore::new(dir.path()).unwrap();
     let codec = ClaimCheckCodec::new(BytesCodec, store).threshold(0);
@@ -370,10 +362,7 @@ fn a_message_whose_claim_is_gone_is_dead_lettered_with_the_reason() {
 /// it are handled (not retried round and round).
 #[test]
 fn a_claim_key_leaving_the_store_root_is_dead_lettered_at_once_with_the_reason() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("claim-traversal"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("claim-traversal");
     let dir = tempfile::tempdir().unwrap();
     let store = FilesystemClaimCheckStore::new(dir.path().join("claims")).unwrap();
     let codec = ClaimCheckCodec::new(BytesCodec, store).threshold(0);

@@ -5,7 +5,6 @@ mod support;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
     Binding, Connection, ConnectionOptions, Error, ExchangeKind, ExchangeSpec, Message,
     PublisherOptions, QueueSpec,
@@ -107,10 +106,8 @@ fn declares_quorum_and_stream_queues_and_bindings() {
 
 #[test]
 fn recovers_from_a_cut_under_load_and_redeclares_topology() {
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
+    let (proxy, conn) = support::through_proxy_with(
         ConnectionOptions::new()
-            .address(proxy.url())
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(500))
             .heartbeat(Duration::from_secs(5)),
@@ -248,10 +245,8 @@ fn close_is_final_and_reported() {
 
 #[test]
 fn recovers_from_a_silent_peer_through_missed_heartbeats() {
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
+    let (proxy, conn) = support::through_proxy_with(
         ConnectionOptions::new()
-            .address(proxy.url())
             .heartbeat(Duration::from_secs(1))
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(300)),
@@ -281,14 +276,9 @@ fn recovers_from_a_silent_peer_through_missed_heartbeats() {
 /// `RunningConsumer::wait()` returns instead of hanging.
 #[test]
 fn close_during_an_outage_is_final_and_a_consumer_on_it_ends() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("close-outage"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
+    let (_direct, _clean, q) = support::declared_queue("close-outage");
+    let (proxy, conn) = support::through_proxy_with(
         ConnectionOptions::new()
-            .address(proxy.url())
             .connect_timeout(Duration::from_secs(3))
             .operation_timeout(Duration::from_secs(2))
             .backoff_min(Duration::from_millis(50))

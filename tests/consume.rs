@@ -1,7 +1,8 @@
-//! The consumer runtime against the real broker: outcomes, the retry ladder, panics, volume,
-//! bounded memory, shutdown, recovery, the scoped form. The scenarios that hold on both
-//! transports (accept, a panicking handler, a close that lets running handlers finish, the
-//! copies' expiration, …) are written once, in `tests/equivalence_consume.rs`.
+//! The consumer runtime against the real broker: in-progress, volume, bounded memory, shutdown,
+//! recovery, the scoped form, copies that cannot be published. The scenarios that hold on both
+//! transports (accept, a retried handler and the observer's settlements, the ladder in time to
+//! the `.dlq`, reject / fatal / park, a panicking handler, a close that lets running handlers
+//! finish, the copies' expiration, …) are written once, in `tests/equivalence_consume.rs`.
 
 mod support;
 
@@ -12,25 +13,14 @@ use std::time::{Duration, Instant};
 
 use acemq_amqp::observe::Observer;
 use acemq_amqp::observe::Settlement;
-use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{
-    dead_letter_queue, parked_queue, ConnectionOptions, ConsumerOptions, Error, FatalError,
-    Message, Outcome, QueueSpec, RetryPolicy,
+    dead_letter_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec,
+    RetryPolicy,
 };
 use support::observe::CopyFailures;
 use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Three attempts, waiting 100 ms then 200 ms in the consumer (under the broker-wait
-/// threshold), without jitter.
-fn short_ladder() -> RetryPolicy {
-    RetryPolicy::exponential()
-        .max_attempts(3)
-        .initial_delay(Duration::from_millis(100))
-        .max_delay(Duration::from_secs(1))
-        .jitter(0.0)
-}
 
 /// A gate handlers block at until the test opens it (drops `open`), at most `limit` each: no
 /// handler spins while it waits.
@@ -44,202 +34,46 @@ fn gate() -> (
     })
 }
 
+/// A consumer of `q` with one worker and a prefetch of 4 whose handler counts its starts and
+/// waits at a gate (at most `hold`) until the test opens it; shutting down waits `shutdown` for
+/// it. Returns the consumer, the gate's opener (dropped: open) and the count of starts.
+fn one_at_a_time_at_a_gate(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    shutdown: Duration,
+    hold: Duration,
+) -> (
+    acemq_amqp::RunningConsumer,
+    crossbeam_channel::Sender<()>,
+    Arc<AtomicUsize>,
+) {
+    let (open, wait_at_gate) = gate();
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let consumer = conn
+        .consumer(
+            q,
+            ConsumerOptions::new()
+                .concurrency(1)
+                .prefetch(4)
+                .shutdown_timeout(shutdown),
+        )
+        .unwrap()
+        .start(move |_: &Message| {
+            s.fetch_add(1, Ordering::SeqCst);
+            wait_at_gate(hold);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    (consumer, open, started)
+}
+
 fn rungs() -> Vec<Duration> {
     vec![
         Duration::from_millis(100),
         Duration::from_millis(200),
         Duration::from_millis(150),
     ]
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<(String, String, u32)>>);
-impl Observer for Recorder {
-    fn settled(&self, s: &Settlement<'_>) {
-        self.0
-            .lock()
-            .unwrap()
-            .push((s.queue.to_string(), s.outcome.to_string(), s.attempt));
-    }
-}
-
-#[test]
-fn a_handler_that_fails_twice_succeeds_on_the_third_attempt() {
-    let _ = env_logger::try_init();
-    let recorder = Arc::new(Recorder::default());
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(support::amqp_url())
-            .observer(recorder.clone()),
-    );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("third-time"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let ids = publish_n(&conn, &q, 1, true);
-    let attempts = Arc::new(Mutex::new(Vec::new()));
-    let a = attempts.clone();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-        .unwrap()
-        .start(move |m: &Message| {
-            a.lock()
-                .unwrap()
-                .push((m.id().to_string(), m.envelope.attempt));
-            if m.envelope.attempt < 3 {
-                Err("not yet".into())
-            } else {
-                Ok(Outcome::Accept)
-            }
-        })
-        .unwrap();
-    // The third attempt is settled (accepted and acknowledged): nothing of it is left to run.
-    assert!(eventually(WAIT, || recorder
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|(queue, outcome, _)| *queue == q && outcome == "accept")));
-    consumer.close().unwrap();
-    let seen = attempts.lock().unwrap().clone();
-    assert_eq!(
-        seen,
-        vec![
-            (ids[0].clone(), 1),
-            (ids[0].clone(), 2),
-            (ids[0].clone(), 3)
-        ],
-        "the same id, attempts counted in x-acemq-attempt"
-    );
-    assert_eq!(
-        conn.queue_info(&dead_letter_queue(&q))
-            .unwrap()
-            .message_count,
-        0
-    );
-    let outcomes: Vec<(String, u32)> = recorder
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(queue, _, _)| *queue == q)
-        .map(|(_, o, a)| (o.clone(), *a))
-        .collect();
-    assert_eq!(
-        outcomes,
-        vec![
-            ("retry".into(), 1),
-            ("retry".into(), 2),
-            ("accept".into(), 3)
-        ]
-    );
-}
-
-#[test]
-fn always_failing_walks_the_ladder_in_time_and_ends_in_the_dlq_with_its_error() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ladder"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let ids = publish_n(&conn, &q, 1, true);
-    let times = Arc::new(Mutex::new(Vec::new()));
-    let t = times.clone();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-        .unwrap()
-        .start(move |_: &Message| {
-            t.lock().unwrap().push(Instant::now());
-            Err("the database is down".into())
-        })
-        .unwrap();
-    let dlq = dead_letter_queue(&q);
-    let mut dead = None;
-    assert!(eventually(WAIT, || {
-        dead = conn.get(&dlq).unwrap();
-        dead.is_some()
-    }));
-    consumer.close().unwrap();
-    let dead = dead.unwrap();
-    assert_eq!(dead.id(), ids[0]);
-    assert_eq!(dead.envelope.attempt, 3);
-    let error = dead.envelope.error.clone().unwrap();
-    assert!(error.contains("the database is down"), "{error}");
-    assert_eq!(error, "exhausted 3 attempts: Error: the database is down");
-    let times = times.lock().unwrap().clone();
-    assert_eq!(times.len(), 3);
-    assert!(
-        times[1] - times[0] >= Duration::from_millis(100),
-        "{:?}",
-        times[1] - times[0]
-    );
-    assert!(
-        times[2] - times[1] >= Duration::from_millis(200),
-        "{:?}",
-        times[2] - times[1]
-    );
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-}
-
-#[test]
-fn fatal_error_rejects_at_once_and_park_sets_aside() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("reject-park"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-        .unwrap()
-        .start(move |m: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            match m.body.as_slice() {
-                b"poison" => Err(Box::new(FatalError::new("cannot parse order")) as _),
-                b"odd" => Ok(Outcome::park("needs a person")),
-                _ => Ok(Outcome::reject("customer unknown")),
-            }
-        })
-        .unwrap();
-    let p = conn.publisher().unwrap();
-    for body in ["poison", "odd", "unknown"] {
-        p.publish("", &q, Message::new(body)).unwrap();
-    }
-    let dlq = dead_letter_queue(&q);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 2));
-    assert!(eventually(WAIT, || conn
-        .queue_info(&parked_queue(&q))
-        .unwrap()
-        .message_count
-        == 1));
-    consumer.close().unwrap();
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        3,
-        "no retries for reject or park"
-    );
-    let mut errors = Vec::new();
-    while let Some(m) = conn.get(&dlq).unwrap() {
-        assert_eq!(m.envelope.attempt, 1);
-        errors.push(m.envelope.error.unwrap());
-    }
-    errors.sort();
-    assert_eq!(
-        errors,
-        vec![
-            "the handler rejected it: customer unknown".to_string(),
-            "the handler reported an unprocessable message: FatalError: cannot parse order"
-                .to_string(),
-        ]
-    );
-    let parked = conn.get(&parked_queue(&q)).unwrap().unwrap();
-    assert_eq!(parked.body, b"odd");
-    assert_eq!(
-        parked.envelope.error.as_deref(),
-        Some("the handler parked it: needs a person")
-    );
 }
 
 #[test]
@@ -359,13 +193,7 @@ fn a_connection_cut_in_the_middle_loses_nothing_and_the_consumer_resumes() {
     direct.declare_queue(&QueueSpec::new(&q)).unwrap();
     let ids: HashSet<String> = publish_n(&direct, &q, 5_000, true).into_iter().collect();
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let handled = Arc::new(AtomicUsize::new(0));
     let (s, h) = (seen.clone(), handled.clone());
@@ -636,36 +464,11 @@ fn a_copy_that_cannot_be_published_backs_off_instead_of_spinning() {
 /// ones, so a close still answers (abandoning the long handler at the shutdown timeout).
 #[test]
 fn after_a_reconnect_stale_jobs_do_not_block_the_owner() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("stale-jobs"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("stale-jobs");
     publish_n(&direct, &q, 8, true);
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(200)),
-    );
-    let (open, wait_at_gate) = gate();
-    let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (wait_at_gate, started.clone());
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(1)
-                .prefetch(4)
-                .shutdown_timeout(Duration::from_secs(1)),
-        )
-        .unwrap()
-        .start(move |_: &Message| {
-            s.fetch_add(1, Ordering::SeqCst);
-            g(Duration::from_secs(60));
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(200));
+    let (consumer, open, started) =
+        one_at_a_time_at_a_gate(&conn, &q, Duration::from_secs(1), Duration::from_secs(60));
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1));
     assert!(eventually(WAIT, || consumer.in_flight() == 4));
     proxy.cut();
@@ -731,28 +534,13 @@ fn a_panicking_observer_does_not_kill_the_workers() {
 /// one abandoned (started, still running at the deadline) and three requeued (never started).
 #[test]
 fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("close-report"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let (open, wait_at_gate) = gate();
-    let started = Arc::new(AtomicUsize::new(0));
-    let (g, s) = (wait_at_gate, started.clone());
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(1)
-                .prefetch(4)
-                .shutdown_timeout(Duration::from_millis(500)),
-        )
-        .unwrap()
-        .start(move |_: &Message| {
-            s.fetch_add(1, Ordering::SeqCst);
-            g(Duration::from_secs(30));
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("close-report");
+    let (consumer, open, started) = one_at_a_time_at_a_gate(
+        &conn,
+        &q,
+        Duration::from_millis(500),
+        Duration::from_secs(30),
+    );
     publish_n(&conn, &q, 4, true);
     assert!(eventually(WAIT, || started.load(Ordering::SeqCst) == 1
         && consumer.in_flight() == 4));
@@ -772,10 +560,7 @@ fn close_reports_abandoned_handlers_apart_from_deliveries_that_never_started() {
 /// that handler still running, the broker must have it back.
 #[test]
 fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ack-cover"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ack-cover");
     publish_n(&conn, &q, 10, true);
     let (open, wait_at_gate) = gate();
     let fast = Arc::new(AtomicUsize::new(0));
@@ -824,10 +609,7 @@ fn a_running_delivery_is_never_covered_by_the_acks_of_those_behind_it() {
 /// and `handled` counts what the consumer handled in its whole life: 3.
 #[test]
 fn a_close_report_counts_what_the_consumer_handled_in_its_life() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("report-handled"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("report-handled");
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
     let consumer = conn

@@ -136,10 +136,7 @@ fn put(conn: &Connection, queue: &str, m: Message) {
 fn at_most_once_an_ack_answered_after_the_worker_gave_up_is_counted_lost() {
     use acemq_amqp::testing::FaultProxy;
     capture_logs();
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("amo-late-ack"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("amo-late-ack");
     let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     let seen = Arc::new(Seen::default());
     let conn = connect_with(

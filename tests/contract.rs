@@ -347,10 +347,7 @@ fn what_the_family_writes_our_consumer_reads() {
 /// renamed, no type changed.
 #[test]
 fn a_foreign_message_round_trips_through_retry_and_dead_letter_unchanged_in_name_and_type() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("contract-roundtrip"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("contract-roundtrip");
     let raw = Raw::open();
     let mut table = FieldTable::new();
     table.insert(
@@ -557,10 +554,7 @@ fn a_wait_at_the_threshold_goes_through_a_rung_and_comes_home_through_acemq_retr
 /// message published after the failing one is handled while the retry waits.
 #[test]
 fn a_retry_waiting_in_the_consumer_does_not_hold_the_only_worker() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("held-retry"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("held-retry");
     let policy = RetryPolicy::fixed(2, Duration::from_secs(3));
     let order: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
     let o = order.clone();
@@ -599,10 +593,7 @@ fn a_retry_waiting_in_the_consumer_does_not_hold_the_only_worker() {
 /// as a family consumer's held delivery goes back when its channel closes; nothing is lost.
 #[test]
 fn closing_while_a_retry_waits_requeues_the_original_with_its_attempt() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("held-close"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("held-close");
     let (calls, after) = (Arc::new(Mutex::new(0)), Arc::new(Mutex::new(0)));
     let (c, a) = (calls.clone(), after.clone());
     // One worker: it takes "after" only once it has handed "x"'s retry to the timer, so seeing
@@ -712,10 +703,7 @@ fn dead_letter_and_park_texts_are_the_familys() {
 /// consumer instead (as the Python library falls back), it is not requeued in a loop.
 #[test]
 fn a_missing_rung_falls_back_to_waiting_in_the_consumer() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("no-rung"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("no-rung");
     let policy =
         RetryPolicy::fixed(2, Duration::from_secs(1)).broker_wait_threshold(Duration::from_secs(1));
     let seen: Arc<Mutex<Vec<(Instant, u32)>>> = Arc::default();
@@ -798,17 +786,8 @@ fn retry_names_and_policy_schedules_match_the_fixture() {
 /// — the message is tried a second time exactly once.
 #[test]
 fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_once() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("held-cut"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (direct, _clean, q) = support::declared_consumed_queue("held-cut");
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen: Arc<Mutex<Vec<u32>>> = Arc::default();
     let s = seen.clone();
     let consumer = conn
@@ -853,10 +832,7 @@ fn a_held_retry_from_before_a_reconnect_is_dropped_and_the_redelivery_retried_on
 /// 100 distinct delays, no new queue.
 #[test]
 fn a_hundred_distinct_explicit_delays_declare_no_new_queue() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("many-delays"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, mut clean, q) = support::declared_consumed_queue("many-delays");
     let delays: Vec<Duration> = (0..100).map(|i| Duration::from_secs(31 + i)).collect();
     for d in &delays {
         clean.queue(&retry_queue(&q, *d));
@@ -916,10 +892,7 @@ fn a_hundred_distinct_explicit_delays_declare_no_new_queue() {
 /// the handler's error, at its own attempt.
 #[test]
 fn a_message_arriving_past_its_last_attempt_is_run_and_dead_lettered_only_if_it_fails() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("past-limit"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("past-limit");
     let raw = Raw::open();
     for (id, attempt) in [
         ("ok-int", AmqpValue::LongInt(9)),
@@ -984,10 +957,7 @@ fn a_message_arriving_past_its_last_attempt_is_run_and_dead_lettered_only_if_it_
 /// say so (not 1970).
 #[test]
 fn a_foreign_message_without_first_seen_is_first_seen_on_receipt_and_its_copy_says_so() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("no-first-seen"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("no-first-seen");
     let raw = Raw::open();
     let before = now_ms();
     raw.publish("", &q, b"{}", AmqpProperties::default());
@@ -1020,10 +990,7 @@ fn a_foreign_message_without_first_seen_is_first_seen_on_receipt_and_its_copy_sa
 /// the truncation is logged at warn), so the message keeps its id.
 #[test]
 fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("non-utf8"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("non-utf8");
     let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
     proxy.mangle(
         b"ZZ-NOT-UTF8-ZZ",

@@ -451,10 +451,7 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 fn relay_killed_between_publish_and_delete_duplicates_and_loses_nothing() {
     let n = 3000usize;
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("crash-relay"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("crash-relay");
     let table = db.table("outbox");
     let store = outbox_store(&table);
     store.create_table().unwrap();
@@ -549,10 +546,7 @@ fn relay_killed_between_publish_and_delete_duplicates_and_loses_nothing() {
 fn consumer_killed_between_commit_and_ack_repeats_no_effect() {
     let n = 1000usize;
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("crash-commit"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("crash-commit");
     let idem = db.table("idem");
     idem_store(&idem).create_table().unwrap();
     let effects = db.table("effects");
@@ -608,10 +602,7 @@ fn consumer_killed_between_commit_and_ack_repeats_no_effect() {
 fn consumer_killed_while_a_retry_copy_is_published_loses_nothing() {
     let n = 500usize;
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("crash-retry"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("crash-retry");
     let accepted = db.table("accepted");
     db.connect()
         .execute(&format!("CREATE TABLE {accepted} (id TEXT NOT NULL)"), &[])

@@ -9,7 +9,7 @@ mod support;
 use std::sync::Mutex;
 
 use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
-use support::{broker_major, connect, unique, Cleanup};
+use support::{broker_major, unique};
 
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -41,10 +41,7 @@ fn warnings_about(queue: &str) -> Vec<String> {
 fn a_consumer_of_a_quorum_queue_without_a_dead_letter_target_warns_once_on_rabbitmq_4() {
     log::set_logger(&Capture).unwrap();
     log::set_max_level(log::LevelFilter::Warn);
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let bare = clean.consumed_queue(&unique("dlw-bare"), &[]);
-    conn.declare_queue(&QueueSpec::new(&bare)).unwrap();
+    let (conn, mut clean, bare) = support::declared_consumed_queue("dlw-bare");
     let guarded = clean.consumed_queue(&unique("dlw-guarded"), &[]);
     conn.declare_queue(&QueueSpec::new(&guarded).with_dead_letter())
         .unwrap();

@@ -12,16 +12,18 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::{Observer, Settlement};
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
 use acemq_amqp::{
-    dead_letter_queue, parked_queue, retry_queue, Connection, ConsumerOptions, FatalError,
-    HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
+    dead_letter_queue, parked_queue, retry_queue, Connection, ConnectionOptions, ConsumerOptions,
+    FatalError, HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
 };
 use serde_json::json;
+use support::keyed::{key_of, publish_keyed, seq_of};
 use support::{collect, eventually, publish_n, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -40,6 +42,32 @@ fn short_ladder() -> RetryPolicy {
         .initial_delay(Duration::from_millis(100))
         .max_delay(Duration::from_secs(1))
         .jitter(0.0)
+}
+
+/// The settlements an observer saw: (queue, outcome, attempt).
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, String, u32)>>);
+
+impl Observer for Recorder {
+    fn settled(&self, s: &Settlement<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((s.queue.to_string(), s.outcome.to_string(), s.attempt));
+    }
+}
+
+impl Recorder {
+    /// The (outcome, attempt) of each settlement on `queue`, in order.
+    fn outcomes(&self, queue: &str) -> Vec<(String, u32)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(q, _, _)| q == queue)
+            .map(|(_, o, a)| (o.clone(), *a))
+            .collect()
+    }
 }
 
 fn depth(conn: &Connection, queue: &str) -> u32 {
@@ -74,44 +102,84 @@ fn drain(conn: &Connection, queue: &str) -> Vec<Message> {
     got
 }
 
-/// Publishes one message per `(key, seq)` to `queue`, body = seq, header `k` = key, confirmed.
-fn publish_keyed(conn: &Connection, queue: &str, items: &[(String, usize)]) {
-    let publisher = conn
-        .publisher_with(PublisherOptions::new().window(1000))
+/// Key `k`: seq 0 fails its first attempt, 1 and 2 succeed; key `x`: seq 10 always fails, 11
+/// succeeds; an ordered consumer (`hold_on_retry` or not) retries once after 300 ms. Returns
+/// the accepted (key, seq, attempt) in the order they were accepted, and the one dead letter.
+fn ordered_retry_scenario(
+    on: &support::both::On,
+    hold: bool,
+) -> (Vec<(String, usize, u32)>, Message) {
+    let conn = on.connect();
+    let mut clean = on.cleanup();
+    let q = clean.consumed_queue(
+        &unique(if hold {
+            "eq-ordered-hold"
+        } else {
+            "eq-ordered-free"
+        }),
+        &[],
+    );
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let items = [
+        ("k".to_string(), 0),
+        ("x".to_string(), 10),
+        ("k".to_string(), 1),
+        ("x".to_string(), 11),
+        ("k".to_string(), 2),
+    ];
+    publish_keyed(&conn, &q, &items);
+    let accepted = Arc::new(Mutex::new(Vec::new()));
+    let a = accepted.clone();
+    let inner = move |m: &Message| {
+        let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
+        if (seq == 0 && attempt == 1) || seq == 10 {
+            return Err("not now".into());
+        }
+        a.lock().unwrap().push((key, seq, attempt));
+        Ok(Outcome::Accept)
+    };
+    let handler = if hold {
+        ordered(by_header("k"), inner).hold_on_retry()
+    } else {
+        ordered(by_header("k"), inner)
+    };
+    let consumer = conn
+        .consumer(
+            &q,
+            ConsumerOptions::new()
+                .concurrency(4)
+                .prefetch(16)
+                .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
+        )
+        .unwrap()
+        .start(handler)
         .unwrap();
-    let tickets: Vec<_> = items
-        .iter()
-        .map(|(key, seq)| {
-            let m = Message::new(seq.to_string()).with_header("k", key.as_str());
-            publisher.publish_deferred("", queue, m).unwrap()
-        })
-        .collect();
-    for t in tickets {
-        t.wait().unwrap();
-    }
-    publisher.close().unwrap();
+    let dlq = dead_letter_queue(&q);
+    assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
+        && depth(&conn, &dlq) == 1
+        && consumer.in_flight() == 0));
+    consumer.close().unwrap();
+    let seen = accepted.lock().unwrap().clone();
+    let mut dead = drain(&conn, &dlq);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].envelope.attempt, 2);
+    assert_eq!(depth(&conn, &q), 0);
+    (seen, dead.remove(0))
 }
 
-fn key_of(m: &Message) -> String {
-    m.headers
-        .get("k")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn seq_of(m: &Message) -> usize {
-    String::from_utf8_lossy(&m.body).parse().unwrap()
+/// The (seq, attempt) of key `key`'s accepted messages, in the order they were accepted.
+fn of_key(seen: &[(String, usize, u32)], key: &str) -> Vec<(usize, u32)> {
+    seen.iter()
+        .filter(|(k, _, _)| k == key)
+        .map(|(_, s, a)| (*s, *a))
+        .collect()
 }
 
 on_both! {
     /// Accept acknowledges: every message handled once at attempt 1, nothing left on the queue
     /// or its `.dlq`, nothing abandoned.
     fn accept_acknowledges_and_leaves_nothing_behind(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-accept"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-accept");
         let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
@@ -138,7 +206,8 @@ on_both! {
     /// A handler error is retried (waits held in the consumer) with the same id and the attempt
     /// counted in `x-acemq-attempt`; the third attempt accepts and nothing is dead-lettered.
     fn a_handler_that_fails_twice_succeeds_on_the_third_attempt(on) {
-        let conn = on.connect();
+        let recorder = Arc::new(Recorder::default());
+        let conn = on.connect_with(ConnectionOptions::new().observer(recorder.clone()));
         let mut clean = on.cleanup();
         let q = clean.consumed_queue(&unique("eq-third-time"), &[]);
         conn.declare_queue(&QueueSpec::new(&q)).unwrap();
@@ -164,29 +233,35 @@ on_both! {
         let seen = attempts.lock().unwrap().clone();
         assert_eq!(
             seen,
-            vec![(ids[0].clone(), 1), (ids[0].clone(), 2), (ids[0].clone(), 3)]
+            vec![(ids[0].clone(), 1), (ids[0].clone(), 2), (ids[0].clone(), 3)],
+            "the same id, attempts counted in x-acemq-attempt"
         );
         assert_eq!(depth(&conn, &q), 0);
         assert_eq!(depth(&conn, &dead_letter_queue(&q)), 0);
+        // The observer saw each settlement: two retries, then the accept.
+        assert!(eventually(WAIT, || recorder.outcomes(&q).len() == 3));
+        assert_eq!(
+            recorder.outcomes(&q),
+            vec![("retry".into(), 1), ("retry".into(), 2), ("accept".into(), 3)]
+        );
     }
 
     /// A handler that always fails walks its attempts and ends in `.dlq` once, with its id, its
     /// last attempt, the error and the queue it was consumed from (`acemq-original-queue`).
     fn always_failing_ends_in_the_dlq_with_its_error_and_origin(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ladder"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ladder");
         let m = Message::new("body").with_header("app", "kept");
         let id = m.id().to_string();
         put(&conn, &q, m);
         let calls = Arc::new(AtomicUsize::new(0));
-        let c = calls.clone();
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let (c, t) = (calls.clone(), times.clone());
         let consumer = conn
             .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
             .unwrap()
             .start(move |_: &Message| {
                 c.fetch_add(1, Ordering::SeqCst);
+                t.lock().unwrap().push(Instant::now());
                 Err("the database is down".into())
             })
             .unwrap();
@@ -194,6 +269,10 @@ on_both! {
         assert!(eventually(WAIT, || depth(&conn, &dlq) == 1 && consumer.in_flight() == 0));
         consumer.close().unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 3);
+        // The ladder in time: 100 ms before the second attempt, 200 ms before the third.
+        let times = times.lock().unwrap().clone();
+        assert!(times[1] - times[0] >= Duration::from_millis(100), "{:?}", times[1] - times[0]);
+        assert!(times[2] - times[1] >= Duration::from_millis(200), "{:?}", times[2] - times[1]);
         let dead = drain(&conn, &dlq);
         assert_eq!(dead.len(), 1, "dead-lettered once");
         let dead = &dead[0];
@@ -213,10 +292,7 @@ on_both! {
     /// Reject and a `FatalError` go to `.dlq` at once (attempt 1, no retry), park goes to
     /// `.parked`; each with its reason in `x-acemq-error` and its origin queue.
     fn reject_and_fatal_dead_letter_at_once_and_park_sets_aside(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-reject-park"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-reject-park");
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         let consumer = conn
@@ -273,10 +349,7 @@ on_both! {
     /// A panicking handler is a retry: every message is accepted on its second attempt by the
     /// same single worker; one that always panics ends in `.dlq` with the panic's message.
     fn a_panicking_handler_is_retried_and_the_worker_survives(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-panic"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-panic");
         let ids: HashSet<String> = publish_n(&conn, &q, 3, true).into_iter().collect();
         let doomed = Message::new("always");
         let doomed_id = doomed.id().to_string();
@@ -312,10 +385,7 @@ on_both! {
     /// Dead-lettered and parked copies do not keep the original's per-message expiration: no
     /// `expiration` on the wire, and they stay in `.dlq` / `.parked` past it.
     fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-no-expiry"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-no-expiry");
         let consumer = conn
             .consumer(&q, ConsumerOptions::new())
             .unwrap()
@@ -353,10 +423,7 @@ on_both! {
     /// never started; a new consumer then gets each of those once, marked redelivered, and
     /// none of the finished ones again.
     fn close_lets_running_handlers_finish_and_requeues_the_rest(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-close-drain"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-close-drain");
         let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
         let started = Arc::new(Mutex::new(Vec::new()));
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
@@ -518,18 +585,17 @@ on_both! {
     /// Ordered dispatch: 600 messages over 12 keys at concurrency 8, each key's messages
     /// handled in publish order, never two of one key at once, each message once.
     fn ordered_messages_keep_per_key_order_and_never_overlap_a_key(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ordered");
         let items: Vec<(String, usize)> =
             (0..600).map(|i| (format!("key-{}", i % 12), i)).collect();
         publish_keyed(&conn, &q, &items);
         let order = Arc::new(Mutex::new(HashMap::<String, Vec<usize>>::new()));
         let running = Arc::new(Mutex::new(HashMap::<String, usize>::new()));
         let overlaps = Arc::new(AtomicUsize::new(0));
+        let most_keys_at_once = Arc::new(AtomicUsize::new(0));
         let done = Arc::new(AtomicUsize::new(0));
         let (o, r, ov, d) = (order.clone(), running.clone(), overlaps.clone(), done.clone());
+        let most = most_keys_at_once.clone();
         let handler = ordered(by_header("k"), move |m: &Message| {
             let key = key_of(m);
             o.lock().unwrap().entry(key.clone()).or_default().push(seq_of(m));
@@ -540,8 +606,10 @@ on_both! {
                 if *n > 1 {
                     ov.fetch_add(1, Ordering::SeqCst);
                 }
+                most.fetch_max(r.values().filter(|n| **n > 0).count(), Ordering::SeqCst);
             }
-            std::thread::yield_now();
+            // The handler's work, long enough for other keys' handlers to run beside it.
+            std::thread::sleep(Duration::from_micros(500));
             *r.lock().unwrap().get_mut(&key).unwrap() -= 1;
             d.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
@@ -566,71 +634,41 @@ on_both! {
                 items.iter().filter(|(k, _)| k == key).map(|(_, s)| *s).collect();
             assert_eq!(seqs, &expected, "key {key} in publish order, each once");
         }
+        let most = most_keys_at_once.load(Ordering::SeqCst);
+        assert!(most > 1, "different keys ran at once (most at once: {most})");
         assert_eq!(depth(&conn, &q), 0);
     }
 
     /// Ordered with `hold_on_retry`: a retried message keeps its key, the later ones of the key
     /// wait until it settles; another key's exhausted message goes to `.dlq` and frees its key.
     fn with_hold_on_retry_later_messages_wait_for_the_retried_one(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered-hold"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-        let items = [
-            ("k".to_string(), 0),
-            ("x".to_string(), 10),
-            ("k".to_string(), 1),
-            ("x".to_string(), 11),
-            ("k".to_string(), 2),
-        ];
-        publish_keyed(&conn, &q, &items);
-        let accepted = Arc::new(Mutex::new(Vec::new()));
-        let a = accepted.clone();
-        let handler = ordered(by_header("k"), move |m: &Message| {
-            let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
-            if (seq == 0 && attempt == 1) || seq == 10 {
-                return Err("not now".into());
-            }
-            a.lock().unwrap().push((key, seq, attempt));
-            Ok(Outcome::Accept)
-        })
-        .hold_on_retry();
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new()
-                    .concurrency(4)
-                    .prefetch(16)
-                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
-            )
-            .unwrap()
-            .start(handler)
-            .unwrap();
-        let dlq = dead_letter_queue(&q);
-        assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
-            && depth(&conn, &dlq) == 1
-            && consumer.in_flight() == 0));
-        consumer.close().unwrap();
-        let seen = accepted.lock().unwrap().clone();
-        let of_key = |key: &str| -> Vec<(usize, u32)> {
-            seen.iter().filter(|(k, _, _)| k == key).map(|(_, s, a)| (*s, *a)).collect()
-        };
-        assert_eq!(of_key("k"), vec![(0, 2), (1, 1), (2, 1)]);
-        assert_eq!(of_key("x"), vec![(11, 1)]);
-        let dead = drain(&conn, &dlq);
-        assert_eq!(dead.len(), 1);
-        assert_eq!(seq_of(&dead[0]), 10);
-        assert_eq!(dead[0].envelope.attempt, 2);
-        assert_eq!(depth(&conn, &q), 0);
+        let (seen, dead) = ordered_retry_scenario(on, true);
+        assert_eq!(
+            of_key(&seen, "k"),
+            vec![(0, 2), (1, 1), (2, 1)],
+            "seqs 1 and 2 waited behind the retry of seq 0"
+        );
+        assert_eq!(of_key(&seen, "x"), vec![(11, 1)], "seq 11 ran once seq 10 was dead-lettered");
+        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts and went to .dlq");
+    }
+
+    /// Ordered without `hold_on_retry`: while a retried message waits, its key is free, and the
+    /// later messages of the key overtake it.
+    fn without_hold_on_retry_a_later_message_overtakes_a_retried_one(on) {
+        let (seen, dead) = ordered_retry_scenario(on, false);
+        assert_eq!(
+            of_key(&seen, "k"),
+            vec![(1, 1), (2, 1), (0, 2)],
+            "the retry of seq 0 came back after seqs 1 and 2: the key was free while it waited"
+        );
+        assert_eq!(of_key(&seen, "x"), vec![(11, 1)]);
+        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts");
     }
 
     /// At most once (acknowledged before the handler runs): a handler error or panic loses the
     /// message, counted lost; nothing is retried, dead-lettered or left on the queue.
     fn at_most_once_a_failing_handler_neither_retries_nor_dead_letters(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-at-most-once"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-at-most-once");
         let items: Vec<(String, usize)> = (0..6).map(|i| (String::new(), i)).collect();
         publish_keyed(&conn, &q, &items);
         let calls = Arc::new(Mutex::new(HashMap::<usize, usize>::new()));
@@ -668,10 +706,7 @@ on_both! {
     /// An ordered consumer closing while one message of a key runs and nine wait for the key:
     /// the running one finishes and is acknowledged, the nine go back to the queue.
     fn an_ordered_consumer_closes_and_requeues_what_waits_for_its_key(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-ordered-close"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue("eq-ordered-close");
         let items: Vec<(String, usize)> = (0..10).map(|i| ("one".to_string(), i)).collect();
         publish_keyed(&conn, &q, &items);
         let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(16);
@@ -765,10 +800,7 @@ on_both! {
     /// A next hop nobody can route (mandatory, returned) retries the step, the original kept
     /// until then; after the last attempt it is in `.dlq` with its id and the error.
     fn an_unroutable_next_hop_retries_the_step_then_dead_letters(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let input = clean.consumed_queue(&unique("eq-then-unroutable"), &[]);
-        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+        let (conn, _clean, input) = on.declared_consumed_queue("eq-then-unroutable");
         let nowhere = unique("eq-then-no-such-queue");
         let publisher = conn
             .publisher_with(PublisherOptions::new().mandatory(false))
@@ -839,12 +871,15 @@ on_both! {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 400, "each message handled exactly once");
         let unique_seen: HashSet<&String> = seen.iter().collect();
+        assert_eq!(unique_seen.len(), 400, "no message handled twice");
         let published: HashSet<&String> = ids.iter().collect();
         assert_eq!(unique_seen, published);
         let threads = threads.lock().unwrap().clone();
         assert!(threads.len() > 1, "the work went to one member only: {threads:?}");
+        let members: HashSet<String> = (1..=4).map(|k| format!("acemq-worker-{k}-0")).collect();
+        assert!(threads.is_subset(&members), "handler threads are named after their member: {threads:?}");
         let info = conn.queue_info(&q).unwrap();
-        assert_eq!(info.message_count, 0);
+        assert_eq!(info.message_count, 0, "nothing left on the queue");
         assert_eq!(info.consumer_count, 0, "no member left subscribed");
     }
 
@@ -872,7 +907,8 @@ on_both! {
             })
         });
         let error = result.expect_err("member 2 cannot share an exclusively consumed queue");
-        assert!(error.to_string().contains("exclusive use"), "{error}");
+        assert!(error.to_string().contains("exclusive use"), "the broker's refusal of member 2: {error}");
+        // Member 1 was closed before the error came back: nobody holds the queue or its messages.
         let info = conn.queue_info(&q).unwrap();
         assert_eq!(info.consumer_count, 0, "member 1 was closed");
         assert_eq!(info.message_count as usize + handled.load(Ordering::SeqCst), 10);

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use acemq_amqp::observe::{Observer, ReplayEvent};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions, Stopped};
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions, RunningResponder,
@@ -22,8 +23,8 @@ use acemq_amqp::testing::Cleanup;
 use acemq_amqp::{
     dead_letter_queue, headers, Binding, BoxError, Connection, ConsumerOptions, Error,
     ExchangeSpec, FatalError, HandlerResult, HeaderValue, Message, QueueSpec, RetryPolicy,
-    RunningConsumer,
 };
+use support::slip::{queues, record, step, Seen};
 use support::{eventually, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -261,52 +262,6 @@ on_both! {
 
 // ---------------------------------------------------------------------------------------------
 // Routing slips
-
-/// What a step saw: its name, the message id, correlation, causation, body.
-type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>, Vec<u8>)>>>;
-
-fn record(seen: &Seen, name: &str, m: &Message) {
-    seen.lock().unwrap().push((
-        name.to_string(),
-        m.id().to_string(),
-        m.envelope.correlation_id.clone().unwrap_or_default(),
-        m.envelope.causation_id.clone(),
-        m.body.clone(),
-    ));
-}
-
-/// Classic queues named exactly `names`, `.dlq` / `.parked` cleaned up.
-fn queues(conn: &Connection, clean: &mut Cleanup, names: &[String]) {
-    for q in names {
-        clean.consumed_queue(q, &[]);
-        conn.declare_queue(&QueueSpec::new(q).classic()).unwrap();
-    }
-}
-
-/// A step on `queue` that records what it saw and appends `+name` to the body.
-fn step(
-    conn: &Connection,
-    publisher: &acemq_amqp::Publisher,
-    queue: &str,
-    name: &str,
-    seen: &Seen,
-) -> RunningConsumer {
-    let (seen, name) = (seen.clone(), name.to_string());
-    let handler = follow_slip(
-        publisher,
-        move |m: &Message| {
-            record(&seen, &name, m);
-            let mut body = m.body.clone();
-            body.extend_from_slice(format!("+{name}").as_bytes());
-            Ok::<_, BoxError>(Some(Message::new(body)))
-        },
-        FollowSlipOptions::new(),
-    );
-    conn.consumer(queue, ConsumerOptions::new().retry(RetryPolicy::none()))
-        .unwrap()
-        .start(handler)
-        .unwrap()
-}
 
 /// Declares a direct pipeline exchange and its step queues bound under the step names.
 fn pipeline(
@@ -597,6 +552,34 @@ fn dead_letters(conn: &Connection, clean: &mut Cleanup, n: usize) -> (String, St
     (q, x, ids)
 }
 
+/// Publishes copies of `messages` to `queue` as they were received (their delivery details
+/// cleared), each first changed by `change`.
+fn put_back(conn: &Connection, queue: &str, messages: &[Message], change: impl Fn(&mut Message)) {
+    let publisher = conn.publisher().unwrap();
+    for m in messages {
+        let mut copy = m.clone();
+        copy.received = None;
+        copy.properties = None;
+        change(&mut copy);
+        publisher.publish("", queue, copy).unwrap();
+    }
+    publisher.close().unwrap();
+}
+
+/// A replay's progress as the observer saw it: (moved, skipped, matched, finished).
+#[derive(Default)]
+struct Progress(Mutex<Vec<(u64, u64, u64, bool)>>);
+
+impl Observer for Progress {
+    fn replay(&self, e: &ReplayEvent<'_>) {
+        let r = e.report;
+        self.0
+            .lock()
+            .unwrap()
+            .push((r.moved, r.skipped, r.matched, e.finished));
+    }
+}
+
 /// A queue and its `.dlq` (classic), the `.dlq` holding `n` messages with bodies 0..n.
 fn loaded_dlq(conn: &Connection, clean: &mut Cleanup, n: usize) -> (String, String, Vec<String>) {
     let q = work_queue(conn, clean, "eq3-replay");
@@ -615,9 +598,20 @@ on_both! {
         let mut clean = on.cleanup();
         let (q, x, ids) = dead_letters(&conn, &mut clean, 3);
         let dlq = dead_letter_queue(&q);
+        let before = drain(&conn, &dlq);
+        assert_eq!(before[0].envelope.attempt, 2);
+        assert!(before[0].envelope.error.is_some());
+        assert_eq!(
+            before[0].headers.get(headers::ORIGINAL_EXCHANGE),
+            Some(&HeaderValue::Text(x.clone())),
+            "the consumer recorded where the message was first published"
+        );
+        // Put them back on `.dlq` as they were, then replay.
+        put_back(&conn, &dlq, &before, |_| {});
         let report = replay(&conn, &dlq, ReplayOptions::default()).run().unwrap();
         assert_eq!((report.moved, report.skipped), (3, 0));
         assert_eq!(report.stopped, Stopped::Drained);
+        assert_eq!(report.to_string(), "moved 3, skipped 0 (drained)");
         assert_eq!(count(&conn, &dlq), 0);
         let back = drain(&conn, &q);
         assert_eq!(ids_of(&back), ids, "back on the work queue, in order");
@@ -632,7 +626,22 @@ on_both! {
             assert_eq!(m.headers.get(headers::REPLAYED_FROM), Some(&HeaderValue::Text(dlq.clone())));
             assert_eq!(m.headers.get(headers::REPLAY_COUNT), Some(&HeaderValue::Int(1)));
             let at = m.headers[headers::REPLAYED_AT].as_str().unwrap().to_string();
-            assert!(at.len() == 20 && at.ends_with('Z'), "RFC 3339: {at}");
+            assert!(
+                at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+                "RFC 3339 as the family writes it: {at}"
+            );
+        }
+        // Dead-lettered again and replayed without restarting: attempt and error kept, count 2.
+        put_back(&conn, &dlq, &back, |copy| {
+            copy.envelope.attempt = 2;
+            copy.envelope.error = Some("exhausted 2 attempts: again".into());
+        });
+        let report = replay(&conn, &dlq, ReplayOptions::default().restart(false)).run().unwrap();
+        assert_eq!(report.moved, 3);
+        for m in drain(&conn, &q) {
+            assert_eq!(m.envelope.attempt, 2);
+            assert_eq!(m.envelope.error.as_deref(), Some("exhausted 2 attempts: again"));
+            assert_eq!(m.headers.get(headers::REPLAY_COUNT), Some(&HeaderValue::Int(2)));
         }
     }
 
@@ -674,19 +683,30 @@ on_both! {
         assert_eq!(ids_of(&drain(&conn, &dlq)), ids[4..].to_vec());
     }
 
-    /// A dry run moves nothing and gives everything back in order.
+    /// A dry run moves nothing and gives everything back in order; its progress reaches the
+    /// observer every few messages and at the end.
     fn replay_a_dry_run_moves_nothing(on) {
         let conn = on.connect();
         let mut clean = on.cleanup();
-        let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 6);
+        let (q, dlq, ids) = loaded_dlq(&conn, &mut clean, 10);
+        let progress = Arc::new(Progress::default());
         let report = replay(
             &conn,
             &dlq,
-            ReplayOptions::default().dry_run(true).only(|_, body| body != b"3"),
+            ReplayOptions::default()
+                .dry_run(true)
+                .only(|_, body| body != b"3")
+                .progress_every(4)
+                .observer(progress.clone()),
         )
         .run()
         .unwrap();
-        assert_eq!((report.moved, report.matched, report.skipped), (0, 5, 1));
+        assert_eq!((report.moved, report.matched, report.skipped), (0, 9, 1));
+        assert_eq!(report.to_string(), "dry run: would move 9, skipped 1 (drained)");
+        assert_eq!(
+            *progress.0.lock().unwrap(),
+            vec![(0, 1, 3, false), (0, 1, 7, false), (0, 1, 9, true)]
+        );
         assert_eq!(count(&conn, &q), 0);
         assert_eq!(ids_of(&drain(&conn, &dlq)), ids, "everything back, in order");
     }

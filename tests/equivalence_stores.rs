@@ -11,21 +11,21 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::acknowledged::{
     consume, AmqpQueue, AmqpQueueOptions, ApplyBatch, Batcher, BatcherOptions, CounterIncrement,
-    CounterStore, CounterStoreOptions, Message as AckMessage, Receipt, Report,
+    CounterStore, Message as AckMessage, Receipt, Report,
 };
 use acemq_amqp::patterns::idempotent::{
     idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
 };
-use acemq_amqp::patterns::outbox::{
-    record, record_message, OutboxRelay, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
-};
+use acemq_amqp::patterns::outbox::{record, record_message};
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
-    Connection, ConsumerOptions, Error, FatalError, Handler, HandlerResult, JsonCodec, Message,
-    Outcome, QueueSpec, RetryPolicy, StopHandle,
+    Connection, ConsumerOptions, Error, FatalError, Handler, JsonCodec, Message, Outcome,
+    QueueSpec, RetryPolicy, StopHandle,
 };
+use support::ack::counters;
 use support::db::{sqlite_open, Db};
-use support::idem::{effects_table, keys, record_effect, recorder, store};
+use support::idem::{effects_table, keys, record_effect, recorder, store, Forward};
+use support::outbox::outbox_and_relay;
 use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -45,54 +45,6 @@ fn drain_ids(conn: &Connection, q: &str) -> Vec<String> {
     std::iter::from_fn(|| conn.get(q).unwrap())
         .map(|m| m.id().to_string())
         .collect()
-}
-
-/// Hands a boxed handler to the consumer with its batching intact.
-struct Forward(Box<dyn Handler + Send + Sync>);
-
-impl Handler for Forward {
-    fn handle(&self, m: &Message) -> HandlerResult {
-        self.0.handle(m)
-    }
-    fn batch_limits(&self) -> Option<(usize, Duration)> {
-        self.0.batch_limits()
-    }
-    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
-        self.0.handle_batch(messages)
-    }
-}
-
-fn outbox(db: &Db, max_attempts: u32) -> SqlOutboxStore {
-    let s = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(db.table("outbox"))
-            .max_attempts(max_attempts),
-    )
-    .unwrap();
-    s.create_table().unwrap();
-    s
-}
-
-/// A second store (the relay's) on the same table.
-fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(first.table())
-            .max_attempts(first.max_attempts()),
-    )
-    .unwrap()
-}
-
-fn counters(dir: &tempfile::TempDir) -> CounterStore {
-    let store = CounterStore::new(
-        dir.path().join("counters.db"),
-        CounterStoreOptions::new().allow(["page_views", "signups"]),
-    )
-    .unwrap();
-    store.create_tables().unwrap();
-    store
 }
 
 /// Runs the acknowledged recipe on `q` until `done` says so, then stops it; its report.
@@ -187,10 +139,7 @@ on_both! {
     /// `idempotent` on SQLite: a message delivered twice (the same `x-acemq-id`) runs the
     /// handler and applies its effect once; both deliveries are acknowledged.
     fn idempotent_applies_a_duplicate_once(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-idem-dup"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-idem-dup");
         let db = Db::sqlite();
         let effects = effects_table(&db);
         let calls = Arc::new(AtomicUsize::new(0));
@@ -236,10 +185,7 @@ on_both! {
     /// dead-lettered (no retries), and the same message sent again runs the handler and applies
     /// its effect (once); a third copy is then a duplicate.
     fn idempotent_does_not_record_a_failing_handler(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-idem-fail"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-idem-fail");
         let db = Db::sqlite();
         let effects = effects_table(&db);
         let failing = Arc::new(AtomicBool::new(true));
@@ -293,10 +239,7 @@ on_both! {
     /// duplicate is applied once, and a handler that fails after writing its effect rolls it
     /// back and is not recorded (the message is dead-lettered; sent again it is applied).
     fn idempotent_tx_applies_once_and_rolls_back_a_failure(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-idem-tx"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-idem-tx");
         let db = Db::sqlite();
         let effects = effects_table(&db);
         let path = db.sqlite_path().to_path_buf();
@@ -353,10 +296,7 @@ on_both! {
     /// four of them, in batches of at most 8: every effect once, fewer commits than messages,
     /// the four copies counted as duplicates, everything acknowledged.
     fn batched_idempotent_tx_applies_each_effect_once(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-idem-batch"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-idem-batch");
         let db = Db::sqlite();
         let effects = effects_table(&db);
         let publisher = conn.publisher().unwrap();
@@ -414,10 +354,7 @@ on_both! {
     /// the three others are applied once and acknowledged. Sent again, the failed message is
     /// applied (it was not recorded as done).
     fn batched_idempotent_tx_does_not_record_a_failing_handler(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-idem-batch-fail"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-idem-batch-fail");
         let db = Db::sqlite();
         let effects = effects_table(&db);
         let publisher = conn.publisher().unwrap();
@@ -480,15 +417,9 @@ on_both! {
     /// The outbox: a record added in a rolled-back SQLite transaction publishes nothing; added
     /// in a committed one, the relay publishes it once (confirmed) and deletes it.
     fn outbox_publishes_a_committed_record_once(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-outbox-commit"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-outbox-commit");
         let db = Db::sqlite();
-        let store = outbox(&db, 10);
-        let table = store.table().to_string();
-        let relay =
-            OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+        let (store, table, relay) = outbox_and_relay(&conn, &db, 10);
 
         let rec = record(&JsonCodec, "", &q, &serde_json::json!({"order_id": "o-1"})).unwrap();
         db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
@@ -514,15 +445,9 @@ on_both! {
     /// The outbox: 150 records committed in batches, relayed by sweeps until the table is
     /// empty: each record's message arrives exactly once, in the order recorded.
     fn outbox_relay_loses_nothing(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-outbox-all"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-outbox-all");
         let db = Db::sqlite();
-        let store = outbox(&db, 10);
-        let table = store.table().to_string();
-        let relay =
-            OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+        let (store, table, relay) = outbox_and_relay(&conn, &db, 10);
         let mut ids = Vec::new();
         for chunk in 0..3 {
             db.in_tx(true, |tx| {
@@ -549,15 +474,9 @@ on_both! {
     /// is confirmed, and its message then arrives once. (The nack is the memory broker's fault
     /// on demand; on RabbitMQ the common part alone runs.)
     fn outbox_retries_a_nacked_publish(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-outbox-nack"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-outbox-nack");
         let db = Db::sqlite();
-        let store = outbox(&db, 10);
-        let table = store.table().to_string();
-        let relay =
-            OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+        let (store, table, relay) = outbox_and_relay(&conn, &db, 10);
         let m = Message::new("r1");
         let id = m.id().to_string();
         db.in_tx(true, |tx| store.add(tx, &record_message("", &q, &m).unwrap()).unwrap());
@@ -598,10 +517,7 @@ on_both! {
             .publish("", &q, Message::new("filler"))
             .unwrap();
         let db = Db::sqlite();
-        let store = outbox(&db, 10);
-        let table = store.table().to_string();
-        let relay =
-            OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+        let (store, table, relay) = outbox_and_relay(&conn, &db, 10);
         let m = Message::new("r1");
         let id = m.id().to_string();
         db.in_tx(true, |tx| {
@@ -627,10 +543,7 @@ on_both! {
     /// the first again (the same id): the effect once per message, all 41 acknowledged, one
     /// replayed, the queue empty.
     fn acknowledged_queue_acknowledges_a_redelivery_without_repeating_it(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-ack-dup"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-ack-dup");
         let dir = tempfile::tempdir().unwrap();
         let store = counters(&dir);
         let publisher = conn.publisher().unwrap();
@@ -652,10 +565,7 @@ on_both! {
     /// `AmqpQueue`: a batch that rolls back is never acknowledged; the others are, and the
     /// failed delivery is back on the queue once the run ends.
     fn acknowledged_queue_returns_a_rolled_back_delivery(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-ack-fail"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-ack-fail");
         let dir = tempfile::tempdir().unwrap();
         let store = counters(&dir);
         let publisher = conn.publisher().unwrap();
@@ -678,10 +588,7 @@ on_both! {
     /// `AmqpQueue` gives one source at a time (two consumers on one channel could be covered
     /// by one `multiple` ack); dropped, the next may be taken.
     fn acknowledged_queue_gives_one_source_at_a_time(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-ack-one"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("eq2-ack-one");
         let queue = AmqpQueue::open(&conn, &q, AmqpQueueOptions::new().prefetch(4)).unwrap();
         let first = queue.source().unwrap();
         assert!(matches!(queue.source(), Err(Error::InvalidArgument { .. })));
@@ -697,10 +604,7 @@ on_both! {
     fn acknowledged_queue_second_run_never_acknowledges_what_the_first_left(on) {
     const N: u32 = 40;
     const PREFETCH: u16 = 20;
-    let conn = on.connect();
-    let mut clean = on.cleanup();
-    let q = clean.queue(&unique("eq2-ack-rerun"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = on.declared_queue("eq2-ack-rerun");
     let dir = tempfile::tempdir().unwrap();
     let counters = counters(&dir);
     let (release, gate) = mpsc::channel();

@@ -331,6 +331,41 @@ fn assert_trimmed(conn: &Connection, q: &str, id: &str, reason_part: &str) {
     );
 }
 
+/// A message near the frame limit and a small one behind it, published to `q` and handled by
+/// `consumer`: the copy that cannot fit ends in `.dlq` trimmed, with `reason_part` in its error;
+/// each was handled once, then `also` holds, the queue still works and nothing was lost.
+fn big_then_small_ends_trimmed(
+    conn: &Connection,
+    watch: &Watch,
+    q: &str,
+    consumer: acemq_amqp::RunningConsumer,
+    calls: &Calls,
+    reason_part: &str,
+    also: impl FnOnce(),
+) {
+    let id = publish_big_then_small(conn, q, conn.frame_max() - 40);
+    let dlq = dead_letter_queue(q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
+            && calls.lock().unwrap().contains_key("small")),
+        "the copy that cannot fit ends in .dlq; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        watch.lost.load(Ordering::SeqCst)
+    );
+    consumer.close().unwrap();
+    assert_trimmed(conn, q, &id, reason_part);
+    let seen = calls.lock().unwrap().clone();
+    assert_eq!(seen.get("big"), Some(&1), "handled once: {seen:?}");
+    assert_eq!(
+        seen.get("small"),
+        Some(&1),
+        "the one behind it once: {seen:?}"
+    );
+    also();
+    still_works(conn, q);
+    watch.assert_never_lost(conn);
+}
+
 /// The retry copy of a message near the limit, waiting in the consumer (`rung` `None`) or on a
 /// broker rung, cannot fit: the message goes to `.dlq` trimmed.
 fn a_retry_copy_near_the_frame_limit_dead_letters_a_trimmed_copy(rung: Option<Duration>) {
@@ -349,27 +384,21 @@ fn a_retry_copy_near_the_frame_limit_dead_letters_a_trimmed_copy(rung: Option<Du
     });
     // The original fits; its retry copy, with the consumer's `acemq-original-*` headers, does
     // not.
-    let id = publish_big_then_small(&conn, &q, conn.frame_max() - 40);
-    let dlq = dead_letter_queue(&q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
-            && calls.lock().unwrap().contains_key("small")),
-        "the retry copy that cannot fit ends in .dlq; seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        watch.lost.load(Ordering::SeqCst)
+    big_then_small_ends_trimmed(
+        &conn,
+        &watch,
+        &q,
+        consumer,
+        &calls,
+        "downstream said no",
+        || {
+            assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
+            for rung in &rungs {
+                let rung = acemq_amqp::retry_queue(&q, *rung);
+                assert_eq!(conn.queue_info(&rung).unwrap().message_count, 0);
+            }
+        },
     );
-    consumer.close().unwrap();
-    assert_trimmed(&conn, &q, &id, "downstream said no");
-    let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.get("big"), Some(&1), "handled once: {calls:?}");
-    assert_eq!(calls.get("small"), Some(&1), "the one behind it once");
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-    for rung in &rungs {
-        let rung = acemq_amqp::retry_queue(&q, *rung);
-        assert_eq!(conn.queue_info(&rung).unwrap().message_count, 0);
-    }
-    still_works(&conn, &q);
-    watch.assert_never_lost(&conn);
 }
 
 #[test]
@@ -389,10 +418,7 @@ fn a_header_near_the_frame_limit_dead_letters_a_trimmed_copy_instead_of_a_rung()
 #[test]
 fn the_computed_header_frame_size_is_the_one_the_broker_measures() {
     use amiquip::{AmqpProperties, AmqpValue, FieldTable, Publish};
-    let conn = support::connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("frame-raw"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("frame-raw");
     let limit = conn.frame_max(); // RabbitMQ's, which raw amiquip takes as it is
     let props = |size: usize| {
         let with = |pad: usize| {
@@ -449,22 +475,7 @@ fn a_dead_letter_copy_over_the_frame_limit_goes_to_the_dlq_trimmed() {
     let (consumer, calls) = consume(&conn, &q, ConsumerOptions::new(), || {
         Outcome::reject("not for us")
     });
-    let id = publish_big_then_small(&conn, &q, conn.frame_max() - 40);
-    let dlq = dead_letter_queue(&q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
-            && calls.lock().unwrap().contains_key("small")),
-        "seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        watch.lost.load(Ordering::SeqCst)
-    );
-    consumer.close().unwrap();
-    assert_trimmed(&conn, &q, &id, "not for us");
-    let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.get("big"), Some(&1), "{calls:?}");
-    assert_eq!(calls.get("small"), Some(&1), "{calls:?}");
-    still_works(&conn, &q);
-    watch.assert_never_lost(&conn);
+    big_then_small_ends_trimmed(&conn, &watch, &q, consumer, &calls, "not for us", || {});
 }
 
 /// Even trimmed the copy cannot fit (the family's own headers fill the frame): the original is

@@ -61,12 +61,8 @@ fn a_wedged_connection_is_down_within_the_round_trip_deadline_not_after_two_hear
 
 #[test]
 fn probes_every_100_ms_from_four_threads_make_a_round_trip_at_most_once_a_second() {
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
-    );
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     // What one round trip sends, the probe queue declared for the first time.
     let before = proxy.bytes_upstream();
     assert_eq!(conn.health().status, HealthStatus::Up);

@@ -57,10 +57,7 @@ fn accept(_: &Message) -> acemq_amqp::HandlerResult {
 #[test]
 fn five_hundred_consumers_publishers_and_relays_leave_no_thread_or_descriptor_behind() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("hygiene"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("hygiene");
 
     // Warm up every kind once (lazy statics, the connection's channels), then measure.
     let run_one_of_each = |i: usize| {

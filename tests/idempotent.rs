@@ -23,6 +23,23 @@ use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// `attempts` attempts, waiting 100 ms then at most 200 ms in the consumer, without jitter.
+fn quick_retries(attempts: u32) -> RetryPolicy {
+    RetryPolicy::exponential()
+        .max_attempts(attempts)
+        .initial_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_millis(200))
+        .jitter(0.0)
+}
+
+/// Publishes `body` to `q` through the default exchange.
+fn send(conn: &acemq_amqp::Connection, q: &str, body: &str) {
+    conn.publisher()
+        .unwrap()
+        .publish("", q, Message::new(body))
+        .unwrap();
+}
+
 fn rungs() -> Vec<Duration> {
     vec![Duration::from_millis(100), Duration::from_millis(200)]
 }
@@ -81,16 +98,7 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
         IdempotentOptions::default(),
     );
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential()
-                    .max_attempts(3)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
+        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
         .unwrap()
         .start(move |m: &Message| {
             c.fetch_add(1, Ordering::SeqCst);
@@ -139,23 +147,11 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
         IdempotentOptions::default(),
     );
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential()
-                    .max_attempts(5)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
+        .consumer(&q, ConsumerOptions::new().retry(quick_retries(5)))
         .unwrap()
         .start(handler)
         .unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("x"))
-        .unwrap();
+    send(&conn, &q, "x");
     assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3));
     std::thread::sleep(Duration::from_millis(200));
     consumer.close().unwrap();
@@ -469,23 +465,11 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
         Ok(Outcome::Accept)
     });
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential()
-                    .max_attempts(3)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
+        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
         .unwrap()
         .start(handler)
         .unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("x"))
-        .unwrap();
+    send(&conn, &q, "x");
     assert!(eventually(WAIT, || attempts.load(Ordering::SeqCst) == 2));
     std::thread::sleep(Duration::from_millis(200));
     consumer.close().unwrap();
@@ -594,13 +578,10 @@ fn a_lease_taken_over_mid_handler_keeps_the_first_receipt(db: &Db) {
     let consumer = conn
         .consumer(
             &q,
-            ConsumerOptions::new().concurrency(2).prefetch(4).retry(
-                RetryPolicy::exponential()
-                    .max_attempts(3)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
+            ConsumerOptions::new()
+                .concurrency(2)
+                .prefetch(4)
+                .retry(quick_retries(3)),
         )
         .unwrap()
         .start(inner)
@@ -687,23 +668,11 @@ fn consume_then_record_in_one_transaction(db: &Db) {
     };
     let handler = move |m: &Message| handler.handle(m);
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential()
-                    .max_attempts(3)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
+        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
         .unwrap()
         .start(handler)
         .unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("order"))
-        .unwrap();
+    send(&conn, &q, "order");
     assert!(
         eventually(WAIT, || settled.count("accept")
             + settled.count("reject")
@@ -863,16 +832,7 @@ fn settle_one(
     handler: impl Handler + Send + Sync + 'static,
 ) -> Vec<(String, u32)> {
     let consumer = conn
-        .consumer(
-            q,
-            ConsumerOptions::new().retry(
-                RetryPolicy::exponential()
-                    .max_attempts(5)
-                    .initial_delay(Duration::from_millis(100))
-                    .max_delay(Duration::from_millis(200))
-                    .jitter(0.0),
-            ),
-        )
+        .consumer(q, ConsumerOptions::new().retry(quick_retries(5)))
         .unwrap()
         .start(handler)
         .unwrap();

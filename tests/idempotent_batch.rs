@@ -16,11 +16,10 @@ use acemq_amqp::patterns::idempotent::{
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
     dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
-    QueueSpec,
 };
 use support::db::{self, Backend, Db};
-use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
-use support::{connect, eventually, publish_n, unique, Cleanup};
+use support::idem::{effects_table, keys, record_effect, recorder, store, Forward, OnCommit};
+use support::{connect, eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -76,22 +75,6 @@ fn batched(
     }
 }
 
-/// Hands a boxed handler to the consumer with its batching intact (a closure calling `handle`
-/// would hide it: then the wrapper gathers concurrent workers' calls instead).
-struct Forward(Box<dyn Handler + Send + Sync>);
-
-impl Handler for Forward {
-    fn handle(&self, m: &Message) -> HandlerResult {
-        self.0.handle(m)
-    }
-    fn batch_limits(&self) -> Option<(usize, Duration)> {
-        self.0.batch_limits()
-    }
-    fn handle_batch(&self, messages: &[&Message]) -> Vec<std::thread::Result<HandlerResult>> {
-        self.0.handle_batch(messages)
-    }
-}
-
 fn effect_work(effects: &str) -> Arc<Work> {
     let effects = effects.to_string();
     Arc::new(move |m: &Message, tx: &mut dyn Sql| {
@@ -104,10 +87,7 @@ fn effect_work(effects: &str) -> Arc<Work> {
 /// every message acknowledged. `gathered_by_worker`: one worker gathers each batch from the
 /// consumer (`handle_batch`); else 8 workers call `handle` and the wrapper gathers their calls.
 fn backlog(db: &Db, gathered_by_worker: bool) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-batch"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch");
     let effects = effects_table(db);
     let ids = publish_n(&conn, &q, 64, false);
     let (commits, on_commit) = recorder();
@@ -168,10 +148,7 @@ fn concurrent_workers_calls_are_gathered_into_batches(db: &Db) {
 /// the failure ran twice. The next batch, after a failing one, starts with savepoints: a
 /// failure in it costs no second run.
 fn a_failing_message_rolls_back_alone(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-batch-fail"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch-fail");
     let effects = effects_table(db);
     let publisher = conn.publisher().unwrap();
     for body in ["ok-1", "fail", "panic", "ok-2"] {
@@ -287,10 +264,7 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
 /// Two deliveries of one message in one batch, and a third after the commit: one effect, two
 /// duplicates, all acknowledged.
 fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-batch-dup"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch-dup");
     let effects = effects_table(db);
     let publisher = conn.publisher().unwrap();
     let m = Message::new("once");
@@ -383,10 +357,7 @@ fn crash_child() {
 }
 
 fn crash_in_a_batch(db: &Db, mode: &str) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-batch-crash"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch-crash");
     let effects = effects_table(db);
     let store = store(db);
     let idem_table = store.table().to_string();
@@ -664,10 +635,7 @@ fn claims_and_confirms_sharing_groups_answer_as_alone(db: &Db) {
 /// The plain wrapper over a group-committing store, 8 workers: each effect once, all
 /// acknowledged.
 fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-group"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-group");
     let effects = effects_table(db);
     let ids = publish_n(&conn, &q, 64, false);
     let effect_db = db.factory();

@@ -25,7 +25,7 @@ use acemq_amqp::{
 };
 use support::db::{self, Backend, Db};
 use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
-use support::{connect, eventually, unique, Cleanup};
+use support::{eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -210,10 +210,7 @@ fn workers_of(batch: &dyn Batched) -> usize {
 #[test]
 fn a_chained_batched_handler_gets_batches_from_the_consumer() {
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-chain-batch"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-chain-batch");
     let effects = effects_table(&db);
     let ids = publish_keyed(&conn, &q, 48);
     let (commits, on_commit) = recorder();
@@ -261,10 +258,7 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
 #[test]
 fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
     let db = Db::sqlite();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-batch-threads"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch-threads");
     let effects = effects_table(&db);
     let ids = publish_keyed(&conn, &q, 40);
     let (commits, on_commit) = recorder();
@@ -332,10 +326,7 @@ fn overrun_under_idempotency(
     store: impl IdempotencyStore + 'static,
     late_outcome_accepts: bool,
 ) -> (Arc<Runs>, String) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-orphan"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-orphan");
     let runs = Arc::new(Runs::default());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let (let_go, gate) = crossbeam_channel::bounded::<()>(1);

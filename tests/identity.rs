@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
-use acemq_amqp::testing::FaultProxy;
-use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::raw::Raw;
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -23,10 +22,7 @@ const WAIT: Duration = Duration::from_secs(20);
 /// idempotent wrapper recognises the duplicate and the effect is applied once.
 #[test]
 fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("id-less"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_consumed_queue("id-less");
     let raw = Raw::open();
     let mut headers = FieldTable::new();
     headers.insert("tenant".into(), AmqpValue::LongString("acme".into()));
@@ -41,13 +37,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
     );
     raw.close();
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let effects: Arc<Mutex<Vec<String>>> = Arc::default();
     let ids: Arc<Mutex<Vec<String>>> = Arc::default();
     let cut = Arc::new(AtomicBool::new(false));
@@ -144,10 +134,7 @@ fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
 /// empty is the key a `.key(…)` function computes — refused clearly, to `.dlq`, never run.
 #[test]
 fn an_empty_idempotency_key_from_a_key_function_is_refused_clearly() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("empty-key"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("empty-key");
     let ran = Arc::new(AtomicBool::new(false));
     let r = ran.clone();
     let handler = idempotent(

@@ -17,7 +17,7 @@ use acemq_amqp::{ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::db::{self, Backend, Db};
 use support::raw::Raw;
-use support::{connect, eventually, unique, Cleanup};
+use support::{eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -186,10 +186,7 @@ fn an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time(db
     // It counts exactly 3, then 6 copies: a memory alarm raised meanwhile by another run's
     // test makes the relay give up publishes the broker still holds (see the stalled-link test).
     let _no_alarm = no_memory_alarm_meanwhile();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-id-less"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-id-less");
     let lease = Duration::from_millis(300);
     let store = outbox(db, lease);
     let table = store.table().to_string();
@@ -648,10 +645,7 @@ fn a_stalled_link_never_keeps_a_pipelined_batch_past_its_lease() {
     let _no_alarm = no_memory_alarm_meanwhile();
     let t0 = Instant::now();
     let db = Db::postgres();
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("outbox-stalled"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_queue("outbox-stalled");
     let lease = Duration::from_millis(1500);
     let store = outbox(&db, lease);
     let n = 1000;
@@ -985,10 +979,7 @@ impl OutboxStore for FailsAfterTheFirstCommit {
 fn a_store_error_settling_the_batch_in_flight_on_the_error_path_is_logged() {
     capture_logs();
     let db = Db::sqlite();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-settle-error"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-settle-error");
     let lease = Duration::from_millis(600);
     let store = outbox(&db, lease);
     let nowhere = unique("nowhere");

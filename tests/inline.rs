@@ -10,21 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::ordered;
-use acemq_amqp::testing::FaultProxy;
-use acemq_amqp::{
-    dead_letter_queue, ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec,
-    RetryPolicy,
-};
-use support::{connect, connect_with, eventually, publish_n, unique, Cleanup};
+use acemq_amqp::{dead_letter_queue, ConsumerOptions, Error, Message, Outcome, RetryPolicy};
+use support::{eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
 fn an_inline_consumer_handles_every_message_on_its_own_thread_and_acknowledges_it() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("inline-accept"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("inline-accept");
     let ids = publish_n(&conn, &q, 300, false);
     let seen = Arc::new(Mutex::new(Vec::new()));
     let threads = Arc::new(Mutex::new(HashSet::new()));
@@ -60,10 +53,7 @@ fn an_inline_consumer_handles_every_message_on_its_own_thread_and_acknowledges_i
 /// and a dead letter after the last attempt, as on a worker.
 #[test]
 fn an_inline_consumer_retries_in_the_consumer_and_dead_letters_the_last_attempt() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("inline-retry"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("inline-retry");
     let ids = publish_n(&conn, &q, 2, true);
     let (flaky, doomed) = (ids[0].clone(), ids[1].clone());
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -119,10 +109,7 @@ fn an_inline_consumer_retries_in_the_consumer_and_dead_letters_the_last_attempt(
 /// past the shutdown timeout, then settles it and requeues what never started.
 #[test]
 fn closing_an_inline_consumer_waits_for_its_running_handler_and_requeues_the_rest() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("inline-close"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("inline-close");
     let (open, shut) = crossbeam_channel::bounded::<()>(0);
     let started = Arc::new(AtomicUsize::new(0));
     let s = started.clone();
@@ -178,17 +165,8 @@ fn closing_an_inline_consumer_waits_for_its_running_handler_and_requeues_the_res
 
 #[test]
 fn an_inline_consumer_resumes_after_a_connection_cut_and_loses_nothing() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("inline-cut"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (direct, _clean, q) = support::declared_consumed_queue("inline-cut");
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let s = seen.clone();
     let consumer = conn
@@ -228,10 +206,7 @@ fn an_inline_consumer_resumes_after_a_connection_cut_and_loses_nothing() {
 
 #[test]
 fn inline_handling_refuses_what_needs_a_worker_with_a_clear_error() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("inline-refused"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("inline-refused");
     let expect_invalid = |r: Result<acemq_amqp::Consumer, Error>, says: &str| match r {
         Err(e @ Error::InvalidArgument { .. }) => {
             assert!(e.to_string().contains(says), "{e}")
@@ -271,10 +246,7 @@ fn inline_handling_refuses_what_needs_a_worker_with_a_clear_error() {
 /// and a stop ends it with everything settled.
 #[test]
 fn the_scoped_form_runs_an_inline_handler_on_the_calling_thread() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("inline-scoped"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("inline-scoped");
     let ids = publish_n(&conn, &q, 50, true);
     let consumer = conn
         .consumer(&q, ConsumerOptions::new().inline(true))

@@ -303,6 +303,46 @@ fn consume(
     (running, calls)
 }
 
+/// Waits (within the deadline) until the value of `name` with `labels` is `value`.
+fn wait_for(name: &str, labels: &[(&str, &str)], value: f64) {
+    let rec = recording();
+    assert!(
+        eventually(WAIT, || rec.value(name, labels) == value),
+        "{name} {labels:?} is {}, not {value}",
+        rec.value(name, labels)
+    );
+}
+
+/// Waits (within the deadline) until the value of `name` with `labels` is at least `value`.
+fn wait_for_at_least(name: &str, labels: &[(&str, &str)], value: f64) {
+    let rec = recording();
+    assert!(
+        eventually(WAIT, || rec.value(name, labels) >= value),
+        "{name} {labels:?} is {}, under {value}",
+        rec.value(name, labels)
+    );
+}
+
+/// The value of `name` with `labels` is `value` now.
+fn assert_value(name: &str, labels: &[(&str, &str)], value: f64) {
+    assert_eq!(recording().value(name, labels), value, "{name} {labels:?}");
+}
+
+/// Publishes `body` to `q` through the default exchange.
+fn send(conn: &Connection, q: &str, body: &str) {
+    conn.publisher()
+        .unwrap()
+        .publish("", q, Message::new(body))
+        .unwrap();
+}
+
+/// Closes the consumer, checks that every word emitted is in the fixture, closes the connection.
+fn finish(running: acemq_amqp::RunningConsumer, conn: Connection) {
+    running.close().unwrap();
+    everything_emitted_is_in_the_fixture();
+    conn.close().unwrap();
+}
+
 #[test]
 fn an_accepted_delivery_counts_acked_its_attempt_and_in_flight_and_its_publish_is_timed() {
     let conn = connect();
@@ -313,10 +353,11 @@ fn an_accepted_delivery_counts_acked_its_attempt_and_in_flight_and_its_publish_i
     publisher.publish("", &q, Message::new("ok")).unwrap();
     let rec = recording();
     let queue = [("queue", q.as_str())];
-    assert!(eventually(WAIT, || rec.value(
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")]
-    ) == 1.0));
+        &[("queue", &q), ("outcome", "acked")],
+        1.0,
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(rec.samples("acemq.consume.attempts", &queue), vec![1.0]);
     assert_eq!(rec.samples("acemq.consume.duration", &queue).len(), 1);
@@ -360,15 +401,13 @@ fn a_retry_on_a_rung_is_retried_where_broker() {
         1 => Outcome::retry("the warehouse is not answering"),
         _ => Outcome::Accept,
     });
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("later"))
-        .unwrap();
+    send(&conn, &q, "later");
     let rec = recording();
-    assert!(eventually(WAIT, || rec.value(
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")]
-    ) == 1.0));
+        &[("queue", &q), ("outcome", "acked")],
+        1.0,
+    );
     let retried = |place| {
         rec.value(
             "acemq.messages.retried.total",
@@ -377,12 +416,10 @@ fn a_retry_on_a_rung_is_retried_where_broker() {
     };
     assert_eq!(retried("broker"), 1.0, "waited on {q}.retry.1s");
     assert_eq!(retried("consumer"), 0.0);
-    assert_eq!(
-        rec.value(
-            "acemq.consume.total",
-            &[("queue", &q), ("outcome", "retried")]
-        ),
-        1.0
+    assert_value(
+        "acemq.consume.total",
+        &[("queue", &q), ("outcome", "retried")],
+        1.0,
     );
     assert_eq!(
         rec.samples("acemq.consume.attempts", &[("queue", &q)]),
@@ -393,9 +430,7 @@ fn a_retry_on_a_rung_is_retried_where_broker() {
         rec.find("acemq.retry.rung.missing", &[("queue", &q)]).len(),
         0
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
@@ -409,15 +444,13 @@ fn a_retry_held_in_the_consumer_is_retried_where_consumer() {
         1 => Outcome::retry("not yet"),
         _ => Outcome::Accept,
     });
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("soon"))
-        .unwrap();
+    send(&conn, &q, "soon");
     let rec = recording();
-    assert!(eventually(WAIT, || rec.value(
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")]
-    ) == 1.0));
+        &[("queue", &q), ("outcome", "acked")],
+        1.0,
+    );
     let retried = |place| {
         rec.value(
             "acemq.messages.retried.total",
@@ -426,9 +459,7 @@ fn a_retry_held_in_the_consumer_is_retried_where_consumer() {
     };
     assert_eq!(retried("consumer"), 1.0);
     assert_eq!(retried("broker"), 0.0);
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
@@ -438,10 +469,7 @@ fn retries_exhausted_are_dead_lettered_not_rejected() {
     let q = clean.consumed_queue(&unique("words-exhausted"), &[]);
     let options = ConsumerOptions::new().retry(RetryPolicy::fixed(2, Duration::ZERO));
     let (running, calls) = consume(&conn, &q, options, |_| Outcome::retry("still down"));
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("doomed"))
-        .unwrap();
+    send(&conn, &q, "doomed");
     let rec = recording();
     let consumed = |outcome| {
         rec.value(
@@ -466,12 +494,10 @@ fn retries_exhausted_are_dead_lettered_not_rejected() {
         "acemq.messages.dead.lettered.total{{outcome=dead_lettered}} for {q}"
     );
     // A retry with no wait goes straight back to the queue: not a rung.
-    assert_eq!(
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", "consumer")]
-        ),
-        1.0
+    assert_value(
+        "acemq.messages.retried.total",
+        &[("queue", &q), ("where", "consumer")],
+        1.0,
     );
     assert_eq!(
         conn.queue_info(&acemq_amqp::dead_letter_queue(&q))
@@ -479,9 +505,7 @@ fn retries_exhausted_are_dead_lettered_not_rejected() {
             .message_count,
         1
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
@@ -492,25 +516,18 @@ fn the_handlers_own_reject_is_rejected_and_dead_lettered() {
     let (running, _) = consume(&conn, &q, ConsumerOptions::new(), |_| {
         Outcome::reject("no such customer")
     });
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("who?"))
-        .unwrap();
-    let rec = recording();
-    assert!(eventually(WAIT, || rec.value(
+    send(&conn, &q, "who?");
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "rejected")]
-    ) == 1.0));
-    assert_eq!(
-        rec.value(
-            "acemq.messages.dead.lettered.total",
-            &[("queue", &q), ("outcome", "dead_lettered")]
-        ),
-        1.0
+        &[("queue", &q), ("outcome", "rejected")],
+        1.0,
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    assert_value(
+        "acemq.messages.dead.lettered.total",
+        &[("queue", &q), ("outcome", "dead_lettered")],
+        1.0,
+    );
+    finish(running, conn);
 }
 
 #[test]
@@ -527,40 +544,29 @@ fn a_missing_rung_is_counted_and_the_retry_waits_in_the_consumer() {
         1 => Outcome::retry("the warehouse is not answering"),
         _ => Outcome::Accept,
     });
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("no ladder"))
-        .unwrap();
-    let rec = recording();
-    assert!(eventually(WAIT, || rec.value(
+    send(&conn, &q, "no ladder");
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")]
-    ) == 1.0));
+        &[("queue", &q), ("outcome", "acked")],
+        1.0,
+    );
     let rung_queue = acemq_amqp::retry_queue(&q, rung);
-    assert_eq!(
-        rec.value(
-            "acemq.retry.rung.missing",
-            &[("queue", &q), ("rung", &rung_queue)]
-        ),
-        1.0
+    assert_value(
+        "acemq.retry.rung.missing",
+        &[("queue", &q), ("rung", &rung_queue)],
+        1.0,
     );
-    assert_eq!(
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", "consumer")]
-        ),
-        1.0
+    assert_value(
+        "acemq.messages.retried.total",
+        &[("queue", &q), ("where", "consumer")],
+        1.0,
     );
-    assert_eq!(
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", "broker")]
-        ),
-        0.0
+    assert_value(
+        "acemq.messages.retried.total",
+        &[("queue", &q), ("where", "broker")],
+        0.0,
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
@@ -571,16 +577,14 @@ fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     let options = ConsumerOptions::new().declare(false);
     let (running, _) = consume(&conn, &q, options, |_| Outcome::reject("unreadable"));
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("nowhere to go"))
-        .unwrap();
+    send(&conn, &q, "nowhere to go");
     let rec = recording();
     let dlq = acemq_amqp::dead_letter_queue(&q);
-    assert!(eventually(WAIT, || rec.value(
+    wait_for_at_least(
         "acemq.messages.set.aside.failed",
-        &[("queue", &q), ("target", &dlq)]
-    ) >= 1.0));
+        &[("queue", &q), ("target", &dlq)],
+        1.0,
+    );
     // The settlement is counted after the failed copy's event: waited for too.
     assert!(
         eventually(WAIT, || rec.value(
@@ -589,9 +593,7 @@ fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
         ) >= 1.0),
         "the original goes back to the queue"
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
@@ -679,12 +681,10 @@ fn an_outbox_relay_counts_each_record_by_exchange_and_routing_key() {
     relay.close().unwrap();
     let rec = recording();
     let record = [("exchange", ""), ("routing.key", q.as_str())];
-    assert_eq!(
-        rec.value(
-            "acemq.outbox.total",
-            &[record[0], record[1], ("outcome", "published")]
-        ),
-        1.0
+    assert_value(
+        "acemq.outbox.total",
+        &[record[0], record[1], ("outcome", "published")],
+        1.0,
     );
     // The lag carries `outcome="published"`, as Go's and Python's do.
     assert_eq!(
@@ -719,16 +719,14 @@ fn a_retry_whose_copy_cannot_be_published_is_retried_where_requeued() {
         _ => Outcome::Accept,
     });
     // The message, then its first retry copy, are nacked.
-    conn.publisher()
-        .unwrap()
-        .publish("", &q, Message::new("soon"))
-        .unwrap();
+    send(&conn, &q, "soon");
     broker.nack_next_publishes(1);
     let rec = recording();
-    assert!(eventually(WAIT, || rec.value(
+    wait_for(
         "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")]
-    ) == 1.0));
+        &[("queue", &q), ("outcome", "acked")],
+        1.0,
+    );
     let retried = |place| {
         rec.value(
             "acemq.messages.retried.total",
@@ -742,9 +740,7 @@ fn a_retry_whose_copy_cannot_be_published_is_retried_where_requeued() {
         3,
         "attempt 1 twice, then attempt 2"
     );
-    running.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 /// The fixture itself: every name the issue asks for is a family word there, with the family's

@@ -1,211 +1,26 @@
-//! Ordered dispatch, partitions and at-most-once on the real broker.
+//! Ordered dispatch, partitions and at-most-once on the real broker: a slow key does not stall
+//! the others, keyless messages are not serialised, the family's partition vectors, an
+//! at-most-once consumer killed mid-handler. The scenarios that run the same on the `memory://`
+//! broker (per-key order with keys in parallel, `hold_on_retry` or not, an at-most-once handler
+//! failing, an ordered consumer closing) are written once, in the on-both
+//! `equivalence_consume.rs`.
 
 mod support;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::{by_header, ordered, partition, partitioned_routing_key};
-use acemq_amqp::testing::FaultProxy;
-use acemq_amqp::{
-    dead_letter_queue, ConnectionOptions, ConsumerOptions, Message, Outcome, PublisherOptions,
-    QueueSpec, RetryPolicy,
-};
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use acemq_amqp::{ConsumerOptions, Message, Outcome};
+use support::keyed::{key_of, publish_keyed, seq_of};
+use support::{connect, eventually};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Publishes one message per `(key, seq)` to `queue`, body = seq, header `k` = key (none when
-/// the key is empty), confirmed; returns the ids in order.
-fn publish_keyed(
-    conn: &acemq_amqp::Connection,
-    queue: &str,
-    items: &[(String, usize)],
-) -> Vec<String> {
-    let publisher = conn
-        .publisher_with(PublisherOptions::new().window(1000))
-        .unwrap();
-    let mut tickets = Vec::new();
-    let mut ids = Vec::new();
-    for (key, seq) in items {
-        let mut m = Message::new(seq.to_string());
-        if !key.is_empty() {
-            m = m.with_header("k", key.as_str());
-        }
-        ids.push(m.id().to_string());
-        tickets.push(publisher.publish_deferred("", queue, m).unwrap());
-        if tickets.len() >= 500 {
-            for t in tickets.drain(..) {
-                t.wait().unwrap();
-            }
-        }
-    }
-    for t in tickets {
-        t.wait().unwrap();
-    }
-    publisher.close().unwrap();
-    ids
-}
-
-fn key_of(m: &Message) -> String {
-    m.headers
-        .get("k")
-        .and_then(|v| v.as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn seq_of(m: &Message) -> usize {
-    String::from_utf8_lossy(&m.body).parse().unwrap()
-}
-
-/// What the handlers of one test saw.
-#[derive(Default)]
-struct Trace {
-    /// Per key, the seqs in the order their handlers started.
-    order: Mutex<HashMap<String, Vec<usize>>>,
-    /// Handlers running now per key, and the most keys running at once.
-    running: Mutex<HashMap<String, usize>>,
-    max_keys_at_once: AtomicUsize,
-    same_key_overlaps: AtomicUsize,
-    done: AtomicUsize,
-}
-
-impl Trace {
-    fn enter(&self, key: &str, seq: usize) {
-        self.order
-            .lock()
-            .unwrap()
-            .entry(key.to_string())
-            .or_default()
-            .push(seq);
-        let mut running = self.running.lock().unwrap();
-        let n = running.entry(key.to_string()).or_insert(0);
-        *n += 1;
-        if *n > 1 {
-            self.same_key_overlaps.fetch_add(1, Ordering::SeqCst);
-        }
-        let keys = running.values().filter(|n| **n > 0).count();
-        self.max_keys_at_once.fetch_max(keys, Ordering::SeqCst);
-    }
-
-    fn leave(&self, key: &str) {
-        *self.running.lock().unwrap().get_mut(key).unwrap() -= 1;
-        self.done.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-#[test]
-fn two_thousand_messages_over_twenty_keys_keep_per_key_order_with_keys_in_parallel() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-2000"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let items: Vec<(String, usize)> = (0..2000).map(|i| (format!("key-{}", i % 20), i)).collect();
-    publish_keyed(&conn, &q, &items);
-
-    let trace = Arc::new(Trace::default());
-    let t = trace.clone();
-    let handler = ordered(by_header("k"), move |m: &Message| {
-        let key = key_of(m);
-        t.enter(&key, seq_of(m));
-        std::thread::sleep(Duration::from_micros(500));
-        t.leave(&key);
-        Ok(Outcome::Accept)
-    });
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(200))
-        .unwrap()
-        .start(handler)
-        .unwrap();
-    assert!(
-        eventually(WAIT, || trace.done.load(Ordering::SeqCst) == 2000),
-        "handled {} of 2000",
-        trace.done.load(Ordering::SeqCst)
-    );
-    let report = consumer.close().unwrap();
-    assert_eq!(report.abandoned, 0);
-
-    assert_eq!(
-        trace.same_key_overlaps.load(Ordering::SeqCst),
-        0,
-        "two handlers of one key never ran at once"
-    );
-    let order = trace.order.lock().unwrap();
-    assert_eq!(order.len(), 20);
-    for (key, seqs) in order.iter() {
-        let expected: Vec<usize> = items
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, s)| *s)
-            .collect();
-        assert_eq!(seqs, &expected, "key {key} handled in delivery order");
-    }
-    let overlap = trace.max_keys_at_once.load(Ordering::SeqCst);
-    println!("most keys in flight at once: {overlap}");
-    assert!(
-        overlap > 1,
-        "different keys ran at once (most at once: {overlap})"
-    );
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-}
-
-/// The ordering set on the consumer's options holds whatever wraps the handler: here a closure
-/// around a closure, which would hide an `ordered` handler's `Handler::ordering`.
-#[test]
-fn ordering_on_the_options_holds_behind_a_wrapper_that_forwards_nothing() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-options"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let items: Vec<(String, usize)> = (0..400).map(|i| (format!("key-{}", i % 8), i)).collect();
-    publish_keyed(&conn, &q, &items);
-
-    let trace = Arc::new(Trace::default());
-    let t = trace.clone();
-    let inner = move |m: &Message| {
-        let key = key_of(m);
-        t.enter(&key, seq_of(m));
-        std::thread::sleep(Duration::from_micros(500));
-        t.leave(&key);
-        Ok(Outcome::Accept)
-    };
-    let wrapper = move |m: &Message| inner(m);
-    let options = ConsumerOptions::new()
-        .concurrency(8)
-        .prefetch(200)
-        .ordering(acemq_amqp::OrderBy::new(by_header("k")));
-    let consumer = conn.consumer(&q, options).unwrap().start(wrapper).unwrap();
-    assert!(
-        eventually(WAIT, || trace.done.load(Ordering::SeqCst) == 400),
-        "handled {} of 400",
-        trace.done.load(Ordering::SeqCst)
-    );
-    consumer.close().unwrap();
-    assert_eq!(
-        trace.same_key_overlaps.load(Ordering::SeqCst),
-        0,
-        "two handlers of one key never ran at once"
-    );
-    let order = trace.order.lock().unwrap();
-    for (key, seqs) in order.iter() {
-        let expected: Vec<usize> = items
-            .iter()
-            .filter(|(k, _)| k == key)
-            .map(|(_, s)| *s)
-            .collect();
-        assert_eq!(seqs, &expected, "key {key} handled in delivery order");
-    }
-}
-
 #[test]
 fn one_slow_key_does_not_stall_the_others() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-hot"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ordered-hot");
     // The slow key's hundred first: a blocking wrapper would sit its workers on key A.
     let mut items: Vec<(String, usize)> = (0..100).map(|i| ("A".to_string(), i)).collect();
     items.extend((100..200).map(|i| ("B".to_string(), i)));
@@ -245,10 +60,7 @@ fn one_slow_key_does_not_stall_the_others() {
 
 #[test]
 fn messages_without_a_key_are_not_serialised() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-nokey"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("ordered-nokey");
     // Half without the header, half with it empty: neither is one shared key.
     let items: Vec<(String, usize)> = (0..20).map(|i| (String::new(), i)).collect();
     publish_keyed(&conn, &q, &items);
@@ -285,100 +97,6 @@ fn messages_without_a_key_are_not_serialised() {
     );
 }
 
-/// One consumer-side wait of 300 ms, two attempts, no jitter.
-fn one_retry() -> RetryPolicy {
-    RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)
-}
-
-/// Key `k`: seq 0 fails its first attempt, 1 and 2 succeed; key `x`: seq 10 always fails, 11
-/// succeeds. Returns the accepted (key, seq, attempt) in the order they were accepted, and the
-/// queue's `.dlq` count.
-fn retry_scenario(hold: bool) -> (Vec<(String, usize, u32)>, u32) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(
-        &unique(if hold { "ordered-hold" } else { "ordered-free" }),
-        &[],
-    );
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let items = [
-        ("k".to_string(), 0),
-        ("x".to_string(), 10),
-        ("k".to_string(), 1),
-        ("x".to_string(), 11),
-        ("k".to_string(), 2),
-    ];
-    publish_keyed(&conn, &q, &items);
-    let accepted = Arc::new(Mutex::new(Vec::new()));
-    let a = accepted.clone();
-    let inner = move |m: &Message| {
-        let (key, seq, attempt) = (key_of(m), seq_of(m), m.envelope.attempt);
-        if (seq == 0 && attempt == 1) || seq == 10 {
-            return Err("not now".into());
-        }
-        a.lock().unwrap().push((key, seq, attempt));
-        Ok(Outcome::Accept)
-    };
-    let handler = if hold {
-        ordered(by_header("k"), inner).hold_on_retry()
-    } else {
-        ordered(by_header("k"), inner)
-    };
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(4)
-                .prefetch(16)
-                .retry(one_retry()),
-        )
-        .unwrap()
-        .start(handler)
-        .unwrap();
-    let dlq = dead_letter_queue(&q);
-    assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
-        && conn.queue_info(&dlq).unwrap().message_count == 1));
-    consumer.close().unwrap();
-    let dead = conn.queue_info(&dlq).unwrap().message_count;
-    let seen = accepted.lock().unwrap().clone();
-    (seen, dead)
-}
-
-fn of_key(seen: &[(String, usize, u32)], key: &str) -> Vec<(usize, u32)> {
-    seen.iter()
-        .filter(|(k, _, _)| k == key)
-        .map(|(_, s, a)| (*s, *a))
-        .collect()
-}
-
-#[test]
-fn without_hold_on_retry_a_later_message_overtakes_a_retried_one() {
-    let (seen, dead) = retry_scenario(false);
-    assert_eq!(
-        of_key(&seen, "k"),
-        vec![(1, 1), (2, 1), (0, 2)],
-        "the retry of seq 0 came back after seqs 1 and 2: the key was free while it waited"
-    );
-    assert_eq!(of_key(&seen, "x"), vec![(11, 1)]);
-    assert_eq!(dead, 1, "seq 10 exhausted its attempts");
-}
-
-#[test]
-fn with_hold_on_retry_later_messages_wait_until_the_retried_one_settles() {
-    let (seen, dead) = retry_scenario(true);
-    assert_eq!(
-        of_key(&seen, "k"),
-        vec![(0, 2), (1, 1), (2, 1)],
-        "seqs 1 and 2 waited behind the retry of seq 0"
-    );
-    assert_eq!(
-        of_key(&seen, "x"),
-        vec![(11, 1)],
-        "seq 11 ran once seq 10 was dead-lettered"
-    );
-    assert_eq!(dead, 1, "seq 10 exhausted its attempts and went to .dlq");
-}
-
 #[test]
 fn partition_vectors_match_the_family() {
     let text = std::fs::read_to_string("tests/fixtures/partition.json").unwrap();
@@ -404,66 +122,9 @@ fn partition_vectors_match_the_family() {
 }
 
 #[test]
-fn at_most_once_a_failing_handler_neither_retries_nor_dead_letters() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("at-most-once"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let items: Vec<(String, usize)> = (0..6).map(|i| (String::new(), i)).collect();
-    publish_keyed(&conn, &q, &items);
-    let calls = Arc::new(Mutex::new(BTreeMap::new()));
-    let c = calls.clone();
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(2)
-                .retry(one_retry())
-                .at_most_once(),
-        )
-        .unwrap()
-        .start(move |m: &Message| {
-            let seq = seq_of(m);
-            *c.lock().unwrap().entry(seq).or_insert(0) += 1;
-            match seq % 3 {
-                0 => Err("boom".into()),
-                1 => panic!("a panic loses it too"),
-                _ => Ok(Outcome::Accept),
-            }
-        })
-        .unwrap();
-    assert!(eventually(WAIT, || consumer.lost() == 4));
-    assert!(eventually(WAIT, || calls.lock().unwrap().len() == 6));
-    let report = consumer.close().unwrap();
-    assert_eq!(report.requeued, 0);
-    let calls = calls.lock().unwrap().clone();
-    assert!(
-        calls.values().all(|n| *n == 1),
-        "each message ran once, failures were not retried: {calls:?}"
-    );
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0);
-    assert_eq!(
-        conn.queue_info(&dead_letter_queue(&q))
-            .unwrap()
-            .message_count,
-        0,
-        "nothing dead-lettered"
-    );
-}
-
-#[test]
 fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.consumed_queue(&unique("at-most-once-kill"), &[]);
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (direct, _clean, q) = support::declared_consumed_queue("at-most-once-kill");
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(4);
     let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(4);
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -504,47 +165,6 @@ fn at_most_once_a_consumer_killed_mid_handler_does_not_see_the_message_again() {
     assert_eq!(direct.queue_info(&q).unwrap().message_count, 0);
 }
 
-#[test]
-fn an_ordered_consumer_closes_and_requeues_what_waits_for_its_key() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("ordered-close"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let items: Vec<(String, usize)> = (0..10).map(|i| ("one".to_string(), i)).collect();
-    publish_keyed(&conn, &q, &items);
-    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(16);
-    let handler = ordered(by_header("k"), move |_: &Message| {
-        let _ = started_tx.send(());
-        std::thread::sleep(Duration::from_millis(200));
-        Ok(Outcome::Accept)
-    });
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(20))
-        .unwrap()
-        .start(handler)
-        .unwrap();
-    started_rx.recv_timeout(WAIT).expect("a handler started");
-    assert!(eventually(WAIT, || consumer.in_flight() == 10));
-    let began = Instant::now();
-    let report = consumer.close().unwrap();
-    assert!(began.elapsed() < Duration::from_secs(5));
-    assert_eq!(report.abandoned, 0);
-    assert_eq!(
-        report.finished_in_time, 1,
-        "only the key's holder was running"
-    );
-    assert_eq!(
-        report.finished_in_time + report.requeued,
-        10,
-        "the rest waited for the key and went back: {report:?}"
-    );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 9));
-}
-
 const KILL_CHILD_QUEUE: &str = "ACEMQ_AT_MOST_ONCE_CHILD_QUEUE";
 const KILL_CHILD_MARK: &str = "ACEMQ_AT_MOST_ONCE_CHILD_MARK";
 
@@ -579,10 +199,7 @@ fn at_most_once_kill_child() {
 /// it out again: the queue is empty and a new consumer sees only what comes after.
 #[test]
 fn at_most_once_a_consumer_process_killed_mid_handler_never_sees_the_message_again() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("at-most-once-sigkill"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue("at-most-once-sigkill");
     let dir = tempfile::tempdir().unwrap();
     let mark = dir.path().join("started");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
@@ -627,4 +244,65 @@ fn at_most_once_a_consumer_process_killed_mid_handler_never_sees_the_message_aga
     assert!(eventually(WAIT, || seen.lock().unwrap().contains(&1)));
     consumer.close().unwrap();
     assert_eq!(*seen.lock().unwrap(), vec![1], "message 0 never came back");
+}
+
+/// The ordering set on the consumer's options holds whatever wraps the handler: here a closure
+/// around a closure, which would hide an `ordered` handler's `Handler::ordering`.
+#[test]
+fn ordering_on_the_options_holds_behind_a_wrapper_that_forwards_nothing() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let (conn, _clean, q) = support::declared_consumed_queue("ordered-options");
+    let items: Vec<(String, usize)> = (0..400).map(|i| (format!("key-{}", i % 8), i)).collect();
+    publish_keyed(&conn, &q, &items);
+
+    let running: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let order: Arc<Mutex<BTreeMap<String, Vec<usize>>>> = Arc::default();
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let (r, o, v, d) = (
+        running.clone(),
+        order.clone(),
+        overlaps.clone(),
+        done.clone(),
+    );
+    let inner = move |m: &Message| {
+        let key = key_of(m);
+        if !r.lock().unwrap().insert(key.clone()) {
+            v.fetch_add(1, Ordering::SeqCst);
+        }
+        o.lock()
+            .unwrap()
+            .entry(key.clone())
+            .or_default()
+            .push(seq_of(m));
+        std::thread::sleep(Duration::from_micros(500));
+        r.lock().unwrap().remove(&key);
+        d.fetch_add(1, Ordering::SeqCst);
+        Ok(Outcome::Accept)
+    };
+    let wrapper = move |m: &Message| inner(m);
+    let options = ConsumerOptions::new()
+        .concurrency(8)
+        .prefetch(200)
+        .ordering(acemq_amqp::OrderBy::new(by_header("k")));
+    let consumer = conn.consumer(&q, options).unwrap().start(wrapper).unwrap();
+    assert!(
+        eventually(WAIT, || done.load(Ordering::SeqCst) == 400),
+        "handled {} of 400",
+        done.load(Ordering::SeqCst)
+    );
+    consumer.close().unwrap();
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two handlers of one key never ran at once"
+    );
+    for (key, seqs) in order.lock().unwrap().iter() {
+        let expected: Vec<usize> = items
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, s)| *s)
+            .collect();
+        assert_eq!(seqs, &expected, "key {key} handled in delivery order");
+    }
 }

@@ -19,41 +19,14 @@ use acemq_amqp::{
     ConnectionOptions, ConsumerOptions, Error, JsonCodec, Message, Outcome, QueueSpec,
 };
 use support::db::{self, Backend, Db};
+use support::outbox::{outbox, outbox_and_relay, same_table};
 use support::{connect, connect_with, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn outbox(db: &Db, max_attempts: u32) -> SqlOutboxStore {
-    let s = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(db.table("outbox"))
-            .max_attempts(max_attempts),
-    )
-    .unwrap();
-    s.create_table().unwrap();
-    s
-}
-
-/// A second store (another relay) on the same table.
-fn same_table(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
-    SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(first.table())
-            .max_attempts(first.max_attempts()),
-    )
-    .unwrap()
-}
-
 fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-commit"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(db, 10);
-    let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-commit");
+    let (store, table, relay) = outbox_and_relay(&conn, db, 10);
 
     let rec = record(&conn, "", &q, &serde_json::json!({"order_id": "o-1"})).unwrap();
     db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
@@ -81,12 +54,8 @@ fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
 }
 
 fn an_unroutable_record_retires_and_then_the_queue_behind_it_moves(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-order"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(db, 3);
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-order");
+    let (store, _, relay) = outbox_and_relay(&conn, db, 3);
     let add = |rk: &str, body: &str| {
         let m = Message::new(body.to_string());
         let r = acemq_amqp::patterns::outbox::record_message("", rk, &m).unwrap();
@@ -173,22 +142,13 @@ fn add_many(db: &Db, store: &SqlOutboxStore, q: &str, n: usize) -> HashSet<Strin
 #[test]
 fn a_connection_cut_mid_sweep_loses_nothing() {
     let db = Db::sqlite();
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("outbox-cut"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (direct, _clean, q) = support::declared_queue("outbox-cut");
     let store = outbox(&db, 10);
     let table = store.table().to_string();
     let ids = add_many(&db, &store, &q, 1_000);
     let (consumer, seen) = collector(&direct, &q);
 
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(300));
     let options = OutboxRelayOptions::new()
         .batch_size(20)
         .interval(Duration::from_millis(20));
@@ -220,10 +180,7 @@ fn a_connection_cut_mid_sweep_loses_nothing() {
 #[test]
 fn two_relays_on_one_postgres_table_publish_each_record_once() {
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-two"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-two");
     let store = outbox(&db, 10);
     let table = store.table().to_string();
     let ids = add_many(&db, &store, &q, 2_000);
@@ -357,14 +314,9 @@ fn nacking_queue(conn: &acemq_amqp::Connection, clean: &mut Cleanup) -> String {
 }
 
 fn a_nacked_record_is_counted_retires_and_keeps_its_place(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-nack-ok"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, mut clean, q) = support::declared_queue("outbox-nack-ok");
     let full = nacking_queue(&conn, &mut clean);
-    let store = outbox(db, 3);
-    let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (store, table, relay) = outbox_and_relay(&conn, db, 3);
     let refused = add_text(db, &store, "", &full, "r1");
     add_text(db, &store, "", &q, "r2");
     // Sweep 1: r1 is nacked, and that counts; r2 went out in the same pipelined window
@@ -401,14 +353,9 @@ fn a_nacked_record_is_counted_retires_and_keeps_its_place(db: &Db) {
 }
 
 fn a_record_that_failed_before_is_not_overtaken_when_it_is_not_first(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-not-first"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, mut clean, q) = support::declared_queue("outbox-not-first");
     let full = nacking_queue(&conn, &mut clean);
-    let store = outbox(db, 10);
-    let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (store, table, relay) = outbox_and_relay(&conn, db, 10);
     add_text(db, &store, "", &q, "r0");
     let refused = add_text(db, &store, "", &full, "r1");
     add_text(db, &store, "", &q, "r2");
@@ -433,14 +380,9 @@ fn a_record_that_failed_before_is_not_overtaken_when_it_is_not_first(db: &Db) {
 }
 
 fn a_missing_exchange_is_counted_against_its_record_not_the_records_lost_with_the_channel(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-404"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-404");
     let missing = unique("outbox-no-such-exchange");
-    let store = outbox(db, 2);
-    let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (store, table, relay) = outbox_and_relay(&conn, db, 2);
     for i in 1..=5 {
         add_text(db, &store, "", &q, &format!("r{i}"));
     }
@@ -578,10 +520,7 @@ fn leasing_store(db: &Db, first: &SqlOutboxStore) -> SqlOutboxStore {
 /// A sweep publishes r2 and finds r1 unroutable, and then the database refuses `event`:
 /// r1 must be offered again at once, not after the lease.
 fn the_record_not_published_is_offered_again_at_once(db: &Db, event: &str) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-gives-back"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, mut clean, q) = support::declared_queue("outbox-gives-back");
     // Declared later: until then r1 is unroutable.
     let later = clean.queue(&unique("outbox-later"));
     let store = outbox(db, 10);
@@ -620,10 +559,7 @@ fn a_sweep_that_cannot_count_a_failure_gives_the_record_back_at_once(db: &Db) {
 #[test]
 fn a_started_relay_that_cannot_delete_gives_back_the_batch_it_leased() {
     let db = Db::postgres();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-pump-gives-back"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-pump-gives-back");
     let store = outbox(&db, 10);
     let table = store.table().to_string();
     add_text(&db, &store, "", &q, "r0");
@@ -667,13 +603,8 @@ fn a_started_relay_that_cannot_delete_gives_back_the_batch_it_leased() {
 #[test]
 fn record_tells_the_message_id_the_relayed_message_carries() {
     let db = Db::sqlite();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-record-id"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(&db, 10);
-    let relay =
-        OutboxRelay::new(&conn, same_table(&db, &store), OutboxRelayOptions::new()).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-record-id");
+    let (store, _, relay) = outbox_and_relay(&conn, &db, 10);
     let encoded = record(&conn, "", &q, &serde_json::json!({"order_id": "o-2"})).unwrap();
     let fresh = encoded
         .message_id()
@@ -789,13 +720,8 @@ fn a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record(db: &Db
 /// what could not be read — it never blocks the records behind it, and it stays in the table
 /// for an operator (`retired`, `acemq outbox`).
 fn an_unreadable_row_is_retired_with_the_reason_and_blocks_nothing(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-unreadable"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(db, 3);
-    let table = store.table().to_string();
-    let relay = OutboxRelay::new(&conn, same_table(db, &store), OutboxRelayOptions::new()).unwrap();
+    let (conn, _clean, q) = support::declared_queue("outbox-unreadable");
+    let (store, table, relay) = outbox_and_relay(&conn, db, 3);
     add_text(db, &store, "", &q, "a");
     let bad = add_text(db, &store, "", &q, "b");
     add_text(db, &store, "", &q, "c");
@@ -847,10 +773,7 @@ on_both_databases!(
 #[test]
 fn a_sweep_of_failed_records_ends_inside_their_lease_when_the_broker_stops_answering() {
     let db = Db::sqlite();
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("outbox-bounded"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_direct, _clean, q) = support::declared_queue("outbox-bounded");
     let lease = Duration::from_secs(4);
     let store = outbox(&db, 10);
     let relay_store = SqlOutboxStore::open(
@@ -939,6 +862,24 @@ impl OutboxStore for Watched {
     }
 }
 
+/// An outbox holding 20 records for `q`, its table's name, another relay's store on that table
+/// watched for the limits it leases with, those limits, and relay options of batches of 7 every
+/// 20 ms.
+fn twenty_records_watched(
+    db: &Db,
+    q: &str,
+) -> (String, Watched, Arc<Mutex<Vec<usize>>>, OutboxRelayOptions) {
+    let store = outbox(db, 10);
+    let table = store.table().to_string();
+    add_many(db, &store, q, 20);
+    let watched = Watched::new(same_table(db, &store));
+    let limits = Arc::clone(&watched.limits);
+    let options = OutboxRelayOptions::new()
+        .batch_size(7)
+        .interval(Duration::from_millis(20));
+    (table, watched, limits, options)
+}
+
 /// The options a relay is made with are the ones its thread sweeps with. (Before
 /// `OutboxRelayOptions`, `relay.start(); let relay = relay.batch(7);` compiled and was silently
 /// ignored — this test, written that way, saw the thread lease `[100]`; now options can only be
@@ -946,18 +887,8 @@ impl OutboxStore for Watched {
 #[test]
 fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
     let db = Db::sqlite();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-options"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(&db, 10);
-    let table = store.table().to_string();
-    add_many(&db, &store, &q, 20);
-    let watched = Watched::new(same_table(&db, &store));
-    let limits = Arc::clone(&watched.limits);
-    let options = OutboxRelayOptions::new()
-        .batch_size(7)
-        .interval(Duration::from_millis(20));
+    let (conn, _clean, q) = support::declared_queue("outbox-options");
+    let (table, watched, limits, options) = twenty_records_watched(&db, &q);
     let relay = OutboxRelay::new(&conn, watched, options.clone()).unwrap();
     let running = relay.start().unwrap();
     assert_eq!(running.options(), &options);
@@ -991,18 +922,8 @@ fn a_started_relay_sweeps_with_the_batch_size_it_was_made_with() {
 #[test]
 fn dropping_a_running_relay_joins_its_thread_and_deletes_what_went_out() {
     let db = Db::sqlite();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-drop"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let store = outbox(&db, 10);
-    let table = store.table().to_string();
-    add_many(&db, &store, &q, 20);
-    let watched = Watched::new(same_table(&db, &store));
-    let limits = Arc::clone(&watched.limits);
-    let options = OutboxRelayOptions::new()
-        .batch_size(7)
-        .interval(Duration::from_millis(20));
+    let (conn, _clean, q) = support::declared_queue("outbox-drop");
+    let (table, watched, limits, options) = twenty_records_watched(&db, &q);
     let running = OutboxRelay::new(&conn, watched, options)
         .unwrap()
         .start()

@@ -1,109 +1,20 @@
-//! Pipelines (`then`) on the real broker: correlation and causation carried, `NOTHING`, an
-//! unroutable next hop retrying the step.
+//! Pipelines (`then`) on the real broker: an unroutable next hop retries the step, through the
+//! connection's publisher or one made without the mandatory flag, and its dead letter's headers
+//! as they are on the wire. The scenarios that run the same on the `memory://` broker
+//! (correlation and causation carried, `NOTHING`, the unroutable hop's dead letter) are written
+//! once, in the on-both `equivalence_consume.rs`.
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
+use acemq_amqp::patterns::pipeline::{then, Next};
 use acemq_amqp::{dead_letter_queue, ConsumerOptions, Message, QueueSpec, RetryPolicy};
 use serde_json::json;
-use support::{collect, connect, eventually, unique, Cleanup};
+use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-#[test]
-fn the_next_message_carries_the_correlation_and_the_consumed_id_as_causation() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let input = clean.consumed_queue(&unique("then-in"), &[]);
-    let output = clean.consumed_queue(&unique("then-out"), &[]);
-    conn.declare_queue(&QueueSpec::new(&input)).unwrap();
-    conn.declare_queue(&QueueSpec::new(&output)).unwrap();
-    let step = then(
-        conn.publisher().unwrap(),
-        "",
-        output.clone(),
-        |m: &Message| {
-            let order: serde_json::Value = m.payload()?;
-            Ok(Next::Publish(json!({ "shipped": order["order_id"] })))
-        },
-    );
-    let stepping = conn.consume(&input, step).unwrap();
-    let (collecting, got) = collect(&conn, &output);
-    let m = Message::encode(&acemq_amqp::JsonCodec, &json!({"order_id": "o-9"}))
-        .unwrap()
-        .with_correlation_id("checkout-77");
-    let consumed_id = m.id().to_string();
-    conn.publisher().unwrap().publish("", &input, m).unwrap();
-    assert!(eventually(WAIT, || got.lock().unwrap().len() == 1));
-    stepping.close().unwrap();
-    collecting.close().unwrap();
-    let next = got.lock().unwrap()[0].clone();
-    assert_eq!(next.envelope.correlation_id.as_deref(), Some("checkout-77"));
-    assert_eq!(
-        next.envelope.causation_id.as_deref(),
-        Some(consumed_id.as_str())
-    );
-    assert_ne!(next.id(), consumed_id);
-    assert_eq!(
-        next.payload::<serde_json::Value>().unwrap(),
-        json!({"shipped": "o-9"})
-    );
-    assert_eq!(
-        conn.queue_info(&input).unwrap().message_count,
-        0,
-        "accepted"
-    );
-}
-
-#[test]
-fn nothing_accepts_and_publishes_nothing() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let input = clean.consumed_queue(&unique("then-nothing-in"), &[]);
-    let output = clean.consumed_queue(&unique("then-nothing-out"), &[]);
-    conn.declare_queue(&QueueSpec::new(&input)).unwrap();
-    conn.declare_queue(&QueueSpec::new(&output)).unwrap();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let step = then(
-        conn.publisher().unwrap(),
-        "",
-        output.clone(),
-        move |_: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(NOTHING)
-        },
-    );
-    let stepping = conn.consume(&input, step).unwrap();
-    conn.publisher()
-        .unwrap()
-        .publish("", &input, Message::new("{}"))
-        .unwrap();
-    assert!(eventually(WAIT, || calls.load(Ordering::SeqCst) == 1
-        && stepping.in_flight() == 0));
-    stepping.close().unwrap();
-    assert_eq!(
-        conn.queue_info(&input).unwrap().message_count,
-        0,
-        "accepted"
-    );
-    assert_eq!(
-        conn.queue_info(&output).unwrap().message_count,
-        0,
-        "nothing published"
-    );
-    assert_eq!(
-        conn.queue_info(&dead_letter_queue(&input))
-            .unwrap()
-            .message_count,
-        0
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-}
 
 #[test]
 fn an_unroutable_next_hop_retries_the_step_and_the_original_is_not_acknowledged_first() {

@@ -12,10 +12,7 @@ use support::{connect, unique, Cleanup};
 
 #[test]
 fn publish_confirmed_and_read_back_with_the_envelope_intact() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("roundtrip"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("roundtrip");
     let publisher = conn.publisher().unwrap();
 
     let sent = Message::encode(conn.codec().as_ref(), &serde_json::json!({"order": 42}))
@@ -95,10 +92,7 @@ fn unroutable_mandatory_publish_is_refused() {
 
 #[test]
 fn publishing_to_a_missing_exchange_is_not_found_and_the_publisher_goes_on() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("after-404"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("after-404");
     let publisher = conn.publisher().unwrap();
     let missing = unique("missing-x");
     let e = publisher
@@ -114,10 +108,7 @@ fn publishing_to_a_missing_exchange_is_not_found_and_the_publisher_goes_on() {
 
 #[test]
 fn eight_threads_publish_ten_thousand_and_all_arrive() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("tenk"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("tenk");
     let publisher = conn
         .publisher_with(PublisherOptions::new().window(256))
         .unwrap();
@@ -155,10 +146,7 @@ fn eight_threads_publish_ten_thousand_and_all_arrive() {
 
 #[test]
 fn refused_headers_are_refused_before_anything_is_sent() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("refused"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("refused");
     let publisher = conn.publisher().unwrap();
 
     let reserved = publisher
@@ -208,10 +196,7 @@ fn refused_headers_are_refused_before_anything_is_sent() {
 
 #[test]
 fn window_bounds_in_flight_publishes() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("window"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = support::declared_queue("window");
     let publisher = conn
         .publisher_with(PublisherOptions::new().window(4))
         .unwrap();
@@ -277,15 +262,9 @@ fn one_message_to_two_routing_keys_the_second_unroutable_answers_each_caller_tru
 /// publisher's bookkeeping (`Debug`, close) stays responsive.
 #[test]
 fn publishes_answer_within_their_timeout_when_the_broker_stops_reading() {
-    let direct = connect();
-    let mut clean = Cleanup::new(&direct);
-    let q = clean.queue(&unique("stalled-publish"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        acemq_amqp::ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
+    let (_direct, _clean, q) = support::declared_queue("stalled-publish");
+    let (proxy, conn) = support::through_proxy_with(
+        acemq_amqp::ConnectionOptions::new().heartbeat(Duration::from_secs(60)),
     );
     let timeout = Duration::from_secs(2);
     let publisher = conn

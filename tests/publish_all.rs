@@ -101,10 +101,7 @@ on_both! {
     /// Every message confirmed: `Ok`, one item per message in input order with its id, and the
     /// messages consumed back in that order.
     fn all_confirmed_and_consumed_back_in_order(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("batch-all"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("batch-all");
         let publisher = conn.publisher().unwrap();
         let messages: Vec<Message> = (0..50).map(|i| Message::new(format!("m{i}"))).collect();
         let ids: Vec<String> = messages.iter().map(|m| m.id().to_string()).collect();
@@ -247,10 +244,7 @@ on_both! {
     /// A batch many times the publisher's window completes: it waits for room as confirms come
     /// back, never holding more than the window unconfirmed.
     fn a_batch_larger_than_the_window_completes(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("batch-window"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("batch-window");
         let publisher = conn.publisher_with(PublisherOptions::new().window(8)).unwrap();
         let batch = (0..200).map(|i| ("", q.as_str(), Message::new(format!("m{i}"))));
         let report = publisher.publish_all(batch).unwrap();
@@ -276,10 +270,7 @@ on_both! {
     /// One invalid message (a reserved header; an over-long routing key) refuses the whole
     /// batch before anything is sent, naming its index.
     fn an_invalid_message_refuses_the_batch_before_anything_is_sent(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("batch-invalid"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("batch-invalid");
         let publisher = conn.publisher().unwrap();
         let mut batch: Vec<(String, String, Message)> = (0..5)
             .map(|i| (String::new(), q.clone(), Message::new(format!("m{i}"))))
@@ -318,16 +309,9 @@ on_both! {
 /// that is not on the queue.
 #[test]
 fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
-    let direct = support::connect();
-    let mut clean = support::Cleanup::new(&direct);
-    let q = clean.queue(&unique("batch-cut"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
-    );
+    let (direct, _clean, q) = support::declared_queue("batch-cut");
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let window = 50;
     let publisher = conn
         .publisher_with(
@@ -409,16 +393,9 @@ fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
 /// whole call takes about two timeouts, not one per message.
 #[test]
 fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
-    let direct = support::connect();
-    let mut clean = support::Cleanup::new(&direct);
-    let q = clean.queue(&unique("batch-frozen"));
-    direct.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let proxy = acemq_amqp::testing::FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = support::connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .heartbeat(Duration::from_secs(60)),
-    );
+    let (direct, _clean, q) = support::declared_queue("batch-frozen");
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let timeout = Duration::from_secs(1);
     let window = 5;
     let publisher = conn
@@ -490,10 +467,7 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
 fn on_memory_a_blocked_broker_stops_the_batch_at_its_timeout() {
     let on = support::both::On::memory("publish_all-blocked");
     let broker = on.memory_broker().expect("a memory broker");
-    let conn = on.connect();
-    let mut clean = on.cleanup();
-    let q = clean.queue(&unique("batch-blocked"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = on.declared_queue("batch-blocked");
     let window = 5;
     let publisher = conn
         .publisher_with(
@@ -539,10 +513,7 @@ on_both! {
     /// confirmed or, in flight on that channel when it closed (on RabbitMQ all of this small
     /// batch are), lost and retriable — none reported confirmed that is not on the queue.
     fn a_missing_exchange_fails_its_message_and_what_shared_its_channel(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("batch-missing-x"));
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (conn, _clean, q) = on.declared_queue("batch-missing-x");
         let missing = unique("batch-no-such-exchange");
         let publisher = conn.publisher().unwrap();
         let routes = [
@@ -611,10 +582,7 @@ on_both! {
 #[test]
 fn a_missing_exchange_is_not_found_with_a_publish_right_behind_it() {
     let on = &support::both::On::memory("missing-x-behind");
-    let conn = on.connect();
-    let mut clean = on.cleanup();
-    let q = clean.queue(&unique("missing-x-behind"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = on.declared_queue("missing-x-behind");
     let missing = unique("no-such-exchange");
     for round in 0..40 {
         let publisher = conn.publisher().unwrap();

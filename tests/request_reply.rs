@@ -22,7 +22,6 @@ use acemq_amqp::{
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
-use acemq_amqp::testing::FaultProxy;
 use support::raw::{text_of, Raw};
 use support::{connect, connect_with, eventually, request_queue, unique, Cleanup};
 
@@ -316,13 +315,7 @@ fn survive_a_cut(options: ConsumerOptions) {
     let direct = connect();
     let mut clean = Cleanup::new(&direct);
     let q = request_queue(&direct, &mut clean, "rr-cut");
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let connection = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(300)),
-    );
+    let (proxy, connection) = support::through_proxy(Duration::from_millis(300));
     let (release, gate) = crossbeam_channel::bounded::<()>(0);
     let blocked = Arc::new(AtomicUsize::new(0));
     let b = blocked.clone();

@@ -15,65 +15,14 @@ use acemq_amqp::patterns::routing_slip::{
     follow_slip, slip_from, FollowSlipOptions, RoutingSlip, SlipForm,
 };
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, Connection, ConsumerOptions, Message, QueueSpec,
-    RetryPolicy, RunningConsumer,
+    dead_letter_queue, headers, BoxError, ConsumerOptions, Message, QueueSpec, RetryPolicy,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::raw::Raw;
+use support::slip::{queues, step, Seen};
 use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// What a step saw: its name, the message id, correlation, causation, body.
-type Seen = Arc<Mutex<Vec<(String, String, String, Option<String>, Vec<u8>)>>>;
-
-fn record(seen: &Seen, name: &str, m: &Message) {
-    seen.lock().unwrap().push((
-        name.to_string(),
-        m.id().to_string(),
-        m.envelope.correlation_id.clone().unwrap_or_default(),
-        m.envelope.causation_id.clone(),
-        m.body.clone(),
-    ));
-}
-
-/// Queues (classic, with `.dlq`/`.parked` cleaned up).
-fn queues(conn: &Connection, clean: &mut Cleanup, names: &[String]) {
-    for q in names {
-        clean.consumed_queue(q, &[]);
-        conn.declare_queue(&QueueSpec::new(q).classic()).unwrap();
-    }
-}
-
-/// A step consumer on `queue` that records what it saw and appends `+name` to the body.
-fn step(
-    conn: &Connection,
-    publisher: &acemq_amqp::Publisher,
-    queue: &str,
-    name: &str,
-    seen: &Seen,
-    pipeline: Option<&str>,
-) -> RunningConsumer {
-    let (seen, name2) = (seen.clone(), name.to_string());
-    let options = match pipeline {
-        Some(p) => FollowSlipOptions::new().pipeline(p),
-        None => FollowSlipOptions::new(),
-    };
-    let handler = follow_slip(
-        publisher,
-        move |m: &Message| {
-            record(&seen, &name2, m);
-            let mut body = m.body.clone();
-            body.extend_from_slice(format!("+{name2}").as_bytes());
-            Ok::<_, BoxError>(Some(Message::new(body)))
-        },
-        options,
-    );
-    conn.consumer(queue, ConsumerOptions::new().retry(RetryPolicy::none()))
-        .unwrap()
-        .start(handler)
-        .unwrap()
-}
 
 /// The family's rule for the forwarded message's type (Go's `FollowSlip` and Python's
 /// `follow_slip` publish the next hop with `x-acemq-type` = that hop's routing key): a step that
@@ -161,7 +110,7 @@ fn a_literal_json_slip_written_by_another_library_is_followed() {
     queues(&conn, &mut clean, &names);
     let publisher = conn.publisher().unwrap();
     let seen: Seen = Arc::default();
-    let consumer = step(&conn, &publisher, &names[0], "first", &seen, None);
+    let consumer = step(&conn, &publisher, &names[0], "first", &seen);
     // Exactly what Python's json.dumps writes (spaces after separators), with a done step.
     let literal = format!(
         r#"{{"steps": [{{"exchange": "", "routingKey": "{}", "name": "first"}}, {{"exchange": "", "routingKey": "{}", "name": "second"}}], "done": [{{"exchange": "", "routingKey": "intake", "name": "intake", "completedAt": "2026-01-02T03:04:05.123456+00:00"}}]}}"#,

@@ -10,10 +10,9 @@ use std::time::Duration;
 use acemq_amqp::patterns::streams::{
     declare_stream, stream_offset_of, Offset, RunningStreamReader, StreamOptions, StreamReader,
 };
-use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::StreamRetention;
-use acemq_amqp::{Connection, ConnectionOptions, Error, FatalError, Message, Outcome};
-use support::{connect, connect_with, eventually, unique, Cleanup};
+use acemq_amqp::{Connection, Error, FatalError, Message, Outcome};
+use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -268,13 +267,7 @@ fn after_a_reconnect_a_reader_goes_on_where_it_was_not_from_its_first_offset() {
     let s = clean.consumed_queue(&unique("stream-resume"), &[]);
     declare_stream(&direct, &s, StreamRetention::default()).unwrap();
     publish(&direct, &s, &["0", "1", "2", "3", "4"]);
-    let proxy = FaultProxy::start(&support::amqp_url()).expect("fault proxy");
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(proxy.url())
-            .backoff_min(Duration::from_millis(50))
-            .backoff_max(Duration::from_millis(200)),
-    );
+    let (proxy, conn) = support::through_proxy(Duration::from_millis(200));
     let (reader, seen) = recorder(&conn, &s, Offset::First);
     wait_for(&seen, 5);
     assert!(eventually(WAIT, || reader.position() == Some(5)));

@@ -82,6 +82,32 @@ impl On {
         acemq_amqp::testing::Cleanup::new(self.url.clone())
     }
 
+    /// A connection, the clean-up, and a queue of the test's own named after `prefix`, declared
+    /// with the library's defaults. Hold the clean-up while the queue is used.
+    pub fn declared_queue(
+        &self,
+        prefix: &str,
+    ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
+        let conn = self.connect();
+        let mut clean = self.cleanup();
+        let q = clean.queue(&super::unique(prefix));
+        conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+        (conn, clean, q)
+    }
+
+    /// [`On::declared_queue`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned
+    /// up too.
+    pub fn declared_consumed_queue(
+        &self,
+        prefix: &str,
+    ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
+        let conn = self.connect();
+        let mut clean = self.cleanup();
+        let q = clean.consumed_queue(&super::unique(prefix), &[]);
+        conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+        (conn, clean, q)
+    }
+
     /// Lets `by` of the broker's time pass where a TTL is waited for: the memory broker's clock
     /// moves on at once; on RabbitMQ real time must pass, so this returns at once and the
     /// caller's deadline (which must cover `by`) does the waiting.

@@ -62,3 +62,22 @@ pub fn recorder() -> (Arc<Mutex<Vec<usize>>>, OnCommit) {
     let c = commits.clone();
     (commits, Arc::new(move |n| c.lock().unwrap().push(n)))
 }
+
+/// Hands a boxed handler to the consumer with its batching intact (a closure calling `handle`
+/// would hide it: then the wrapper gathers concurrent workers' calls instead).
+pub struct Forward(pub Box<dyn acemq_amqp::Handler + Send + Sync>);
+
+impl acemq_amqp::Handler for Forward {
+    fn handle(&self, m: &acemq_amqp::Message) -> acemq_amqp::HandlerResult {
+        self.0.handle(m)
+    }
+    fn batch_limits(&self) -> Option<(usize, Duration)> {
+        self.0.batch_limits()
+    }
+    fn handle_batch(
+        &self,
+        messages: &[&acemq_amqp::Message],
+    ) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
+        self.0.handle_batch(messages)
+    }
+}

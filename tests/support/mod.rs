@@ -2,15 +2,21 @@
 //! `rabbitmqctl` wrappers and a broker memory alarm ([`alarm::Watermark`]). Tests that need RabbitMQ fail (never skip) when it is unreachable.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+#[cfg(feature = "sqlite")]
+pub mod ack;
 pub mod alarm;
 pub mod both;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod idem;
+pub mod keyed;
 pub mod observe;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub mod outbox;
 pub mod proxy;
 pub mod raw;
+pub mod slip;
 #[cfg(feature = "tls")]
 pub mod tls_proxy;
 pub mod users;
@@ -55,6 +61,25 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A connection to the tests' broker, its clean-up, and a queue of the test's own named after
+/// `prefix`, declared with the library's defaults. Hold the clean-up while the queue is used.
+pub fn declared_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique(prefix));
+    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    (conn, clean, q)
+}
+
+/// [`declared_queue`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned up too.
+pub fn declared_consumed_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique(prefix), &[]);
+    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    (conn, clean, q)
 }
 
 /// The public `acemq_amqp::testing::Cleanup` on the tests' broker, made from a connection as
@@ -239,4 +264,24 @@ pub fn close_connections_named(name: &str) -> usize {
         closed += 1;
     }
     closed
+}
+
+/// A fault proxy in front of the tests' broker and a connection through it that reconnects
+/// quickly (backoff from 50 ms up to `backoff_max`). Hold both: the proxy is the way in.
+pub fn through_proxy(backoff_max: Duration) -> (acemq_amqp::testing::FaultProxy, Connection) {
+    through_proxy_with(
+        ConnectionOptions::new()
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(backoff_max),
+    )
+}
+
+/// A fault proxy in front of the tests' broker and a connection through it with `options`
+/// (their address replaced by the proxy's).
+pub fn through_proxy_with(
+    options: ConnectionOptions,
+) -> (acemq_amqp::testing::FaultProxy, Connection) {
+    let proxy = acemq_amqp::testing::FaultProxy::start(&amqp_url()).expect("fault proxy");
+    let conn = connect_with(options.address(proxy.url()));
+    (proxy, conn)
 }
