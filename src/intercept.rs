@@ -1,12 +1,11 @@
 //! Interceptors: the seam around every publish and every handler on a connection.
 //!
 //! (In the base layer: the traits name only a [`Message`], a [`Ticket`] and a
-//! [`HandlerResult`](crate::HandlerResult), so [`ConnectionOptions`](crate::ConnectionOptions)
-//! holds them typed; `publish/` and `consume/` run them.)
+//! [`HandlerResult`], so [`ConnectionOptions`](crate::ConnectionOptions) holds them typed; `publish/` and `consume/` run them.)
 //!
 //! The family's shape (Python `interceptors.py`: one function handed the message and the rest
 //! of the work), in Rust's idiom: a trait whose method receives a `next` to call. Register them
-//! on [`ConnectionOptions`] with
+//! on [`ConnectionOptions`](crate::ConnectionOptions) with
 //! [`intercept_publish`](crate::ConnectionOptions::intercept_publish) and
 //! [`intercept_consume`](crate::ConnectionOptions::intercept_consume); every
 //! [`Publisher`](crate::Publisher) and consumer of that connection runs them.

@@ -73,6 +73,10 @@
 //! * [`trace`]: W3C trace context carried from consumed to published messages
 //!   ([`TraceContext`](trace::TraceContext)); OpenTelemetry spans behind the `opentelemetry` feature.
 //! * [`intercept`]: publish and consume interceptors on a connection.
+//! * [`wire`]: the AMQP data a message carries, as this crate's own types — its properties, the
+//!   header table and every AMQP field value (`Message::properties` on a received message), and
+//!   the [`AmqpError`](wire::AmqpError) a transport answers with (the source of
+//!   [`Error::Amqp`]).
 //! * [`credentials`]: the broker login from the environment or a file; flow control
 //!   ([`Connection::is_blocked`], [`Error::Blocked`]); `test_ca` (feature `test-ca`): a
 //!   development certificate authority for TLS tests.
