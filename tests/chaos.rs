@@ -369,13 +369,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
         .message_count;
     let (total, distinct) = effects_of(&db, &effects);
     let expected: HashSet<String> = (0..n).map(|i| format!("{run}-{i}")).collect();
-    let ids: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT DISTINCT id FROM {effects}"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
+    let ids = support::idem::texts(&db, &format!("SELECT DISTINCT id FROM {effects}"));
     let extra = ids.iter().filter(|id| !expected.contains(*id)).count();
     let deliveries = figures.deliveries.load(Ordering::SeqCst);
     println!(

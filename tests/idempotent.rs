@@ -358,14 +358,7 @@ fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
         2,
         "each effect once: no repeat of the first"
     );
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {effects} ORDER BY key"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
+    let keys = support::idem::keys(db, &effects);
     let mut expected = ids.clone();
     expected.sort();
     assert_eq!(keys, expected);

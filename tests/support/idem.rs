@@ -29,15 +29,19 @@ pub fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::
 
 /// The keys in `table`, sorted.
 pub fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {table}"), &[])
+    let mut keys = texts(db, &format!("SELECT key FROM {table}"));
+    keys.sort();
+    keys
+}
+
+/// The first column, as text, of the rows `query` selects.
+pub fn texts(db: &Db, query: &str) -> Vec<String> {
+    db.connect()
+        .query(query, &[])
         .unwrap()
         .into_iter()
         .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
-    keys
+        .collect()
 }
 
 /// An idempotency store on its own table (claims leased for 30 s), its table created.
