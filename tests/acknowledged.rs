@@ -4,7 +4,6 @@ mod support;
 use support::db;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -223,14 +222,7 @@ fn crash_child() {
 fn a_crash_after_commit_before_ack_is_replayed_on_restart_without_repeating_effects() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("crash.db");
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let status = support::crash_child()
         .env(CRASH_ENV, &path)
         .status()
         .expect("run the child test process");

@@ -15,7 +15,7 @@ use acemq_amqp::health::{HealthCheckOptions, HealthReport};
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
-use support::{amqp_url, connect_with, eventually, unique, Cleanup};
+use support::{amqp_url, connect_with, eventually, unique};
 
 /// The process's one Prometheus recorder (the `metrics` facade takes one).
 fn prometheus() -> PrometheusHandle {
@@ -56,9 +56,7 @@ fn the_endpoints_answer_health_info_and_metrics_with_the_familys_fields() {
             .name("billing-actuator-test")
             .observer(MetricsObserver::new()),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("actuator"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "actuator", QueueSpec::classic);
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()

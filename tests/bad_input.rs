@@ -136,20 +136,15 @@ struct Order {
 #[test]
 fn a_garbage_body_for_the_codec_is_parked_as_undecodable() {
     let (conn, _clean, q) = support::declared_consumed_queue("bad-body");
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
+    let (calls, handler) = support::counted(|m: &Message| {
+        let _order: Order = m.payload()?;
+        Ok(Outcome::Accept)
+    });
+    let retry = acemq_amqp::RetryPolicy::fixed(5, Duration::from_millis(10));
     let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .retry(acemq_amqp::RetryPolicy::fixed(5, Duration::from_millis(10))),
-        )
+        .consumer(&q, ConsumerOptions::new().retry(retry))
         .unwrap()
-        .start(move |m: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            let _order: Order = m.payload()?;
-            Ok(Outcome::Accept)
-        })
+        .start(handler)
         .unwrap();
     conn.publisher()
         .unwrap()

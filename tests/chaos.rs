@@ -123,7 +123,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
     let producer_pool = pg_pool(&app, PRODUCERS as u32);
     let relay_pool = pg_pool(&app, 2);
     let consumer_pool = pg_pool(&app, 6);
-    let outbox = Arc::new(
+    let relay_store = || {
         SqlOutboxStore::open(
             checkout(&relay_pool),
             SqlOutboxStoreOptions::default()
@@ -131,8 +131,9 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
                 .max_attempts(1000)
                 .lease(Duration::from_secs(10)),
         )
-        .unwrap(),
-    );
+        .unwrap()
+    };
+    let outbox = Arc::new(relay_store());
     outbox.create_table().unwrap();
     let idem = Arc::new(
         SqlIdempotencyStore::open(
@@ -192,14 +193,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
         .unwrap();
     let relay = OutboxRelay::new(
         &relay_conn,
-        SqlOutboxStore::open(
-            checkout(&relay_pool),
-            SqlOutboxStoreOptions::default()
-                .table(&outbox_table)
-                .max_attempts(1000)
-                .lease(Duration::from_secs(10)),
-        )
-        .unwrap(),
+        relay_store(),
         OutboxRelayOptions::new()
             .interval(Duration::from_millis(50))
             .batch_size(500),
@@ -375,13 +369,7 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
         .message_count;
     let (total, distinct) = effects_of(&db, &effects);
     let expected: HashSet<String> = (0..n).map(|i| format!("{run}-{i}")).collect();
-    let ids: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT DISTINCT id FROM {effects}"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
+    let ids = support::idem::texts(&db, &format!("SELECT DISTINCT id FROM {effects}"));
     let extra = ids.iter().filter(|id| !expected.contains(*id)).count();
     let deliveries = figures.deliveries.load(Ordering::SeqCst);
     println!(
@@ -431,24 +419,16 @@ fn twenty_thousand_messages_through_cuts_stalls_and_a_database_restart() {
 /// Closes the run's connections from the broker's side; a connection that is already gone by
 /// the time `close_connection` reaches it (cut by the proxy a moment before) is not an error.
 fn close_from_the_broker(name: &str) -> usize {
-    let listing = support::rabbitmqctl(&[
-        "list_connections",
-        "pid",
-        "client_properties",
-        "-q",
-        "--no-table-headers",
-    ]);
-    let mut closed = 0;
-    for line in listing.lines().filter(|l| l.contains(name)) {
-        let pid = line.split('\t').next().unwrap_or_default();
-        let ok = support::rabbitmqctl_command()
-            .args(["close_connection", pid, "closed by the acemq chaos test"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        closed += usize::from(ok);
-    }
-    closed
+    support::connection_pids_named(name)
+        .iter()
+        .filter(|pid| {
+            support::rabbitmqctl_command()
+                .args(["close_connection", pid, "closed by the acemq chaos test"])
+                .output()
+                .map(|o| o.status.success())
+                .unwrap_or(false)
+        })
+        .count()
 }
 
 /// A small xorshift generator: the faults' timing and kinds.

@@ -393,12 +393,9 @@ fn avro_reads_by_the_content_types_framing_and_refuses_rather_than_guesses() {
 fn a_consumer_reads_a_foreign_yaml_message_by_its_content_type() {
     use acemq_amqp::codecs::yaml::YamlCodec;
     use acemq_amqp::{ConsumerOptions, Outcome, QueueSpec};
+    use support::eventually;
     use support::raw::Raw;
-    use support::{connect, eventually, unique, Cleanup};
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("codec-yaml"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue_with("codec-yaml", QueueSpec::classic);
     let got = Arc::new(Mutex::new(Vec::new()));
     let g = got.clone();
     let consumer = conn

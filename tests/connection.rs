@@ -212,9 +212,7 @@ fn recovers_from_a_forced_close_by_the_broker() {
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(500)),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("forced-q"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "forced-q", |spec| spec);
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, Message::new("before")).unwrap();
 
@@ -251,9 +249,7 @@ fn recovers_from_a_silent_peer_through_missed_heartbeats() {
             .backoff_min(Duration::from_millis(50))
             .backoff_max(Duration::from_millis(300)),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("heartbeat"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "heartbeat", |spec| spec);
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, Message::new("before")).unwrap();
     let stalled_at = Instant::now();

@@ -383,15 +383,9 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
             Err("cannot handle legacy messages".into())
         })
         .unwrap();
-    let dlq = dead_letter_queue(&q);
-    let mut dead = None;
-    assert!(eventually(WAIT, || {
-        dead = conn.get(&dlq).unwrap();
-        dead.is_some()
-    }));
+    let dead = support::first_dead_letter(&conn, &q, WAIT);
     consumer.close().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1, "not round and round");
-    let dead = dead.unwrap();
     assert_eq!(dead.body, b"legacy");
     assert!(dead
         .envelope
@@ -414,14 +408,8 @@ fn a_foreign_message_without_id_and_with_an_unsendable_header_still_reaches_the_
 #[test]
 fn a_copy_that_cannot_be_published_backs_off_instead_of_spinning() {
     let observer = Arc::new(CopyFailures::default());
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(support::amqp_url())
-            .observer(observer.clone()),
-    );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("spin"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let conn = support::connect_observed(observer.clone());
+    let (_clean, q) = support::consumed_queue_on(&conn, "spin", |spec| spec);
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let consumer = conn
@@ -506,9 +494,7 @@ fn a_panicking_observer_does_not_kill_the_workers() {
             .address(support::amqp_url())
             .observer(PanickingObserver),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("observer-panic"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "observer-panic", |spec| spec);
     let handled = Arc::new(AtomicUsize::new(0));
     let h = handled.clone();
     let consumer = conn

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,37 +49,15 @@ impl Seen {
     }
 }
 
-/// Log lines of this test binary (all tests share the one logger).
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if record.target().starts_with("acemq") {
-            LINES.lock().unwrap().push(record.args().to_string());
-        }
-    }
-
-    fn flush(&self) {}
-}
-
 fn capture_logs() {
-    if log::set_logger(&Capture).is_ok() {
-        log::set_max_level(log::LevelFilter::Debug);
-    }
+    support::logs::capture(log::LevelFilter::Debug);
 }
 
+/// Whether the library (`acemq…` targets) logged a line with `id` and `text`.
 fn logged(id: &str, text: &str) -> bool {
-    LINES
-        .lock()
-        .unwrap()
+    support::logs::lines()
         .iter()
-        .any(|l| l.contains(id) && l.contains(text))
+        .any(|l| l.starts_with("acemq") && l.contains(id) && l.contains(text))
 }
 
 /// The header tables of the first `n` messages on `queue`, read (and acknowledged) by a raw
@@ -145,22 +123,12 @@ fn at_most_once_an_ack_answered_after_the_worker_gave_up_is_counted_lost() {
             .heartbeat(Duration::from_secs(30))
             .observer(seen.clone()),
     );
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .at_most_once()
-                .shutdown_timeout(Duration::from_secs(20))
-                .ack_first_wait_for_tests(Duration::from_millis(300)),
-        )
-        .unwrap()
-        .start(move |_: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
-        .unwrap();
+    let (calls, handler) = support::counted(|_: &Message| Ok(Outcome::Accept));
+    let options = ConsumerOptions::new()
+        .at_most_once()
+        .shutdown_timeout(Duration::from_secs(20))
+        .ack_first_wait_for_tests(Duration::from_millis(300));
+    let consumer = conn.consumer(&q, options).unwrap().start(handler).unwrap();
     proxy.freeze();
     let m = Message::new("late");
     let id = m.id().to_string();
@@ -295,20 +263,14 @@ fn a_dead_letter_queue_consumer_without_declarations_handles_its_messages_instea
     m.envelope.error = Some("exhausted 5 attempts: TimeoutError: the payment service".into());
     let id = m.id().to_string();
     put(&conn, &dlq, m);
-    let calls = Arc::new(AtomicUsize::new(0));
-    let c = calls.clone();
+    let (calls, handler) = support::counted(|_: &Message| Ok(Outcome::Accept));
+    let options = ConsumerOptions::new()
+        .retry(RetryPolicy::none())
+        .declare(false);
     let reader = conn
-        .consumer(
-            &dlq,
-            ConsumerOptions::new()
-                .retry(RetryPolicy::none())
-                .declare(false),
-        )
+        .consumer(&dlq, options)
         .unwrap()
-        .start(move |_: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
+        .start(handler)
         .unwrap();
     assert!(
         eventually(WAIT, || calls.load(Ordering::SeqCst) == 1

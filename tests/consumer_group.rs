@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
-use support::{amqp_url, connect, connect_with, eventually, publish_n, unique, Cleanup};
+use support::{amqp_url, connect_with, eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -32,10 +32,8 @@ fn connect_allowing(channels: u16) -> acemq_amqp::Connection {
 
 #[test]
 fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_returns_the_error() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("group-third"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("group-third", QueueSpec::classic);
     let options = ConsumerOptions::new().prefetch(4).declare(false);
     let accept = |_: &Message| -> acemq_amqp::HandlerResult { Ok(Outcome::Accept) };
     // The fewest channels a connection needs to run a group of two (found by trying, on a fresh

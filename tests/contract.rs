@@ -1041,11 +1041,8 @@ fn a_non_utf8_header_that_truncates_the_table_falls_back_to_message_id() {
 #[test]
 fn replay_counts_in_any_integer_width_are_read_and_the_next_is_written_as_a_32_bit_integer() {
     use acemq_amqp::patterns::replay::{replay, ReplayOptions};
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let target = clean.queue(&unique("replay-width"));
-    conn.declare_queue(&QueueSpec::new(&target).classic())
-        .unwrap();
+    let (conn, mut clean, target) =
+        support::declared_queue_with("replay-width", QueueSpec::classic);
     let dlq = clean.queue(&format!("{target}.dlq"));
     conn.declare_queue(&QueueSpec::new(&dlq).classic()).unwrap();
     let raw = Raw::open();

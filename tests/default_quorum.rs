@@ -10,9 +10,7 @@ mod support;
 use std::time::Duration;
 
 use acemq_amqp::patterns::peek::peek;
-use acemq_amqp::patterns::request_reply::{
-    Requester, RequesterOptions, Responder, ResponderOptions,
-};
+use acemq_amqp::patterns::request_reply::{Responder, ResponderOptions};
 use acemq_amqp::{
     dead_letter_queue, parked_queue, BoxError, Connection, ConsumerOptions, Message, Outcome,
     QueueSpec, RetryPolicy,
@@ -131,18 +129,10 @@ fn on_a_default_quorum_vhost_request_reply_gets_its_reply() {
     let q = unique("dq-rr");
     conn.declare_queue(&QueueSpec::new(&q)).unwrap();
     let responder = Responder::new(&conn, &q, ResponderOptions::new())
-        .and_then(|r| {
-            r.start(|m: &Message| {
-                Ok::<_, BoxError>(Message::new(format!(
-                    "pong:{}",
-                    String::from_utf8_lossy(&m.body)
-                )))
-            })
-        })
+        .and_then(|r| r.start(|m: &Message| Ok::<_, BoxError>(support::pong(m))))
         .expect("serve");
-    let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("a requester: its transient reply queue is classic, never quorum");
+    // Its transient reply queue is classic, never quorum: it starts.
+    let requester = support::requester(&conn, &q);
     let reply = requester.ask(Message::new("ping")).expect("a reply");
     assert_eq!(reply.body, b"pong:ping");
     let reply_queue = requester.reply_queue().expect("a reply queue");

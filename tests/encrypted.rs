@@ -20,8 +20,8 @@ use acemq_amqp::{
 };
 use amiquip::AmqpProperties;
 use serde_json::json;
+use support::eventually;
 use support::raw::Raw;
-use support::{connect, eventually, unique, Cleanup};
 
 fn test_key() -> Vec<u8> {
     (0u8..32).collect()
@@ -180,10 +180,7 @@ fn keys_print_their_names_only_and_are_checked() {
 /// to `.dlq` at once with the reason.
 #[test]
 fn on_the_broker_a_foreign_encrypted_message_is_read_and_a_tampered_one_dead_lettered() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("encrypted"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) = support::declared_consumed_queue_with("encrypted", QueueSpec::classic);
     let got = Arc::new(Mutex::new(Vec::new()));
     let g = got.clone();
     let c = Arc::new(codec());

@@ -805,21 +805,7 @@ on_both! {
         let publisher = conn
             .publisher_with(PublisherOptions::new().mandatory(false))
             .unwrap();
-        let attempts = Arc::new(Mutex::new(Vec::new()));
-        let a = attempts.clone();
-        let step = then(publisher, "", nowhere, move |m: &Message| {
-            a.lock().unwrap().push(m.envelope.attempt);
-            Ok(Next::Publish(json!({"next": true})))
-        });
-        let stepping = conn
-            .consumer(
-                &input,
-                ConsumerOptions::new()
-                    .retry(RetryPolicy::fixed(3, Duration::from_millis(100)).jitter(0.0)),
-            )
-            .unwrap()
-            .start(step)
-            .unwrap();
+        let (stepping, attempts) = support::pipe::step_to(&conn, &input, nowhere, publisher);
         let m = Message::new("{}");
         let id = m.id().to_string();
         put(&conn, &input, m);
@@ -843,10 +829,7 @@ on_both! {
     /// messages each exactly once, spread over more than one member; closing leaves no member
     /// subscribed.
     fn a_group_of_four_handles_each_message_once_spread_over_its_members(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-group-spread"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue_with("eq-group-spread", QueueSpec::classic);
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let threads = Arc::new(Mutex::new(HashSet::<String>::new()));
         let (s, t) = (seen.clone(), threads.clone());
@@ -886,10 +869,7 @@ on_both! {
     /// A group whose second member is refused (an exclusive consume on a classic queue) closes
     /// the first and returns the broker's refusal; every message is handled or back.
     fn a_group_whose_second_member_is_refused_closes_the_first(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-group-fail"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue_with("eq-group-fail", QueueSpec::classic);
         publish_n(&conn, &q, 10, false);
         let handled = Arc::new(AtomicUsize::new(0));
         let h = handled.clone();
@@ -918,10 +898,7 @@ on_both! {
     /// Closing a group: each member finishes its running handler and requeues what it had not
     /// started; the report sums the members'.
     fn closing_a_group_sums_the_members_reports_and_settles_everything(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-group-close"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+        let (conn, _clean, q) = on.declared_consumed_queue_with("eq-group-close", QueueSpec::classic);
         let running = Arc::new(AtomicUsize::new(0));
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
         let r = running.clone();

@@ -104,16 +104,11 @@ on_both! {
                     s.lock()
                         .unwrap()
                         .push((m.reply_to.clone(), m.envelope.correlation_id.clone()));
-                    Ok::<_, BoxError>(Message::new(format!(
-                        "pong:{}",
-                        String::from_utf8_lossy(&m.body)
-                    )))
+                    Ok::<_, BoxError>(support::pong(m))
                 })
             })
             .expect("serve");
-        let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-            .and_then(Requester::start)
-            .expect("requester");
+        let requester = support::requester(&conn, &q);
         let reply_queue = requester.reply_queue().expect("a reply queue");
         assert!(reply_queue.starts_with("acemq-reply-"), "{reply_queue}");
         assert_eq!(conn.queue_info(&reply_queue).unwrap().consumer_count, 1);
@@ -155,9 +150,7 @@ on_both! {
                 responder.start(|_: &Message| Err::<Vec<u8>, BoxError>("no such sku: sku-9".into()))
             })
             .expect("serve");
-        let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-            .and_then(Requester::start)
-            .expect("requester");
+        let requester = support::requester(&conn, &q);
         let started = Instant::now();
         match requester.ask_timeout("sku-9", WAIT) {
             Err(Error::Responder { message }) => assert_eq!(message, "Error: no such sku: sku-9"),
@@ -187,9 +180,7 @@ on_both! {
                 })
             })
             .expect("serve");
-        let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-            .and_then(Requester::start)
-            .expect("requester");
+        let requester = support::requester(&conn, &q);
         let started = Instant::now();
         match requester.ask_timeout("slow", Duration::from_millis(300)) {
             Err(e @ Error::RequestTimeout { .. }) => {
@@ -218,9 +209,7 @@ on_both! {
         let mut clean = on.cleanup();
         let q = work_queue(&conn, &mut clean, "eq3-rr-threads");
         let responder = echo(&conn, &q, ConsumerOptions::new().concurrency(4));
-        let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-            .and_then(Requester::start)
-            .expect("requester");
+        let requester = support::requester(&conn, &q);
         std::thread::scope(|s| {
             for t in 0..8 {
                 let requester = &requester;
@@ -384,23 +373,12 @@ on_both! {
         let q = unique("eq3-slip-bad");
         queues(&conn, &mut clean, std::slice::from_ref(&q));
         let publisher = conn.publisher().unwrap();
-        let ran = Arc::new(AtomicUsize::new(0));
-        let r = ran.clone();
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new().retry(RetryPolicy::fixed(5, Duration::from_millis(10))),
-            )
-            .unwrap()
-            .start(follow_slip(
-                &publisher,
-                move |_: &Message| {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, BoxError>(None)
-                },
-                FollowSlipOptions::new(),
-            ))
-            .unwrap();
+        let (consumer, ran) = support::slip::counting_step(
+            &conn,
+            &publisher,
+            &q,
+            RetryPolicy::fixed(5, Duration::from_millis(10)),
+        );
         publisher
             .publish("", &q, Message::new("x").with_header(headers::ROUTING_SLIP, "{not json"))
             .unwrap();
@@ -798,13 +776,7 @@ on_both! {
         assert_eq!(got.envelope.message_type.as_deref(), Some("ScheduledMessage"));
         assert_eq!(got.envelope.attempt, 1, "a fresh envelope");
         assert_eq!(got.headers.get("tenant"), Some(&HeaderValue::Text("t-1".into())));
-        for h in [
-            headers::SCHEDULE_EXCHANGE,
-            headers::SCHEDULE_ROUTING_KEY,
-            headers::SCHEDULE_DUE_AT,
-            headers::SCHEDULE_CONTENT_TYPE,
-            "x-death",
-        ] {
+        for h in support::SCHEDULE_ONLY_HEADERS {
             assert!(!got.headers.contains_key(h), "{h} is not passed on");
         }
         assert!(eventually(WAIT, || scheduler.delivered() == 1));

@@ -16,17 +16,15 @@ use acemq_amqp::patterns::acknowledged::{
 use acemq_amqp::patterns::idempotent::{
     idempotent, idempotent_tx, IdempotentOptions, IdempotentTxBatchOptions,
 };
-use acemq_amqp::patterns::outbox::{record, record_message};
+use acemq_amqp::patterns::outbox::record_message;
 use acemq_amqp::testing::wait_until;
 use acemq_amqp::{
-    Connection, ConsumerOptions, Error, FatalError, Handler, JsonCodec, Message, Outcome,
-    QueueSpec, RetryPolicy, StopHandle,
+    Connection, ConsumerOptions, Error, FatalError, Message, Outcome, RetryPolicy, StopHandle,
 };
 use support::ack::counters;
 use support::db::{sqlite_open, Db};
 use support::idem::{effects_table, keys, record_effect, recorder, store, Forward};
 use support::outbox::outbox_and_relay;
-use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -140,45 +138,7 @@ on_both! {
     /// handler and applies its effect once; both deliveries are acknowledged.
     fn idempotent_applies_a_duplicate_once(on) {
         let (conn, _clean, q) = on.declared_queue("eq2-idem-dup");
-        let db = Db::sqlite();
-        let effects = effects_table(&db);
-        let calls = Arc::new(AtomicUsize::new(0));
-        let ran = Arc::new(AtomicUsize::new(0));
-        let (c, r) = (calls.clone(), ran.clone());
-        let effect_db = db.factory();
-        let effects2 = effects.clone();
-        let inner = idempotent(
-            store(&db),
-            move |m: &Message| {
-                r.fetch_add(1, Ordering::SeqCst);
-                record_effect(&mut effect_db()?, &effects2, m.id())?;
-                Ok(Outcome::Accept)
-            },
-            IdempotentOptions::default(),
-        );
-        let duplicates = inner.duplicates();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(RetryPolicy::none()))
-            .unwrap()
-            .start(move |m: &Message| {
-                c.fetch_add(1, Ordering::SeqCst);
-                inner.handle(m)
-            })
-            .unwrap();
-
-        let publisher = conn.publisher().unwrap();
-        let first = Message::new("charge").with_type("payment.requested");
-        let id = first.id().to_string();
-        publisher.publish("", &q, first.clone()).unwrap();
-        publisher.publish("", &q, first).unwrap();
-        within("both deliveries handled", || calls.load(Ordering::SeqCst) == 2);
-        within("both settled, the second as a duplicate", || {
-            duplicates.get() == 1 && consumer.in_flight() == 0 && message_count(&conn, &q) == 0
-        });
-        consumer.close().unwrap();
-        assert_eq!(ran.load(Ordering::SeqCst), 1, "the handler ran once");
-        assert_eq!(keys(&db, &effects), vec![id], "the effect applied once");
-        assert_eq!(message_count(&conn, &q), 0);
+        support::idem::a_duplicate_is_applied_once(&conn, &q, &Db::sqlite());
     }
 
     /// `idempotent` on SQLite: a handler that fails is not recorded as done — the message is
@@ -418,28 +378,11 @@ on_both! {
     /// in a committed one, the relay publishes it once (confirmed) and deletes it.
     fn outbox_publishes_a_committed_record_once(on) {
         let (conn, _clean, q) = on.declared_queue("eq2-outbox-commit");
-        let db = Db::sqlite();
-        let (store, table, relay) = outbox_and_relay(&conn, &db, 10);
-
-        let rec = record(&JsonCodec, "", &q, &serde_json::json!({"order_id": "o-1"})).unwrap();
-        db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
-        assert_eq!(db.count(&table), 0, "rolled back: no row");
-        assert_eq!(relay.sweep().unwrap(), 0);
-        assert_eq!(message_count(&conn, &q), 0, "nothing published");
-
-        let id = rec.headers["x-acemq-id"].as_str().unwrap().to_string();
-        db.in_tx(true, |tx| store.add(tx, &rec).unwrap());
-        assert_eq!(db.count(&table), 1, "committed: visible");
-        assert_eq!(relay.sweep().unwrap(), 1);
-        assert_eq!(db.count(&table), 0, "deleted after the confirm");
-        assert_eq!(relay.sweep().unwrap(), 0, "not published twice");
-        let got = conn.get(&q).unwrap().expect("published");
-        assert_eq!(got.id(), id);
-        assert_eq!(got.content_type.as_deref(), Some("application/json"));
-        let body: serde_json::Value = got.decode(&JsonCodec).unwrap();
-        assert_eq!(body["order_id"], "o-1");
-        assert!(conn.get(&q).unwrap().is_none());
-        relay.close().unwrap();
+        support::outbox::rollback_publishes_nothing_and_commit_publishes_once(
+            &conn,
+            &q,
+            &Db::sqlite(),
+        );
     }
 
     /// The outbox: 150 records committed in batches, relayed by sweeps until the table is
@@ -502,16 +445,7 @@ on_both! {
     /// counted against its record, which stays; once the queue has room, the next sweep
     /// publishes it, confirmed, and deletes it: its message arrives once.
     fn outbox_retries_a_publish_a_full_queue_nacked(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("eq2-outbox-full"));
-        conn.declare_queue(
-            &QueueSpec::new(&q)
-                .classic()
-                .max_length(1)
-                .argument("x-overflow", "reject-publish"),
-        )
-        .unwrap();
+        let (conn, _clean, q) = on.declared_queue_with("eq2-outbox-full", support::full_at_one);
         conn.publisher()
             .unwrap()
             .publish("", &q, Message::new("filler"))

@@ -122,9 +122,7 @@ fn still_works(conn: &Connection, q: &str) {
 #[test]
 fn a_header_too_large_for_the_frame_is_refused_before_sending_as_a_message_fault() {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("frame-refused"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "frame-refused", |spec| spec);
     let publisher = conn.publisher().unwrap();
     let limit = conn.frame_max();
     assert_eq!(limit, 131_072, "the frame size asked for by default");
@@ -156,9 +154,7 @@ fn a_header_too_large_for_the_frame_is_refused_before_sending_as_a_message_fault
 #[test]
 fn a_header_frame_of_exactly_the_frame_limit_goes_through_and_one_byte_more_is_refused() {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("frame-exact"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "frame-exact", |spec| spec);
     let publisher = conn.publisher().unwrap();
     let limit = conn.frame_max();
 
@@ -192,9 +188,7 @@ fn a_header_frame_of_exactly_the_frame_limit_goes_through_and_one_byte_more_is_r
 
 fn an_outbox_row_too_large_for_the_frame_is_counted_and_retired(db: &Db) {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("frame-outbox"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "frame-outbox", |spec| spec);
     let store = SqlOutboxStore::open(
         db.factory(),
         SqlOutboxStoreOptions::default()
@@ -469,9 +463,7 @@ fn the_computed_header_frame_size_is_the_one_the_broker_measures() {
 #[test]
 fn a_dead_letter_copy_over_the_frame_limit_goes_to_the_dlq_trimmed() {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("frame-near-limit-reject"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "frame-near-limit-reject", |spec| spec);
     let (consumer, calls) = consume(&conn, &q, ConsumerOptions::new(), || {
         Outcome::reject("not for us")
     });
@@ -578,9 +570,7 @@ fn pong_responder(
 #[test]
 fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_on() {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("frame-request"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "frame-request", |spec| spec);
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
     let requester = acemq_amqp::patterns::request_reply::Requester::new(
         &conn,
@@ -634,9 +624,7 @@ fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_o
 /// channel).
 fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("frame-reply"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (mut clean, q) = support::consumed_queue_on(&conn, "frame-reply", |spec| spec);
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
     let mut options = acemq_amqp::patterns::request_reply::RequesterOptions::new()
         .timeout(Duration::from_secs(10));

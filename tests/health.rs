@@ -18,10 +18,8 @@ use support::{connect, eventually, unique, Cleanup};
 
 #[test]
 fn a_running_consumer_shows_subscribed_in_flight_and_its_last_settlement_then_drops_out() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("health-consumer"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("health-consumer", QueueSpec::classic);
 
     let health = conn.health();
     assert_eq!(health.status, HealthStatus::Up, "{health}");
@@ -236,10 +234,8 @@ fn a_check_that_panics_is_down_saying_so() {
 #[test]
 fn each_member_of_a_consumer_group_appears_as_a_consumer_until_the_group_closes() {
     use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("health-group"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("health-group", QueueSpec::classic);
     let group = ConsumerGroup::new(&conn, &q, ConsumerGroupOptions::new().members(2))
         .unwrap()
         .start(|_: &Message| Ok(Outcome::Accept))
@@ -263,10 +259,8 @@ fn each_member_of_a_consumer_group_appears_as_a_consumer_until_the_group_closes(
 
 #[test]
 fn a_consumer_stopped_through_its_handle_is_degraded_until_it_is_closed() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("health-stopped"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("health-stopped", QueueSpec::classic);
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()

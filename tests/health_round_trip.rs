@@ -12,7 +12,7 @@ use acemq_amqp::health::{HealthCheckOptions, HealthReport, HealthStatus};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Outcome, QueueSpec};
-use support::{connect_with, eventually, unique, Cleanup};
+use support::{connect_with, eventually, unique};
 
 #[test]
 fn a_wedged_connection_is_down_within_the_round_trip_deadline_not_after_two_heartbeats() {
@@ -99,9 +99,7 @@ fn probes_every_100_ms_from_four_threads_make_a_round_trip_at_most_once_a_second
 fn the_reports_keys_are_the_familys_camel_case() {
     let url = support::amqp_url();
     let conn = connect_with(ConnectionOptions::new().address(url.clone()));
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("health-keys"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "health-keys", |spec| spec);
     let consumer = conn
         .consumer(&q, ConsumerOptions::new())
         .unwrap()

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::{ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec, RetryPolicy};
+use acemq_amqp::{ConsumerOptions, Message, Outcome, RetryPolicy};
 use support::observe::CopyFailures;
-use support::{connect_with, eventually, unique, Cleanup};
+use support::{eventually, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -38,20 +38,8 @@ struct Refused {
 fn refused_held_retry(what: &str, shutdown_timeout: Duration) -> Refused {
     let _ = env_logger::try_init();
     let observer = Arc::new(CopyFailures::default());
-    let conn = connect_with(
-        ConnectionOptions::new()
-            .address(support::amqp_url())
-            .observer(observer.clone()),
-    );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique(what), &[]);
-    conn.declare_queue(
-        &QueueSpec::new(&q)
-            .classic()
-            .max_length(1)
-            .argument("x-overflow", "reject-publish"),
-    )
-    .unwrap();
+    let conn = support::connect_observed(observer.clone());
+    let (clean, q) = support::consumed_queue_on(&conn, what, support::full_at_one);
     let publisher = conn.publisher().unwrap();
     let a = Message::new("a");
     let a_id = a.id().to_string();

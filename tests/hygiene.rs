@@ -13,15 +13,13 @@ use acemq_amqp::patterns::acknowledged::{AmqpQueue, AmqpQueueOptions};
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::patterns::outbox::{InMemoryOutboxStore, OutboxRelay, OutboxRelayOptions};
 use acemq_amqp::patterns::replay::{replay, ReplayOptions};
-use acemq_amqp::patterns::request_reply::{
-    Requester, RequesterOptions, Responder, ResponderOptions,
-};
+use acemq_amqp::patterns::request_reply::{Responder, ResponderOptions};
 use acemq_amqp::patterns::scheduler::{Scheduler, SchedulerOptions};
 use acemq_amqp::patterns::streams::{declare_stream, Offset, StreamOptions, StreamReader};
 use acemq_amqp::{
     Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec, StreamRetention,
 };
-use support::{connect, unique, Cleanup};
+use support::{connect, unique};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -114,9 +112,7 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     let options = ConnectionOptions::new().address(&url).name("hygiene-debug");
     let mut seen = vec![format!("{options:?}")];
     let conn = support::connect_with(options);
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("hyg-debug"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (mut clean, q) = support::consumed_queue_on(&conn, "hyg-debug", |spec| spec);
     seen.push(format!("{conn:?}"));
 
     let publisher = conn.publisher().unwrap();
@@ -134,9 +130,7 @@ fn no_password_in_the_debug_output_or_errors_of_anything_holding_a_connection() 
     seen.push(format!("{relay:?}"));
     let relay = relay.start().unwrap();
     seen.push(format!("{relay:?}"));
-    let requester = Requester::new(&conn, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .unwrap();
+    let requester = support::requester(&conn, &q);
     seen.push(format!("{requester:?}"));
     let rq = clean.consumed_queue(&unique("hyg-serve"), &[]);
     conn.declare_queue(&QueueSpec::new(&rq)).unwrap();

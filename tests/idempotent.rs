@@ -77,48 +77,8 @@ fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Resu
 }
 
 fn duplicate_delivery_applies_the_effect_once(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-dup"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let effects = effects_table(db);
-    let store = store(db, Duration::from_secs(30));
-    let calls = Arc::new(AtomicUsize::new(0));
-    let ran = Arc::new(AtomicUsize::new(0));
-    let (c, r) = (calls.clone(), ran.clone());
-    let effect_db = db.factory();
-    let effects2 = effects.clone();
-    let inner = idempotent(
-        store,
-        move |m: &Message| {
-            r.fetch_add(1, Ordering::SeqCst);
-            record_effect(&mut effect_db()?, &effects2, m.id())?;
-            Ok(Outcome::Accept)
-        },
-        IdempotentOptions::default(),
-    );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
-        .unwrap()
-        .start(move |m: &Message| {
-            c.fetch_add(1, Ordering::SeqCst);
-            inner.handle(m)
-        })
-        .unwrap();
-    let publisher = conn.publisher().unwrap();
-    let first = Message::new("charge").with_type("payment.requested");
-    let again = first.clone(); // the same x-acemq-id, delivered a second time
-    publisher.publish("", &q, first).unwrap();
-    publisher.publish("", &q, again).unwrap();
-    assert!(eventually(WAIT, || calls.load(Ordering::SeqCst) == 2));
-    consumer.close().unwrap();
-    assert_eq!(ran.load(Ordering::SeqCst), 1, "the handler ran once");
-    assert_eq!(db.count(&effects), 1, "the effect was applied once");
-    assert_eq!(
-        conn.queue_info(&q).unwrap().message_count,
-        0,
-        "both acknowledged"
-    );
+    let (conn, _clean, q) = support::declared_consumed_queue("idem-dup");
+    support::idem::a_duplicate_is_applied_once(&conn, &q, db);
 }
 
 fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
@@ -287,24 +247,17 @@ fn outbox_store(
 #[test]
 #[ignore = "run as a child process by the crash tests"]
 fn crash_child() {
-    let backend = match std::env::var("ACEMQ_CRASH_BACKEND").as_deref() {
-        Ok("sqlite") => Backend::Sqlite,
-        Ok("postgres") => Backend::Postgres,
-        _ => return,
+    let Some(child) = support::idem::CrashChild::from_env() else {
+        return;
     };
-    let path = std::path::PathBuf::from(std::env::var("ACEMQ_CRASH_SQLITE").unwrap());
-    let (q, idem, effects) = (
-        std::env::var("ACEMQ_CRASH_QUEUE").unwrap(),
-        std::env::var("ACEMQ_CRASH_IDEM").unwrap(),
-        std::env::var("ACEMQ_CRASH_EFFECTS").unwrap(),
+    let factory = child.factory();
+    let (backend, path, q, idem, effects) = (
+        child.backend,
+        child.sqlite,
+        child.queue,
+        child.idem,
+        child.effects,
     );
-    let sqlite = path.clone();
-    let factory = move || -> acemq_amqp::Result<db::Conn> {
-        Ok(match backend {
-            Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
-            Backend::Postgres => Box::new(db::pg_connect()?),
-        })
-    };
     let store = Arc::new(
         SqlIdempotencyStore::open(
             factory.clone(),
@@ -363,32 +316,11 @@ fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
         })
         .collect();
 
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    let mut child = support::idem::crash_child(db, &q, &idem_table, &effects);
     if let Some(outbox) = &outbox {
         child.env("ACEMQ_CRASH_OUTBOX", outbox.table());
     }
-    let status = child
-        .args([
-            "crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            "ACEMQ_CRASH_BACKEND",
-            if db.backend == Backend::Sqlite {
-                "sqlite"
-            } else {
-                "postgres"
-            },
-        )
-        .env("ACEMQ_CRASH_SQLITE", db.sqlite_path())
-        .env("ACEMQ_CRASH_QUEUE", &q)
-        .env("ACEMQ_CRASH_IDEM", &idem_table)
-        .env("ACEMQ_CRASH_EFFECTS", &effects)
-        .status()
-        .unwrap();
+    let status = child.status().unwrap();
     assert_eq!(
         status.code(),
         Some(42),
@@ -426,14 +358,7 @@ fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
         2,
         "each effect once: no repeat of the first"
     );
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {effects} ORDER BY key"), &[])
-        .unwrap()
-        .into_iter()
-        .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
+    let keys = support::idem::keys(db, &effects);
     let mut expected = ids.clone();
     expected.sort();
     assert_eq!(keys, expected);

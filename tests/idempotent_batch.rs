@@ -304,26 +304,13 @@ fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
 #[test]
 #[ignore = "run as a child process by the crash tests"]
 fn crash_child() {
-    let backend = match std::env::var("ACEMQ_CRASH_BACKEND").as_deref() {
-        Ok("sqlite") => Backend::Sqlite,
-        Ok("postgres") => Backend::Postgres,
-        _ => return,
+    let child = match support::idem::CrashChild::from_env() {
+        Some(child) => child,
+        None => return, // not the child: nothing to do
     };
-    let var = |n: &str| std::env::var(n).unwrap();
-    let path = std::path::PathBuf::from(var("ACEMQ_CRASH_SQLITE"));
-    let (q, idem, effects, mode) = (
-        var("ACEMQ_CRASH_QUEUE"),
-        var("ACEMQ_CRASH_IDEM"),
-        var("ACEMQ_CRASH_EFFECTS"),
-        var("ACEMQ_CRASH_MODE"),
-    );
-    let sqlite = path.clone();
-    let factory = move || -> acemq_amqp::Result<db::Conn> {
-        Ok(match backend {
-            Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
-            Backend::Postgres => Box::new(db::pg_connect()?),
-        })
-    };
+    let (factory, backend, path) = (child.factory(), child.backend, child.sqlite.clone());
+    let (q, idem, effects) = (child.queue, child.idem, child.effects);
+    let mode = std::env::var("ACEMQ_CRASH_MODE").unwrap();
     let store = Arc::new(
         SqlIdempotencyStore::open(factory, SqlIdempotencyStoreOptions::default().table(idem))
             .unwrap(),
@@ -364,26 +351,7 @@ fn crash_in_a_batch(db: &Db, mode: &str) {
     let mut ids = publish_n(&conn, &q, 4, true);
     ids.sort();
 
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "crash_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(
-            "ACEMQ_CRASH_BACKEND",
-            if db.backend == Backend::Sqlite {
-                "sqlite"
-            } else {
-                "postgres"
-            },
-        )
-        .env("ACEMQ_CRASH_SQLITE", db.sqlite_path())
-        .env("ACEMQ_CRASH_QUEUE", &q)
-        .env("ACEMQ_CRASH_IDEM", &idem_table)
-        .env("ACEMQ_CRASH_EFFECTS", &effects)
+    let status = support::idem::crash_child(db, &q, &idem_table, &effects)
         .env("ACEMQ_CRASH_MODE", mode)
         .status()
         .unwrap();

@@ -20,12 +20,10 @@ use acemq_amqp::patterns::idempotent::{
 };
 use acemq_amqp::patterns::ordering::by_header;
 use acemq_amqp::sql::Sql;
-use acemq_amqp::{
-    ConsumerOptions, Handler, HandlerResult, Message, Outcome, QueueSpec, RetryPolicy,
-};
+use acemq_amqp::{ConsumerOptions, Handler, HandlerResult, Message, Outcome, RetryPolicy};
 use support::db::{self, Backend, Db};
+use support::eventually;
 use support::idem::{effects_table, keys, record_effect, recorder, store, OnCommit};
-use support::{eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -511,9 +509,7 @@ fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
             .address(support::amqp_url())
             .observer(settled.clone()),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-orphan-batch"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "idem-orphan-batch", |spec| spec);
     let ids = publish_keyed(&conn, &q, 4);
     let (let_go, gate) = crossbeam_channel::bounded::<()>(0);
     let (effects, batches) = (

@@ -12,8 +12,8 @@ use acemq_amqp::patterns::idempotency::InMemoryIdempotencyStore;
 use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
 use acemq_amqp::{ConsumerOptions, Message, Outcome, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
+use support::eventually;
 use support::raw::Raw;
-use support::{connect, eventually, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -95,10 +95,7 @@ fn an_id_less_foreign_message_redelivered_after_a_lost_ack_is_applied_once() {
 /// with different ids.
 #[test]
 fn id_less_messages_get_an_id_derived_from_what_the_broker_redelivers() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("derived-id"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_conn, _clean, q) = support::declared_queue_with("derived-id", QueueSpec::classic);
     let raw = Raw::open();
     for body in [&b"a"[..], b"b"] {
         raw.publish("", &q, body, AmqpProperties::default());

@@ -13,11 +13,11 @@ use acemq_amqp::patterns::outbox::{
     SqlOutboxStoreOptions,
 };
 use acemq_amqp::sql::{Sql, Value};
-use acemq_amqp::{ConsumerOptions, Message, QueueSpec, RetryPolicy};
+use acemq_amqp::{ConsumerOptions, Message, RetryPolicy};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 use support::db::{self, Backend, Db};
 use support::raw::Raw;
-use support::{eventually, unique, Cleanup};
+use support::{eventually, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -276,9 +276,7 @@ fn ids_over_every_attempt(
             .address(support::amqp_url())
             .observer(observer.clone()),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique(prefix), &[]);
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, prefix, |spec| spec);
     let raw = Raw::open();
     let mut headers = FieldTable::new();
     headers.insert("x-acemq-id".into(), id);
@@ -434,12 +432,7 @@ impl Drop for ResumedOnDrop<'_> {
 /// checkout on the machine). Under that alarm the broker stops taking publishes — a fault this
 /// scenario does not intend (see the test). Waited for with a deadline.
 fn no_memory_alarm_meanwhile() -> std::fs::File {
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
-        .expect("the memory alarm's lock file");
+    let lock = support::alarm::lock_file();
     assert!(
         eventually(WAIT, || lock.try_lock_shared().is_ok()),
         "a memory alarm test held the broker's alarm for {WAIT:?}"

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use acemq_amqp::patterns::ordering::ordered;
-use acemq_amqp::{dead_letter_queue, ConsumerOptions, Error, Message, Outcome, RetryPolicy};
+use acemq_amqp::{ConsumerOptions, Error, Message, Outcome, RetryPolicy};
 use support::{eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -76,16 +76,10 @@ fn an_inline_consumer_retries_in_the_consumer_and_dead_letters_the_last_attempt(
             Ok(Outcome::Accept)
         })
         .unwrap();
-    let dlq = dead_letter_queue(&q);
-    let mut dead = None;
-    assert!(eventually(WAIT, || {
-        dead = conn.get(&dlq).unwrap();
-        dead.is_some()
-    }));
+    let dead = support::first_dead_letter(&conn, &q, WAIT);
     assert!(eventually(WAIT, || consumer.in_flight() == 0));
     let report = consumer.close().unwrap();
     assert_eq!(report.abandoned, 0, "{report:?}");
-    let dead = dead.unwrap();
     assert_eq!(dead.id(), ids[1]);
     assert_eq!(dead.envelope.attempt, 3);
     assert_eq!(

@@ -14,7 +14,7 @@ use acemq_amqp::{
     dead_letter_queue, BoxError, Connection, ConnectionOptions, ConsumerOptions, Error,
     HandlerResult, Message, Outcome, QueueSpec, RetryPolicy, Ticket,
 };
-use support::{amqp_url, eventually, unique, Cleanup};
+use support::{amqp_url, eventually, unique};
 
 type Log = Arc<Mutex<Vec<String>>>;
 
@@ -102,9 +102,7 @@ fn open(log: &Log, observer: Settlements) -> Connection {
 fn interceptors_run_first_registered_outermost_around_the_publish_and_the_handler() {
     let log: Log = Log::default();
     let conn = open(&log, Settlements(log.clone()));
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("intercept"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "intercept", QueueSpec::classic);
     let handled = Arc::new(Mutex::new(Vec::new()));
     let h = handled.clone();
     let l = log.clone();
@@ -174,9 +172,7 @@ fn interceptors_run_first_registered_outermost_around_the_publish_and_the_handle
 fn an_interceptor_short_circuits_a_publish_and_a_handler() {
     let log: Log = Log::default();
     let conn = open(&log, Settlements::default());
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("intercept-short"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "intercept-short", QueueSpec::classic);
     let publisher = conn.publisher().unwrap();
     let e = publisher
         .publish("", &q, Message::new("x").with_header("refuse", true))
@@ -241,9 +237,7 @@ fn a_publish_interceptor_hears_the_brokers_answer() {
             ),
     )
     .unwrap_or_else(|e| panic!("RabbitMQ is not reachable ({e}): run `scripts/test`"));
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("intercept-answer"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "intercept-answer", QueueSpec::classic);
     let nowhere = unique("intercept-nowhere");
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, Message::new("routed")).unwrap();

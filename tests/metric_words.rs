@@ -572,9 +572,7 @@ fn a_missing_rung_is_counted_and_the_retry_waits_in_the_consumer() {
 #[test]
 fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
     let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-no-dlq"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "words-no-dlq", QueueSpec::classic);
     let options = ConsumerOptions::new().declare(false);
     let (running, _) = consume(&conn, &q, options, |_| Outcome::reject("unreadable"));
     send(&conn, &q, "nowhere to go");
@@ -669,9 +667,7 @@ fn pipeline_runs_are_counted_completed_and_ended_early_at_their_named_steps() {
 #[test]
 fn an_outbox_relay_counts_each_record_by_exchange_and_routing_key() {
     let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-outbox"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (_clean, q) = support::consumed_queue_on(&conn, "words-outbox", QueueSpec::classic);
     let store = InMemoryOutboxStore::new();
     store
         .add(&record_message("", &q, &Message::new("from the outbox")).unwrap())

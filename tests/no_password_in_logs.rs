@@ -4,30 +4,11 @@
 
 mod support;
 
-use std::sync::Mutex;
-
 use acemq_amqp::{ConnectionOptions, Message, QueueSpec};
-
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Capture;
-impl log::Log for Capture {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        LINES
-            .lock()
-            .unwrap()
-            .push(format!("{} {}", record.target(), record.args()));
-    }
-    fn flush(&self) {}
-}
 
 #[test]
 fn the_password_is_not_logged_at_any_level() {
-    log::set_logger(&Capture).unwrap();
-    log::set_max_level(log::LevelFilter::Trace);
+    assert!(support::logs::capture(log::LevelFilter::Trace));
     // guest's password is `guest`; the SASL response amiquip would log is "\0guest\0guest".
     let conn = support::connect_with(ConnectionOptions::new().address(support::amqp_url()));
     let q = support::unique("logs");
@@ -44,7 +25,7 @@ fn the_password_is_not_logged_at_any_level() {
         log::LevelFilter::Trace,
         "the level was restored"
     );
-    let lines = LINES.lock().unwrap();
+    let lines = support::logs::lines();
     assert!(
         lines.iter().any(|l| l.starts_with("amiquip")),
         "amiquip did log"

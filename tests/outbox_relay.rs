@@ -26,31 +26,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn rollback_publishes_nothing_and_commit_publishes_once(db: &Db) {
     let (conn, _clean, q) = support::declared_queue("outbox-commit");
-    let (store, table, relay) = outbox_and_relay(&conn, db, 10);
-
-    let rec = record(&conn, "", &q, &serde_json::json!({"order_id": "o-1"})).unwrap();
-    db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
-    assert_eq!(db.count(&table), 0, "rolled back: no row");
-    assert_eq!(relay.sweep().unwrap(), 0);
-    assert_eq!(
-        conn.queue_info(&q).unwrap().message_count,
-        0,
-        "nothing published"
-    );
-
-    let id_of_record = rec.headers["x-acemq-id"].as_str().unwrap().to_string();
-    db.in_tx(true, |tx| store.add(tx, &rec).unwrap());
-    assert_eq!(db.count(&table), 1, "committed: visible");
-    assert_eq!(relay.sweep().unwrap(), 1);
-    assert_eq!(db.count(&table), 0, "deleted after the confirm");
-    assert_eq!(relay.sweep().unwrap(), 0, "not published twice");
-    let got = conn.get(&q).unwrap().expect("published");
-    assert_eq!(got.id(), id_of_record);
-    assert_eq!(got.content_type.as_deref(), Some("application/json"));
-    let body: serde_json::Value = got.decode(&JsonCodec).unwrap();
-    assert_eq!(body["order_id"], "o-1");
-    assert!(conn.get(&q).unwrap().is_none());
-    relay.close().unwrap();
+    support::outbox::rollback_publishes_nothing_and_commit_publishes_once(&conn, &q, db);
 }
 
 fn an_unroutable_record_retires_and_then_the_queue_behind_it_moves(db: &Db) {
@@ -236,9 +212,7 @@ fn a_started_relay_reports_published_lag_and_backlog() {
             .address(support::amqp_url())
             .observer(recorder.clone()),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-observe"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "outbox-observe", |spec| spec);
     let store = outbox(&db, 10);
     add_many(&db, &store, &q, 250);
     std::thread::sleep(Duration::from_millis(50));
@@ -658,9 +632,7 @@ fn a_started_relay_lets_at_most_the_next_batch_overtake_a_failing_record(db: &Db
             .address(support::amqp_url())
             .observer(order.clone()),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("outbox-pipelined"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "outbox-pipelined", |spec| spec);
     let store = outbox(db, 3);
     let nowhere = unique("nowhere");
     let mut ids = Vec::new();

@@ -1,58 +1,25 @@
-//! Pipelines (`then`) on the real broker: an unroutable next hop retries the step, through the
-//! connection's publisher or one made without the mandatory flag, and its dead letter's headers
-//! as they are on the wire. The scenarios that run the same on the `memory://` broker
-//! (correlation and causation carried, `NOTHING`, the unroutable hop's dead letter) are written
-//! once, in the on-both `equivalence_consume.rs`.
+//! Pipelines (`then`) on the real broker: an unroutable next hop retries the step through the
+//! connection's publisher, and its dead letter's headers as they are on the wire. The scenarios
+//! that run the same on the `memory://` broker (correlation and causation carried, `NOTHING`,
+//! the unroutable hop retried through a publisher made without the mandatory flag, and its dead
+//! letter) are written once, in the on-both `equivalence_consume.rs`.
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use acemq_amqp::patterns::pipeline::{then, Next};
-use acemq_amqp::{dead_letter_queue, ConsumerOptions, Message, QueueSpec, RetryPolicy};
-use serde_json::json;
-use support::{connect, eventually, unique, Cleanup};
+use acemq_amqp::{dead_letter_queue, Message};
+use support::{eventually, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// The next hop goes through the connection's publisher.
 #[test]
 fn an_unroutable_next_hop_retries_the_step_and_the_original_is_not_acknowledged_first() {
-    let conn = connect();
-    unroutable_next_hop(&conn, conn.publisher().unwrap());
-}
-
-/// The step's publisher was made without the mandatory flag: the next hop is published
-/// mandatory all the same, so an unroutable one is retried, never accepted and lost.
-#[test]
-fn an_unroutable_next_hop_is_retried_even_through_a_publisher_that_is_not_mandatory() {
-    let conn = connect();
-    let publisher = conn
-        .publisher_with(acemq_amqp::PublisherOptions::new().mandatory(false))
-        .unwrap();
-    unroutable_next_hop(&conn, publisher);
-}
-
-fn unroutable_next_hop(conn: &acemq_amqp::Connection, publisher: acemq_amqp::Publisher) {
-    let mut clean = Cleanup::new(conn);
-    let input = clean.consumed_queue(&unique("then-unroutable"), &[]);
-    conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+    let (conn, _clean, input) = support::declared_consumed_queue("then-unroutable");
     let nowhere = unique("then-no-such-queue");
-    let attempts = Arc::new(Mutex::new(Vec::new()));
-    let a = attempts.clone();
-    let step = then(publisher, "", nowhere, move |m: &Message| {
-        a.lock().unwrap().push(m.envelope.attempt);
-        Ok(Next::Publish(json!({"next": true})))
-    });
-    let stepping = conn
-        .consumer(
-            &input,
-            ConsumerOptions::new()
-                .retry(RetryPolicy::fixed(3, Duration::from_millis(100)).jitter(0.0)),
-        )
-        .unwrap()
-        .start(step)
-        .unwrap();
+    let (stepping, attempts) =
+        support::pipe::step_to(&conn, &input, nowhere, conn.publisher().unwrap());
     let m = Message::new("{}");
     let id = m.id().to_string();
     conn.publisher().unwrap().publish("", &input, m).unwrap();

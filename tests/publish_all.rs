@@ -215,16 +215,7 @@ on_both! {
     /// A classic queue with `x-max-length: 1` and `x-overflow: reject-publish` makes the broker
     /// nack what does not fit: the first is confirmed, the rest reported nacked (retriable).
     fn nacked_ones_reported_nacked(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let q = clean.queue(&unique("batch-nacked"));
-        conn.declare_queue(
-            &QueueSpec::new(&q)
-                .classic()
-                .max_length(1)
-                .argument("x-overflow", "reject-publish"),
-        )
-        .unwrap();
+        let (conn, _clean, q) = on.declared_queue_with("batch-nacked", support::full_at_one);
         let publisher = conn.publisher().unwrap();
         let batch = (0..4).map(|i| ("", q.as_str(), Message::new(format!("m{i}"))));
         let report = batch_report(publisher.publish_all(batch));

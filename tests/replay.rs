@@ -137,10 +137,7 @@ fn a_replay_killed_mid_pass_loses_nothing() {
 
 #[test]
 fn a_message_that_would_go_back_to_its_own_queue_is_refused_and_kept() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("replay-self"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) = support::declared_queue_with("replay-self", QueueSpec::classic);
     publish_n(&conn, &q, 2, true);
     let result = replay(&conn, &q, ReplayOptions::default()).run();
     let Err(Error::Replay { report, source }) = result else {

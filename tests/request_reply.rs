@@ -67,16 +67,11 @@ fn a_request_gets_its_reply_with_the_family_wire() {
                     m.reply_to.clone(),
                     m.envelope.correlation_id.clone(),
                 ));
-                Ok::<_, BoxError>(Message::new(format!(
-                    "pong:{}",
-                    String::from_utf8_lossy(&m.body)
-                )))
+                Ok::<_, BoxError>(support::pong(m))
             })
         })
         .expect("serve");
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&connection, &q);
     let reply_queue = requester.reply_queue().expect("a reply queue");
     assert!(reply_queue.starts_with("acemq-reply-"), "{reply_queue}");
     let info = connection
@@ -130,9 +125,7 @@ fn sixteen_threads_ask(options: ConsumerOptions) {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-threads");
     let responder = echo_with(&connection, &q, options);
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&connection, &q);
     std::thread::scope(|s| {
         for t in 0..16 {
             let requester = &requester;
@@ -266,9 +259,7 @@ fn answered_already_counts_a_reply_when_the_caller_holds_it() {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-answered");
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&connection, &q);
     for i in 1..=20u64 {
         requester.ask(format!("{i}")).expect("a reply");
         assert_eq!(responder.answered(), i);
@@ -331,9 +322,7 @@ fn survive_a_cut(options: ConsumerOptions) {
             })
         })
         .expect("serve");
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&connection, &q);
     assert_eq!(requester.ask("before").unwrap().body, b"answer:before");
     let first_queue = requester.reply_queue().unwrap();
 
@@ -427,9 +416,7 @@ fn a_reply_to_a_requester_that_went_away_is_counted_unroutable_and_its_request_a
             ask_for_a_requester_that_went_away(&q, &gone, &responder);
             assert_eq!(responder.answered(), 0, "{path}, {gone}: not answered");
             // Still answering the next one.
-            let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-                .and_then(Requester::start)
-                .expect("requester");
+            let requester = support::requester(&connection, &q);
             assert_eq!(requester.ask("next").unwrap().body, b"answer:next");
             assert_eq!(responder.answered(), 1, "{path}, {gone}");
             requester.close().unwrap();
@@ -469,9 +456,7 @@ fn replies_pass_through_the_connections_publish_interceptors() {
     let mut clean = Cleanup::new(&connection);
     let q = request_queue(&connection, &mut clean, "rr-intercepted");
     let responder = echo(&connection, &q, 1);
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&connection, &q);
     let reply = requester.ask("stamp me").expect("a reply");
     assert_eq!(reply.body, b"answer:stamp me");
     assert_eq!(
@@ -577,9 +562,7 @@ fn requests_and_replies_sent_without_confirms_reach_the_observer() {
     let mut clean = Cleanup::new(&requests);
     let q = request_queue(&requests, &mut clean, "rr-observed");
     let responder = echo(&replies, &q, 1);
-    let requester = Requester::new(&requests, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let requester = support::requester(&requests, &q);
     for i in 0..3 {
         requester.ask(format!("q{i}")).expect("a reply");
     }

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -167,24 +167,11 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     let second = clean.queue(&unique("slip-unroutable-2"));
     queues(&conn, &mut clean, std::slice::from_ref(&first));
     let publisher = conn.publisher().unwrap();
-    let ran = Arc::new(AtomicUsize::new(0));
-    let r = ran.clone();
     let policy = RetryPolicy::exponential()
         .max_attempts(50)
         .initial_delay(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200));
-    let consumer = conn
-        .consumer(&first, ConsumerOptions::new().retry(policy))
-        .unwrap()
-        .start(follow_slip(
-            &publisher,
-            move |_: &Message| {
-                r.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, BoxError>(None)
-            },
-            FollowSlipOptions::new(),
-        ))
-        .unwrap();
+    let (consumer, ran) = support::slip::counting_step(&conn, &publisher, &first, policy);
     let slip = RoutingSlip::new()
         .then("", &first, "one")
         .then("", &second, "two");

@@ -349,13 +349,7 @@ fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
         Some(&AmqpValue::LongString("t-1".into())),
         "application headers go with it"
     );
-    for h in [
-        headers::SCHEDULE_EXCHANGE,
-        headers::SCHEDULE_ROUTING_KEY,
-        headers::SCHEDULE_DUE_AT,
-        headers::SCHEDULE_CONTENT_TYPE,
-        "x-death",
-    ] {
+    for h in support::SCHEDULE_ONLY_HEADERS {
         assert!(header(&props, h).is_none(), "{h} is not passed on");
     }
     assert!(eventually(WAIT, || scheduler.delivered() == 1));

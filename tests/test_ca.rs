@@ -9,9 +9,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use acemq_amqp::test_ca::{TestCa, AUTHORITY_NAME, CLIENT_NAME, DEVELOPMENT_MARKER};
-use acemq_amqp::{ConnectionOptions, Error, Message, QueueSpec};
+use acemq_amqp::{ConnectionOptions, Error, Message};
 use support::tls_proxy::tls_proxy;
-use support::{unique, Cleanup};
 
 /// `openssl x509 -noout -text` of a PEM certificate.
 fn describe(pem: &str) -> String {
@@ -138,9 +137,7 @@ fn a_tls_connection_verifies_the_broker_against_the_generated_authority() {
             .tls_root_certificate(made.ca_cert.clone())
             .allow_development_certificates(true),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("test-ca"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "test-ca", |spec| spec);
     let publisher = conn.publisher().unwrap();
     publisher
         .publish("", &q, Message::new("through the test CA"))

@@ -4,9 +4,8 @@
 
 mod support;
 
-use acemq_amqp::{ConnectionOptions, Error, Message, QueueSpec};
+use acemq_amqp::{ConnectionOptions, Error, Message};
 use support::tls_proxy::tls_proxy;
-use support::{unique, Cleanup};
 
 /// A self-signed certificate for localhost: (cert PEM, PKCS#8 key PEM).
 fn certificate(dir: &std::path::Path) -> (Vec<u8>, Vec<u8>) {
@@ -52,9 +51,7 @@ fn amqps_publishes_confirmed_through_a_verified_tls_connection() {
             .address(url)
             .tls_root_certificate(cert),
     );
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique("tls"));
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = support::queue_on(&conn, "tls", |spec| spec);
     let publisher = conn.publisher().unwrap();
     publisher.publish("", &q, Message::new("over tls")).unwrap();
     assert_eq!(conn.get(&q).unwrap().unwrap().body, b"over tls");

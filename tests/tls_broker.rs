@@ -13,15 +13,7 @@ mod support;
 const PORT: u16 = 5676;
 
 fn certs() -> PathBuf {
-    let base = std::env::var("ACEMQ_TLS_DIR").unwrap_or_else(|_| "/var/tmp/acemq-tls".into());
-    let dir = PathBuf::from(base).join("certs");
-    assert!(
-        dir.join("ca.crt").exists(),
-        "no test certificates in {}: the TLS node is not running. Run `scripts/test`, or \
-         `scripts/tls-node start` before `cargo test --features tls --test tls_broker`",
-        dir.display()
-    );
-    dir
+    support::tls_certs("tls_broker")
 }
 
 fn pem(name: &str) -> Vec<u8> {

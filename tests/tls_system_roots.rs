@@ -3,18 +3,12 @@
 //! node (`scripts/tls-node`, started by scripts/test), put there with OpenSSL's `SSL_CERT_FILE`
 //! before any connection is made — in a test binary of its own, so that no other test sees it.
 
+mod support;
+
 use acemq_amqp::{Connection, ConnectionOptions, TlsError, TlsFailure};
 
 fn certs() -> std::path::PathBuf {
-    let base = std::env::var("ACEMQ_TLS_DIR").unwrap_or_else(|_| "/var/tmp/acemq-tls".into());
-    let dir = std::path::PathBuf::from(base).join("certs");
-    assert!(
-        dir.join("ca.crt").exists(),
-        "no test certificates in {}: the TLS node is not running. Run `scripts/test`, or \
-         `scripts/tls-node start` before `cargo test --features tls --test tls_system_roots`",
-        dir.display()
-    );
-    dir
+    support::tls_certs("tls_system_roots")
 }
 
 #[test]

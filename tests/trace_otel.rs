@@ -271,10 +271,8 @@ fn spans_are_named_as_the_family_names_them_and_joined_across_the_hop() {
 #[test]
 fn a_handlers_reject_is_rejected_and_an_exhausted_retry_is_dead_lettered() {
     let recorded = recorded();
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("otel-outcomes"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("otel-outcomes", QueueSpec::classic);
     let consumer = conn
         .consumer(
             &q,

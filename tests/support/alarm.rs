@@ -26,15 +26,22 @@ fn set_watermark(value: &str) {
         .output();
 }
 
+/// The file the memory-alarm tests lock exclusively while they raise the alarm on the one broker
+/// the tests share (another binary, or another checkout on the machine); a test that must not
+/// run under the alarm holds a shared lock on it.
+pub fn lock_file() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
+        .expect("the memory alarm's lock file")
+}
+
 impl Watermark {
     /// Raises the alarm (a watermark of 0.0001), once no other alarm test holds it.
     pub fn alarm() -> Watermark {
-        let lock = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("acemq-memory-alarm.lock"))
-            .expect("the memory alarm's lock file");
+        let lock = lock_file();
         lock.lock().expect("the memory alarm's lock");
         let out = rabbitmqctl(&["eval", "vm_memory_monitor:get_vm_memory_high_watermark()."]);
         let mut previous = out.trim().to_string();

@@ -88,11 +88,17 @@ impl On {
         &self,
         prefix: &str,
     ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
-        let conn = self.connect();
-        let mut clean = self.cleanup();
-        let q = clean.queue(&super::unique(prefix));
-        conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
-        (conn, clean, q)
+        self.declared_queue_with(prefix, |spec| spec)
+    }
+
+    /// [`On::declared_queue`] with the spec shaped by `spec` (`QueueSpec::classic`,
+    /// [`super::full_at_one`], …).
+    pub fn declared_queue_with(
+        &self,
+        prefix: &str,
+        spec: impl FnOnce(acemq_amqp::QueueSpec) -> acemq_amqp::QueueSpec,
+    ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
+        self.declared(prefix, false, spec)
     }
 
     /// [`On::declared_queue`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned
@@ -101,10 +107,34 @@ impl On {
         &self,
         prefix: &str,
     ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
+        self.declared_consumed_queue_with(prefix, |spec| spec)
+    }
+
+    /// [`On::declared_consumed_queue`] with the spec shaped by `spec`.
+    pub fn declared_consumed_queue_with(
+        &self,
+        prefix: &str,
+        spec: impl FnOnce(acemq_amqp::QueueSpec) -> acemq_amqp::QueueSpec,
+    ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
+        self.declared(prefix, true, spec)
+    }
+
+    fn declared(
+        &self,
+        prefix: &str,
+        consumed: bool,
+        spec: impl FnOnce(acemq_amqp::QueueSpec) -> acemq_amqp::QueueSpec,
+    ) -> (Connection, acemq_amqp::testing::Cleanup, String) {
         let conn = self.connect();
         let mut clean = self.cleanup();
-        let q = clean.consumed_queue(&super::unique(prefix), &[]);
-        conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+        let name = super::unique(prefix);
+        let q = if consumed {
+            clean.consumed_queue(&name, &[])
+        } else {
+            clean.queue(&name)
+        };
+        conn.declare_queue(&spec(acemq_amqp::QueueSpec::new(&q)))
+            .unwrap();
         (conn, clean, q)
     }
 

@@ -29,15 +29,19 @@ pub fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::
 
 /// The keys in `table`, sorted.
 pub fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys: Vec<String> = db
-        .connect()
-        .query(&format!("SELECT key FROM {table}"), &[])
+    let mut keys = texts(db, &format!("SELECT key FROM {table}"));
+    keys.sort();
+    keys
+}
+
+/// The first column, as text, of the rows `query` selects.
+pub fn texts(db: &Db, query: &str) -> Vec<String> {
+    db.connect()
+        .query(query, &[])
         .unwrap()
         .into_iter()
         .map(|r| r[0].as_str().unwrap().to_string())
-        .collect();
-    keys.sort();
-    keys
+        .collect()
 }
 
 /// An idempotency store on its own table (claims leased for 30 s), its table created.
@@ -80,4 +84,125 @@ impl acemq_amqp::Handler for Forward {
     ) -> Vec<std::thread::Result<acemq_amqp::HandlerResult>> {
         self.0.handle_batch(messages)
     }
+}
+
+/// The crash tests' child process (this binary's ignored `crash_child` test), directed by its
+/// environment to `db`'s backend and file, `queue`, the idempotency table and the effects
+/// table; add any other `.env(…)` and run it.
+pub fn crash_child(db: &Db, queue: &str, idem_table: &str, effects: &str) -> std::process::Command {
+    let mut child = super::crash_child();
+    child
+        .env(
+            "ACEMQ_CRASH_BACKEND",
+            if db.backend == super::db::Backend::Sqlite {
+                "sqlite"
+            } else {
+                "postgres"
+            },
+        )
+        .env("ACEMQ_CRASH_SQLITE", db.sqlite_path())
+        .env("ACEMQ_CRASH_QUEUE", queue)
+        .env("ACEMQ_CRASH_IDEM", idem_table)
+        .env("ACEMQ_CRASH_EFFECTS", effects);
+    child
+}
+
+/// What the child [`crash_child`] runs is directed to.
+pub struct CrashChild {
+    pub backend: super::db::Backend,
+    pub sqlite: std::path::PathBuf,
+    pub queue: String,
+    pub idem: String,
+    pub effects: String,
+}
+
+impl CrashChild {
+    /// In the child [`crash_child`] runs: what it is directed to; `None` when this is not that
+    /// child.
+    pub fn from_env() -> Option<CrashChild> {
+        use super::db::Backend;
+        let backend = match std::env::var("ACEMQ_CRASH_BACKEND").as_deref() {
+            Ok("sqlite") => Backend::Sqlite,
+            Ok("postgres") => Backend::Postgres,
+            _ => return None,
+        };
+        let var = |n: &str| std::env::var(n).unwrap();
+        Some(CrashChild {
+            backend,
+            sqlite: std::path::PathBuf::from(var("ACEMQ_CRASH_SQLITE")),
+            queue: var("ACEMQ_CRASH_QUEUE"),
+            idem: var("ACEMQ_CRASH_IDEM"),
+            effects: var("ACEMQ_CRASH_EFFECTS"),
+        })
+    }
+
+    /// Connections to the child's database.
+    pub fn factory(
+        &self,
+    ) -> impl Fn() -> acemq_amqp::Result<super::db::Conn> + Clone + Send + Sync + 'static {
+        use super::db::{self, Backend};
+        let (backend, sqlite) = (self.backend, self.sqlite.clone());
+        move || -> acemq_amqp::Result<db::Conn> {
+            Ok(match backend {
+                Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
+                Backend::Postgres => Box::new(db::pg_connect()?),
+            })
+        }
+    }
+}
+
+/// The idempotent consumer's first scenario, on `conn`'s `queue` and `db`: a message delivered
+/// twice (the same `x-acemq-id`) runs the handler and applies its effect once; the second
+/// delivery is counted as a duplicate, and both are acknowledged.
+pub fn a_duplicate_is_applied_once(conn: &acemq_amqp::Connection, q: &str, db: &Db) {
+    use acemq_amqp::patterns::idempotent::{idempotent, IdempotentOptions};
+    use acemq_amqp::{ConsumerOptions, Handler, Message, Outcome, RetryPolicy};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const WAIT: Duration = Duration::from_secs(30);
+    let effects = effects_table(db);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let (c, r) = (calls.clone(), ran.clone());
+    let effect_db = db.factory();
+    let effects2 = effects.clone();
+    let inner = idempotent(
+        store(db),
+        move |m: &Message| {
+            r.fetch_add(1, Ordering::SeqCst);
+            record_effect(&mut effect_db()?, &effects2, m.id())?;
+            Ok(Outcome::Accept)
+        },
+        IdempotentOptions::default(),
+    );
+    let duplicates = inner.duplicates();
+    let consumer = conn
+        .consumer(q, ConsumerOptions::new().retry(RetryPolicy::none()))
+        .unwrap()
+        .start(move |m: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            inner.handle(m)
+        })
+        .unwrap();
+
+    let publisher = conn.publisher().unwrap();
+    let first = Message::new("charge").with_type("payment.requested");
+    let id = first.id().to_string();
+    let again = first.clone(); // the same x-acemq-id, delivered a second time
+    publisher.publish("", q, first).unwrap();
+    publisher.publish("", q, again).unwrap();
+    let count = || conn.queue_info(q).unwrap().message_count;
+    assert!(
+        super::eventually(WAIT, || calls.load(Ordering::SeqCst) == 2),
+        "both deliveries handled"
+    );
+    assert!(
+        super::eventually(WAIT, || duplicates.get() == 1
+            && consumer.in_flight() == 0
+            && count() == 0),
+        "both settled, the second as a duplicate"
+    );
+    consumer.close().unwrap();
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(keys(db, &effects), vec![id], "the effect applied once");
+    assert_eq!(count(), 0, "both acknowledged");
 }

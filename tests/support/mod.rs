@@ -11,9 +11,11 @@ pub mod db;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod idem;
 pub mod keyed;
+pub mod logs;
 pub mod observe;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod outbox;
+pub mod pipe;
 pub mod proxy;
 pub mod raw;
 pub mod slip;
@@ -24,7 +26,7 @@ pub mod users;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use acemq_amqp::{Connection, ConnectionOptions};
+use acemq_amqp::{Connection, ConnectionOptions, QueueSpec};
 
 /// The broker tests use: `ACEMQ_TEST_AMQP_URL`, default the local guest account.
 pub fn amqp_url() -> String {
@@ -66,20 +68,126 @@ pub fn unique(prefix: &str) -> String {
 /// A connection to the tests' broker, its clean-up, and a queue of the test's own named after
 /// `prefix`, declared with the library's defaults. Hold the clean-up while the queue is used.
 pub fn declared_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    declared_queue_with(prefix, |spec| spec)
+}
+
+/// [`declared_queue`] with the spec shaped by `spec` (`QueueSpec::classic`, [`full_at_one`], …).
+pub fn declared_queue_with(
+    prefix: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+) -> (Connection, Cleanup, String) {
     let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.queue(&unique(prefix));
-    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    let (clean, q) = queue_on(&conn, prefix, spec);
     (conn, clean, q)
 }
 
 /// [`declared_queue`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned up too.
 pub fn declared_consumed_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    declared_consumed_queue_with(prefix, |spec| spec)
+}
+
+/// [`declared_consumed_queue`] with the spec shaped by `spec`.
+pub fn declared_consumed_queue_with(
+    prefix: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+) -> (Connection, Cleanup, String) {
     let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique(prefix), &[]);
-    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    let (clean, q) = consumed_queue_on(&conn, prefix, spec);
     (conn, clean, q)
+}
+
+/// On a connection of the test's own (its options): the clean-up and a queue named after
+/// `prefix`, declared with the spec shaped by `spec`.
+pub fn queue_on(
+    conn: &Connection,
+    prefix: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+) -> (Cleanup, String) {
+    let mut clean = Cleanup::new(conn);
+    let q = clean.queue(&unique(prefix));
+    conn.declare_queue(&spec(QueueSpec::new(&q))).unwrap();
+    (clean, q)
+}
+
+/// [`queue_on`] for a queue a consumer runs on: its `.dlq` / `.parked` cleaned up too.
+pub fn consumed_queue_on(
+    conn: &Connection,
+    prefix: &str,
+    spec: impl FnOnce(QueueSpec) -> QueueSpec,
+) -> (Cleanup, String) {
+    let mut clean = Cleanup::new(conn);
+    let q = clean.consumed_queue(&unique(prefix), &[]);
+    conn.declare_queue(&spec(QueueSpec::new(&q))).unwrap();
+    (clean, q)
+}
+
+/// A classic queue that holds one message and makes the broker nack (`x-overflow:
+/// reject-publish`) any publish that does not fit.
+pub fn full_at_one(spec: QueueSpec) -> QueueSpec {
+    spec.classic()
+        .max_length(1)
+        .argument("x-overflow", "reject-publish")
+}
+
+/// A connection to the tests' broker that reports to `observer`.
+pub fn connect_observed(observer: std::sync::Arc<dyn acemq_amqp::observe::Observer>) -> Connection {
+    connect_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .observer(observer),
+    )
+}
+
+/// Waits (up to `timeout`) for the first dead letter of `queue` in its `.dlq` and takes it.
+pub fn first_dead_letter(conn: &Connection, queue: &str, timeout: Duration) -> acemq_amqp::Message {
+    let dlq = acemq_amqp::dead_letter_queue(queue);
+    let mut dead = None;
+    assert!(
+        eventually(timeout, || {
+            dead = conn.get(&dlq).unwrap();
+            dead.is_some()
+        }),
+        "no dead letter in {dlq}"
+    );
+    dead.unwrap()
+}
+
+/// This test binary run again in a child process, to run only its ignored `crash_child` test
+/// (which the child's environment directs); add `.env(…)` and run it.
+pub fn crash_child() -> std::process::Command {
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args([
+        "crash_child",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    child
+}
+
+/// The headers the scheduler addresses a message with, none of which the delivered message
+/// keeps (with the broker's `x-death`).
+pub const SCHEDULE_ONLY_HEADERS: [&str; 5] = [
+    acemq_amqp::headers::SCHEDULE_EXCHANGE,
+    acemq_amqp::headers::SCHEDULE_ROUTING_KEY,
+    acemq_amqp::headers::SCHEDULE_DUE_AT,
+    acemq_amqp::headers::SCHEDULE_CONTENT_TYPE,
+    "x-death",
+];
+
+/// The TLS node's test certificates (`ACEMQ_TLS_DIR`, default `/var/tmp/acemq-tls`), or a
+/// failure saying how to start the node for the `test` binary.
+pub fn tls_certs(test: &str) -> std::path::PathBuf {
+    let base = std::env::var("ACEMQ_TLS_DIR").unwrap_or_else(|_| "/var/tmp/acemq-tls".into());
+    let dir = std::path::PathBuf::from(base).join("certs");
+    assert!(
+        dir.join("ca.crt").exists(),
+        "no test certificates in {}: the TLS node is not running. Run `scripts/test`, or \
+         `scripts/tls-node start` before `cargo test --features tls --test {test}`",
+        dir.display()
+    );
+    dir
 }
 
 /// The public `acemq_amqp::testing::Cleanup` on the tests' broker, made from a connection as
@@ -247,9 +355,8 @@ pub fn broker_major() -> u32 {
     })
 }
 
-/// Closes, from the broker's side, the connections whose client-provided `information` is
-/// exactly `name` (and no other test's). Returns how many were closed.
-pub fn close_connections_named(name: &str) -> usize {
+/// The broker's pids of the connections whose client-provided `information` is exactly `name`.
+pub fn connection_pids_named(name: &str) -> Vec<String> {
     let listing = rabbitmqctl(&[
         "list_connections",
         "pid",
@@ -257,13 +364,21 @@ pub fn close_connections_named(name: &str) -> usize {
         "-q",
         "--no-table-headers",
     ]);
-    let mut closed = 0;
-    for line in listing.lines().filter(|l| l.contains(name)) {
-        let pid = line.split('\t').next().unwrap_or_default();
+    listing
+        .lines()
+        .filter(|l| l.contains(name))
+        .map(|line| line.split('\t').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Closes, from the broker's side, the connections whose client-provided `information` is
+/// exactly `name` (and no other test's). Returns how many were closed.
+pub fn close_connections_named(name: &str) -> usize {
+    let pids = connection_pids_named(name);
+    for pid in &pids {
         rabbitmqctl(&["close_connection", pid, "closed by an acemq test"]);
-        closed += 1;
     }
-    closed
+    pids.len()
 }
 
 /// A fault proxy in front of the tests' broker and a connection through it that reconnects
@@ -284,4 +399,36 @@ pub fn through_proxy_with(
     let proxy = acemq_amqp::testing::FaultProxy::start(&amqp_url()).expect("fault proxy");
     let conn = connect_with(options.address(proxy.url()));
     (proxy, conn)
+}
+
+/// A started requester on `conn` whose requests go to `queue` through the default exchange.
+pub fn requester(
+    conn: &Connection,
+    queue: &str,
+) -> acemq_amqp::patterns::request_reply::RunningRequester {
+    use acemq_amqp::patterns::request_reply::{Requester, RequesterOptions};
+    Requester::new(conn, RequesterOptions::new().routing_key(queue))
+        .and_then(Requester::start)
+        .expect("a started requester")
+}
+
+/// The test responders' reply: `pong:` and the request's body.
+pub fn pong(request: &acemq_amqp::Message) -> acemq_amqp::Message {
+    acemq_amqp::Message::new(format!("pong:{}", String::from_utf8_lossy(&request.body)))
+}
+
+/// `handler`, counting its calls, and the count.
+pub fn counted(
+    handler: impl Fn(&acemq_amqp::Message) -> acemq_amqp::HandlerResult + Send + Sync + 'static,
+) -> (
+    std::sync::Arc<AtomicU64>,
+    impl Fn(&acemq_amqp::Message) -> acemq_amqp::HandlerResult + Send + Sync + 'static,
+) {
+    let calls = std::sync::Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    let counting = move |m: &acemq_amqp::Message| {
+        c.fetch_add(1, Ordering::SeqCst);
+        handler(m)
+    };
+    (calls, counting)
 }

@@ -59,3 +59,42 @@ pub fn outbox_and_relay(
     .unwrap();
     (store, table, relay)
 }
+
+/// The outbox's first scenario, on `conn`'s `queue` and `db`: a record added in a rolled-back
+/// transaction publishes nothing; added in a committed one, the relay publishes it once
+/// (confirmed) and deletes it.
+pub fn rollback_publishes_nothing_and_commit_publishes_once(
+    conn: &acemq_amqp::Connection,
+    q: &str,
+    db: &Db,
+) {
+    use acemq_amqp::JsonCodec;
+    let count = || conn.queue_info(q).unwrap().message_count;
+    let (store, table, relay) = outbox_and_relay(conn, db, 10);
+
+    let rec = acemq_amqp::patterns::outbox::record(
+        &JsonCodec,
+        "",
+        q,
+        &serde_json::json!({"order_id": "o-1"}),
+    )
+    .unwrap();
+    db.in_tx(false, |tx| store.add(tx, &rec).unwrap());
+    assert_eq!(db.count(&table), 0, "rolled back: no row");
+    assert_eq!(relay.sweep().unwrap(), 0);
+    assert_eq!(count(), 0, "nothing published");
+
+    let id = rec.headers["x-acemq-id"].as_str().unwrap().to_string();
+    db.in_tx(true, |tx| store.add(tx, &rec).unwrap());
+    assert_eq!(db.count(&table), 1, "committed: visible");
+    assert_eq!(relay.sweep().unwrap(), 1);
+    assert_eq!(db.count(&table), 0, "deleted after the confirm");
+    assert_eq!(relay.sweep().unwrap(), 0, "not published twice");
+    let got = conn.get(q).unwrap().expect("published");
+    assert_eq!(got.id(), id);
+    assert_eq!(got.content_type.as_deref(), Some("application/json"));
+    let body: serde_json::Value = got.decode(&JsonCodec).unwrap();
+    assert_eq!(body["order_id"], "o-1");
+    assert!(conn.get(q).unwrap().is_none());
+    relay.close().unwrap();
+}

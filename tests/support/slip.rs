@@ -54,3 +54,29 @@ pub fn step(
         .start(handler)
         .unwrap()
 }
+
+/// A step on `queue` (retried by `retry`) that only counts its runs and forwards nothing, and
+/// the count.
+pub fn counting_step(
+    conn: &Connection,
+    publisher: &acemq_amqp::Publisher,
+    queue: &str,
+    retry: RetryPolicy,
+) -> (RunningConsumer, Arc<std::sync::atomic::AtomicUsize>) {
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r = ran.clone();
+    let handler = follow_slip(
+        publisher,
+        move |_: &Message| {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok::<_, BoxError>(None)
+        },
+        FollowSlipOptions::new(),
+    );
+    let consumer = conn
+        .consumer(queue, ConsumerOptions::new().retry(retry))
+        .unwrap()
+        .start(handler)
+        .unwrap();
+    (consumer, ran)
+}
