@@ -275,6 +275,8 @@ fn ordering_on_the_options_holds_behind_a_wrapper_that_forwards_nothing() {
             .entry(key.clone())
             .or_default()
             .push(seq_of(m));
+        // The handler's work (not a wait for another thread): long enough for a second handler
+        // of the same key to overlap it if the ordering let one start.
         std::thread::sleep(Duration::from_micros(500));
         r.lock().unwrap().remove(&key);
         d.fetch_add(1, Ordering::SeqCst);
