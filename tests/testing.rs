@@ -319,7 +319,8 @@ fn cleanup_reports_but_does_not_panic_when_the_broker_is_unreachable() {
     };
     let ran = Arc::new(AtomicUsize::new(0));
     {
-        let mut clean = Cleanup::new(format!("amqp://guest:guest@127.0.0.1:{port}/"));
+        let mut clean = Cleanup::new(format!("amqp://guest:guest@127.0.0.1:{port}/"))
+            .deadline(Duration::from_secs(1));
         clean.queue("test.never-declared");
         let r = ran.clone();
         clean.on_drop("counting", move || {
@@ -328,6 +329,30 @@ fn cleanup_reports_but_does_not_panic_when_the_broker_is_unreachable() {
         clean.on_drop("a panicking action", || panic!("in an action"));
     }
     assert_eq!(ran.load(Ordering::SeqCst), 1, "the other actions still ran");
+}
+
+#[test]
+fn cleanup_keeps_trying_when_its_first_connect_to_the_broker_hangs() {
+    // A busy broker (CI's, with the whole suite running) can take longer than one connect
+    // timeout to answer the clean-up; it must try again within its deadline, not leave the
+    // test's queues behind.
+    let proxy = proxy();
+    let names = TestNames::current();
+    let q = names.queue("slow-broker");
+    let conn = connect();
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    proxy.hang(true);
+    let mut clean = Cleanup::new(proxy.url());
+    clean.queue(&q);
+    let dropping = std::thread::spawn(move || drop(clean));
+    wait_until(WAIT, || proxy.hung() >= 1).expect("the clean-up tried to connect");
+    proxy.hang(false);
+    dropping.join().unwrap();
+    let e = conn.queue_info(&q).unwrap_err();
+    assert!(
+        matches!(e, Error::NotFound { .. }),
+        "the queue was deleted on a later try: {e:?}"
+    );
 }
 
 fn order(id: &str, customer: &str) -> Message {

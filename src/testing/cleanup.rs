@@ -1,11 +1,18 @@
 //! [`Cleanup`]: deletes what a test declared when it is dropped, also when the test panics.
 
-use std::time::Duration;
+use std::io::Write;
+use std::time::{Duration, Instant};
 
 use crate::connection::ConnectionOptions;
 
-/// How long the clean-up waits to reach the broker.
+/// How long one try waits to reach the broker.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the clean-up keeps trying, by default.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// The longest pause between two tries.
+const MAX_PAUSE: Duration = Duration::from_secs(2);
 
 /// A clean-up action registered with [`Cleanup::on_drop`].
 type Action = Box<dyn FnOnce() + Send>;
@@ -35,12 +42,16 @@ type Action = Box<dyn FnOnce() + Send>;
 ///
 /// On drop it opens a connection of its own to `url` (the test's may be closed or cut by then),
 /// deletes the queues, then the exchanges, then runs the other actions (tables) in reverse
-/// order of registration. Nothing in it panics: what cannot be deleted (the broker unreachable,
-/// a table's database down) is reported on standard error, where the test harness shows it
-/// with the failing test, and the rest is still attempted. It blocks while it deletes (each
-/// broker step within the connection's operation timeout).
+/// order of registration. A busy broker may not answer the first try: what could not be
+/// deleted is tried again on a new connection, with pauses growing to 2 s, until its
+/// [`deadline`](Cleanup::deadline) (30 s by default). Nothing in it panics: what is still left
+/// at the deadline (the broker unreachable) is written to the process's standard error — past
+/// the test harness's capture, so a run's log shows it even when the test passed — and the
+/// rest is still attempted; a table that cannot be dropped is reported on standard error,
+/// where the harness shows it with the failing test. It blocks while it deletes.
 pub struct Cleanup {
     url: String,
+    deadline: Duration,
     queues: Vec<String>,
     exchanges: Vec<String>,
     actions: Vec<(String, Action)>,
@@ -63,10 +74,18 @@ impl Cleanup {
     pub fn new(url: impl Into<String>) -> Cleanup {
         Cleanup {
             url: url.into(),
+            deadline: DEADLINE,
             queues: Vec::new(),
             exchanges: Vec::new(),
             actions: Vec::new(),
         }
+    }
+
+    /// How long the deletes on the broker are tried at the end (30 s by default): a test that
+    /// expects an unreachable broker sets a short one.
+    pub fn deadline(mut self, deadline: Duration) -> Cleanup {
+        self.deadline = deadline;
+        self
     }
 
     /// Deletes queue `name` at the end with the failure queues a consumer of it declares,
@@ -148,39 +167,61 @@ impl Cleanup {
     }
 
     fn delete_on_broker(&mut self) {
-        if self.queues.is_empty() && self.exchanges.is_empty() {
-            return;
+        let end = Instant::now() + self.deadline;
+        let mut pause = Duration::from_millis(100);
+        let mut last = String::new();
+        while !(self.queues.is_empty() && self.exchanges.is_empty()) {
+            if let Some(failure) = self.try_deletes() {
+                last = failure;
+            }
+            if self.queues.is_empty() && self.exchanges.is_empty() {
+                return;
+            }
+            if Instant::now() + pause >= end {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "acemq cleanup: gave up after {:?} ({last}); left behind: queues {:?}, \
+                     exchanges {:?}",
+                    self.deadline,
+                    self.queues,
+                    self.exchanges
+                );
+                return;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(MAX_PAUSE);
         }
+    }
+
+    /// One try on a new connection: deletes what it can (a name the broker does not know is
+    /// done) and keeps the rest; the last failure, if any.
+    fn try_deletes(&mut self) -> Option<String> {
         let options = ConnectionOptions::new()
             .address(self.url.as_str())
             .name("acemq-test-cleanup")
             .connect_timeout(CONNECT_TIMEOUT);
         let connection = match crate::Connection::open_with(options) {
             Ok(c) => c,
-            Err(e) => {
-                eprintln!(
-                    "acemq cleanup: cannot reach the broker ({e}); left behind: queues {:?}, \
-                     exchanges {:?}",
-                    self.queues, self.exchanges
-                );
-                return;
-            }
+            Err(e) => return Some(format!("cannot reach the broker: {e}")),
         };
-        for q in &self.queues {
-            match connection.delete_queue(q) {
-                Ok(_) | Err(crate::Error::NotFound { .. }) => {}
-                Err(e) => eprintln!("acemq cleanup: could not delete queue {q}: {e}"),
+        let mut failure = None;
+        self.queues.retain(|q| match connection.delete_queue(q) {
+            Ok(_) | Err(crate::Error::NotFound { .. }) => false,
+            Err(e) => {
+                failure = Some(format!("could not delete queue {q}: {e}"));
+                true
             }
-        }
-        for x in &self.exchanges {
-            match connection.delete_exchange(x) {
-                Ok(()) | Err(crate::Error::NotFound { .. }) => {}
-                Err(e) => eprintln!("acemq cleanup: could not delete exchange {x}: {e}"),
-            }
-        }
-        if let Err(e) = connection.close() {
-            eprintln!("acemq cleanup: closing its connection: {e}");
-        }
+        });
+        self.exchanges
+            .retain(|x| match connection.delete_exchange(x) {
+                Ok(()) | Err(crate::Error::NotFound { .. }) => false,
+                Err(e) => {
+                    failure = Some(format!("could not delete exchange {x}: {e}"));
+                    true
+                }
+            });
+        let _ = connection.close();
+        failure
     }
 }
 
