@@ -29,8 +29,10 @@ pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
     timer: Sender<TimerMsg>,
 ) {
     // A batch never waits for more deliveries than the broker lets this worker have unsettled.
-    let workers = ctx.concurrency.max(1);
-    let max = max.min((usize::from(ctx.prefetch) / workers).max(1)).max(1);
+    let workers = ctx.concurrency().max(1);
+    let max = max
+        .min((usize::from(ctx.prefetch()) / workers).max(1))
+        .max(1);
     let never = crossbeam_channel::never();
     let mut ending = false;
     while !ending {

@@ -1,19 +1,20 @@
 //! [`Consumer`]: a consumer configured and validated (`Connection::consumer`), not yet running;
 //! [`Consumer::run`] runs it on the caller's thread.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
 use super::context::{Context, InFlight};
+use super::flow::Ended;
 use super::ladder::copy_failures::CopyFailures;
 use super::ladder::policy::declare_failure_topology;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
-use super::runtime::run_on;
+use super::runtime::{run_on, Outer};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::publish::PublisherOptions;
@@ -47,7 +48,6 @@ use crate::stop::StopHandle;
 /// ```
 pub struct Consumer {
     pub(super) ctx: Arc<Context>,
-    pub(super) concurrency: usize,
     pub(super) stop: StopHandle,
     pub(super) stop_rx: Receiver<()>,
 }
@@ -56,8 +56,8 @@ impl std::fmt::Debug for Consumer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Consumer")
             .field("queue", &self.ctx.queue)
-            .field("prefetch", &self.ctx.prefetch)
-            .field("concurrency", &self.concurrency)
+            .field("prefetch", &self.ctx.prefetch())
+            .field("concurrency", &self.ctx.concurrency())
             .finish()
     }
 }
@@ -87,11 +87,12 @@ impl Connection {
             policy: options.retry,
             codec: options.codec.unwrap_or_else(|| self.codec()),
             observer: self.observer().clone(),
-            prefetch: options.prefetch,
-            concurrency: options.concurrency,
+            prefetch_now: AtomicU16::new(options.prefetch),
+            concurrency_now: AtomicUsize::new(options.concurrency),
             exclusive: options.exclusive,
             arguments: options.arguments,
-            shutdown_timeout: options.shutdown_timeout,
+            shutdown_timeout_now: parking_lot::Mutex::new(options.shutdown_timeout),
+            paused: AtomicBool::new(false),
             copy_failures: CopyFailures::default(),
             generation: AtomicU64::new(0),
             stopping: flag.clone(),
@@ -114,7 +115,6 @@ impl Connection {
         });
         Ok(Consumer {
             ctx,
-            concurrency: options.concurrency,
             stop: StopHandle::with_waker(flag, tx),
             stop_rx,
         })
@@ -169,7 +169,16 @@ impl Consumer {
     /// closed.
     pub fn run<H: Handler + Sync + ?Sized>(&self, handler: &H) -> Result<CloseReport> {
         check_inline(&self.ctx, handler)?;
-        run_on(&self.ctx, self.concurrency, handler, &self.stop_rx, None)
+        let never = crossbeam_channel::never();
+        let lines = Outer {
+            stop: &self.stop_rx,
+            control: &never,
+        };
+        match run_on(&self.ctx, handler, &lines, None, None)? {
+            Ended::Closed(report) => Ok(report),
+            // No control line: nothing can pause it.
+            Ended::Control(report, _) => Ok(report),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! of deliveries in flight per subscription ([`InFlight`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,12 +24,20 @@ pub(crate) struct Context {
     pub(crate) policy: RetryPolicy,
     pub(crate) codec: Arc<dyn Codec>,
     pub(crate) observer: Arc<dyn Observer>,
-    pub(crate) prefetch: u16,
-    /// Worker threads (a batching worker takes at most its share of the prefetch).
-    pub(crate) concurrency: usize,
+    /// The prefetch of each subscription: [`prefetch`](Self::prefetch); changed between two
+    /// subscriptions by `RunningConsumer::set_prefetch` (`flow.rs`).
+    pub(crate) prefetch_now: AtomicU16,
+    /// Worker threads (a batching worker takes at most its share of the prefetch):
+    /// [`concurrency`](Self::concurrency); changed between two subscriptions by
+    /// `RunningConsumer::scale_to`.
+    pub(crate) concurrency_now: AtomicUsize,
     pub(crate) exclusive: bool,
     pub(crate) arguments: BTreeMap<String, HeaderValue>,
-    pub(crate) shutdown_timeout: Duration,
+    /// How long closing waits for running handlers: [`shutdown_timeout`](Self::shutdown_timeout);
+    /// `RunningConsumer::drain` sets its own.
+    pub(crate) shutdown_timeout_now: parking_lot::Mutex<Duration>,
+    /// Paused by the application (`flow.rs`): not subscribed, on purpose, until resumed.
+    pub(crate) paused: AtomicBool,
     /// Copies that could not be published, per message id, for the back-off.
     pub(crate) copy_failures: CopyFailures,
     /// The current subscription's generation; jobs from older ones are skipped.
@@ -80,6 +88,21 @@ impl Context {
         handler: &'a H,
     ) -> Option<&'a OrderBy> {
         self.order.as_deref().or_else(|| handler.ordering())
+    }
+
+    /// The prefetch of the current (or next) subscription.
+    pub(crate) fn prefetch(&self) -> u16 {
+        self.prefetch_now.load(Ordering::SeqCst)
+    }
+
+    /// The worker threads of the current (or next) subscription.
+    pub(crate) fn concurrency(&self) -> usize {
+        self.concurrency_now.load(Ordering::SeqCst)
+    }
+
+    /// How long closing waits for running handlers.
+    pub(crate) fn shutdown_timeout(&self) -> Duration {
+        *self.shutdown_timeout_now.lock()
     }
 
     pub(crate) fn stop_requested(&self) -> bool {

@@ -39,6 +39,11 @@ impl HealthSource for ConsumerHealth {
             HealthReport::degraded(
                 "the consumer has stopped (stopped or failed); nothing reads the queue",
             )
+        } else if ctx.paused.load(Ordering::SeqCst) {
+            // Degraded, not down: the application paused it on purpose.
+            HealthReport::degraded(
+                "paused by the application: nothing reads the queue until resumed",
+            )
         } else if subscribed {
             HealthReport::up()
         } else if ctx.stop_requested() {
@@ -49,9 +54,10 @@ impl HealthSource for ConsumerHealth {
         report = report
             .part("queue", ctx.queue.clone())
             .part("subscribed", subscribed && !ended)
+            .part("paused", ctx.paused.load(Ordering::SeqCst))
             .part("inFlight", taken + buffered)
-            .part("prefetch", ctx.prefetch)
-            .part("concurrency", ctx.concurrency)
+            .part("prefetch", ctx.prefetch())
+            .part("concurrency", ctx.concurrency())
             .part(
                 "lastSettlementAgeMillis",
                 age.map_or(serde_json::Value::Null, serde_json::Value::from),

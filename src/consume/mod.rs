@@ -59,6 +59,7 @@
 //! | `options.rs` | [`ConsumerOptions`] and their validation |
 //! | `consumer.rs` | [`Consumer`]: made by `Connection::consumer` (validated, no threads), [`Consumer::run`] on the caller's thread |
 //! | `running.rs` | [`Consumer::start`], `Connection::consume`, [`RunningConsumer`] (close, wait, drop) |
+//! | `flow.rs` | flow control of a running consumer: [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch`, `drain` (each ends the subscription as a close does and keeps the consumer), and the consumer thread's loop of subscriptions that carries them out |
 //! | `report.rs` | [`CloseReport`] |
 //! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
 //! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
@@ -83,6 +84,7 @@ mod at_most_once;
 mod batches;
 mod consumer;
 mod context;
+mod flow;
 mod health;
 mod hook;
 mod ladder;

@@ -37,6 +37,7 @@ use crossbeam_channel::{Receiver, Select, Sender};
 
 use super::acks::Acks;
 use super::context::Context;
+use super::flow::{Control, Ended, Started};
 use super::ladder::timer::STOP_TIMEOUT;
 use super::ordered::Ordered;
 use super::outcome::OrderBy;
@@ -56,33 +57,41 @@ use crate::error::{Error, Result};
 enum End {
     /// Stop requested: shut down and return the report.
     Stop(CloseReport),
+    /// The application's flow control ended the subscription (shut down as for a stop).
+    Control(CloseReport, Control),
     /// The channel or connection went away: subscribe again.
     Lost(String),
 }
 
-/// Runs until stopped, recovering with the connection. `started` hears about the first
-/// subscription (or its failure).
+/// Runs until stopped (or a [`Control`] ends the subscription), recovering with the
+/// connection. `started` hears about the first subscription (or its failure).
 pub(crate) fn run(
     ctx: &Context,
     order: Option<&OrderBy>,
     lines: &Lines<'_>,
-    mut started: Option<Sender<Result<()>>>,
-) -> Result<CloseReport> {
-    let mut generation = 0u64;
+    started: Option<Started>,
+) -> Result<Ended> {
+    // Generations go on from the consumer's last subscription (flow control subscribes again).
+    let mut generation = ctx.generation.load(Ordering::SeqCst);
+    let retry_first = started.as_ref().is_some_and(|s| s.retry);
+    let mut started = started.map(|s| s.tx);
     loop {
-        // Before the first subscription any error is the caller's; after it, only a closed
-        // connection or a refusal that retrying cannot fix ends the consumer.
-        let first = started.is_some();
+        // Before the first subscription any error is the caller's (unless it asked for the
+        // first to be retried, as a resume does); after it, only a closed connection or a
+        // refusal that retrying cannot fix ends the consumer.
+        let first = started.is_some() && !retry_first;
         let link = match wait_for_link(ctx, first) {
             Ok(Some(link)) => link,
-            Ok(None) => return Ok(CloseReport::default()),
-            Err(e) => return fail(&mut started, e),
+            Ok(None) => return Ok(Ended::Closed(CloseReport::default())),
+            Err(e) => return fail(&mut started, e).map(Ended::Closed),
         };
         generation += 1;
         begin_generation(ctx, generation, lines.queued);
         let channel = match subscribe_channel(ctx, &link) {
             Ok(c) => c,
-            Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
+            Err(e) if first || !e.is_retriable() => {
+                return fail(&mut started, e).map(Ended::Closed)
+            }
             Err(e) => {
                 log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
                 std::thread::sleep(Duration::from_millis(200));
@@ -94,7 +103,9 @@ pub(crate) fn run(
         let returns = match ctx.hook.as_ref().filter(|h| h.listens_for_returns()) {
             Some(_) => match channel.listen_for_returns() {
                 Ok(returns) => returns,
-                Err(e) if first => return fail(&mut started, consume_error(&ctx.queue, e)),
+                Err(e) if first => {
+                    return fail(&mut started, consume_error(&ctx.queue, e)).map(Ended::Closed)
+                }
                 Err(e) => {
                     log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
                     continue;
@@ -104,7 +115,9 @@ pub(crate) fn run(
         };
         let consumer = match consume_on(ctx, &channel) {
             Ok(c) => c,
-            Err(e) if first || !e.is_retriable() => return fail(&mut started, e),
+            Err(e) if first || !e.is_retriable() => {
+                return fail(&mut started, e).map(Ended::Closed)
+            }
             Err(e) => {
                 log::warn!("acemq: resubscribing to {} failed: {e}", ctx.who());
                 continue;
@@ -136,7 +149,8 @@ pub(crate) fn run(
         }
         count_returned(ctx, &returns);
         match end {
-            Ok(End::Stop(report)) => return Ok(report),
+            Ok(End::Stop(report)) => return Ok(Ended::Closed(report)),
+            Ok(End::Control(report, control)) => return Ok(Ended::Control(report, control)),
             Ok(End::Lost(_)) => {}
             Err(e) => return Err(e),
         }
@@ -145,7 +159,7 @@ pub(crate) fn run(
 
 /// Ends one subscription: cancels the amiquip consumer (unless stop already did) and says why.
 fn end_subscription(ctx: &Context, end: &Result<End>, consumer: crate::transport::Consumer<'_>) {
-    if !matches!(end, Ok(End::Stop(_))) {
+    if !matches!(end, Ok(End::Stop(_) | End::Control(..))) {
         // Stop already cancelled it; see `cancel_and_drain` for why this must run.
         cancel_and_drain(&ctx.queue, &consumer, drop);
     }
@@ -180,6 +194,8 @@ pub(crate) struct Lines<'a> {
     pub(crate) settles: &'a Receiver<Settle>,
     /// From a [`StopHandle`](super::StopHandle).
     pub(crate) stop: &'a Receiver<()>,
+    /// From the application's flow control (`flow.rs`).
+    pub(crate) control: &'a Receiver<Control>,
     /// To the timer thread.
     pub(crate) timer: &'a Sender<TimerMsg>,
 }
@@ -205,6 +221,7 @@ fn serve(
         let on_returned = returned.register(&mut select);
         let on_delivery = deliveries.register(&mut select);
         let on_settle = select.recv(lines.settles);
+        let on_control = select.recv(lines.control);
         select.recv(lines.stop);
         let op = select.select();
         match op.index() {
@@ -235,6 +252,18 @@ fn serve(
                     return Ok(End::Lost(e.to_string()));
                 }
             }
+            i if i == on_control => match op.recv(lines.control) {
+                Ok(Control::Resume(reply)) => {
+                    // Not paused: nothing to do.
+                    let _ = reply.send(Ok(()));
+                }
+                Ok(control) => {
+                    shutdown(ctx, channel, consumer, state, lines, &mut report);
+                    return Ok(End::Control(report, control));
+                }
+                // The running consumer's handle is gone: it is being dropped, which stops it.
+                Err(_) => {}
+            },
             _ => {
                 let _ = op.recv(lines.stop);
                 shutdown(ctx, channel, consumer, state, lines, &mut report);
@@ -377,7 +406,7 @@ fn shutdown(
     settled_some(ctx);
     // Each worker with a feed reports the end of the subscription once (none for an ordered
     // handler: the owner reads it).
-    let deadline = Instant::now() + ctx.shutdown_timeout;
+    let deadline = Instant::now() + ctx.shutdown_timeout();
     while ctx.in_flight.count() > 0 || state.ended < lines.feeds.len() {
         match lines.settles.recv_deadline(deadline) {
             Ok(s) => {
@@ -419,7 +448,7 @@ fn shutdown(
              back to the queue, and their handlers' results will be dropped",
             report.abandoned,
             ctx.who(),
-            ctx.shutdown_timeout
+            ctx.shutdown_timeout()
         );
     }
 }

@@ -6,14 +6,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 
 use super::consumer::{check_inline, Consumer};
+use super::context::Context;
+use super::flow::{self, Control};
 use super::health::ConsumerHealth;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
-use super::runtime::run_on;
+use super::runtime::Outer;
 use crate::connection::Connection;
 use crate::error::{panic_message, Error, Result};
 use crate::health::Registered;
@@ -55,7 +57,7 @@ impl Consumer {
         let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         let ctx = self.ctx.clone();
         let stop_rx = self.stop_rx.clone();
-        let concurrency = self.concurrency;
+        let (control, control_rx) = crossbeam_channel::unbounded();
         let ended = Arc::new(AtomicBool::new(false));
         let ended_on_thread = EndedOnDrop(ended.clone());
         let thread = std::thread::Builder::new()
@@ -66,15 +68,14 @@ impl Consumer {
                 // after every worker has ended. A failure that reached neither sender (a
                 // thread that could not be spawned, a panic) goes out on `done_tx` too.
                 let failed = done_tx.clone();
+                let outer = Outer {
+                    stop: &stop_rx,
+                    control: &control_rx,
+                };
                 let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    run_on(
-                        &ctx,
-                        concurrency,
-                        &handler,
-                        &stop_rx,
-                        Some((started_tx, done_tx)),
-                    )
+                    flow::run(&ctx, &handler, &outer, started_tx, &done_tx)
                 }));
+                drop(control_rx);
                 let e = match ran {
                     Ok(Ok(_)) => return,
                     Ok(Err(e)) => e,
@@ -109,6 +110,7 @@ impl Consumer {
                     }));
                 Ok(RunningConsumer {
                     consumer: self,
+                    control,
                     thread: Some(thread),
                     done: done_rx,
                     _health: health,
@@ -135,6 +137,8 @@ impl Consumer {
 /// timeout).
 pub struct RunningConsumer {
     consumer: Consumer,
+    /// To the consumer's thread: flow control (`flow.rs`).
+    control: Sender<Control>,
     thread: Option<JoinHandle<()>>,
     done: Receiver<Result<CloseReport>>,
     /// Lists it in [`Connection::health`](crate::Connection::health) while it lives.
@@ -159,6 +163,17 @@ impl std::fmt::Debug for RunningConsumer {
 }
 
 impl RunningConsumer {
+    pub(super) fn context(&self) -> &Context {
+        &self.consumer.ctx
+    }
+
+    /// Hands `control` to the consumer's thread.
+    pub(super) fn control(&self, control: Control) -> Result<()> {
+        self.control
+            .send(control)
+            .map_err(|_| Error::Closed { what: "consumer" })
+    }
+
     /// A handle that stops this consumer from any thread.
     pub fn stop_handle(&self) -> StopHandle {
         self.consumer.stop_handle()

@@ -4,6 +4,7 @@
 use crossbeam_channel::{Receiver, Sender};
 
 use super::context::Context;
+use super::flow::{Control, Ended, Started};
 use super::ladder::timer::{self, STOP_TIMEOUT};
 use super::outcome::Handler;
 use super::owner;
@@ -13,28 +14,32 @@ use super::source::Source;
 use super::worker;
 use crate::error::{Error, Result};
 
-/// Where a spawned consumer reports its first subscription and its close report.
-type Spawned = (Sender<Result<()>>, Sender<Result<CloseReport>>);
+/// What reaches a running consumer from outside: a stop, and the application's flow control
+/// (`flow.rs`).
+pub(super) struct Outer<'a> {
+    pub(super) stop: &'a Receiver<()>,
+    pub(super) control: &'a Receiver<Control>,
+}
 
-/// Runs the owner on this thread and the workers on scoped threads. With `spawned`, the first
-/// subscription is reported on its first sender and the close report on its second as soon as
-/// the owner is done — before waiting for handlers still running past the deadline.
+/// Runs one subscription's life — the owner on this thread, the workers on scoped threads —
+/// until it is stopped, fails, or a [`Control`] ends it (then it says which, with the report of
+/// that subscription's end). `started` hears of the first subscription (a failure to subscribe
+/// is fatal while it is there, unless `retry_first`). With `done`, a final end (a stop or a
+/// failure) is reported there as soon as the owner is done — before waiting for handlers still
+/// running past the deadline — and `Ended::Closed` returned with an empty report.
 pub(super) fn run_on<H: Handler + Sync + ?Sized>(
     ctx: &Context,
-    concurrency: usize,
     handler: &H,
-    stop_rx: &Receiver<()>,
-    spawned: Option<Spawned>,
-) -> Result<CloseReport> {
-    let (started, done) = match spawned {
-        Some((s, d)) => (Some(s), Some(d)),
-        None => (None, None),
-    };
-    let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(usize::from(ctx.prefetch));
+    outer: &Outer<'_>,
+    started: Option<Started>,
+    done: Option<&Sender<Result<CloseReport>>>,
+) -> Result<Ended> {
+    let concurrency = ctx.concurrency();
+    let (jobs_tx, jobs_rx) = crossbeam_channel::bounded::<Job>(usize::from(ctx.prefetch()));
     let (settle_tx, settle_rx) = crossbeam_channel::unbounded::<Settle>();
     // Each held retry is an unsettled delivery, so the prefetch bounds the timer's input too.
     let (timer_tx, timer_rx) =
-        crossbeam_channel::bounded::<TimerMsg>(usize::from(ctx.prefetch) + 1);
+        crossbeam_channel::bounded::<TimerMsg>(usize::from(ctx.prefetch()) + 1);
     // Without ordering each worker reads the subscription itself; the owner hands each one the
     // subscription's buffer on `feeds` (one a reconnect).
     let order = ctx.ordering(handler);
@@ -80,7 +85,8 @@ pub(super) fn run_on<H: Handler + Sync + ?Sized>(
             queued: &jobs_rx,
             feeds: &feeds,
             settles: &settle_rx,
-            stop: stop_rx,
+            stop: outer.stop,
+            control: outer.control,
             timer: &timer_tx,
         };
         let result = owner::run(ctx, order, &lines, started);
@@ -90,12 +96,13 @@ pub(super) fn run_on<H: Handler + Sync + ?Sized>(
         drop(jobs_tx);
         let _ = timer_tx.send_timeout(TimerMsg::Stop, STOP_TIMEOUT);
         drop(timer_tx);
-        match done {
-            Some(done) => {
-                let _ = done.try_send(result);
-                Ok(CloseReport::default())
+        match (done, result) {
+            (_, Ok(ended @ Ended::Control(..))) => Ok(ended),
+            (Some(done), result) => {
+                let _ = done.try_send(result.map(|ended| ended.report()));
+                Ok(Ended::Closed(CloseReport::default()))
             }
-            None => result,
+            (None, result) => result,
         }
     })
 }

@@ -210,7 +210,7 @@ pub(super) fn settle(
         // deliver the message again — a second run at most once forbids. A synchronous method
         // on the same channel is answered only after the broker has processed everything sent
         // before it, the acks included; re-stating the prefetch changes nothing.
-        let processed = channel.qos(0, ctx.prefetch, false);
+        let processed = channel.qos(0, ctx.prefetch(), false);
         for (tag, question) in acked_first {
             if question.answer(processed.is_ok()) {
                 continue;

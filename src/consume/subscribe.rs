@@ -115,7 +115,7 @@ pub(super) fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result
 pub(super) fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
     let channel = link.open_channel()?;
     channel
-        .qos(0, ctx.prefetch, false)
+        .qos(0, ctx.prefetch(), false)
         .map_err(|e| Error::amqp(format!("setting prefetch on {:?}", ctx.queue), e))?;
     Ok(channel)
 }
