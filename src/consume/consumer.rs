@@ -8,7 +8,7 @@ use std::time::Duration;
 use crossbeam_channel::Receiver;
 
 use super::context::{Context, InFlight};
-use super::flow::Ended;
+use super::control::Ended;
 use super::ladder::copy_failures::CopyFailures;
 use super::ladder::policy::declare_failure_topology;
 use super::options::ConsumerOptions;

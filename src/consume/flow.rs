@@ -1,10 +1,10 @@
 //! Flow control of a running consumer: [`RunningConsumer::pause`], [`resume`], [`scale_to`],
-//! [`set_prefetch`] and [`drain`], and the consumer thread's loop that carries them out.
+//! [`set_prefetch`] and [`drain`]; the consumer thread carries them out (`lifecycle.rs`).
 //!
 //! Each of `pause`, `scale_to` and `set_prefetch` ends the current subscription exactly as a
 //! close does (`owner.rs` `shutdown`: `basic.cancel`, what was received and not started given
 //! back without spending RabbitMQ 4.x's delivery limit, running handlers finished and settled
-//! up to the shutdown timeout) but keeps the consumer: its threads' loop (`run`, below) then
+//! up to the shutdown timeout) but keeps the consumer: its thread's loop (`lifecycle.rs`) then
 //! waits for a resume, or subscribes again at once with the new concurrency or prefetch. So no
 //! delivery is lost or handled twice by flow control, an ordering key's order holds across it
 //! (nothing of the old subscription is still running when the new one starts, except a handler
@@ -19,154 +19,14 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crossbeam_channel::{Select, Sender};
-
-use super::context::Context;
-use super::outcome::Handler;
+use super::control::Control;
 use super::report::CloseReport;
 use super::running::RunningConsumer;
-use super::runtime::{run_on, Outer};
 use crate::error::{Error, Result};
 
 /// The most worker threads [`RunningConsumer::scale_to`] accepts (as many as a prefetch can
 /// keep busy).
 const MAX_CONCURRENCY: usize = u16::MAX as usize;
-
-/// What the application asks of a running consumer.
-pub(crate) enum Control {
-    /// End the subscription and wait for a resume; the report of its end goes back.
-    Pause(Sender<CloseReport>),
-    /// Subscribe again (a consumer that is not paused answers at once).
-    Resume(Sender<Result<()>>),
-    /// End the subscription and subscribe again with these.
-    Scale {
-        concurrency: usize,
-        prefetch: u16,
-        reply: Sender<Result<()>>,
-    },
-}
-
-/// How one subscription's life ended (`runtime.rs` `run_on`).
-pub(crate) enum Ended {
-    /// Stopped, for good: the consumer's report.
-    Closed(CloseReport),
-    /// A [`Control`] ended the subscription: the report of its end, and the control to carry
-    /// out.
-    Control(CloseReport, Control),
-}
-
-impl Ended {
-    pub(crate) fn report(self) -> CloseReport {
-        match self {
-            Ended::Closed(r) | Ended::Control(r, _) => r,
-        }
-    }
-}
-
-/// Where the owner reports its first subscription; `retry`: a failure to subscribe is retried
-/// as after a reconnect (a resume), not the caller's error (a start).
-pub(crate) struct Started {
-    pub(crate) tx: Sender<Result<()>>,
-    pub(crate) retry: bool,
-}
-
-/// The consumer thread's loop: one subscription's life after another, until a stop or a
-/// failure. The final report goes out on `done` (by `run_on`).
-pub(super) fn run<H: Handler + Sync + ?Sized>(
-    ctx: &Context,
-    handler: &H,
-    outer: &Outer<'_>,
-    started: Sender<Result<()>>,
-    done: &Sender<Result<CloseReport>>,
-) -> Result<()> {
-    let mut started = Some(Started {
-        tx: started,
-        retry: false,
-    });
-    loop {
-        let Ended::Control(report, control) =
-            run_on(ctx, handler, outer, started.take(), Some(done))?
-        else {
-            return Ok(());
-        };
-        let reply = match control {
-            Control::Pause(reply) => {
-                ctx.paused.store(true, Ordering::SeqCst);
-                let _ = reply.send(report);
-                match wait_paused(ctx, outer) {
-                    Some(reply) => reply,
-                    None => {
-                        ctx.paused.store(false, Ordering::SeqCst);
-                        let report = CloseReport {
-                            handled: ctx.handled.load(Ordering::Relaxed),
-                            ..CloseReport::default()
-                        };
-                        let _ = done.try_send(Ok(report));
-                        return Ok(());
-                    }
-                }
-            }
-            Control::Scale {
-                concurrency,
-                prefetch,
-                reply,
-            } => {
-                rescale(ctx, concurrency, prefetch);
-                reply
-            }
-            Control::Resume(reply) => reply,
-        };
-        ctx.paused.store(false, Ordering::SeqCst);
-        // The close set the stop flag; a stop asked meanwhile is still on `outer.stop`, which
-        // the next subscription's owner reads first thing.
-        ctx.stopping.store(false, Ordering::SeqCst);
-        started = Some(Started {
-            tx: reply,
-            retry: true,
-        });
-    }
-}
-
-/// Paused: waits for a resume (its reply) or a stop (`None`). A scale while paused changes
-/// what the next subscription uses.
-fn wait_paused(ctx: &Context, outer: &Outer<'_>) -> Option<Sender<Result<()>>> {
-    loop {
-        let mut select = Select::new();
-        let on_control = select.recv(outer.control);
-        select.recv(outer.stop);
-        let op = select.select();
-        if op.index() != on_control {
-            let _ = op.recv(outer.stop);
-            return None;
-        }
-        match op.recv(outer.control) {
-            Ok(Control::Resume(reply)) => return Some(reply),
-            Ok(Control::Pause(reply)) => {
-                let _ = reply.send(CloseReport::default());
-            }
-            Ok(Control::Scale {
-                concurrency,
-                prefetch,
-                reply,
-            }) => {
-                rescale(ctx, concurrency, prefetch);
-                let _ = reply.send(Ok(()));
-            }
-            // The handle is gone (dropped, which stops the consumer).
-            Err(_) => return None,
-        }
-    }
-}
-
-fn rescale(ctx: &Context, concurrency: usize, prefetch: u16) {
-    ctx.concurrency_now.store(concurrency, Ordering::SeqCst);
-    ctx.prefetch_now.store(prefetch, Ordering::SeqCst);
-    log::info!(
-        "acemq: consumer of {} subscribes again with concurrency {concurrency} and prefetch \
-         {prefetch}",
-        ctx.who()
-    );
-}
 
 impl RunningConsumer {
     /// Stops taking deliveries without closing the consumer: `basic.cancel`, what was received

@@ -59,7 +59,9 @@
 //! | `options.rs` | [`ConsumerOptions`] and their validation |
 //! | `consumer.rs` | [`Consumer`]: made by `Connection::consumer` (validated, no threads), [`Consumer::run`] on the caller's thread |
 //! | `running.rs` | [`Consumer::start`], `Connection::consume`, [`RunningConsumer`] (close, wait, drop) |
-//! | `flow.rs` | flow control of a running consumer: [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch`, `drain` (each ends the subscription as a close does and keeps the consumer), and the consumer thread's loop of subscriptions that carries them out |
+//! | `flow.rs` | flow control of a running consumer: [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch`, `drain` (each ends the subscription as a close does and keeps the consumer) |
+//! | `control.rs` | what flow control sends the consumer's thread (`Control`), how a subscription's life ends (`Ended`) |
+//! | `lifecycle.rs` | the consumer thread's loop of subscriptions: a stop or failure ends it; a pause waits for a resume; a scale subscribes again with the new numbers |
 //! | `report.rs` | [`CloseReport`] |
 //! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
 //! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
@@ -84,10 +86,12 @@ mod at_most_once;
 mod batches;
 mod consumer;
 mod context;
+mod control;
 mod flow;
 mod health;
 mod hook;
 mod ladder;
+mod lifecycle;
 mod limit_warning;
 mod options;
 mod ordered;

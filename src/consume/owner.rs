@@ -37,7 +37,7 @@ use crossbeam_channel::{Receiver, Select, Sender};
 
 use super::acks::Acks;
 use super::context::Context;
-use super::flow::{Control, Ended, Started};
+use super::control::{Control, Ended, Started};
 use super::ladder::timer::STOP_TIMEOUT;
 use super::ordered::Ordered;
 use super::outcome::OrderBy;

@@ -10,8 +10,9 @@ use crossbeam_channel::{Receiver, Sender};
 
 use super::consumer::{check_inline, Consumer};
 use super::context::Context;
-use super::flow::{self, Control};
+use super::control::Control;
 use super::health::ConsumerHealth;
+use super::lifecycle;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
@@ -73,7 +74,7 @@ impl Consumer {
                     control: &control_rx,
                 };
                 let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    flow::run(&ctx, &handler, &outer, started_tx, &done_tx)
+                    lifecycle::run(&ctx, &handler, &outer, started_tx, &done_tx)
                 }));
                 drop(control_rx);
                 let e = match ran {

@@ -4,7 +4,7 @@
 use crossbeam_channel::{Receiver, Sender};
 
 use super::context::Context;
-use super::flow::{Control, Ended, Started};
+use super::control::{Control, Ended, Started};
 use super::ladder::timer::{self, STOP_TIMEOUT};
 use super::outcome::Handler;
 use super::owner;
