@@ -270,6 +270,7 @@ pub mod observe;
 mod outcome;
 pub mod patterns;
 mod publish;
+pub mod service;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 mod stop;

@@ -186,6 +186,63 @@ impl RunningResponder {
         self.stop.clone()
     }
 
+    /// Stops taking requests without closing ([`RunningConsumer::pause`]): running handlers
+    /// finish and reply, what was prefetched goes back to the queue.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`](crate::Error::Closed) when it has ended.
+    pub fn pause(&self) -> Result<CloseReport> {
+        self.consumer()?.pause()
+    }
+
+    /// Takes requests again after [`pause`](Self::pause) ([`RunningConsumer::resume`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`](crate::Error::Closed) when it has ended.
+    pub fn resume(&self) -> Result<()> {
+        self.consumer()?.resume()
+    }
+
+    /// Runs `concurrency` handlers at once from now on ([`RunningConsumer::scale_to`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RunningConsumer::scale_to`].
+    pub fn scale_to(&self, concurrency: usize) -> Result<()> {
+        self.consumer()?.scale_to(concurrency)
+    }
+
+    /// True once its consumer has ended (stopped, or failed).
+    pub fn is_finished(&self) -> bool {
+        self.running
+            .as_ref()
+            .is_none_or(RunningConsumer::is_finished)
+    }
+
+    /// Closes as [`close`](Self::close) does, waiting up to `timeout` (not the consumer's
+    /// shutdown timeout) for running handlers ([`RunningConsumer::drain`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`close`](Self::close).
+    pub fn drain(mut self, timeout: std::time::Duration) -> Result<CloseReport> {
+        let report = match self.running.take() {
+            Some(r) => r.drain(timeout),
+            None => Ok(CloseReport::default()),
+        };
+        let closed = self.publisher.close();
+        let report = report?;
+        closed.map(|_| report)
+    }
+
+    fn consumer(&self) -> Result<&RunningConsumer> {
+        self.running
+            .as_ref()
+            .ok_or(crate::Error::Closed { what: "responder" })
+    }
+
     /// Stops taking requests, lets running handlers finish and publish their replies (up to
     /// the consumer's shutdown timeout), joins the threads and closes the publisher for confirmed
     /// replies.

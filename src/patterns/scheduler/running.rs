@@ -206,6 +206,28 @@ impl RunningScheduler {
         }
     }
 
+    /// True once its control consumer has ended (stopped, or failed).
+    pub fn is_finished(&self) -> bool {
+        self.consumer
+            .as_ref()
+            .is_none_or(RunningConsumer::is_finished)
+    }
+
+    /// Closes as [`close`](Self::close) does, waiting up to `timeout` (not the control
+    /// consumer's shutdown timeout) for a hop under way ([`RunningConsumer::drain`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`close`](Self::close).
+    pub fn drain(mut self, timeout: std::time::Duration) -> Result<CloseReport> {
+        let report = match self.consumer.take() {
+            Some(c) => c.drain(timeout),
+            None => Ok(CloseReport::default()),
+        };
+        let _ = self.inner.publisher.close();
+        report
+    }
+
     /// Stops the control consumer (a hop under way finishes and is acknowledged) and closes
     /// the publisher.
     ///
