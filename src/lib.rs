@@ -45,8 +45,8 @@
 //!   any exporter (Prometheus and the like).
 //! * [`health`]: [`Connection::health`] — the broker link, running consumers and relays, the
 //!   application's checks under deadlines; `up` / `degraded` / `down` and the family's JSON.
-//!   With the `actuator` feature, `actuator::Actuator` serves it on `/acemq-health` beside
-//!   `/acemq-info` and `/acemq-metrics`.
+//!   With the `actuator` feature, `actuator::Actuator` serves it on `/acemq-health` (and
+//!   `/readyz`, `/livez` for probes) beside `/acemq-info` and `/acemq-metrics`.
 //! * [`patterns`]: the family's patterns, one module each: the SQL stores (idempotency, outbox,
 //!   schema registry), the idempotent consumer (plain and transactional), the outbox relay,
 //!   the consumer group, request/reply ([`patterns::request_reply::Requester`], [`patterns::request_reply::Responder`]), the
@@ -92,7 +92,7 @@
 //! | `opentelemetry` | no | OpenTelemetry spans as the family names them (the W3C headers are carried without it too) |
 //! | `encryption` | no | `codecs::encrypted`: the family's AES-GCM codec and its keys |
 //! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`] |
-//! | `actuator` | no | `actuator`: the family's `/acemq-health`, `/acemq-info` and `/acemq-metrics` on a small blocking listener (`tiny_http`, `metrics-exporter-prometheus`); turns on `metrics` |
+//! | `actuator` | no | `actuator`: the family's `/acemq-health`, `/readyz`, `/livez`, `/acemq-info` and `/acemq-metrics` on a small bounded blocking listener of its own (`std::net`; metrics through `metrics-exporter-prometheus`); turns on `metrics` |
 //! | `test-ca` | no | `test_ca`: a development certificate authority for TLS tests (`rcgen`) |
 //! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received`, `MemoryBroker`; turns on `memory` |
 //! | `memory` | no | `memory://name`: an in-process broker for tests without RabbitMQ (`testing::MemoryBroker` gives its faults) |
@@ -161,7 +161,7 @@
 //! | [`patterns::replay::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::routing_slip::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
 //! | [`patterns::saga::Saga`] | yes | yes | none: runs on the caller's thread |
-//! | `actuator::RunningActuator` (feature `actuator`) | yes | yes | `acemq-actuator` (hands requests over), four `acemq-actuator-N` (answer), `tiny_http`'s own threads reading the sockets |
+//! | `actuator::RunningActuator` (feature `actuator`) | yes | yes | `acemq-actuator` (accepts), `acemq-actuator-stop` (wakes it on stop), one `acemq-actuator-client` per open connection (at most 256; each reads its request within 5 s, answers, closes) |
 //! | [`Connection::health`] | — | — | one `acemq-health-check` per application check while a run of it is under way (not started again while one hangs) |
 //! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |
 //! | `testing::Cleanup` (feature `testing`) | yes | no (its actions need only `Send`) | none: deletes on the dropping thread |

@@ -1,15 +1,19 @@
-//! The family's three HTTP endpoints on a small blocking listener (feature `actuator`):
+//! The family's HTTP endpoints on a small blocking listener (feature `actuator`):
 //!
 //! | path | what |
 //! |---|---|
-//! | `/acemq-health` | [`Connection::health`] as the family's JSON; **200** when up or degraded, **503** when down |
+//! | `/acemq-health` | [`Connection::health`] as the family's JSON; **200** when up or degraded, **503** when down, and **503** with `"status":"down"` and `"reason":"draining"` while [draining](RunningActuator::set_draining) |
+//! | `/readyz` | readiness, as the family's .NET hosting names it: the same answer as `/acemq-health` |
+//! | `/livez` | liveness: **200** `{"status":"up"}` whenever the process answers; never asks the broker or the checks, and is answered even while draining or while every answering place is taken |
 //! | `/acemq-info` | `library`, `libraryVersion`, `name` (the service), `version` (the application's, when given), `transport` (the five capabilities, as Go writes them), `origin`, `connectionName`, `address` (never a password) |
 //! | `/acemq-metrics` | Prometheus text, from the `metrics` facade's recorder (`metrics-exporter-prometheus`) |
 //!
 //! The same paths as the Python, Go, Java and .NET libraries, so one scrape configuration or
-//! probe reads them all; [`ActuatorOptions::prefix`] puts them under a prefix, as Go's
-//! `Options.Prefix` does. Nothing checks who asks: bind it to loopback or a port the ingress
-//! does not publish.
+//! probe reads them all; [`ActuatorOptions::prefix`] puts them all under a prefix, as Go's
+//! `Options.Prefix` does. Point a Kubernetes readiness probe at `/readyz` and its liveness
+//! probe at `/livez`: a broker outage then takes the instance out of rotation without
+//! restarting it. Nothing checks who asks: bind it to loopback or a port the ingress does not
+//! publish.
 //!
 //! ```no_run
 //! use acemq_amqp::actuator::{install_prometheus_recorder, Actuator, ActuatorOptions};
@@ -26,50 +30,53 @@
 //! let options = ActuatorOptions::new().bind("127.0.0.1:9464").prometheus(prometheus);
 //! let running = Actuator::new(&connection, options)?.start()?;
 //! println!("health on http://{}/acemq-health", running.local_addr());
-//! // … the service runs …
+//! // … the service runs; at shutdown, readiness fails first (liveness holds) …
+//! running.set_draining(true);
+//! // … the orchestrator stops sending work, the consumers close …
 //! running.close()?;
 //! # Ok(()) }
 //! ```
 //!
 //! # Threads
 //!
-//! HTTP is read by [`tiny_http`]'s threads (one per open client connection, from its pool),
-//! which hand over complete requests only. `acemq-actuator` takes them and gives each to one of
-//! four `acemq-actuator-N` threads that answer it; while all four are busy (writing to clients
-//! that do not read, or waiting for health checks under their deadlines) a request is answered
-//! `503` at once by `acemq-actuator` itself, so a client slow to read its answer does not hold
-//! up the others' (but see the next paragraph on clients that hold `tiny_http`'s own threads). [`RunningActuator::close`] stops and joins them.
+//! `acemq-actuator` accepts connections and gives each a thread of its own,
+//! `acemq-actuator-client`, which reads one request, answers it and closes the connection
+//! (`Connection: close`; GET and HEAD only). Everything a client can hold is bounded, so slow
+//! or silent clients cannot hold up a probe:
 //!
-//! `tiny_http` sets no socket timeouts: a client that opens a connection and never finishes its
-//! request (or never reads its answer) holds one of `tiny_http`'s pool threads until it goes
-//! away. The actuator keeps answering others while fewer such clients are open than the pool's
-//! four idle threads; past that, `tiny_http`'s pool can queue a new connection behind a thread
-//! such a client holds (a race in its idle-thread count) and its request waits until one of
-//! them goes away. Another reason to keep it on loopback or a port only the probes reach.
+//! - at most 256 connections are open at once; past that a new one is answered `503` at once
+//!   by `acemq-actuator` and closed, with no thread of its own;
+//! - a client has 5 s from its connect to send its request line and headers (at most 16 KiB;
+//!   `431` past that), else it is answered `408` and closed; its answer must be written within
+//!   5 s as well, else the connection is dropped. A hundred clients holding half-finished
+//!   requests hold a hundred threads for at most those 5 s, and a probe beside them is
+//!   answered at once;
+//! - at most four answers that read the connection or the recorder (health, readiness, info,
+//!   metrics) are worked out at once, on the clients' threads; past that `503` at once, so at
+//!   most four clients wait on health checks that hang (each under its deadline). `/livez` is
+//!   never held back.
+//!
+//! `acemq-actuator-stop` waits for [`RunningActuator::close`] or a [`StopHandle`] and wakes
+//! `acemq-actuator`, which closes the listener; `close` then stops reading the requests still
+//! being sent and waits for the answers being worked out to be written.
 
+mod answers;
+mod http;
 mod options;
+mod readiness;
+mod request;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 pub use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::json;
 
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::stop::StopHandle;
+use answers::Serving;
 pub use options::ActuatorOptions;
-
-/// The answering threads.
-const WORKERS: usize = 4;
-
-/// How often `acemq-actuator` looks at its stop flag while no request comes (a
-/// [`StopHandle`] from another thread is seen within this; [`RunningActuator::close`] wakes it
-/// at once).
-const STOP_POLL: Duration = Duration::from_millis(200);
+pub use readiness::Readiness;
 
 /// Installs the `metrics-exporter-prometheus` recorder as the process's `metrics` recorder
 /// (without its own HTTP listener: the actuator serves the text) and returns its handle for
@@ -120,196 +127,26 @@ impl Actuator {
     /// [`Error::Io`] when the address cannot be bound (naming it) or a thread cannot be
     /// spawned.
     pub fn start(self) -> Result<RunningActuator> {
+        let readiness = Readiness::new();
         let bind = self.options.bind.clone();
-        let server = tiny_http::Server::http(&bind).map_err(|e| Error::Io {
-            context: format!("binding the actuator to {bind}"),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-        let server = Arc::new(server);
-        let local_addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| Error::invalid(format!("the actuator's address {bind} is not IP")))?;
-        let serving = Arc::new(Serving {
-            connection: self.connection,
-            options: self.options,
-        });
-        let (jobs, jobs_rx) = crossbeam_channel::bounded::<tiny_http::Request>(0);
-        let mut threads = Vec::with_capacity(WORKERS + 1);
-        let spawn_error = |e| Error::Io {
-            context: "spawning the actuator's threads".into(),
-            source: e,
-        };
-        for n in 1..=WORKERS {
-            let rx: Receiver<tiny_http::Request> = jobs_rx.clone();
-            let serving = Arc::clone(&serving);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("acemq-actuator-{n}"))
-                    .spawn(move || {
-                        for request in rx {
-                            serving.answer(request);
-                        }
-                    })
-                    .map_err(spawn_error)?,
-            );
-        }
-        let stop = StopHandle::new();
-        let accept = {
-            let server = Arc::clone(&server);
-            let stop = stop.clone();
-            std::thread::Builder::new()
-                .name("acemq-actuator".into())
-                .spawn(move || receive(&server, &stop, jobs))
-                .map_err(spawn_error)?
-        };
-        threads.push(accept);
-        Ok(RunningActuator {
-            local_addr,
-            server,
-            stop,
-            threads,
-        })
+        let serving = Serving::new(self.connection, self.options, readiness.clone());
+        let server = http::Server::start(&bind, Arc::new(serving))?;
+        Ok(RunningActuator { server, readiness })
     }
 }
 
-/// What the answering threads share.
-struct Serving {
-    connection: Connection,
-    options: ActuatorOptions,
-}
-
-/// `acemq-actuator`: takes complete requests and hands each to a free worker, or answers 503
-/// when none is free.
-fn receive(server: &tiny_http::Server, stop: &StopHandle, jobs: Sender<tiny_http::Request>) {
-    while !stop.is_stopped() {
-        let request = match server.recv_timeout(STOP_POLL) {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(e) => {
-                if !stop.is_stopped() {
-                    log::warn!("acemq: the actuator stopped receiving: {e}");
-                }
-                break;
-            }
-        };
-        match jobs.try_send(request) {
-            Ok(()) => {}
-            Err(TrySendError::Full(r)) | Err(TrySendError::Disconnected(r)) => {
-                let _ = r.respond(text(503, "busy: every answering thread is taken\n"));
-            }
-        }
-    }
-}
-
-fn text(status: u16, body: &str) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    typed(
-        tiny_http::Response::from_string(body).with_status_code(status),
-        "text/plain; charset=utf-8",
-    )
-}
-
-fn json_response(status: u16, body: String) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    typed(
-        tiny_http::Response::from_string(body).with_status_code(status),
-        "application/json",
-    )
-}
-
-/// `Content-Type: {value}` (constants of this file, which always parse).
-fn content_type(value: &str) -> Option<tiny_http::Header> {
-    tiny_http::Header::from_bytes(&b"Content-Type"[..], value.as_bytes()).ok()
-}
-
-fn typed(
-    response: tiny_http::Response<std::io::Cursor<Vec<u8>>>,
-    value: &str,
-) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    match content_type(value) {
-        Some(h) => response.with_header(h),
-        None => response,
-    }
-}
-
-impl Serving {
-    fn answer(&self, request: tiny_http::Request) {
-        let path = request.url().split('?').next().unwrap_or("").to_string();
-        let method = request.method();
-        let response = if *method != tiny_http::Method::Get && *method != tiny_http::Method::Head {
-            text(405, "only GET and HEAD\n")
-        } else {
-            let prefix = self.options.prefix.as_str();
-            match path.strip_prefix(prefix).unwrap_or("") {
-                "/acemq-health" => {
-                    let health = self.connection.health();
-                    let status = if health.is_healthy() { 200 } else { 503 };
-                    json_response(status, health.to_json())
-                }
-                "/acemq-info" => json_response(200, self.info().to_string()),
-                "/acemq-metrics" => match &self.options.prometheus {
-                    Some(handle) => typed(
-                        tiny_http::Response::from_string(handle.render()),
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    ),
-                    None => text(404, "no Prometheus recorder configured\n"),
-                },
-                _ => text(
-                    404,
-                    &format!(
-                        "nothing here; try {prefix}/acemq-health, {prefix}/acemq-info or \
-                         {prefix}/acemq-metrics\n"
-                    ),
-                ),
-            }
-        };
-        if let Err(e) = request.respond(response) {
-            log::debug!("acemq: the actuator's answer to {path} was not delivered: {e}");
-        }
-    }
-
-    /// The family's keys (Go's and Java's): `library`, `libraryVersion`, `name` and `version`
-    /// (the application's, `version` only when given), and `transport` as Go writes it (an
-    /// object of the five capabilities; `null` while the connection is down); then ours:
-    /// `origin`, `connectionName`, `address` (never a password).
-    fn info(&self) -> serde_json::Value {
-        let options = &self.connection.shared.options;
-        let mut info = json!({
-            "library": env!("CARGO_PKG_NAME"),
-            "libraryVersion": env!("CARGO_PKG_VERSION"),
-            "name": self.options.service.clone().unwrap_or_else(|| options.service.clone()),
-        });
-        if let Some(version) = &self.options.version {
-            info["version"] = version.clone().into();
-        }
-        info["transport"] = match self.connection.capabilities() {
-            Some(c) => c
-                .entries()
-                .iter()
-                .map(|(k, v)| ((*k).to_string(), serde_json::Value::Bool(*v)))
-                .collect::<serde_json::Map<_, _>>()
-                .into(),
-            None => serde_json::Value::Null,
-        };
-        info["origin"] = self.connection.origin().into();
-        info["connectionName"] = options.name.clone().into();
-        info["address"] = self.connection.current_address().into();
-        info
-    }
-}
-
-/// A started [`Actuator`]. Dropping it closes it (blocking until its threads end: at most a
-/// health answer's longest check deadline).
+/// A started [`Actuator`]. Dropping it closes it (blocking until the answers being worked
+/// out are written: at most a health answer's longest check deadline and 5 s to write it).
 pub struct RunningActuator {
-    local_addr: SocketAddr,
-    server: Arc<tiny_http::Server>,
-    stop: StopHandle,
-    threads: Vec<JoinHandle<()>>,
+    server: http::Server,
+    readiness: Readiness,
 }
 
 impl std::fmt::Debug for RunningActuator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunningActuator")
-            .field("local_addr", &self.local_addr)
+            .field("local_addr", &self.server.local_addr())
+            .field("draining", &self.readiness.is_draining())
             .finish()
     }
 }
@@ -317,17 +154,32 @@ impl std::fmt::Debug for RunningActuator {
 impl RunningActuator {
     /// The address it listens on (with the port chosen when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.server.local_addr()
     }
 
-    /// A handle that stops it from any thread (seen within 200 ms); the listener closes when
-    /// this is closed or dropped.
+    /// A handle that stops it from any thread; the listener closes at once, and the
+    /// connections open then end as [`close`](Self::close) says.
     pub fn stop_handle(&self) -> StopHandle {
-        self.stop.clone()
+        self.server.stop_handle()
     }
 
-    /// Stops answering, closes the listener and joins the threads (a request being answered is
-    /// answered first).
+    /// Starts (`true`) or ends (`false`) draining: while draining, `/readyz` and
+    /// `/acemq-health` answer 503 with `"status":"down"` and `"reason":"draining"` (the rest of
+    /// the health JSON as it is), and `/livez` still answers 200. For a host shutting down:
+    /// drain, wait for the orchestrator to stop sending work, then close. The same as
+    /// [`readiness`](Self::readiness)`().set_draining(draining)`.
+    pub fn set_draining(&self, draining: bool) {
+        self.readiness.set_draining(draining);
+    }
+
+    /// A cloneable handle on the draining state, for a host on another thread.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness.clone()
+    }
+
+    /// Stops answering: closes the listener, stops reading the requests still being sent (their
+    /// clients see the connection close), and waits for the answers being worked out to be
+    /// written (each within 5 s).
     ///
     /// # Errors
     ///
@@ -337,13 +189,7 @@ impl RunningActuator {
     }
 
     fn shut(&mut self) -> Result<()> {
-        self.stop.stop();
-        self.server.unblock();
-        let mut panicked = false;
-        for t in self.threads.drain(..) {
-            panicked |= t.join().is_err();
-        }
-        if panicked {
+        if self.server.shut() {
             return Err(Error::Handler {
                 source: "an actuator thread panicked".into(),
             });
