@@ -61,8 +61,9 @@ const LAYERS: &[(&str, &[&str])] = &[
             "patterns/outbox/mod.rs",
         ],
     ),
-    // What a service exposes about itself (feature `actuator`): it reads every layer below.
-    ("service", &["actuator/"]),
+    // What a service exposes about itself (feature `actuator`) and the host that runs one
+    // (`service/`): they read every layer below.
+    ("service", &["actuator/", "service/"]),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 

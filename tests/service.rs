@@ -318,3 +318,67 @@ fn a_part_that_cannot_start_stops_the_ones_started_and_says_why() {
         "its connections closed"
     );
 }
+
+#[cfg(feature = "actuator")]
+fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into();
+    let mut response = agent
+        .get(&format!("http://{addr}{path}"))
+        .call()
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let status = response.status().as_u16();
+    (status, response.body_mut().read_to_string().unwrap())
+}
+
+#[cfg(feature = "actuator")]
+#[test]
+fn readiness_turns_down_first_while_a_running_handler_finishes() {
+    use acemq_amqp::actuator::ActuatorOptions;
+
+    let (conn, _clean, q) = declared_consumed_queue("service-ready");
+    let open = Arc::new(AtomicBool::new(false));
+    let running_now = Arc::new(AtomicUsize::new(0));
+    let (o, r) = (open.clone(), running_now.clone());
+    let running =
+        Service::new(options("ready").actuator(ActuatorOptions::new().bind("127.0.0.1:0")))
+            .consumer(&q, ConsumerOptions::new(), move |_: &Message| {
+                r.fetch_add(1, Ordering::SeqCst);
+                let end = Instant::now() + WAIT;
+                while !o.load(Ordering::SeqCst) && Instant::now() < end {
+                    std::thread::park_timeout(Duration::from_millis(5));
+                }
+                Ok(Outcome::Accept)
+            })
+            .start()
+            .unwrap();
+    let addr = running.actuator_addr().expect("an actuator");
+    let (status, body) = get(addr, "/readyz");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("connection:publishing"),
+        "both connections in health: {body}"
+    );
+    publish_n(&conn, &q, 1, true);
+    assert!(eventually(WAIT, || running_now.load(Ordering::SeqCst) == 1));
+    std::thread::scope(|s| {
+        let stopping = s.spawn(|| running.stop());
+        // The handler still runs: readiness is down, liveness up.
+        assert!(eventually(WAIT, || get(addr, "/readyz").0 == 503));
+        let (_, body) = get(addr, "/readyz");
+        assert!(body.contains("draining"), "{body}");
+        assert_eq!(get(addr, "/livez").0, 200);
+        open.store(true, Ordering::SeqCst);
+        let report = stopping.join().unwrap();
+        assert_eq!(report.parts[0].finished_in_time, 1, "{report}");
+        assert_eq!(report.exit_code(), 0, "{report}");
+    });
+    assert_eq!(
+        conn.queue_info(&q).unwrap().message_count,
+        0,
+        "acknowledged"
+    );
+}

@@ -56,12 +56,14 @@
 //! Kubernetes.
 
 mod host;
+mod options;
 mod part;
 mod report;
 mod running;
 mod signals;
 
-pub use host::{Connections, Service, ServiceOptions};
+pub use host::Service;
+pub use options::{Connections, ServiceOptions};
 pub use part::{ServicePart, Stage};
 pub use report::{PartReport, ServiceReport, StopReason};
 pub use running::RunningService;

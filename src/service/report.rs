@@ -40,6 +40,8 @@ pub struct PartReport {
 /// What a service's run did, from its start to its last connection closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceReport {
+    /// The service's name ([`ServiceOptions::new`](super::ServiceOptions::new)).
+    pub service: String,
     /// Why it stopped.
     pub reason: StopReason,
     /// How long the drain took, from the stop to the connections closed.
@@ -86,8 +88,8 @@ impl std::fmt::Display for ServiceReport {
         };
         write!(
             f,
-            "stopped ({why}); drained in {:?} of {:?}",
-            self.drained_in, self.deadline
+            "{} stopped ({why}); drained in {:?} of {:?}",
+            self.service, self.drained_in, self.deadline
         )?;
         for p in &self.parts {
             write!(

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Select};
 
-use super::host::{Connections, Service, ServiceOptions};
+use super::options::{Connections, Factory, ServiceOptions};
 use super::part::{ServicePart, Stage};
 use super::report::{PartReport, ServiceReport, StopReason};
 use super::signals::Signals;
@@ -51,8 +51,10 @@ fn open(options: &ServiceOptions, role: &str) -> Result<Connection> {
 }
 
 impl RunningService {
-    pub(super) fn start(service: Service) -> Result<RunningService> {
-        let Service { options, parts } = service;
+    pub(super) fn start(
+        options: ServiceOptions,
+        parts: Vec<(String, Factory)>,
+    ) -> Result<RunningService> {
         let publishing = open(&options, "publish")?;
         let consuming = open(&options, "consume")?;
         let watched = publishing.clone();
@@ -268,12 +270,13 @@ impl RunningService {
             s.close();
         }
         let report = ServiceReport {
+            service: self.options.name.clone(),
             reason,
             drained_in: began.elapsed(),
             deadline,
             parts: reports,
         };
-        log::info!("acemq: {} {report}", self.options.name);
+        log::info!("acemq: {report}");
         report
     }
 }

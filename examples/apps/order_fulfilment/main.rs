@@ -13,7 +13,10 @@
 //!   once the address book is fixed, the dead letter is **replayed** and shipped;
 //! * **notifications** counts `order.shipped` and `order.compensated`.
 //!
-//! It ends with a summary that adds up: orders placed = shipped + compensated.
+//! Each service is run by the service host (`acemq_amqp::service`), as a deployed one would be
+//! (there it would stop on SIGTERM; here the app stops each one when the story is told, and
+//! prints its drain report). It ends with a summary that adds up: orders placed = shipped +
+//! compensated.
 //! Run: `cargo run --example app_order_fulfilment` (under a minute).
 
 use acemq_amqp::{ExchangeKind, ExchangeSpec, Result};
@@ -40,13 +43,14 @@ fn app() -> Result<()> {
     let admin = ex::connect()?;
     admin.declare_exchange(&ExchangeSpec::new(&names.events, ExchangeKind::Topic))?;
 
-    // Each service has its own connection, as separate processes would.
-    let notifications = services::notifications(&ex::connect()?, &names)?;
-    let inventory = services::inventory(&ex::connect()?, &names)?;
-    let payments = services::payments(&ex::connect()?, &names)?;
-    let shipping = services::shipping(&ex::connect()?, &names)?;
-    let fulfilment = services::fulfilment(&ex::connect()?, &names, dir.path())?;
-    let gateway = services::gateway(&ex::connect()?, &names, dir.path(), ORDERS)?;
+    // Each service runs on the service host with connections of its own, as separate
+    // processes would; the operator's connection declares their queues.
+    let notifications = services::notifications(&admin, &names)?;
+    let inventory = services::inventory(&admin, &names)?;
+    let payments = services::payments(&admin, &names)?;
+    let shipping = services::shipping(&admin, &names)?;
+    let fulfilment = services::fulfilment(&admin, &names, dir.path())?;
+    let gateway = services::gateway(&names, dir.path(), ORDERS)?;
     println!("gateway: {ORDERS} orders placed (each with its event, in one transaction)");
 
     // One order's address is wrong: shipping dead-letters it. The address book is fixed and the
@@ -97,6 +101,8 @@ fn app() -> Result<()> {
         }
     );
 
+    println!();
+    println!("each service drains: its consumers stop taking deliveries and finish what runs");
     gateway.close()?;
     fulfilment.close()?;
     shipping.close()?;

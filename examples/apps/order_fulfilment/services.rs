@@ -1,5 +1,7 @@
-//! The services of the order fulfilment app. Each takes its own `Connection` and touches the
-//! others only through the broker.
+//! The services of the order fulfilment app. Each is run by the service host
+//! (`acemq_amqp::service`) on connections of its own, as a separate process would be, and
+//! touches the others only through the broker; each declares its queues first, on the
+//! operator's connection.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,16 +11,18 @@ use std::time::Duration;
 use acemq_amqp::patterns::idempotency::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 use acemq_amqp::patterns::idempotent::{idempotent, DuplicateCount, IdempotentOptions};
 use acemq_amqp::patterns::outbox::{
-    record, NewOutboxRecord, OutboxRelay, OutboxRelayOptions, RunningRelay, SqlOutboxStore,
-    SqlOutboxStoreOptions,
+    record, NewOutboxRecord, OutboxRelayOptions, SqlOutboxStore, SqlOutboxStoreOptions,
 };
 use acemq_amqp::patterns::request_reply::{
-    Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester, RunningResponder,
+    Requester, RequesterOptions, ResponderOptions, RunningRequester,
 };
 use acemq_amqp::patterns::saga::Saga;
+use acemq_amqp::service::{
+    Connections, PartReport, RunningService, Service, ServiceOptions, ServicePart, Stage,
+};
 use acemq_amqp::{
-    dead_letter_queue, Binding, BoxError, Connection, ConsumerOptions, FatalError, JsonCodec,
-    Message, Outcome, QueueSpec, Result, RetryPolicy, RunningConsumer,
+    dead_letter_queue, Binding, BoxError, Connection, ConnectionOptions, ConsumerOptions,
+    FatalError, JsonCodec, Message, Outcome, QueueSpec, Result, RetryPolicy, RunningConsumer,
 };
 use serde_json::{json, Value};
 
@@ -61,6 +65,28 @@ impl Names {
     }
 }
 
+/// A service named `name` on the example's broker. The app stops each one itself, so the
+/// services do not listen for signals (a real service keeps the default: SIGTERM drains it).
+fn service(name: &str) -> Service {
+    Service::new(
+        ServiceOptions::new(name, ConnectionOptions::new().address(ex::url()))
+            .drain_timeout(Duration::from_secs(10))
+            .signals(false),
+    )
+}
+
+/// Stops a service, draining it, and says what it did.
+fn stop(service: RunningService) -> Result<()> {
+    let report = service.stop();
+    println!("{report}");
+    match report.exit_code() {
+        0 => Ok(()),
+        _ => Err(acemq_amqp::Error::InvalidArgument {
+            reason: format!("a service did not stop cleanly: {report}"),
+        }),
+    }
+}
+
 fn sqlite(
     path: std::path::PathBuf,
 ) -> impl Fn() -> Result<rusqlite::Connection> + Clone + Send + Sync + 'static {
@@ -70,7 +96,7 @@ fn sqlite(
 /// The gateway: each order row and its `order.placed` event in one transaction; a running
 /// relay publishes the events.
 pub struct Gateway {
-    relay: RunningRelay,
+    service: RunningService,
     outbox: SqlOutboxStore,
     open: Box<dyn Fn() -> Result<rusqlite::Connection> + Send + Sync>,
     first_event: NewOutboxRecord,
@@ -88,16 +114,11 @@ impl Gateway {
     }
 
     pub fn close(self) -> Result<()> {
-        self.relay.close().map(|_| ())
+        stop(self.service)
     }
 }
 
-pub fn gateway(
-    connection: &Connection,
-    names: &Names,
-    dir: &Path,
-    orders: usize,
-) -> Result<Gateway> {
+pub fn gateway(names: &Names, dir: &Path, orders: usize) -> Result<Gateway> {
     let open = sqlite(dir.join("gateway.db"));
     let mut db = open()?;
     db.execute(
@@ -132,14 +153,14 @@ pub fn gateway(
         tx.commit()?;
         first_event.get_or_insert(event);
     }
-    let relay = OutboxRelay::new(
-        connection,
-        SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?,
-        OutboxRelayOptions::new().interval(Duration::from_millis(100)),
-    )?
-    .start()?;
+    let service = service("gateway")
+        .relay(
+            SqlOutboxStore::open(open.clone(), SqlOutboxStoreOptions::default())?,
+            OutboxRelayOptions::new().interval(Duration::from_millis(100)),
+        )
+        .start()?;
     Ok(Gateway {
-        relay,
+        service,
         outbox,
         open: Box::new(open),
         first_event: first_event.ok_or_else(|| acemq_amqp::Error::InvalidArgument {
@@ -148,60 +169,115 @@ pub fn gateway(
     })
 }
 
-/// Fulfilment: an idempotent consumer of `order.placed` running a saga per order.
+/// Fulfilment: an idempotent consumer of `order.placed` running a saga per order, with two
+/// requesters — a part of the service's own ([`FulfilmentPart`]).
 pub struct Fulfilment {
-    consumer: RunningConsumer,
-    duplicates: DuplicateCount,
-    inventory: Arc<RunningRequester>,
-    payments: Arc<RunningRequester>,
+    service: RunningService,
+    /// The idempotent handler's count, put here by the part when it starts.
+    duplicates: Arc<Mutex<DuplicateCount>>,
 }
 
 impl Fulfilment {
     pub fn duplicates(&self) -> u64 {
-        self.duplicates.get()
+        self.duplicates.lock().expect("duplicates").get()
     }
 
     pub fn close(self) -> Result<()> {
-        self.consumer.close()?;
-        if let Ok(r) = Arc::try_unwrap(self.inventory) {
-            r.close()?;
-        }
-        if let Ok(r) = Arc::try_unwrap(self.payments) {
-            r.close()?;
-        }
-        Ok(())
+        stop(self.service)
     }
 }
 
-pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<Fulfilment> {
-    connection.declare_queue(&QueueSpec::new(&names.fulfilment))?;
-    connection.bind(
+/// The fulfilment consumer and the requesters its saga asks through: stopped with the
+/// consumers, the requesters after the consumer has drained (a running saga still asks).
+struct FulfilmentPart {
+    consumer: RunningConsumer,
+    requesters: Vec<Arc<RunningRequester>>,
+}
+
+impl ServicePart for FulfilmentPart {
+    fn stage(&self) -> Stage {
+        Stage::Consumers
+    }
+
+    fn is_finished(&self) -> bool {
+        self.consumer.is_finished()
+    }
+
+    fn stop(self: Box<Self>, deadline: Duration) -> PartReport {
+        let mut report = ServicePart::stop(Box::new(self.consumer), deadline);
+        for requester in self.requesters {
+            if let Ok(r) = Arc::try_unwrap(requester) {
+                if let Err(e) = r.close() {
+                    report.error.get_or_insert(e.to_string());
+                }
+            }
+        }
+        report
+    }
+}
+
+pub fn fulfilment(admin: &Connection, names: &Names, dir: &Path) -> Result<Fulfilment> {
+    admin.declare_queue(&QueueSpec::new(&names.fulfilment))?;
+    admin.bind(
         &Binding::new()
             .queue(&names.fulfilment)
             .exchange(&names.events)
             .routing_key("order.placed"),
     )?;
-    let inventory = Arc::new(
-        Requester::new(
-            connection,
-            RequesterOptions::new().routing_key(&names.inventory),
-        )?
-        .start()?,
-    );
-    let payments = Arc::new(
-        Requester::new(
-            connection,
-            RequesterOptions::new().routing_key(&names.payments),
-        )?
-        .start()?,
-    );
-    let publisher = connection.publisher()?;
     let receipts = SqlIdempotencyStore::open(
         sqlite(dir.join("fulfilment.db")),
         SqlIdempotencyStoreOptions::default(),
     )?;
     receipts.create_table()?;
+    let duplicates = Arc::new(Mutex::new(DuplicateCount::default()));
+    let counted = duplicates.clone();
+    let names = (
+        names.fulfilment.clone(),
+        names.inventory.clone(),
+        names.payments.clone(),
+        names.shipping.clone(),
+        names.events.clone(),
+    );
+    let service = service("fulfilment")
+        .part("fulfilment", move |c: &Connections| {
+            let (queue, inventory, payments, shipping, events) = names;
+            let ask = |queue: &str| -> Result<Arc<RunningRequester>> {
+                let options = RequesterOptions::new().routing_key(queue);
+                Ok(Arc::new(Requester::new(c.consuming(), options)?.start()?))
+            };
+            let (inventory, payments) = (ask(&inventory)?, ask(&payments)?);
+            let publisher = c.publishing().publisher()?;
+            let handler = idempotent(
+                receipts,
+                order_handler(&inventory, &payments, publisher, shipping, events),
+                IdempotentOptions::default(),
+            );
+            *counted.lock().expect("duplicates") = handler.duplicates();
+            let consumer = c
+                .consuming()
+                .consumer(&queue, ConsumerOptions::new().concurrency(4))?
+                .start(handler)?;
+            Ok(Box::new(FulfilmentPart {
+                consumer,
+                requesters: vec![inventory, payments],
+            }) as Box<dyn ServicePart>)
+        })
+        .start()?;
+    Ok(Fulfilment {
+        service,
+        duplicates,
+    })
+}
 
+/// Runs the saga for one order: reserve stock, charge the card, send the ship command; a
+/// failed step compensates and the order is announced `order.compensated`.
+fn order_handler(
+    inventory: &Arc<RunningRequester>,
+    payments: &Arc<RunningRequester>,
+    publisher: acemq_amqp::Publisher,
+    shipping_queue: String,
+    events: String,
+) -> impl Fn(&Message) -> acemq_amqp::HandlerResult + Send + Sync + 'static {
     type Step = std::result::Result<(), BoxError>;
     let (inv, inv2, pay, ship) = (
         inventory.clone(),
@@ -209,7 +285,6 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
         payments.clone(),
         publisher.clone(),
     );
-    let shipping_queue = names.shipping.clone();
     let saga: Saga<Value> = Saga::new("fulfil-order")
         .step(
             "reserve-stock",
@@ -236,39 +311,24 @@ pub fn fulfilment(connection: &Connection, names: &Names, dir: &Path) -> Result<
             ship.publish("", &shipping_queue, Message::encode(&JsonCodec, order)?)?;
             Ok(())
         });
-    let (events, compensated) = (names.events.clone(), publisher);
-    let handler = idempotent(
-        receipts,
-        move |m: &Message| {
-            let order: Value = m.payload()?;
-            let report = saga.run(&order);
-            if !report.succeeded() {
-                println!("fulfilment: {report}");
-                compensated.publish(
-                    &events,
-                    "order.compensated",
-                    Message::encode(&JsonCodec, &order)?,
-                )?;
-            }
-            Ok(Outcome::Accept)
-        },
-        IdempotentOptions::default(),
-    );
-    let duplicates = handler.duplicates();
-    let consumer = connection
-        .consumer(&names.fulfilment, ConsumerOptions::new().concurrency(4))?
-        .start(handler)?;
-    Ok(Fulfilment {
-        consumer,
-        duplicates,
-        inventory,
-        payments,
-    })
+    move |m: &Message| {
+        let order: Value = m.payload()?;
+        let report = saga.run(&order);
+        if !report.succeeded() {
+            println!("fulfilment: {report}");
+            publisher.publish(
+                &events,
+                "order.compensated",
+                Message::encode(&JsonCodec, &order)?,
+            )?;
+        }
+        Ok(Outcome::Accept)
+    }
 }
 
 /// Inventory: answers `reserve` and `release` requests.
 pub struct Inventory {
-    responder: RunningResponder,
+    service: RunningService,
     stock: Arc<Mutex<i64>>,
     released: Arc<AtomicUsize>,
 }
@@ -281,16 +341,18 @@ impl Inventory {
         self.released.load(Ordering::SeqCst)
     }
     pub fn close(self) -> Result<()> {
-        self.responder.close().map(|_| ())
+        stop(self.service)
     }
 }
 
-pub fn inventory(connection: &Connection, names: &Names) -> Result<Inventory> {
-    connection.declare_queue(&QueueSpec::new(&names.inventory).classic())?;
+pub fn inventory(admin: &Connection, names: &Names) -> Result<Inventory> {
+    admin.declare_queue(&QueueSpec::new(&names.inventory).classic())?;
     let stock = Arc::new(Mutex::new(100i64));
     let released = Arc::new(AtomicUsize::new(0));
     let (s, r) = (stock.clone(), released.clone());
-    let responder = Responder::new(connection, &names.inventory, ResponderOptions::new())?.start(
+    let service = service("inventory").responder(
+        &names.inventory,
+        ResponderOptions::new(),
         move |m: &Message| -> std::result::Result<&'static str, BoxError> {
             let request: Value = m.payload()?;
             let mut stock = s.lock().expect("stock");
@@ -302,9 +364,9 @@ pub fn inventory(connection: &Connection, names: &Names) -> Result<Inventory> {
             }
             Ok("ok")
         },
-    )?;
+    );
     Ok(Inventory {
-        responder,
+        service: service.start()?,
         stock,
         released,
     })
@@ -312,18 +374,20 @@ pub fn inventory(connection: &Connection, names: &Names) -> Result<Inventory> {
 
 /// Payments: declines a charge over 2,000.00.
 pub struct Payments {
-    responder: RunningResponder,
+    service: RunningService,
 }
 
 impl Payments {
     pub fn close(self) -> Result<()> {
-        self.responder.close().map(|_| ())
+        stop(self.service)
     }
 }
 
-pub fn payments(connection: &Connection, names: &Names) -> Result<Payments> {
-    connection.declare_queue(&QueueSpec::new(&names.payments).classic())?;
-    let responder = Responder::new(connection, &names.payments, ResponderOptions::new())?.start(
+pub fn payments(admin: &Connection, names: &Names) -> Result<Payments> {
+    admin.declare_queue(&QueueSpec::new(&names.payments).classic())?;
+    let service = service("payments").responder(
+        &names.payments,
+        ResponderOptions::new(),
         |m: &Message| -> std::result::Result<&'static str, BoxError> {
             let order: Value = m.payload()?;
             if order["total_cents"].as_i64().unwrap_or(0) > 200_000 {
@@ -331,13 +395,15 @@ pub fn payments(connection: &Connection, names: &Names) -> Result<Payments> {
             }
             Ok("charged")
         },
-    )?;
-    Ok(Payments { responder })
+    );
+    Ok(Payments {
+        service: service.start()?,
+    })
 }
 
 /// Shipping: retries, and dead-letters an order with an address it does not know.
 pub struct Shipping {
-    consumer: RunningConsumer,
+    service: RunningService,
     fixed: Arc<AtomicBool>,
     queue: String,
 }
@@ -353,37 +419,42 @@ impl Shipping {
         self.fixed.store(true, Ordering::SeqCst);
     }
     pub fn close(self) -> Result<()> {
-        self.consumer.close().map(|_| ())
+        stop(self.service)
     }
 }
 
-pub fn shipping(connection: &Connection, names: &Names) -> Result<Shipping> {
-    connection.declare_queue(&QueueSpec::new(&names.shipping))?;
-    let publisher = connection.publisher()?;
+pub fn shipping(admin: &Connection, names: &Names) -> Result<Shipping> {
+    admin.declare_queue(&QueueSpec::new(&names.shipping))?;
     let fixed = Arc::new(AtomicBool::new(false));
     let (f, events) = (fixed.clone(), names.events.clone());
     let policy = RetryPolicy::exponential()
         .max_attempts(3)
         .initial_delay(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200));
-    let consumer = connection
-        .consumer(&names.shipping, ConsumerOptions::new().retry(policy))?
-        .start(move |m: &Message| {
-            let order: Value = m.payload()?;
-            if order["address"] == "nowhere" && !f.load(Ordering::SeqCst) {
-                return Err(
-                    FatalError::new(format!("no such address for {}", order["order_id"])).into(),
-                );
-            }
-            publisher.publish(
-                &events,
-                "order.shipped",
-                Message::encode(&JsonCodec, &order)?,
-            )?;
-            Ok(Outcome::Accept)
-        })?;
+    let queue = names.shipping.clone();
+    // A consumer that publishes: a part of its own, with a publisher on the publishing
+    // connection.
+    let service = service("shipping")
+        .part(format!("consumer:{queue}"), move |c: &Connections| {
+            let publisher = c.publishing().publisher()?;
+            let consumer = c
+                .consuming()
+                .consumer(&queue, ConsumerOptions::new().retry(policy))?
+                .start(move |m: &Message| {
+                    let order: Value = m.payload()?;
+                    if order["address"] == "nowhere" && !f.load(Ordering::SeqCst) {
+                        let why = format!("no such address for {}", order["order_id"]);
+                        return Err(FatalError::new(why).into());
+                    }
+                    let shipped = Message::encode(&JsonCodec, &order)?;
+                    publisher.publish(&events, "order.shipped", shipped)?;
+                    Ok(Outcome::Accept)
+                })?;
+            Ok(Box::new(consumer) as Box<dyn ServicePart>)
+        })
+        .start()?;
     Ok(Shipping {
-        consumer,
+        service,
         fixed,
         queue: names.shipping.clone(),
     })
@@ -391,7 +462,7 @@ pub fn shipping(connection: &Connection, names: &Names) -> Result<Shipping> {
 
 /// Notifications: counts what customers are told.
 pub struct Notifications {
-    consumer: RunningConsumer,
+    service: RunningService,
     shipped: Arc<AtomicUsize>,
     compensated: Arc<AtomicUsize>,
 }
@@ -404,19 +475,19 @@ impl Notifications {
         self.compensated.load(Ordering::SeqCst)
     }
     pub fn close(self) -> Result<()> {
-        self.consumer.close().map(|_| ())
+        stop(self.service)
     }
 }
 
-pub fn notifications(connection: &Connection, names: &Names) -> Result<Notifications> {
-    connection.declare_queue(&QueueSpec::new(&names.notifications))?;
-    connection.bind(
+pub fn notifications(admin: &Connection, names: &Names) -> Result<Notifications> {
+    admin.declare_queue(&QueueSpec::new(&names.notifications))?;
+    admin.bind(
         &Binding::new()
             .queue(&names.notifications)
             .exchange(&names.events)
             .routing_key("order.shipped"),
     )?;
-    connection.bind(
+    admin.bind(
         &Binding::new()
             .queue(&names.notifications)
             .exchange(&names.events)
@@ -424,25 +495,29 @@ pub fn notifications(connection: &Connection, names: &Names) -> Result<Notificat
     )?;
     let (shipped, compensated) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (s, c) = (shipped.clone(), compensated.clone());
-    let consumer = connection.consume(&names.notifications, move |m: &Message| {
-        let order: Value = m.payload()?;
-        match m.received.as_ref().map(|r| r.routing_key.as_str()) {
-            Some("order.shipped") => {
-                s.fetch_add(1, Ordering::SeqCst);
-                println!("notifications: {} is on its way", order["order_id"]);
+    let service = service("notifications").consumer(
+        &names.notifications,
+        ConsumerOptions::new(),
+        move |m: &Message| {
+            let order: Value = m.payload()?;
+            match m.received.as_ref().map(|r| r.routing_key.as_str()) {
+                Some("order.shipped") => {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    println!("notifications: {} is on its way", order["order_id"]);
+                }
+                _ => {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    println!(
+                        "notifications: {} was cancelled, nothing charged",
+                        order["order_id"]
+                    );
+                }
             }
-            _ => {
-                c.fetch_add(1, Ordering::SeqCst);
-                println!(
-                    "notifications: {} was cancelled, nothing charged",
-                    order["order_id"]
-                );
-            }
-        }
-        Ok(Outcome::Accept)
-    })?;
+            Ok(Outcome::Accept)
+        },
+    );
     Ok(Notifications {
-        consumer,
+        service: service.start()?,
         shipped,
         compensated,
     })
