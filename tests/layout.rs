@@ -61,8 +61,9 @@ const LAYERS: &[(&str, &[&str])] = &[
             "patterns/outbox/mod.rs",
         ],
     ),
-    // What a service exposes about itself (feature `actuator`): it reads every layer below.
-    ("service", &["actuator/"]),
+    // What a service exposes about itself (feature `actuator`) and how it is configured
+    // (`settings/`): they read every layer below.
+    ("service", &["actuator/", "settings/"]),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 
