@@ -80,6 +80,10 @@
 //! * [`credentials`]: the broker login from the environment or a file; flow control
 //!   ([`Connection::is_blocked`], [`Error::Blocked`]); `test_ca` (feature `test-ca`): a
 //!   development certificate authority for TLS tests.
+//! * [`settings`]: [`Settings`](settings::Settings) from the `ACEMQ_*` variables with the
+//!   family's names (`ACEMQ_URL`, `ACEMQ_CONSUMER__PREFETCH`, `ACEMQ_TLS__…`) and, with the
+//!   `toml` feature, a file of the same keys, turned into the connection's, publishers',
+//!   consumers' and the actuator's options; every bad value refused by name when loaded.
 //!
 //! ## Features
 //!
@@ -91,7 +95,7 @@
 //! | `metrics` | no | `observe::MetricsObserver`: the family's metric names through the `metrics` facade |
 //! | `opentelemetry` | no | OpenTelemetry spans as the family names them (the W3C headers are carried without it too) |
 //! | `encryption` | no | `codecs::encrypted`: the family's AES-GCM codec and its keys |
-//! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`] |
+//! | `yaml`, `toml`, `xml`, `avro`, `protobuf` | no | the family's optional codecs in [`codecs`]; `toml` also reads a settings file ([`settings`]) |
 //! | `actuator` | no | `actuator`: the family's `/acemq-health`, `/readyz`, `/livez`, `/acemq-info` and `/acemq-metrics` on a small bounded blocking listener of its own (`std::net`; metrics through `metrics-exporter-prometheus`); turns on `metrics` |
 //! | `test-ca` | no | `test_ca`: a development certificate authority for TLS tests (`rcgen`) |
 //! | `testing` | no | `testing`: a fault proxy, test names, clean-up, `wait_until`, `received`, `MemoryBroker`; turns on `memory` |
@@ -271,6 +275,7 @@ mod outcome;
 pub mod patterns;
 mod publish;
 pub mod service;
+pub mod settings;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 mod stop;

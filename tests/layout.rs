@@ -61,9 +61,9 @@ const LAYERS: &[(&str, &[&str])] = &[
             "patterns/outbox/mod.rs",
         ],
     ),
-    // What a service exposes about itself (feature `actuator`) and the host that runs one
-    // (`service/`): they read every layer below.
-    ("service", &["actuator/", "service/"]),
+    // What a service exposes about itself (feature `actuator`), how it is configured
+    // (`settings/`) and the host that runs one (`service/`): they read every layer below.
+    ("service", &["actuator/", "settings/", "service/"]),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 
