@@ -84,6 +84,12 @@
 //!   family's names (`ACEMQ_URL`, `ACEMQ_CONSUMER__PREFETCH`, `ACEMQ_TLS__…`) and, with the
 //!   `toml` feature, a file of the same keys, turned into the connection's, publishers',
 //!   consumers' and the actuator's options; every bad value refused by name when loaded.
+//! * [`service`]: the service host — [`Service`](service::Service) starts a service's
+//!   consumers, responders, relays, scheduler and actuator on two connections (publishing,
+//!   consuming), stops on SIGTERM or SIGINT, a handle or a failing part, drains them in order
+//!   within a deadline (readiness down first) and reports what it did, with an exit code;
+//!   [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch` and `drain` are the
+//!   same flow control on one consumer.
 //!
 //! ## Features
 //!
@@ -165,6 +171,7 @@
 //! | [`patterns::replay::Replay`] | no (borrows its filter) | no | runs on the caller's thread; a publisher's `acemq-confirms` while `run` runs |
 //! | [`patterns::routing_slip::FollowSlip`] | when its step is | when its step is | none: a handler, run on a consumer's workers |
 //! | [`patterns::saga::Saga`] | yes | yes | none: runs on the caller's thread |
+//! | [`service::RunningService`] | yes | no (its parts need only `Send`) | its parts' threads; `acemq-signals` (signal-hook's iterator, forwarding SIGTERM and SIGINT) while it listens for them; each part stops on a thread of its own while it drains |
 //! | `actuator::RunningActuator` (feature `actuator`) | yes | yes | `acemq-actuator` (accepts), `acemq-actuator-stop` (wakes it on stop), one `acemq-actuator-client` per open connection (at most 256; each reads its request within 5 s, answers, closes) |
 //! | [`Connection::health`] | — | — | one `acemq-health-check` per application check while a run of it is under way (not started again while one hangs) |
 //! | `testing::FaultProxy` (feature `testing`) | yes | yes | `acemq-fault-proxy` (accepts) and two `acemq-fault-proxy-pump` per proxied connection; all joined when it is dropped |

@@ -104,3 +104,25 @@ fn the_quickstart_runs_on_memory_without_rabbitmq_as_the_readme_says() {
         "the quickstart printed {stdout:?}"
     );
 }
+
+/// The README's service quickstart is `examples/service.rs`'s `main`, line for line (the
+/// README leaves out the imports and the final `println!`).
+#[test]
+fn the_readme_service_block_is_in_examples_service() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let example = std::fs::read_to_string(format!("{root}/examples/service.rs")).unwrap();
+    let start = readme
+        .find("### A service")
+        .expect("the README's service section");
+    let block = &readme[start..];
+    let block = &block[block.find("```rust,ignore\n").expect("its code") + 15..];
+    let block = &block[..block.find("```").unwrap()];
+    let lines: Vec<&str> = example.lines().map(str::trim).collect();
+    for line in block.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        assert!(
+            lines.contains(&line),
+            "README's service quickstart has {line:?}, which examples/service.rs does not: copy it"
+        );
+    }
+}

@@ -59,6 +59,26 @@ impl ServiceOptions {
         }
     }
 
+    /// The options [`Settings`](crate::settings::Settings) give (the `ACEMQ_*` variables and
+    /// their TOML file, `docs/settings.md`): the connections' options, the drain deadline
+    /// (`ACEMQ_CONSUMER__SHUTDOWN_TIMEOUT`, 20 s by default), SIGTERM and SIGINT, and with the
+    /// `actuator` feature the actuator on `ACEMQ_ACTUATOR__ADDRESS` (default `127.0.0.1:9464`).
+    /// The consumers' options are [`Settings::consumer_options`](crate::settings::Settings::consumer_options).
+    ///
+    /// # Errors
+    ///
+    /// As [`Settings::connection_options`](crate::settings::Settings::connection_options).
+    pub fn from_settings(
+        name: impl Into<String>,
+        settings: &crate::settings::Settings,
+    ) -> Result<Self> {
+        let options = ServiceOptions::new(name, settings.connection_options()?)
+            .drain_timeout(settings.drain_timeout());
+        #[cfg(feature = "actuator")]
+        let options = options.actuator(settings.actuator_options());
+        Ok(options)
+    }
+
     /// How long the drain may take, from the stop to the connections closed (default 20 s, as
     /// the family's). Set it under the orchestrator's grace period (Kubernetes'
     /// `terminationGracePeriodSeconds`, 30 s by default; systemd's `TimeoutStopSec`).
