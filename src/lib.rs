@@ -84,6 +84,10 @@
 //!   family's names (`ACEMQ_URL`, `ACEMQ_CONSUMER__PREFETCH`, `ACEMQ_TLS__…`) and, with the
 //!   `toml` feature, a file of the same keys, turned into the connection's, publishers',
 //!   consumers' and the actuator's options; every bad value refused by name when loaded.
+//! * [`topology`]: a service's exchanges, queues (with their failure topology), bindings and
+//!   the scheduler's ladder as one [`Topology`](topology::Topology), planned (changing
+//!   nothing), applied (creating what is missing, refusing on a conflict) or validated (failing
+//!   on drift); from code, a TOML or JSON file, or `acemq topology plan|apply|validate`.
 //! * [`service`]: the service host — [`Service`](service::Service) starts a service's
 //!   consumers, responders, relays, scheduler and actuator on two connections (publishing,
 //!   consuming), stops on SIGTERM or SIGINT, a handle or a failing part, drains them in order
@@ -292,6 +296,7 @@ pub mod test_ca;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod ticket;
+pub mod topology;
 pub mod trace;
 pub mod wire;
 // The seam under the engine: the AMQP transport (amiquip) and the in-process one (`memory`).

@@ -63,7 +63,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     // What a service exposes about itself (feature `actuator`), how it is configured
     // (`settings/`) and the host that runs one (`service/`): they read every layer below.
-    ("service", &["actuator/", "settings/", "service/"]),
+    (
+        "service",
+        &["actuator/", "settings/", "service/", "topology/"],
+    ),
     ("tools", &["testing/", "fuzzing.rs"]),
 ];
 

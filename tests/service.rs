@@ -382,3 +382,32 @@ fn readiness_turns_down_first_while_a_running_handler_finishes() {
         "acknowledged"
     );
 }
+
+#[test]
+fn a_service_applies_its_topology_before_its_parts_and_refuses_to_start_on_drift() {
+    use acemq_amqp::topology::{ApplyMode, Topology};
+    use acemq_amqp::RetryPolicy;
+
+    let conn = support::connect();
+    let q = unique("service-topology");
+    let mut clean = support::Cleanup::new(&conn);
+    clean.consumed_queue(&q, &[]);
+    let topology = || Topology::new().consumed_queue(QueueSpec::new(&q), &RetryPolicy::none());
+    // Validate on an empty broker: refused, nothing started.
+    let e = Service::new(options("topology").topology(topology(), ApplyMode::Validate))
+        .consumer(&q, ConsumerOptions::new(), |_: &Message| {
+            Ok(Outcome::Accept)
+        })
+        .start()
+        .unwrap_err();
+    assert!(e.to_string().contains("is missing"), "{e}");
+    // Apply creates the queue the consumer needs, then the consumer starts on it.
+    let running = Service::new(options("topology").topology(topology(), ApplyMode::Apply))
+        .consumer(&q, ConsumerOptions::new(), |_: &Message| {
+            Ok(Outcome::Accept)
+        })
+        .start()
+        .unwrap();
+    conn.queue_info(&q).expect("declared by the topology");
+    assert_eq!(running.stop().exit_code(), 0);
+}

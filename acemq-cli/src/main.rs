@@ -5,12 +5,14 @@
 mod db;
 mod out;
 mod outbox;
+mod plan;
 mod queues;
 mod topology;
 
 use std::process::ExitCode;
 use std::time::Duration;
 
+use acemq_amqp::topology::ApplyMode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use out::Out;
@@ -256,6 +258,33 @@ enum TopologyCommand {
         #[arg(long)]
         schedule: bool,
     },
+    /// What the topology in FILE (TOML or JSON: docs/topology.md) would create on the broker,
+    /// what is there and what differs, argument by argument. Changes nothing. Exit 0.
+    Plan {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The topology file: `.toml`, else JSON.
+        #[arg(long, value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
+    /// Creates what the topology in FILE is missing and binds its bindings; refuses, creating
+    /// nothing, when a queue or exchange differs (exit 1, naming each difference).
+    Apply {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The topology file: `.toml`, else JSON.
+        #[arg(long, value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
+    /// Fails (exit 1) when anything in FILE is missing or differs on the broker. Changes
+    /// nothing.
+    Validate {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        /// The topology file: `.toml`, else JSON.
+        #[arg(long, value_name = "FILE")]
+        file: std::path::PathBuf,
+    },
 }
 
 /// A failure the CLI reports: its exit code and one line.
@@ -400,6 +429,15 @@ fn run(cli: &Cli, out: &mut Out) -> Outcome {
                 rung,
                 schedule,
             } => topology::check(&broker.url(before)?, queue, rung, *schedule, out),
+            TopologyCommand::Plan { broker, file } => {
+                plan::run(&broker.url(before)?, file, ApplyMode::Plan, out)
+            }
+            TopologyCommand::Apply { broker, file } => {
+                plan::run(&broker.url(before)?, file, ApplyMode::Apply, out)
+            }
+            TopologyCommand::Validate { broker, file } => {
+                plan::run(&broker.url(before)?, file, ApplyMode::Validate, out)
+            }
         },
     }
 }

@@ -40,6 +40,7 @@ pub struct ServiceOptions {
     pub(super) connection: ConnectionOptions,
     pub(super) drain_timeout: Duration,
     pub(super) signals: bool,
+    pub(super) topology: Option<(crate::topology::Topology, crate::topology::ApplyMode)>,
     #[cfg(feature = "actuator")]
     pub(super) actuator: Option<crate::actuator::ActuatorOptions>,
 }
@@ -54,6 +55,7 @@ impl ServiceOptions {
             connection,
             drain_timeout: DRAIN_TIMEOUT,
             signals: true,
+            topology: None,
             #[cfg(feature = "actuator")]
             actuator: None,
         }
@@ -84,6 +86,20 @@ impl ServiceOptions {
     /// `terminationGracePeriodSeconds`, 30 s by default; systemd's `TimeoutStopSec`).
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// The topology the service needs, carried out in `mode` on the consuming connection before
+    /// any part starts ([`Topology::apply`](crate::topology::Topology::apply)): `Apply` creates
+    /// what is missing and refuses to start on a conflict, `Validate` refuses to start on any
+    /// drift, `Plan` logs the plan and starts. No topology by default: each part declares
+    /// what it needs itself.
+    pub fn topology(
+        mut self,
+        topology: crate::topology::Topology,
+        mode: crate::topology::ApplyMode,
+    ) -> Self {
+        self.topology = Some((topology, mode));
         self
     }
 

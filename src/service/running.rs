@@ -57,6 +57,10 @@ impl RunningService {
     ) -> Result<RunningService> {
         let publishing = open(&options, "publish")?;
         let consuming = open(&options, "consume")?;
+        if let Some((topology, mode)) = &options.topology {
+            let plan = topology.apply(&consuming, *mode)?;
+            log::info!("acemq: {}'s topology ({mode:?}):\n{plan}", options.name);
+        }
         let watched = publishing.clone();
         consuming.add_health_check(
             "connection:publishing",

@@ -79,7 +79,7 @@
 mod convert;
 mod keys;
 mod load;
-mod parse;
+pub(crate) mod parse;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -8,7 +8,7 @@ use crate::connection::Address;
 use crate::error::{Error, Result};
 
 /// What a duration may be written as, for the refusals.
-pub(super) const DURATION_FORMS: &str = "seconds (`30`, `2.5`), a number with a unit (`500ms`, \
+pub(crate) const DURATION_FORMS: &str = "seconds (`30`, `2.5`), a number with a unit (`500ms`, \
      `30s`, `5m`, `1h`, `1d`), ISO 8601 (`PT30S`, `PT1M30S`) or `H:MM:SS` (`0:00:30`)";
 
 /// `{label}: {what}`, as an [`Error::InvalidArgument`].
@@ -17,7 +17,7 @@ pub(super) fn refuse(label: &str, what: impl std::fmt::Display) -> Error {
 }
 
 /// A duration in any of [`DURATION_FORMS`].
-pub(super) fn duration(label: &str, text: &str) -> Result<Duration> {
+pub(crate) fn duration(label: &str, text: &str) -> Result<Duration> {
     let t = text.trim();
     read_duration(t)
         .ok_or_else(|| refuse(label, format!("`{t}` is not a duration: {DURATION_FORMS}")))
