@@ -88,6 +88,8 @@
 //!   the scheduler's ladder as one [`Topology`](topology::Topology), planned (changing
 //!   nothing), applied (creating what is missing, refusing on a conflict) or validated (failing
 //!   on drift); from code, a TOML or JSON file, or `acemq topology plan|apply|validate`.
+//! * [`patterns::retention`]: receipts (and retired outbox records) deleted past a retention,
+//!   never one younger than the oldest message still waiting on the broker.
 //! * [`service`]: the service host — [`Service`](service::Service) starts a service's
 //!   consumers, responders, relays, scheduler and actuator on two connections (publishing,
 //!   consuming), stops on SIGTERM or SIGINT, a handle or a failing part, drains them in order

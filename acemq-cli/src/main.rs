@@ -7,6 +7,7 @@ mod out;
 mod outbox;
 mod plan;
 mod queues;
+mod receipts;
 mod topology;
 
 use std::process::ExitCode;
@@ -72,6 +73,9 @@ enum Command {
     Schema(SchemaArgs),
     /// The broker topology the library declares.
     Topology(TopologyArgs),
+    /// Idempotency receipts: delete those past a retention, never one a message still
+    /// waiting on the broker could need.
+    Receipts(ReceiptsArgs),
 }
 
 /// `--url`, on the commands that talk to the broker only.
@@ -228,6 +232,48 @@ enum SchemaCommand {
     Create {
         #[command(flatten)]
         db: DbArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ReceiptsArgs {
+    #[command(subcommand)]
+    command: ReceiptsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ReceiptsCommand {
+    /// Deletes receipts confirmed longer than --older-than ago — but none younger than the
+    /// oldest message still waiting in a --queue (with its .dlq, .parked and --rung queues) or
+    /// the scheduler's ladder (--schedule), read first without consuming anything; says which
+    /// message held the cutoff back. Exit 0; 1 when the horizon cannot be known (nothing
+    /// deleted).
+    Purge {
+        #[command(flatten)]
+        broker: BrokerArgs,
+        #[command(flatten)]
+        db: DbArgs,
+        /// How old a receipt may be deleted at (`7d`, `12h`; a bare number is seconds).
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        older_than: Duration,
+        /// A consumed queue whose consumer keeps its receipts in the table (repeatable).
+        #[arg(long, value_name = "Q", required = true)]
+        queue: Vec<String>,
+        /// A broker retry rung of those queues (repeatable).
+        #[arg(long, value_name = "D", value_parser = parse_duration)]
+        rung: Vec<Duration>,
+        /// Also scans the scheduler's ladder (acemq.schedule).
+        #[arg(long)]
+        schedule: bool,
+        /// The idempotency table.
+        #[arg(long, default_value = "acemq_idempotency")]
+        table: String,
+        /// Also deletes retired records of this outbox table older than the cutoff.
+        #[arg(long, value_name = "TABLE")]
+        retired_outbox: Option<String>,
+        /// The most messages one queue may hold for its scan.
+        #[arg(long, default_value_t = 10_000)]
+        scan_limit: usize,
     },
 }
 
@@ -414,6 +460,32 @@ fn run(cli: &Cli, out: &mut Out) -> Outcome {
                 no_broker("schema create", " (its database is --db)")?;
                 db::create(db.url()?, out)
             }
+        },
+        Command::Receipts(a) => match &a.command {
+            ReceiptsCommand::Purge {
+                broker,
+                db,
+                older_than,
+                queue,
+                rung,
+                schedule,
+                table,
+                retired_outbox,
+                scan_limit,
+            } => receipts::purge(
+                &broker.url(before)?,
+                db.url()?,
+                &receipts::Purge {
+                    older_than: *older_than,
+                    queues: queue,
+                    rungs: rung,
+                    schedule: *schedule,
+                    table,
+                    retired_outbox: retired_outbox.as_deref(),
+                    scan_limit: *scan_limit,
+                },
+                out,
+            ),
         },
         Command::Topology(a) => match &a.command {
             TopologyCommand::Schedule => {

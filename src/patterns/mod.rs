@@ -12,6 +12,9 @@ pub mod peek;
 pub mod pipeline;
 pub mod replay;
 pub mod request_reply;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres"))))]
+pub mod retention;
 pub mod routing_slip;
 pub mod saga;
 pub mod scheduler;

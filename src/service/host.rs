@@ -75,6 +75,30 @@ impl Service {
         })
     }
 
+    /// The guarded retention sweeper, named `retention`: every `interval`, the receipts of
+    /// `receipts` (and with the options' `retired_outbox`, `outbox`'s retired records) past the
+    /// retention are deleted — never one younger than the oldest message still waiting on the
+    /// broker ([`patterns::retention`](crate::patterns::retention)).
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    pub fn retention(
+        self,
+        receipts: crate::patterns::idempotency::SqlIdempotencyStore,
+        outbox: Option<crate::patterns::outbox::SqlOutboxStore>,
+        options: crate::patterns::retention::RetentionOptions,
+        interval: std::time::Duration,
+    ) -> Service {
+        self.part("retention", move |c: &Connections| {
+            let sweeper = crate::patterns::retention::Sweeper::new(
+                &c.consuming,
+                receipts,
+                outbox,
+                options,
+                interval,
+            )?;
+            Ok(Box::new(sweeper.start()?) as Box<dyn ServicePart>)
+        })
+    }
+
     /// The scheduler on the consuming connection, named `scheduler`.
     pub fn scheduler(self, options: SchedulerOptions) -> Service {
         self.part("scheduler", move |c: &Connections| {

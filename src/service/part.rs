@@ -185,3 +185,20 @@ impl ServicePart for RunningRelay {
         report
     }
 }
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl ServicePart for crate::patterns::retention::RunningSweeper {
+    fn stage(&self) -> Stage {
+        Stage::Last
+    }
+
+    /// It logs a failed purge and tries again at its next interval: it never ends by itself.
+    fn is_finished(&self) -> bool {
+        false
+    }
+
+    fn stop(self: Box<Self>, _deadline: Duration) -> PartReport {
+        self.close();
+        PartReport::default()
+    }
+}

@@ -3,6 +3,7 @@
 
 mod batch;
 mod group_statement;
+mod retention;
 mod statements;
 mod store;
 

@@ -1,5 +1,6 @@
 //! The outbox on SQLite or PostgreSQL.
 
+mod retention;
 mod row;
 mod statements;
 mod store;

@@ -70,9 +70,9 @@ static OWNERS: AtomicU64 = AtomicU64::new(0);
 /// # fn main() {}
 /// ```
 pub struct SqlOutboxStore {
-    connect: Connect,
-    table: String,
-    max_attempts: u32,
+    pub(super) connect: Connect,
+    pub(super) table: String,
+    pub(super) max_attempts: u32,
     lease: Duration,
     owner: String,
     statements: sql::PerDialect<Statements>,
