@@ -12,7 +12,8 @@
 //! a few minutes. The machine is shared: the load average is printed with the figures.
 //!
 //! Services: RabbitMQ at `ACEMQ_AMQP_URL` or 127.0.0.1:5672 (guest; raw amiquip dials the same), PostgreSQL at `PG_URL` or
-//! `host=127.0.0.1 user=postgres dbname=test`. SQLite files go to a temporary directory (WAL,
+//! `host=127.0.0.1 user=postgres dbname=test`, MySQL/MariaDB at `MYSQL_URL` or
+//! `mysql://root@127.0.0.1:3306/test`. SQLite files go to a temporary directory (WAL,
 //! `synchronous=FULL`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -38,7 +39,9 @@ use acemq_amqp::patterns::outbox::{
 use acemq_amqp::patterns::request_reply::{
     Requester, RequesterOptions, Responder, ResponderOptions, RunningRequester,
 };
-use acemq_amqp::sql::{checkout, CheckIdle, PostgresConnectionManager, Sql, SqliteManager};
+use acemq_amqp::sql::{
+    checkout, CheckIdle, MysqlManager, PostgresConnectionManager, Sql, SqliteManager, Transactional,
+};
 use acemq_amqp::StopHandle;
 use acemq_amqp::{
     BoxError, Connection, ConsumerOptions, Error, Handler, JsonCodec, Message, Outcome,
@@ -610,6 +613,26 @@ fn pg_pool(size: u32) -> Result<r2d2::Pool<CheckIdle<PostgresConnectionManager<p
     ))?)
 }
 
+fn my_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// A MySQL pool as the crate recommends it: `MysqlManager` under `CheckIdle`.
+fn my_pool(size: u32) -> Result<r2d2::Pool<CheckIdle<MysqlManager>>> {
+    Ok(r2d2::Pool::builder()
+        .max_size(size)
+        .build(CheckIdle::new(MysqlManager::from_url(&my_url())?))?)
+}
+
+fn drop_my_tables(tables: &[String]) -> Result<()> {
+    let pool = my_pool(1)?;
+    let mut c = pool.get()?;
+    for t in tables {
+        c.execute(&format!("DROP TABLE IF EXISTS {t}"), &[])?;
+    }
+    Ok(())
+}
+
 fn drop_pg_tables(tables: &[String]) -> Result<()> {
     let mut c = postgres::Client::connect(&pg_url(), postgres::NoTls)?;
     for t in tables {
@@ -714,7 +737,9 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
     let mut raw = vec![];
     let mut lite: Vec<Vec<f64>> = vec![vec![]; kinds.len()];
     let mut post: Vec<Vec<f64>> = vec![vec![]; kinds.len()];
+    let mut mine: Vec<Vec<f64>> = vec![vec![]; kinds.len()];
     let mut pg_tables = vec![];
+    let mut my_tables = vec![];
     for round in 0..s.rounds {
         fill(conn, &queue, n)?;
         raw.push(rate(n, common::raw_consume(&queue, n, 100)));
@@ -734,13 +759,20 @@ fn idempotency(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Resul
             let table = format!("bench_idem_{run}_{i}_{round}");
             pg_tables.push(table.clone());
             post[i].push(idem_rate(conn, &queue, n, kind, &pg_pool(8)?, &table)?);
+            fill(conn, &queue, n)?;
+            let table = format!("bench_idem_my_{run}_{i}_{round}");
+            my_tables.push(table.clone());
+            mine[i].push(idem_rate(conn, &queue, n, kind, &my_pool(8)?, &table)?);
         }
     }
     drop_pg_tables(&pg_tables)?;
+    drop_my_tables(&my_tables)?;
     let raw = median(raw);
-    for (db, figures) in [("SQLite FULL", lite), ("PostgreSQL", post)] {
+    for (db, figures) in [("SQLite FULL", lite), ("PostgreSQL", post), ("MySQL", mine)] {
         for (kind, v) in kinds.into_iter().zip(figures) {
             let target = match (kind, db) {
+                // Not measured enough here yet to set one.
+                (_, "MySQL") => Target::None,
                 (Idem::Plain, _) => Target::RatioAtLeast(0.25),
                 (Idem::TxBatched, "SQLite FULL") => Target::RatioAtLeast(0.5),
                 (Idem::TxBatched, _) => Target::RatioAtLeast(0.3),
@@ -859,9 +891,19 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
             SqlOutboxStoreOptions::default().table(pg_table.clone()),
         )
     };
+    let my_table = format!("bench_outbox_my_{run}");
+    let my = my_pool(4)?;
+    let my_store = || {
+        SqlOutboxStore::open(
+            checkout(&my),
+            SqlOutboxStoreOptions::default().table(my_table.clone()),
+        )
+    };
     lite_store()?.create_table()?;
     pg_store()?.create_table()?;
+    my_store()?.create_table()?;
     let (mut env, mut lite, mut post, mut memory) = (vec![], vec![], vec![], vec![]);
+    let mut mine = vec![];
     for _ in 0..s.rounds {
         conn.purge_queue(&queue)?;
         env.push(rate(n, raw_publish(&queue, n, 100, true)));
@@ -898,11 +940,25 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
             n,
         )?;
         post.push(relay_rate(pg_store()?, n)?);
+        conn.purge_queue(&queue)?;
+        fill_outbox(
+            &my_store()?,
+            |f| {
+                let mut c = my.get()?;
+                let mut tx = c.begin()?;
+                f(&mut tx)?;
+                tx.commit().map_err(|e| sql_err("commit", e))
+            },
+            &queue,
+            n,
+        )?;
+        mine.push(relay_rate(my_store()?, n)?);
     }
     let env = median(env);
     for (db, v, target) in [
         ("SQLite FULL", lite, Target::RatioAtLeast(0.9)),
         ("PostgreSQL", post, Target::RatioAtLeast(0.8)),
+        ("MySQL", mine, Target::None),
         ("memory (no database)", memory, Target::None),
     ] {
         s.push(Row {
@@ -916,6 +972,7 @@ fn relaying(s: &mut Suite, conn: &Connection, dir: &std::path::Path) -> Result<(
         });
     }
     drop_pg_tables(&[pg_table])?;
+    drop_my_tables(&[my_table])?;
     conn.purge_queue(&queue)?;
     conn.delete_queue(&queue)?;
     Ok(())

@@ -360,6 +360,15 @@ impl From<postgres::Error> for Error {
     }
 }
 
+#[cfg(feature = "mysql")]
+impl From<mysql::Error> for Error {
+    /// [`Error::Sql`] with the driver's error as its source, for a connections factory or
+    /// handler written with `?`.
+    fn from(e: mysql::Error) -> Error {
+        Error::sql("calling MySQL", e)
+    }
+}
+
 /// A database driver's error as `Error::Sql` prints it: its own text, except that a PostgreSQL
 /// error (whose text is only "db error" or "error connecting to server") is followed by its
 /// causes — the server's severity, SQLSTATE code and message (with its detail and hint), or the

@@ -103,6 +103,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | the SQL stores on SQLite (`rusqlite`, bundled) with an `r2d2` pool |
 //! | `postgres` | no | the same stores on PostgreSQL (`postgres`, `r2d2_postgres`) |
+//! | `mysql` | no | the same stores on MySQL 8.0+ and MariaDB 10.6+ (the blocking `mysql` crate, pure Rust), pooled by `sql::MysqlManager` |
 //! | `tls` | no | `amqps://` addresses (`native-tls`), as the family does TLS: a given authority trusted alone, mutual TLS, a server-name override, TLS 1.2 at least, development certificates refused unless allowed, failed handshakes named ([`TlsError`]) |
 //! | `metrics` | no | `observe::MetricsObserver`: the family's metric names through the `metrics` facade |
 //! | `opentelemetry` | no | OpenTelemetry spans as the family names them (the W3C headers are carried without it too) |

@@ -63,7 +63,7 @@ fn the_crate_docs_feature_table_names_every_feature_of_cargo_toml_and_its_defaul
     let features = cargo_features();
     assert_eq!(
         features.len(),
-        17,
+        18,
         "Cargo.toml's [features] as read: {features:?}"
     );
     let defaults: BTreeSet<String> = features

@@ -209,6 +209,7 @@ fn on_driver_tx(
             move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
             IdempotentOptions::default(),
         )),
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     };
     move |m: &Message| handler.handle(m)
 }
@@ -590,6 +591,7 @@ fn consume_then_record_in_one_transaction(db: &Db) {
             },
             IdempotentOptions::default(),
         )),
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     };
     let handler = move |m: &Message| handler.handle(m);
     let consumer = conn
@@ -703,6 +705,7 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
             );
             (h.duplicates(), deliver_twice(&tx_q, h))
         }
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     };
     assert_eq!(*seen.0.lock().unwrap(), vec![(message.id().to_string(), 1)]);
     assert_eq!(count.get(), 1);

@@ -72,6 +72,7 @@ fn batched(
             let d = h.duplicates();
             (Box::new(h), d)
         }
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     }
 }
 

@@ -92,6 +92,7 @@ fn batched_box(
             )
             .unwrap(),
         ),
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     }
 }
 

@@ -99,6 +99,7 @@ fn insert_raw(db: &Db, table: &str, routing_key: &str, body: &str, headers: &str
     let p = |i: usize| match db.backend {
         Backend::Sqlite => "?".to_string(),
         Backend::Postgres => format!("${i}"),
+        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     };
     db.connect()
         .execute(
@@ -146,6 +147,7 @@ impl<'a> RefuseDeletes<'a> {
                      FOR EACH ROW EXECUTE FUNCTION {name}()"
                 ),
             ],
+            Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
         };
         let mut c = db.connect();
         for s in statements {
@@ -168,6 +170,7 @@ impl Drop for RefuseDeletes<'_> {
                 format!("DROP TRIGGER IF EXISTS {name} ON {table}"),
                 format!("DROP FUNCTION IF EXISTS {name}()"),
             ],
+            Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
         };
         let mut c = self.db.connect();
         for s in statements {

@@ -429,6 +429,7 @@ impl<'a> Refusal<'a> {
                      FOR EACH ROW EXECUTE FUNCTION {name}()"
                 ),
             ],
+            Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
         };
         let refusal = Refusal {
             db,
@@ -470,6 +471,7 @@ impl Drop for Refusal<'_> {
                 format!("DROP FUNCTION IF EXISTS {name}()"),
                 format!("DROP SEQUENCE IF EXISTS {name}_count"),
             ],
+            Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
         };
         for s in statements {
             if let Err(e) = c.execute(&s, &[]) {

@@ -1,4 +1,5 @@
-//! The SQL seam and the stores, each test on SQLite (file-backed, WAL) and on PostgreSQL.
+//! The SQL seam and the stores, each test on SQLite (file-backed, WAL), on PostgreSQL and on
+//! MySQL/MariaDB (`ACEMQ_TEST_MYSQL_URL`).
 
 mod support;
 use support::db;
@@ -66,6 +67,7 @@ fn values_round_trip(db: &Db) {
     let bytes = match d {
         acemq_amqp::sql::Dialect::Sqlite => "BLOB",
         acemq_amqp::sql::Dialect::Postgres => "BYTEA",
+        acemq_amqp::sql::Dialect::Mysql => "LONGBLOB",
     };
     conn.execute(
         &format!("CREATE TABLE {t} (i BIGINT, s TEXT, b {bytes}, n TEXT)"),
@@ -101,12 +103,13 @@ fn values_round_trip(db: &Db) {
         ]]
     );
     // A null parameter compared with an integer column.
+    let null_safe = match d {
+        acemq_amqp::sql::Dialect::Mysql => "<=>",
+        _ => "IS NOT DISTINCT FROM",
+    };
     let rows = conn
         .query(
-            &format!(
-                "SELECT COUNT(*) FROM {t} WHERE n IS NOT DISTINCT FROM {}",
-                ph[0]
-            ),
+            &format!("SELECT COUNT(*) FROM {t} WHERE n {null_safe} {}", ph[0]),
             &[Value::Null],
         )
         .unwrap();
@@ -131,7 +134,9 @@ fn create_schema_and_ddl(db: &Db) {
     let dialect = conn.dialect();
     let ddl = schema_ddl(dialect);
     let statements: Vec<&str> = ddl.split(";\n").filter(|s| !s.trim().is_empty()).collect();
-    assert!(statements.len() >= 4);
+    // Three tables, and on SQLite and PostgreSQL the idempotency table's index (MySQL's is in
+    // its table's statement).
+    assert!(statements.len() >= 3);
     match db.backend {
         Backend::Sqlite => {
             for s in &statements {
@@ -159,6 +164,33 @@ fn create_schema_and_ddl(db: &Db) {
                 .unwrap();
             assert_eq!(rows[0][0], Value::Integer(3));
         }),
+        // MySQL commits DDL at once: the statements run under this test's own names.
+        Backend::Mysql => {
+            let names = [
+                ("acemq_idempotency", db.table("ddl_i")),
+                ("acemq_outbox", db.table("ddl_o")),
+                ("acemq_schemas", db.table("ddl_s")),
+            ];
+            for s in &statements {
+                let mut s = s.to_string();
+                for (from, to) in &names {
+                    s = s.replace(from, to);
+                }
+                conn.execute(&s, &[]).unwrap();
+            }
+            let rows = conn
+                .query(
+                    &format!(
+                        "SELECT COUNT(*) FROM information_schema.tables WHERE \
+                         table_schema = DATABASE() AND engine = 'InnoDB' AND \
+                         table_name IN ('{}', '{}', '{}')",
+                        names[0].1, names[1].1, names[2].1
+                    ),
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(rows[0][0], Value::Integer(3));
+        }
     }
 }
 
@@ -229,6 +261,11 @@ fn database_error_has_source(db: &Db) {
                 .expect("postgres error");
             assert_eq!(pg.code(), Some(&postgres::error::SqlState::UNDEFINED_TABLE));
         }
+        Backend::Mysql => match source.downcast_ref::<mysql::Error>() {
+            // ER_NO_SUCH_TABLE
+            Some(mysql::Error::MySqlError(e)) => assert_eq!(e.code, 1146, "{e}"),
+            other => panic!("expected the server's error, got {other:?}"),
+        },
     }
     assert!(e.to_string().contains(&table));
     let outbox =
@@ -440,14 +477,21 @@ fn idem_transactional(db: &Db) {
     });
     assert!(inside.is_claimed());
     assert_eq!(db.count(&table), 0);
-    // Committed: the receipt commits with the work.
+    // Committed: the receipt commits with the work. (MySQL commits a `CREATE TABLE` at once:
+    // there the work is an insert into a table made before.)
+    let work = db.table("work");
+    if db.backend == Backend::Mysql {
+        db.connect()
+            .execute(&format!("CREATE TABLE {work} (x BIGINT)"), &[])
+            .unwrap();
+    }
     db.in_tx(true, |tx| {
         let token = claimed(store.claim_in(tx, "k").unwrap());
-        tx.execute(
-            &format!("CREATE TABLE {} (x BIGINT)", db.table("work")),
-            &[],
-        )
-        .unwrap();
+        let statement = match db.backend {
+            Backend::Mysql => format!("INSERT INTO {work} (x) VALUES (1)"),
+            _ => format!("CREATE TABLE {work} (x BIGINT)"),
+        };
+        tx.execute(&statement, &[]).unwrap();
         store.confirm_in(tx, "k", &token).unwrap();
     });
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
@@ -847,7 +891,188 @@ fn registry_concurrent_agree(db: &Db) {
     }
 }
 
-on_both_databases!(
+// ---------------------------------------------------------------------------------------------
+// Every database alike (issue 51 item 3: MySQL beside SQLite and PostgreSQL)
+
+/// Keys that differ only in case or in bytes past ASCII stay distinct keys (on MySQL the
+/// tables' binary collation: a default collation there would make `Order-1` a duplicate of
+/// `order-1`).
+fn idem_keys_are_compared_exactly(db: &Db) {
+    let (store, _) = idem(db);
+    for key in ["Order-1", "order-1", "ORDER-1", "order-ı", "order-i"] {
+        assert!(
+            store.first_time(key).unwrap(),
+            "{key} was taken for another key"
+        );
+    }
+    assert!(!store.first_time("Order-1").unwrap());
+}
+
+/// A group commit's claims and confirms (the batch statements: one upsert for the group's
+/// claims, one update for its confirms) from many threads: every key is claimed exactly once,
+/// every confirm holds, a duplicate is absorbed.
+fn idem_group_commit_claims_each_key_once(db: &Db) {
+    let table = db.table("group");
+    let store = Arc::new(
+        SqlIdempotencyStore::open(
+            db.factory(),
+            SqlIdempotencyStoreOptions::default()
+                .table(&table)
+                .group_commit(true),
+        )
+        .unwrap(),
+    );
+    store.create_table().unwrap();
+    let barrier = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            thread::spawn(move || {
+                barrier.wait();
+                let mut mine = Vec::new();
+                // Every thread asks for the same 20 keys, in its own order.
+                for i in 0..20 {
+                    let key = format!("k{}", (i * 7 + t * 3) % 20);
+                    if let Claim::Claimed(token) = store.claim(&key).unwrap() {
+                        store.confirm(&key, &token).unwrap();
+                        mine.push(key);
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all: Vec<String> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    all.sort();
+    let distinct: HashSet<&String> = all.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        all.len(),
+        "a key was claimed twice: {all:?}"
+    );
+    assert_eq!(all.len(), 20, "{all:?}");
+    for i in 0..20 {
+        assert_eq!(store.claim(&format!("k{i}")).unwrap(), Claim::Duplicate);
+    }
+    assert_eq!(db.count(&table), 20);
+}
+
+/// A body and headers past 64 KiB (MySQL's `BLOB` and `TEXT`) come back whole.
+fn outbox_large_record_round_trips(db: &Db) {
+    let table = db.table("big");
+    let store = outbox(db, &table);
+    let mut big = record(1);
+    big.body = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    big.headers
+        .insert("note".into(), serde_json::json!("é".repeat(40_000)));
+    let id = db.in_tx(true, |tx| store.add(tx, &big).unwrap());
+    let got = store.pending(1).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, id);
+    assert_eq!(got[0].body, big.body);
+    assert_eq!(got[0].headers, big.headers);
+}
+
+/// A lease is renewed by its holder only, and only while it holds it.
+fn outbox_renewed_only_by_its_holder(db: &Db) {
+    let table = db.table("renew");
+    let short = || {
+        SqlOutboxStore::open(
+            db.factory(),
+            SqlOutboxStoreOptions::default()
+                .table(&table)
+                .lease(Duration::from_millis(600)),
+        )
+        .unwrap()
+    };
+    let (a, b) = (short(), short());
+    a.create_table().unwrap();
+    let ids: Vec<i64> = db.in_tx(true, |tx| {
+        (0..3).map(|n| a.add(tx, &record(n)).unwrap()).collect()
+    });
+    let leased: Vec<i64> = a.pending(2).unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(leased, ids[..2]);
+    let mut renewed = a.renew(&ids).unwrap();
+    renewed.sort_unstable();
+    assert_eq!(renewed, ids[..2], "only the leases a holds");
+    assert!(b.renew(&ids).unwrap().is_empty(), "b holds none of them");
+    thread::sleep(Duration::from_millis(800));
+    // a's leases ran out and b took them: a renews nothing.
+    let taken: Vec<i64> = b.pending(10).unwrap().iter().map(|r| r.id).collect();
+    assert_eq!(taken, ids);
+    assert!(a.renew(&ids).unwrap().is_empty());
+}
+
+/// The generic batch store: a new message's effect and its receipt commit together, a replay
+/// returns the recorded outcome, and a failing effect rolls the whole batch back — no effect,
+/// no receipt.
+fn batch_store_commits_effects_with_their_receipts(db: &Db) {
+    let receipts = db.table("rcpt");
+    let effects = db.table("eff");
+    db.connect()
+        .execute(
+            &format!(
+                "CREATE TABLE {effects} (id VARCHAR(200) NOT NULL, body {})",
+                match db.backend {
+                    Backend::Sqlite => "BLOB",
+                    Backend::Postgres => "BYTEA",
+                    Backend::Mysql => "LONGBLOB",
+                }
+            ),
+            &[],
+        )
+        .unwrap();
+    let insert = effects.clone();
+    let effect = move |tx: &mut dyn Sql, m: &AckMessage| {
+        if m.payload == b"refuse" {
+            return Err(Error::InvalidArgument {
+                reason: "refused on purpose".into(),
+            });
+        }
+        let d = tx.dialect();
+        tx.execute(
+            &format!(
+                "INSERT INTO {insert} (id, body) VALUES ({}, {})",
+                d.placeholder(1),
+                d.placeholder(2)
+            ),
+            &[m.identifier.as_str().into(), m.payload.clone().into()],
+        )?;
+        Ok(format!("stored {}", m.identifier))
+    };
+    let store = BatchStore::new(
+        db.factory(),
+        effect,
+        BatchStoreOptions::new().table(&receipts),
+    )
+    .unwrap();
+    store.create_table().unwrap();
+    let (a, b) = (
+        AckMessage::new("a", b"1".to_vec()),
+        AckMessage::new("b", b"2".to_vec()),
+    );
+    let got = store.apply_batch(&[&a, &b, &a]).unwrap();
+    assert!(!got[0].is_replay() && !got[1].is_replay());
+    assert!(got[2].is_replay());
+    assert_eq!(store.receipt("a").unwrap().as_deref(), Some("stored a"));
+    // A batch with a refused message: nothing of it commits.
+    let (c, bad) = (
+        AckMessage::new("c", b"3".to_vec()),
+        AckMessage::new("d", b"refuse".to_vec()),
+    );
+    assert!(store.apply_batch(&[&c, &bad]).is_err());
+    assert_eq!(store.receipt("c").unwrap(), None);
+    assert_eq!(db.count(&effects), 2);
+    assert_eq!(db.count(&receipts), 2);
+    // Replayed later: the effect ran once.
+    assert!(store.apply_batch(&[&b]).unwrap()[0].is_replay());
+    assert_eq!(db.count(&effects), 2);
+}
+
+on_every_database!(
     values_round_trip,
     create_schema_and_ddl,
     invalid_table_names_refused,
@@ -869,6 +1094,11 @@ on_both_databases!(
     registry_round_trip,
     registry_concurrent_agree,
     dialect_now_is_the_database_clock_in_ms,
+    idem_keys_are_compared_exactly,
+    idem_group_commit_claims_each_key_once,
+    outbox_large_record_round_trips,
+    outbox_renewed_only_by_its_holder,
+    batch_store_commits_effects_with_their_receipts,
 );
 
 #[test]
@@ -1264,4 +1494,133 @@ fn connecting_postgres_on_a_closed_port_says_the_connection_was_refused() {
         text.to_lowercase().contains("connection refused"),
         "the I/O cause: {text}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// MySQL's own
+
+/// The seam's `$N` placeholders on MySQL: sent as `?`, each bound where it is named, one used
+/// twice; a statement with `?` goes as written; `$1` in a string stays text.
+#[test]
+fn mysql_numbered_placeholders_bind_in_the_order_named() {
+    let db = Db::mysql();
+    let mut conn = db.connect();
+    let rows = conn
+        .query(
+            "SELECT $2, $1 + $1, '$1', CONCAT(?, 'x')",
+            &[Value::Integer(20), Value::from("b")],
+        )
+        .unwrap_err();
+    // `$N` and `?` are not mixed: the `?` has no parameter of its own.
+    assert!(matches!(rows, Error::Sql { .. }), "{rows:?}");
+    let rows = conn
+        .query(
+            "SELECT $2, $1 + $1, '$1'",
+            &[Value::Integer(20), Value::from("b")],
+        )
+        .unwrap();
+    assert_eq!(
+        rows,
+        vec![vec![
+            Value::from("b"),
+            Value::Integer(40),
+            Value::from("$1")
+        ]]
+    );
+    let rows = conn
+        .query("SELECT CONCAT(?, ?)", &[Value::from("a"), Value::from("b")])
+        .unwrap();
+    assert_eq!(rows, vec![vec![Value::from("ab")]]);
+}
+
+/// The r2d2 manager under `CheckIdle`: a pooled connection the server kills fails the one
+/// operation that next uses it, reports itself broken as it goes back, and the pool opens a
+/// new one for the next operation (no health check ran: it was used a moment before).
+#[test]
+fn a_mysql_connection_killed_under_a_pool_is_replaced_after_one_failure() {
+    use acemq_amqp::sql::{checkout, CheckIdle, MysqlManager};
+    let db = Db::mysql();
+    let manager = MysqlManager::from_url(&db::mysql_url()).unwrap();
+    let pool = r2d2::Pool::builder()
+        .max_size(1)
+        .build(CheckIdle::new(manager).window(Duration::from_secs(3600)))
+        .unwrap();
+    let table = db.table("pooled");
+    let store = SqlIdempotencyStore::open(
+        checkout(&pool),
+        SqlIdempotencyStoreOptions::default().table(&table),
+    )
+    .unwrap();
+    store.create_table().unwrap();
+    assert!(store.first_time("a").unwrap());
+    let id = {
+        let mut conn = pool.get().unwrap();
+        conn.query("SELECT CONNECTION_ID()", &[]).unwrap()[0][0].clone()
+    };
+    let mut admin = db.connect();
+    admin
+        .execute(&format!("KILL CONNECTION {}", id.as_i64().unwrap()), &[])
+        .unwrap();
+    assert!(matches!(store.first_time("b"), Err(Error::Sql { .. })));
+    assert!(
+        store.first_time("b").unwrap(),
+        "the pool handed out the dead connection again"
+    );
+    let again = pool
+        .get()
+        .unwrap()
+        .query("SELECT CONNECTION_ID()", &[])
+        .unwrap()[0][0]
+        .clone();
+    assert_ne!(again, id);
+}
+
+/// A MySQL pool that cannot connect says why.
+#[test]
+fn connecting_mysql_on_a_closed_port_says_the_connection_was_refused() {
+    use acemq_amqp::sql::{CheckIdle, MysqlManager};
+    let manager = MysqlManager::from_url("mysql://root@127.0.0.1:1/test").unwrap();
+    let e = r2d2::Pool::builder()
+        .connection_timeout(Duration::from_secs(2))
+        .build(CheckIdle::new(manager))
+        .map(drop)
+        .unwrap_err();
+    let e = Error::from(e).to_string().to_lowercase();
+    assert!(e.contains("refused"), "{e}");
+    // The URL's password never reaches the error.
+    let Err(e) = MysqlManager::from_url("postgres://root:s3cret@127.0.0.1/test") else {
+        panic!("a postgres URL was taken for MySQL");
+    };
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+}
+
+/// The MySQL DDL: `key` quoted (MySQL reserves it), keys with a length, 64 KiB types made
+/// long, InnoDB with a binary collation; SQLite's and PostgreSQL's statements unchanged.
+#[test]
+fn mysql_ddl_quotes_key_and_sizes_its_columns() {
+    use acemq_amqp::sql::Dialect;
+    let ddl = schema_ddl(Dialect::Mysql);
+    for part in [
+        "`key` VARCHAR(255) PRIMARY KEY",
+        "body LONGBLOB NOT NULL",
+        "headers LONGTEXT NOT NULL",
+        "definition LONGTEXT NOT NULL",
+        "subject VARCHAR(255) NOT NULL",
+        "id BIGINT AUTO_INCREMENT PRIMARY KEY",
+        "INDEX acemq_idempotency_deadline (deadline_ms)",
+        "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+    ] {
+        assert!(ddl.contains(part), "{part} missing from:\n{ddl}");
+    }
+    assert!(
+        !ddl.contains("CREATE INDEX"),
+        "MySQL has no CREATE INDEX IF NOT EXISTS"
+    );
+    for d in [Dialect::Sqlite, Dialect::Postgres] {
+        let ddl = schema_ddl(d);
+        assert!(
+            !ddl.contains('`') && ddl.contains("    key TEXT PRIMARY KEY"),
+            "{ddl}"
+        );
+    }
 }

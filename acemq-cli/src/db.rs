@@ -1,4 +1,5 @@
-//! `--db`: SQLite (`sqlite:PATH`) or PostgreSQL (a connection string), and `acemq schema`.
+//! `--db`: SQLite (`sqlite:PATH`), PostgreSQL (a connection string) or MySQL/MariaDB
+//! (`mysql://…`), and `acemq schema`.
 
 use std::path::PathBuf;
 
@@ -13,6 +14,7 @@ use crate::{DialectArg, Failure, Outcome};
 pub enum Db {
     Sqlite(PathBuf),
     Postgres(String),
+    Mysql(String),
 }
 
 impl Db {
@@ -27,13 +29,16 @@ impl Db {
             }
             return Ok(Db::Sqlite(PathBuf::from(path)));
         }
+        if url.starts_with("mysql://") {
+            return Ok(Db::Mysql(url.to_string()));
+        }
         if url.starts_with("postgres://") || url.starts_with("postgresql://") || url.contains('=') {
             return Ok(Db::Postgres(url.to_string()));
         }
         Err(Failure {
             code: 2,
-            message: "--db takes sqlite:PATH or a PostgreSQL connection string (postgres://… \
-                      or host=… user=… dbname=…)"
+            message: "--db takes sqlite:PATH, a PostgreSQL connection string (postgres://… \
+                      or host=… user=… dbname=…) or a MySQL URL (mysql://user@host:port/database)"
                 .into(),
         })
     }
@@ -42,6 +47,7 @@ impl Db {
         match self {
             Db::Sqlite(p) => format!("the SQLite database {}", p.display()),
             Db::Postgres(_) => "the PostgreSQL database".into(),
+            Db::Mysql(_) => "the MySQL database".into(),
         }
     }
 
@@ -64,6 +70,14 @@ impl Db {
                 let client = postgres::Client::connect(url, postgres::NoTls)?;
                 Ok(Box::new(client))
             }
+            Db::Mysql(url) => {
+                // The driver's URL error repeats the URL, which may hold a password: not it.
+                let opts = mysql::Opts::from_url(url).map_err(|_| acemq_amqp::Error::Sql {
+                    context: "reading the MySQL URL".into(),
+                    source: "it is not mysql://user:password@host:port/database".into(),
+                })?;
+                Ok(Box::new(mysql::Conn::new(opts)?))
+            }
         }
     }
 
@@ -84,11 +98,11 @@ impl Db {
     }
 
     /// The command that creates the tables in this database (the PostgreSQL connection string
-    /// is not repeated: it may hold a password).
+    /// or MySQL URL is not repeated: it may hold a password).
     fn schema_create(&self) -> String {
         match self {
             Db::Sqlite(p) => format!("`acemq schema create --db sqlite:{}`", p.display()),
-            Db::Postgres(_) => "`acemq schema create` with the same --db".into(),
+            Db::Postgres(_) | Db::Mysql(_) => "`acemq schema create` with the same --db".into(),
         }
     }
 
@@ -120,13 +134,16 @@ impl Db {
 }
 
 /// Whether `e` is the database saying a table does not exist (SQLite's `no such table`,
-/// PostgreSQL's SQLSTATE 42P01).
+/// PostgreSQL's SQLSTATE 42P01, MySQL's error 1146).
 fn missing_table(e: &acemq_amqp::Error) -> bool {
     let acemq_amqp::Error::Sql { source, .. } = e else {
         return false;
     };
     if let Some(pg) = source.downcast_ref::<postgres::Error>() {
         return pg.code() == Some(&postgres::error::SqlState::UNDEFINED_TABLE);
+    }
+    if let Some(mysql::Error::MySqlError(e)) = source.downcast_ref::<mysql::Error>() {
+        return e.code == 1146;
     }
     matches!(
         source.downcast_ref::<rusqlite::Error>(),
@@ -138,6 +155,7 @@ pub fn ddl(dialect: DialectArg, out: &mut Out) -> Outcome {
     let dialect = match dialect {
         DialectArg::Sqlite => Dialect::Sqlite,
         DialectArg::Postgres => Dialect::Postgres,
+        DialectArg::Mysql => Dialect::Mysql,
     };
     let text = schema_ddl(dialect);
     if out.json() {

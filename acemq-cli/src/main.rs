@@ -153,8 +153,9 @@ struct PeekArgs {
 
 #[derive(Args, Debug)]
 struct DbArgs {
-    /// The database: `sqlite:PATH` or a PostgreSQL connection string (`postgres://…` or
-    /// `host=… user=… dbname=…`); default `ACEMQ_DB`. The password is never printed.
+    /// The database: `sqlite:PATH`, a PostgreSQL connection string (`postgres://…` or
+    /// `host=… user=… dbname=…`) or a MySQL/MariaDB URL (`mysql://user:password@host:port/db`);
+    /// default `ACEMQ_DB`. The password is never printed.
     #[arg(
         long,
         global = true,
@@ -170,8 +171,8 @@ impl DbArgs {
     fn url(&self) -> Result<&str, Failure> {
         self.db.as_deref().ok_or_else(|| Failure {
             code: 2,
-            message: "no database: give --db URL (sqlite:PATH or a PostgreSQL connection \
-                      string) or set ACEMQ_DB"
+            message: "no database: give --db URL (sqlite:PATH, a PostgreSQL connection \
+                      string or a mysql:// URL) or set ACEMQ_DB"
                 .into(),
         })
     }
@@ -218,6 +219,8 @@ struct SchemaArgs {
 enum DialectArg {
     Sqlite,
     Postgres,
+    /// MySQL 8.0+ or MariaDB 10.6+.
+    Mysql,
 }
 
 #[derive(Subcommand, Debug)]

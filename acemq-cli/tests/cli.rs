@@ -400,11 +400,13 @@ fn outbox_release_then_a_sweep_publishes(backend: Backend) {
     let db = match backend {
         Backend::Sqlite => Db::sqlite(),
         Backend::Postgres => Db::postgres(),
+        Backend::Mysql => Db::mysql(),
     };
     let table = db.table("outbox");
     let db_url = match backend {
         Backend::Sqlite => format!("sqlite:{}", db.sqlite_path().display()),
         Backend::Postgres => db::PG_URL.to_string(),
+        Backend::Mysql => db::mysql_url(),
     };
     let store = || {
         SqlOutboxStore::open(
@@ -533,6 +535,64 @@ fn outbox_release_then_a_sweep_publishes_sqlite() {
 #[test]
 fn outbox_release_then_a_sweep_publishes_postgres() {
     outbox_release_then_a_sweep_publishes(Backend::Postgres);
+}
+
+#[test]
+fn outbox_release_then_a_sweep_publishes_mysql() {
+    outbox_release_then_a_sweep_publishes(Backend::Mysql);
+}
+
+/// `schema ddl --dialect mysql` prints MySQL's DDL; `schema create` with a mysql:// URL applies
+/// it, in a database of its own (the default table names would otherwise collide with other
+/// tests'), twice without harm; a missing table names the command that creates it.
+#[test]
+fn schema_ddl_and_create_on_mysql() {
+    let out = acemq(&["schema", "ddl", "--dialect", "mysql"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("`key` VARCHAR(255) PRIMARY KEY"), "{text}");
+    assert!(text.contains("ENGINE=InnoDB"), "{text}");
+    let _db = Db::mysql(); // fails clearly when MariaDB is not there
+    let name = support::unique("acemq_cli_schema").replace(['.', '-'], "_");
+    let base = db::mysql_url();
+    let base = base.rsplit_once('/').map_or(base.as_str(), |(b, _)| b);
+    let mut admin = db::my_client();
+    use acemq_amqp::sql::Sql;
+    admin
+        .execute(&format!("CREATE DATABASE {name}"), &[])
+        .unwrap();
+    let url = format!("{base}/{name}");
+    let out = acemq(&["schema", "create", "--db", &url]);
+    let again = acemq(&["schema", "create", "--db", &url]).status.code();
+    let tables = admin
+        .query(
+            &format!(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = '{name}' \
+                 ORDER BY 1"
+            ),
+            &[],
+        )
+        .unwrap();
+    let missing = acemq(&["outbox", "status", "--db", &url, "--table", "not_there"]);
+    admin
+        .execute(&format!("DROP DATABASE {name}"), &[])
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(again, Some(0));
+    let tables: Vec<String> = tables
+        .iter()
+        .map(|r| r[0].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        tables,
+        ["acemq_idempotency", "acemq_outbox", "acemq_schemas"]
+    );
+    assert_eq!(missing.status.code(), Some(1), "{}", stderr(&missing));
+    assert!(
+        stderr(&missing).contains("acemq schema create"),
+        "{}",
+        stderr(&missing)
+    );
 }
 
 #[test]

@@ -2,14 +2,18 @@
 //!
 //! The stores in [`patterns`](crate::patterns) (idempotency, outbox, schema registry) speak to
 //! the database only through the [`Sql`] trait, which is implemented for
-//! `rusqlite::Connection` and `rusqlite::Transaction` (feature `sqlite`, on by default) and for
-//! `postgres::Client` and `postgres::Transaction` (feature `postgres`).
+//! `rusqlite::Connection` and `rusqlite::Transaction` (feature `sqlite`, on by default), for
+//! `postgres::Client` and `postgres::Transaction` (feature `postgres`), and for the `mysql`
+//! crate's `Conn`, `PooledConn` and `Transaction` (feature `mysql`: MySQL 8.0 or later, MariaDB
+//! 10.6 or later, InnoDB tables).
 //!
 //! # Placeholders
 //!
 //! Statements are written in the connection's own placeholder syntax: `?1`, `?2`, … (or `?`)
-//! for SQLite and `$1`, `$2`, … for PostgreSQL. [`Dialect::placeholder`] writes one, so code that
-//! must run on both builds its statements from the connection's [`Sql::dialect`].
+//! for SQLite, `$1`, `$2`, … for PostgreSQL, and `?` on MySQL, where the seam also takes `$1`,
+//! `$2`, … and sends them as `?` (see [`Dialect::placeholders`]). [`Dialect::placeholder`] writes
+//! one, so code that must run on all of them builds its statements from the connection's
+//! [`Sql::dialect`].
 //!
 //! # Values
 //!
@@ -19,7 +23,19 @@
 //! `Value::Null` parameter is prepared first so the server infers the parameter types. Results of
 //! type `smallint`/`integer`/`bigint`/`boolean` come back as [`Value::Integer`], `bytea` as
 //! [`Value::Bytes`], other types as [`Value::Text`] when they can be read as text. SQLite `REAL`
-//! values come back as text.
+//! values come back as text. On MySQL a statement with parameters is prepared (the driver caches
+//! it per connection) and runs with the binary protocol, one without goes as text; integers come
+//! back as [`Value::Integer`] (an unsigned one past `i64::MAX` as text), strings of the binary
+//! character set (`BLOB`, `VARBINARY`) as [`Value::Bytes`], the rest as text.
+//!
+//! # MySQL and MariaDB
+//!
+//! The stores read the number of rows a statement changed: open MySQL connections without
+//! `CLIENT_FOUND_ROWS` (the `mysql` crate's default), which would count rows matched instead and
+//! make a duplicate look new to [`first_time`](crate::patterns::idempotency::IdempotencyStore::first_time).
+//! Keep the server's strict SQL mode (the default since MySQL 5.7 and MariaDB 10.2.4), so that a
+//! key longer than its `VARCHAR(255)` column is an error rather than cut short. A statement that
+//! changes the schema commits the transaction it runs in, as MySQL does.
 //!
 //! # Connections factory
 //!
@@ -27,9 +43,10 @@
 //! *connections factory*: a closure `Fn() -> Result<C>` with `C: Sql`, called once for each of
 //! the store's operations, the connection dropped at the end of it. A closure that opens a new
 //! connection each time works; an [`r2d2`] pool checkout ([`checkout`], with [`SqliteManager`]
-//! or `r2d2_postgres`'s [`PostgresConnectionManager`]) is faster and replaces connections the
-//! server killed. On PostgreSQL, wrap the manager in [`CheckIdle`]: r2d2's health check on
-//! checkout is otherwise a round trip before each of the store's operations. Work that must
+//! or `r2d2_postgres`'s [`PostgresConnectionManager`], or `MysqlManager`) is faster and replaces
+//! connections the server killed. On PostgreSQL and MySQL, wrap the manager in [`CheckIdle`]:
+//! r2d2's health check on checkout is otherwise a round trip before each of the store's
+//! operations. Work that must
 //! commit with the caller's own (outbox `add`, transactional idempotency) takes the caller's
 //! transaction as `&mut dyn Sql` instead.
 //!
@@ -70,6 +87,8 @@ macro_rules! forward_sql {
 }
 
 mod dialect;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod pool;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -79,6 +98,8 @@ mod sqlite;
 mod table;
 mod value;
 
+#[cfg(feature = "mysql")]
+pub use self::mysql::{MysqlConnection, MysqlManager};
 pub use dialect::Dialect;
 pub(crate) use dialect::PerDialect;
 #[cfg(feature = "postgres")]

@@ -106,7 +106,8 @@ pub(crate) fn rewrap(e: Error, context: impl FnOnce() -> String) -> Error {
 }
 
 /// Runs `f` in one transaction on an autocommit connection — `BEGIN IMMEDIATE` on SQLite (the
-/// write lock from the first statement, so no lock upgrade can fail), `BEGIN` on PostgreSQL —
+/// write lock from the first statement, so no lock upgrade can fail), `BEGIN` on PostgreSQL,
+/// `START TRANSACTION` on MySQL —
 /// and commits when it succeeds, rolls back when it fails (its error wins) or panics. `what` names the
 /// transaction in the errors of its `BEGIN` and `COMMIT` ("beginning {what}"), which `context`
 /// turns into the store's error.
@@ -116,10 +117,7 @@ pub(crate) fn in_one_transaction<T>(
     context: impl Fn(Error, &str) -> Error,
     f: impl FnOnce(&mut dyn Sql) -> Result<T>,
 ) -> Result<T> {
-    let begin = match conn.dialect() {
-        Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN",
-    };
+    let begin = conn.dialect().begin();
     conn.execute(begin, &[])
         .map_err(|e| context(e, &format!("beginning {what}")))?;
     // Rolled back on a panic too, so a pooled connection never goes back mid-transaction.

@@ -95,17 +95,36 @@ impl Table {
     pub fn ddl(&self, dialect: Dialect) -> Result<Vec<String>> {
         let t = self.name();
         check_identifier(t)?;
+        let d = dialect;
+        let (key, key_text, long_text, options) = (
+            d.column("key"),
+            d.key_text(),
+            d.long_text(),
+            d.table_options(),
+        );
         Ok(match self {
-            Table::Idempotency(_) => vec![
-                format!(
+            Table::Idempotency(_) => {
+                // MySQL has no `CREATE INDEX IF NOT EXISTS` (MariaDB has): the index goes in the
+                // table's statement there.
+                let (inline, index) = match d {
+                    Dialect::Mysql => (format!(",\n    INDEX {t}_deadline (deadline_ms)"), None),
+                    Dialect::Sqlite | Dialect::Postgres => (
+                        String::new(),
+                        Some(format!(
+                            "CREATE INDEX IF NOT EXISTS {t}_deadline ON {t} (deadline_ms)"
+                        )),
+                    ),
+                };
+                let mut statements = vec![format!(
                     "CREATE TABLE IF NOT EXISTS {t} (\n    \
-                     key TEXT PRIMARY KEY,\n    \
+                     {key} {key_text} PRIMARY KEY,\n    \
                      state TEXT NOT NULL CHECK (state IN ('CLAIMED', 'CONFIRMED')),\n    \
                      deadline_ms BIGINT NOT NULL,\n    \
-                     token TEXT\n)"
-                ),
-                format!("CREATE INDEX IF NOT EXISTS {t}_deadline ON {t} (deadline_ms)"),
-            ],
+                     token TEXT{inline}\n){options}"
+                )];
+                statements.extend(index);
+                statements
+            }
             Table::Outbox(_) => vec![format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\n    \
                      id {serial},\n    \
@@ -113,27 +132,27 @@ impl Table {
                      routing_key TEXT NOT NULL,\n    \
                      body {bytes} NOT NULL,\n    \
                      content_type TEXT NOT NULL,\n    \
-                     headers TEXT NOT NULL,\n    \
+                     headers {long_text} NOT NULL,\n    \
                      created_ms BIGINT NOT NULL,\n    \
                      attempts BIGINT NOT NULL DEFAULT 0,\n    \
-                     last_error TEXT,\n    \
+                     last_error {long_text},\n    \
                      lease_owner TEXT,\n    \
-                     lease_until_ms BIGINT NOT NULL DEFAULT 0\n)",
-                serial = dialect.serial_key(),
-                bytes = dialect.bytes(),
+                     lease_until_ms BIGINT NOT NULL DEFAULT 0\n){options}",
+                serial = d.serial_key(),
+                bytes = d.bytes(),
             )],
             Table::Schemas(_) => vec![format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\n    \
                  id {serial},\n    \
-                 subject TEXT NOT NULL,\n    \
+                 subject {key_text} NOT NULL,\n    \
                  version BIGINT NOT NULL,\n    \
                  format TEXT NOT NULL,\n    \
-                 definition TEXT NOT NULL,\n    \
-                 fingerprint TEXT NOT NULL,\n    \
+                 definition {long_text} NOT NULL,\n    \
+                 fingerprint {key_text} NOT NULL,\n    \
                  created_ms BIGINT NOT NULL,\n    \
                  UNIQUE (subject, version),\n    \
-                 UNIQUE (subject, fingerprint)\n)",
-                serial = dialect.serial_key(),
+                 UNIQUE (subject, fingerprint)\n){options}",
+                serial = d.serial_key(),
             )],
         })
     }

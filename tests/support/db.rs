@@ -1,5 +1,6 @@
-//! Database helpers for the SQL store tests: one SQLite file (WAL) or the PostgreSQL test
-//! database, unique table names per test, clean-up on drop.
+//! Database helpers for the SQL store tests: one SQLite file (WAL), the PostgreSQL test
+//! database or (feature `mysql`) the MySQL/MariaDB one of `ACEMQ_TEST_MYSQL_URL`, unique table
+//! names per test, clean-up on drop.
 #![allow(dead_code)] // each test file uses a different part of this module
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,11 +18,20 @@ pub type Conn = Box<dyn Sql + Send>;
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
+/// Where the MySQL tests connect: `ACEMQ_TEST_MYSQL_URL`, default MariaDB's root on the
+/// `test` database here.
+pub fn mysql_url() -> String {
+    std::env::var("ACEMQ_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
+}
+
 /// Which database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
     Sqlite,
     Postgres,
+    /// MySQL or MariaDB (feature `mysql`; `Db::mysql`).
+    Mysql,
 }
 
 /// One test's database and table names.
@@ -53,6 +63,13 @@ impl Db {
         Db::new(Backend::Postgres, std::path::PathBuf::new(), None)
     }
 
+    #[cfg(feature = "mysql")]
+    pub fn mysql() -> Db {
+        // Fail (never skip) when the server is not there.
+        drop(my_client());
+        Db::new(Backend::Mysql, std::path::PathBuf::new(), None)
+    }
+
     fn new(backend: Backend, path: std::path::PathBuf, dir: Option<tempfile::TempDir>) -> Db {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         Db {
@@ -76,6 +93,7 @@ impl Db {
         match self.backend {
             Backend::Sqlite => Box::new(sqlite_open(&self.path).expect("open sqlite")),
             Backend::Postgres => Box::new(pg_client()),
+            Backend::Mysql => my_boxed(),
         }
     }
 
@@ -87,6 +105,7 @@ impl Db {
             Ok(match backend {
                 Backend::Sqlite => Box::new(sqlite_open(&path)?),
                 Backend::Postgres => Box::new(pg_connect()?),
+                Backend::Mysql => my_connect_boxed()?,
             })
         }
     }
@@ -118,6 +137,7 @@ impl Db {
                 }
                 r
             }
+            Backend::Mysql => my_in_tx(commit, f),
         }
     }
 
@@ -142,6 +162,13 @@ impl Drop for Db {
             if let Ok(mut client) = pg_connect() {
                 for t in self.tables.lock().iter() {
                     let _ = client.batch_execute(&format!("DROP TABLE IF EXISTS {t}"));
+                }
+            }
+        }
+        if self.backend == Backend::Mysql {
+            if let Ok(mut conn) = my_connect_boxed() {
+                for t in self.tables.lock().iter() {
+                    let _ = conn.execute(&format!("DROP TABLE IF EXISTS {t}"), &[]);
                 }
             }
         }
@@ -177,6 +204,94 @@ pub fn pg_client() -> postgres::Client {
              `pg_ctlcluster --skip-systemctl-redirect <version> main start`: {e:?}"
         ),
     }
+}
+
+#[cfg(feature = "mysql")]
+pub fn my_connect() -> Result<mysql::Conn> {
+    let url = mysql_url();
+    let opts = mysql::Opts::from_url(&url).map_err(|e| Error::Sql {
+        context: format!("reading ACEMQ_TEST_MYSQL_URL ({url})"),
+        source: e.into(),
+    })?;
+    mysql::Conn::new(opts).map_err(|e| Error::Sql {
+        context: format!("connecting to MySQL at {url}"),
+        source: e.into(),
+    })
+}
+
+#[cfg(feature = "mysql")]
+pub fn my_client() -> mysql::Conn {
+    match my_connect() {
+        Ok(c) => c,
+        Err(e) => panic!(
+            "MySQL/MariaDB is not reachable at {} (ACEMQ_TEST_MYSQL_URL); start it with \
+             `service mariadb start` (scripts/test does, through scripts/services): {e:?}",
+            mysql_url()
+        ),
+    }
+}
+
+#[cfg(feature = "mysql")]
+fn my_connect_boxed() -> Result<Conn> {
+    Ok(Box::new(my_connect()?))
+}
+
+#[cfg(feature = "mysql")]
+fn my_boxed() -> Conn {
+    Box::new(my_client())
+}
+
+#[cfg(feature = "mysql")]
+fn my_in_tx<R>(commit: bool, f: impl FnOnce(&mut dyn Sql) -> R) -> R {
+    use acemq_amqp::sql::Transactional;
+    let mut conn = my_client();
+    let mut tx = conn.begin().expect("begin");
+    let r = f(&mut tx);
+    if commit {
+        tx.commit().expect("commit");
+    } else {
+        tx.rollback().expect("rollback");
+    }
+    r
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_connect_boxed() -> Result<Conn> {
+    unreachable!("a MySQL Db is made by Db::mysql, which needs the mysql feature")
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_boxed() -> Conn {
+    unreachable!("a MySQL Db is made by Db::mysql, which needs the mysql feature")
+}
+
+#[cfg(not(feature = "mysql"))]
+fn my_in_tx<R>(_commit: bool, _f: impl FnOnce(&mut dyn Sql) -> R) -> R {
+    unreachable!("a MySQL Db is made by Db::mysql, which needs the mysql feature")
+}
+
+/// Defines `mod $name { fn sqlite(); fn postgres(); fn mysql(); }` running `$name(&Db)` on each
+/// of the three databases (the test file needs the `mysql` feature).
+#[macro_export]
+macro_rules! on_every_database {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[test]
+                fn sqlite() {
+                    super::$name(&super::db::Db::sqlite());
+                }
+                #[test]
+                fn postgres() {
+                    super::$name(&super::db::Db::postgres());
+                }
+                #[test]
+                fn mysql() {
+                    super::$name(&super::db::Db::mysql());
+                }
+            }
+        )*
+    };
 }
 
 /// Defines `mod $name { fn sqlite(); fn postgres(); }` running `$name(&Db)` on each backend.

@@ -146,6 +146,7 @@ impl CrashChild {
             Ok(match backend {
                 Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
                 Backend::Postgres => Box::new(db::pg_connect()?),
+                Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
             })
         }
     }

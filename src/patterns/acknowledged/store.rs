@@ -45,7 +45,7 @@ where
 }
 
 /// Applies batches of messages through a user-supplied [`Effect`] and keeps their receipts, on
-/// SQLite or PostgreSQL.
+/// SQLite, PostgreSQL or MySQL.
 ///
 /// [`apply_batch`](ApplyBatch::apply_batch) gets a connection from the connections factory,
 /// begins a transaction (`BEGIN IMMEDIATE` on SQLite, so the batch holds the write lock from
@@ -169,10 +169,18 @@ impl<E: Effect> BatchStore<E> {
         &self.effect
     }
 
-    /// The statement that creates the receipt table (idempotent: `IF NOT EXISTS`), for a
-    /// migration tool.
+    /// The statement that creates the receipt table on SQLite or PostgreSQL (idempotent: `IF
+    /// NOT EXISTS`), for a migration tool; [`ddl_for`](Self::ddl_for) writes it for a dialect.
     pub fn ddl(&self) -> String {
-        receipts_ddl(&self.table)
+        receipts_ddl(&self.table, Dialect::Sqlite)
+    }
+
+    /// The statement that creates the receipt table in `dialect` (idempotent: `IF NOT
+    /// EXISTS`), for a migration tool. On MySQL the identifier is a `VARCHAR(255)` (a key
+    /// there needs a length), the outcome a `LONGTEXT`, the table InnoDB with a binary
+    /// collation.
+    pub fn ddl_for(&self, dialect: Dialect) -> String {
+        receipts_ddl(&self.table, dialect)
     }
 
     /// Creates the receipt table if it does not exist.
@@ -182,7 +190,8 @@ impl<E: Effect> BatchStore<E> {
     /// [`Error::Sql`] if the factory or the statement fails.
     pub fn create_table(&self) -> Result<()> {
         let mut conn = (self.connect)()?;
-        conn.execute(&self.ddl(), &[])
+        let ddl = self.ddl_for(conn.dialect());
+        conn.execute(&ddl, &[])
             .map_err(|e| sql::rewrap(e, || format!("creating table {}", self.table)))?;
         Ok(())
     }
@@ -367,10 +376,7 @@ struct Tx {
 
 impl Tx {
     fn begin(mut conn: Box<dyn Sql>) -> Result<Tx> {
-        let begin = match conn.dialect() {
-            Dialect::Sqlite => "BEGIN IMMEDIATE",
-            Dialect::Postgres => "BEGIN",
-        };
+        let begin = conn.dialect().begin();
         conn.execute(begin, &[])
             .map_err(|e| sql::rewrap(e, || "beginning a batch transaction".into()))?;
         Ok(Tx { conn, open: true })
@@ -402,13 +408,16 @@ impl Drop for Tx {
 }
 
 /// The statement creating a receipt table named `table` (already checked).
-fn receipts_ddl(table: &str) -> String {
+fn receipts_ddl(table: &str, d: Dialect) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {table} (\n    \
-         identifier TEXT PRIMARY KEY,\n    \
+         identifier {} PRIMARY KEY,\n    \
          payload_sha256 TEXT NOT NULL,\n    \
-         outcome TEXT NOT NULL,\n    \
-         created_ms BIGINT NOT NULL\n)"
+         outcome {} NOT NULL,\n    \
+         created_ms BIGINT NOT NULL\n){}",
+        d.key_text(),
+        d.long_text(),
+        d.table_options()
     )
 }
 
@@ -436,7 +445,8 @@ mod tests {
 
     #[test]
     fn ddl_names_the_columns() {
-        let ddl = receipts_ddl("acemq_receipts");
+        let ddl = receipts_ddl("acemq_receipts", Dialect::Postgres);
+        assert!(receipts_ddl("r", Dialect::Mysql).contains("identifier VARCHAR(255) PRIMARY KEY"));
         for c in [
             "identifier TEXT PRIMARY KEY",
             "payload_sha256",

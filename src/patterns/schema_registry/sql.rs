@@ -1,5 +1,5 @@
-//! The registry in a SQL table (SQLite or PostgreSQL), shared by every process that uses the
-//! table.
+//! The registry in a SQL table (SQLite, PostgreSQL or MySQL), shared by every process that uses
+//! the table.
 
 use std::fmt;
 
@@ -32,10 +32,15 @@ impl Statements {
             next_version: p(format!(
                 "SELECT COALESCE(MAX(version), 0) + 1 FROM {t} WHERE subject = $1"
             )),
+            // On MySQL a conflict changes nothing and nothing is returned: the next lookup by
+            // fingerprint finds the schema, this registration's or a concurrent one's.
             insert: p(format!(
                 "INSERT INTO {t} (subject, version, format, definition, fingerprint, \
-                 created_ms) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING \
-                 RETURNING id"
+                 created_ms) VALUES ($1, $2, $3, $4, $5, $6) {}",
+                match dialect {
+                    Dialect::Mysql => "ON DUPLICATE KEY UPDATE id = id",
+                    Dialect::Sqlite | Dialect::Postgres => "ON CONFLICT DO NOTHING RETURNING id",
+                }
             )),
             by_id: p(format!("SELECT {COLUMNS} FROM {t} WHERE id = $1")),
             latest: p(format!(
@@ -48,8 +53,8 @@ impl Statements {
     }
 }
 
-/// A schema registry in a SQL table (SQLite or PostgreSQL), shared by every process that
-/// uses the table.
+/// A schema registry in a SQL table (SQLite, PostgreSQL or MySQL), shared by every process
+/// that uses the table.
 ///
 /// Each operation gets a connection from the connections factory given to
 /// [`new`](Self::new) and runs in autocommit mode.
@@ -181,18 +186,27 @@ impl SchemaRegistry for SqlSchemaRegistry {
                 Some(row) => sql::col_i64(row, 0)?,
                 None => 1,
             };
+            let params = [
+                Value::Text(subject.to_owned()),
+                Value::Integer(version),
+                Value::Text(format.to_owned()),
+                Value::Text(definition.to_owned()),
+                Value::Text(fp.clone()),
+                Value::Integer(sql::now_ms()),
+            ];
+            if conn.dialect() == Dialect::Mysql {
+                conn.execute(&s.insert, &params)
+                    .map_err(|e| self.context(e, "registering a schema"))?;
+                let rows = conn
+                    .query(&s.by_fingerprint, &key)
+                    .map_err(|e| self.context(e, "looking up a schema"))?;
+                if let Some(row) = rows.first() {
+                    return same_format(schema(row)?, format);
+                }
+                continue;
+            }
             let inserted = conn
-                .query(
-                    &s.insert,
-                    &[
-                        Value::Text(subject.to_owned()),
-                        Value::Integer(version),
-                        Value::Text(format.to_owned()),
-                        Value::Text(definition.to_owned()),
-                        Value::Text(fp.clone()),
-                        Value::Integer(sql::now_ms()),
-                    ],
-                )
+                .query(&s.insert, &params)
                 .map_err(|e| self.context(e, "registering a schema"))?;
             if let Some(row) = inserted.first() {
                 return Ok(Schema {

@@ -3,11 +3,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::statements::{claim_sql, confirm_sql, CLAIMED, CONFIRMED};
+use super::statements::{claim_sql, confirm_sql, select_keys_sql, CLAIMED, CONFIRMED};
 use super::store::SqlIdempotencyStore;
 use crate::error::Result;
 use crate::patterns::idempotency::store::{Claim, ClaimToken};
-use crate::sql::{self, Sql, Value};
+use crate::sql::{self, Dialect, Sql, Value};
 
 impl SqlIdempotencyStore {
     /// Claims every key of `keys` (distinct) on the caller's transaction in one statement,
@@ -23,40 +23,45 @@ impl SqlIdempotencyStore {
             return Ok(Vec::new());
         }
         let dialect = tx.dialect();
-        let t = &self.table;
         let sql = dialect.placeholders(&claim_sql(&self.table, dialect, 3, keys.len()));
         // The rows in key order: concurrent batches (other groups, other consumers) then
         // lock the keys they share in the same order, so they wait for each other instead
-        // of deadlocking on PostgreSQL. The answers below go by key, in `keys`' order.
+        // of deadlocking. The answers below go by key, in `keys`' order.
         let mut ordered: Vec<&str> = keys.to_vec();
         ordered.sort_unstable();
         let mut params = Vec::with_capacity(keys.len() + 2);
         params.push(Value::Integer(sql::duration_ms(self.claim_timeout)));
         params.push(Value::Text(token.as_str().to_owned()));
         params.extend(ordered.iter().map(|k| Value::Text((*k).to_owned())));
-        let claimed = self.returned_keys(tx, &sql, &params, "claiming a batch of keys")?;
-        let others: Vec<&str> = keys
-            .iter()
-            .copied()
-            .filter(|k| !claimed.contains(*k))
-            .collect();
         let mut states = HashMap::new();
-        if !others.is_empty() {
-            let sql = dialect.placeholders(&format!(
-                "SELECT key, state FROM {t} WHERE key IN ({})",
-                (1..=others.len())
-                    .map(|i| format!("${i}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            let params: Vec<Value> = others.iter().map(|k| Value::Text((*k).into())).collect();
-            for row in tx
-                .query(&sql, &params)
-                .map_err(|e| self.context(e, "reading the batch's keys"))?
-            {
-                states.insert(sql::col_text(&row, 0)?, sql::col_text(&row, 1)?);
+        let claimed = if dialect == Dialect::Mysql {
+            // No `RETURNING`: the keys the (fresh) token holds after the statement are the
+            // ones it took; the others' states come with them.
+            tx.execute(&sql, &params)
+                .map_err(|e| self.context(e, "claiming a batch of keys"))?;
+            let mut claimed = HashSet::new();
+            for (key, state, holder) in self.key_states(tx, &params[2..])? {
+                if holder.as_deref() == Some(token.as_str()) {
+                    claimed.insert(key);
+                } else {
+                    states.insert(key, state);
+                }
             }
-        }
+            claimed
+        } else {
+            let claimed = self.returned_keys(tx, &sql, &params, "claiming a batch of keys")?;
+            let others: Vec<Value> = keys
+                .iter()
+                .filter(|k| !claimed.contains(**k))
+                .map(|k| Value::Text((*k).to_owned()))
+                .collect();
+            if !others.is_empty() {
+                for (key, state, _) in self.key_states(tx, &others)? {
+                    states.insert(key, state);
+                }
+            }
+            claimed
+        };
         Ok(keys
             .iter()
             .map(|k| claim_answer(claimed.contains(*k), states.get(*k), token))
@@ -73,6 +78,27 @@ impl SqlIdempotencyStore {
     ) -> Result<()> {
         let pairs: Vec<(&str, &ClaimToken)> = keys.iter().map(|k| (*k, token)).collect();
         self.confirm_pairs_in(tx, &pairs)
+    }
+
+    /// Each of `keys`' rows (those there are): key, state, token.
+    fn key_states(
+        &self,
+        tx: &mut dyn Sql,
+        keys: &[Value],
+    ) -> Result<Vec<(String, String, Option<String>)>> {
+        let dialect = tx.dialect();
+        let sql = dialect.placeholders(&select_keys_sql(&self.table, dialect, 1, keys.len()));
+        tx.query(&sql, keys)
+            .map_err(|e| self.context(e, "reading the batch's keys"))?
+            .iter()
+            .map(|row| {
+                Ok((
+                    sql::col_text(row, 0)?,
+                    sql::col_text(row, 1)?,
+                    sql::col_opt_text(row, 2)?,
+                ))
+            })
+            .collect()
     }
 
     /// Runs `sql` (a statement `… RETURNING key`) and returns the keys it returned.
@@ -113,7 +139,32 @@ impl SqlIdempotencyStore {
             params.push(Value::Text((*key).to_owned()));
             params.push(Value::Text(token.as_str().to_owned()));
         }
-        let confirmed = self.returned_keys(tx, &sql, &params, "confirming a group's keys")?;
+        let confirmed = if dialect == Dialect::Mysql {
+            // No `RETURNING`: the pairs still held are read and locked first (so they are
+            // still held when the update runs), then updated.
+            let keys: Vec<Value> = ordered
+                .iter()
+                .map(|(k, _)| Value::Text((*k).to_owned()))
+                .collect();
+            let held: HashSet<String> = self
+                .key_states(tx, &keys)?
+                .into_iter()
+                .filter(|(key, state, holder)| {
+                    state == CLAIMED
+                        && ordered.iter().any(|(k, t)| {
+                            *k == key.as_str() && holder.as_deref() == Some(t.as_str())
+                        })
+                })
+                .map(|(key, _, _)| key)
+                .collect();
+            if !held.is_empty() {
+                tx.execute(&sql, &params)
+                    .map_err(|e| self.context(e, "confirming a group's keys"))?;
+            }
+            held
+        } else {
+            self.returned_keys(tx, &sql, &params, "confirming a group's keys")?
+        };
         for (key, token) in &ordered {
             if !confirmed.contains(*key) {
                 self.confirm_on(tx, key, token)?;
@@ -134,8 +185,9 @@ impl SqlIdempotencyStore {
         }
         let dialect = tx.dialect();
         let sql = dialect.placeholders(&format!(
-            "DELETE FROM {} WHERE state = '{CLAIMED}' AND token = $1 AND key IN ({})",
+            "DELETE FROM {} WHERE state = '{CLAIMED}' AND token = $1 AND {} IN ({})",
             self.table,
+            dialect.column("key"),
             (2..keys.len() + 2)
                 .map(|i| format!("${i}"))
                 .collect::<Vec<_>>()

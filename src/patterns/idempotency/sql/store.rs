@@ -10,7 +10,7 @@ use crate::patterns::idempotency::group_commit::{Group, Op};
 use crate::patterns::idempotency::store::{Claim, ClaimToken, IdempotencyStore};
 use crate::sql::{self, Connect, Sql, Table, Value};
 
-/// An idempotency store in a SQL table (SQLite or PostgreSQL), safe across processes.
+/// An idempotency store in a SQL table (SQLite, PostgreSQL or MySQL), safe across processes.
 ///
 /// See the [module docs](crate::patterns::idempotency) for the lease and retention rules. Each of the store's own
 /// operations gets a connection from the connections factory given to
@@ -270,6 +270,11 @@ impl SqlIdempotencyStore {
                 .query(&s.state, &params[..1])
                 .map_err(|e| self.context(e, "reading a key's state"))?;
             if let Some(row) = rows.first() {
+                // Held by this token: a claim made again by its own holder (a group's rerun)
+                // within the millisecond of the first changes nothing, and MySQL counts no row.
+                if sql::col_opt_text(row, 1)?.as_deref() == Some(token.as_str()) {
+                    return Ok(Claim::Claimed(token));
+                }
                 return Ok(if sql::col_text(row, 0)? == CONFIRMED {
                     Claim::Duplicate
                 } else {

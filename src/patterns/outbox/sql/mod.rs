@@ -1,5 +1,6 @@
-//! The outbox on SQLite or PostgreSQL.
+//! The outbox on SQLite, PostgreSQL or MySQL.
 
+mod mysql;
 mod retention;
 mod row;
 mod statements;

@@ -1,5 +1,7 @@
 //! The outbox's SQL text, per dialect: the lease (and PostgreSQL's delete-and-lease), the
-//! deletes, failures, renewals and the backlog count.
+//! deletes, failures, renewals and the backlog count. MySQL has no `UPDATE … RETURNING`: there
+//! `pending` is the locking read of a lease (`FOR UPDATE SKIP LOCKED`), which
+//! [`lease_ids`](Statements::lease_ids) then writes, in one transaction (`super::mysql`).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -14,7 +16,9 @@ const COLUMNS: &str =
 
 #[derive(Debug)]
 pub(super) struct Statements {
+    /// `… RETURNING id`, except on MySQL, where the id is `LAST_INSERT_ID()` after it.
     pub(super) add: String,
+    /// On MySQL the locking read of the rows to lease (`$3` max attempts, `$4` limit).
     pub(super) pending: String,
     pub(super) delete: String,
     pub(super) failure: String,
@@ -22,7 +26,7 @@ pub(super) struct Statements {
     pub(super) retired: String,
     pub(super) release: String,
     pub(super) stats: String,
-    /// PostgreSQL only (empty on SQLite): see [`delete_and_lease_sql`].
+    /// PostgreSQL only (empty on SQLite and MySQL): see [`delete_and_lease_sql`].
     pub(super) delete_and_lease: String,
     pub(super) dialect: Dialect,
     pub(super) table: String,
@@ -32,7 +36,7 @@ impl Statements {
     pub(super) fn new(t: &str, dialect: Dialect) -> Statements {
         let p = |s: String| dialect.placeholders(&s);
         let lock = match dialect {
-            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
+            Dialect::Postgres | Dialect::Mysql => " FOR UPDATE SKIP LOCKED",
             Dialect::Sqlite => "",
         };
         // Leases are written, and compared, with the database's clock.
@@ -43,26 +47,36 @@ impl Statements {
         // thousand rows pending), so each lease read every pending row.
         let (picked, end) = match dialect {
             Dialect::Postgres => ("= ANY(ARRAY(", "))"),
-            Dialect::Sqlite => ("IN (", ")"),
+            Dialect::Sqlite | Dialect::Mysql => ("IN (", ")"),
         };
-        // The limit: a parameter on PostgreSQL, written in by `lease` on SQLite.
+        // The limit: a parameter on PostgreSQL and MySQL, written in by `lease` on SQLite.
         let limit = match dialect {
-            Dialect::Postgres => "$4",
+            Dialect::Postgres | Dialect::Mysql => "$4",
             Dialect::Sqlite => LIMIT_MARK,
         };
+        let returning = match dialect {
+            Dialect::Mysql => "",
+            Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
+        };
+        // The rows a lease takes: not retired, not leased (or the lease ran out), in order.
+        let leasable = format!(
+            "FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} ORDER BY id LIMIT {limit}{lock}"
+        );
         Statements {
             add: p(format!(
                 "INSERT INTO {t} (exchange, routing_key, body, content_type, headers, \
                  created_ms, attempts, lease_until_ms) \
-                 VALUES ($1, $2, $3, $4, $5, $6, 0, 0) RETURNING id"
+                 VALUES ($1, $2, $3, $4, $5, $6, 0, 0){returning}"
             )),
             // $1 owner, $2 lease in ms, $3 max attempts, $4 limit (see `lease`)
-            pending: p(format!(
-                "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
-                 SELECT id FROM {t} WHERE attempts < $3 AND lease_until_ms <= {now} \
-                 ORDER BY id LIMIT {limit}{lock}{end} \
-                 AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
-            )),
+            pending: p(match dialect {
+                Dialect::Mysql => format!("SELECT {COLUMNS} {leasable}"),
+                Dialect::Sqlite | Dialect::Postgres => format!(
+                    "UPDATE {t} SET lease_owner = $1, lease_until_ms = {now} + $2 WHERE id {picked}\
+                     SELECT id {leasable}{end} \
+                     AND attempts < $3 AND lease_until_ms <= {now} RETURNING {COLUMNS}"
+                ),
+            }),
             delete: p(format!("DELETE FROM {t} WHERE id = $1")),
             failure: p(format!(
                 "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
@@ -84,7 +98,7 @@ impl Statements {
             )),
             delete_and_lease: match dialect {
                 Dialect::Postgres => delete_and_lease_sql(t),
-                Dialect::Sqlite => String::new(),
+                Dialect::Sqlite | Dialect::Mysql => String::new(),
             },
             dialect,
             table: t.to_owned(),
@@ -92,8 +106,9 @@ impl Statements {
     }
 
     /// The lease of up to `limit` records for `owner` (`pending`, and on SQLite the second
-    /// statement of the delete-and-lease): the statement and its parameters — the owner, the
-    /// lease, the attempts limit, and on PostgreSQL the record limit.
+    /// statement of the delete-and-lease; on MySQL its locking read): the statement and its
+    /// parameters — the owner, the lease, the attempts limit, and on PostgreSQL and MySQL the
+    /// record limit.
     ///
     /// On SQLite the limit is written into the statement, not bound: SQLite's planner reads a
     /// bound `LIMIT`, so it marks the prepared statement stale whenever that parameter is
@@ -118,7 +133,7 @@ impl Statements {
             Value::Integer(i64::from(max_attempts)),
         ];
         let sql = match self.dialect {
-            Dialect::Postgres => {
+            Dialect::Postgres | Dialect::Mysql => {
                 params.push(Value::Integer(limit));
                 Cow::Borrowed(self.pending.as_str())
             }
@@ -136,13 +151,35 @@ impl Statements {
     }
 
     /// `id IN (…)` for `n` ids from parameter `first + 1` on: on PostgreSQL one array
-    /// parameter (see [`id_list`]), so the statement is the same for every `n`; on SQLite one
-    /// parameter per id.
+    /// parameter (see [`id_list`]), so the statement is the same for every `n`; on SQLite and
+    /// MySQL one parameter per id.
     fn id_is_one_of(&self, first: usize, n: usize) -> String {
         match self.dialect {
             Dialect::Postgres => format!("id = ANY(${}::bigint[])", first + 1),
-            Dialect::Sqlite => format!("id IN ({})", self.ids_in(first, n)),
+            Dialect::Sqlite | Dialect::Mysql => format!("id IN ({})", self.ids_in(first, n)),
         }
+    }
+
+    /// MySQL: $1 owner, $2 lease in ms, the ids from $3: the lease of the rows the locking
+    /// read (`pending`) picked.
+    pub(super) fn lease_ids(&self, n: usize) -> String {
+        format!(
+            "UPDATE {} SET lease_owner = $1, lease_until_ms = {} + $2 WHERE {}",
+            self.table,
+            self.dialect.now_ms_sql(),
+            self.id_is_one_of(2, n)
+        )
+    }
+
+    /// MySQL: $1 owner, the ids from $3 ($2 unused): the leases among them this owner still
+    /// holds, locked (the renewal then extends them).
+    pub(super) fn held_many(&self, n: usize) -> String {
+        format!(
+            "SELECT id FROM {} WHERE lease_owner = $1 AND lease_until_ms > {} AND {} FOR UPDATE",
+            self.table,
+            self.dialect.now_ms_sql(),
+            self.id_is_one_of(2, n)
+        )
     }
 
     pub(super) fn delete_many(&self, n: usize) -> String {
@@ -154,12 +191,17 @@ impl Statements {
     }
 
     /// $1 owner, $2 lease in ms, the ids from $3: the leases this owner still holds (not run
-    /// out by the database's clock) extended by a whole lease from now.
+    /// out by the database's clock) extended by a whole lease from now (`RETURNING id`, but on
+    /// MySQL, where [`held_many`](Self::held_many) reads them first).
     pub(super) fn renew_many(&self, n: usize) -> String {
         let now = self.dialect.now_ms_sql();
+        let returning = match self.dialect {
+            Dialect::Mysql => "",
+            Dialect::Sqlite | Dialect::Postgres => " RETURNING id",
+        };
         format!(
             "UPDATE {} SET lease_until_ms = {now} + {} \
-             WHERE lease_owner = {} AND lease_until_ms > {now} AND {} RETURNING id",
+             WHERE lease_owner = {} AND lease_until_ms > {now} AND {}{returning}",
             self.table,
             self.dialect.placeholder(2),
             self.dialect.placeholder(1),
@@ -179,11 +221,11 @@ impl Statements {
 
     /// The parameters for [`id_is_one_of`](Self::id_is_one_of): one text array literal
     /// (`{1,2,3}`, cast to `bigint[]` by the statement) on PostgreSQL, one integer per id on
-    /// SQLite.
+    /// SQLite and MySQL.
     pub(super) fn id_params(&self, ids: &[i64]) -> Vec<Value> {
         match self.dialect {
             Dialect::Postgres => vec![id_list(ids)],
-            Dialect::Sqlite => ids.iter().map(|id| Value::Integer(*id)).collect(),
+            Dialect::Sqlite | Dialect::Mysql => ids.iter().map(|id| Value::Integer(*id)).collect(),
         }
     }
 }

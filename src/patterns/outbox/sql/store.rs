@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::mysql;
 use super::row::{record, record_lossy};
 use super::statements::Statements;
 use crate::error::{Error, Result};
@@ -15,7 +16,7 @@ use crate::sql::{self, Connect, Dialect, Sql, Table, Value};
 
 static OWNERS: AtomicU64 = AtomicU64::new(0);
 
-/// An outbox in a SQL table (SQLite or PostgreSQL).
+/// An outbox in a SQL table (SQLite, PostgreSQL or MySQL).
 ///
 /// See the [module docs](crate::patterns::outbox) for the transaction and lease rules. `add` runs on the
 /// caller's transaction; every other operation gets a connection from the connections
@@ -214,19 +215,22 @@ impl SqlOutboxStore {
             )));
         }
         let s = self.statements(tx);
-        let rows = tx
-            .query(
-                &s.add,
-                &[
-                    Value::Text(record.exchange.clone()),
-                    Value::Text(record.routing_key.clone()),
-                    Value::Bytes(record.body.clone()),
-                    Value::Text(record.content_type.clone()),
-                    Value::Text(headers_json(&record.headers)?),
-                    Value::Integer(sql::now_ms()),
-                ],
-            )
-            .map_err(|e| self.context(e, "adding a record"))?;
+        let params = [
+            Value::Text(record.exchange.clone()),
+            Value::Text(record.routing_key.clone()),
+            Value::Bytes(record.body.clone()),
+            Value::Text(record.content_type.clone()),
+            Value::Text(headers_json(&record.headers)?),
+            Value::Integer(sql::now_ms()),
+        ];
+        let rows = match s.dialect {
+            // The id the insert generated, kept per connection by the server.
+            Dialect::Mysql => tx
+                .execute(&s.add, &params)
+                .and_then(|_| tx.query("SELECT LAST_INSERT_ID()", &[])),
+            Dialect::Sqlite | Dialect::Postgres => tx.query(&s.add, &params),
+        }
+        .map_err(|e| self.context(e, "adding a record"))?;
         match rows.first() {
             Some(row) => sql::col_i64(row, 0),
             None => Err(Error::sql(
@@ -278,6 +282,11 @@ impl SqlOutboxStore {
         Ok(records)
     }
 
+    /// What a lease of `limit` records is made of: this store's owner, lease and attempts limit.
+    fn lease_of(&self, limit: usize) -> (&str, Duration, u32, usize) {
+        (&self.owner, self.lease, self.max_attempts, limit)
+    }
+
     fn by_id(&self, what: &str, pick: fn(&Statements) -> &str, params: &[Value]) -> Result<()> {
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
@@ -298,10 +307,15 @@ impl OutboxStore for SqlOutboxStore {
         }
         let mut conn = (self.connect)()?;
         let s = self.statements(&*conn);
-        let (lease_sql, params) = s.lease(&self.owner, self.lease, self.max_attempts, limit);
-        let rows = conn
-            .query(&lease_sql, &params)
-            .map_err(|e| self.context(e, "leasing pending records"))?;
+        let rows = if s.dialect == Dialect::Mysql {
+            mysql::lease(&mut *conn, s, &[], self.lease_of(limit), |e, what| {
+                self.context(e, what)
+            })?
+        } else {
+            let (lease_sql, params) = s.lease(&self.owner, self.lease, self.max_attempts, limit);
+            conn.query(&lease_sql, &params)
+                .map_err(|e| self.context(e, "leasing pending records"))?
+        };
         drop(conn);
         self.readable(&rows)
     }
@@ -349,7 +363,8 @@ impl OutboxStore for SqlOutboxStore {
         Ok(())
     }
 
-    /// One commit: a single statement on PostgreSQL, `BEGIN IMMEDIATE` … `COMMIT` on SQLite.
+    /// One commit: a single statement on PostgreSQL, `BEGIN IMMEDIATE` … `COMMIT` on SQLite, a
+    /// transaction of a delete, a locking read and an update on MySQL.
     fn mark_published_and_lease(
         &self,
         published: &[i64],
@@ -368,6 +383,11 @@ impl OutboxStore for SqlOutboxStore {
                 let params: Vec<Value> = lease.into_iter().chain(ids).collect();
                 conn.query(&s.delete_and_lease, &params)
                     .map_err(|e| self.context(e, "deleting published records and leasing"))?
+            }
+            Dialect::Mysql => {
+                mysql::lease(&mut *conn, s, published, self.lease_of(limit), |e, what| {
+                    self.context(e, what)
+                })?
             }
             Dialect::Sqlite => {
                 let delete = s.delete_many(published.len());
@@ -406,6 +426,17 @@ impl OutboxStore for SqlOutboxStore {
         for chunk in ids.chunks(500) {
             let mut conn = (self.connect)()?;
             let s = self.statements(&*conn);
+            if s.dialect == Dialect::Mysql {
+                renewed.extend(mysql::renew(
+                    &mut *conn,
+                    s,
+                    &self.owner,
+                    self.lease,
+                    chunk,
+                    |e, what| self.context(e, what),
+                )?);
+                continue;
+            }
             let sql = s.renew_many(chunk.len());
             let mut params = vec![
                 Value::Text(self.owner.clone()),
