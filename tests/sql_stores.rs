@@ -467,6 +467,44 @@ fn idem_retention_and_purge(db: &Db) {
     assert!(!store.first_time("new").unwrap());
 }
 
+/// The guarded retention's store call (`patterns::retention`): receipts confirmed at or before
+/// the cutoff go, younger ones and live claims stay.
+fn idem_purge_confirmed_before_keeps_the_younger(db: &Db) {
+    let (store, table) = idem(db);
+    assert!(store.first_time("a").unwrap());
+    assert!(store.first_time("b").unwrap());
+    assert!(store.claim("live").unwrap().is_claimed());
+    let now = acemq_amqp::now_ms();
+    assert_eq!(store.purge_confirmed_before(now - 3_600_000).unwrap(), 0);
+    assert_eq!(db.count(&table), 3);
+    assert_eq!(store.purge_confirmed_before(now + 60_000).unwrap(), 2);
+    assert_eq!(db.count(&table), 1, "the live claim stays");
+    assert_eq!(store.claim("live").unwrap(), Claim::InProgress);
+}
+
+/// Retired outbox records before the cutoff go; pending ones never do.
+fn outbox_purge_retired_before_keeps_the_pending(db: &Db) {
+    let table = db.table("ret_outbox");
+    let store = SqlOutboxStore::open(
+        db.factory(),
+        SqlOutboxStoreOptions::default()
+            .table(&table)
+            .max_attempts(1),
+    )
+    .unwrap();
+    store.create_table().unwrap();
+    let ids: Vec<i64> = (0..2)
+        .map(|n| db.in_tx(true, |tx| store.add(tx, &record(n)).unwrap()))
+        .collect();
+    store.record_failure(ids[0], "broker said no").unwrap();
+    assert_eq!(store.retired().unwrap().len(), 1);
+    let now = acemq_amqp::now_ms();
+    assert_eq!(store.purge_retired_before(now - 3_600_000).unwrap(), 0);
+    assert_eq!(store.purge_retired_before(now + 60_000).unwrap(), 1);
+    assert_eq!(db.count(&table), 1, "the pending record stays");
+    assert!(store.retired().unwrap().is_empty());
+}
+
 fn idem_transactional(db: &Db) {
     let (store, table) = idem(db);
     // Rolled back: neither claim nor receipt survives.
@@ -1082,6 +1120,8 @@ on_every_database!(
     idem_claim_race_on_transactions,
     idem_lease_take_over,
     idem_retention_and_purge,
+    idem_purge_confirmed_before_keeps_the_younger,
+    outbox_purge_retired_before_keeps_the_pending,
     idem_taken_over_claim_keeps_the_first_holders_receipt,
     idem_stale_holder_cannot_forget_the_new_holders_claim,
     idem_transactional,
