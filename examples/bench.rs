@@ -325,6 +325,42 @@ fn raw_publish(queue: &str, n: usize, window: usize, envelope: bool) -> Duration
     took
 }
 
+/// Raw amiquip without confirms: `n` publishes, then one round trip (`basic.qos`) on the same
+/// channel, so the time ends when the broker has read them all, as ours does (`close`).
+fn raw_publish_unconfirmed(queue: &str, n: usize, envelope: bool) -> Duration {
+    let mut conn = common::raw_connection();
+    let ch = conn.open_channel(None).expect("channel");
+    let bare = AmqpProperties::default().with_delivery_mode(2);
+    let start = Instant::now();
+    for _ in 0..n {
+        let props = if envelope {
+            to_amiquip_properties(
+                Message::new(&BODY[..]).to_properties_for_bench(queue, "acemq@bench"),
+            )
+        } else {
+            bare.clone()
+        };
+        ch.basic_publish("", Publish::with_properties(&BODY, queue, props))
+            .expect("publish");
+    }
+    ch.qos(0, 0, false).expect("round trip");
+    let took = start.elapsed();
+    conn.close().expect("close");
+    took
+}
+
+/// Ours without confirms (`PublisherOptions::confirms(false)`): `n` publishes, then `close`,
+/// which returns once a round trip shows the broker read them all.
+fn our_publish_unconfirmed(conn: &Connection, queue: &str, n: usize) -> Result<Duration> {
+    let publisher = conn.publisher_with(PublisherOptions::new().confirms(false))?;
+    let start = Instant::now();
+    for _ in 0..n {
+        publisher.publish("", queue, Message::new(&BODY[..]))?;
+    }
+    publisher.close()?;
+    Ok(start.elapsed())
+}
+
 fn our_publish(conn: &Connection, queue: &str, n: usize, window: usize) -> Result<Duration> {
     let publisher = conn.publisher_with(PublisherOptions::new().window(window.max(1)))?;
     let start = Instant::now();
@@ -407,6 +443,41 @@ fn publishing(s: &mut Suite, conn: &Connection) -> Result<()> {
             note: "raw builds the envelope headers per message".into(),
         });
     }
+    // Without confirms (at most once), both sides ending with one round trip.
+    let n = s.n(20_000, 4_000);
+    let (mut bare, mut env, mut ours) = (vec![], vec![], vec![]);
+    for _ in 0..s.rounds {
+        conn.purge_queue(&queue)?;
+        bare.push(rate(n, raw_publish_unconfirmed(&queue, n, false)));
+        conn.purge_queue(&queue)?;
+        env.push(rate(n, raw_publish_unconfirmed(&queue, n, true)));
+        conn.purge_queue(&queue)?;
+        ours.push(rate(n, our_publish_unconfirmed(conn, &queue, n)?));
+    }
+    let ours = median(ours);
+    s.push(Row {
+        figure: "publish unconfirmed vs raw".into(),
+        unit: "msg/s",
+        ours: Some(ours),
+        raw: Some(median(bare)),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: format!(
+            "{n} × 200 B persistent, no confirms; both end with a round trip (the broker read \
+             them all)"
+        ),
+    });
+    s.push(Row {
+        figure: "publish unconfirmed vs raw+env".into(),
+        unit: "msg/s",
+        ours: Some(ours),
+        raw: Some(median(env)),
+        target: Target::None,
+        rss_mib: 0.0,
+        note: "raw builds the envelope headers per message; ours bounded by the window and \
+               byte budget, raw's buffer unbounded"
+            .into(),
+    });
     // Beside the windowed `publish_deferred` row: the same windows, each one `publish_all`.
     let (n, batch) = (s.n(20_000, 4_000), 100);
     let (mut env, mut ours) = (vec![], vec![]);

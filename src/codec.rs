@@ -325,6 +325,36 @@ impl<C: Codec + ?Sized> CodecSource for C {
     }
 }
 
+/// A shared codec is a codec: what [`codecs::by_name`](crate::codecs::by_name) returns goes
+/// straight to [`ConnectionOptions::codec`](crate::ConnectionOptions::codec),
+/// [`PublisherOptions::codec`](crate::PublisherOptions::codec) or a consumer's.
+impl<C: Codec + ?Sized> Codec for std::sync::Arc<C> {
+    fn content_type(&self) -> &str {
+        self.as_ref().content_type()
+    }
+    fn encode(&self, value: &Value) -> Result<Vec<u8>, BoxError> {
+        self.as_ref().encode(value)
+    }
+    fn decode(&self, body: &[u8]) -> Result<Value, BoxError> {
+        self.as_ref().decode(body)
+    }
+    fn encodes_bytes(&self) -> bool {
+        self.as_ref().encodes_bytes()
+    }
+    fn encode_bytes(&self, bytes: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        self.as_ref().encode_bytes(bytes)
+    }
+    fn decode_bytes<'a>(&self, body: &'a [u8]) -> Result<Cow<'a, [u8]>, BoxError> {
+        self.as_ref().decode_bytes(body)
+    }
+    fn accepts(&self, content_type: Option<&str>) -> bool {
+        self.as_ref().accepts(content_type)
+    }
+    fn decode_typed(&self, body: &[u8], content_type: Option<&str>) -> Result<Value, BoxError> {
+        self.as_ref().decode_typed(body, content_type)
+    }
+}
+
 // A `Connection` and a `Publisher` are codec sources too: their impls live with them
 // (`connection/handle.rs`, `publish/publisher.rs`), above this base layer.
 

@@ -33,7 +33,9 @@
 //!   publisher or a consumer.
 //! * [`Publisher`]: confirmed, mandatory publishing shared by many threads, with tickets for
 //!   batches and a bounded window; [`Publisher::publish_all`] publishes a batch and reports
-//!   each message ([`BatchReport`]).
+//!   each message ([`BatchReport`]). Publishing without confirms (at most once) is an option
+//!   chosen on purpose ([`PublisherOptions::confirms`], with the delivery-guarantee table),
+//!   still bounded and still refusing what cannot be sent.
 //! * [`Consumer`]: worker threads running a [`Handler`] that returns an [`Outcome`] (accept,
 //!   retry, reject, park, in progress); the family's [`RetryPolicy`] — waits under 30 s held in
 //!   the consumer, longer ones on `{queue}.retry.{Ns|Nm|Nh}` rungs through `acemq.retry` —,
@@ -161,7 +163,7 @@
 //! | type | Send | Sync | threads behind it |
 //! |---|---|---|---|
 //! | [`Connection`] | yes | yes | amiquip's I/O thread; `acemq-supervisor` (holds a `Weak`) |
-//! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers |
+//! | [`Publisher`] | yes | yes | `acemq-confirms`: matches confirms and returns to callers (without confirms, `acemq-flush`: releases what the broker has read, counts returns) |
 //! | [`Ticket`] | yes | no need | — |
 //! | [`Consumer`] | yes | yes | none until started; [`Consumer::run`] uses the caller's thread plus scoped workers |
 //! | [`RunningConsumer`] | yes | yes | `acemq-consumer` (the owner: channel, amiquip consumer, acks; with [`ConsumerOptions::inline`] the handler too), `acemq-worker-N` (none inline) and `acemq-retry-timer` (retries waiting in the consumer) |

@@ -437,3 +437,188 @@ fn a_consumer_reads_a_foreign_yaml_message_by_its_content_type() {
     assert_eq!(got[0], yaml.expected);
     assert_eq!(got[1], json!({"json": true}));
 }
+
+/// `codecs::by_name`: every name of the family in any case, `text` and `string` one codec, an
+/// unknown name refused listing the names, `avro` / `protobuf` refused for their schema.
+#[test]
+fn a_codec_is_found_by_its_name_in_any_case() {
+    use acemq_amqp::codecs::{self, TEXT_CONTENT_TYPE};
+    use acemq_amqp::Error;
+    for (name, content_type) in [
+        ("json", "application/json"),
+        ("JSON", "application/json"),
+        ("bytes", "application/octet-stream"),
+        ("Bytes", "application/octet-stream"),
+        ("text", TEXT_CONTENT_TYPE),
+        ("string", TEXT_CONTENT_TYPE),
+        ("String", TEXT_CONTENT_TYPE),
+    ] {
+        assert_eq!(
+            codecs::by_name(name).unwrap().content_type(),
+            content_type,
+            "{name}"
+        );
+    }
+    // What a codec by name writes, the same codec made in code reads.
+    let text = codecs::by_name("string").unwrap();
+    let m = Message::encode(text.as_ref(), &"hello").unwrap();
+    assert_eq!(m.decode::<String>(&TextCodec).unwrap(), "hello");
+    let names = codecs::names();
+    for name in ["json", "bytes", "text", "string"] {
+        assert!(names.contains(&name), "{names:?}");
+    }
+    assert_eq!(names.contains(&"yaml"), cfg!(feature = "yaml"), "{names:?}");
+
+    let unknown = codecs::by_name("cbor").unwrap_err();
+    let text = unknown.to_string();
+    assert!(
+        matches!(unknown, Error::InvalidArgument { .. }),
+        "{unknown:?}"
+    );
+    for listed in [
+        "\"cbor\"",
+        "`json`",
+        "`bytes`",
+        "`text` (or `string`)",
+        "any case",
+    ] {
+        assert!(text.contains(listed), "{listed} not in {text}");
+    }
+    for name in ["avro", "protobuf", "Avro"] {
+        let e = codecs::by_name(name).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(e.to_string().contains("not chosen by name"), "{e}");
+        assert!(e.to_string().contains("a name cannot carry"), "{e}");
+    }
+    assert!(codecs::by_name(" json").is_err(), "a name is not trimmed");
+}
+
+/// The optional formats by name: made with their feature, refused naming it without.
+#[test]
+fn the_optional_formats_by_name_follow_their_features() {
+    use acemq_amqp::codecs;
+    for (name, feature, content_type) in [
+        ("yaml", cfg!(feature = "yaml"), "application/yaml"),
+        ("toml", cfg!(feature = "toml"), "application/toml"),
+        ("xml", cfg!(feature = "xml"), "application/xml"),
+    ] {
+        match codecs::by_name(&name.to_ascii_uppercase()) {
+            Ok(codec) => {
+                assert!(feature, "{name} made without its feature");
+                assert_eq!(codec.content_type(), content_type);
+            }
+            Err(e) => {
+                assert!(!feature, "{name}: {e}");
+                assert!(e.to_string().contains(&format!("`{name}` feature")), "{e}");
+            }
+        }
+    }
+}
+
+/// `codecs::by_content_type`: the codec each content type names, parameters and case aside.
+#[test]
+fn a_codec_is_found_by_a_content_type() {
+    use acemq_amqp::codecs;
+    for (content_type, writes) in [
+        ("application/json", "application/json"),
+        ("Application/JSON; charset=utf-8", "application/json"),
+        ("application/vnd.orders+json", "application/json"),
+        ("text/json", "application/json"),
+        ("text/plain", "text/plain; charset=utf-8"),
+        ("text/csv", "text/plain; charset=utf-8"),
+        ("application/octet-stream", "application/octet-stream"),
+    ] {
+        assert_eq!(
+            codecs::by_content_type(content_type)
+                .unwrap()
+                .content_type(),
+            writes,
+            "{content_type}"
+        );
+    }
+    #[cfg(all(feature = "yaml", feature = "toml", feature = "xml"))]
+    for (content_type, writes) in [
+        ("application/x-yaml", "application/yaml"),
+        ("text/yaml", "application/yaml"),
+        ("application/toml", "application/toml"),
+        ("text/xml", "application/xml"),
+        ("application/atom+xml", "application/xml"),
+    ] {
+        assert_eq!(
+            codecs::by_content_type(content_type)
+                .unwrap()
+                .content_type(),
+            writes,
+            "{content_type}"
+        );
+    }
+    for refused in [
+        "",
+        "image/png",
+        "application/x-protobuf",
+        "avro/binary",
+        "application/vnd.acemq.encrypted",
+    ] {
+        let e = codecs::by_content_type(refused).unwrap_err();
+        assert!(
+            matches!(e, acemq_amqp::Error::InvalidArgument { .. }),
+            "{refused}: {e:?}"
+        );
+    }
+}
+
+/// `ACEMQ_FORMAT` through `codecs::by_name`: `Settings::codec` gives the codec, the connection
+/// options carry it, and a refusal names the variable and the names.
+#[test]
+fn settings_give_the_codec_acemq_format_names() {
+    use acemq_amqp::settings::Settings;
+    let s = Settings::from_vars([("ACEMQ_FORMAT", "String")]).unwrap();
+    assert_eq!(s.format, "text");
+    assert_eq!(
+        s.codec().unwrap().content_type(),
+        "text/plain; charset=utf-8"
+    );
+    let options = format!("{:?}", s.connection_options().unwrap());
+    assert!(options.contains("TextCodec"), "{options}");
+    assert_eq!(
+        Settings::default().codec().unwrap().content_type(),
+        "application/json"
+    );
+    let e = Settings::from_vars([("ACEMQ_FORMAT", "cbor")]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("ACEMQ_FORMAT") && text.contains("`json`"),
+        "{text}"
+    );
+    // A field changed after loading is checked when the codec is made.
+    let mut s = Settings::default();
+    s.format = "msgpack".into();
+    assert!(s.codec().is_err());
+    assert!(s.connection_options().is_err());
+}
+
+/// A connection given `codecs::by_name`'s codec publishes and reads with it on the broker.
+#[test]
+fn a_connection_uses_the_codec_found_by_name() {
+    use acemq_amqp::codecs;
+    let conn = support::connect_with(
+        acemq_amqp::ConnectionOptions::new()
+            .address(support::amqp_url())
+            .codec(codecs::by_name("text").unwrap()),
+    );
+    let mut clean = support::Cleanup::new(&conn);
+    let q = clean.queue(&support::unique("codec-by-name"));
+    conn.declare_queue(&acemq_amqp::QueueSpec::new(&q)).unwrap();
+    let publisher = conn.publisher().unwrap();
+    publisher.publish_value("", &q, "plain words").unwrap();
+    let got = conn.get(&q).unwrap().expect("the message");
+    assert_eq!(
+        got.content_type.as_deref(),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(got.body, b"plain words");
+    assert_eq!(
+        got.decode::<String>(conn.codec().as_ref()).unwrap(),
+        "plain words"
+    );
+}

@@ -49,6 +49,24 @@ fn under_a_memory_alarm_publishing_is_reported_blocked_and_recovers_after_it() {
         .unwrap();
     publisher.publish("", &q, Message::new("before")).unwrap();
     assert!(!publisher.is_blocked() && !conn.is_blocked());
+    // Without confirms (at most once): as bounded, and as refused, under the alarm.
+    let unconfirmed_conn = acemq_amqp::Connection::open_with(
+        ConnectionOptions::new()
+            .address(amqp_url())
+            .max_unconfirmed_bytes(2 << 20),
+    )
+    .unwrap();
+    let unconfirmed_timeout = Duration::from_millis(500);
+    let unconfirmed = unconfirmed_conn
+        .publisher_with(
+            PublisherOptions::new()
+                .confirms(false)
+                .timeout(unconfirmed_timeout),
+        )
+        .unwrap();
+    unconfirmed
+        .publish("", &q, Message::new("unconfirmed before"))
+        .unwrap();
     let alarm = Watermark::alarm();
     let body = vec![b'x'; 1 << 20];
     let mut tickets = Vec::new();
@@ -88,6 +106,28 @@ fn under_a_memory_alarm_publishing_is_reported_blocked_and_recovers_after_it() {
         notices.0.lock().unwrap()
     );
     let _ = format!("{publisher:?} {}", publisher.in_flight());
+    // The unconfirmed publisher hands over what its connection's budget (2 MiB) holds, then
+    // answers `Blocked` within its timeout: nothing piles up in amiquip's buffers.
+    let (mut handed_over, mut refused) = (0, 0);
+    for i in 0..6 {
+        let started = Instant::now();
+        match unconfirmed.publish("", &q, Message::new(body.clone())) {
+            Ok(()) => handed_over += 1,
+            Err(e) => {
+                assert!(matches!(&e, acemq_amqp::Error::Blocked { .. }), "{e}");
+                refused += 1;
+            }
+        }
+        let took = started.elapsed();
+        assert!(
+            took < unconfirmed_timeout + Duration::from_secs(3),
+            "unconfirmed publish {i} took {took:?}"
+        );
+    }
+    assert!(
+        (1..=2).contains(&handed_over) && refused > 0,
+        "handed over {handed_over}, refused {refused}"
+    );
     drop(alarm);
     // The alarm is over: reported, and what was handed over is confirmed.
     assert!(eventually(Duration::from_secs(30), || !conn.is_blocked()));
@@ -97,4 +137,8 @@ fn under_a_memory_alarm_publishing_is_reported_blocked_and_recovers_after_it() {
             .expect("confirmed after the alarm");
     }
     publisher.publish("", &q, Message::new("after")).unwrap();
+    // What the unconfirmed publisher handed over arrives once the broker reads again.
+    unconfirmed.close().unwrap();
+    assert_eq!(unconfirmed.in_flight(), 0);
+    unconfirmed_conn.close().unwrap();
 }

@@ -75,7 +75,7 @@ fn every_variable_of_the_connection_and_publishing_is_read_into_its_option() {
         ("ACEMQ_HEARTBEAT", "PT25S"),
         ("ACEMQ_CONFIRM_TIMEOUT", "12s"),
         ("ACEMQ_MAX_OUTSTANDING_PUBLISHES", "500"),
-        ("ACEMQ_PUBLISHER_CONFIRMS", "true"),
+        ("ACEMQ_PUBLISHER_CONFIRMS", "false"),
         ("ACEMQ_FORMAT", "text"),
         ("ACEMQ_CHANNEL_MAX", "64"),
         ("ACEMQ_FRAME_MAX", "65536"),
@@ -95,6 +95,7 @@ fn every_variable_of_the_connection_and_publishing_is_read_into_its_option() {
     assert_eq!(s.heartbeat, secs(25));
     assert_eq!(s.confirm_timeout, secs(12));
     assert_eq!(s.max_outstanding_publishes, 500);
+    assert!(!s.publisher_confirms);
     assert_eq!(s.format, "text");
     assert_eq!(s.channel_max, 64);
     assert_eq!(s.frame_max, 65536);
@@ -124,7 +125,10 @@ fn every_variable_of_the_connection_and_publishing_is_read_into_its_option() {
     let publisher = format!("{:?}", s.publisher_options());
     let expected = format!(
         "{:?}",
-        PublisherOptions::new().window(500).timeout(secs(12))
+        PublisherOptions::new()
+            .window(500)
+            .timeout(secs(12))
+            .confirms(false)
     );
     assert_eq!(publisher, expected);
 }
@@ -347,9 +351,12 @@ fn every_bad_value_is_refused_naming_its_variable_and_the_forms_it_takes() {
             "0",
             "is not a whole number of at least 1",
         ),
-        ("ACEMQ_PUBLISHER_CONFIRMS", "false", "cannot be turned off"),
         ("ACEMQ_PUBLISHER_CONFIRMS", "maybe", "is not true or false"),
-        ("ACEMQ_FORMAT", "cbor", "is not a format: `json`"),
+        (
+            "ACEMQ_FORMAT",
+            "cbor",
+            "no codec is named \"cbor\": the names are `json`",
+        ),
         ("ACEMQ_FORMAT", "avro", "needs a schema"),
         (
             "ACEMQ_CHANNEL_MAX",

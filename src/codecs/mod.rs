@@ -20,12 +20,32 @@
 //! | `AvroCodec` | `avro` | `avro/binary`; registered: `application/vnd.acemq.avro` | `application/avro`, `*+avro` | see `AvroCodec` |
 //! | `EncryptedCodec` | `encryption` | `application/vnd.acemq.encrypted` | — | no |
 //!
+//! # Choosing by name
+//!
+//! [`by_name`] turns a name chosen in configuration into its codec — `json`, `bytes`, `text`
+//! (or `string`), and with their features `yaml`, `toml`, `xml` — in any case; an unknown name
+//! is an [`Error::InvalidArgument`] listing the names (and those behind a feature this build
+//! lacks); `avro` and `protobuf` are refused, saying why: they need a schema, which a name
+//! cannot carry. [`by_content_type`] does the same for a content type. This is Python's
+//! `codec_by_name` and Java's `Codecs.byName`; `ACEMQ_FORMAT`
+//! ([`Settings::codec`](crate::settings::Settings::codec)) reads through it.
+//!
+//! ```
+//! use acemq_amqp::{codecs, ConnectionOptions};
+//!
+//! # fn main() -> acemq_amqp::Result<()> {
+//! let format = "text"; // from configuration
+//! let options = ConnectionOptions::new().codec(codecs::by_name(format)?);
+//! # let _ = options;
+//! # Ok(()) }
+//! ```
+//!
 //! # Choosing by content type
 //!
 //! [`CompositeCodec`] holds several codecs: the first one writes; on read, the candidates are
 //! the codecs that [accept](Codec::accepts) the message's content type (every codec when the
 //! message has none), tried in order, the first that reads the body winning; when none accepts,
-//! or every candidate fails, the error names them all (a [`FatalError`]: a
+//! or every candidate fails, the error names them all (a [`FatalError`](crate::FatalError): a
 //! consumer dead-letters it). [`Message::decode`](crate::Message::decode) and
 //! [`Message::payload`](crate::Message::payload) hand the message's content type to the codec
 //! ([`Codec::decode_typed`]). This is Python's `CompositeCodec`.
@@ -39,7 +59,7 @@
 //! struct's fields come out in declaration order, as the family's libraries write them, so the
 //! YAML, TOML and XML of the same payload are the family's bytes (`tests/fixtures/codec_interop.json`).
 //!
-//! A body that cannot be read is a [`FatalError`] inside
+//! A body that cannot be read is a [`FatalError`](crate::FatalError) inside
 //! [`Error::Codec`], so a consumer dead-letters it at once.
 
 use std::borrow::Cow;
@@ -49,7 +69,6 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::codec::Codec;
-use crate::error::FatalError;
 use crate::error::{BoxError, Error, Result};
 
 #[cfg(feature = "avro")]
@@ -58,9 +77,11 @@ pub mod avro;
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub mod encrypted;
+mod named;
 #[cfg(feature = "protobuf")]
 #[cfg_attr(docsrs, doc(cfg(feature = "protobuf")))]
 pub mod protobuf;
+mod text;
 #[cfg(feature = "toml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "toml")))]
 pub mod toml;
@@ -71,64 +92,10 @@ pub mod xml;
 #[cfg_attr(docsrs, doc(cfg(feature = "yaml")))]
 pub mod yaml;
 
-/// What [`TextCodec`] writes.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
-
-/// A fatal codec failure: the same bytes never read better on a later attempt.
-#[allow(dead_code)] // used by the feature-gated codecs only
-pub(crate) fn fatal(text: impl Into<String>) -> BoxError {
-    Box::new(FatalError::new(text.into()))
-}
-
-/// True when `content_type` starts with one of `prefixes` or contains `+suffix`
-/// (case-insensitive); never for no content type.
-#[allow(dead_code)] // used by the feature-gated codecs only
-pub(crate) fn accepts_listed(content_type: Option<&str>, prefixes: &[&str], suffix: &str) -> bool {
-    let Some(ct) = content_type.filter(|c| !c.is_empty()) else {
-        return false;
-    };
-    let ct = ct.to_ascii_lowercase();
-    prefixes.iter().any(|p| ct.starts_with(p)) || ct.contains(suffix)
-}
-
-/// UTF-8 text (`text/plain; charset=utf-8`): encodes a string, decodes to a string; reads any
-/// `text/*`, never a message with no content type (Python `TextCodec`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TextCodec;
-
-impl Codec for TextCodec {
-    fn content_type(&self) -> &str {
-        TEXT_CONTENT_TYPE
-    }
-    fn encode(&self, value: &Value) -> std::result::Result<Vec<u8>, BoxError> {
-        match value {
-            Value::String(s) => Ok(s.as_bytes().to_vec()),
-            other => {
-                Err(format!("acemq: TextCodec encodes a string, not {}", kind_of(other)).into())
-            }
-        }
-    }
-    fn decode(&self, body: &[u8]) -> std::result::Result<Value, BoxError> {
-        match std::str::from_utf8(body) {
-            Ok(s) => Ok(Value::String(s.to_string())),
-            Err(e) => Err(fatal(format!("acemq: this message is not UTF-8 text: {e}"))),
-        }
-    }
-    fn accepts(&self, content_type: Option<&str>) -> bool {
-        accepts_listed(content_type, &["text/"], "\u{0}")
-    }
-}
-
-pub(crate) fn kind_of(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub(crate) use named::canonical_name;
+pub use named::{by_content_type, by_name, names};
+pub(crate) use text::{accepts_listed, fatal, kind_of};
+pub use text::{TextCodec, TEXT_CONTENT_TYPE};
 
 /// Several codecs: the first writes, the one the content type names reads (see the
 /// [module docs](self)).

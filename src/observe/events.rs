@@ -20,8 +20,10 @@ pub enum PublishOutcome {
     /// ([`Error::Blocked`](crate::Error::Blocked)). The family's `refused`, told apart from
     /// `failed`.
     Refused,
-    /// Handed to the broker without a publisher confirm: a
-    /// [`Requester`](crate::patterns::request_reply::Requester)'s request (its reply is its confirmation), and
+    /// Handed to the broker without a publisher confirm: every publish of a
+    /// [`Publisher`](crate::Publisher) made with
+    /// [`PublisherOptions::confirms`](crate::PublisherOptions::confirms)`(false)` (at most once),
+    /// a [`Requester`](crate::patterns::request_reply::Requester)'s request (its reply is its confirmation), and
     /// a responder's reply to a transient reply queue, published on the request's channel just
     /// before the request's acknowledgement (see [`Responder`](crate::patterns::request_reply::Responder)).
     /// If the broker returns one (no queue for the request; the requester went away), it is

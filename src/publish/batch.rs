@@ -55,8 +55,12 @@ impl Publisher {
     /// # Ok(()) }
     /// ```
     ///
+    /// A publisher without [confirms](crate::PublisherOptions::confirms) refuses it: a report of
+    /// what the broker confirmed is what it is for.
+    ///
     /// # Errors
     ///
+    /// [`Error::InvalidArgument`] on a publisher without confirms (nothing was sent);
     /// [`Error::InvalidBatch`] naming the first invalid message's index (nothing was sent);
     /// [`Error::Batch`] with the whole report when any message was not confirmed.
     pub fn publish_all<I, E, R>(&self, messages: I) -> Result<BatchReport>
@@ -65,6 +69,7 @@ impl Publisher {
         E: AsRef<str>,
         R: AsRef<str>,
     {
+        self.confirmed_for("publish_all (a report of what the broker confirmed)")?;
         let batch: Vec<(E, R, Message)> = messages.into_iter().collect();
         for (index, (exchange, routing_key, message)) in batch.iter().enumerate() {
             self.check_batch_item(exchange.as_ref(), routing_key.as_ref(), message)

@@ -202,6 +202,8 @@ fn resolve(shared: &Shared, epoch: u64, confirms: Vec<Confirm>) {
             }),
         };
         crate::intercept::tell_answered(p.answered, &result);
-        let _ = p.reply.send(result);
+        if let Some(reply) = p.reply {
+            let _ = reply.send(result);
+        }
     }
 }

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 use super::frame::check_message_fits;
 use super::publisher::Publisher;
-use super::state::{channel_failure, fail_all, Control, Current, Pending, State};
+use super::state::{channel_failure, fail_all, note_missing, Control, Current, Pending, State};
 use crate::connection::Reservation;
 use crate::envelope::{check_name, Message};
 use crate::error::{Error, Result};
@@ -39,6 +39,10 @@ impl Publisher {
             span.end(Err(&e));
             return Err(e);
         }
+        if let Err(e) = self.not_missing(exchange, routing_key, started) {
+            span.end(Err(&e));
+            return Err(e);
+        }
         let timeout = self.inner.options.timeout;
         let deadline = Instant::now() + timeout;
         let bytes = match self.reserve_bytes(&message, deadline) {
@@ -50,6 +54,13 @@ impl Publisher {
             }
         };
         let (tx, rx) = oneshot::channel();
+        let confirms = self.inner.options.confirms;
+        // Unconfirmed: the caller is answered once the frames are handed over, below.
+        let (reply, answer_now, answered) = if confirms {
+            (Some(tx), None, answered)
+        } else {
+            (None, Some((tx, answered)), Vec::new())
+        };
         let pending = Pending {
             _bytes: Some(bytes),
             message_id: message.envelope.id.clone(),
@@ -57,7 +68,7 @@ impl Publisher {
             routing_key: routing_key.to_string(),
             started,
             returned: None,
-            reply: tx,
+            reply,
             answered,
         };
         if let Err(e) = self.hand_over(
@@ -72,6 +83,16 @@ impl Publisher {
             span.end(Err(&e));
             return Err(e);
         }
+        if let Some((tx, answered)) = answer_now {
+            self.inner.shared.observer.publish_answered(&PublishEvent {
+                exchange,
+                routing_key,
+                outcome: PublishOutcome::Unconfirmed,
+                duration: Some(started.elapsed()),
+            });
+            crate::intercept::tell_answered(answered, &Ok(()));
+            let _ = tx.send(Ok(()));
+        }
         Ok(Ticket {
             reply: rx,
             message_id: message.envelope.id,
@@ -79,6 +100,35 @@ impl Publisher {
             timeout,
             span,
             blocked: self.inner.connection.shared.blocked.clone(),
+        })
+    }
+
+    /// Unconfirmed publishing: refuses a publish to an exchange the broker closed the channel
+    /// over since the last publish to it ([`Error::NotFound`], once; see [`State::missing`]).
+    fn not_missing(&self, exchange: &str, routing_key: &str, started: Instant) -> Result<()> {
+        if self.inner.options.confirms {
+            return Ok(());
+        }
+        let found = {
+            let mut state = self.inner.shared.state.lock();
+            match &state.missing {
+                Some((name, _)) if name == exchange => state.missing.take(),
+                _ => None,
+            }
+        };
+        let Some((name, reason)) = found else {
+            return Ok(());
+        };
+        self.inner.shared.observer.publish_answered(&PublishEvent {
+            exchange,
+            routing_key,
+            outcome: PublishOutcome::Failed,
+            duration: Some(started.elapsed()),
+        });
+        Err(Error::NotFound {
+            kind: "exchange",
+            name,
+            reason,
         })
     }
 
@@ -109,9 +159,15 @@ impl Publisher {
     fn reserve_bytes(&self, message: &Message, deadline: Instant) -> Result<Reservation> {
         // The body and a generous allowance for the frame and header overhead.
         let size = message.body.len().saturating_add(4096);
-        self.inner
-            .connection
-            .budget()
+        let budget = self.inner.connection.budget();
+        if !self.inner.options.confirms {
+            // Unconfirmed: room comes back with a round trip; ask for one before waiting.
+            if let Some(bytes) = budget.reserve(size, Instant::now()) {
+                return Ok(bytes);
+            }
+            self.inner.shared.kick();
+        }
+        budget
             .reserve(size, deadline)
             .ok_or_else(|| Error::Timeout {
                 what: "room among the connection's unconfirmed bytes (the broker is not \
@@ -131,6 +187,9 @@ impl Publisher {
                 return Err(Error::Closed { what: "publisher" });
             }
             if state.pending.len() >= self.inner.options.window {
+                if !self.inner.options.confirms {
+                    shared.kick(); // room comes back with a round trip
+                }
                 if shared.room.wait_until(&mut state, deadline).timed_out() {
                     return Err(Error::Timeout {
                         what: "room in the publisher's window".into(),
@@ -166,6 +225,7 @@ impl Publisher {
         let origin = Some(self.inner.connection.origin());
         let mut properties = Some(message.to_properties(routing_key, origin));
         let mut pending = Some(pending);
+        let window = self.inner.options.window;
         loop {
             let (sender, epoch) = {
                 let state = self.room_and_channel(deadline)?;
@@ -177,18 +237,19 @@ impl Publisher {
             // Publishes on one channel go out one at a time, in the order they are numbered.
             let Some(mut channel) = sender.try_lock_until(deadline) else {
                 return Err(Error::Timeout {
-                    what: "the publisher's channel (a publish before this one is still being \
-                           handed over: the broker is not reading?)"
+                    what: "the publisher's channel (held by a publish before this one still \
+                           being handed over or, without confirms, by a round trip to the \
+                           broker: is the broker reading?)"
                         .into(),
                     after: self.inner.options.timeout,
                 });
             };
-            let tag = {
+            let (tag, first, half_full) = {
                 let mut state = shared.state.lock();
                 if state.closed {
                     return Err(Error::Closed { what: "publisher" });
                 }
-                let full = state.pending.len() >= self.inner.options.window;
+                let full = state.pending.len() >= window;
                 let same = state.epoch == epoch && channel.is_some();
                 match state.current.as_mut() {
                     Some(current) if same && !full => {
@@ -197,7 +258,12 @@ impl Publisher {
                         if let Some(p) = pending.take() {
                             state.pending.insert(tag, p);
                         }
-                        tag
+                        let outstanding = state.pending.len();
+                        (
+                            tag,
+                            outstanding == 1,
+                            outstanding.saturating_mul(2) >= window,
+                        )
                     }
                     // Replaced, broken or full meanwhile: again from the top.
                     _ => continue,
@@ -218,6 +284,14 @@ impl Publisher {
                 )),
             };
             let Err(e) = sent else {
+                if !self.inner.options.confirms {
+                    if half_full {
+                        // Release what is outstanding before the window fills.
+                        shared.kick();
+                    } else if first {
+                        shared.wake();
+                    }
+                }
                 return Ok(());
             };
             // Nothing was handed over: the channel is gone. Learn why (outside the state lock:
@@ -231,6 +305,7 @@ impl Publisher {
             pending = state.pending.remove(&tag);
             if state.epoch == epoch {
                 state.current = None;
+                note_missing(&mut state, &failure);
                 fail_all(&mut state, &shared.observer, |p| {
                     failure.error_for(&p.exchange)
                 });
@@ -256,15 +331,19 @@ impl Publisher {
         }
     }
 
-    /// Opens a confirm-mode channel on the current link and installs it, unless another caller
-    /// got there first.
+    /// Opens a channel on the current link — in confirm mode unless the publisher publishes
+    /// without confirms — and installs it, unless another caller got there first.
     fn open_channel(&self, deadline: Instant) -> Result<()> {
         let wait = deadline.saturating_duration_since(Instant::now());
         let link = self.inner.connection.link(wait)?;
         let wait = deadline.saturating_duration_since(Instant::now());
         let channel = link.open_channel_within(wait)?;
+        let confirm_mode = self.inner.options.confirms;
         let setup = || -> std::result::Result<_, crate::transport::AmqpError> {
             let returns = channel.listen_for_returns()?;
+            if !confirm_mode {
+                return Ok((crate::transport::Feed::never(), returns));
+            }
             let confirms = channel.listen_for_publisher_confirms()?;
             channel.enable_publisher_confirms()?;
             Ok((confirms, returns))

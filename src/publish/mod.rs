@@ -1,4 +1,4 @@
-//! The confirmed publisher.
+//! The confirmed publisher, and the same without confirms (at most once, on purpose).
 //!
 //! # Threads
 //!
@@ -28,10 +28,17 @@
 //! stops reading, callers wait for room with their deadline and get [`Error::Timeout`] on time,
 //! and confirms, [`Publisher::close`] and [`Publisher::in_flight`] stay responsive.
 //!
+//! Without confirms ([`PublisherOptions::confirms`]`(false)`) the channel is not in confirm
+//! mode and a publish is answered once it is handed over; the same window and byte budget
+//! bound what was handed over until a round trip on the channel shows the broker read it
+//! (`flush.rs`: the thread `acemq-flush` in place of `acemq-confirms`, which also counts what
+//! the broker returns).
+//!
 //! [`ConnectionOptions::max_unconfirmed_bytes`]: crate::ConnectionOptions::max_unconfirmed_bytes
 
 mod batch;
 mod confirms;
+mod flush;
 mod frame;
 mod handover;
 mod options;

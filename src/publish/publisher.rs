@@ -2,15 +2,17 @@
 //! connection's interceptors), and its close.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
 use super::confirms::confirm_loop;
+use super::flush::flush_loop;
 use super::frame;
 use super::options::PublisherOptions;
 use super::state::{fail_all, Control, Shared, State};
@@ -20,7 +22,8 @@ use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::ticket::{blocked_or, Ticket};
 
-/// Publishes with confirms. `Clone + Send + Sync`: clones share one channel and confirm thread.
+/// Publishes with confirms — or, made with [`PublisherOptions::confirms`]`(false)`, without
+/// them (at most once). `Clone + Send + Sync`: clones share one channel and its thread.
 ///
 /// ```no_run
 /// use acemq_amqp::{Connection, Message};
@@ -45,6 +48,7 @@ impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let s = self.inner.shared.state.lock();
         f.debug_struct("Publisher")
+            .field("confirms", &self.inner.options.confirms)
             .field("pending", &s.pending.len())
             .field("window", &self.inner.options.window)
             .finish()
@@ -58,13 +62,45 @@ pub(super) struct Inner {
     pub(super) shared: Arc<Shared>,
     pub(super) control: Sender<Control>,
     pub(super) thread: Mutex<Option<JoinHandle<()>>>,
+    /// Disconnects when the thread ends (its sender is dropped with it).
+    pub(super) ended: Receiver<()>,
 }
 
 impl Drop for Inner {
+    /// Stops the thread and waits for it, up to the publisher's timeout (an unconfirmed
+    /// publisher's thread may be waiting in a round trip on a broker that does not read: it
+    /// ends with the connection).
     fn drop(&mut self) {
         let _ = self.control.send(Control::Stop);
-        if let Some(h) = self.thread.lock().take() {
+        join_within(
+            &self.thread,
+            &self.ended,
+            Instant::now() + self.options.timeout,
+        );
+    }
+}
+
+/// Joins the publisher's thread if it ends by `deadline`; otherwise leaves it to end on its own
+/// (with the connection) and says whether it did end.
+fn join_within(
+    thread: &Mutex<Option<JoinHandle<()>>>,
+    ended: &Receiver<()>,
+    deadline: Instant,
+) -> bool {
+    let Some(h) = thread.lock().take() else {
+        return true;
+    };
+    match ended.recv_deadline(deadline) {
+        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+            log::warn!(
+                "acemq: the publisher's thread is still waiting on the broker; it ends with the \
+                 connection"
+            );
+            false
+        }
+        _ => {
             let _ = h.join();
+            true
         }
     }
 }
@@ -79,7 +115,8 @@ impl Connection {
         self.publisher_with(PublisherOptions::default())
     }
 
-    /// A publisher. Its channel is opened on the first publish.
+    /// A publisher. Its channel is opened on the first publish. With
+    /// [`PublisherOptions::confirms`]`(false)` it publishes without confirms (at most once).
     ///
     /// # Errors
     ///
@@ -88,23 +125,45 @@ impl Connection {
         if options.window == 0 {
             return Err(Error::invalid("the publisher window must be at least 1"));
         }
+        let (kick_tx, kick_rx) = crossbeam_channel::bounded(1);
+        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 current: None,
                 epoch: 0,
                 pending: BTreeMap::new(),
                 closed: false,
+                missing: None,
             }),
             room: Condvar::new(),
             observer: self.observer().clone(),
+            kick: kick_tx,
+            wake: wake_tx,
+            returned: AtomicU64::new(0),
         });
         let (control, control_rx) = crossbeam_channel::unbounded();
+        let (ended_tx, ended) = crossbeam_channel::bounded::<()>(0);
         let thread_shared = shared.clone();
+        let confirms = options.confirms;
         let thread = std::thread::Builder::new()
-            .name("acemq-confirms".into())
-            .spawn(move || confirm_loop(&thread_shared, &control_rx))
+            .name(
+                if confirms {
+                    "acemq-confirms"
+                } else {
+                    "acemq-flush"
+                }
+                .into(),
+            )
+            .spawn(move || {
+                let _ended = ended_tx;
+                if confirms {
+                    confirm_loop(&thread_shared, &control_rx)
+                } else {
+                    flush_loop(&thread_shared, &control_rx, &kick_rx, &wake_rx)
+                }
+            })
             .map_err(|e| Error::Io {
-                context: "spawning the publisher's confirm thread".into(),
+                context: "spawning the publisher's thread".into(),
                 source: e,
             })?;
         let codec = options.codec.clone().unwrap_or_else(|| self.codec());
@@ -116,13 +175,15 @@ impl Connection {
                 shared,
                 control,
                 thread: Mutex::new(Some(thread)),
+                ended,
             }),
         })
     }
 }
 
 impl Publisher {
-    /// Publishes and waits for the broker's answer.
+    /// Publishes and waits for the broker's answer — without [confirms](PublisherOptions::confirms),
+    /// only until the message is handed over to be written (at most once).
     ///
     /// # Errors
     ///
@@ -163,7 +224,8 @@ impl Publisher {
 
     /// Hands the message over and returns a [`Ticket`] for the answer, so a caller can publish a
     /// batch and wait once. Waits only for room in the window and, while the connection
-    /// recovers, for a channel.
+    /// recovers, for a channel. Without [confirms](PublisherOptions::confirms) the ticket is
+    /// answered already (`Ok`: handed over, not confirmed).
     ///
     /// # Errors
     ///
@@ -190,8 +252,21 @@ impl Publisher {
         routing_key: &str,
         message: Message,
     ) -> Result<()> {
+        self.confirmed_for("a pattern's next hop (a pipeline step, a routing slip's stop)")?;
         self.publish_intercepted(exchange, routing_key, message, true)?
             .wait()
+    }
+
+    /// Refuses `what` on a publisher without confirms: it needs to know the broker took the
+    /// message before the original is settled (or before it reports).
+    pub(super) fn confirmed_for(&self, what: &str) -> Result<()> {
+        if self.inner.options.confirms {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "{what} needs a publisher with confirms; this one was made with \
+             PublisherOptions::confirms(false) (at most once)"
+        )))
     }
 
     fn publish_intercepted(
@@ -232,6 +307,7 @@ impl Publisher {
         message: Message,
     ) -> Result<()> {
         // A copy must reach its queue or come back: mandatory whatever the options say.
+        self.confirmed_for("a consumer's copy")?;
         self.publish_unintercepted(exchange, routing_key, message, true, Vec::new())?
             .wait()
     }
@@ -269,24 +345,43 @@ impl Publisher {
         self.inner.connection.is_blocked()
     }
 
-    /// Publishes awaiting a confirm.
+    /// Publishes awaiting a confirm (without [confirms](PublisherOptions::confirms): handed
+    /// over and not yet known to have been read by the broker).
     pub fn in_flight(&self) -> usize {
         self.inner.shared.state.lock().pending.len()
     }
 
+    /// Whether this publisher waits for confirms ([`PublisherOptions::confirms`]).
+    pub fn confirms(&self) -> bool {
+        self.inner.options.confirms
+    }
+
+    /// Mandatory publishes the broker returned as unroutable after they were handed over,
+    /// since this publisher was made: counted only without
+    /// [confirms](PublisherOptions::confirms), where no caller is left to tell (with confirms,
+    /// each caller gets [`Error::Unroutable`] instead, and this stays 0).
+    pub fn unroutable(&self) -> u64 {
+        self.inner.shared.returned.load(Ordering::Relaxed)
+    }
+
     /// Waits for every pending publish to be answered (up to the publisher's timeout), then
-    /// closes the channel and stops the confirm thread. Other clones fail with
-    /// [`Error::Closed`] afterwards.
+    /// closes the channel and stops the publisher's thread. Other clones fail with
+    /// [`Error::Closed`] afterwards. Without [confirms](PublisherOptions::confirms), waits
+    /// until the broker is known to have read every publish handed over (a round trip).
     ///
     /// # Errors
     ///
     /// [`Error::Timeout`] when publishes were still unanswered (they are failed with
-    /// [`Error::Closed`]); the channel's close error.
+    /// [`Error::Closed`]; unconfirmed ones are logged as possibly lost); the channel's close
+    /// error.
     pub fn close(&self) -> Result<()> {
         let shared = &self.inner.shared;
         let deadline = Instant::now() + self.inner.options.timeout;
         let mut state = shared.state.lock();
         state.closed = true;
+        if !self.inner.options.confirms {
+            shared.kick();
+        }
         while !state.pending.is_empty() {
             if shared.room.wait_until(&mut state, deadline).timed_out() {
                 break;
@@ -299,9 +394,7 @@ impl Publisher {
         let current = state.current.take();
         drop(state);
         let _ = self.inner.control.send(Control::Stop);
-        if let Some(h) = self.inner.thread.lock().take() {
-            let _ = h.join();
-        }
+        join_within(&self.inner.thread, &self.inner.ended, deadline);
         if unanswered > 0 {
             return Err(Error::Timeout {
                 what: format!("{unanswered} publish confirms before closing"),

@@ -131,7 +131,7 @@ impl Service {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for bad options; the first connection or part that could
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) for bad options; the first connection or part that could
     /// not start (the parts started before it are stopped and the connections closed).
     pub fn start(self) -> Result<RunningService> {
         self.options.validate()?;

@@ -1,12 +1,13 @@
 //! What the settings turn into — the crate's own options — and the checks between settings
 //! that no single value shows (a username without its password, TLS files for a plain URL).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::keys::env_name;
 use super::parse::format_name;
 use super::{RetryKind, Settings};
-use crate::codec::{BytesCodec, JsonCodec};
+use crate::codec::Codec;
 use crate::connection::ConnectionOptions;
 use crate::consume::{ConsumerOptions, RetryPolicy};
 use crate::credentials::Credentials;
@@ -167,19 +168,7 @@ impl Settings {
         if let Some(name) = &self.client_name {
             o = o.name(name).service(name);
         }
-        o = match format_name(&both("format"), &self.format)?.as_str() {
-            "json" => o.codec(JsonCodec),
-            "bytes" => o.codec(BytesCodec),
-            "text" => o.codec(crate::codecs::TextCodec),
-            #[cfg(feature = "yaml")]
-            "yaml" => o.codec(crate::codecs::yaml::YamlCodec),
-            #[cfg(feature = "toml")]
-            "toml" => o.codec(crate::codecs::toml::TomlCodec),
-            #[cfg(feature = "xml")]
-            "xml" => o.codec(crate::codecs::xml::XmlCodec::default()),
-            // Refused by `format_name` above in a build without the feature.
-            _ => o,
-        };
+        o = o.codec(self.codec()?);
         #[cfg(feature = "tls")]
         {
             let tls = &self.tls;
@@ -203,12 +192,28 @@ impl Settings {
         Ok(o)
     }
 
-    /// A publisher's options: the window (`max_outstanding_publishes`) and the timeout
-    /// (`confirm_timeout`).
+    /// The codec `format` names (`ACEMQ_FORMAT`), made by
+    /// [`codecs::by_name`](crate::codecs::by_name): what
+    /// [`connection_options`](Self::connection_options) sets as the connection's default codec,
+    /// for publishers and consumers that set none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] naming the setting, for a name this build has no codec for
+    /// (checked when loaded, checked again here for a field changed since).
+    pub fn codec(&self) -> Result<Arc<dyn Codec>> {
+        let name = format_name(&both("format"), &self.format)?;
+        crate::codecs::by_name(&name)
+    }
+
+    /// A publisher's options: the window (`max_outstanding_publishes`), the timeout
+    /// (`confirm_timeout`) and whether it waits for confirms (`publisher_confirms`; `false`:
+    /// at most once, [`PublisherOptions::confirms`]).
     pub fn publisher_options(&self) -> PublisherOptions {
         PublisherOptions::new()
             .window(self.max_outstanding_publishes)
             .timeout(self.confirm_timeout)
+            .confirms(self.publisher_confirms)
     }
 
     /// The retry policy `consumer.retry` describes, or `None` when it is not enabled (a

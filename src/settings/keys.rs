@@ -133,15 +133,9 @@ pub(super) const KEYS: &[Key] = &[
     },
     Key {
         path: "publisher_confirms",
-        set: |_, label, v| {
-            if boolean(label, v)? {
-                return Ok(());
-            }
-            Err(refuse(
-                label,
-                "publisher confirms cannot be turned off: every publish of this crate waits for \
-                 the broker's confirm, so `false` would change nothing; take the setting off",
-            ))
+        set: |s, label, v| {
+            s.publisher_confirms = boolean(label, v)?;
+            Ok(())
         },
     },
     Key {

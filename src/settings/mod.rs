@@ -140,8 +140,16 @@ pub struct Settings {
     /// `ACEMQ_MAX_OUTSTANDING_PUBLISHES`: a publisher's window of publishes awaiting a confirm.
     /// Defaults to 1024.
     pub max_outstanding_publishes: usize,
-    /// `ACEMQ_FORMAT`: the connection's codec: `json`, `bytes`, `text` (or `string`), and with
-    /// their features `yaml`, `toml`, `xml`. Defaults to `json`.
+    /// `ACEMQ_PUBLISHER_CONFIRMS`: whether a publisher made from
+    /// [`publisher_options`](Self::publisher_options) waits for the broker's confirms; `false`
+    /// publishes at most once ([`PublisherOptions::confirms`](crate::PublisherOptions::confirms)).
+    /// The library's own copies (retries, dead letters, the outbox relay, …) are confirmed
+    /// whatever this says. Defaults to true.
+    pub publisher_confirms: bool,
+    /// `ACEMQ_FORMAT`: the connection's codec, by name as
+    /// [`codecs::by_name`](crate::codecs::by_name) reads it: `json`, `bytes`, `text` (or
+    /// `string`), and with their features `yaml`, `toml`, `xml`, in any case (kept in its
+    /// canonical form: `String` is `text`). Made by [`codec`](Self::codec). Defaults to `json`.
     pub format: String,
     /// `ACEMQ_CHANNEL_MAX` (ours): the most channels at once; 0 for the broker's limit.
     /// Defaults to 0.
@@ -285,6 +293,7 @@ impl Default for Settings {
             heartbeat: Duration::from_secs(10),
             confirm_timeout: Duration::from_secs(30),
             max_outstanding_publishes: 1024,
+            publisher_confirms: true,
             format: "json".to_string(),
             channel_max: 0,
             frame_max: 131_072,
@@ -358,6 +367,7 @@ impl fmt::Debug for Settings {
             .field("heartbeat", &self.heartbeat)
             .field("confirm_timeout", &self.confirm_timeout)
             .field("max_outstanding_publishes", &self.max_outstanding_publishes)
+            .field("publisher_confirms", &self.publisher_confirms)
             .field("format", &self.format)
             .field("channel_max", &self.channel_max)
             .field("frame_max", &self.frame_max)

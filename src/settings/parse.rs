@@ -238,40 +238,13 @@ pub(super) fn split_urls(label: &str, text: &str) -> Result<Vec<String>> {
     Ok(urls)
 }
 
-/// `ACEMQ_FORMAT`: a codec this build has, by the family's name.
+/// A codec's name as [`codecs::by_name`](crate::codecs::by_name) reads it (any case; `string`
+/// is `text`), in its canonical form; a refusal names the setting.
 pub(super) fn format_name(label: &str, text: &str) -> Result<String> {
-    let name = text.trim().to_ascii_lowercase();
-    let built = |feature: bool| {
-        if feature {
-            Ok(name.clone())
-        } else {
-            Err(refuse(
-                label,
-                format!("`{name}` needs acemq-amqp's `{name}` feature"),
-            ))
-        }
-    };
-    match name.as_str() {
-        "json" | "bytes" | "text" => Ok(name),
-        "string" => Ok("text".to_string()),
-        "yaml" => built(cfg!(feature = "yaml")),
-        "toml" => built(cfg!(feature = "toml")),
-        "xml" => built(cfg!(feature = "xml")),
-        "avro" | "protobuf" => Err(refuse(
-            label,
-            format!(
-                "`{name}` needs a schema, which a name cannot carry: make the codec in code \
-                 (`codecs::{name}`) and give it to ConnectionOptions::codec"
-            ),
-        )),
-        _ => Err(refuse(
-            label,
-            format!(
-                "`{}` is not a format: `json`, `bytes`, `text` (or `string`), `yaml`, `toml` or \
-                 `xml`",
-                text.trim()
-            ),
-        )),
+    match crate::codecs::canonical_name(text.trim()) {
+        Ok(name) => Ok(name.to_string()),
+        Err(Error::InvalidArgument { reason }) => Err(refuse(label, reason)),
+        Err(e) => Err(e),
     }
 }
 

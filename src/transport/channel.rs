@@ -36,6 +36,12 @@ pub(crate) trait ChannelApi: Send {
     /// `basic.qos` with a per-consumer count (`global` false, as the engine asks).
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()>;
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()>;
+    /// A synchronous no-op: answers once the broker has read and handled everything sent on
+    /// this channel before it (a channel's frames are handled in order), so every
+    /// `basic.return` for those publishes is already queued. An unconfirmed publisher's proof
+    /// that what it handed over has left the process. Waits as long as the broker does not
+    /// read (a memory alarm): call it where that cannot hold up a caller with a deadline.
+    fn round_trip(&self) -> R<()>;
     /// `confirm.select`.
     fn enable_publisher_confirms(&self) -> R<()>;
     /// The channel's confirms (acks and nacks, by publish sequence number).
@@ -86,6 +92,9 @@ impl Channel {
     }
     pub(crate) fn basic_publish<S: AsRef<str>>(&self, exchange: S, publish: Publish<'_>) -> R<()> {
         self.api.basic_publish(exchange.as_ref(), publish)
+    }
+    pub(crate) fn round_trip(&self) -> R<()> {
+        self.api.round_trip()
     }
     pub(crate) fn enable_publisher_confirms(&self) -> R<()> {
         self.api.enable_publisher_confirms()

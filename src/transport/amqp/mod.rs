@@ -87,6 +87,11 @@ impl ChannelApi for AmqpChannel {
             .basic_publish(exchange, convert::publish_out(publish))
             .map_err(error_in)
     }
+    /// `basic.qos` asking for nothing (no prefetch limit; a publishing channel has no
+    /// consumers): its `qos-ok` comes back after every earlier frame on the channel was handled.
+    fn round_trip(&self) -> R<()> {
+        self.0.qos(0, 0, false).map_err(error_in)
+    }
     fn enable_publisher_confirms(&self) -> R<()> {
         self.0.enable_publisher_confirms().map_err(error_in)
     }

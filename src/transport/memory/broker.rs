@@ -33,6 +33,7 @@ impl Broker {
                 major: 4,
             }),
             clock: Condvar::new(),
+            changed: Condvar::new(),
         }
     }
 
@@ -82,6 +83,7 @@ impl Broker {
         let out = f(&mut st);
         st.settle();
         self.wake_clock(&mut st);
+        self.changed.notify_all();
         out
     }
 }

@@ -146,6 +146,20 @@ impl ChannelApi for MemoryChannel {
         self.broker
             .with(|st| st.publish(conn, chan, exchange, publish))
     }
+    /// Answers at once, unless a memory alarm holds publishes of this connection: RabbitMQ has
+    /// then stopped reading the connection's socket, so nothing sent after them is answered
+    /// until the alarm ends (or the connection does).
+    fn round_trip(&self) -> R<()> {
+        let (conn, chan) = (self.conn, self.chan);
+        let mut st = self.broker.state.lock();
+        loop {
+            st.check(conn, chan)?;
+            if st.conns.get(&conn).is_none_or(|c| c.held.is_empty()) {
+                return Ok(());
+            }
+            self.broker.changed.wait(&mut st);
+        }
+    }
     fn enable_publisher_confirms(&self) -> R<()> {
         self.method(|st, conn, chan| {
             st.chan(conn, chan)

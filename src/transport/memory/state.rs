@@ -17,6 +17,9 @@ pub(crate) struct Broker {
     pub(super) state: Mutex<State>,
     /// Wakes the clock thread: a new head deadline, or the clock advanced.
     pub(super) clock: Condvar,
+    /// Notified after every change to the state: wakes a `round_trip` waiting for a memory
+    /// alarm to release the publishes it holds on its connection.
+    pub(super) changed: Condvar,
 }
 
 /// Everything the broker knows, under [`Broker::state`].
