@@ -790,9 +790,17 @@ fn usage_errors_are_exit_2() {
         "no --db"
     );
     assert_eq!(acemq(&["nonsense"]).status.code(), Some(2));
-    let out = acemq(&["outbox", "status", "--db", "mysql://somewhere"]);
+    let out = acemq(&["outbox", "status", "--db", "oracle://somewhere"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("sqlite:PATH"), "{}", stderr(&out));
+    // MySQL is a database `--db` takes: one that cannot be reached is exit 3, not a usage error.
+    let out = acemq(&["outbox", "status", "--db", "mysql://root@127.0.0.1:1/test"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot connect to the MySQL database"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
