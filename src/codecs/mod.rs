@@ -94,6 +94,8 @@ pub mod yaml;
 
 pub(crate) use named::canonical_name;
 pub use named::{by_content_type, by_name, names};
+// Shared by the optional codecs, each behind its feature: unused in a build without them.
+#[allow(unused_imports)]
 pub(crate) use text::{accepts_listed, fatal, kind_of};
 pub use text::{TextCodec, TEXT_CONTENT_TYPE};
 
