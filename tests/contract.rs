@@ -906,6 +906,16 @@ fn a_message_arriving_past_its_last_attempt_is_run_and_dead_lettered_only_if_it_
         raw.publish("", &q, b"{}", AmqpProperties::default().with_headers(table));
     }
     raw.close();
+    // The foreign producer publishes without confirms: say so if the broker did not keep all
+    // four (a failure below is then the consumer's).
+    assert!(
+        eventually(WAIT, || conn
+            .queue_info(&q)
+            .map(|i| i.message_count == 4)
+            .unwrap_or(false)),
+        "the broker holds the four published messages: {:?}",
+        conn.queue_info(&q)
+    );
     let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
     let consumer = conn
@@ -924,12 +934,19 @@ fn a_message_arriving_past_its_last_attempt_is_run_and_dead_lettered_only_if_it_
         })
         .unwrap();
     let mut dead = Vec::new();
-    assert!(eventually(WAIT, || {
+    let two = eventually(WAIT, || {
         if let Some(m) = conn.get(&dead_letter_queue(&q)).unwrap() {
             dead.push(m);
         }
         dead.len() == 2
-    }));
+    });
+    assert!(
+        two,
+        "two dead letters: got {:?}; the handler ran for {:?}; the queue holds {:?}",
+        dead.iter().map(|m| m.id().to_string()).collect::<Vec<_>>(),
+        calls.lock().unwrap(),
+        conn.queue_info(&q)
+    );
     assert!(eventually(WAIT, || calls.lock().unwrap().len() == 4));
     consumer.close().unwrap();
     let mut ran = calls.lock().unwrap().clone();
