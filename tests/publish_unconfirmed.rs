@@ -152,16 +152,13 @@ on_both! {
         // The broker closes the channel over a missing exchange after the publish was handed
         // over: a later publish to it finds out, and the publisher goes on on a new channel.
         let missing = support::unique("missing-x");
-        let started = Instant::now();
-        let not_found = loop {
-            match publisher.publish(&missing, "k", Message::new("x")) {
-                Ok(()) => {
-                    assert!(started.elapsed() < WAIT, "the missing exchange was never reported");
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                Err(e) => break e,
-            }
-        };
+        let mut not_found = None;
+        let reported = acemq_amqp::testing::wait_until(WAIT, || {
+            not_found = publisher.publish(&missing, "k", Message::new("x")).err();
+            not_found.is_some()
+        });
+        assert!(reported.is_ok(), "the missing exchange was never reported");
+        let not_found = not_found.unwrap();
         assert!(
             matches!(&not_found, Error::NotFound { kind: "exchange", name, .. } if *name == missing),
             "{not_found:?}"

@@ -28,10 +28,17 @@ use std::time::Duration;
 
 use acemq_amqp::{Connection, ConnectionOptions, QueueSpec};
 
-/// The broker tests use: `ACEMQ_TEST_AMQP_URL`, default the local guest account.
+/// The broker tests use: `ACEMQ_TEST_AMQP_URL` (scripts/test sets it for each RabbitMQ major).
+/// Unset, the test fails saying so: a test must reach the broker it is given, not whichever
+/// one happens to listen on 5672.
 pub fn amqp_url() -> String {
-    std::env::var("ACEMQ_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/".to_string())
+    match std::env::var("ACEMQ_TEST_AMQP_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "ACEMQ_TEST_AMQP_URL is not set: run the tests with `scripts/test`, which starts \
+             each RabbitMQ major and sets it, or set it to the broker to test against"
+        ),
+    }
 }
 
 /// Connects, or fails the test with a message saying how to start the broker.

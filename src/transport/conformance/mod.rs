@@ -1,6 +1,6 @@
 //! The conformance suite every transport runs: one body per case, run through the seam on each
 //! transport under test ([`CANDIDATES`]) and on the reference, the real RabbitMQ over AMQP
-//! (`ACEMQ_TEST_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672`; a test fails when it is
+//! (`ACEMQ_TEST_AMQP_URL`, which must be set; a test fails when it is
 //! unreachable), for what RabbitMQ shows deterministically. A candidate follows the reference's
 //! major (its `version` server property; else `rabbitmq_major()` asks
 //! `$ACEMQ_TEST_RABBITMQCTL version`), so each body runs against 3.10 in 3.x mode and against
@@ -24,12 +24,16 @@ use crate::transport::{
 /// One call tried on a fresh channel.
 pub(super) type Attempt<'a, T> = Box<dyn Fn(&Channel) -> Result<T, AmqpError> + 'a>;
 
-/// The real broker's URL: `ACEMQ_TEST_AMQP_URL`, else the local RabbitMQ on 5672.
+/// The real broker's URL: `ACEMQ_TEST_AMQP_URL` (scripts/test sets it for each RabbitMQ
+/// major); unset, the case fails saying so rather than testing whatever listens on 5672.
 pub(super) fn real_url() -> String {
-    std::env::var("ACEMQ_TEST_AMQP_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672".into())
+    match std::env::var("ACEMQ_TEST_AMQP_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "ACEMQ_TEST_AMQP_URL is not set: run the tests with `scripts/test`, which sets it \
+             for each RabbitMQ major, or set it to the reference broker"
+        ),
+    }
 }
 
 fn open_real() -> amiquip::Connection {
