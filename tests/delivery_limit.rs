@@ -3,7 +3,7 @@
 //! limit 20 by default since 4.0; past it the broker drops a message whose queue has no
 //! dead-letter target). Every test runs on whichever broker the suite is given and asserts the
 //! same: on 3.x the queue has no limit, on 4.x these failed before the library put messages back
-//! as fresh copies (`src/consume/put_back.rs`).
+//! as fresh copies (`src/consume/owner/put_back.rs`).
 
 mod support;
 

@@ -50,7 +50,7 @@ pub struct ConnectionOptions {
     pub(crate) credentials: Option<crate::credentials::SharedSource>,
     /// Run around every publish, outermost first (run by `Publisher::publish_deferred`).
     pub(crate) publish_interceptors: Vec<Arc<dyn PublishInterceptor>>,
-    /// Run around every handler, outermost first (run by `consume/step.rs`).
+    /// Run around every handler, outermost first (run by `consume/worker/step.rs`).
     pub(crate) consume_interceptors: Vec<Arc<dyn ConsumeInterceptor>>,
     /// How `amqps://` addresses are checked and what they present.
     #[cfg(feature = "tls")]

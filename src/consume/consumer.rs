@@ -7,14 +7,14 @@ use std::time::Duration;
 
 use crossbeam_channel::Receiver;
 
-use super::context::{Context, InFlight};
-use super::control::Ended;
+use super::flow::control::Ended;
 use super::ladder::copy_failures::CopyFailures;
 use super::ladder::policy::declare_failure_topology;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
-use super::runtime::{run_on, Outer};
+use super::threads::context::{Context, InFlight};
+use super::threads::{run_on, Outer};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::publish::PublisherOptions;
@@ -74,7 +74,7 @@ impl Connection {
         if options.declare {
             declare_failure_topology(self, queue, &options.retry)?;
         }
-        super::limit_warning::warn_if_unguarded(self, queue);
+        super::owner::limit_warning::warn_if_unguarded(self, queue);
         let publisher = self.publisher_with(
             PublisherOptions::new().window(usize::from(options.prefetch).max(16)),
         )?;

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::context::Context;
+use super::threads::context::Context;
 use crate::envelope::now_ms;
 use crate::health::{HealthReport, HealthSource};
 

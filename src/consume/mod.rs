@@ -5,7 +5,7 @@
 //!
 //! 1. amiquip's I/O thread reads a delivery into the consumer's buffer (at most `prefetch`
 //!    unsettled at once: the broker enforces it).
-//! 2. A **worker** thread (`worker.rs`) takes it straight from that buffer (each worker holds a
+//! 2. A **worker** thread (`worker/`) takes it straight from that buffer (each worker holds a
 //!    clone of amiquip's receiver for the current subscription, handed over by the owner), runs
 //!    the handler (a panic is caught: it is a retry), decides the [`Outcome`], publishes the
 //!    copy that outcome needs — to `{queue}.retry.{rung}`, `{queue}.dlq` or `{queue}.parked`,
@@ -15,7 +15,7 @@
 //!    goes instead to the **timer** thread (`ladder/timer.rs`), which holds it (the delivery stays
 //!    unacknowledged), publishes the copy to the queue when it is due, and then sends the
 //!    settlement.
-//! 3. The **owner** thread (`owner.rs`), which holds the amiquip channel and consumer,
+//! 3. The **owner** thread (`owner/`), which holds the amiquip channel and consumer,
 //!    acknowledges (one `multiple` ack for the completed run at the front of the channel's
 //!    delivery tags, a single ack for a delivery done behind one still running) or requeues.
 //!
@@ -41,7 +41,7 @@
 //! acknowledgement (`hook.rs` says why).
 //!
 //! With [`ConsumerOptions::inline`] (concurrency 1) there are no worker threads: the owner
-//! reads each delivery and runs step 2 itself (`worker::take`, the same code a worker runs),
+//! reads each delivery and runs step 2 itself (`worker/mod.rs` `take`, the same code a worker runs),
 //! then settles it at once — one thread from amiquip's buffer to the acknowledgement, at the
 //! price of an owner that is busy while a handler runs (closing waits for it).
 //!
@@ -54,58 +54,34 @@
 //!
 //! # Files
 //!
-//! | file | its job |
+//! Grouped by job: what a user or a pattern sees at the top, then one folder per thread's work.
+//!
+//! | file or folder | its job |
 //! |---|---|
 //! | `options.rs` | [`ConsumerOptions`] and their validation |
 //! | `consumer.rs` | [`Consumer`]: made by `Connection::consumer` (validated, no threads), [`Consumer::run`] on the caller's thread |
 //! | `running.rs` | [`Consumer::start`], `Connection::consume`, [`RunningConsumer`] (close, wait, drop) |
-//! | `flow.rs` | flow control of a running consumer: [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch`, `drain` (each ends the subscription as a close does and keeps the consumer) |
-//! | `control.rs` | what flow control sends the consumer's thread (`Control`), how a subscription's life ends (`Ended`) |
-//! | `lifecycle.rs` | the consumer thread's loop of subscriptions: a stop or failure ends it; a pause waits for a resume; a scale subscribes again with the new numbers |
 //! | `report.rs` | [`CloseReport`] |
-//! | `runtime.rs` | `run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them |
-//! | `context.rs` | `Context` (what the threads of one consumer share), `InFlight` |
-//! | `protocol.rs` | the messages between the threads: `Job` (`Parked` while its handler runs), `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg` |
-//! | `owner.rs` | the owner thread's loop: subscribing again after a reconnect, serving one subscription, shutting down |
-//! | `settle.rs` | one subscription's settlement state and applying settlements to it (`settle`) |
-//! | `subscribe.rs` | one subscription's start and end: link, channel, `basic.consume`, `cancel_and_drain` |
-//! | `acks.rs` | `Acks`: which tags are settled; `Acks::flush`, the acknowledgements |
-//! | `ordered.rs` | ordered dispatch: keys, deliveries held behind a busy key |
-//! | `worker.rs` | the worker loop (`run`) and one delivery's step (`take`, also run inline by the owner) |
-//! | `source.rs` | where a worker reads (`Source::next`): the subscription's buffer, or the owner |
-//! | `step.rs` | a delivery's pieces: admitted, judged, finished (copy, then settlement), its trace and interceptors |
-//! | `batches.rs` | the batched worker loop ([`Handler::batch_limits`]) |
-//! | `at_most_once.rs` | at most once: the ack ahead of the handler, and a late ack's loss on the owner's side |
-//! | `ladder/` | the retry ladder in one room: `policy.rs` (the family's retry policy and topology), `copies.rs` (what the consumer decides, `decision`, and the copies a verdict needs, `carry_out`: retry, dead-letter, park, trimmed; published before the settlement), `copy_failures.rs` (the back-off of an original whose copy failed), `timer.rs` (the timer thread: retries held in the consumer, `fire`) |
+//! | `health.rs` | a running consumer's part of the connection's health |
 //! | `outcome.rs` | outcomes and verdicts |
 //! | `hook.rs` | [`DeliveryHook`]: how a pattern takes part in a delivery's life; [`BeforeAck`], run on the delivery's channel before its ack |
+//! | `flow/` | a running consumer's life: `mod.rs` (flow control: [`RunningConsumer::pause`], `resume`, `scale_to`, `set_prefetch`, `drain` — each ends the subscription as a close does and keeps the consumer), `control.rs` (what flow control sends the consumer's thread, `Control`; how a subscription's life ends, `Ended`), `lifecycle.rs` (the consumer thread's loop of subscriptions: a stop or failure ends it, a pause waits for a resume, a scale subscribes again with the new numbers) |
+//! | `threads/` | the threads of one subscription and what they share: `mod.rs` (`run_on`: the owner on this thread, the workers and the timer on scoped threads, the channels between them), `context.rs` (`Context`, `InFlight`), `protocol.rs` (the messages between the threads: `Job` — `Parked` while its handler runs —, `Settle`/`SettleAction`, `AckAhead`, `Delayed`/`TimerMsg`), `abandon.rs` (the deliveries of running handlers, given back by a close past its deadline) |
+//! | `owner/` | the owner thread, which alone uses the transport's channel: `mod.rs` (its loop: subscribing again after a reconnect, serving one subscription, shutting down), `subscribe.rs` (a subscription's start and end: link, channel, `basic.consume`, `cancel_and_drain`), `settle.rs` (a subscription's settlement state, `settle`), `acks.rs` (`Acks::flush`: which tags are settled, the acknowledgements), `ordered.rs` (per-key dispatch: deliveries held behind a busy key), `put_back.rs` (giving back without spending RabbitMQ 4.x's delivery limit), `limit_warning.rs` (a quorum queue with no dead-letter target on 4.x) |
+//! | `worker/` | a worker thread's work: `mod.rs` (the loop, `run`, and one delivery's step, `take`, also run inline by the owner), `source.rs` (where a worker reads, `Source::next`: the subscription's buffer or the owner), `step.rs` (a delivery's pieces: admitted, judged, finished — copy, then settlement —, its trace and interceptors), `batches.rs` (the batched loop, [`Handler::batch_limits`]), `at_most_once.rs` (the ack ahead of the handler, a late ack's loss) |
+//! | `ladder/` | the retry ladder in one room: `policy.rs` (the family's retry policy and topology), `plan.rs` (the whole decision — what a verdict becomes, typed — from the policy, the attempt, the age and the verdict alone, a test per branch), `copies.rs` (a plan carried out: retry, dead-letter, park, trimmed copies, published before the settlement), `copy_failures.rs` (the back-off of an original whose copy failed), `timer.rs` (the timer thread: retries held in the consumer, `fire`) |
 
-mod abandon;
-mod acks;
-mod at_most_once;
-mod batches;
 mod consumer;
-mod context;
-mod control;
 mod flow;
 mod health;
 mod hook;
 mod ladder;
-mod lifecycle;
-mod limit_warning;
 mod options;
-mod ordered;
 mod outcome;
 mod owner;
-mod protocol;
-mod put_back;
 mod report;
 mod running;
-mod runtime;
-mod settle;
-mod source;
-mod step;
-mod subscribe;
+mod threads;
 mod worker;
 
 pub use consumer::Consumer;
@@ -122,7 +98,7 @@ pub use ladder::policy::{
 pub use options::ConsumerOptions;
 pub(crate) use outcome::format_duration;
 pub use outcome::{Handler, HandlerResult, OrderBy, Outcome};
-pub(crate) use put_back::replace_counted;
+pub(crate) use owner::put_back::replace_counted;
+pub(crate) use owner::subscribe::cancel_and_drain;
 pub use report::CloseReport;
 pub use running::RunningConsumer;
-pub(crate) use subscribe::cancel_and_drain;

@@ -182,7 +182,7 @@ pub(crate) enum Verdict {
 
 impl Verdict {
     /// What the handler's answer is, before the consumer weighs it against its policy
-    /// (`step::decision`): a dead letter here is the handler's own reject.
+    /// (`ladder/plan.rs`): a dead letter here is the handler's own reject.
     pub(crate) fn decision(&self) -> crate::observe::Decision {
         use crate::observe::Decision;
         match self {

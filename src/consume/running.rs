@@ -9,14 +9,14 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::consumer::{check_inline, Consumer};
-use super::context::Context;
-use super::control::Control;
+use super::flow::control::Control;
+use super::flow::lifecycle;
 use super::health::ConsumerHealth;
-use super::lifecycle;
 use super::options::ConsumerOptions;
 use super::outcome::Handler;
 use super::report::CloseReport;
-use super::runtime::Outer;
+use super::threads::context::Context;
+use super::threads::Outer;
 use crate::connection::Connection;
 use crate::error::{panic_message, Error, Result};
 use crate::health::Registered;

@@ -4,16 +4,14 @@
 
 use std::time::{Duration, Instant};
 
-use super::policy::NextWait;
-use crate::consume::context::Context;
-use crate::consume::outcome::{
-    format_duration, retry_failed, trimmed_reason, Verdict, IN_PROGRESS_FAILED,
-};
-use crate::consume::protocol::SettleAction;
-use crate::envelope::{now_ms, Message};
+use super::plan::{Plan, SetAside};
+use crate::consume::outcome::{retry_failed, trimmed_reason, Verdict, IN_PROGRESS_FAILED};
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::SettleAction;
+use crate::envelope::Message;
 use crate::error::{Error, Result};
 use crate::names::{dead_letter_queue, parked_queue, retry_queue};
-use crate::observe::{Decision, Retried, RetryWhere, RungMissing, SetAsideFailed};
+use crate::observe::{Retried, RetryWhere, RungMissing, SetAsideFailed};
 
 /// What to do with the original once the verdict's copy is taken care of.
 pub(in crate::consume) enum Step {
@@ -34,79 +32,49 @@ pub(in crate::consume) enum Step {
     Rejected(String),
 }
 
-/// What the consumer does with a verdict: a retry that the policy has no attempt (or age) left
-/// for is the consumer's dead letter; anything else is what the handler answered.
-pub(in crate::consume) fn decision(
-    ctx: &Context,
-    message: &Message,
-    verdict: &Verdict,
-) -> Decision {
-    if let Verdict::Retry { .. } = verdict {
-        let age_ms =
-            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
-        if !matches!(
-            ctx.policy
-                .next_wait(message.envelope.attempt, Duration::from_millis(age_ms)),
-            NextWait::Wait(_)
-        ) {
-            return Decision::DeadLetter;
-        }
-    }
-    verdict.decision()
-}
-
-/// Publishes the copy a verdict needs, confirmed and mandatory, through the default exchange;
-/// `Ok(Step::Now(Ack))` means the original may be acknowledged. With `hold` (an ordered message
-/// whose retries keep its key) a retry or in-progress wait is spent in the consumer on the same
-/// delivery, whatever its length, and the handler runs again on it.
+/// Carries out `plan` (decided by [`plan_for`](super::plan::plan_for) from `verdict`): publishes
+/// the copy it needs, confirmed and mandatory, through the default exchange;
+/// `Ok(Step::Now(Ack))` means the original may be acknowledged.
 pub(in crate::consume) fn carry_out(
     ctx: &Context,
     message: &Message,
     verdict: &Verdict,
-    hold: bool,
+    plan: Plan,
 ) -> Result<Step> {
-    let attempt = message.envelope.attempt;
-    match verdict {
-        Verdict::Accept => Ok(Step::Now(SettleAction::Ack)),
-        Verdict::Retry { delay, why } => {
-            let age_ms =
-                u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
-            match ctx.policy.next_wait(attempt, Duration::from_millis(age_ms)) {
-                NextWait::Wait(wait) if hold => {
-                    let wait = ctx.policy.jittered(delay.unwrap_or(wait));
-                    let next = attempt.saturating_add(1);
-                    retried(ctx, message, next, wait, RetryWhere::Consumer);
-                    Ok(run_again(message, wait, next))
-                }
-                NextWait::Wait(wait) => {
-                    let wait = delay.unwrap_or(wait);
-                    let next = attempt.saturating_add(1);
-                    wait_then_copy(ctx, message, (wait, next, true), &retry_failed(why))
-                }
-                NextWait::Exhausted => {
-                    let n = ctx.policy.attempts();
-                    let plural = if n == 1 { "" } else { "s" };
-                    let error = format!("exhausted {n} attempt{plural}: {why}");
-                    dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error)
-                }
-                NextWait::TooOld(limit) => {
-                    let error = format!(
-                        "exceeded the maximum message age of {}: {why}",
-                        format_duration(limit)
-                    );
-                    dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error)
-                }
-            }
+    match plan {
+        Plan::Ack => Ok(Step::Now(SettleAction::Ack)),
+        Plan::RunAgain {
+            wait,
+            attempt,
+            jitter,
+        } => {
+            let wait = if jitter {
+                let wait = ctx.policy.jittered(wait);
+                retried(ctx, message, attempt, wait, RetryWhere::Consumer);
+                wait
+            } else {
+                wait
+            };
+            Ok(run_again(message, wait, attempt))
         }
-        Verdict::DeadLetter { error } => {
-            dead_letter(ctx, message, &dead_letter_queue(&ctx.queue), error.clone())
+        Plan::Copy {
+            wait,
+            attempt,
+            rung,
+            retry,
+        } => {
+            let failed = match verdict {
+                Verdict::Retry { why, .. } => retry_failed(why),
+                _ => IN_PROGRESS_FAILED.to_string(),
+            };
+            wait_then_copy(ctx, message, (wait, attempt, rung, retry), &failed)
         }
-        Verdict::Park { error } => {
-            dead_letter(ctx, message, &parked_queue(&ctx.queue), error.clone())
-        }
-        Verdict::InProgress { delay } if hold => Ok(run_again(message, *delay, attempt)),
-        Verdict::InProgress { delay } => {
-            wait_then_copy(ctx, message, (*delay, attempt, false), IN_PROGRESS_FAILED)
+        Plan::SetAside { to, error, .. } => {
+            let queue = match to {
+                SetAside::DeadLetter => dead_letter_queue(&ctx.queue),
+                SetAside::Parked => parked_queue(&ctx.queue),
+            };
+            dead_letter(ctx, message, &queue, error)
         }
     }
 }
@@ -123,18 +91,18 @@ fn run_again(message: &Message, wait: Duration, attempt: u32) -> Step {
     }
 }
 
-/// A retry (or in-progress) copy with `attempt` after `wait`: on a broker rung when the wait is
-/// at least the threshold, else held in the consumer (jittered when `jitter`) and then sent to
-/// the queue. A copy whose header frame cannot fit the frame limit is dead-lettered trimmed
-/// instead ([`trimmed`]), `failed` saying what could not be done.
+/// A retry (or in-progress) copy with `attempt` after `wait`: on its broker `rung` when the plan
+/// names one, else held in the consumer (jittered for a retry) and then sent to the queue. A
+/// copy whose header frame cannot fit the frame limit is dead-lettered trimmed instead
+/// ([`trimmed`]), `failed` saying what could not be done.
 fn wait_then_copy(
     ctx: &Context,
     message: &Message,
-    (wait, attempt, jitter): (Duration, u32, bool),
+    (wait, attempt, rung, jitter): (Duration, u32, Option<Duration>, bool),
     failed: &str,
 ) -> Result<Step> {
     // (`jitter` is set for a retry, not for an in-progress wait.)
-    match wait_then_copy_fitting(ctx, message, wait, attempt, jitter) {
+    match wait_then_copy_fitting(ctx, message, (wait, attempt, rung), jitter) {
         Err(Error::FrameTooLarge { size, limit, .. }) => {
             let dlq = dead_letter_queue(&ctx.queue);
             trimmed(ctx, message, &dlq, failed, (size, limit))
@@ -148,8 +116,7 @@ fn wait_then_copy(
 fn wait_then_copy_fitting(
     ctx: &Context,
     message: &Message,
-    wait: Duration,
-    attempt: u32,
+    (wait, attempt, rung): (Duration, u32, Option<Duration>),
     jitter: bool,
 ) -> Result<Step> {
     let mut copy = copy_of(message);
@@ -164,10 +131,7 @@ fn wait_then_copy_fitting(
     };
     // A broker wait goes to one of the policy's rungs (declared with the consumer); a policy with
     // none holds it in the consumer: no queue is ever declared for one delay.
-    if let Some(rung) = Some(wait)
-        .filter(|w| ctx.policy.waits_in_broker(*w))
-        .and_then(|w| ctx.policy.rung_for(w))
-    {
+    if let Some(rung) = rung {
         let queue = retry_queue(&ctx.queue, rung);
         match publish(ctx, &queue, copy.clone()) {
             Ok(()) => {

@@ -31,8 +31,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use super::copies::{dead_letter_held, publish};
 use super::copy_failures::copy_failure_pause;
-use crate::consume::context::Context;
-use crate::consume::protocol::{Delayed, Settle, SettleAction, TimerMsg};
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{Delayed, Settle, SettleAction, TimerMsg};
 use crate::envelope::Message;
 use crate::error::Error;
 use crate::observe::Settlement;

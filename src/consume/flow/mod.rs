@@ -16,13 +16,16 @@
 //! [`set_prefetch`]: RunningConsumer::set_prefetch
 //! [`drain`]: RunningConsumer::drain
 
+pub(in crate::consume) mod control;
+pub(in crate::consume) mod lifecycle;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::control::Control;
 use super::report::CloseReport;
 use super::running::RunningConsumer;
 use crate::error::{Error, Result};
+use control::Control;
 
 /// The most worker threads [`RunningConsumer::scale_to`] accepts (as many as a prefetch can
 /// keep busy).

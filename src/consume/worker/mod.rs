@@ -5,19 +5,24 @@
 //! acknowledges. A wait spent in the consumer is handed to the timer thread (`ladder/timer.rs`) with the
 //! delivery still unacknowledged: the worker goes on at once.
 
+pub(in crate::consume) mod at_most_once;
+pub(in crate::consume) mod batches;
+pub(in crate::consume) mod source;
+pub(in crate::consume) mod step;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
 
-use super::at_most_once::at_most_once;
-use super::batches::run_batches;
-use super::context::Context;
 use super::outcome::Handler;
-use super::protocol::{Job, Settle, TimerMsg};
-use super::source::{Next, Source};
-use super::step::{admit, finish, intercepted, judge, Watch};
+use super::threads::context::Context;
+use super::threads::protocol::{Job, Settle, TimerMsg};
+use at_most_once::at_most_once;
+use batches::run_batches;
+use source::{Next, Source};
+use step::{admit, finish, intercepted, judge, Watch};
 
 pub(crate) fn run<H: Handler + Sync + ?Sized>(
     ctx: &Context,

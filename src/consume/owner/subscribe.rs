@@ -11,15 +11,15 @@ use crate::transport::{
 };
 use crossbeam_channel::{Receiver, Sender};
 
-use super::context::Context;
-use super::protocol::Job;
-use super::report::CloseReport;
 use crate::connection::Link;
+use crate::consume::report::CloseReport;
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::Job;
 use crate::error::{Error, Result};
 use crate::observe::PublishOutcome;
 
 /// Hands what the broker returned so far on the delivery channel to the hook.
-pub(super) fn count_returned(
+pub(in crate::consume) fn count_returned(
     ctx: &Context,
     returns: &crate::transport::Feed<crate::transport::Return>,
 ) {
@@ -30,7 +30,7 @@ pub(super) fn count_returned(
 
 /// Something a hook published on the delivery channel (a responder's reply) that the broker could
 /// not route.
-pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
+pub(in crate::consume) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
     ctx.observer
         .publish_answered(&crate::observe::PublishEvent {
             exchange: &r.exchange,
@@ -45,7 +45,7 @@ pub(super) fn reply_returned(ctx: &Context, r: crate::transport::Return) {
 
 /// Waits for a live link; `None` when stop was asked meanwhile. While recovering it waits on;
 /// before the first subscription (`first`) any error is returned, after it only `Closed`.
-pub(super) fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
+pub(in crate::consume) fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Link>>> {
     loop {
         if ctx.stop_requested() {
             return Ok(None);
@@ -63,7 +63,7 @@ pub(super) fn wait_for_link(ctx: &Context, first: bool) -> Result<Option<Arc<Lin
 /// old channel. Jobs from the old channel still waiting for a worker are dropped now, so that
 /// the hand-off has room for the redeliveries and never blocks this thread (the broker sends at
 /// most `prefetch` unsettled on the new channel).
-pub(super) fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
+pub(in crate::consume) fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<Job>) {
     // The generation first: a worker whose delivery is not counted in flight for it
     // (`InFlight::take`) then sees that it is from before the reconnect.
     ctx.generation.store(generation, Ordering::SeqCst);
@@ -78,7 +78,7 @@ pub(super) fn begin_generation(ctx: &Context, generation: u64, stale: &Receiver<
 }
 
 /// `basic.consume` on the queue with the consumer's options.
-pub(super) fn consume_on<'c>(
+pub(in crate::consume) fn consume_on<'c>(
     ctx: &Context,
     channel: &'c Channel,
 ) -> Result<crate::transport::Consumer<'c>> {
@@ -102,7 +102,10 @@ pub(super) fn consume_on<'c>(
         .map_err(|e| consume_error(&ctx.queue, e))
 }
 
-pub(super) fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result<CloseReport> {
+pub(in crate::consume) fn fail(
+    started: &mut Option<Sender<Result<()>>>,
+    e: Error,
+) -> Result<CloseReport> {
     match started.take() {
         Some(tx) => {
             let _ = tx.send(Err(e));
@@ -112,7 +115,7 @@ pub(super) fn fail(started: &mut Option<Sender<Result<()>>>, e: Error) -> Result
     }
 }
 
-pub(super) fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
+pub(in crate::consume) fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
     let channel = link.open_channel()?;
     channel
         .qos(0, ctx.prefetch(), false)
@@ -120,7 +123,7 @@ pub(super) fn subscribe_channel(ctx: &Context, link: &Link) -> Result<Channel> {
     Ok(channel)
 }
 
-pub(super) fn consume_error(queue: &str, e: crate::transport::AmqpError) -> Error {
+pub(in crate::consume) fn consume_error(queue: &str, e: crate::transport::AmqpError) -> Error {
     Error::from_amqp_on("queue", queue, "consuming from", e)
 }
 

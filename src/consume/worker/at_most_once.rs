@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::context::Context;
-use super::outcome::{decide, Handler, Verdict};
-use super::protocol::{AckAhead, Job, Settle, SettleAction};
 use super::step::intercepted;
+use crate::consume::outcome::{decide, Handler, Verdict};
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{AckAhead, Job, Settle, SettleAction};
 use crate::observe::{Decision, Settlement};
 
 /// At most once: the delivery is acknowledged (the owner answers once the ack is out) before
 /// the handler runs; whatever the handler decides then, nothing is copied: a failure is counted
 /// and reported as `lost`.
-pub(super) fn at_most_once<H: Handler + Sync + ?Sized>(
+pub(in crate::consume) fn at_most_once<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     handler: &H,
     job: Job,
@@ -127,7 +127,7 @@ pub(super) fn at_most_once<H: Handler + Sync + ?Sized>(
 
 /// At most once: a delivery the broker has taken the ack of, whose worker had given up waiting
 /// to hear so and did not run the handler: lost, and settled.
-pub(super) fn acked_unhandled(ctx: &Context, question: &AckAhead) {
+pub(in crate::consume) fn acked_unhandled(ctx: &Context, question: &AckAhead) {
     ctx.lost.fetch_add(1, Ordering::SeqCst);
     let error = format!(
         "lost (at most once): acknowledged, but the broker's word came after its worker had \

@@ -27,7 +27,14 @@
 //! A new subscription (reconnect) starts with no keys.
 //!
 //! [`Handler::ordering`]: super::Handler::ordering
-//! [`Feed`]: super::source::Feed
+//! [`Feed`]: super::worker::source::Feed
+
+pub(in crate::consume) mod acks;
+pub(in crate::consume) mod limit_warning;
+pub(in crate::consume) mod ordered;
+pub(in crate::consume) mod put_back;
+pub(in crate::consume) mod settle;
+pub(in crate::consume) mod subscribe;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -35,23 +42,23 @@ use std::time::{Duration, Instant};
 use crate::transport::{Channel, ConsumerMessage, Deliveries, Delivery};
 use crossbeam_channel::{Receiver, Select, Sender};
 
-use super::acks::Acks;
-use super::context::Context;
-use super::control::{Control, Ended, Started};
+use super::flow::control::{Control, Ended, Started};
 use super::ladder::timer::STOP_TIMEOUT;
-use super::ordered::Ordered;
 use super::outcome::OrderBy;
-use super::protocol::{Job, Settle, TimerMsg};
-use super::put_back::put_back;
 use super::report::CloseReport;
-use super::settle::{finished_in, gone, settle, settled_some, with_waiting, State};
-use super::source::Feed;
-use super::subscribe::cancel_and_drain;
-use super::subscribe::{
+use super::threads::context::Context;
+use super::threads::protocol::{Job, Settle, TimerMsg};
+use super::worker::source::Feed;
+use crate::error::{Error, Result};
+use acks::Acks;
+use ordered::Ordered;
+use put_back::put_back;
+use settle::{finished_in, gone, settle, settled_some, with_waiting, State};
+use subscribe::cancel_and_drain;
+use subscribe::{
     begin_generation, consume_error, consume_on, count_returned, fail, reply_returned,
     subscribe_channel, wait_for_link,
 };
-use crate::error::{Error, Result};
 
 /// Why the inner loop ended.
 enum End {

@@ -9,17 +9,17 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::context::Context;
-use super::outcome::Handler;
-use super::protocol::{Settle, TimerMsg};
 use super::source::{Next, Source};
 use super::step::{admit, finish, judge, Watch};
+use crate::consume::outcome::Handler;
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{Settle, TimerMsg};
 use crate::envelope::Message;
 
 /// The batched loop, for a handler with [`Handler::batch_limits`]: up to `max` jobs (no more
 /// than this worker's share of the prefetch), the first waited for, the others for at most
 /// `wait` after it; one [`Handler::handle_batch`] call; then each settled as in the plain loop.
-pub(super) fn run_batches<H: Handler + Sync + ?Sized>(
+pub(in crate::consume) fn run_batches<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     handler: &H,
     max: usize,

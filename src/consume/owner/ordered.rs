@@ -4,12 +4,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::outcome::OrderBy;
-use super::protocol::Job;
+use crate::consume::outcome::OrderBy;
+use crate::consume::threads::protocol::Job;
 
 /// One subscription's ordering keys: which are busy, with the deliveries waiting for each in
 /// delivery order, and the key each delivery holding one holds.
-pub(super) struct Ordered<'a> {
+pub(in crate::consume) struct Ordered<'a> {
     order: Option<&'a OrderBy>,
     waiting: HashMap<String, VecDeque<Job>>,
     /// The key each delivery holding one holds, by tag.
@@ -17,7 +17,7 @@ pub(super) struct Ordered<'a> {
 }
 
 impl<'a> Ordered<'a> {
-    pub(super) fn new(order: Option<&'a OrderBy>) -> Ordered<'a> {
+    pub(in crate::consume) fn new(order: Option<&'a OrderBy>) -> Ordered<'a> {
         Ordered {
             order,
             waiting: HashMap::new(),
@@ -26,13 +26,13 @@ impl<'a> Ordered<'a> {
     }
 
     /// Whether a keyed message's retries keep its key (`hold_on_retry`).
-    pub(super) fn holds_retries(&self) -> bool {
+    pub(in crate::consume) fn holds_retries(&self) -> bool {
         self.order.is_some_and(|o| o.holds_retries())
     }
 
     /// A delivery the owner read: its key computed; the job to send to the workers now, or
     /// `None` when it waits behind its key's holder.
-    pub(super) fn admit(&mut self, mut job: Job) -> Option<Job> {
+    pub(in crate::consume) fn admit(&mut self, mut job: Job) -> Option<Job> {
         let key = self.order.and_then(|o| o.key_of(&job.message));
         job.keyed = key.is_some();
         job.hold = job.keyed && self.holds_retries();
@@ -47,13 +47,13 @@ impl<'a> Ordered<'a> {
 
     /// The delivery `tag` no longer holds its key: the next job waiting for the key, which now
     /// holds it, or `None`.
-    pub(super) fn release(&mut self, tag: u64) -> Option<Job> {
+    pub(in crate::consume) fn release(&mut self, tag: u64) -> Option<Job> {
         let key = self.key_of.remove(&tag)?;
         self.release_key(&key)
     }
 
     /// Forgets the key of `tag` (its delivery is put back, closing).
-    pub(super) fn forget(&mut self, tag: u64) {
+    pub(in crate::consume) fn forget(&mut self, tag: u64) {
         self.key_of.remove(&tag);
     }
 
@@ -86,7 +86,7 @@ impl<'a> Ordered<'a> {
     }
 
     /// Every job waiting for a key, emptied (closing).
-    pub(super) fn drain(&mut self) -> Vec<Job> {
+    pub(in crate::consume) fn drain(&mut self) -> Vec<Job> {
         self.waiting.drain().flat_map(|(_, q)| q).collect()
     }
 }

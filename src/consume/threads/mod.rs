@@ -1,18 +1,22 @@
 //! Starting a consumer's threads (`run_on`): the owner on the calling thread, the workers and the
 //! timer on scoped threads, and the channels between them.
 
+pub(in crate::consume) mod abandon;
+pub(in crate::consume) mod context;
+pub(in crate::consume) mod protocol;
+
 use crossbeam_channel::{Receiver, Sender};
 
-use super::context::Context;
-use super::control::{Control, Ended, Started};
+use super::flow::control::{Control, Ended, Started};
 use super::ladder::timer::{self, STOP_TIMEOUT};
 use super::outcome::Handler;
-use super::owner;
-use super::protocol::{Job, Settle, TimerMsg};
 use super::report::CloseReport;
-use super::source::Source;
-use super::worker;
+use super::worker::source::Source;
+use crate::consume::owner;
+use crate::consume::worker;
 use crate::error::{Error, Result};
+use context::Context;
+use protocol::{Job, Settle, TimerMsg};
 
 /// What reaches a running consumer from outside: a stop, and the application's flow control
 /// (`flow.rs`).

@@ -6,16 +6,16 @@ use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Select, Sender};
 
-use super::context::Context;
 use super::control::{Control, Ended, Started};
-use super::outcome::Handler;
-use super::report::CloseReport;
-use super::runtime::{run_on, Outer};
+use crate::consume::outcome::Handler;
+use crate::consume::report::CloseReport;
+use crate::consume::threads::context::Context;
+use crate::consume::threads::{run_on, Outer};
 use crate::error::Result;
 
 /// The consumer thread's loop: one subscription's life after another, until a stop or a
 /// failure. The final report goes out on `done` (by `run_on`).
-pub(super) fn run<H: Handler + Sync + ?Sized>(
+pub(in crate::consume) fn run<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     handler: &H,
     outer: &Outer<'_>,

@@ -8,31 +8,31 @@ use crate::transport::{Channel, ConsumerMessage};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::acks::Acks;
-use super::at_most_once::acked_unhandled;
-use super::context::Context;
-use super::hook::OnChannel;
 use super::ordered::Ordered;
-use super::protocol::{Job, Settle, SettleAction};
 use super::put_back::put_back;
-use super::report::CloseReport;
+use crate::consume::hook::OnChannel;
+use crate::consume::report::CloseReport;
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{Job, Settle, SettleAction};
+use crate::consume::worker::at_most_once::acked_unhandled;
 use crate::observe::Settlement;
 
 /// One subscription's settlement state.
-pub(super) struct State<'a> {
-    pub(super) generation: u64,
-    pub(super) acks: Acks,
+pub(in crate::consume) struct State<'a> {
+    pub(in crate::consume) generation: u64,
+    pub(in crate::consume) acks: Acks,
     /// Ordering keys busy, with the deliveries waiting for each.
-    pub(super) ordered: Ordered<'a>,
+    pub(in crate::consume) ordered: Ordered<'a>,
     /// Workers that found the subscription ended (its buffer disconnected).
-    pub(super) ended: usize,
+    pub(in crate::consume) ended: usize,
     /// What ended it, when a worker read why (the broker cancelled the consumer, closed the
     /// channel, …).
-    pub(super) reason: Option<ConsumerMessage>,
+    pub(in crate::consume) reason: Option<ConsumerMessage>,
 }
 
 /// `first` and every settlement already waiting behind it: settled (and acknowledged) as one
 /// batch.
-pub(super) fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Settle> {
+pub(in crate::consume) fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Settle> {
     let mut batch = vec![first];
     batch.extend(settles.try_iter());
     batch
@@ -40,7 +40,7 @@ pub(super) fn with_waiting(first: Settle, settles: &Receiver<Settle>) -> Vec<Set
 
 /// The settlements in `batch` of handlers of this `generation` that ran: each, settled while
 /// closing, is a handler that finished in time.
-pub(super) fn finished_in(batch: &[Settle], generation: u64) -> usize {
+pub(in crate::consume) fn finished_in(batch: &[Settle], generation: u64) -> usize {
     batch
         .iter()
         .filter(|s| s.generation == generation && s.started)
@@ -50,14 +50,14 @@ pub(super) fn finished_in(batch: &[Settle], generation: u64) -> usize {
 
 /// A delivery of subscription `generation` was settled: one fewer in flight. What a batch
 /// settled is told once, by [`settled_some`].
-pub(super) fn gone(ctx: &Context, generation: u64) {
+pub(in crate::consume) fn gone(ctx: &Context, generation: u64) {
     ctx.in_flight.gone(generation);
 }
 
 /// Deliveries were settled (a batch of them, or the ones put back at a stop): the observer hears
 /// the count in flight now, and the consumer's health the time — once per batch, not per
 /// delivery.
-pub(super) fn settled_some(ctx: &Context) {
+pub(in crate::consume) fn settled_some(ctx: &Context) {
     ctx.observer.in_flight(&crate::observe::InFlight {
         queue: &ctx.queue,
         in_flight: ctx.in_flight.count(),
@@ -70,7 +70,7 @@ pub(super) fn settled_some(ctx: &Context) {
 
 /// The delivery `tag` no longer holds its key (settled, or its handler is done): the next
 /// delivery waiting for the key goes to the workers.
-pub(super) fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
+pub(in crate::consume) fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
     if let Some(next) = state.ordered.release(tag) {
         let _ = jobs.send(next);
     }
@@ -78,7 +78,7 @@ pub(super) fn release_key(state: &mut State<'_>, tag: u64, jobs: &Sender<Job>) {
 
 /// Applies settlements, then acknowledges what is done (see [`Acks`]). The workers' signals of
 /// this subscription are recorded in `state` for the caller to act on.
-pub(super) fn settle(
+pub(in crate::consume) fn settle(
     ctx: &Context,
     channel: &Channel,
     state: &mut State<'_>,

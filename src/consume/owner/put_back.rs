@@ -22,8 +22,8 @@
 //! plain way: counted, but never lost.
 
 use super::acks::Acks;
-use super::context::Context;
-use super::ladder::copies::{copy_of, publish};
+use crate::consume::ladder::copies::{copy_of, publish};
+use crate::consume::threads::context::Context;
 use crate::envelope::Message;
 use crate::transport::{AmqpError, Channel, Delivery};
 
@@ -39,7 +39,7 @@ pub(crate) enum PutBack {
 /// Puts `delivery` (whose message, as received, is `message`) back on this consumer's queue
 /// without the broker counting a second return of it (see the module docs). `Err` only when the
 /// channel failed.
-pub(super) fn put_back(
+pub(in crate::consume) fn put_back(
     ctx: &Context,
     channel: &Channel,
     acks: &mut Acks,
@@ -81,7 +81,7 @@ pub(crate) fn replace_counted(
     for (delivery, message) in counted {
         let on = format!("{queue:?}");
         if !copied_back(&message, &on, |copy| {
-            super::ladder::copies::publish_copy(&publisher, queue, copy)
+            crate::consume::ladder::copies::publish_copy(&publisher, queue, copy)
         }) {
             continue;
         }

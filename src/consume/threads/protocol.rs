@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::context::Context;
-use super::hook::BeforeAck;
+use crate::consume::hook::BeforeAck;
 use crate::envelope::Message;
 
 /// A delivery handed to a worker: its message, and the delivery itself (emptied of its body and

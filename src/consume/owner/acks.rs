@@ -9,7 +9,7 @@ use crate::transport::{Channel, Delivery};
 /// follow. Tags on a channel are consecutive from 1 (RabbitMQ numbers every delivery on a
 /// channel), so `front`, the lowest tag not known to be settled, is a delivery still running,
 /// held, or not yet read: nothing at or behind it is covered by a `multiple` ack.
-pub(super) struct Acks {
+pub(in crate::consume) struct Acks {
     front: u64,
     /// Done, waiting for the next [`flush`](Self::flush).
     done: BTreeMap<u64, Delivery>,
@@ -25,7 +25,7 @@ impl Acks {
     /// More than this many settled above a front that does not move: something never settles.
     const AHEAD_BOUND: usize = 100_000;
 
-    pub(super) fn new() -> Acks {
+    pub(in crate::consume) fn new() -> Acks {
         Acks {
             front: 1,
             done: BTreeMap::new(),
@@ -35,12 +35,12 @@ impl Acks {
     }
 
     /// `delivery` may be acknowledged.
-    pub(super) fn done(&mut self, delivery: Delivery) {
+    pub(in crate::consume) fn done(&mut self, delivery: Delivery) {
         self.done.insert(delivery.delivery_tag(), delivery);
     }
 
     /// `tag` was settled some other way (rejected, or acknowledged already).
-    pub(super) fn settled(&mut self, tag: u64) {
+    pub(in crate::consume) fn settled(&mut self, tag: u64) {
         if tag >= self.front && !self.single_only {
             self.ahead.insert(tag);
         }
@@ -48,7 +48,7 @@ impl Acks {
 
     /// Acknowledges what is done: the completed run at the front with one `multiple` ack, every
     /// other done delivery alone.
-    pub(super) fn flush(
+    pub(in crate::consume) fn flush(
         &mut self,
         channel: &Channel,
     ) -> std::result::Result<(), crate::transport::AmqpError> {

@@ -7,17 +7,18 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-use super::context::Context;
-use super::ladder::copies::{carry_out, copy_of, decision, retried, Step};
-use super::ladder::copy_failures::copy_failure_pause;
-use super::outcome::{decide, Handler, HandlerResult, Verdict};
-use super::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
+use crate::consume::ladder::copies::{carry_out, copy_of, retried, Step};
+use crate::consume::ladder::copy_failures::copy_failure_pause;
+use crate::consume::ladder::plan::plan_for;
+use crate::consume::outcome::{decide, Handler, HandlerResult, Verdict};
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{Delayed, Job, Settle, SettleAction, TimerMsg};
 use crate::envelope::Message;
 use crate::observe::{Decision, RetryWhere, Settlement};
 
 /// The job, or `None` (and the job dealt with) for a job from an old generation or one that
 /// arrives while the consumer is stopping.
-pub(super) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
+pub(in crate::consume) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<Job> {
     if job.generation != ctx.generation.load(Ordering::SeqCst) {
         // From a channel that is gone: the broker redelivers it on the new one.
         log::debug!(
@@ -41,7 +42,7 @@ pub(super) fn admit(ctx: &Context, job: Job, settle: &Sender<Settle>) -> Option<
 }
 
 /// The handler's result as a verdict (a panic logged: it is a retry).
-pub(super) fn judge(
+pub(in crate::consume) fn judge(
     ctx: &Context,
     job: &Job,
     result: std::thread::Result<HandlerResult>,
@@ -59,7 +60,7 @@ pub(super) fn judge(
 /// Publishes the verdict's copy, reports the settlement and sends it to the owner (or the
 /// timer).
 /// `decided`: the verdict and how long the handler ran.
-pub(super) fn finish(
+pub(in crate::consume) fn finish(
     ctx: &Context,
     job: Job,
     decided: (Verdict, Duration),
@@ -94,8 +95,9 @@ pub(super) fn finish(
     }
     // What the consumer decides, which is not always what the handler answered: a retry with no
     // attempt left is dead-lettered.
-    let decided = decision(ctx, &message, &verdict);
-    let (step, copy_error) = match carry_out(ctx, &message, &verdict, hold) {
+    let plan = plan_for(&ctx.policy, &message, &verdict, hold);
+    let decided = plan.decision();
+    let (step, copy_error) = match carry_out(ctx, &message, &verdict, plan) {
         // No copy can carry it (its header frame cannot fit, even trimmed): the original is
         // rejected to the queue's own dead-lettering, and the reason reported.
         Ok(Step::Rejected(reason)) => {
@@ -242,13 +244,13 @@ pub(super) fn finish(
 
 /// What follows one message from its handler to its settlement: its trace context (current on
 /// this thread until its copy is published) and the consume interceptors' settlement listeners.
-pub(super) struct Watch<'a> {
-    pub(super) trace: crate::trace::Consuming,
-    pub(super) intercept: crate::intercept::ConsumeContext<'a>,
+pub(in crate::consume) struct Watch<'a> {
+    pub(in crate::consume) trace: crate::trace::Consuming,
+    pub(in crate::consume) intercept: crate::intercept::ConsumeContext<'a>,
 }
 
 impl<'a> Watch<'a> {
-    pub(super) fn start(ctx: &'a Context, message: &Message) -> Watch<'a> {
+    pub(in crate::consume) fn start(ctx: &'a Context, message: &Message) -> Watch<'a> {
         Watch {
             trace: crate::trace::Consuming::start(message, &ctx.queue),
             intercept: crate::intercept::ConsumeContext::new(&ctx.queue),
@@ -257,7 +259,7 @@ impl<'a> Watch<'a> {
 }
 
 /// The handler, inside the connection's consume interceptors (outermost first).
-pub(super) fn intercepted<H: Handler + Sync + ?Sized>(
+pub(in crate::consume) fn intercepted<H: Handler + Sync + ?Sized>(
     ctx: &Context,
     intercept: &mut crate::intercept::ConsumeContext<'_>,
     handler: &H,

@@ -8,8 +8,8 @@ use std::time::Instant;
 use crate::transport::{ConsumerMessage, Deliveries};
 use crossbeam_channel::{select, Receiver, Select, Sender};
 
-use super::context::Context;
-use super::protocol::{Job, Settle, SettleAction};
+use crate::consume::threads::context::Context;
+use crate::consume::threads::protocol::{Job, Settle, SettleAction};
 
 /// One subscription's buffer of deliveries, handed by the owner to each worker that reads it
 /// itself (a clone of amiquip's receiver; amiquip's consumer itself stays on the owner thread).
@@ -34,7 +34,7 @@ pub(crate) enum Source {
 /// What [`Source::next`] found. (A job is moved out once per delivery; boxing it would cost an
 /// allocation per delivery instead.)
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Next {
+pub(in crate::consume) enum Next {
     Job(Job),
     /// The deadline passed.
     Timeout,
@@ -55,7 +55,7 @@ impl Source {
     /// subscription itself, a worker passes anything else it reads there on to the owner as a
     /// [`SettleAction::Signal`], and `None` once the subscription has ended; a delivery from a
     /// subscription that is gone is skipped (the broker redelivers it).
-    pub(super) fn next(
+    pub(in crate::consume) fn next(
         &mut self,
         ctx: &Context,
         settle: &Sender<Settle>,

@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering}
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::hook::DeliveryHook;
-use super::ladder::copy_failures::CopyFailures;
-use super::ladder::policy::RetryPolicy;
-use super::outcome::{Handler, OrderBy};
 use crate::codec::Codec;
 use crate::connection::Connection;
+use crate::consume::hook::DeliveryHook;
+use crate::consume::ladder::copy_failures::CopyFailures;
+use crate::consume::ladder::policy::RetryPolicy;
+use crate::consume::outcome::{Handler, OrderBy};
 use crate::envelope::HeaderValue;
 use crate::observe::Observer;
 use crate::publish::Publisher;

@@ -3,7 +3,7 @@
 
 use crossbeam_channel::Sender;
 
-use super::report::CloseReport;
+use crate::consume::report::CloseReport;
 use crate::error::Result;
 
 /// What the application asks of a running consumer.
