@@ -9,8 +9,9 @@ use crate::error::{Error, Result};
 /// `Debug` and `Display` show `amqp://user@host:port/vhost`: the password never appears.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Address {
-    /// `memory://name`: the in-process broker `host` names (feature `memory`).
-    pub(crate) memory: bool,
+    /// The scheme of a transport beside AMQP (`transport/schemes.rs`), whose broker `host`
+    /// names, as `memory` in `memory://name`; `None` for AMQP.
+    pub(crate) transport: Option<&'static str>,
     pub(crate) tls: bool,
     pub(crate) host: String,
     pub(crate) port: u16,
@@ -28,15 +29,24 @@ impl Address {
     /// [`Error::InvalidArgument`] for any other shape (the message never repeats the password).
     pub fn parse(url: &str) -> Result<Address> {
         let bad = |why: &str| Error::invalid(format!("bad AMQP URL: {why}"));
-        if let Some(name) = url.strip_prefix("memory://") {
-            return memory(name);
+        if let Some(scheme) = url
+            .split_once("://")
+            .and_then(|(scheme, _)| crate::transport::schemes::find(scheme))
+        {
+            return beside_amqp(scheme, &url[scheme.name.len() + 3..]);
         }
         let (tls, rest) = if let Some(r) = url.strip_prefix("amqp://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("amqps://") {
             (true, r)
         } else {
-            return Err(bad("it must start with amqp://, amqps:// or memory://"));
+            let others: String = crate::transport::schemes::SCHEMES
+                .iter()
+                .map(|s| format!(", {}://", s.name))
+                .collect();
+            return Err(bad(&format!(
+                "it must start with amqp://, amqps://{others}"
+            )));
         };
         if rest.contains('?') {
             return Err(bad(
@@ -80,7 +90,7 @@ impl Address {
             Some(p) => decode(p)?,
         };
         Ok(Address {
-            memory: false,
+            transport: None,
             tls,
             host,
             port,
@@ -100,32 +110,21 @@ impl Address {
     }
 }
 
-/// `memory://name`: a name of letters, digits, `.`, `_` and `-`, and the `memory` feature.
-fn memory(name: &str) -> Result<Address> {
-    let bad = |why: String| Error::invalid(format!("bad memory:// URL: {why}"));
-    if name.is_empty() {
-        return Err(bad(
-            "it needs a broker name, as in memory://orders-test".into()
-        ));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
-        return Err(bad(format!(
-            "{c:?} in {name:?}: a broker name is letters, digits, '.', '_' and '-'"
-        )));
-    }
-    if !cfg!(feature = "memory") {
+/// `{scheme}://{host}` of a transport beside AMQP: `host` as that transport checks it, and
+/// the transport in this build.
+fn beside_amqp(scheme: &'static crate::transport::schemes::Scheme, host: &str) -> Result<Address> {
+    let name = scheme.name;
+    let Some(ops) = scheme.ops else {
         return Err(Error::invalid(format!(
-            "memory://{name} needs the in-process broker: build acemq-amqp with the `memory` \
-             feature (or `testing`, which turns it on)"
+            "{name}://{host} needs {}",
+            scheme.needs
         )));
-    }
+    };
+    (ops.check)(host).map_err(|why| Error::invalid(format!("bad {name}:// URL: {why}")))?;
     Ok(Address {
-        memory: true,
+        transport: Some(name),
         tls: false,
-        host: name.to_string(),
+        host: host.to_string(),
         port: 0,
         user: String::new(),
         password: String::new(),
@@ -161,8 +160,8 @@ fn decode(s: &str) -> Result<String> {
 
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.memory {
-            return write!(f, "memory://{}", self.host);
+        if let Some(scheme) = self.transport {
+            return write!(f, "{scheme}://{}", self.host);
         }
         let scheme = if self.tls { "amqps" } else { "amqp" };
         let vhost = if self.vhost == "/" {
@@ -204,5 +203,36 @@ mod tests {
             let e = Address::parse(bad).unwrap_err();
             assert!(!e.to_string().contains("pw@"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_scheme_of_the_table_beside_amqp_is_read_through_it_and_shown_as_given() {
+        let a = Address::parse("memory://orders-test.1").unwrap();
+        assert_eq!(a.transport, Some("memory"));
+        assert_eq!(a.to_string(), "memory://orders-test.1");
+        assert_eq!(Address::parse("amqp://h").unwrap().transport, None);
+        let e = Address::parse("memory://has space")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad memory:// URL") && e.contains("' '"), "{e}");
+        assert!(Address::parse("memory://").is_err());
+    }
+
+    #[test]
+    fn an_unknown_scheme_is_refused_naming_every_scheme_there_is() {
+        let e = Address::parse("nats://h").unwrap_err().to_string();
+        assert!(
+            e.contains("amqp://, amqps://, memory://"),
+            "the error names the schemes of the table too: {e}"
+        );
+    }
+
+    #[test]
+    fn a_connection_of_two_transports_is_refused_naming_both() {
+        let options = crate::ConnectionOptions::new()
+            .address("memory://a")
+            .address("amqp://h");
+        let e = options.validate().unwrap_err().to_string();
+        assert!(e.contains("memory:// and amqp://"), "{e}");
     }
 }

@@ -445,11 +445,18 @@ impl ConnectionOptions {
             // Every PEM read and checked now, so a bad one fails the open, not each reconnect.
             self.tls.connector()?;
         }
-        if addresses.iter().any(|a| a.memory) && addresses.iter().any(|a| !a.memory) {
-            return Err(Error::invalid(
-                "a connection's addresses are all memory:// or all AMQP: memory://name is an \
-                 in-process broker, not a node of the cluster the other addresses name",
-            ));
+        if let Some(other) = addresses
+            .iter()
+            .find(|a| a.transport != addresses[0].transport)
+        {
+            let scheme = |a: &Address| a.transport.unwrap_or("amqp").to_string();
+            return Err(Error::invalid(format!(
+                "a connection's addresses are all of one transport, not {}:// and {}://: \
+                 memory://name is an in-process broker, not a node of the cluster the other \
+                 addresses name",
+                scheme(&addresses[0]),
+                scheme(other)
+            )));
         }
         Ok(addresses)
     }

@@ -91,6 +91,7 @@ pub(crate) use hook::{BeforeAck, DeliveryHook, OnChannel};
 #[cfg(test)]
 pub(crate) use ladder::copies::copy_of;
 pub(crate) use ladder::copies::{dead_letter_copy, publish_copy};
+pub(crate) use ladder::plan::exhausted;
 pub(crate) use ladder::policy::declare_failure_topology;
 pub use ladder::policy::{
     failure_topology, FailureTopology, RetryPolicy, DEFAULT_BROKER_WAIT_THRESHOLD,

@@ -77,6 +77,17 @@ impl Default for ConsumerGroupOptions {
 }
 
 impl ConsumerGroupOptions {
+    /// Every check of these options, in one place (run by [`ConsumerGroup::new`]): the
+    /// members' number, then their consumer options.
+    fn validate(&self, queue: &str) -> Result<()> {
+        if self.members == 0 {
+            return Err(Error::invalid(
+                "a consumer group needs at least 1 consumer (ConsumerGroupOptions::members, got 0)",
+            ));
+        }
+        self.consumer.validate(queue)
+    }
+
     /// The defaults (as [`Default`]).
     pub fn new() -> Self {
         Self::default()
@@ -115,10 +126,7 @@ impl ConsumerGroup {
         queue: &str,
         options: ConsumerGroupOptions,
     ) -> Result<Self> {
-        if options.members == 0 {
-            return Err(Error::invalid("a consumer group needs at least 1 consumer"));
-        }
-        options.consumer.validate(queue)?;
+        options.validate(queue)?;
         Ok(ConsumerGroup {
             connection: connection.clone(),
             queue: queue.to_string(),

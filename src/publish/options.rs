@@ -33,6 +33,16 @@ impl PublisherOptions {
         Self::default()
     }
 
+    /// Every check of these options, in one place (run by `Connection::publisher_with`).
+    pub(super) fn validate(&self) -> crate::error::Result<()> {
+        if self.window == 0 {
+            return Err(crate::error::Error::invalid(
+                "the publisher window (PublisherOptions::window) must be at least 1, got 0",
+            ));
+        }
+        Ok(())
+    }
+
     /// The most publishes awaiting a confirm at once (without [confirms](Self::confirms): handed
     /// over and not yet known to have reached the broker); further callers wait for room.
     /// Defaults to 1024.

@@ -122,9 +122,7 @@ impl Connection {
     ///
     /// [`Error::InvalidArgument`] for a zero window; [`Error::Io`] if its thread cannot start.
     pub fn publisher_with(&self, options: PublisherOptions) -> Result<Publisher> {
-        if options.window == 0 {
-            return Err(Error::invalid("the publisher window must be at least 1"));
-        }
+        options.validate()?;
         let (kick_tx, kick_rx) = crossbeam_channel::bounded(1);
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared {

@@ -17,8 +17,8 @@
 //! (`tests/layout.rs`).
 //!
 //! Implementations: [`amqp`] (amiquip, `amqp://` and `amqps://`) and, with the `memory`
-//! feature, `memory` (an in-process broker, `memory://name`). A third is a folder here and a
-//! line in [`connect`].
+//! feature, `memory` (an in-process broker, `memory://name`). A third is a folder here and an
+//! entry in the table of [`schemes`], through which addresses are read and opened.
 
 mod amqp;
 mod capabilities;
@@ -29,6 +29,7 @@ pub(crate) mod conformance;
 mod feed;
 #[cfg(feature = "memory")]
 pub(crate) mod memory;
+pub(crate) mod schemes;
 mod wire;
 
 /// The AMQP transport's conversions, for tests that compare with amiquip's own encoder.
@@ -50,26 +51,23 @@ pub(crate) use wire::{
 };
 
 /// Opens a connection to `address` with the transport its scheme names — the one place a
-/// transport is chosen: `memory://` the in-process broker (feature `memory`), else AMQP
-/// (`amqp://`, `amqps://`). A new transport is a folder here and a line in this function.
+/// transport is chosen: one of [`schemes::SCHEMES`] (`memory://`, the in-process broker), else
+/// AMQP (`amqp://`, `amqps://`). A new transport is a folder here and a line in that table.
 pub(crate) fn connect(
     options: &crate::connection::ConnectionOptions,
     address: &crate::connection::Address,
 ) -> std::result::Result<(Box<dyn Transport>, Feed<Blocked>), crate::error::BoxError> {
-    #[cfg(feature = "memory")]
-    if address.memory {
-        return Ok(memory::connect(&address.host, options.name.as_deref())?);
+    match address.transport.and_then(schemes::ops) {
+        Some(ops) => (ops.connect)(&address.host, options.name.as_deref()),
+        None => amqp::connect(options, address),
     }
-    amqp::connect(options, address)
 }
 
-/// How far the broker at `address` keeps its clock ahead of the system's, in ms: 0 but on
-/// `memory://`, whose clock `testing::MemoryBroker::advance_clock` moves on.
+/// How far the broker at `address` keeps its clock ahead of the system's, in ms: 0 on AMQP;
+/// `memory://`'s is moved on by `testing::MemoryBroker::advance_clock`.
 pub(crate) fn clock_offset_ms(address: &crate::connection::Address) -> i64 {
-    #[cfg(feature = "memory")]
-    if address.memory {
-        return memory::broker(&address.host).clock_offset_ms();
-    }
-    let _ = address;
-    0
+    address
+        .transport
+        .and_then(schemes::ops)
+        .map_or(0, |ops| (ops.clock_offset_ms)(&address.host))
 }

@@ -10,6 +10,6 @@
 
 pub(crate) mod copies;
 pub(in crate::consume) mod copy_failures;
-pub(in crate::consume) mod plan;
+pub(crate) mod plan;
 pub(crate) mod policy;
 pub(in crate::consume) mod timer;

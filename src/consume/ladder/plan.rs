@@ -64,6 +64,14 @@ impl Plan {
     }
 }
 
+/// The family's `x-acemq-error` of a message dead-lettered after `attempts` failed attempts,
+/// the last failing with `why` (the consumer's, and the acknowledged consumer's after its
+/// `dead_letter_after`).
+pub(crate) fn exhausted(attempts: u32, why: impl std::fmt::Display) -> String {
+    let plural = if attempts == 1 { "" } else { "s" };
+    format!("exhausted {attempts} attempt{plural}: {why}")
+}
+
 /// [`plan`] for `message` now: its age counted from its first-seen time.
 pub(in crate::consume) fn plan_for(
     policy: &RetryPolicy,
@@ -114,15 +122,11 @@ pub(in crate::consume) fn plan(
                     }
                 }
             }
-            NextWait::Exhausted => {
-                let n = policy.attempts();
-                let plural = if n == 1 { "" } else { "s" };
-                Plan::SetAside {
-                    to: SetAside::DeadLetter,
-                    error: format!("exhausted {n} attempt{plural}: {why}"),
-                    decision: Decision::DeadLetter,
-                }
-            }
+            NextWait::Exhausted => Plan::SetAside {
+                to: SetAside::DeadLetter,
+                error: exhausted(policy.attempts(), why),
+                decision: Decision::DeadLetter,
+            },
             NextWait::TooOld(limit) => Plan::SetAside {
                 to: SetAside::DeadLetter,
                 error: format!(

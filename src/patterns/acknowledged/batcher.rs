@@ -86,6 +86,31 @@ impl Default for BatcherOptions {
 }
 
 impl BatcherOptions {
+    /// Every check of these options, in one place (run by [`Batcher::new`]); the most pending.
+    fn validate(&self) -> Result<usize> {
+        let max_pending = self
+            .max_pending
+            .unwrap_or_else(|| self.batch_size.saturating_mul(2));
+        if self.batch_size == 0 {
+            return Err(Error::invalid(format!(
+                "batch_size must be at least 1 (got {})",
+                self.batch_size
+            )));
+        }
+        if max_pending == 0 {
+            return Err(Error::invalid(format!(
+                "max_pending must be at least 1 (got {max_pending})"
+            )));
+        }
+        if self.poll_interval < Duration::from_millis(1) {
+            return Err(Error::invalid(format!(
+                "poll_interval must be at least 1 ms (got {:?})",
+                self.poll_interval
+            )));
+        }
+        Ok(max_pending)
+    }
+
     /// The default options.
     pub fn new() -> Self {
         Self::default()
@@ -131,26 +156,7 @@ impl Batcher {
     /// [`Error::InvalidArgument`] if the batch size or `max_pending` is zero, or the poll
     /// interval is shorter than 1 ms.
     pub fn new(options: BatcherOptions) -> Result<Batcher> {
-        let max_pending = options
-            .max_pending
-            .unwrap_or_else(|| options.batch_size.saturating_mul(2));
-        if options.batch_size == 0 {
-            return Err(Error::invalid(format!(
-                "batch_size must be at least 1 (got {})",
-                options.batch_size
-            )));
-        }
-        if max_pending == 0 {
-            return Err(Error::invalid(format!(
-                "max_pending must be at least 1 (got {max_pending})"
-            )));
-        }
-        if options.poll_interval < Duration::from_millis(1) {
-            return Err(Error::invalid(format!(
-                "poll_interval must be at least 1 ms (got {:?})",
-                options.poll_interval
-            )));
-        }
+        let max_pending = options.validate()?;
         Ok(Batcher {
             limits: Limits {
                 batch_size: options.batch_size,

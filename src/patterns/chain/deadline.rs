@@ -73,6 +73,16 @@ impl std::fmt::Debug for DeadlineOptions {
 }
 
 impl DeadlineOptions {
+    /// Every check of these options, in one place (run by [`Deadline::new`]).
+    fn validate(&self) -> Result<()> {
+        if self.max_orphans == 0 {
+            return Err(Error::invalid(
+                "the deadline's max_orphans must be at least 1 (got 0)",
+            ));
+        }
+        Ok(())
+    }
+
     /// While this many orphaned handler threads (still running past their deadline) run, a new
     /// message is settled as a retry without starting. Handlers already running may still
     /// overrun, so with `c` running at once up to `max_orphans + c − 1` orphans can exist (see
@@ -123,11 +133,7 @@ impl Deadline {
                 "the deadline's limit must be at least 1 ms (got {limit:?})"
             )));
         }
-        if options.max_orphans == 0 {
-            return Err(Error::invalid(
-                "the deadline's max_orphans must be at least 1 (got 0)",
-            ));
-        }
+        options.validate()?;
         Ok(Deadline {
             limit,
             max_orphans: options.max_orphans,

@@ -139,21 +139,12 @@ impl<F, H> IdempotentTx<F, H> {
         self,
         options: IdempotentTxBatchOptions,
     ) -> crate::Result<IdempotentTxBatch<F, H>> {
+        options.validate()?;
         let IdempotentTxBatchOptions {
             max_messages,
             max_wait,
             on_commit,
         } = options;
-        if max_messages == 0 || max_messages > 10_000 {
-            return Err(crate::Error::invalid(format!(
-                "a batch holds from 1 to 10000 messages (max_messages {max_messages})"
-            )));
-        }
-        if max_wait.is_zero() {
-            return Err(crate::Error::invalid(
-                "max_wait must be more than zero (got 0 s)",
-            ));
-        }
         Ok(IdempotentTxBatch {
             inner: self,
             max_messages,

@@ -96,6 +96,22 @@ impl std::fmt::Debug for IdempotentTxBatchOptions {
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 impl IdempotentTxBatchOptions {
+    /// Every check of these options, in one place (run by `IdempotentTx::batch`).
+    pub(super) fn validate(&self) -> crate::Result<()> {
+        if self.max_messages == 0 || self.max_messages > 10_000 {
+            return Err(crate::Error::invalid(format!(
+                "a batch holds from 1 to 10000 messages (max_messages {})",
+                self.max_messages
+            )));
+        }
+        if self.max_wait.is_zero() {
+            return Err(crate::Error::invalid(
+                "max_wait must be more than zero (got 0 s)",
+            ));
+        }
+        Ok(())
+    }
+
     /// The most messages in one batch (one transaction), from 1 to 10,000; 1 is the
     /// single-message form. Defaults to 100.
     pub fn max_messages(mut self, n: usize) -> Self {

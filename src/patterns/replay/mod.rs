@@ -134,15 +134,7 @@ impl Replay<'_> {
     /// cause; the message being moved and every held one are back on the source queue.
     pub fn run(mut self) -> Result<ReplayReport> {
         check_name("queue", &self.source, false)?;
-        if let Some(e) = &self.options.exchange {
-            check_name("exchange", e, true)?;
-        }
-        if let Some(k) = &self.options.routing_key {
-            check_name("routing key", k, true)?;
-        }
-        if self.options.window == 0 {
-            return Err(Error::invalid("a replay window must be at least 1"));
-        }
+        self.options.validate()?;
         let observer = self
             .options
             .observer

@@ -44,6 +44,25 @@ impl Default for ReplayOptions<'_> {
     }
 }
 
+impl ReplayOptions<'_> {
+    /// Every check of these options, in one place (run by `Replay::run` before anything is
+    /// read).
+    pub(super) fn validate(&self) -> crate::Result<()> {
+        if let Some(e) = &self.exchange {
+            crate::envelope::check_name("exchange", e, true)?;
+        }
+        if let Some(k) = &self.routing_key {
+            crate::envelope::check_name("routing key", k, true)?;
+        }
+        if self.window == 0 {
+            return Err(crate::Error::invalid(
+                "a replay window (ReplayOptions::window) must be at least 1, got 0",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Debug for ReplayOptions<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplayOptions")

@@ -46,6 +46,35 @@ impl Default for RequesterOptions {
 }
 
 impl RequesterOptions {
+    /// Every check of these options, in one place (run by [`Requester::new`]).
+    fn validate(&self) -> Result<()> {
+        check_name("exchange", &self.exchange, true)?;
+        check_name("routing key", &self.routing_key, true)?;
+        if let Some(q) = &self.reply_queue {
+            check_name("queue", q, false)?;
+            if q.starts_with(REPLY_QUEUE_PREFIX) {
+                return Err(Error::invalid(format!(
+                    "the reply queue {q:?} (RequesterOptions::reply_queue) starts with \
+                     {REPLY_QUEUE_PREFIX:?}, which names the transient reply queues requesters \
+                     generate (responders send replies to those unconfirmed); name a durable \
+                     reply queue otherwise"
+                )));
+            }
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::invalid(format!(
+                "the request timeout (RequesterOptions::timeout) must be above zero, got {:?}",
+                self.timeout
+            )));
+        }
+        if self.window == 0 {
+            return Err(Error::invalid(
+                "the requester's window (RequesterOptions::window) must be at least 1, got 0",
+            ));
+        }
+        Ok(())
+    }
+
     /// Default options.
     pub fn new() -> Self {
         Self::default()
@@ -115,30 +144,7 @@ impl Requester {
     /// [`Error::InvalidArgument`] for a zero timeout or window, or a reply queue named
     /// `acemq-reply-…`.
     pub fn new(connection: &Connection, options: RequesterOptions) -> Result<Requester> {
-        check_name("exchange", &options.exchange, true)?;
-        check_name("routing key", &options.routing_key, true)?;
-        if let Some(q) = &options.reply_queue {
-            check_name("queue", q, false)?;
-            if q.starts_with(REPLY_QUEUE_PREFIX) {
-                return Err(Error::invalid(format!(
-                    "the reply queue {q:?} (RequesterOptions::reply_queue) starts with \
-                     {REPLY_QUEUE_PREFIX:?}, which names the transient reply queues requesters \
-                     generate (responders send replies to those unconfirmed); name a durable \
-                     reply queue otherwise"
-                )));
-            }
-        }
-        if options.timeout.is_zero() {
-            return Err(Error::invalid(format!(
-                "the request timeout (RequesterOptions::timeout) must be above zero, got {:?}",
-                options.timeout
-            )));
-        }
-        if options.window == 0 {
-            return Err(Error::invalid(
-                "the requester's window (RequesterOptions::window) must be at least 1, got 0",
-            ));
-        }
+        options.validate()?;
         Ok(Requester {
             connection: connection.clone(),
             options,

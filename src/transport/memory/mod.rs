@@ -58,6 +58,22 @@ pub(crate) fn broker(name: &str) -> Arc<Broker> {
         .clone()
 }
 
+/// A broker's name (what follows `memory://`): letters, digits, `.`, `_` and `-`.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("it needs a broker name, as in memory://orders-test".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "{c:?} in {name:?}: a broker name is letters, digits, '.', '_' and '-'"
+        ));
+    }
+    Ok(())
+}
+
 /// Connects to the broker named `name` (created on first use). The receiver gets
 /// `Blocked::Blocked(reason)` / `Blocked::Unblocked` and disconnects when the connection ends
 /// (cut or closed): the supervisor watches it exactly as it watches amiquip's.

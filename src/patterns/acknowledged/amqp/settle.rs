@@ -110,10 +110,7 @@ impl Acknowledge<AmqpToken> for AmqpAcknowledge<'_> {
             return Ok(());
         }
         let tag = delivery.acknowledgement_token.delivery_tag();
-        let reason = {
-            let plural = if own == 1 { "" } else { "s" };
-            format!("exhausted {own} attempt{plural}: {error}")
-        };
+        let reason = crate::consume::exhausted(own, error);
         match self.dead_letter(delivery, &reason) {
             Ok(()) => {
                 // The copy is out: now the original goes. An ack that fails means the channel

@@ -83,6 +83,22 @@ impl Default for SqlIdempotencyStoreOptions {
 }
 
 impl SqlIdempotencyStoreOptions {
+    /// Every check of these options, in one place (run by the store's constructors).
+    fn validate(&self) -> Result<()> {
+        sql::check_identifier(&self.table)?;
+        for (name, value) in [
+            ("claim_timeout", self.claim_timeout),
+            ("retention", self.retention),
+        ] {
+            if value.as_millis() == 0 {
+                return Err(Error::invalid(format!(
+                    "{name} must be at least 1 ms (got {value:?})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The table's name, a plain identifier. Defaults to `acemq_idempotency`.
     #[must_use]
     pub fn table(mut self, name: impl Into<String>) -> Self {
@@ -149,17 +165,7 @@ impl SqlIdempotencyStore {
         F: Fn() -> Result<C> + Send + Sync + 'static,
         C: Sql + 'static,
     {
-        sql::check_identifier(&options.table)?;
-        for (name, value) in [
-            ("claim_timeout", options.claim_timeout),
-            ("retention", options.retention),
-        ] {
-            if value.as_millis() == 0 {
-                return Err(Error::invalid(format!(
-                    "{name} must be at least 1 ms (got {value:?})"
-                )));
-            }
-        }
+        options.validate()?;
         Ok(SqlIdempotencyStore {
             group: options.group_commit.then(Group::default),
             statements: sql::PerDialect::new(),
