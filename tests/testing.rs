@@ -355,6 +355,35 @@ fn cleanup_keeps_trying_when_its_first_connect_to_the_broker_hangs() {
     );
 }
 
+#[test]
+fn cleanup_leaves_an_exclusive_queue_to_the_live_connection_that_owns_it() {
+    // An exclusive queue can be deleted only by its own connection, and goes with it: the
+    // clean-up, on a connection of its own, gets 405 RESOURCE_LOCKED while the test's is open.
+    // That is not a queue left behind, nor one to try again for the whole deadline (a test
+    // declaring one spent 30 s in its clean-up, on a loaded machine long enough to fail).
+    let names = TestNames::current();
+    let q = names.queue("exclusive");
+    let conn = connect();
+    conn.declare_queue(&QueueSpec::new(&q).durable(false).exclusive(true))
+        .unwrap();
+    let mut clean = Cleanup::new(support::amqp_url()).deadline(Duration::from_secs(600));
+    clean.queue(&q);
+    let dropping = std::thread::spawn(move || drop(clean));
+    wait_until(WAIT, || dropping.is_finished())
+        .expect("the clean-up did not wait for a queue only its owner can delete");
+    assert!(
+        conn.queue_info(&q).is_ok(),
+        "the owner's exclusive queue is still there while it is open"
+    );
+    conn.close().unwrap();
+    let other = connect();
+    let e = other.queue_info(&q).unwrap_err();
+    assert!(
+        matches!(e, Error::NotFound { .. }),
+        "it went with its connection: {e:?}"
+    );
+}
+
 fn order(id: &str, customer: &str) -> Message {
     Message::new(format!(r#"{{"order":"{id}"}}"#))
         .with_id(format!("order-{id}"))

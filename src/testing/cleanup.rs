@@ -44,7 +44,9 @@ type Action = Box<dyn FnOnce() + Send>;
 /// deletes the queues, then the exchanges, then runs the other actions (tables) in reverse
 /// order of registration. A busy broker may not answer the first try: what could not be
 /// deleted is tried again on a new connection, with pauses growing to 2 s, until its
-/// [`deadline`](Cleanup::deadline) (30 s by default). Nothing in it panics: what is still left
+/// [`deadline`](Cleanup::deadline) (30 s by default). An exclusive queue whose connection is
+/// still open is left to it (the broker lets only that connection delete it, and deletes it
+/// when that connection closes). Nothing in it panics: what is still left
 /// at the deadline (the broker unreachable) is written to the process's standard error — past
 /// the test harness's capture, so a run's log shows it even when the test passed — and the
 /// rest is still attempted; a table that cannot be dropped is reported on standard error,
@@ -207,6 +209,10 @@ impl Cleanup {
         let mut failure = None;
         self.queues.retain(|q| match connection.delete_queue(q) {
             Ok(_) | Err(crate::Error::NotFound { .. }) => false,
+            // Exclusive to a connection still open (405 RESOURCE_LOCKED): only that one may
+            // delete it, and it goes when that one closes — nothing left behind, nothing to
+            // try again.
+            Err(crate::Error::Amqp { source, .. }) if source.reply_code() == Some(405) => false,
             Err(e) => {
                 failure = Some(format!("could not delete queue {q}: {e}"));
                 true
