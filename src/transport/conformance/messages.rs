@@ -1,5 +1,7 @@
 //! Contract tests of messages on both transports (`contract.rs` runs them): returns before
-//! confirms, delivery tags and `multiple`, unknown tags, requeue, x-death, expiry at the head.
+//! confirms, delivery tags and `multiple`, unknown tags, requeue, x-death, expiry at the head,
+//! a maximum length (the head dead-lettered, or the publish nacked), a round trip's answer
+//! after every publish before it.
 
 use std::time::Duration;
 
@@ -364,5 +366,98 @@ fn x_death_counts_the_deaths_the_broker_recorded() {
             d.nack(&ch, false).unwrap();
         }
         out
+    });
+}
+
+#[test]
+fn max_length_drops_the_head_to_the_dlx_or_nacks_the_publish() {
+    both("maxlen", |s| {
+        let mut t = s.connect();
+        let ch = t.open_channel().unwrap();
+        let (q, r, dlq) = (s.queue("q"), s.queue("r"), s.queue("dlq"));
+        declare(&ch, &dlq, FieldTable::new());
+        declare(
+            &ch,
+            &q,
+            args(&[
+                ("x-max-length", AmqpValue::LongInt(2)),
+                ("x-dead-letter-exchange", AmqpValue::LongString("".into())),
+                (
+                    "x-dead-letter-routing-key",
+                    AmqpValue::LongString(dlq.clone()),
+                ),
+            ]),
+        );
+        declare(
+            &ch,
+            &r,
+            args(&[
+                ("x-max-length", AmqpValue::LongInt(1)),
+                ("x-overflow", AmqpValue::LongString("reject-publish".into())),
+            ]),
+        );
+        ch.enable_publisher_confirms().unwrap();
+        let confirms = ch.listen_for_publisher_confirms().unwrap();
+        let mut out = Vec::new();
+        for (queue, body) in [(&q, "a"), (&q, "b"), (&q, "c"), (&r, "1"), (&r, "2")] {
+            send(&ch, "", queue, body, AmqpProperties::default());
+            let c = confirms
+                .recv_timeout(Duration::from_secs(5))
+                .expect("a confirm");
+            out.push(match c {
+                Confirm::Ack(p) => format!("{body}: ack {}", p.delivery_tag),
+                Confirm::Nack(p) => format!("{body}: nack {}", p.delivery_tag),
+            });
+        }
+        wait_depth(&ch, &dlq, 1);
+        let head = get_within(&ch, &dlq, true).expect("the dropped head");
+        out.push(format!("dead-lettered {}", body_of(&head.delivery)));
+        let reason =
+            head.delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| match h.get("x-death") {
+                    Some(AmqpValue::FieldArray(deaths)) => match deaths.first() {
+                        Some(AmqpValue::FieldTable(d)) => d.get("reason").cloned(),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+        out.push(format!("x-death reason {reason:?}"));
+        let kept: Vec<String> = std::iter::from_fn(|| ch.basic_get(&q, true).unwrap())
+            .map(|g| body_of(&g.delivery))
+            .collect();
+        out.push(format!("kept {kept:?}"));
+        out
+    });
+}
+
+#[test]
+fn a_round_trip_answers_after_every_publish_before_it() {
+    both("round-trip", |s| {
+        let mut t = s.connect();
+        let ch = t.open_channel().unwrap();
+        let q = s.queue("q");
+        declare(&ch, &q, FieldTable::new());
+        let returns = ch.listen_for_returns().unwrap();
+        for i in 0..200 {
+            send(&ch, "", &q, &format!("m{i}"), AmqpProperties::default());
+        }
+        let lost = Publish {
+            body: b"x",
+            routing_key: "nowhere".into(),
+            mandatory: true,
+            properties: AmqpProperties::default(),
+        };
+        ch.basic_publish("", lost).unwrap();
+        ch.round_trip().unwrap();
+        // Answered: the broker read all of it; the return is already on its way and the
+        // classic queue, asked on the same channel, counts every publish.
+        let depth = ch.queue_declare_passive(&q).unwrap().message_count();
+        let returned = returns
+            .recv_timeout(Duration::from_secs(5))
+            .map(|r| format!("{} {}", r.reply_code, s.plain(&r.routing_key)));
+        vec![format!("depth {depth}"), format!("returned {returned:?}")]
     });
 }

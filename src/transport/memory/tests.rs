@@ -1,5 +1,7 @@
 //! Seam-level tests of the memory broker alone: what RabbitMQ does not show deterministically
 //! (dispatch, prefetch), what it has and this broker refuses (540), and the faults on demand.
+//! Everything RabbitMQ shows deterministically is a case of `transport/conformance/`, run on
+//! RabbitMQ and this broker alike.
 
 use std::time::Duration;
 
@@ -170,54 +172,6 @@ fn round_robin_within_each_consumers_prefetch() {
         (broker.unacked("q"), broker.queue_depth("q")),
         (Some(0), Some(3))
     );
-}
-
-#[test]
-fn max_length_drops_the_head_to_the_dlx_or_nacks() {
-    let name = unique("maxlen");
-    let (mut t, _) = open(&name);
-    let ch = t.open_channel().unwrap();
-    declare(&ch, "dlq", FieldTable::new());
-    declare(
-        &ch,
-        "q",
-        args(&[
-            ("x-max-length", AmqpValue::LongInt(2)),
-            ("x-dead-letter-exchange", text("")),
-            ("x-dead-letter-routing-key", text("dlq")),
-        ]),
-    );
-    declare(
-        &ch,
-        "r",
-        args(&[
-            ("x-max-length", AmqpValue::LongInt(1)),
-            ("x-overflow", text("reject-publish")),
-        ]),
-    );
-    ch.enable_publisher_confirms().unwrap();
-    let confirms = ch.listen_for_publisher_confirms().unwrap();
-    for b in ["a", "b", "c"] {
-        send(&ch, "", "q", b, AmqpProperties::default());
-    }
-    send(&ch, "", "r", "1", AmqpProperties::default());
-    send(&ch, "", "r", "2", AmqpProperties::default());
-    let got: Vec<Confirm> = confirms.try_iter().collect();
-    assert!(
-        matches!(got[..], [Confirm::Ack(_), Confirm::Ack(_), Confirm::Ack(_), Confirm::Ack(_), Confirm::Nack(p)] if p.delivery_tag == 5),
-        "{got:?}"
-    );
-    let g = ch.basic_get("dlq", true).unwrap().unwrap();
-    assert_eq!(g.delivery.body, b"a");
-    let h = g.delivery.properties.headers().clone().unwrap();
-    let Some(AmqpValue::FieldArray(deaths)) = h.get("x-death") else {
-        panic!("{h:?}")
-    };
-    let AmqpValue::FieldTable(d) = &deaths[0] else {
-        panic!()
-    };
-    assert_eq!(d.get("reason"), Some(&text("maxlen")));
-    assert_eq!(super::broker(&name).queue_depth("q"), Some(2));
 }
 
 #[test]
