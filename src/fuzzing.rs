@@ -56,7 +56,7 @@ pub fn copy_properties(message: &Message, routing_key: &str) -> Result<AmqpPrope
 ///
 /// What the store returns for a row it cannot read (a column of the wrong type, headers that
 /// are not a JSON object).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub fn outbox_row(row: &[crate::sql::Value]) -> Result<Message> {
     let mut record = crate::patterns::outbox::record_from_row(row)?;
     Ok(crate::patterns::outbox::take_message(&mut record))

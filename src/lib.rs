@@ -292,7 +292,7 @@ pub mod patterns;
 mod publish;
 pub mod service;
 pub mod settings;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub mod sql;
 mod stop;
 #[cfg(feature = "test-ca")]

@@ -79,7 +79,7 @@ impl Service {
     /// `receipts` (and with the options' `retired_outbox`, `outbox`'s retired records) past the
     /// retention are deleted — never one younger than the oldest message still waiting on the
     /// broker ([`patterns::retention`](crate::patterns::retention)).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub fn retention(
         self,
         receipts: crate::patterns::idempotency::SqlIdempotencyStore,

@@ -186,7 +186,7 @@ impl ServicePart for RunningRelay {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl ServicePart for crate::patterns::retention::RunningSweeper {
     fn stage(&self) -> Stage {
         Stage::Last

@@ -128,7 +128,7 @@ impl Cleanup {
     /// # Panics
     ///
     /// At once, when `name` is not a plain SQL identifier (it is concatenated into SQL).
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
     pub fn table<F, C>(&mut self, name: &str, connect: F) -> String
     where
         F: FnOnce() -> crate::Result<C> + Send + 'static,

@@ -255,7 +255,7 @@ mod delivery;
 mod isolate;
 mod run;
 mod source;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod store;
 mod store_apply;
 
@@ -266,6 +266,6 @@ pub use consume::{consume, Report};
 pub use counter::{CounterIncrement, CounterStore, CounterStoreOptions};
 pub use delivery::{Acknowledge, Delivery};
 pub use source::{IterSource, Polled, Source};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use store::{BatchStore, BatchStoreOptions, Effect, DEFAULT_RECEIPTS_TABLE};
 pub use store_apply::{ApplyBatch, Message, Receipt};

@@ -56,14 +56,14 @@
 //! examples, **not for production**: it forgets everything on restart and does not coordinate
 //! processes.
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod group_commit;
 mod memory;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
 mod store;
 
 pub use memory::InMemoryIdempotencyStore;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{SqlIdempotencyStore, SqlIdempotencyStoreOptions};
 pub use store::{Claim, ClaimToken, IdempotencyStore};

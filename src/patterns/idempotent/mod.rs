@@ -78,20 +78,20 @@
 //! [`Observer::duplicate`]: crate::observe::Observer::duplicate
 //! [`Outcome::InProgress`]: crate::Outcome::InProgress
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod batch;
 mod duplicates;
 mod options;
 mod plain;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod tx;
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use batch::IdempotentTxBatch;
 pub use duplicates::DuplicateCount;
 pub use options::IdempotentOptions;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use options::IdempotentTxBatchOptions;
 pub use plain::{idempotent, Idempotent};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use tx::{idempotent_tx, IdempotentTx};

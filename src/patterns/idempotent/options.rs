@@ -65,7 +65,7 @@ impl IdempotentOptions {
 }
 
 /// How [`IdempotentTx::batch`](crate::patterns::idempotent::IdempotentTx::batch) gathers and reports its batches.
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[must_use]
 pub struct IdempotentTxBatchOptions {
     pub(super) max_messages: usize,
@@ -73,7 +73,7 @@ pub struct IdempotentTxBatchOptions {
     pub(super) on_commit: Option<Box<dyn Fn(usize) + Send + Sync>>,
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl Default for IdempotentTxBatchOptions {
     fn default() -> Self {
         IdempotentTxBatchOptions {
@@ -84,7 +84,7 @@ impl Default for IdempotentTxBatchOptions {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl std::fmt::Debug for IdempotentTxBatchOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotentTxBatchOptions")
@@ -94,7 +94,7 @@ impl std::fmt::Debug for IdempotentTxBatchOptions {
     }
 }
 
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 impl IdempotentTxBatchOptions {
     /// Every check of these options, in one place (run by `IdempotentTx::batch`).
     pub(super) fn validate(&self) -> crate::Result<()> {

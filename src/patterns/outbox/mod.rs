@@ -112,17 +112,17 @@
 mod memory;
 mod record;
 mod relay;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
 mod store;
 
 pub use memory::{InMemoryOutboxStore, InMemoryOutboxStoreOptions};
-#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres")))]
+#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 pub(crate) use record::take_message;
 pub use record::{record, record_message};
 pub use relay::{OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay};
-#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres")))]
+#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 pub(crate) use sql::record as record_from_row;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{SqlOutboxStore, SqlOutboxStoreOptions};
 pub use store::{NewOutboxRecord, OutboxRecord, OutboxStats, OutboxStore};

@@ -17,10 +17,10 @@
 
 mod memory;
 mod schema;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
 
 pub use memory::InMemorySchemaRegistry;
 pub use schema::{fingerprint, Schema, SchemaRegistry};
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{SqlSchemaRegistry, SqlSchemaRegistryOptions};
