@@ -333,7 +333,10 @@ impl Error {
         }
     }
 
-    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")), allow(dead_code))] // the SQL seam's
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )] // the SQL seam's
     pub(crate) fn sql(context: impl Into<String>, source: impl Into<BoxError>) -> Error {
         Error::Sql {
             context: context.into(),

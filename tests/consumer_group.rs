@@ -116,3 +116,64 @@ fn a_group_of_zero_is_refused_and_starts_nothing() {
     assert!(matches!(result, Err(Error::InvalidArgument { .. })));
     assert_eq!(conn.queue_info(&q).unwrap().consumer_count, 0);
 }
+
+#[test]
+fn a_group_in_a_service_gives_back_its_running_handlers_at_the_drain_deadline() {
+    use acemq_amqp::service::{Service, ServiceOptions};
+    use std::sync::{Condvar, Mutex};
+    let (conn, _clean, q) =
+        support::declared_consumed_queue_with("group-drain", QueueSpec::classic);
+    // Each handler holds its message until released (at most a minute), far past the drain
+    // deadline and short of the members' own 30 s shutdown timeout.
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let started = Arc::new(AtomicUsize::new(0));
+    let (g, s) = (gate.clone(), started.clone());
+    let handler = move |_: &Message| -> acemq_amqp::HandlerResult {
+        s.fetch_add(1, Ordering::SeqCst);
+        let (open, cv) = &*g;
+        let guard = open.lock().unwrap();
+        let _unused = cv
+            .wait_timeout_while(guard, Duration::from_secs(60), |open| !*open)
+            .unwrap();
+        Ok(Outcome::Accept)
+    };
+    let queue = q.clone();
+    let running = Service::new(
+        ServiceOptions::new("group-drain", ConnectionOptions::new().address(amqp_url()))
+            .signals(false),
+    )
+    .part("group", move |c| {
+        let options = ConsumerGroupOptions::new()
+            .members(2)
+            .consumer(ConsumerOptions::new().prefetch(1).declare(false));
+        let group = ConsumerGroup::new(c.consuming(), &queue, options)?.start(handler)?;
+        Ok(Box::new(group) as Box<dyn acemq_amqp::service::ServicePart>)
+    })
+    .start()
+    .unwrap();
+    publish_n(&conn, &q, 2, false);
+    assert!(
+        eventually(WAIT, || started.load(Ordering::SeqCst) == 2),
+        "both members are running a handler"
+    );
+    let draining = std::thread::spawn(move || running.drain_within(Duration::from_millis(500)));
+    let drained = eventually(Duration::from_secs(10), || draining.is_finished());
+    {
+        let (open, cv) = &*gate;
+        *open.lock().unwrap() = true;
+        cv.notify_all();
+    }
+    assert!(
+        drained,
+        "the group stopped at the service's drain deadline, not at its members' 30 s"
+    );
+    let report = draining.join().unwrap();
+    assert_eq!(report.abandoned(), 2, "{report}");
+    assert_eq!(report.exit_code(), 75, "{report}");
+    // Given back: both are on the queue again for the next process.
+    assert!(eventually(WAIT, || conn
+        .queue_info(&q)
+        .unwrap()
+        .message_count
+        == 2));
+}

@@ -238,6 +238,25 @@ impl RunningConsumerGroup {
     }
 }
 
+impl RunningConsumerGroup {
+    /// Closes as [`close`](Self::close) does, waiting up to `timeout` (instead of the members'
+    /// shutdown timeout) for running handlers — every member's clock starts together, so the
+    /// whole group is closed within about `timeout`: what is still running then is given back
+    /// and counted `abandoned` in the summed report. What a service host's drain calls.
+    ///
+    /// # Errors
+    ///
+    /// As [`close`](Self::close).
+    pub fn drain(mut self, timeout: std::time::Duration) -> Result<CloseReport> {
+        let members = std::mem::take(&mut self.members);
+        for member in &members {
+            member.set_shutdown_timeout(timeout);
+        }
+        let (report, result) = close_all(&self.queue, members);
+        result.map(|()| report)
+    }
+}
+
 impl Drop for RunningConsumerGroup {
     fn drop(&mut self) {
         if self.members.is_empty() {

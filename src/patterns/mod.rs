@@ -13,7 +13,10 @@ pub mod pipeline;
 pub mod replay;
 pub mod request_reply;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
 pub mod retention;
 pub mod routing_slip;
 pub mod saga;

@@ -158,8 +158,8 @@ impl ServicePart for RunningConsumerGroup {
         false
     }
 
-    fn stop(self: Box<Self>, _deadline: Duration) -> PartReport {
-        from_close(self.close())
+    fn stop(self: Box<Self>, deadline: Duration) -> PartReport {
+        from_close(self.drain(deadline))
     }
 }
 
@@ -173,9 +173,16 @@ impl ServicePart for RunningRelay {
         false
     }
 
-    /// A last sweep (what the stopped consumers' handlers wrote), then the relay closes.
-    fn stop(self: Box<Self>, _deadline: Duration) -> PartReport {
-        let last = self.sweep();
+    /// A last sweep (what the stopped consumers' handlers wrote), then the relay closes. With
+    /// nothing left of the deadline the sweep is skipped: the records stay in the outbox for the
+    /// next process, nothing is lost. A sweep is one batch, its confirms bounded by the relay
+    /// publisher's timeout.
+    fn stop(self: Box<Self>, deadline: Duration) -> PartReport {
+        let last = if deadline.is_zero() {
+            Ok(0)
+        } else {
+            self.sweep()
+        };
         let closed = self.close();
         let mut report = PartReport::default();
         match (last, closed) {

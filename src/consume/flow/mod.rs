@@ -115,8 +115,14 @@ impl RunningConsumer {
     ///
     /// As [`close`](Self::close).
     pub fn drain(self, timeout: Duration) -> Result<CloseReport> {
-        *self.context().shutdown_timeout_now.lock() = timeout;
+        self.set_shutdown_timeout(timeout);
         self.close()
+    }
+
+    /// From now on, a close waits up to `timeout` for running handlers (a consumer group's
+    /// drain sets it on every member before closing them together).
+    pub(crate) fn set_shutdown_timeout(&self, timeout: Duration) {
+        *self.context().shutdown_timeout_now.lock() = timeout;
     }
 
     fn rescale(&self, concurrency: usize, prefetch: u16) -> Result<()> {

@@ -117,11 +117,17 @@ mod sql;
 mod store;
 
 pub use memory::{InMemoryOutboxStore, InMemoryOutboxStoreOptions};
-#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+#[cfg(all(
+    feature = "internals",
+    any(feature = "sqlite", feature = "postgres", feature = "mysql")
+))]
 pub(crate) use record::take_message;
 pub use record::{record, record_message};
 pub use relay::{OutboxRelay, OutboxRelayOptions, RelayReport, RunningRelay};
-#[cfg(all(feature = "internals", any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+#[cfg(all(
+    feature = "internals",
+    any(feature = "sqlite", feature = "postgres", feature = "mysql")
+))]
 pub(crate) use sql::record as record_from_row;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 pub use sql::{SqlOutboxStore, SqlOutboxStoreOptions};
