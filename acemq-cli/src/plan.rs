@@ -29,17 +29,12 @@ pub fn run(url: &str, file: &Path, mode: ApplyMode, out: &mut Out) -> Outcome {
         message: e.to_string(),
     })?;
     let connection = connect(url)?;
-    let result = topology.apply(&connection, mode);
-    let plan = match (&result, mode) {
-        (Ok(plan), _) => Some(plan.clone()),
-        // A refusal or drift: show the plan it came from.
-        (Err(acemq_amqp::Error::TopologyConflict { .. }), _) => topology.plan(&connection).ok(),
-        _ => None,
-    };
+    // Planned once: the plan is shown whatever comes of it (a refusal or a drift included).
+    let result = topology.plan(&connection).and_then(|plan| {
+        report(&plan, out);
+        topology.apply_plan(&connection, &plan, mode).map(|()| plan)
+    });
     let _ = connection.close();
-    if let Some(plan) = &plan {
-        report(plan, out);
-    }
     match result {
         Ok(plan) => {
             let done = match mode {

@@ -93,6 +93,11 @@ fn plan_apply_and_validate_a_topology_file() {
             "{command}: {}",
             text(&out)
         );
+        assert!(
+            text(&out).contains(&format!("DIFFERS  queue {q}")),
+            "{command} shows the plan it refused on: {}",
+            text(&out)
+        );
     }
 }
 

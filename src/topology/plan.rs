@@ -192,22 +192,38 @@ impl Topology {
     /// first item that drifted and listing the whole drift.
     pub fn apply(&self, connection: &Connection, mode: ApplyMode) -> Result<TopologyPlan> {
         let plan = self.plan(connection)?;
+        self.apply_plan(connection, &plan, mode)?;
+        Ok(plan)
+    }
+
+    /// Carries out `plan`, made by [`plan`](Self::plan) of this topology, in `mode`: what
+    /// [`apply`](Self::apply) does after planning, for a caller that shows the plan whatever
+    /// comes of it (the command line) without asking the broker twice.
+    ///
+    /// # Errors
+    ///
+    /// As [`apply`](Self::apply), but for the planning.
+    pub fn apply_plan(
+        &self,
+        connection: &Connection,
+        plan: &TopologyPlan,
+        mode: ApplyMode,
+    ) -> Result<()> {
         match mode {
-            ApplyMode::Plan => Ok(plan),
+            ApplyMode::Plan => Ok(()),
             ApplyMode::Validate => match plan
                 .items
                 .iter()
                 .find(|i| matches!(i.action, PlanAction::Create | PlanAction::Differs(_)))
             {
-                None => Ok(plan),
-                Some(first) => Err(conflict(first, "the topology has drifted", &plan)),
+                None => Ok(()),
+                Some(first) => Err(conflict(first, "the topology has drifted", plan)),
             },
             ApplyMode::Apply => {
                 if let Some(first) = plan.conflicts().next() {
-                    return Err(conflict(first, "refusing to apply: nothing created", &plan));
+                    return Err(conflict(first, "refusing to apply: nothing created", plan));
                 }
-                self.create_missing(connection, &plan)?;
-                Ok(plan)
+                self.create_missing(connection, plan)
             }
         }
     }
