@@ -79,9 +79,14 @@ pub(in crate::consume) fn plan_for(
     verdict: &Verdict,
     hold: bool,
 ) -> Plan {
-    let age_ms =
-        u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
-    let age = Duration::from_millis(age_ms);
+    // Only a retry weighs the age: an accepted message does not read the clock.
+    let age = if matches!(verdict, Verdict::Retry { .. }) {
+        let age_ms =
+            u64::try_from(now_ms().saturating_sub(message.envelope.first_seen_ms)).unwrap_or(0);
+        Duration::from_millis(age_ms)
+    } else {
+        Duration::ZERO
+    };
     plan(policy, message.envelope.attempt, age, verdict, hold)
 }
 
