@@ -7,16 +7,20 @@
 
 mod support;
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::actuator::{
-    install_prometheus_recorder, Actuator, ActuatorOptions, PrometheusHandle,
+    install_prometheus_recorder, Actuator, ActuatorOptions, PrometheusHandle, RunningActuator,
 };
 use acemq_amqp::health::{HealthCheckOptions, HealthReport};
 use acemq_amqp::observe::MetricsObserver;
 use acemq_amqp::testing::FaultProxy;
 use acemq_amqp::{Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec};
+use crossbeam_channel::Sender;
+use support::http::{get, get_within};
 use support::{amqp_url, connect_with, eventually, unique};
 
 /// The process's one Prometheus recorder (the `metrics` facade takes one).
@@ -27,24 +31,78 @@ fn prometheus() -> PrometheusHandle {
         .clone()
 }
 
-/// GET `path`: the status and the body (any status, within 20 s).
-fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into();
-    let mut response = agent
-        .get(&format!("http://{addr}{path}"))
-        .call()
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().expect("a text body");
-    (status, body)
-}
-
+/// The body read as JSON, or a failure showing it.
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+/// An actuator on `conn` at a free loopback port, started, and its address.
+fn actuator_on(conn: &Connection) -> (RunningActuator, SocketAddr) {
+    let running = Actuator::new(conn, ActuatorOptions::new().bind("127.0.0.1:0"))
+        .unwrap()
+        .start()
+        .unwrap();
+    let addr = running.local_addr();
+    (running, addr)
+}
+
+/// A connection to the tests' broker and an actuator on it ([`actuator_on`]).
+fn actuator() -> (Connection, RunningActuator, SocketAddr) {
+    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
+    let (running, addr) = actuator_on(&conn);
+    (conn, running, addr)
+}
+
+/// [`actuator`] on a connection with a check `name` (given `deadline`) that hangs until the
+/// returned sender is dropped (a minute at the most), then answers up.
+fn actuator_with_hanging_check(
+    name: &str,
+    deadline: Duration,
+) -> (Sender<()>, Connection, RunningActuator, SocketAddr) {
+    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
+    let (hold, held) = crossbeam_channel::bounded::<()>(0);
+    conn.add_health_check(
+        name,
+        HealthCheckOptions::new().deadline(deadline),
+        move || {
+            let _ = held.recv_timeout(Duration::from_secs(60));
+            HealthReport::up()
+        },
+    )
+    .unwrap();
+    let (running, addr) = actuator_on(&conn);
+    (hold, conn, running, addr)
+}
+
+/// Asserts `/livez` (under `prefix`) answers 200 `{"status":"up"}`.
+fn assert_live(addr: SocketAddr, prefix: &str) {
+    assert_eq!(
+        get(addr, &format!("{prefix}/livez")),
+        (200, r#"{"status":"up"}"#.to_string())
+    );
+}
+
+/// Opens `n` connections to `addr`, sending half a request on those `half` picks by index.
+fn half_requests(addr: SocketAddr, n: usize, half: impl Fn(usize) -> bool) -> Vec<TcpStream> {
+    (0..n)
+        .map(|i| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            if half(i) {
+                s.write_all(b"GET /acemq-health HTTP/1.1\r\nHost: x\r\n")
+                    .unwrap();
+            }
+            s
+        })
+        .collect()
+}
+
+/// Reads what `s` is sent until the server closes it (within `timeout`): the read's outcome and
+/// the text.
+fn read_until_closed(mut s: TcpStream, timeout: Duration) -> (std::io::Result<usize>, String) {
+    s.set_read_timeout(Some(timeout)).unwrap();
+    let mut answer = Vec::new();
+    let read = s.read_to_end(&mut answer);
+    (read, String::from_utf8_lossy(&answer).into_owned())
 }
 
 #[test]
@@ -145,11 +203,7 @@ fn with_the_broker_gone_health_and_readyz_are_down_503_livez_stays_up_and_all_re
     .unwrap_or_else(|e| {
         panic!("RabbitMQ is not reachable through the proxy ({e}): run `scripts/test`")
     });
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
+    let (running, addr) = actuator_on(&conn);
     assert_eq!(get(addr, "/acemq-health").0, 200);
 
     proxy.refuse(true);
@@ -165,7 +219,7 @@ fn with_the_broker_gone_health_and_readyz_are_down_503_livez_stays_up_and_all_re
     assert_eq!(status, 503, "{body}");
     assert_eq!(json(&body)["status"], "down", "{body}");
     assert!(json(&body).get("reason").is_none(), "not draining: {body}");
-    assert_eq!(get(addr, "/livez"), (200, r#"{"status":"up"}"#.to_string()));
+    assert_live(addr, "");
     let (_, body) = get(addr, "/acemq-health");
     let health = json(&body);
     assert_eq!(health["status"], "down");
@@ -193,23 +247,11 @@ fn with_the_broker_gone_health_and_readyz_are_down_503_livez_stays_up_and_all_re
 
 #[test]
 fn a_hanging_check_holds_the_answer_only_to_its_deadline() {
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let (_hold, held) = crossbeam_channel::bounded::<()>(0);
-    conn.add_health_check(
-        "payments-api",
-        HealthCheckOptions::new().deadline(Duration::from_millis(500)),
-        move || {
-            let _ = held.recv_timeout(Duration::from_secs(60)); // hangs for a minute
-            HealthReport::up()
-        },
-    )
-    .unwrap();
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
+    // Hangs for a minute.
+    let (_hold, _conn, running, addr) =
+        actuator_with_hanging_check("payments-api", Duration::from_millis(500));
     let asked = Instant::now();
-    let (status, body) = get(running.local_addr(), "/acemq-health");
+    let (status, body) = get(addr, "/acemq-health");
     let took = asked.elapsed();
     assert!(
         took < Duration::from_secs(10),
@@ -245,21 +287,9 @@ fn the_actuator_types_are_send_and_sync() {
 /// read is given up once its write time is over).
 #[test]
 fn clients_that_never_finish_their_request_do_not_stop_the_actuator_answering() {
-    use std::io::Write;
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
-    let mut slow = Vec::new();
-    for _ in 0..2 {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.write_all(b"GET /acemq-health HTTP/1.1\r\nHost: x\r\n")
-            .unwrap();
-        slow.push(s);
-    }
-    let mut deaf = std::net::TcpStream::connect(addr).unwrap();
+    let (_conn, running, addr) = actuator();
+    let mut slow = half_requests(addr, 2, |_| true);
+    let mut deaf = TcpStream::connect(addr).unwrap();
     deaf.write_all(b"GET /acemq-metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     slow.push(deaf);
@@ -296,10 +326,7 @@ fn a_prefix_puts_the_five_paths_under_it_and_info_shows_the_version_and_the_tran
     let addr = running.local_addr();
     assert_eq!(get(addr, "/ops/acemq-health").0, 200);
     assert_eq!(get(addr, "/ops/readyz").0, 200);
-    assert_eq!(
-        get(addr, "/ops/livez"),
-        (200, r#"{"status":"up"}"#.to_string())
-    );
+    assert_live(addr, "/ops");
     assert_eq!(get(addr, "/ops/acemq-metrics").0, 200);
     let (status, body) = get(addr, "/ops/acemq-info");
     assert_eq!(status, 200);
@@ -325,24 +352,6 @@ fn a_prefix_puts_the_five_paths_under_it_and_info_shows_the_version_and_the_tran
     }
 }
 
-/// GET `path` with the whole call (connect, request, answer) bounded by `within`: the status
-/// and the body, or the client's error (a timeout).
-fn get_within(
-    addr: std::net::SocketAddr,
-    path: &str,
-    within: Duration,
-) -> Result<(u16, String), ureq::Error> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(within))
-        .build()
-        .into();
-    let mut response = agent.get(&format!("http://{addr}{path}")).call()?;
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string()?;
-    Ok((status, body))
-}
-
 /// Issue 50, item 5: a Kubernetes probe that times out restarts a healthy service, so slow
 /// clients must not hold it back. A hundred clients each open a connection and send half a
 /// request (or nothing) and hold it; the probe is answered at once all the same. (Three seconds
@@ -350,22 +359,9 @@ fn get_within(
 /// waited behind them until they went away.)
 #[test]
 fn a_probe_is_answered_while_a_hundred_clients_hold_half_finished_requests() {
-    use std::io::Write;
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
-    let mut slow = Vec::new();
-    for n in 0..100 {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        if n % 2 == 0 {
-            s.write_all(b"GET /acemq-health HTTP/1.1\r\nHost: x\r\n")
-                .unwrap();
-        }
-        slow.push(s);
-    }
+    let (_conn, running, addr) = actuator();
+    // Half of them send half a request, the others nothing.
+    let slow = half_requests(addr, 100, |n| n % 2 == 0);
     let asked = Instant::now();
     let (status, body) =
         get_within(addr, "/acemq-health", Duration::from_secs(3)).unwrap_or_else(|e| {
@@ -393,28 +389,16 @@ fn a_probe_is_answered_while_a_hundred_clients_hold_half_finished_requests() {
 /// default) is up, not held for as long as they like.
 #[test]
 fn a_client_that_never_finishes_its_request_is_dropped_when_its_time_is_up() {
-    use std::io::{Read, Write};
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
-    let mut half = std::net::TcpStream::connect(addr).unwrap();
-    half.write_all(b"GET /acemq-health HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    let silent = std::net::TcpStream::connect(addr).unwrap();
+    let (_conn, running, addr) = actuator();
+    let clients = half_requests(addr, 2, |n| n == 0);
     let opened = Instant::now();
-    for (what, mut s) in [("half a request", half), ("nothing", silent)] {
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let mut answer = Vec::new();
-        let read = s.read_to_end(&mut answer);
+    for (what, s) in ["half a request", "nothing"].into_iter().zip(clients) {
+        let (read, answer) = read_until_closed(s, Duration::from_secs(30));
         let took = opened.elapsed();
         assert!(
             read.is_ok(),
             "the client that sent {what} was not dropped within 30 s: {read:?}"
         );
-        let answer = String::from_utf8_lossy(&answer);
         assert!(
             answer.starts_with("HTTP/1.1 408"),
             "{what}: {answer:?} after {took:?}"
@@ -432,23 +416,10 @@ fn a_client_that_never_finishes_its_request_is_dropped_when_its_time_is_up() {
 /// again.
 #[test]
 fn past_256_open_connections_a_new_client_is_answered_503_at_once() {
-    use std::io::Read;
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
-    let mut held: Vec<_> = (0..256)
-        .map(|_| std::net::TcpStream::connect(addr).unwrap())
-        .collect();
-    let mut extra = std::net::TcpStream::connect(addr).unwrap();
-    extra
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .unwrap();
-    let mut answer = Vec::new();
-    let read = extra.read_to_end(&mut answer);
-    let answer = String::from_utf8_lossy(&answer);
+    let (_conn, running, addr) = actuator();
+    let mut held = half_requests(addr, 256, |_| false);
+    let extra = TcpStream::connect(addr).unwrap();
+    let (read, answer) = read_until_closed(extra, Duration::from_secs(3));
     assert!(read.is_ok(), "not closed within 3 s: {read:?} {answer:?}");
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
     held.truncate(200);
@@ -472,19 +443,14 @@ fn past_256_open_connections_a_new_client_is_answered_503_at_once() {
 /// 200 back.
 #[test]
 fn while_draining_readyz_and_health_answer_503_draining_and_livez_stays_up() {
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
+    let (_conn, running, addr) = actuator();
     for path in ["/readyz", "/acemq-health"] {
         let (status, body) = get(addr, path);
         assert_eq!(status, 200, "{path}: {body}");
         assert_eq!(json(&body)["status"], "up", "{path}: {body}");
         assert!(json(&body).get("reason").is_none(), "{path}: {body}");
     }
-    assert_eq!(get(addr, "/livez"), (200, r#"{"status":"up"}"#.to_string()));
+    assert_live(addr, "");
 
     let readiness = running.readiness();
     assert!(!readiness.is_draining());
@@ -501,7 +467,7 @@ fn while_draining_readyz_and_health_answer_503_draining_and_livez_stays_up() {
         assert!(health["checked"].is_string(), "{path}: {body}");
         assert_eq!(health["parts"]["broker"]["status"], "up", "{path}: {body}");
     }
-    assert_eq!(get(addr, "/livez"), (200, r#"{"status":"up"}"#.to_string()));
+    assert_live(addr, "");
 
     running.set_draining(false);
     for path in ["/readyz", "/acemq-health"] {
@@ -516,22 +482,9 @@ fn while_draining_readyz_and_health_answer_503_draining_and_livez_stays_up() {
 /// next one is answered 503 at once (not queued behind them), and `/livez` is still answered.
 #[test]
 fn while_four_answers_wait_on_a_check_the_next_probe_is_busy_503_and_livez_answers() {
-    let conn = connect_with(ConnectionOptions::new().address(amqp_url()));
-    let (hold, held) = crossbeam_channel::bounded::<()>(0);
-    conn.add_health_check(
-        "slow-dependency",
-        HealthCheckOptions::new().deadline(Duration::from_secs(15)),
-        move || {
-            let _ = held.recv_timeout(Duration::from_secs(60)); // until the test lets go
-            HealthReport::up()
-        },
-    )
-    .unwrap();
-    let running = Actuator::new(&conn, ActuatorOptions::new().bind("127.0.0.1:0"))
-        .unwrap()
-        .start()
-        .unwrap();
-    let addr = running.local_addr();
+    // Hangs until the test lets go.
+    let (hold, _conn, running, addr) =
+        actuator_with_hanging_check("slow-dependency", Duration::from_secs(15));
     let waiting: Vec<_> = (0..4)
         .map(|_| std::thread::spawn(move || get(addr, "/readyz")))
         .collect();

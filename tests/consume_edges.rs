@@ -192,11 +192,7 @@ fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_
     let m = Message::new("order 17");
     let id = m.id().to_string();
     put(&conn, &q, m);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 1));
+    support::wait_for_count(&conn, &dlq, 1, WAIT);
     failing.close().unwrap();
     // The dead-letter queue's own consumer (declaring its failure topology, as by default).
     let got = Arc::new(Mutex::new(Vec::<Message>::new()));
@@ -217,11 +213,7 @@ fn a_dead_letter_queue_consumer_gets_its_messages_in_its_handler_and_can_accept_
             .unwrap()
             .message_count
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &dlq, 0, WAIT);
     reader.close().unwrap();
     let got = got.lock().unwrap();
     assert_eq!(got.len(), 1);
@@ -329,11 +321,7 @@ fn a_message_back_from_this_queues_own_ladder_past_the_last_attempt_is_run_once_
         }
     }
     let dlq = dead_letter_queue(&q);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 2));
+    support::wait_for_count(&conn, &dlq, 2, WAIT);
     assert!(eventually(WAIT, || calls.lock().unwrap().len() == 4));
     consumer.close().unwrap();
     let mut ran = calls.lock().unwrap().clone();

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
-use support::{amqp_url, connect_with, eventually, publish_n};
+use support::{amqp_url, connect_with, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -99,11 +99,7 @@ fn a_group_whose_third_consumer_fails_to_start_closes_the_two_running_and_return
     )
     .and_then(|group| group.start(|_: &Message| Ok(Outcome::Accept)))
     .expect("the same connection still runs a group of two");
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     group.close().unwrap();
     limited.close().unwrap();
 }

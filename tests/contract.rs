@@ -1082,11 +1082,7 @@ fn replay_counts_in_any_integer_width_are_read_and_the_next_is_written_as_a_32_b
             AmqpProperties::default().with_headers(table),
         );
     }
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == counts.len() as u32));
+    support::wait_for_count(&conn, &dlq, counts.len() as u32, WAIT);
     let report = replay(&conn, &dlq, ReplayOptions::new().routing_key(&target))
         .run()
         .unwrap();

@@ -20,7 +20,8 @@ use acemq_amqp::patterns::ordering::{by_header, ordered};
 use acemq_amqp::patterns::pipeline::{then, Next, NOTHING};
 use acemq_amqp::{
     dead_letter_queue, parked_queue, retry_queue, Connection, ConnectionOptions, ConsumerOptions,
-    FatalError, HeaderValue, Message, Outcome, PublisherOptions, QueueSpec, RetryPolicy,
+    FatalError, Handler, HandlerResult, HeaderValue, Message, Outcome, PublisherOptions, QueueSpec,
+    RetryPolicy, RunningConsumer,
 };
 use serde_json::json;
 use support::keyed::{key_of, publish_keyed, seq_of};
@@ -70,6 +71,7 @@ impl Recorder {
     }
 }
 
+/// How many messages `queue` holds now.
 fn depth(conn: &Connection, queue: &str) -> u32 {
     conn.queue_info(queue).unwrap().message_count
 }
@@ -93,6 +95,116 @@ fn text_header(m: &Message, name: &str) -> Option<String> {
         })
 }
 
+/// On `on`, with `conn`: the clean-up and a consumed queue named after `prefix` (its rungs
+/// `rungs` cleaned up too), declared with the defaults.
+fn consumed_queue(
+    on: &support::both::On,
+    conn: &Connection,
+    prefix: &str,
+    rungs: &[Duration],
+) -> (acemq_amqp::testing::Cleanup, String) {
+    let mut clean = on.cleanup();
+    let q = clean.consumed_queue(&unique(prefix), rungs);
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    (clean, q)
+}
+
+/// A consumer of `q` with `options` running `handler`, started.
+fn consume(
+    conn: &Connection,
+    q: &str,
+    options: ConsumerOptions,
+    handler: impl Handler + Send + Sync + 'static,
+) -> RunningConsumer {
+    conn.consumer(q, options).unwrap().start(handler).unwrap()
+}
+
+/// The record of `(id, attempt)` of each call of a handler made by [`recorded`].
+type Calls = Arc<Mutex<Vec<(String, u32)>>>;
+
+/// `handler`, recording each call's message id and attempt first, and the record.
+fn recorded(
+    handler: impl Fn(&Message) -> HandlerResult + Send + Sync + 'static,
+) -> (
+    Calls,
+    impl Fn(&Message) -> HandlerResult + Send + Sync + 'static,
+) {
+    let calls = Calls::default();
+    let c = calls.clone();
+    let recording = move |m: &Message| {
+        c.lock()
+            .unwrap()
+            .push((m.id().to_string(), m.envelope.attempt));
+        handler(m)
+    };
+    (calls, recording)
+}
+
+/// A handler that fails (`not yet`) before attempt `attempt` and accepts from it on.
+fn fails_until(attempt: u32) -> impl Fn(&Message) -> HandlerResult + Send + Sync + 'static {
+    move |m: &Message| {
+        if m.envelope.attempt < attempt {
+            Err("not yet".into())
+        } else {
+            Ok(Outcome::Accept)
+        }
+    }
+}
+
+/// Takes the messages of `dlq` and asserts there is exactly one, of `id` at attempt `attempt`;
+/// returns it.
+fn the_dead_letter(conn: &Connection, dlq: &str, id: &str, attempt: u32) -> Message {
+    let mut dead = drain(conn, dlq);
+    assert_eq!(dead.len(), 1, "dead-lettered once");
+    assert_eq!(dead[0].id(), id);
+    assert_eq!(dead[0].envelope.attempt, attempt);
+    dead.remove(0)
+}
+
+/// Closes (by `close`, on a thread of its own) a consumer whose handlers are held until
+/// `release` is dropped: waits until `requeued` deliveries are back on `q`, lets the handlers
+/// go, and asserts the close's report: `finished` finished in time, `requeued` requeued, none
+/// abandoned.
+fn close_while_held(
+    conn: &Connection,
+    q: &str,
+    close: impl FnOnce() -> acemq_amqp::Result<acemq_amqp::CloseReport> + Send + 'static,
+    release: crossbeam_channel::Sender<()>,
+    (finished, requeued): (usize, usize),
+) {
+    let closing = std::thread::spawn(close);
+    assert!(
+        eventually(WAIT, || depth(conn, q) == requeued as u32),
+        "the {requeued} that never started go back while the {finished} run"
+    );
+    drop(release);
+    let report = closing.join().unwrap().unwrap();
+    assert_eq!(
+        report.finished_in_time, finished,
+        "only those running finished"
+    );
+    assert_eq!(report.requeued, requeued);
+    assert_eq!(report.abandoned, 0);
+}
+
+/// On `on`: a connection, the clean-up, and two consumed queues named after `input` and
+/// `output`, declared with the defaults (a pipeline step's in and out).
+fn step_queues(
+    on: &support::both::On,
+    input: &str,
+    output: &str,
+) -> (Connection, acemq_amqp::testing::Cleanup, String, String) {
+    let conn = on.connect();
+    let mut clean = on.cleanup();
+    let (input, output) = (
+        clean.consumed_queue(&unique(input), &[]),
+        clean.consumed_queue(&unique(output), &[]),
+    );
+    conn.declare_queue(&QueueSpec::new(&input)).unwrap();
+    conn.declare_queue(&QueueSpec::new(&output)).unwrap();
+    (conn, clean, input, output)
+}
+
 /// Takes every message now on `queue` (`basic.get` until empty).
 fn drain(conn: &Connection, queue: &str) -> Vec<Message> {
     let mut got = Vec::new();
@@ -103,23 +215,17 @@ fn drain(conn: &Connection, queue: &str) -> Vec<Message> {
 }
 
 /// Key `k`: seq 0 fails its first attempt, 1 and 2 succeed; key `x`: seq 10 always fails, 11
-/// succeeds; an ordered consumer (`hold_on_retry` or not) retries once after 300 ms. Returns
-/// the accepted (key, seq, attempt) in the order they were accepted, and the one dead letter.
-fn ordered_retry_scenario(
-    on: &support::both::On,
-    hold: bool,
-) -> (Vec<(String, usize, u32)>, Message) {
+/// succeeds; an ordered consumer (`hold_on_retry` or not) retries once after 300 ms. Asserts
+/// key `x`'s outcome (seq 11 accepted once, seq 10 the one dead letter, at attempt 2); returns
+/// the accepted (seq, attempt) of key `k` in the order they were accepted.
+fn ordered_retry_scenario(on: &support::both::On, hold: bool) -> Vec<(usize, u32)> {
     let conn = on.connect();
-    let mut clean = on.cleanup();
-    let q = clean.consumed_queue(
-        &unique(if hold {
-            "eq-ordered-hold"
-        } else {
-            "eq-ordered-free"
-        }),
-        &[],
-    );
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let prefix = if hold {
+        "eq-ordered-hold"
+    } else {
+        "eq-ordered-free"
+    };
+    let (_clean, q) = consumed_queue(on, &conn, prefix, &[]);
     let items = [
         ("k".to_string(), 0),
         ("x".to_string(), 10),
@@ -143,28 +249,32 @@ fn ordered_retry_scenario(
     } else {
         ordered(by_header("k"), inner)
     };
-    let consumer = conn
-        .consumer(
-            &q,
-            ConsumerOptions::new()
-                .concurrency(4)
-                .prefetch(16)
-                .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0)),
-        )
-        .unwrap()
-        .start(handler)
-        .unwrap();
+    let options = ConsumerOptions::new()
+        .concurrency(4)
+        .prefetch(16)
+        .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0));
+    let consumer = consume(&conn, &q, options, handler);
     let dlq = dead_letter_queue(&q);
     assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 4
         && depth(&conn, &dlq) == 1
         && consumer.in_flight() == 0));
     consumer.close().unwrap();
     let seen = accepted.lock().unwrap().clone();
-    let mut dead = drain(&conn, &dlq);
+    let dead = drain(&conn, &dlq);
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].envelope.attempt, 2);
     assert_eq!(depth(&conn, &q), 0);
-    (seen, dead.remove(0))
+    assert_eq!(
+        of_key(&seen, "x"),
+        vec![(11, 1)],
+        "seq 11 ran once seq 10 was dead-lettered"
+    );
+    assert_eq!(
+        seq_of(&dead[0]),
+        10,
+        "seq 10 exhausted its attempts and went to .dlq"
+    );
+    of_key(&seen, "k")
 }
 
 /// The (seq, attempt) of key `key`'s accepted messages, in the order they were accepted.
@@ -181,16 +291,9 @@ on_both! {
     fn accept_acknowledges_and_leaves_nothing_behind(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("eq-accept");
         let ids: HashSet<String> = publish_n(&conn, &q, 20, true).into_iter().collect();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(short_ladder()).concurrency(2))
-            .unwrap()
-            .start(move |m: &Message| {
-                s.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let (seen, handler) = recorded(|_| Ok(Outcome::Accept));
+        let options = ConsumerOptions::new().retry(short_ladder()).concurrency(2);
+        let consumer = consume(&conn, &q, options, handler);
         assert!(eventually(WAIT, || seen.lock().unwrap().len() == 20
             && consumer.in_flight() == 0));
         let report = consumer.close().unwrap();
@@ -208,24 +311,10 @@ on_both! {
     fn a_handler_that_fails_twice_succeeds_on_the_third_attempt(on) {
         let recorder = Arc::new(Recorder::default());
         let conn = on.connect_with(ConnectionOptions::new().observer(recorder.clone()));
-        let mut clean = on.cleanup();
-        let q = clean.consumed_queue(&unique("eq-third-time"), &[]);
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (_clean, q) = consumed_queue(on, &conn, "eq-third-time", &[]);
         let ids = publish_n(&conn, &q, 1, true);
-        let attempts = Arc::new(Mutex::new(Vec::new()));
-        let a = attempts.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-            .unwrap()
-            .start(move |m: &Message| {
-                a.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
-                if m.envelope.attempt < 3 {
-                    Err("not yet".into())
-                } else {
-                    Ok(Outcome::Accept)
-                }
-            })
-            .unwrap();
+        let (attempts, handler) = recorded(fails_until(3));
+        let consumer = consume(&conn, &q, ConsumerOptions::new().retry(short_ladder()), handler);
         assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3
             && consumer.in_flight() == 0
             && depth(&conn, &q) == 0));
@@ -256,15 +345,12 @@ on_both! {
         let calls = Arc::new(AtomicUsize::new(0));
         let times = Arc::new(Mutex::new(Vec::new()));
         let (c, t) = (calls.clone(), times.clone());
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-            .unwrap()
-            .start(move |_: &Message| {
-                c.fetch_add(1, Ordering::SeqCst);
-                t.lock().unwrap().push(Instant::now());
-                Err("the database is down".into())
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().retry(short_ladder());
+        let consumer = consume(&conn, &q, options, move |_: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            t.lock().unwrap().push(Instant::now());
+            Err("the database is down".into())
+        });
         let dlq = dead_letter_queue(&q);
         assert!(eventually(WAIT, || depth(&conn, &dlq) == 1 && consumer.in_flight() == 0));
         consumer.close().unwrap();
@@ -273,12 +359,8 @@ on_both! {
         let times = times.lock().unwrap().clone();
         assert!(times[1] - times[0] >= Duration::from_millis(100), "{:?}", times[1] - times[0]);
         assert!(times[2] - times[1] >= Duration::from_millis(200), "{:?}", times[2] - times[1]);
-        let dead = drain(&conn, &dlq);
-        assert_eq!(dead.len(), 1, "dead-lettered once");
-        let dead = &dead[0];
-        assert_eq!(dead.id(), id);
+        let dead = &the_dead_letter(&conn, &dlq, &id, 3);
         assert_eq!(dead.body, b"body");
-        assert_eq!(dead.envelope.attempt, 3);
         assert_eq!(
             dead.envelope.error.as_deref(),
             Some("exhausted 3 attempts: Error: the database is down")
@@ -295,18 +377,15 @@ on_both! {
         let (conn, _clean, q) = on.declared_consumed_queue("eq-reject-park");
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(short_ladder()))
-            .unwrap()
-            .start(move |m: &Message| {
-                c.fetch_add(1, Ordering::SeqCst);
-                match m.body.as_slice() {
-                    b"poison" => Err(Box::new(FatalError::new("cannot parse order")) as _),
-                    b"odd" => Ok(Outcome::park("needs a person")),
-                    _ => Ok(Outcome::reject("customer unknown")),
-                }
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().retry(short_ladder());
+        let consumer = consume(&conn, &q, options, move |m: &Message| {
+            c.fetch_add(1, Ordering::SeqCst);
+            match m.body.as_slice() {
+                b"poison" => Err(Box::new(FatalError::new("cannot parse order")) as _),
+                b"odd" => Ok(Outcome::park("needs a person")),
+                _ => Ok(Outcome::reject("customer unknown")),
+            }
+        });
         for body in ["poison", "odd", "unknown"] {
             put(&conn, &q, Message::new(body));
         }
@@ -356,28 +435,22 @@ on_both! {
         put(&conn, &q, doomed);
         let accepted = Arc::new(Mutex::new(HashSet::new()));
         let a = accepted.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().concurrency(1).retry(short_ladder()))
-            .unwrap()
-            .start(move |m: &Message| {
-                if m.envelope.attempt == 1 || m.body == b"always" {
-                    panic!("handler bug on {}", m.id());
-                }
-                a.lock().unwrap().insert(m.id().to_string());
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().concurrency(1).retry(short_ladder());
+        let consumer = consume(&conn, &q, options, move |m: &Message| {
+            if m.envelope.attempt == 1 || m.body == b"always" {
+                panic!("handler bug on {}", m.id());
+            }
+            a.lock().unwrap().insert(m.id().to_string());
+            Ok(Outcome::Accept)
+        });
         let dlq = dead_letter_queue(&q);
         assert!(eventually(WAIT, || accepted.lock().unwrap().len() == 3
             && depth(&conn, &dlq) == 1
             && consumer.in_flight() == 0));
         consumer.close().unwrap();
         assert_eq!(*accepted.lock().unwrap(), ids);
-        let dead = drain(&conn, &dlq);
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].id(), doomed_id);
-        assert_eq!(dead[0].envelope.attempt, 3);
-        let error = dead[0].envelope.error.clone().unwrap();
+        let dead = the_dead_letter(&conn, &dlq, &doomed_id, 3);
+        let error = dead.envelope.error.clone().unwrap();
         assert!(error.contains("handler bug on"), "{error}");
         assert_eq!(depth(&conn, &q), 0);
     }
@@ -386,17 +459,13 @@ on_both! {
     /// `expiration` on the wire, and they stay in `.dlq` / `.parked` past it.
     fn dead_lettered_and_parked_copies_do_not_keep_the_originals_expiration(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("eq-no-expiry");
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new())
-            .unwrap()
-            .start(|m: &Message| {
-                Ok(if m.body == b"park" {
-                    Outcome::park("needs a person")
-                } else {
-                    Outcome::reject("no such customer")
-                })
+        let consumer = consume(&conn, &q, ConsumerOptions::new(), |m: &Message| {
+            Ok(if m.body == b"park" {
+                Outcome::park("needs a person")
+            } else {
+                Outcome::reject("no such customer")
             })
-            .unwrap();
+        });
         for body in ["reject", "park"] {
             put(&conn, &q, Message::new(body).with_expiration(Duration::from_secs(600)));
         }
@@ -428,39 +497,24 @@ on_both! {
         let started = Arc::new(Mutex::new(Vec::new()));
         let (release_tx, release_rx) = crossbeam_channel::unbounded::<()>();
         let s = started.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
-            .unwrap()
-            .start(move |m: &Message| {
-                s.lock().unwrap().push(m.id().to_string());
-                let _ = release_rx.recv_timeout(WAIT);
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = || ConsumerOptions::new().prefetch(20).concurrency(2);
+        let consumer = consume(&conn, &q, options(), move |m: &Message| {
+            s.lock().unwrap().push(m.id().to_string());
+            let _ = release_rx.recv_timeout(WAIT);
+            Ok(Outcome::Accept)
+        });
         assert!(eventually(WAIT, || started.lock().unwrap().len() == 2
             && consumer.in_flight() == 20));
-        let closing = std::thread::spawn(move || consumer.close());
-        assert!(
-            eventually(WAIT, || depth(&conn, &q) == 18),
-            "the 18 that never started go back while the 2 run"
-        );
-        drop(release_tx);
-        let report = closing.join().unwrap().unwrap();
-        assert_eq!(report.finished_in_time, 2);
-        assert_eq!(report.requeued, 18);
-        assert_eq!(report.abandoned, 0);
+        close_while_held(&conn, &q, move || consumer.close(), release_tx, (2, 18));
         let finished: HashSet<String> = started.lock().unwrap().iter().cloned().collect();
         assert_eq!(finished.len(), 2, "nothing new started while closing");
         let again = Arc::new(Mutex::new(Vec::new()));
         let a = again.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().prefetch(20).concurrency(2))
-            .unwrap()
-            .start(move |m: &Message| {
-                a.lock().unwrap().push((m.id().to_string(), m.received.as_ref().is_some_and(|r| r.redelivered)));
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let consumer = consume(&conn, &q, options(), move |m: &Message| {
+            let redelivered = m.received.as_ref().is_some_and(|r| r.redelivered);
+            a.lock().unwrap().push((m.id().to_string(), redelivered));
+            Ok(Outcome::Accept)
+        });
         assert!(eventually(WAIT, || again.lock().unwrap().len() == 18
             && consumer.in_flight() == 0
             && depth(&conn, &q) == 0));
@@ -479,27 +533,13 @@ on_both! {
     /// `acemq.retry` to the queue with the same id and attempt 2, and is accepted.
     fn a_thirty_second_wait_is_spent_on_a_rung_and_comes_back(on) {
         let conn = on.connect();
-        let mut clean = on.cleanup();
         let policy = RetryPolicy::fixed(2, RUNG).jitter(0.0);
         assert_eq!(policy.broker_rungs(), vec![RUNG]);
-        let q = clean.consumed_queue(&unique("eq-rung"), &policy.broker_rungs());
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (_clean, q) = consumed_queue(on, &conn, "eq-rung", &policy.broker_rungs());
         let m = Message::new("later");
         let id = m.id().to_string();
-        let attempts = Arc::new(Mutex::new(Vec::new()));
-        let a = attempts.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(policy))
-            .unwrap()
-            .start(move |m: &Message| {
-                a.lock().unwrap().push((m.id().to_string(), m.envelope.attempt));
-                if m.envelope.attempt == 1 {
-                    Err("not yet".into())
-                } else {
-                    Ok(Outcome::Accept)
-                }
-            })
-            .unwrap();
+        let (attempts, handler) = recorded(fails_until(2));
+        let consumer = consume(&conn, &q, ConsumerOptions::new().retry(policy), handler);
         put(&conn, &q, m);
         let rung = retry_queue(&q, RUNG);
         assert!(rung.ends_with(".retry.30s"), "{rung}");
@@ -534,22 +574,17 @@ on_both! {
     /// the error; the message is never on two queues at once and nothing is left behind.
     fn the_ladder_through_a_thirty_second_rung_ends_in_the_dlq(on) {
         let conn = on.connect();
-        let mut clean = on.cleanup();
         let policy = RetryPolicy::fixed(3, RUNG).jitter(0.0);
-        let q = clean.consumed_queue(&unique("eq-rung-dlq"), &policy.broker_rungs());
-        conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+        let (_clean, q) = consumed_queue(on, &conn, "eq-rung-dlq", &policy.broker_rungs());
         let m = Message::new("never");
         let id = m.id().to_string();
         let attempts = Arc::new(Mutex::new(Vec::new()));
         let a = attempts.clone();
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().retry(policy))
-            .unwrap()
-            .start(move |m: &Message| {
-                a.lock().unwrap().push(m.envelope.attempt);
-                Err("still down".into())
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().retry(policy);
+        let consumer = consume(&conn, &q, options, move |m: &Message| {
+            a.lock().unwrap().push(m.envelope.attempt);
+            Err("still down".into())
+        });
         put(&conn, &q, m);
         let rung = retry_queue(&q, RUNG);
         let dlq = dead_letter_queue(&q);
@@ -569,15 +604,12 @@ on_both! {
             && consumer.in_flight() == 0));
         consumer.close().unwrap();
         assert_eq!(*attempts.lock().unwrap(), vec![1, 2, 3]);
-        let dead = drain(&conn, &dlq);
-        assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].id(), id);
-        assert_eq!(dead[0].envelope.attempt, 3);
+        let dead = the_dead_letter(&conn, &dlq, &id, 3);
         assert_eq!(
-            dead[0].envelope.error.as_deref(),
+            dead.envelope.error.as_deref(),
             Some("exhausted 3 attempts: Error: still down")
         );
-        assert_eq!(text_header(&dead[0], "acemq-original-queue").as_deref(), Some(q.as_str()));
+        assert_eq!(text_header(&dead, "acemq-original-queue").as_deref(), Some(q.as_str()));
         assert_eq!(depth(&conn, &rung), 0);
         assert_eq!(depth(&conn, &q), 0);
     }
@@ -614,11 +646,8 @@ on_both! {
             d.fetch_add(1, Ordering::SeqCst);
             Ok(Outcome::Accept)
         });
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(100))
-            .unwrap()
-            .start(handler)
-            .unwrap();
+        let options = ConsumerOptions::new().concurrency(8).prefetch(100);
+        let consumer = consume(&conn, &q, options, handler);
         assert!(
             eventually(WAIT, || done.load(Ordering::SeqCst) == 600 && consumer.in_flight() == 0),
             "handled {} of 600",
@@ -642,27 +671,21 @@ on_both! {
     /// Ordered with `hold_on_retry`: a retried message keeps its key, the later ones of the key
     /// wait until it settles; another key's exhausted message goes to `.dlq` and frees its key.
     fn with_hold_on_retry_later_messages_wait_for_the_retried_one(on) {
-        let (seen, dead) = ordered_retry_scenario(on, true);
         assert_eq!(
-            of_key(&seen, "k"),
+            ordered_retry_scenario(on, true),
             vec![(0, 2), (1, 1), (2, 1)],
             "seqs 1 and 2 waited behind the retry of seq 0"
         );
-        assert_eq!(of_key(&seen, "x"), vec![(11, 1)], "seq 11 ran once seq 10 was dead-lettered");
-        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts and went to .dlq");
     }
 
     /// Ordered without `hold_on_retry`: while a retried message waits, its key is free, and the
     /// later messages of the key overtake it.
     fn without_hold_on_retry_a_later_message_overtakes_a_retried_one(on) {
-        let (seen, dead) = ordered_retry_scenario(on, false);
         assert_eq!(
-            of_key(&seen, "k"),
+            ordered_retry_scenario(on, false),
             vec![(1, 1), (2, 1), (0, 2)],
             "the retry of seq 0 came back after seqs 1 and 2: the key was free while it waited"
         );
-        assert_eq!(of_key(&seen, "x"), vec![(11, 1)]);
-        assert_eq!(seq_of(&dead), 10, "seq 10 exhausted its attempts");
     }
 
     /// At most once (acknowledged before the handler runs): a handler error or panic loses the
@@ -673,25 +696,19 @@ on_both! {
         publish_keyed(&conn, &q, &items);
         let calls = Arc::new(Mutex::new(HashMap::<usize, usize>::new()));
         let c = calls.clone();
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new()
-                    .concurrency(2)
-                    .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0))
-                    .at_most_once(),
-            )
-            .unwrap()
-            .start(move |m: &Message| {
-                let seq = seq_of(m);
-                *c.lock().unwrap().entry(seq).or_insert(0) += 1;
-                match seq % 3 {
-                    0 => Err("boom".into()),
-                    1 => panic!("a panic loses it too"),
-                    _ => Ok(Outcome::Accept),
-                }
-            })
-            .unwrap();
+        let options = ConsumerOptions::new()
+            .concurrency(2)
+            .retry(RetryPolicy::fixed(2, Duration::from_millis(300)).jitter(0.0))
+            .at_most_once();
+        let consumer = consume(&conn, &q, options, move |m: &Message| {
+            let seq = seq_of(m);
+            *c.lock().unwrap().entry(seq).or_insert(0) += 1;
+            match seq % 3 {
+                0 => Err("boom".into()),
+                1 => panic!("a panic loses it too"),
+                _ => Ok(Outcome::Accept),
+            }
+        });
         assert!(eventually(WAIT, || consumer.lost() == 4
             && calls.lock().unwrap().len() == 6
             && consumer.in_flight() == 0));
@@ -716,23 +733,12 @@ on_both! {
             let _ = release_rx.recv_timeout(WAIT);
             Ok(Outcome::Accept)
         });
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().concurrency(4).prefetch(20))
-            .unwrap()
-            .start(handler)
-            .unwrap();
+        let options = ConsumerOptions::new().concurrency(4).prefetch(20);
+        let consumer = consume(&conn, &q, options, handler);
         started_rx.recv_timeout(WAIT).expect("a handler started");
         assert!(eventually(WAIT, || consumer.in_flight() == 10));
-        let closing = std::thread::spawn(move || consumer.close());
-        assert!(
-            eventually(WAIT, || depth(&conn, &q) == 9),
-            "the nine waiting for the key go back while its holder runs"
-        );
-        drop(release_tx);
-        let report = closing.join().unwrap().unwrap();
-        assert_eq!(report.abandoned, 0);
-        assert_eq!(report.finished_in_time, 1, "only the key's holder was running");
-        assert_eq!(report.requeued, 9);
+        // The nine waiting for the key go back while its holder runs.
+        close_while_held(&conn, &q, move || consumer.close(), release_tx, (1, 9));
         assert!(started_rx.try_recv().is_err(), "nothing else started");
         assert_eq!(depth(&conn, &q), 9);
     }
@@ -740,12 +746,7 @@ on_both! {
     /// A pipeline step (`then`) publishes its next message with the consumed message's
     /// correlation and its id as causation, and accepts the consumed one.
     fn the_next_message_carries_the_correlation_and_the_consumed_id_as_causation(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let input = clean.consumed_queue(&unique("eq-then-in"), &[]);
-        let output = clean.consumed_queue(&unique("eq-then-out"), &[]);
-        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
-        conn.declare_queue(&QueueSpec::new(&output)).unwrap();
+        let (conn, _clean, input, output) = step_queues(on, "eq-then-in", "eq-then-out");
         let step = then(conn.publisher().unwrap(), "", output.clone(), |m: &Message| {
             let order: serde_json::Value = m.payload()?;
             Ok(Next::Publish(json!({ "shipped": order["order_id"] })))
@@ -774,12 +775,8 @@ on_both! {
 
     /// `NOTHING` accepts the consumed message and publishes nothing.
     fn nothing_accepts_and_publishes_nothing(on) {
-        let conn = on.connect();
-        let mut clean = on.cleanup();
-        let input = clean.consumed_queue(&unique("eq-then-nothing-in"), &[]);
-        let output = clean.consumed_queue(&unique("eq-then-nothing-out"), &[]);
-        conn.declare_queue(&QueueSpec::new(&input)).unwrap();
-        conn.declare_queue(&QueueSpec::new(&output)).unwrap();
+        let (conn, _clean, input, output) =
+            step_queues(on, "eq-then-nothing-in", "eq-then-nothing-out");
         let calls = Arc::new(AtomicUsize::new(0));
         let c = calls.clone();
         let step = then(conn.publisher().unwrap(), "", output.clone(), move |_: &Message| {
@@ -921,13 +918,7 @@ on_both! {
         assert!(eventually(WAIT, || running.load(Ordering::SeqCst) == 2
             && depth(&conn, &q) == 0
             && group.in_flight() == 8));
-        let closing = std::thread::spawn(move || group.close());
-        assert!(eventually(WAIT, || depth(&conn, &q) == 6));
-        drop(release_tx);
-        let report = closing.join().unwrap().unwrap();
-        assert_eq!(report.finished_in_time, 2);
-        assert_eq!(report.requeued, 6);
-        assert_eq!(report.abandoned, 0);
+        close_while_held(&conn, &q, move || group.close(), release_tx, (2, 6));
         let info = conn.queue_info(&q).unwrap();
         assert_eq!(info.message_count, 6, "the 2 handled were acknowledged");
         assert_eq!(info.consumer_count, 0);

@@ -12,11 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use acemq_amqp::{ConsumerOptions, Message, Outcome};
+use acemq_amqp::health::HealthReport;
+use acemq_amqp::{Connection, ConsumerOptions, Message, Outcome, RunningConsumer};
 use support::{eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// How many messages `q` holds now (`u32::MAX` when it cannot be asked).
 fn depth(conn: &acemq_amqp::Connection, q: &str) -> u32 {
     conn.queue_info(q)
         .map(|i| i.message_count)
@@ -26,10 +28,12 @@ fn depth(conn: &acemq_amqp::Connection, q: &str) -> u32 {
 /// Each id's handler runs, counted.
 type Seen = Arc<Mutex<HashMap<String, u32>>>;
 
+/// Counts a run of `m`'s handler.
 fn count(seen: &Seen, m: &Message) {
     *seen.lock().unwrap().entry(m.id().to_string()).or_default() += 1;
 }
 
+/// How many ids' handlers ran.
 fn total(seen: &Seen) -> usize {
     seen.lock().unwrap().len()
 }
@@ -43,6 +47,49 @@ fn wait_gate(open: &AtomicBool, waiting: &AtomicUsize) {
         std::thread::park_timeout(Duration::from_millis(5));
     }
     waiting.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A consumer of `q` with `options` whose handler waits at a gate (see [`wait_gate`]), then
+/// runs `then` and accepts; the gate's flag, the count of handlers waiting, and the consumer.
+fn gated(
+    conn: &Connection,
+    q: &str,
+    options: ConsumerOptions,
+    then: impl Fn(&Message) + Send + Sync + 'static,
+) -> (Arc<AtomicBool>, Arc<AtomicUsize>, RunningConsumer) {
+    let open = Arc::new(AtomicBool::new(false));
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let (o, w) = (open.clone(), waiting.clone());
+    let consumer = conn
+        .consumer(q, options)
+        .unwrap()
+        .start(move |m: &Message| {
+            wait_gate(&o, &w);
+            then(m);
+            Ok(Outcome::Accept)
+        })
+        .unwrap();
+    (open, waiting, consumer)
+}
+
+/// The health report of the connection's (one) consumer.
+fn consumer_health(conn: &Connection) -> HealthReport {
+    conn.health()
+        .components
+        .iter()
+        .find(|(name, _)| name.starts_with("consumer:"))
+        .map(|(_, r)| r.clone())
+        .expect("the consumer's health")
+}
+
+/// Waits (up to `WAIT`) until `q` is empty and nothing is in flight in `consumer`.
+fn wait_until_all_settled(conn: &Connection, q: &str, consumer: &RunningConsumer) {
+    assert!(
+        eventually(WAIT, || depth(conn, q) == 0 && consumer.in_flight() == 0),
+        "{} on {q}, {} in flight",
+        depth(conn, q),
+        consumer.in_flight()
+    );
 }
 
 on_both! {
@@ -65,13 +112,7 @@ on_both! {
         let report = consumer.pause().unwrap();
         assert_eq!(report.abandoned, 0);
         assert!(consumer.is_paused());
-        let health = conn.health();
-        let part = health
-            .components
-            .iter()
-            .find(|(name, _)| name.starts_with("consumer:"))
-            .map(|(_, r)| r.clone())
-            .expect("the consumer's health");
+        let part = consumer_health(&conn);
         assert_eq!(part.parts["paused"], serde_json::json!(true), "{part:?}");
         ids.extend(publish_n(&conn, &q, 20, true));
         // Published and confirmed while paused: all still on the queue, none handled.
@@ -94,19 +135,10 @@ on_both! {
     fn a_pause_lets_the_running_handler_finish_and_gives_back_the_prefetched(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("flow-pause-busy");
         let seen: Seen = Default::default();
-        let open = Arc::new(AtomicBool::new(false));
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let (s, o, w) = (seen.clone(), open.clone(), waiting.clone());
+        let s = seen.clone();
         let ids = publish_n(&conn, &q, 5, true);
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().prefetch(5).concurrency(1))
-            .unwrap()
-            .start(move |m: &Message| {
-                wait_gate(&o, &w);
-                count(&s, m);
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().prefetch(5).concurrency(1);
+        let (open, waiting, consumer) = gated(&conn, &q, options, move |m| count(&s, m));
         assert!(eventually(WAIT, || waiting.load(Ordering::SeqCst) == 1));
         std::thread::scope(|scope| {
             let pausing = scope.spawn(|| consumer.pause().unwrap());
@@ -131,17 +163,8 @@ on_both! {
     /// and its health says so.
     fn scale_to_changes_how_many_handlers_run_at_once(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("flow-scale");
-        let open = Arc::new(AtomicBool::new(false));
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let (o, w) = (open.clone(), waiting.clone());
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().prefetch(8).concurrency(1))
-            .unwrap()
-            .start(move |_: &Message| {
-                wait_gate(&o, &w);
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().prefetch(8).concurrency(1);
+        let (open, waiting, consumer) = gated(&conn, &q, options, |_| {});
         consumer.scale_to(4).unwrap();
         publish_n(&conn, &q, 8, true);
         assert!(
@@ -149,16 +172,10 @@ on_both! {
             "four handlers at once: {}",
             waiting.load(Ordering::SeqCst)
         );
-        let health = conn.health();
-        let part = health
-            .components
-            .iter()
-            .find(|(name, _)| name.starts_with("consumer:"))
-            .map(|(_, r)| r.clone())
-            .unwrap();
+        let part = consumer_health(&conn);
         assert_eq!(part.parts["concurrency"], serde_json::json!(4));
         open.store(true, Ordering::SeqCst);
-        assert!(eventually(WAIT, || depth(&conn, &q) == 0 && consumer.in_flight() == 0));
+        wait_until_all_settled(&conn, &q, &consumer);
         assert_eq!(consumer.close().unwrap().handled, 8);
         assert!(conn.consumer(&q, ConsumerOptions::new()).is_ok());
     }
@@ -167,17 +184,8 @@ on_both! {
     /// ahead; back to 10, it sends ten.
     fn set_prefetch_bounds_what_the_broker_sends_ahead(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("flow-prefetch");
-        let open = Arc::new(AtomicBool::new(false));
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let (o, w) = (open.clone(), waiting.clone());
-        let consumer = conn
-            .consumer(&q, ConsumerOptions::new().prefetch(10).concurrency(1))
-            .unwrap()
-            .start(move |_: &Message| {
-                wait_gate(&o, &w);
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = ConsumerOptions::new().prefetch(10).concurrency(1);
+        let (open, _, consumer) = gated(&conn, &q, options, |_| {});
         consumer.set_prefetch(3).unwrap();
         publish_n(&conn, &q, 20, true);
         assert!(eventually(WAIT, || consumer.in_flight() == 3 && depth(&conn, &q) == 17));
@@ -189,7 +197,7 @@ on_both! {
             open.store(true, Ordering::SeqCst);
             changing.join().unwrap().unwrap();
         });
-        assert!(eventually(WAIT, || depth(&conn, &q) == 0 && consumer.in_flight() == 0));
+        wait_until_all_settled(&conn, &q, &consumer);
         assert_eq!(consumer.close().unwrap().handled, 20);
     }
 
@@ -197,22 +205,10 @@ on_both! {
     /// message given back to the queue, and `drain` returns at its deadline.
     fn drain_gives_back_a_handler_still_running_at_its_deadline(on) {
         let (conn, _clean, q) = on.declared_consumed_queue("flow-drain");
-        let open = Arc::new(AtomicBool::new(false));
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let (o, w) = (open.clone(), waiting.clone());
-        let consumer = conn
-            .consumer(
-                &q,
-                ConsumerOptions::new()
-                    .prefetch(1)
-                    .shutdown_timeout(Duration::from_secs(60)),
-            )
-            .unwrap()
-            .start(move |_: &Message| {
-                wait_gate(&o, &w);
-                Ok(Outcome::Accept)
-            })
-            .unwrap();
+        let options = ConsumerOptions::new()
+            .prefetch(1)
+            .shutdown_timeout(Duration::from_secs(60));
+        let (open, waiting, consumer) = gated(&conn, &q, options, |_| {});
         publish_n(&conn, &q, 1, true);
         assert!(eventually(WAIT, || waiting.load(Ordering::SeqCst) == 1));
         let began = Instant::now();
@@ -232,7 +228,7 @@ on_both! {
             .start(|_: &Message| Ok(Outcome::Accept))
             .unwrap();
         publish_n(&conn, &q, 3, true);
-        assert!(eventually(WAIT, || depth(&conn, &q) == 0 && consumer.in_flight() == 0));
+        wait_until_all_settled(&conn, &q, &consumer);
         consumer.pause().unwrap();
         let stop = consumer.stop_handle();
         stop.stop();

@@ -18,6 +18,7 @@ use acemq_amqp::patterns::outbox::{
     record_message, OutboxRelay, OutboxRelayOptions, OutboxStore, SqlOutboxStore,
     SqlOutboxStoreOptions,
 };
+use acemq_amqp::patterns::request_reply::{Requester, RequesterOptions, RunningRequester};
 use acemq_amqp::{
     dead_letter_queue, Connection, ConnectionOptions, ConsumerOptions, Message, Outcome, QueueSpec,
     RetryPolicy,
@@ -63,6 +64,19 @@ impl Observer for Watch {
 }
 
 impl Watch {
+    /// The one settlement of message `id` (asserted to be one): its error, empty if none.
+    fn the_one_error(&self, id: &str) -> String {
+        let settled = self
+            .settled
+            .lock()
+            .unwrap()
+            .get(id)
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(settled.len(), 1, "{settled:?}");
+        settled[0].1.clone().unwrap_or_default()
+    }
+
     /// The connection was never lost nor made again.
     fn assert_never_lost(&self, conn: &Connection) {
         assert_eq!(
@@ -79,6 +93,7 @@ impl Watch {
     }
 }
 
+/// A connection to the tests' broker that reports to a [`Watch`], and the watch.
 fn watched() -> (Connection, Watch) {
     let watch = Watch::default();
     let conn = connect_with(
@@ -177,11 +192,7 @@ fn a_header_frame_of_exactly_the_frame_limit_goes_through_and_one_byte_more_is_r
         limit - 10,
     );
     publisher.publish("", &q, long_body).unwrap();
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 2));
+    support::wait_for_count(&conn, &q, 2, WAIT);
     watch.assert_never_lost(&conn);
     publisher.close().unwrap();
 }
@@ -287,13 +298,36 @@ fn consume(
 /// Publishes the big message (its header frame `size` bytes) and a small one behind it.
 fn publish_big_then_small(conn: &Connection, q: &str, size: usize) -> String {
     let big = padded_to(conn, Message::new("big"), "app-pad", q, size).with_header("kept-small", 1);
-    let big = padded_to(conn, big, "app-pad", q, size);
+    publish_then_small(conn, q, padded_to(conn, big, "app-pad", q, size))
+}
+
+/// Publishes `big` and a small message behind it to `q`; returns `big`'s id.
+fn publish_then_small(conn: &Connection, q: &str, big: Message) -> String {
     let id = big.id().to_string();
     let publisher = conn.publisher().unwrap();
     publisher.publish("", q, big).unwrap();
     publisher.publish("", q, Message::new("small")).unwrap();
     publisher.close().unwrap();
     id
+}
+
+/// Waits (up to `WAIT`) until `q`'s `.dlq` holds a message and the small one was handled (it
+/// is in `calls`); fails showing the calls and the connection's losses. Returns the `.dlq`.
+fn wait_for_a_dead_letter_and_the_small_one(
+    conn: &Connection,
+    q: &str,
+    calls: &Calls,
+    watch: &Watch,
+) -> String {
+    let dlq = dead_letter_queue(q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
+            && calls.lock().unwrap().contains_key("small")),
+        "the copy that cannot fit ends in .dlq; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        watch.lost.load(Ordering::SeqCst)
+    );
+    dlq
 }
 
 /// The trimmed copy in `.dlq`: the body and the family's headers kept, application headers
@@ -338,14 +372,7 @@ fn big_then_small_ends_trimmed(
     also: impl FnOnce(),
 ) {
     let id = publish_big_then_small(conn, q, conn.frame_max() - 40);
-    let dlq = dead_letter_queue(q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
-            && calls.lock().unwrap().contains_key("small")),
-        "the copy that cannot fit ends in .dlq; seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        watch.lost.load(Ordering::SeqCst)
-    );
+    wait_for_a_dead_letter_and_the_small_one(conn, q, calls, watch);
     consumer.close().unwrap();
     assert_trimmed(conn, q, &id, reason_part);
     let seen = calls.lock().unwrap().clone();
@@ -476,10 +503,8 @@ fn a_dead_letter_copy_over_the_frame_limit_goes_to_the_dlq_trimmed() {
 #[test]
 fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering() {
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("frame-untrimmable"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).with_dead_letter())
-        .unwrap();
+    let (_clean, q) =
+        support::consumed_queue_on(&conn, "frame-untrimmable", QueueSpec::with_dead_letter);
     let (consumer, calls) = consume(&conn, &q, ConsumerOptions::new(), || {
         Outcome::reject("not for us")
     });
@@ -491,19 +516,8 @@ fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering
         &q,
         conn.frame_max() - 40,
     );
-    let id = big.id().to_string();
-    let publisher = conn.publisher().unwrap();
-    publisher.publish("", &q, big).unwrap();
-    publisher.publish("", &q, Message::new("small")).unwrap();
-    publisher.close().unwrap();
-    let dlq = dead_letter_queue(&q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1
-            && calls.lock().unwrap().contains_key("small")),
-        "seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        watch.lost.load(Ordering::SeqCst)
-    );
+    let id = publish_then_small(&conn, &q, big);
+    let dlq = wait_for_a_dead_letter_and_the_small_one(&conn, &q, &calls, &watch);
     consumer.close().unwrap();
     // The broker dead-lettered the original itself (its copy, with `x-death`, is not read
     // here: its header frame is over the limit now).
@@ -512,18 +526,10 @@ fn a_copy_that_cannot_fit_even_trimmed_is_rejected_to_the_brokers_dead_lettering
     let calls = calls.lock().unwrap().clone();
     assert_eq!(calls.get("big"), Some(&1), "{calls:?}");
     assert_eq!(calls.get("small"), Some(&1), "{calls:?}");
-    let settled = watch
-        .settled
-        .lock()
-        .unwrap()
-        .get(&id)
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(settled.len(), 1, "{settled:?}");
-    let error = settled[0].1.clone().unwrap_or_default();
+    let error = watch.the_one_error(&id);
     assert!(
         error.contains("frame limit") && error.contains("rejected"),
-        "the reason reported: {settled:?}"
+        "the reason reported: {error}"
     );
     watch.assert_never_lost(&conn);
 }
@@ -564,6 +570,26 @@ fn pong_responder(
     (responder, conn, watch, calls)
 }
 
+/// A started requester on `conn` with `options`, its requests to `q`.
+fn requester(conn: &Connection, q: &str, options: RequesterOptions) -> RunningRequester {
+    Requester::new(conn, options.routing_key(q))
+        .and_then(Requester::start)
+        .unwrap()
+}
+
+/// Waits (up to `WAIT`) until the request is dead-lettered to `q`'s `.dlq`; fails showing the
+/// responder's `calls` and lost connections if it is not. Returns the `.dlq`.
+fn wait_dead_lettered(conn: &Connection, q: &str, calls: &Calls, responder: &Watch) -> String {
+    let dlq = dead_letter_queue(q);
+    assert!(
+        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
+        "the request is dead-lettered; seen {:?}, {} lost",
+        calls.lock().unwrap(),
+        responder.lost.load(Ordering::SeqCst)
+    );
+    dlq
+}
+
 /// A request whose header frame cannot fit is refused at once, before anything is sent: the
 /// connection stays up, the call is forgotten (with a window of one, the next call finds room)
 /// and the next request is answered.
@@ -572,15 +598,10 @@ fn a_request_too_large_for_the_frame_is_refused_at_once_and_the_requester_goes_o
     let (conn, watch) = watched();
     let (_clean, q) = support::consumed_queue_on(&conn, "frame-request", |spec| spec);
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
-    let requester = acemq_amqp::patterns::request_reply::Requester::new(
-        &conn,
-        acemq_amqp::patterns::request_reply::RequesterOptions::new()
-            .window(1)
-            .timeout(Duration::from_secs(10))
-            .routing_key(&q),
-    )
-    .and_then(acemq_amqp::patterns::request_reply::Requester::start)
-    .unwrap();
+    let options = RequesterOptions::new()
+        .window(1)
+        .timeout(Duration::from_secs(10));
+    let requester = requester(&conn, &q, options);
 
     let big = Message::new("small").with_header("big", "x".repeat(200_000));
     let e = requester.ask(big).unwrap_err();
@@ -626,15 +647,11 @@ fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
     let (conn, watch) = watched();
     let (mut clean, q) = support::consumed_queue_on(&conn, "frame-reply", |spec| spec);
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
-    let mut options = acemq_amqp::patterns::request_reply::RequesterOptions::new()
-        .timeout(Duration::from_secs(10));
+    let mut options = RequesterOptions::new().timeout(Duration::from_secs(10));
     if named {
         options = options.reply_queue(clean.queue(&unique("frame-reply-to")));
     }
-    let requester =
-        acemq_amqp::patterns::request_reply::Requester::new(&conn, options.routing_key(&q))
-            .and_then(acemq_amqp::patterns::request_reply::Requester::start)
-            .unwrap();
+    let requester = requester(&conn, &q, options);
 
     let request = Message::new("big");
     let id = request.id().to_string();
@@ -653,13 +670,7 @@ fn a_reply_too_large_for_the_frame_sends_the_failure_reply(named: bool) {
         .expect("the next request is answered");
     assert_eq!(reply.body, b"pong");
 
-    let dlq = dead_letter_queue(&q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
-        "the request is dead-lettered; seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        responder_watch.lost.load(Ordering::SeqCst)
-    );
+    let dlq = wait_dead_lettered(&conn, &q, &calls, &responder_watch);
     requester.close().unwrap();
     responder.close().unwrap();
     let copy = conn.get(&dlq).unwrap().expect("the request's copy");
@@ -698,10 +709,11 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
     use acemq_amqp::headers;
     use amiquip::{AmqpProperties, AmqpValue, FieldTable};
     let (conn, watch) = watched();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("frame-reply-correlation"), &[]);
-    conn.declare_queue(&QueueSpec::new(&q).with_dead_letter())
-        .unwrap();
+    let (_clean, q) = support::consumed_queue_on(
+        &conn,
+        "frame-reply-correlation",
+        QueueSpec::with_dead_letter,
+    );
     let (responder, responder_conn, responder_watch, calls) = pong_responder(&q);
     let raw = support::raw::Raw::open();
     // A transient reply queue as the family's requesters declare theirs.
@@ -729,20 +741,9 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
     );
     raw.publish("", &q, b"huge-correlation", request);
 
-    let dlq = dead_letter_queue(&q);
-    assert!(
-        eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count >= 1),
-        "the request is dead-lettered; seen {:?}, {} lost",
-        calls.lock().unwrap(),
-        responder_watch.lost.load(Ordering::SeqCst)
-    );
+    let dlq = wait_dead_lettered(&conn, &q, &calls, &responder_watch);
     // The responder goes on.
-    let requester = acemq_amqp::patterns::request_reply::Requester::new(
-        &conn,
-        acemq_amqp::patterns::request_reply::RequesterOptions::new().routing_key(&q),
-    )
-    .and_then(acemq_amqp::patterns::request_reply::Requester::start)
-    .unwrap();
+    let requester = support::requester(&conn, &q);
     let reply = requester
         .ask_timeout(Message::new("small"), WAIT)
         .expect("the next request is answered");
@@ -758,18 +759,10 @@ fn a_request_whose_correlation_id_leaves_no_room_for_a_reply_is_dead_lettered_un
         Some(&1),
         "handled once: {calls:?}"
     );
-    let settled = responder_watch
-        .settled
-        .lock()
-        .unwrap()
-        .get(&id)
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(settled.len(), 1, "{settled:?}");
-    let error = settled[0].1.clone().unwrap_or_default();
+    let error = responder_watch.the_one_error(&id);
     assert!(
         error.contains("reply could not be sent") && error.contains("frame limit"),
-        "the reason reported: {settled:?}"
+        "the reason reported: {error}"
     );
     watch.assert_never_lost(&conn);
     responder_watch.assert_never_lost(&responder_conn);

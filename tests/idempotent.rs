@@ -15,8 +15,8 @@ use acemq_amqp::patterns::idempotent::{idempotent, idempotent_tx, IdempotentOpti
 use acemq_amqp::patterns::outbox::{record, SqlOutboxStore, SqlOutboxStoreOptions};
 use acemq_amqp::sql::{checkout, PostgresConnectionManager, Sql, Value};
 use acemq_amqp::{
-    ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Outcome, QueueSpec,
-    RetryPolicy,
+    Connection, ConnectionOptions, ConsumerOptions, Handler, JsonCodec, Message, Outcome,
+    QueueSpec, RetryPolicy,
 };
 use support::db::{self, Backend, Db};
 use support::{connect, connect_with, eventually, unique, Cleanup};
@@ -32,18 +32,49 @@ fn quick_retries(attempts: u32) -> RetryPolicy {
         .jitter(0.0)
 }
 
+/// A consumer of `q` running `handler` with [`quick_retries`] of `attempts`.
+fn consume_retrying(
+    conn: &Connection,
+    q: &str,
+    attempts: u32,
+    handler: impl Handler + Send + Sync + 'static,
+) -> acemq_amqp::RunningConsumer {
+    conn.consumer(q, ConsumerOptions::new().retry(quick_retries(attempts)))
+        .unwrap()
+        .start(handler)
+        .unwrap()
+}
+
 /// Publishes `body` to `q` through the default exchange.
-fn send(conn: &acemq_amqp::Connection, q: &str, body: &str) {
+fn send(conn: &Connection, q: &str, body: &str) {
     conn.publisher()
         .unwrap()
         .publish("", q, Message::new(body))
         .unwrap();
 }
 
+/// The retry rungs of the tests' queues: 100 ms and 200 ms.
 fn rungs() -> Vec<Duration> {
     vec![Duration::from_millis(100), Duration::from_millis(200)]
 }
 
+/// On `conn`: the clean-up and a consumed queue named after `prefix` (its rungs, [`rungs`],
+/// cleaned up too), declared with the defaults.
+fn queue_on(conn: &Connection, prefix: &str) -> (Cleanup, String) {
+    let mut clean = Cleanup::new(conn);
+    let q = clean.consumed_queue(&unique(prefix), &rungs());
+    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    (clean, q)
+}
+
+/// [`queue_on`] a connection of its own: the connection, the clean-up and the queue.
+fn declared_queue(prefix: &str) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let (clean, q) = queue_on(&conn, prefix);
+    (conn, clean, q)
+}
+
+/// A table of the test's own for its effects (`key`, `note`), created.
 fn effects_table(db: &Db) -> String {
     let t = db.table("effects");
     db.connect()
@@ -55,6 +86,7 @@ fn effects_table(db: &Db) -> String {
     t
 }
 
+/// An idempotency store with a table of the test's own and claims leased for `lease`.
 fn store(db: &Db, lease: Duration) -> SqlIdempotencyStore {
     let s = SqlIdempotencyStore::open(
         db.factory(),
@@ -82,10 +114,7 @@ fn duplicate_delivery_applies_the_effect_once(db: &Db) {
 }
 
 fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-retry"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = declared_queue("idem-retry");
     let effects = effects_table(db);
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let a = attempts.clone();
@@ -106,11 +135,7 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
         },
         IdempotentOptions::default(),
     );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(quick_retries(5)))
-        .unwrap()
-        .start(handler)
-        .unwrap();
+    let consumer = consume_retrying(&conn, &q, 5, handler);
     send(&conn, &q, "x");
     assert!(eventually(WAIT, || attempts.lock().unwrap().len() == 3));
     std::thread::sleep(Duration::from_millis(200));
@@ -124,10 +149,7 @@ fn a_failed_attempt_gives_the_claim_back_so_the_retry_runs(db: &Db) {
 }
 
 fn a_claim_held_by_a_live_lease_is_in_progress(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-busy"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = declared_queue("idem-busy");
     let store = Arc::new(store(db, Duration::from_secs(60)));
     let message = Message::new("x");
     let key = message.id().to_string();
@@ -237,6 +259,7 @@ fn tx_handler(
     })
 }
 
+/// An outbox store on `factory` with the table `table` (not created).
 fn outbox_store(
     factory: impl Fn() -> acemq_amqp::Result<db::Conn> + Send + Sync + 'static,
     table: &str,
@@ -295,10 +318,7 @@ fn crash_after_commit_before_ack_records_the_next_message_once(db: &Db) {
 }
 
 fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-crash"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = declared_queue("idem-crash");
     let effects = effects_table(db);
     let store = Arc::new(store(db, Duration::from_secs(30)));
     let idem_table = store.table().to_string();
@@ -374,10 +394,7 @@ fn crash_between_commit_and_ack(db: &Db, with_outbox: bool) {
 }
 
 fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-tx-fail"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (conn, _clean, q) = declared_queue("idem-tx-fail");
     let effects = effects_table(db);
     let store = Arc::new(store(db, Duration::from_secs(30)));
     let attempts = Arc::new(AtomicUsize::new(0));
@@ -390,11 +407,7 @@ fn the_transactional_form_rolls_back_work_with_the_claim(db: &Db) {
         }
         Ok(Outcome::Accept)
     });
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
-        .unwrap()
-        .start(handler)
-        .unwrap();
+    let consumer = consume_retrying(&conn, &q, 3, handler);
     send(&conn, &q, "x");
     assert!(eventually(WAIT, || attempts.load(Ordering::SeqCst) == 2));
     std::thread::sleep(Duration::from_millis(200));
@@ -434,7 +447,8 @@ impl Observer for Settled {
     }
 }
 
-fn observed() -> (acemq_amqp::Connection, Settled) {
+/// A connection to the tests' broker whose consumers' settlements are [`Settled`].
+fn observed() -> (Connection, Settled) {
     let settled = Settled::default();
     let conn = connect_with(
         ConnectionOptions::new()
@@ -461,9 +475,7 @@ fn state_of(conn: &mut dyn Sql, table: &str, key: &str) -> Option<String> {
 /// redelivery of B's copy is absorbed as a duplicate instead of running the effect again.
 fn a_lease_taken_over_mid_handler_keeps_the_first_receipt(db: &Db) {
     let (conn, settled) = observed();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-fence"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = queue_on(&conn, "idem-fence");
     let effects = effects_table(db);
     let store = Arc::new(store(db, Duration::from_millis(500)));
     let idem_table = store.table().to_string();
@@ -539,9 +551,7 @@ fn a_lease_taken_over_mid_handler_keeps_the_first_receipt(db: &Db) {
 /// Handle a message and record the next one, in one transaction: the shape of every service.
 fn consume_then_record_in_one_transaction(db: &Db) {
     let (conn, settled) = observed();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-tx-record"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
+    let (_clean, q) = queue_on(&conn, "idem-tx-record");
     let effects = effects_table(db);
     let outbox = Arc::new(
         SqlOutboxStore::open(
@@ -594,11 +604,7 @@ fn consume_then_record_in_one_transaction(db: &Db) {
         Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     };
     let handler = move |m: &Message| handler.handle(m);
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().retry(quick_retries(3)))
-        .unwrap()
-        .start(handler)
-        .unwrap();
+    let consumer = consume_retrying(&conn, &q, 3, handler);
     send(&conn, &q, "order");
     assert!(
         eventually(WAIT, || settled.count("accept")
@@ -754,16 +760,12 @@ fn kill_connections(db: &Db, app: &str) -> usize {
 /// Publishes one message to a consumer running `handler` (five attempts) and returns how the
 /// consumer settled it once it was accepted or dead-lettered.
 fn settle_one(
-    conn: &acemq_amqp::Connection,
+    conn: &Connection,
     settled: &Settled,
     q: &str,
     handler: impl Handler + Send + Sync + 'static,
 ) -> Vec<(String, u32)> {
-    let consumer = conn
-        .consumer(q, ConsumerOptions::new().retry(quick_retries(5)))
-        .unwrap()
-        .start(handler)
-        .unwrap();
+    let consumer = consume_retrying(conn, q, 5, handler);
     conn.publisher()
         .unwrap()
         .publish("", q, Message::new("after the restart"))
@@ -784,25 +786,21 @@ fn settle_one(
     settled.all()
 }
 
-/// A database restart kills the pool's idle connections: a message handled afterwards must not
-/// pay a delivery attempt for each dead connection (it never ran), let alone be dead-lettered.
-#[test]
-fn a_database_restart_costs_no_delivery_attempt() {
-    let db = Db::postgres();
+/// Consumes one message on a queue named after `prefix` with `idempotent_tx` on `pool` (the
+/// effect a row) and asserts it was accepted at its first attempt, its effect written once.
+fn assert_handled_at_the_first_attempt_on(
+    db: &Db,
+    pool: &r2d2::Pool<PostgresConnectionManager<postgres::NoTls>>,
+    prefix: &str,
+) {
     let (conn, settled) = observed();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-pg-restart"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let effects = effects_table(&db);
-    let store = Arc::new(store(&db, Duration::from_secs(30)));
-    // Eight idle connections in the pool, all killed.
-    let (pool, app) = pg_pool(8, true);
-    assert_eq!(pool.state().idle_connections, 8);
-    assert_eq!(kill_connections(&db, &app), 8);
+    let (_clean, q) = queue_on(&conn, prefix);
+    let effects = effects_table(db);
+    let store = Arc::new(store(db, Duration::from_secs(30)));
     let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
     let handler = idempotent_tx(
         store,
-        checkout(&pool),
+        checkout(pool),
         move |m: &Message, tx: &mut postgres::Transaction<'_>| {
             tx.execute(&insert, &[&m.id()])?;
             Ok(Outcome::Accept)
@@ -817,36 +815,27 @@ fn a_database_restart_costs_no_delivery_attempt() {
     assert_eq!(db.count(&effects), 1);
 }
 
+/// A database restart kills the pool's idle connections: a message handled afterwards must not
+/// pay a delivery attempt for each dead connection (it never ran), let alone be dead-lettered.
+#[test]
+fn a_database_restart_costs_no_delivery_attempt() {
+    let db = Db::postgres();
+    // Eight idle connections in the pool, all killed.
+    let (pool, app) = pg_pool(8, true);
+    assert_eq!(pool.state().idle_connections, 8);
+    assert_eq!(kill_connections(&db, &app), 8);
+    assert_handled_at_the_first_attempt_on(&db, &pool, "idem-pg-restart");
+}
+
 /// A pool that does not test connections on checkout hands out a dead one: its `BEGIN` fails
 /// before the handler ran, and the step is retried on a fresh connection without spending the
 /// message's attempt.
 #[test]
 fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
     let db = Db::postgres();
-    let (conn, settled) = observed();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("idem-pg-begin"), &rungs());
-    conn.declare_queue(&QueueSpec::new(&q)).unwrap();
-    let effects = effects_table(&db);
-    let store = Arc::new(store(&db, Duration::from_secs(30)));
     let (pool, app) = pg_pool(1, false);
     assert_eq!(kill_connections(&db, &app), 1);
-    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
-    let handler = idempotent_tx(
-        store,
-        checkout(&pool),
-        move |m: &Message, tx: &mut postgres::Transaction<'_>| {
-            tx.execute(&insert, &[&m.id()])?;
-            Ok(Outcome::Accept)
-        },
-        IdempotentOptions::default(),
-    );
-    assert_eq!(
-        settle_one(&conn, &settled, &q, handler),
-        vec![("accept".to_string(), 1)],
-        "handled at its first attempt"
-    );
-    assert_eq!(db.count(&effects), 1);
+    assert_handled_at_the_first_attempt_on(&db, &pool, "idem-pg-begin");
 }
 
 on_both_databases!(

@@ -15,7 +15,8 @@ use acemq_amqp::patterns::idempotent::{
 };
 use acemq_amqp::sql::Sql;
 use acemq_amqp::{
-    dead_letter_queue, ConsumerOptions, FatalError, Handler, HandlerResult, Message, Outcome,
+    dead_letter_queue, Connection, ConsumerOptions, FatalError, Handler, HandlerResult, Message,
+    Outcome, RunningConsumer,
 };
 use support::db::{self, Backend, Db};
 use support::idem::{effects_table, keys, record_effect, recorder, store, Forward, OnCommit};
@@ -35,40 +36,27 @@ fn batched(
     on_commit: OnCommit,
     work: Arc<Work>,
 ) -> (Box<dyn Handler + Send + Sync>, DuplicateCount) {
-    let c = on_commit.clone();
+    let batching = IdempotentTxBatchOptions::default()
+        .max_messages(max)
+        .max_wait(wait)
+        .on_commit(move |n| on_commit(n));
+    let options = IdempotentOptions::default();
     match backend {
         Backend::Sqlite => {
             let path = sqlite_path.to_path_buf();
-            let h = idempotent_tx(
-                store,
-                move || db::sqlite_open(&path),
-                move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
-                IdempotentOptions::default(),
-            )
-            .batch(
-                IdempotentTxBatchOptions::default()
-                    .max_messages(max)
-                    .max_wait(wait)
-                    .on_commit(move |n| c(n)),
-            )
-            .unwrap();
+            let connect = move || db::sqlite_open(&path);
+            let work = move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx);
+            let h = idempotent_tx(store, connect, work, options)
+                .batch(batching)
+                .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
         Backend::Postgres => {
-            let h = idempotent_tx(
-                store,
-                db::pg_connect,
-                move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
-                IdempotentOptions::default(),
-            )
-            .batch(
-                IdempotentTxBatchOptions::default()
-                    .max_messages(max)
-                    .max_wait(wait)
-                    .on_commit(move |n| c(n)),
-            )
-            .unwrap();
+            let work = move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx);
+            let h = idempotent_tx(store, db::pg_connect, work, options)
+                .batch(batching)
+                .unwrap();
             let d = h.duplicates();
             (Box::new(h), d)
         }
@@ -76,6 +64,45 @@ fn batched(
     }
 }
 
+/// [`batched`] on `db` with its commit sizes recorded: the handler, its duplicate count, and
+/// the commits so far.
+fn batched_on(
+    db: &Db,
+    store: Arc<SqlIdempotencyStore>,
+    (max, wait): (usize, Duration),
+    work: Arc<Work>,
+) -> (
+    Box<dyn Handler + Send + Sync>,
+    DuplicateCount,
+    Arc<Mutex<Vec<usize>>>,
+) {
+    let (commits, on_commit) = recorder();
+    let (handler, duplicates) = batched(
+        (db.backend, db.sqlite_path()),
+        store,
+        max,
+        wait,
+        on_commit,
+        work,
+    );
+    (handler, duplicates, commits)
+}
+
+/// A consumer of `q` prefetching `prefetch` that hands the batched `handler` its batches (one
+/// worker gathers them).
+fn consume_batches(
+    conn: &Connection,
+    q: &str,
+    prefetch: u16,
+    handler: Box<dyn Handler + Send + Sync>,
+) -> RunningConsumer {
+    conn.consumer(q, ConsumerOptions::new().prefetch(prefetch))
+        .unwrap()
+        .start(Forward(handler))
+        .unwrap()
+}
+
+/// The work of the tests' handlers: the message's effect recorded in `effects`, accepted.
 fn effect_work(effects: &str) -> Arc<Work> {
     let effects = effects.to_string();
     Arc::new(move |m: &Message, tx: &mut dyn Sql| {
@@ -91,20 +118,11 @@ fn backlog(db: &Db, gathered_by_worker: bool) {
     let (conn, _clean, q) = support::declared_consumed_queue("idem-batch");
     let effects = effects_table(db);
     let ids = publish_n(&conn, &q, 64, false);
-    let (commits, on_commit) = recorder();
-    let (handler, duplicates) = batched(
-        (db.backend, db.sqlite_path()),
-        store(db),
-        8,
-        Duration::from_millis(200),
-        on_commit,
-        effect_work(&effects),
-    );
+    let work = effect_work(&effects);
+    let (handler, duplicates, commits) =
+        batched_on(db, store(db), (8, Duration::from_millis(200)), work);
     let consumer = if gathered_by_worker {
-        conn.consumer(&q, ConsumerOptions::new().prefetch(16))
-            .unwrap()
-            .start(Forward(handler))
-            .unwrap()
+        consume_batches(&conn, &q, 16, handler)
     } else {
         conn.consumer(&q, ConsumerOptions::new().concurrency(8).prefetch(16))
             .unwrap()
@@ -157,7 +175,6 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
             .publish("", &q, Message::new(body).with_type("test"))
             .unwrap();
     }
-    let (commits, on_commit) = recorder();
     let e = effects.clone();
     let calls = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
     let c = calls.clone();
@@ -173,29 +190,14 @@ fn a_failing_message_rolls_back_alone(db: &Db) {
     });
     let store = store(db);
     let idem_table = store.table().to_string();
-    let (handler, _) = batched(
-        (db.backend, db.sqlite_path()),
-        store,
-        4,
-        Duration::from_secs(10),
-        on_commit,
-        work,
-    );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().prefetch(4))
-        .unwrap()
-        .start(Forward(handler))
-        .unwrap();
+    let (handler, _, commits) = batched_on(db, store, (4, Duration::from_secs(10)), work);
+    let consumer = consume_batches(&conn, &q, 4, handler);
     let dlq = dead_letter_queue(&q);
     assert!(
         eventually(WAIT, || conn.queue_info(&dlq).unwrap().message_count == 2),
         "the two failures are dead-lettered"
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     assert!(eventually(WAIT, || consumer.in_flight() == 0));
     assert_eq!(
         commits.lock().unwrap().clone(),
@@ -271,28 +273,14 @@ fn duplicates_in_and_after_a_batch_are_absorbed(db: &Db) {
     let m = Message::new("once");
     publisher.publish("", &q, m.clone()).unwrap();
     publisher.publish("", &q, m.clone()).unwrap();
-    let (commits, on_commit) = recorder();
-    let (handler, duplicates) = batched(
-        (db.backend, db.sqlite_path()),
-        store(db),
-        2,
-        Duration::from_secs(10),
-        on_commit,
-        effect_work(&effects),
-    );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().prefetch(2))
-        .unwrap()
-        .start(Forward(handler))
-        .unwrap();
+    let work = effect_work(&effects);
+    let (handler, duplicates, commits) =
+        batched_on(db, store(db), (2, Duration::from_secs(10)), work);
+    let consumer = consume_batches(&conn, &q, 2, handler);
     assert!(eventually(WAIT, || commits.lock().unwrap().len() == 1));
     publisher.publish("", &q, m.clone()).unwrap();
     assert!(eventually(WAIT, || duplicates.get() == 2));
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     consumer.close().unwrap();
     assert_eq!(keys(db, &effects), vec![m.id().to_string()]);
     assert_eq!(commits.lock().unwrap()[0], 2, "both in the first batch");
@@ -372,31 +360,17 @@ fn crash_in_a_batch(db: &Db, mode: &str) {
     }
 
     // Restart: all four are redelivered; each effect ends up applied exactly once.
-    let (commits, on_commit) = recorder();
-    let (handler, duplicates) = batched(
-        (db.backend, db.sqlite_path()),
-        store,
-        4,
-        Duration::from_millis(200),
-        on_commit,
-        effect_work(&effects),
-    );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().prefetch(4))
-        .unwrap()
-        .start(Forward(handler))
-        .unwrap();
+    let work = effect_work(&effects);
+    let (handler, duplicates, commits) =
+        batched_on(db, store, (4, Duration::from_millis(200)), work);
+    let consumer = consume_batches(&conn, &q, 4, handler);
     assert!(eventually(WAIT, || commits
         .lock()
         .unwrap()
         .iter()
         .sum::<usize>()
         == 4));
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     consumer.close().unwrap();
     assert_eq!(keys(db, &effects), ids, "each effect exactly once");
     let expected_duplicates = if mode == "after" { 4 } else { 0 };
@@ -626,11 +600,7 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
         .start(handler)
         .unwrap();
     assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 64));
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     consumer.close().unwrap();
     let mut expected = ids.clone();
     expected.sort();

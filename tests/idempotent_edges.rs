@@ -52,46 +52,37 @@ fn batched_box(
             }
         }
     };
+    let batching = IdempotentTxBatchOptions::default()
+        .max_messages(max)
+        .max_wait(wait)
+        .on_commit(move |n| on_commit(n));
+    let options = IdempotentOptions::default();
     match db.backend {
         Backend::Sqlite => {
             let path = db.sqlite_path().to_path_buf();
+            let connect = move || {
+                maybe_panic();
+                db::sqlite_open(&path)
+            };
+            let work = move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx);
             Arc::new(
-                idempotent_tx(
-                    store,
-                    move || {
-                        maybe_panic();
-                        db::sqlite_open(&path)
-                    },
-                    move |m: &Message, tx: &mut rusqlite::Transaction<'_>| work(m, tx),
-                    IdempotentOptions::default(),
-                )
-                .batch(
-                    IdempotentTxBatchOptions::default()
-                        .max_messages(max)
-                        .max_wait(wait)
-                        .on_commit(move |n| on_commit(n)),
-                )
-                .unwrap(),
+                idempotent_tx(store, connect, work, options)
+                    .batch(batching)
+                    .unwrap(),
             )
         }
-        Backend::Postgres => Arc::new(
-            idempotent_tx(
-                store,
-                move || {
-                    maybe_panic();
-                    db::pg_connect()
-                },
-                move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
-                IdempotentOptions::default(),
+        Backend::Postgres => {
+            let connect = move || {
+                maybe_panic();
+                db::pg_connect()
+            };
+            let work = move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx);
+            Arc::new(
+                idempotent_tx(store, connect, work, options)
+                    .batch(batching)
+                    .unwrap(),
             )
-            .batch(
-                IdempotentTxBatchOptions::default()
-                    .max_messages(max)
-                    .max_wait(wait)
-                    .on_commit(move |n| on_commit(n)),
-            )
-            .unwrap(),
-        ),
+        }
         Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
     }
 }
@@ -184,11 +175,7 @@ fn all_committed_and_drained(
         "all {n} committed: {:?}",
         commits.lock().unwrap()
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(queue)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(conn, queue, 0, WAIT);
 }
 
 /// The number of callers the batched wrapper counts as its workers (from its `Debug`).
@@ -202,6 +189,58 @@ fn workers_of(batch: &dyn Batched) -> usize {
         .unwrap_or_else(|| panic!("workers in {debug}"))
 }
 
+/// A backlog of keyed messages on a consumed queue of the test's own, and the batched wrapper
+/// (batches of up to 8) that applies them, its commits recorded.
+struct Backlog {
+    conn: acemq_amqp::Connection,
+    _clean: support::Cleanup,
+    q: String,
+    effects: String,
+    ids: Vec<String>,
+    commits: Arc<Mutex<Vec<usize>>>,
+    batch: Arc<dyn Batched>,
+}
+
+impl Backlog {
+    /// `n` keyed messages on a queue named after `prefix`, and the wrapper on `db` (a batch
+    /// is what came within `wait`).
+    fn new(db: &Db, prefix: &str, n: usize, wait: Duration) -> Self {
+        let (conn, _clean, q) = support::declared_consumed_queue(prefix);
+        let effects = effects_table(db);
+        let ids = publish_keyed(&conn, &q, n);
+        let (commits, on_commit) = recorder();
+        let batch = batched_box(db, store(db), &effects, (8, wait), None, on_commit);
+        Backlog {
+            conn,
+            _clean,
+            q,
+            effects,
+            ids,
+            commits,
+            batch,
+        }
+    }
+
+    /// Consumes the backlog with `handler` under `options` until all of it is committed and the
+    /// queue is empty; then asserts each effect was applied once.
+    fn consume_all(
+        &self,
+        db: &Db,
+        options: ConsumerOptions,
+        handler: impl Handler + Send + Sync + 'static,
+    ) {
+        let consumer = self
+            .conn
+            .consumer(&self.q, options)
+            .unwrap()
+            .start(handler)
+            .unwrap();
+        all_committed_and_drained(&self.conn, &self.q, &self.commits, self.ids.len());
+        consumer.close().unwrap();
+        assert_eq!(keys(db, &self.effects), self.ids, "each effect once");
+    }
+}
+
 /// Item 6. The batched wrapper inside every layer of the chain (logging, a deadline, the
 /// idempotency guard, ordering), handed to a consumer with one worker: the worker still
 /// gathers batches (some commit holds more than one message), each effect applied once, all
@@ -209,20 +248,9 @@ fn workers_of(batch: &dyn Batched) -> usize {
 #[test]
 fn a_chained_batched_handler_gets_batches_from_the_consumer() {
     let db = Db::postgres();
-    let (conn, _clean, q) = support::declared_consumed_queue("idem-chain-batch");
-    let effects = effects_table(&db);
-    let ids = publish_keyed(&conn, &q, 48);
-    let (commits, on_commit) = recorder();
-    let batch = batched_box(
-        &db,
-        store(&db),
-        &effects,
-        (8, Duration::from_millis(200)),
-        None,
-        on_commit,
-    );
+    let backlog = Backlog::new(&db, "idem-chain-batch", 48, Duration::from_millis(200));
     let handler = chain(
-        batch.clone(),
+        backlog.batch.clone(),
         [
             with_logging(),
             with_timeout(Duration::from_secs(20)).unwrap(),
@@ -235,16 +263,11 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
         Some((8, Duration::from_millis(200))),
         "the chain passes the batch limits on"
     );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(1).prefetch(32))
-        .unwrap()
-        .start(handler)
-        .unwrap();
-    all_committed_and_drained(&conn, &q, &commits, 48);
-    consumer.close().unwrap();
-    assert_eq!(conn.queue_info(&q).unwrap().message_count, 0, "all acked");
-    assert_eq!(keys(&db, &effects), ids, "each effect once");
-    let commits = commits.lock().unwrap().clone();
+    let options = ConsumerOptions::new().concurrency(1).prefetch(32);
+    backlog.consume_all(&db, options, handler);
+    let (conn, q) = (&backlog.conn, &backlog.q);
+    assert_eq!(conn.queue_info(q).unwrap().message_count, 0, "all acked");
+    let commits = backlog.commits.lock().unwrap().clone();
     assert!(
         commits.iter().any(|&n| n > 1),
         "the worker gathered batches through the chain: {commits:?}"
@@ -257,31 +280,14 @@ fn a_chained_batched_handler_gets_batches_from_the_consumer() {
 #[test]
 fn batching_behind_a_deadline_counts_its_callers_not_its_threads() {
     let db = Db::sqlite();
-    let (conn, _clean, q) = support::declared_consumed_queue("idem-batch-threads");
-    let effects = effects_table(&db);
-    let ids = publish_keyed(&conn, &q, 40);
-    let (commits, on_commit) = recorder();
-    let batch = batched_box(
-        &db,
-        store(&db),
-        &effects,
-        (8, Duration::from_millis(100)),
-        None,
-        on_commit,
-    );
+    let backlog = Backlog::new(&db, "idem-batch-threads", 40, Duration::from_millis(100));
     let chained = chain(
-        batch.clone(),
+        backlog.batch.clone(),
         [with_timeout(Duration::from_secs(20)).unwrap()],
     );
-    let consumer = conn
-        .consumer(&q, ConsumerOptions::new().concurrency(2).prefetch(16))
-        .unwrap()
-        .start(move |m: &Message| chained.handle(m))
-        .unwrap();
-    all_committed_and_drained(&conn, &q, &commits, 40);
-    consumer.close().unwrap();
-    assert_eq!(keys(&db, &effects), ids, "each effect once");
-    let workers = workers_of(&*batch);
+    let options = ConsumerOptions::new().concurrency(2).prefetch(16);
+    backlog.consume_all(&db, options, move |m: &Message| chained.handle(m));
+    let workers = workers_of(&*backlog.batch);
     assert!(
         workers <= 2,
         "two callers at most at once, counted as {workers} workers"
@@ -320,11 +326,12 @@ struct Runs {
 
 /// `with_idempotency` **outside** `with_timeout`: attempt 1 is stuck past the deadline (200
 /// ms) until the test lets it go, then accepts (`late_outcome_accepts`) or fails; the retry
-/// (attempt 2) is handled meanwhile. Returns what ran, once the message is settled.
+/// (attempt 2) is handled meanwhile. Returns what ran, once the message is settled, having
+/// asserted that the effect was applied once.
 fn overrun_under_idempotency(
     store: impl IdempotencyStore + 'static,
     late_outcome_accepts: bool,
-) -> (Arc<Runs>, String) {
+) -> Arc<Runs> {
     let (conn, _clean, q) = support::declared_consumed_queue("idem-orphan");
     let runs = Arc::new(Runs::default());
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -379,13 +386,26 @@ fn overrun_under_idempotency(
         "the message was accepted in the end: {:?}",
         seen.lock().unwrap()
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     consumer.close().unwrap();
-    (runs, id)
+    assert_eq!(
+        *runs.effects.lock().unwrap(),
+        vec![id],
+        "the effect applied once"
+    );
+    runs
+}
+
+/// Asserts the handler ran twice, the retry only once the orphan (the first run) had ended.
+fn assert_the_retry_ran_after_the_orphan(runs: &Runs) {
+    let ended = runs.orphan_ended.lock().unwrap().expect("the orphan ended");
+    let starts = runs.starts.lock().unwrap();
+    assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
+    assert!(
+        starts[1].1 >= ended,
+        "the retry ran beside the orphan: started {:?} before it ended",
+        ended - starts[1].1
+    );
 }
 
 /// Item 11 (the order made safe): the retry of an overrun finds the key in progress while the
@@ -393,12 +413,7 @@ fn overrun_under_idempotency(
 /// effect is applied once, by the orphan alone.
 #[test]
 fn idempotency_outside_a_deadline_holds_the_claim_until_the_orphan_ends() {
-    let (runs, id) = overrun_under_idempotency(InMemoryIdempotencyStore::default(), true);
-    assert_eq!(
-        *runs.effects.lock().unwrap(),
-        vec![id],
-        "the effect applied once"
-    );
+    let runs = overrun_under_idempotency(InMemoryIdempotencyStore::default(), true);
     let starts = runs.starts.lock().unwrap();
     assert_eq!(
         starts.len(),
@@ -411,20 +426,8 @@ fn idempotency_outside_a_deadline_holds_the_claim_until_the_orphan_ends() {
 /// it, never beside it, and applies the effect once.
 #[test]
 fn an_orphan_that_fails_gives_its_claim_back_only_when_it_has_ended() {
-    let (runs, id) = overrun_under_idempotency(InMemoryIdempotencyStore::default(), false);
-    assert_eq!(
-        *runs.effects.lock().unwrap(),
-        vec![id],
-        "the effect applied once"
-    );
-    let ended = runs.orphan_ended.lock().unwrap().expect("the orphan ended");
-    let starts = runs.starts.lock().unwrap();
-    assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
-    assert!(
-        starts[1].1 >= ended,
-        "the retry ran beside the orphan: started {:?} before it ended",
-        ended - starts[1].1
-    );
+    let runs = overrun_under_idempotency(InMemoryIdempotencyStore::default(), false);
+    assert_the_retry_ran_after_the_orphan(&runs);
 }
 
 /// A store with `first_time` only (no claims): it cannot tell work in progress from work
@@ -447,16 +450,8 @@ impl IdempotencyStore for FirstTimeOnly {
 /// the retry applies the effect once.
 #[test]
 fn a_store_without_claims_keeps_an_orphans_key_in_progress_until_it_ends() {
-    let (runs, id) = overrun_under_idempotency(FirstTimeOnly::default(), false);
-    assert_eq!(
-        *runs.effects.lock().unwrap(),
-        vec![id],
-        "the effect applied once"
-    );
-    let ended = runs.orphan_ended.lock().unwrap().expect("the orphan ended");
-    let starts = runs.starts.lock().unwrap();
-    assert_eq!(starts.len(), 2, "the first run and one more: {starts:?}");
-    assert!(starts[1].1 >= ended, "the retry ran beside the orphan");
+    let runs = overrun_under_idempotency(FirstTimeOnly::default(), false);
+    assert_the_retry_ran_after_the_orphan(&runs);
 }
 
 /// Items 6 and 11 together: a batched handler under a deadline, inside the idempotency layer,
@@ -569,11 +564,7 @@ fn an_overrun_batch_holds_each_messages_claim_until_its_orphan_ends() {
         "every message accepted in the end: {:?}",
         settled.0.lock().unwrap()
     );
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &q, 0, WAIT);
     consumer.close().unwrap();
     let mut applied = effects.lock().unwrap().clone();
     applied.sort();

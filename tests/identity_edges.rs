@@ -210,11 +210,7 @@ fn an_outbox_row_without_a_string_id_is_published_with_the_same_id_every_time(db
     let e = first.sweep().unwrap_err();
     assert!(matches!(e, acemq_amqp::Error::Sql { .. }), "{e:?}");
     drop(refusal);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 3));
+    support::wait_for_count(&conn, &q, 3, WAIT);
     // The rows are still there, leased by the first relay: a second relay publishes them
     // again once the lease has run out.
     let second = OutboxRelay::new(

@@ -323,6 +323,45 @@ fn wait_for_at_least(name: &str, labels: &[(&str, &str)], value: f64) {
     );
 }
 
+/// Waits (within the deadline) until `acemq.consume.total` of `q` with `outcome` is `value`.
+fn wait_consumed(q: &str, outcome: &str, value: f64) {
+    wait_for(
+        "acemq.consume.total",
+        &[("queue", q), ("outcome", outcome)],
+        value,
+    );
+}
+
+/// `acemq.consume.total` of `q` with `outcome`, now.
+fn consumed(q: &str, outcome: &str) -> f64 {
+    recording().value("acemq.consume.total", &[("queue", q), ("outcome", outcome)])
+}
+
+/// `acemq.messages.retried.total` of `q` retried where `place`, now.
+fn retried(q: &str, place: &str) -> f64 {
+    recording().value(
+        "acemq.messages.retried.total",
+        &[("queue", q), ("where", place)],
+    )
+}
+
+/// A handler's answer by attempt: a retry (for `reason`) at the first, accepted after.
+fn retry_once(reason: &'static str) -> impl Fn(u32) -> Outcome + Send + Sync + 'static {
+    move |attempt| match attempt {
+        1 => Outcome::retry(reason),
+        _ => Outcome::Accept,
+    }
+}
+
+/// A connection ([`connect`]), its clean-up, and the name of a consumed queue of the test's own
+/// named after `prefix`, its rungs `rungs` cleaned up too (not declared).
+fn consumed_queue(prefix: &str, rungs: &[Duration]) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.consumed_queue(&unique(prefix), rungs);
+    (conn, clean, q)
+}
+
 /// The value of `name` with `labels` is `value` now.
 fn assert_value(name: &str, labels: &[(&str, &str)], value: f64) {
     assert_eq!(recording().value(name, labels), value, "{name} {labels:?}");
@@ -345,19 +384,13 @@ fn finish(running: acemq_amqp::RunningConsumer, conn: Connection) {
 
 #[test]
 fn an_accepted_delivery_counts_acked_its_attempt_and_in_flight_and_its_publish_is_timed() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-accept"), &[]);
+    let (conn, _clean, q) = consumed_queue("words-accept", &[]);
     let publisher = conn.publisher().unwrap();
     let (running, calls) = consume(&conn, &q, ConsumerOptions::new(), |_| Outcome::Accept);
     publisher.publish("", &q, Message::new("ok")).unwrap();
     let rec = recording();
     let queue = [("queue", q.as_str())];
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")],
-        1.0,
-    );
+    wait_consumed(&q, "acked", 1.0);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(rec.samples("acemq.consume.attempts", &queue), vec![1.0]);
     assert_eq!(rec.samples("acemq.consume.duration", &queue).len(), 1);
@@ -383,44 +416,24 @@ fn an_accepted_delivery_counts_acked_its_attempt_and_in_flight_and_its_publish_i
         took[0] > 0.0 && took[0] < WAIT.as_secs_f64(),
         "{took:?} seconds"
     );
-    running.close().unwrap();
     publisher.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(running, conn);
 }
 
 #[test]
 fn a_retry_on_a_rung_is_retried_where_broker() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
     let rung = Duration::from_secs(1);
-    let q = clean.consumed_queue(&unique("words-rung"), &[rung]);
+    let (conn, _clean, q) = consumed_queue("words-rung", &[rung]);
     let policy = RetryPolicy::fixed(3, rung).broker_wait_threshold(rung);
     let options = ConsumerOptions::new().retry(policy);
-    let (running, _) = consume(&conn, &q, options, |attempt| match attempt {
-        1 => Outcome::retry("the warehouse is not answering"),
-        _ => Outcome::Accept,
-    });
+    let answer = retry_once("the warehouse is not answering");
+    let (running, _) = consume(&conn, &q, options, answer);
     send(&conn, &q, "later");
     let rec = recording();
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")],
-        1.0,
-    );
-    let retried = |place| {
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", place)],
-        )
-    };
-    assert_eq!(retried("broker"), 1.0, "waited on {q}.retry.1s");
-    assert_eq!(retried("consumer"), 0.0);
-    assert_value(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "retried")],
-        1.0,
-    );
+    wait_consumed(&q, "acked", 1.0);
+    assert_eq!(retried(&q, "broker"), 1.0, "waited on {q}.retry.1s");
+    assert_eq!(retried(&q, "consumer"), 0.0);
+    assert_eq!(consumed(&q, "retried"), 1.0);
     assert_eq!(
         rec.samples("acemq.consume.attempts", &[("queue", &q)]),
         vec![1.0, 2.0],
@@ -435,70 +448,39 @@ fn a_retry_on_a_rung_is_retried_where_broker() {
 
 #[test]
 fn a_retry_held_in_the_consumer_is_retried_where_consumer() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-held"), &[]);
+    let (conn, _clean, q) = consumed_queue("words-held", &[]);
     // Shorter than the (default, 30 s) broker threshold: held in the consumer.
     let options = ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_millis(50)));
-    let (running, _) = consume(&conn, &q, options, |attempt| match attempt {
-        1 => Outcome::retry("not yet"),
-        _ => Outcome::Accept,
-    });
+    let (running, _) = consume(&conn, &q, options, retry_once("not yet"));
     send(&conn, &q, "soon");
-    let rec = recording();
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")],
-        1.0,
-    );
-    let retried = |place| {
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", place)],
-        )
-    };
-    assert_eq!(retried("consumer"), 1.0);
-    assert_eq!(retried("broker"), 0.0);
+    wait_consumed(&q, "acked", 1.0);
+    assert_eq!(retried(&q, "consumer"), 1.0);
+    assert_eq!(retried(&q, "broker"), 0.0);
     finish(running, conn);
 }
 
 #[test]
 fn retries_exhausted_are_dead_lettered_not_rejected() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-exhausted"), &[]);
+    let (conn, _clean, q) = consumed_queue("words-exhausted", &[]);
     let options = ConsumerOptions::new().retry(RetryPolicy::fixed(2, Duration::ZERO));
     let (running, calls) = consume(&conn, &q, options, |_| Outcome::retry("still down"));
     send(&conn, &q, "doomed");
-    let rec = recording();
-    let consumed = |outcome| {
-        rec.value(
-            "acemq.consume.total",
-            &[("queue", &q), ("outcome", outcome)],
-        )
-    };
-    assert!(eventually(WAIT, || consumed("dead_lettered") == 1.0));
+    assert!(eventually(WAIT, || consumed(&q, "dead_lettered") == 1.0));
     assert_eq!(calls.load(Ordering::SeqCst), 2, "both attempts ran");
-    assert_eq!(consumed("retried"), 1.0);
+    assert_eq!(consumed(&q, "retried"), 1.0);
     assert_eq!(
-        consumed("rejected"),
+        consumed(&q, "rejected"),
         0.0,
         "the consumer gave up, not the handler"
     );
     // Recorded just after the settlement's own count, from the same event: waited for too.
-    assert!(
-        eventually(WAIT, || rec.value(
-            "acemq.messages.dead.lettered.total",
-            &[("queue", &q), ("outcome", "dead_lettered")]
-        ) == 1.0),
-        "acemq.messages.dead.lettered.total{{outcome=dead_lettered}} for {q}"
-    );
-    // A retry with no wait goes straight back to the queue: not a rung.
-    assert_value(
-        "acemq.messages.retried.total",
-        &[("queue", &q), ("where", "consumer")],
+    wait_for(
+        "acemq.messages.dead.lettered.total",
+        &[("queue", &q), ("outcome", "dead_lettered")],
         1.0,
     );
+    // A retry with no wait goes straight back to the queue: not a rung.
+    assert_eq!(retried(&q, "consumer"), 1.0);
     assert_eq!(
         conn.queue_info(&acemq_amqp::dead_letter_queue(&q))
             .unwrap()
@@ -510,18 +492,12 @@ fn retries_exhausted_are_dead_lettered_not_rejected() {
 
 #[test]
 fn the_handlers_own_reject_is_rejected_and_dead_lettered() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let q = clean.consumed_queue(&unique("words-reject"), &[]);
+    let (conn, _clean, q) = consumed_queue("words-reject", &[]);
     let (running, _) = consume(&conn, &q, ConsumerOptions::new(), |_| {
         Outcome::reject("no such customer")
     });
     send(&conn, &q, "who?");
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "rejected")],
-        1.0,
-    );
+    wait_consumed(&q, "rejected", 1.0);
     assert_value(
         "acemq.messages.dead.lettered.total",
         &[("queue", &q), ("outcome", "dead_lettered")],
@@ -532,40 +508,24 @@ fn the_handlers_own_reject_is_rejected_and_dead_lettered() {
 
 #[test]
 fn a_missing_rung_is_counted_and_the_retry_waits_in_the_consumer() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
     let rung = Duration::from_secs(1);
-    let q = clean.consumed_queue(&unique("words-no-rung"), &[rung]);
+    let (conn, _clean, q) = consumed_queue("words-no-rung", &[rung]);
     // The queue and its .dlq, but no rung: the consumer is told not to declare its topology.
     conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
     let policy = RetryPolicy::fixed(3, rung).broker_wait_threshold(rung);
     let options = ConsumerOptions::new().retry(policy).declare(false);
-    let (running, _) = consume(&conn, &q, options, |attempt| match attempt {
-        1 => Outcome::retry("the warehouse is not answering"),
-        _ => Outcome::Accept,
-    });
+    let answer = retry_once("the warehouse is not answering");
+    let (running, _) = consume(&conn, &q, options, answer);
     send(&conn, &q, "no ladder");
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")],
-        1.0,
-    );
+    wait_consumed(&q, "acked", 1.0);
     let rung_queue = acemq_amqp::retry_queue(&q, rung);
     assert_value(
         "acemq.retry.rung.missing",
         &[("queue", &q), ("rung", &rung_queue)],
         1.0,
     );
-    assert_value(
-        "acemq.messages.retried.total",
-        &[("queue", &q), ("where", "consumer")],
-        1.0,
-    );
-    assert_value(
-        "acemq.messages.retried.total",
-        &[("queue", &q), ("where", "broker")],
-        0.0,
-    );
+    assert_eq!(retried(&q, "consumer"), 1.0);
+    assert_eq!(retried(&q, "broker"), 0.0);
     finish(running, conn);
 }
 
@@ -576,7 +536,6 @@ fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
     let options = ConsumerOptions::new().declare(false);
     let (running, _) = consume(&conn, &q, options, |_| Outcome::reject("unreadable"));
     send(&conn, &q, "nowhere to go");
-    let rec = recording();
     let dlq = acemq_amqp::dead_letter_queue(&q);
     wait_for_at_least(
         "acemq.messages.set.aside.failed",
@@ -585,10 +544,7 @@ fn a_dead_letter_queue_that_is_missing_counts_set_aside_failed() {
     );
     // The settlement is counted after the failed copy's event: waited for too.
     assert!(
-        eventually(WAIT, || rec.value(
-            "acemq.consume.total",
-            &[("queue", &q), ("outcome", "copy_failed")]
-        ) >= 1.0),
+        eventually(WAIT, || consumed(&q, "copy_failed") >= 1.0),
         "the original goes back to the queue"
     );
     finish(running, conn);
@@ -658,10 +614,8 @@ fn pipeline_runs_are_counted_completed_and_ended_early_at_their_named_steps() {
         "{took:?}"
     );
     stepping.close().unwrap();
-    shipping.close().unwrap();
     publisher.close().unwrap();
-    everything_emitted_is_in_the_fixture();
-    conn.close().unwrap();
+    finish(shipping, conn);
 }
 
 #[test]
@@ -710,27 +664,13 @@ fn a_retry_whose_copy_cannot_be_published_is_retried_where_requeued() {
     );
     let q = unique("words-requeued");
     let options = ConsumerOptions::new().retry(RetryPolicy::fixed(3, Duration::from_millis(10)));
-    let (running, calls) = consume(&conn, &q, options, |attempt| match attempt {
-        1 => Outcome::retry("not yet"),
-        _ => Outcome::Accept,
-    });
+    let (running, calls) = consume(&conn, &q, options, retry_once("not yet"));
     // The message, then its first retry copy, are nacked.
     send(&conn, &q, "soon");
     broker.nack_next_publishes(1);
-    let rec = recording();
-    wait_for(
-        "acemq.consume.total",
-        &[("queue", &q), ("outcome", "acked")],
-        1.0,
-    );
-    let retried = |place| {
-        rec.value(
-            "acemq.messages.retried.total",
-            &[("queue", &q), ("where", place)],
-        )
-    };
-    assert_eq!(retried("requeued"), 1.0, "the failed copy");
-    assert_eq!(retried("consumer"), 2.0, "both tries at the retry");
+    wait_consumed(&q, "acked", 1.0);
+    assert_eq!(retried(&q, "requeued"), 1.0, "the failed copy");
+    assert_eq!(retried(&q, "consumer"), 2.0, "both tries at the retry");
     assert_eq!(
         calls.load(Ordering::SeqCst),
         3,

@@ -902,11 +902,7 @@ fn dropping_a_running_relay_joins_its_thread_and_deletes_what_went_out() {
         .unwrap()
         .start()
         .unwrap();
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 20));
+    support::wait_for_count(&conn, &q, 20, WAIT);
     drop(running);
     assert_eq!(
         Arc::strong_count(&limits),

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use acemq_amqp::{dead_letter_queue, Message};
-use support::{eventually, unique};
+use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -24,11 +24,7 @@ fn an_unroutable_next_hop_retries_the_step_and_the_original_is_not_acknowledged_
     let id = m.id().to_string();
     conn.publisher().unwrap().publish("", &input, m).unwrap();
     let dlq = dead_letter_queue(&input);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 1));
+    support::wait_for_count(&conn, &dlq, 1, WAIT);
     stepping.close().unwrap();
     assert_eq!(
         *attempts.lock().unwrap(),

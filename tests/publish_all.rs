@@ -20,18 +20,21 @@ use support::unique;
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// Takes every message now on `q`; their bodies as text, in order.
 fn drain_bodies(conn: &Connection, q: &str) -> Vec<String> {
     std::iter::from_fn(|| conn.get(q).unwrap())
         .map(|m| String::from_utf8(m.body.to_vec()).unwrap())
         .collect()
 }
 
+/// Takes every message now on `q`; their ids, in order.
 fn drain_ids(conn: &Connection, q: &str) -> Vec<String> {
     std::iter::from_fn(|| conn.get(q).unwrap())
         .map(|m| m.id().to_string())
         .collect()
 }
 
+/// How many messages `q` holds now.
 fn message_count(conn: &Connection, q: &str) -> u32 {
     conn.queue_info(q).unwrap().message_count
 }
@@ -44,6 +47,7 @@ fn batch_report(result: acemq_amqp::Result<BatchReport>) -> BatchReport {
     }
 }
 
+/// The indices of the report's messages whose outcome `which` picks, in order.
 fn indices(report: &BatchReport, which: fn(&BatchOutcome) -> bool) -> Vec<usize> {
     report
         .items
@@ -51,6 +55,71 @@ fn indices(report: &BatchReport, which: fn(&BatchOutcome) -> bool) -> Vec<usize>
         .filter(|i| which(&i.outcome))
         .map(|i| i.index)
         .collect()
+}
+
+/// A publisher on `conn` with `window` and `timeout`, its channel opened (before the broker
+/// stops reading) by a confirmed publish of `warm-up` to `q`.
+fn warm_publisher(
+    conn: &Connection,
+    q: &str,
+    window: usize,
+    timeout: Duration,
+) -> acemq_amqp::Publisher {
+    let publisher = conn
+        .publisher_with(PublisherOptions::new().window(window).timeout(timeout))
+        .unwrap();
+    publisher.publish("", q, Message::new("warm-up")).unwrap();
+    publisher
+}
+
+/// A queue of the test's own, read on a direct connection, and a publisher ([`warm_publisher`])
+/// on a connection through a fault proxy (heartbeats a minute apart, so a freeze holds).
+struct Proxied {
+    direct: Connection,
+    _clean: support::Cleanup,
+    q: String,
+    proxy: acemq_amqp::testing::FaultProxy,
+    _conn: Connection,
+    publisher: acemq_amqp::Publisher,
+}
+
+/// [`Proxied`] with a queue named after `prefix` and a publisher of `window` and `timeout`.
+fn proxied(prefix: &str, window: usize, timeout: Duration) -> Proxied {
+    let (direct, _clean, q) = support::declared_queue(prefix);
+    let (proxy, conn) =
+        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
+    let publisher = warm_publisher(&conn, &q, window, timeout);
+    Proxied {
+        direct,
+        _clean,
+        q,
+        proxy,
+        _conn: conn,
+        publisher,
+    }
+}
+
+/// Asserts a batch of `total` stopped at its first full window: the `window` handed over
+/// lost, the rest not sent, the first of those (retriable) for `why`, and the report retriable.
+fn assert_stopped_after_the_window(report: &BatchReport, window: usize, total: usize, why: &str) {
+    assert_eq!(
+        indices(report, |o| matches!(o, BatchOutcome::Lost { .. })),
+        (0..window).collect::<Vec<_>>(),
+        "{report}"
+    );
+    assert_eq!(
+        indices(report, |o| matches!(o, BatchOutcome::NotSent { .. })),
+        (window..total).collect::<Vec<_>>(),
+        "{report}"
+    );
+    match &report.items[window].outcome {
+        BatchOutcome::NotSent { reason, retriable } => {
+            assert!(reason.contains(why), "{reason}");
+            assert!(retriable);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(report.is_retriable(), "{report}");
 }
 
 /// Every publish outcome the connection's observer hears: (exchange, outcome).
@@ -300,18 +369,16 @@ on_both! {
 /// that is not on the queue.
 #[test]
 fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
-    let (direct, _clean, q) = support::declared_queue("batch-cut");
-    let (proxy, conn) =
-        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let window = 50;
-    let publisher = conn
-        .publisher_with(
-            PublisherOptions::new()
-                .window(window)
-                .timeout(Duration::from_secs(20)),
-        )
-        .unwrap();
-    publisher.publish("", &q, Message::new("warm-up")).unwrap();
+    // Every part bound, so that all live to the end (dropped in the reverse order).
+    let Proxied {
+        direct,
+        _clean,
+        q,
+        proxy,
+        _conn,
+        publisher,
+    } = proxied("batch-cut", window, Duration::from_secs(20));
     assert_eq!(drain_ids(&direct, &q).len(), 1);
     proxy.freeze();
 
@@ -384,15 +451,17 @@ fn a_cut_mid_batch_reports_the_unconfirmed_ones_lost() {
 /// whole call takes about two timeouts, not one per message.
 #[test]
 fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
-    let (direct, _clean, q) = support::declared_queue("batch-frozen");
-    let (proxy, conn) =
-        support::through_proxy_with(ConnectionOptions::new().heartbeat(Duration::from_secs(60)));
     let timeout = Duration::from_secs(1);
     let window = 5;
-    let publisher = conn
-        .publisher_with(PublisherOptions::new().window(window).timeout(timeout))
-        .unwrap();
-    publisher.publish("", &q, Message::new("warm-up")).unwrap();
+    // Every part bound, so that all live to the end (dropped in the reverse order).
+    let Proxied {
+        direct,
+        _clean,
+        q,
+        proxy,
+        _conn,
+        publisher,
+    } = proxied("batch-frozen", window, timeout);
     proxy.freeze();
 
     let started = Instant::now();
@@ -418,26 +487,7 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
         took < timeout * 2 + Duration::from_secs(3),
         "took {took:?}: a timeout per message?"
     );
-    assert_eq!(
-        indices(&report, |o| matches!(o, BatchOutcome::Lost { .. })),
-        (0..window).collect::<Vec<_>>(),
-        "{report}"
-    );
-    assert_eq!(
-        indices(&report, |o| matches!(o, BatchOutcome::NotSent { .. })),
-        (window..20).collect::<Vec<_>>(),
-        "{report}"
-    );
-    match &report.items[window].outcome {
-        BatchOutcome::NotSent { reason, retriable } => {
-            assert!(
-                reason.contains("room in the publisher's window"),
-                "{reason}"
-            );
-            assert!(retriable);
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_stopped_after_the_window(&report, window, 20, "room in the publisher's window");
     match &report.items[window + 1].outcome {
         BatchOutcome::NotSent { reason, .. } => {
             assert!(reason.contains("not tried"), "{reason}");
@@ -445,7 +495,6 @@ fn a_batch_stops_handing_over_at_a_timeout_and_never_exceeds_the_window() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(report.is_retriable());
     // Let the frozen connection go, so that closing it does not wait for heartbeats.
     proxy.cut();
     drain_ids(&direct, &q);
@@ -460,38 +509,14 @@ fn on_memory_a_blocked_broker_stops_the_batch_at_its_timeout() {
     let broker = on.memory_broker().expect("a memory broker");
     let (conn, _clean, q) = on.declared_queue("batch-blocked");
     let window = 5;
-    let publisher = conn
-        .publisher_with(
-            PublisherOptions::new()
-                .window(window)
-                .timeout(Duration::from_secs(1)),
-        )
-        .unwrap();
-    publisher.publish("", &q, Message::new("warm-up")).unwrap();
+    let publisher = warm_publisher(&conn, &q, window, Duration::from_secs(1));
     broker.block("test: memory alarm");
     let report = batch_report(
         publisher.publish_all((0..20).map(|i| ("", q.as_str(), Message::new(format!("m{i}"))))),
     );
     broker.unblock();
     assert_eq!(report.total(), 20);
-    assert_eq!(
-        indices(&report, |o| matches!(o, BatchOutcome::Lost { .. })),
-        (0..window).collect::<Vec<_>>(),
-        "{report}"
-    );
-    assert_eq!(
-        indices(&report, |o| matches!(o, BatchOutcome::NotSent { .. })),
-        (window..20).collect::<Vec<_>>(),
-        "{report}"
-    );
-    match &report.items[window].outcome {
-        BatchOutcome::NotSent { reason, retriable } => {
-            assert!(reason.contains("blocking publishing"), "{reason}");
-            assert!(retriable);
-        }
-        other => panic!("{other:?}"),
-    }
-    assert!(report.is_retriable(), "{report}");
+    assert_stopped_after_the_window(&report, window, 20, "blocking publishing");
     let e = Error::Batch {
         report: Box::new(report),
     };

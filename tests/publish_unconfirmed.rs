@@ -288,9 +288,5 @@ fn the_byte_budget_bounds_unconfirmed_publishing_when_the_broker_stops_reading()
     assert!(eventually(WAIT, || publisher.in_flight() == 0));
     confirmed.publish("", &q, Message::new("after")).unwrap();
     publisher.close().unwrap();
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 4));
+    support::wait_for_count(&conn, &q, 4, WAIT);
 }

@@ -13,11 +13,11 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::request_reply::{
-    Requester, RequesterOptions, Responder, ResponderOptions,
+    Requester, RequesterOptions, Responder, ResponderOptions, RunningResponder,
 };
 use acemq_amqp::{
-    dead_letter_queue, headers, BoxError, ConnectionOptions, Error, Message, PublisherOptions,
-    QueueSpec,
+    dead_letter_queue, headers, BoxError, Connection, ConnectionOptions, Error, Message,
+    PublisherOptions, QueueSpec,
 };
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
 
@@ -83,31 +83,84 @@ fn python_request(raw: &Raw, queue: &str, reply_to: &str) -> (String, String) {
     (id, correlation)
 }
 
+/// A connection to the tests' broker, its clean-up, and a request queue named after `prefix`.
+fn request_setup(prefix: &str) -> (Connection, Cleanup, String) {
+    let connection = connect();
+    let mut clean = Cleanup::new(&connection);
+    let q = request_queue(&connection, &mut clean, prefix);
+    (connection, clean, q)
+}
+
+/// A responder on `q` running `handler`, asked by a Python-style request on a raw connection:
+/// the responder, the raw connection, the request's id and correlation, and the reply's
+/// properties and body.
+fn python_asks(
+    connection: &Connection,
+    q: &str,
+    handler: fn(&Message) -> Result<Vec<u8>, BoxError>,
+) -> (
+    RunningResponder,
+    Raw,
+    (String, String),
+    AmqpProperties,
+    Vec<u8>,
+) {
+    let responder = Responder::new(connection, q, ResponderOptions::new())
+        .and_then(|responder| responder.start(handler))
+        .expect("serve");
+    let raw = Raw::open();
+    let reply_queue = raw.family_reply_queue();
+    let request = python_request(&raw, q, &reply_queue);
+    let (props, _, body) = raw_get(&raw, &reply_queue);
+    (responder, raw, request, props, body)
+}
+
+/// Asserts a reply is the family's failure reply (a JSON `null`) with the error text `error`.
+fn assert_failure_reply(props: &AmqpProperties, body: &[u8], error: &str) {
+    assert_eq!(body, b"null", "the family's failure body is JSON null");
+    assert_eq!(props.content_type().as_deref(), Some("application/json"));
+    assert_eq!(
+        header_text(props, headers::REPLY_ERROR).as_deref(),
+        Some(error),
+        "the error text carries its type, as `{{type}}: {{message}}`"
+    );
+}
+
+/// A publisher on `connection` whose publishes time out after `timeout`, its channel opened
+/// (by a publish to `q`) before the alarm: a blocked connection's channel open is not read by
+/// the broker (amiquip would wait for its answer with no deadline).
+fn publisher_opened_before_the_alarm(
+    connection: &Connection,
+    q: &str,
+    timeout: Duration,
+) -> acemq_amqp::Publisher {
+    let publisher = connection
+        .publisher_with(PublisherOptions::new().timeout(timeout))
+        .expect("publisher");
+    publisher
+        .publish("", q, Message::new("before"))
+        .expect("published before the alarm");
+    publisher
+}
+
+/// Asserts `started` is less than `timeout` and 3 s ago, saying `what` took longer.
+fn assert_on_time(started: Instant, timeout: Duration, what: &str) {
+    assert!(
+        started.elapsed() < timeout + Duration::from_secs(3),
+        "{what} took {:?}",
+        started.elapsed()
+    );
+}
+
 // ---- item 14: the family's failure reply ------------------------------------------------------
 
 #[test]
 fn a_python_style_request_gets_the_familys_failure_reply_and_is_dead_lettered() {
     let _g = shared();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-family-failure");
-    let responder = Responder::new(&connection, &q, ResponderOptions::new())
-        .and_then(|responder| {
-            responder.start(|_: &Message| Err::<Vec<u8>, BoxError>("no such sku: A-1".into()))
-        })
-        .expect("serve");
-    let raw = Raw::open();
-    let reply_queue = raw.family_reply_queue();
-    let (id, correlation) = python_request(&raw, &q, &reply_queue);
-
-    let (props, _, body) = raw_get(&raw, &reply_queue);
-    assert_eq!(body, b"null", "the family's failure body is JSON null");
-    assert_eq!(props.content_type().as_deref(), Some("application/json"));
-    assert_eq!(
-        header_text(&props, headers::REPLY_ERROR).as_deref(),
-        Some("Error: no such sku: A-1"),
-        "the error text carries its type, as `{{type}}: {{message}}`"
-    );
+    let (connection, _clean, q) = request_setup("rr-family-failure");
+    let (responder, raw, (id, correlation), props, body) =
+        python_asks(&connection, &q, |_| Err("no such sku: A-1".into()));
+    assert_failure_reply(&props, &body, "Error: no such sku: A-1");
     assert_eq!(
         header_text(&props, "x-acemq-correlation").as_deref(),
         Some(correlation.as_str())
@@ -138,26 +191,10 @@ fn a_python_style_request_gets_the_familys_failure_reply_and_is_dead_lettered() 
 #[test]
 fn a_panicking_responder_sends_the_familys_failure_reply() {
     let _g = shared();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-family-panic");
-    let responder = Responder::new(&connection, &q, ResponderOptions::new())
-        .and_then(|responder| {
-            responder.start(|_: &Message| -> Result<Vec<u8>, BoxError> {
-                panic!("the price list is gone")
-            })
-        })
-        .expect("serve");
-    let raw = Raw::open();
-    let reply_queue = raw.family_reply_queue();
-    python_request(&raw, &q, &reply_queue);
-    let (props, _, body) = raw_get(&raw, &reply_queue);
-    assert_eq!(body, b"null");
-    assert_eq!(props.content_type().as_deref(), Some("application/json"));
-    assert_eq!(
-        header_text(&props, headers::REPLY_ERROR).as_deref(),
-        Some("panic: the price list is gone")
-    );
+    let (connection, _clean, q) = request_setup("rr-family-panic");
+    let (responder, raw, _, props, body) =
+        python_asks(&connection, &q, |_| panic!("the price list is gone"));
+    assert_failure_reply(&props, &body, "panic: the price list is gone");
     responder.close().expect("close");
     raw.close();
 }
@@ -181,12 +218,8 @@ fn answer_raw(raw: &Raw, queue: &str, body: &[u8], content_type: Option<&str>, e
 #[test]
 fn our_requester_reads_the_old_and_the_new_failure_reply_as_a_failure() {
     let _g = shared();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-both-failures");
-    let requester = Requester::new(&connection, RequesterOptions::new().routing_key(&q))
-        .and_then(Requester::start)
-        .expect("requester");
+    let (connection, _clean, q) = request_setup("rr-both-failures");
+    let requester = support::requester(&connection, &q);
     let raw = Raw::open();
     for (body, content_type, error) in [
         (&b""[..], None, "no such sku"),
@@ -215,11 +248,7 @@ fn our_requester_reads_the_old_and_the_new_failure_reply_as_a_failure() {
 fn a_hung_channel_open_does_not_hold_up_close_or_a_second_open() {
     let _g = shared();
     let setup = connect();
-    let mut clean = Cleanup::new(&setup);
-    let q = clean.queue(&unique("hung-open"));
-    setup
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .expect("declare");
+    let (_clean, q) = support::queue_on(&setup, "hung-open", QueueSpec::classic);
     let proxy = FaultProxy::start(&amqp_url()).expect("proxy");
     let deadline = Duration::from_secs(2);
     let connection = connect_with(
@@ -242,15 +271,19 @@ fn a_hung_channel_open_does_not_hold_up_close_or_a_second_open() {
             let _ = tx.send((r, started.elapsed()));
         }));
     }
+    // The next open's caller returns, failed, within its deadline.
+    let returns_failed_in_time = |which: &str| {
+        let (r, took) = rx
+            .recv_timeout(deadline * 3 + Duration::from_secs(5))
+            .unwrap_or_else(|_| panic!("{which} returned within its deadline"));
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            took < deadline * 2 + Duration::from_secs(2),
+            "took {took:?}"
+        );
+    };
     // One of the two opens hangs in amiquip; the other must not queue behind it for ever.
-    let (second, took) = rx
-        .recv_timeout(deadline * 3 + Duration::from_secs(5))
-        .expect("the second open returned within its deadline");
-    assert!(second.is_err(), "{second:?}");
-    assert!(
-        took < deadline * 2 + Duration::from_secs(2),
-        "took {took:?}"
-    );
+    returns_failed_in_time("the second open");
     // And closing the connection is not held up by the hung open either.
     let started = Instant::now();
     let closed = connection.close();
@@ -261,14 +294,7 @@ fn a_hung_channel_open_does_not_hold_up_close_or_a_second_open() {
     );
     // The hung open's own caller is not held past its deadline either (amiquip's open goes on
     // on a thread of its own).
-    let (hung, took) = rx
-        .recv_timeout(deadline * 3 + Duration::from_secs(5))
-        .expect("the hung open's caller returned within its deadline");
-    assert!(hung.is_err(), "{hung:?}");
-    assert!(
-        took < deadline * 2 + Duration::from_secs(2),
-        "took {took:?}"
-    );
+    returns_failed_in_time("the hung open's caller");
     proxy.cut();
     for t in openers {
         t.join().expect("opener");
@@ -280,9 +306,7 @@ fn a_hung_channel_open_does_not_hold_up_close_or_a_second_open() {
 #[test]
 fn a_named_reply_queues_backlog_is_consumed_with_acks_and_a_bounded_prefetch() {
     let _g = shared();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = request_queue(&connection, &mut clean, "rr-backlog");
+    let (connection, mut clean, q) = request_setup("rr-backlog");
     let replies = clean.queue(&unique("rr-backlog-replies"));
     connection
         .declare_queue(&QueueSpec::new(&replies))
@@ -385,11 +409,9 @@ fn dropping_the_last_connection_clone_without_close_joins_the_supervisor() {
 #[test]
 fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {
     let _g = exclusive();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
     // No responder: every request waits in the queue (or in the client while the broker
     // blocks).
-    let q = request_queue(&connection, &mut clean, "rr-alarm");
+    let (connection, _clean, q) = request_setup("rr-alarm");
     let timeout = Duration::from_millis(500);
     let requester = Requester::new(
         &connection,
@@ -397,14 +419,7 @@ fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {
     )
     .and_then(Requester::start)
     .expect("requester");
-    let publisher = connection
-        .publisher_with(PublisherOptions::new().timeout(timeout))
-        .expect("publisher");
-    // Its channel opened before the alarm: a blocked connection's channel open is not read by
-    // the broker (amiquip would wait for its answer with no deadline).
-    publisher
-        .publish("", &q, Message::new("before"))
-        .expect("published before the alarm");
+    let publisher = publisher_opened_before_the_alarm(&connection, &q, timeout);
     let (tx, rx) = crossbeam_channel::unbounded();
     let body = vec![b'r'; 2 << 20];
     // 32 MiB of requests: well past what amiquip buffers (16 MiB) before it blocks a thread.
@@ -446,11 +461,7 @@ fn under_a_memory_alarm_requests_wait_in_the_byte_budget_and_fail_on_time() {
         // stays answerable meanwhile.
         let started = Instant::now();
         let r = publisher.publish_deferred("", &q, Message::new(vec![b'p'; 1 << 20]));
-        assert!(
-            started.elapsed() < timeout + Duration::from_secs(3),
-            "the publish took {:?}",
-            started.elapsed()
-        );
+        assert_on_time(started, timeout, "the publish");
         // Handed over (there was room in the budget) or refused as blocked, on time.
         let ticket = match r {
             Ok(t) => Some(t),
@@ -490,19 +501,9 @@ fn in_flight_on_time(publisher: &acemq_amqp::Publisher) -> usize {
 #[test]
 fn a_publish_stuck_in_amiquip_under_a_memory_alarm_does_not_hold_up_the_publishers_state() {
     let _g = exclusive();
-    let connection = connect();
-    let mut clean = Cleanup::new(&connection);
-    let q = clean.queue(&unique("stuck-publish"));
-    connection
-        .declare_queue(&QueueSpec::new(&q).classic())
-        .expect("declare");
+    let (connection, _clean, q) = support::declared_queue_with("stuck-publish", QueueSpec::classic);
     let timeout = Duration::from_secs(1);
-    let publisher = connection
-        .publisher_with(PublisherOptions::new().timeout(timeout))
-        .expect("publisher");
-    publisher
-        .publish("", &q, Message::new("before"))
-        .expect("published before the alarm");
+    let publisher = publisher_opened_before_the_alarm(&connection, &q, timeout);
     // Another connection tells when the alarm holds (the broker blocks a connection once it
     // publishes), so that this one's byte budget stays empty.
     let probe = connect();
@@ -529,11 +530,7 @@ fn a_publish_stuck_in_amiquip_under_a_memory_alarm_does_not_hold_up_the_publishe
         }
         let started = Instant::now();
         let other = publisher.publish_deferred("", &q, Message::new("small"));
-        assert!(
-            started.elapsed() < timeout + Duration::from_secs(3),
-            "a second publish took {:?} ({other:?})",
-            started.elapsed()
-        );
+        assert_on_time(started, timeout, &format!("a second publish ({other:?})"));
         drop(alarm);
         let _ = stuck.join();
         drop(nudges);

@@ -182,11 +182,7 @@ fn an_unroutable_next_stop_is_retried_until_it_exists() {
     );
     conn.declare_queue(&QueueSpec::new(&second).classic())
         .unwrap();
-    assert!(eventually(WAIT, || conn
-        .queue_info(&second)
-        .unwrap()
-        .message_count
-        == 1));
+    support::wait_for_count(&conn, &second, 1, WAIT);
     consumer.close().unwrap();
     assert_eq!(conn.queue_info(&first).unwrap().message_count, 0);
     assert_eq!(

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use acemq_amqp::patterns::scheduler::{
-    hop_plan, hop_plan_on, schedule_topology, Scheduler, SchedulerOptions,
+    hop_plan, hop_plan_on, schedule_topology, RunningScheduler, Scheduler, SchedulerOptions,
 };
 use acemq_amqp::{headers, Binding, Connection, Error, HeaderValue, Message, QueueSpec};
 use amiquip::{AmqpProperties, AmqpValue, FieldTable};
@@ -20,6 +20,7 @@ use support::{connect, eventually, rabbitmqctl, unique, Cleanup};
 
 const WAIT: Duration = Duration::from_secs(40);
 
+/// The family's scheduler topology vector (`fixtures/schedule_topology.json`).
 fn vector() -> Value {
     serde_json::from_str(include_str!("fixtures/schedule_topology.json")).unwrap()
 }
@@ -33,8 +34,48 @@ fn clean_scheduler(clean: &mut Cleanup, base: &str, suffixes: &[&str]) {
     clean.exchange(base);
 }
 
+/// A connection, its clean-up, and a scheduler base of the test's own named after `prefix`, its
+/// rungs (`suffixes`), due queue and exchange cleaned up.
+fn scheduler_base(prefix: &str, suffixes: &[&str]) -> (Connection, Cleanup, String) {
+    let conn = connect();
+    let mut clean = Cleanup::new(&conn);
+    let base = unique(prefix);
+    clean_scheduler(&mut clean, &base, suffixes);
+    (conn, clean, base)
+}
+
+/// A classic queue of the test's own named after `prefix`, declared on `conn`, cleaned up.
+fn destination(conn: &Connection, clean: &mut Cleanup, prefix: &str) -> String {
+    let q = clean.queue(&unique(prefix));
+    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    q
+}
+
+/// `m` addressed as a scheduler's control message: for `q` through the default exchange, due
+/// at `due_at`.
+fn addressed(m: Message, q: &str, due_at: impl Into<HeaderValue>) -> Message {
+    m.with_header(headers::SCHEDULE_EXCHANGE, "")
+        .with_header(headers::SCHEDULE_ROUTING_KEY, q)
+        .with_header(headers::SCHEDULE_DUE_AT, due_at)
+}
+
+/// A scheduler on `conn` with `options`, started.
+fn start_scheduler(conn: &Connection, options: SchedulerOptions) -> RunningScheduler {
+    Scheduler::new(conn, options)
+        .and_then(Scheduler::start)
+        .unwrap()
+}
+
+/// The scheduler options of `base` with the rungs `rungs` (in seconds).
+fn on_rungs(base: &str, rungs: &[u64]) -> SchedulerOptions {
+    SchedulerOptions::new()
+        .base(base)
+        .rungs(rungs.iter().map(|s| Duration::from_secs(*s)))
+}
+
 const FAMILY: [&str; 5] = ["1h", "10m", "1m", "10s", "1s"];
 
+/// A rung's suffix (`1h`, `10m`, `1s`) as its duration.
 fn dur(s: &str) -> Duration {
     let (n, unit) = s.split_at(s.len() - 1);
     let n: u64 = n.parse().unwrap();
@@ -79,9 +120,7 @@ fn the_topology_read_back_from_the_broker_matches_the_vector_argument_for_argume
     assert_eq!(t.queues.len(), 6);
     assert_eq!(t.bindings.len(), 6);
 
-    let scheduler = Scheduler::new(&conn, SchedulerOptions::default())
-        .and_then(Scheduler::start)
-        .unwrap();
+    let scheduler = start_scheduler(&conn, SchedulerOptions::default());
     // Read back with rabbitmqctl: every rung with exactly three arguments.
     let listing: Value = serde_json::from_str(&rabbitmqctl(&[
         "list_queues",
@@ -226,6 +265,7 @@ fn raw_topology(raw: &Raw, base: &str, rungs: &[Duration], ttl: impl Fn(u64) -> 
     raw.bind(&format!("{base}.due"), base, &format!("{base}.due"));
 }
 
+/// A rung's duration as its queue's suffix (`1h`, `10m`, `1s`).
 fn rung_suffix(d: Duration) -> String {
     let s = d.as_secs();
     if s.is_multiple_of(3600) {
@@ -239,26 +279,18 @@ fn rung_suffix(d: Duration) -> String {
 
 #[test]
 fn a_topology_another_client_declared_with_32_bit_ttls_is_accepted() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-foreign");
-    clean_scheduler(&mut clean, &base, &FAMILY);
+    let (conn, _clean, base) = scheduler_base("sched-foreign", &FAMILY);
     let raw = Raw::open();
     let rungs: Vec<Duration> = FAMILY.iter().map(|s| dur(s)).collect();
     raw_topology(&raw, &base, &rungs, |ms| AmqpValue::LongInt(ms as i32));
     raw.close();
-    let scheduler = Scheduler::new(&conn, SchedulerOptions::new().base(&base))
-        .and_then(Scheduler::start)
-        .unwrap();
+    let scheduler = start_scheduler(&conn, SchedulerOptions::new().base(&base));
     scheduler.close().unwrap();
 }
 
 #[test]
 fn a_rung_with_other_arguments_is_a_topology_conflict_and_the_connection_stays_usable() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-conflict");
-    clean_scheduler(&mut clean, &base, &FAMILY);
+    let (conn, mut clean, base) = scheduler_base("sched-conflict", &FAMILY);
     let raw = Raw::open();
     let mut args = FieldTable::new();
     args.insert("x-message-ttl".into(), AmqpValue::LongInt(9_999));
@@ -277,16 +309,21 @@ fn a_rung_with_other_arguments_is_a_topology_conflict_and_the_connection_stays_u
         other => panic!("expected a conflict, got {other}"),
     }
     // The connection still works.
-    let q = clean.queue(&unique("sched-after-conflict"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let q = destination(&conn, &mut clean, "sched-after-conflict");
     let p = conn.publisher().unwrap();
     p.publish("", &q, Message::new("still here")).unwrap();
     p.close().unwrap();
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 1));
+    support::wait_for_count(&conn, &q, 1, WAIT);
+}
+
+/// Polls `queue` with a raw client of its own (within `WAIT`) until a message arrives; its
+/// properties and body, and when it was taken. Fails the test, saying `what`, if none comes.
+fn receive_one(queue: &str, what: &str) -> (AmqpProperties, Vec<u8>, Instant) {
+    let raw = Raw::open();
+    let (props, body) = receive(&raw, queue, WAIT).unwrap_or_else(|| panic!("{what}"));
+    let at = Instant::now();
+    raw.close();
+    (props, body, at)
 }
 
 /// Polls `queue` with a raw client until a message arrives.
@@ -299,21 +336,16 @@ fn receive(raw: &Raw, queue: &str, within: Duration) -> Option<(AmqpProperties, 
     got
 }
 
+/// The header `name` of raw properties, if present.
 fn header<'a>(props: &'a AmqpProperties, name: &str) -> Option<&'a AmqpValue> {
     props.headers().as_ref().and_then(|h| h.get(name))
 }
 
 #[test]
 fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-3s");
-    clean_scheduler(&mut clean, &base, &FAMILY);
-    let q = clean.queue(&unique("sched-3s-dest"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let scheduler = Scheduler::new(&conn, SchedulerOptions::new().base(&base))
-        .and_then(Scheduler::start)
-        .unwrap();
+    let (conn, mut clean, base) = scheduler_base("sched-3s", &FAMILY);
+    let q = destination(&conn, &mut clean, "sched-3s-dest");
+    let scheduler = start_scheduler(&conn, SchedulerOptions::new().base(&base));
 
     let message = Message::new(r#"{"invoice":7}"#)
         .with_content_type("application/json")
@@ -324,10 +356,8 @@ fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
         .after(Duration::from_secs(3), "", &q, message)
         .unwrap();
     assert_eq!(scheduler.scheduled(), 1);
-    let raw = Raw::open();
-    let (props, body) = receive(&raw, &q, WAIT).expect("delivered");
-    let elapsed = started.elapsed();
-    raw.close();
+    let (props, body, at) = receive_one(&q, "delivered");
+    let elapsed = at - started;
     // Within half a second of the due time, plus the hops' own time.
     assert!(
         elapsed >= Duration::from_millis(2_500) && elapsed < Duration::from_secs(5),
@@ -363,19 +393,9 @@ fn a_3s_delay_arrives_after_about_3s_via_the_1s_rung_with_a_fresh_envelope() {
 
 #[test]
 fn a_multi_hop_delivery_on_a_short_ladder() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-ladder");
-    clean_scheduler(&mut clean, &base, &["4s", "2s", "1s"]);
-    let q = clean.queue(&unique("sched-ladder-dest"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let s = Duration::from_secs;
-    let options = SchedulerOptions::new()
-        .base(&base)
-        .rungs([s(4), s(2), s(1)]);
-    let scheduler = Scheduler::new(&conn, options)
-        .and_then(Scheduler::start)
-        .unwrap();
+    let (conn, mut clean, base) = scheduler_base("sched-ladder", &["4s", "2s", "1s"]);
+    let q = destination(&conn, &mut clean, "sched-ladder-dest");
+    let scheduler = start_scheduler(&conn, on_rungs(&base, &[4, 2, 1]));
     let started = Instant::now();
     scheduler
         .at(
@@ -385,14 +405,12 @@ fn a_multi_hop_delivery_on_a_short_ladder() {
             Message::new("bytes").with_content_type("text/plain"),
         )
         .unwrap();
-    let raw = Raw::open();
-    let (props, body) = receive(&raw, &q, WAIT).expect("delivered");
-    let elapsed = started.elapsed();
-    raw.close();
+    let (props, body, at) = receive_one(&q, "delivered");
+    let elapsed = at - started;
     assert_eq!(body, b"bytes");
     assert_eq!(props.content_type().as_deref(), Some("text/plain"));
     assert!(
-        elapsed >= Duration::from_millis(6_500) && elapsed < s(10),
+        elapsed >= Duration::from_millis(6_500) && elapsed < Duration::from_secs(10),
         "{elapsed:?}"
     );
     // 4 s, 2 s, 1 s, then delivered. The scheduler counts the delivery once the broker has
@@ -408,20 +426,11 @@ fn a_multi_hop_delivery_on_a_short_ladder() {
 
 #[test]
 fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-keep");
-    clean_scheduler(&mut clean, &base, &["2s", "1s"]);
+    let (conn, mut clean, base) = scheduler_base("sched-keep", &["2s", "1s"]);
     let x = clean.exchange(&unique("sched-keep-x"));
     conn.declare_exchange(&acemq_amqp::ExchangeSpec::direct(&x))
         .unwrap();
-    let s = Duration::from_secs;
-    let scheduler = Scheduler::new(
-        &conn,
-        SchedulerOptions::new().base(&base).rungs([s(2), s(1)]),
-    )
-    .and_then(Scheduler::start)
-    .unwrap();
+    let scheduler = start_scheduler(&conn, on_rungs(&base, &[2, 1]));
     scheduler
         .after(Duration::ZERO, &x, "invoices", Message::new("kept"))
         .unwrap();
@@ -432,8 +441,7 @@ fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound
         scheduler.hops()
     );
     assert_eq!(scheduler.delivered(), 0);
-    let q = clean.queue(&unique("sched-keep-dest"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
+    let q = destination(&conn, &mut clean, "sched-keep-dest");
     conn.bind(
         &Binding::new()
             .queue(&q)
@@ -441,9 +449,7 @@ fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound
             .routing_key("invoices"),
     )
     .unwrap();
-    let raw = Raw::open();
-    let (_, body) = receive(&raw, &q, WAIT).expect("delivered once bound");
-    raw.close();
+    let (_, body, _) = receive_one(&q, "delivered once bound");
     assert_eq!(body, b"kept");
     assert!(eventually(WAIT, || scheduler.delivered() == 1));
     scheduler.close().unwrap();
@@ -451,55 +457,24 @@ fn a_due_message_with_no_bound_queue_is_kept_and_delivered_once_a_queue_is_bound
 
 #[test]
 fn a_control_message_without_the_scheduler_headers_is_rejected_not_retried() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-foreign-msg");
-    clean_scheduler(&mut clean, &base, &["1s"]);
-    let q = clean.queue(&unique("sched-foreign-dest"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let scheduler = Scheduler::new(
-        &conn,
-        SchedulerOptions::new()
-            .base(&base)
-            .rungs([Duration::from_secs(1)]),
-    )
-    .and_then(Scheduler::start)
-    .unwrap();
+    let (conn, mut clean, base) = scheduler_base("sched-foreign-msg", &["1s"]);
+    let q = destination(&conn, &mut clean, "sched-foreign-dest");
+    let scheduler = start_scheduler(&conn, on_rungs(&base, &[1]));
     let p = conn.publisher().unwrap();
-    p.publish("", &format!("{base}.due"), Message::new("not scheduled"))
-        .unwrap();
+    let due = format!("{base}.due");
+    p.publish("", &due, Message::new("not scheduled")).unwrap();
     // Unreadable due time.
-    p.publish(
-        "",
-        &format!("{base}.due"),
-        Message::new("bad due")
-            .with_header(headers::SCHEDULE_EXCHANGE, "")
-            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .with_header(headers::SCHEDULE_DUE_AT, HeaderValue::Bool(true)),
-    )
-    .unwrap();
+    let bad = addressed(Message::new("bad due"), &q, HeaderValue::Bool(true));
+    p.publish("", &due, bad).unwrap();
     // A well-formed one, as another library writes it (due at as decimal text even).
-    p.publish(
-        "",
-        &format!("{base}.due"),
-        Message::new("good")
-            .with_header(headers::SCHEDULE_EXCHANGE, "")
-            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .with_header(headers::SCHEDULE_DUE_AT, "0"),
-    )
-    .unwrap();
+    p.publish("", &due, addressed(Message::new("good"), &q, "0"))
+        .unwrap();
     p.close().unwrap();
-    let raw = Raw::open();
-    let (props, body) = receive(&raw, &q, WAIT).expect("the good one");
-    raw.close();
+    let (props, body, _) = receive_one(&q, "the good one");
     assert_eq!(body, b"good");
     assert_eq!(props.content_type().as_deref(), Some("application/json"));
     assert!(eventually(WAIT, || scheduler.rejected() == 2));
-    assert!(eventually(WAIT, || conn
-        .queue_info(&format!("{base}.due"))
-        .unwrap()
-        .message_count
-        == 0));
+    support::wait_for_count(&conn, &format!("{base}.due"), 0, WAIT);
     assert_eq!(scheduler.rejected(), 2, "rejected once each, not retried");
     scheduler.close().unwrap();
 }
@@ -513,14 +488,7 @@ fn scheduler_child() {
         return;
     };
     let conn = connect();
-    let _scheduler = Scheduler::new(
-        &conn,
-        SchedulerOptions::new()
-            .base(&base)
-            .rungs([Duration::from_secs(1)]),
-    )
-    .and_then(Scheduler::start)
-    .unwrap();
+    let _scheduler = start_scheduler(&conn, on_rungs(&base, &[1]));
     println!("child scheduler running");
     // Killed by the parent long before this.
     std::thread::sleep(Duration::from_secs(120));
@@ -528,15 +496,9 @@ fn scheduler_child() {
 
 #[test]
 fn a_scheduler_killed_mid_hop_loses_nothing() {
-    let conn = connect();
-    let mut clean = Cleanup::new(&conn);
-    let base = unique("sched-crash");
-    clean_scheduler(&mut clean, &base, &["1s"]);
-    let q = clean.queue(&unique("sched-crash-dest"));
-    conn.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let options = SchedulerOptions::new()
-        .base(&base)
-        .rungs([Duration::from_secs(1)]);
+    let (conn, mut clean, base) = scheduler_base("sched-crash", &["1s"]);
+    let q = destination(&conn, &mut clean, "sched-crash-dest");
+    let options = on_rungs(&base, &[1]);
     options.topology().apply(&conn).unwrap();
 
     // 60 scheduled messages on the 1 s rung, due 2 to 7 s from now, as any scheduler writes them.
@@ -544,11 +506,8 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
     let now = acemq_amqp::now_ms();
     let mut ids = HashSet::new();
     for i in 0..60i64 {
-        let m = Message::new(format!("m{i}"))
-            .with_type("ScheduledMessage")
-            .with_header(headers::SCHEDULE_EXCHANGE, "")
-            .with_header(headers::SCHEDULE_ROUTING_KEY, q.as_str())
-            .with_header(headers::SCHEDULE_DUE_AT, now + 2_000 + i * 80)
+        let m = Message::new(format!("m{i}")).with_type("ScheduledMessage");
+        let m = addressed(m, &q, now + 2_000 + i * 80)
             .with_header(headers::SCHEDULE_CONTENT_TYPE, "text/plain");
         ids.insert(m.id().to_string());
         p.publish(&base, &format!("{base}.1s"), m).unwrap();
@@ -577,9 +536,7 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
     assert!(at_kill < 60, "killed too late to be mid-hop: {at_kill}");
 
     // Another scheduler takes over: every message arrives (a duplicate is allowed, a loss not).
-    let scheduler = Scheduler::new(&conn, options)
-        .and_then(Scheduler::start)
-        .unwrap();
+    let scheduler = start_scheduler(&conn, options);
     let raw = Raw::open();
     let mut seen = HashSet::new();
     let deadline = Instant::now() + WAIT;
@@ -603,21 +560,11 @@ fn a_scheduler_killed_mid_hop_loses_nothing() {
 /// through either is delivered exactly once.
 #[test]
 fn two_schedulers_share_the_topology_and_the_work_and_deliver_each_message_once() {
-    let conn_a = connect();
+    let (conn_a, mut clean, base) = scheduler_base("sched-shared", &["2s", "1s"]);
     let conn_b = connect();
-    let mut clean = Cleanup::new(&conn_a);
-    let base = unique("sched-shared");
-    clean_scheduler(&mut clean, &base, &["2s", "1s"]);
-    let q = clean.queue(&unique("sched-shared-dest"));
-    conn_a.declare_queue(&QueueSpec::new(&q).classic()).unwrap();
-    let s = Duration::from_secs;
-    let options = || SchedulerOptions::new().base(&base).rungs([s(2), s(1)]);
-    let a = Scheduler::new(&conn_a, options())
-        .and_then(Scheduler::start)
-        .unwrap();
-    let b = Scheduler::new(&conn_b, options())
-        .and_then(Scheduler::start)
-        .unwrap();
+    let q = destination(&conn_a, &mut clean, "sched-shared-dest");
+    let a = start_scheduler(&conn_a, on_rungs(&base, &[2, 1]));
+    let b = start_scheduler(&conn_b, on_rungs(&base, &[2, 1]));
     let mut sent = HashSet::new();
     for i in 0..40 {
         let by = if i % 2 == 0 { &a } else { &b };

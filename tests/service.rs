@@ -289,11 +289,7 @@ fn the_relay_sweeps_after_the_consumers_stop() {
     let names: Vec<&str> = report.parts.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, vec![format!("consumer:{q}").as_str(), "relay"]);
     assert_eq!(report.parts[1].handled, 5, "{report}");
-    assert!(eventually(WAIT, || conn
-        .queue_info(&out)
-        .unwrap()
-        .message_count
-        == 5));
+    support::wait_for_count(&conn, &out, 5, WAIT);
 }
 
 #[test]
@@ -320,24 +316,10 @@ fn a_part_that_cannot_start_stops_the_ones_started_and_says_why() {
 }
 
 #[cfg(feature = "actuator")]
-fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(20)))
-        .build()
-        .into();
-    let mut response = agent
-        .get(&format!("http://{addr}{path}"))
-        .call()
-        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-    let status = response.status().as_u16();
-    (status, response.body_mut().read_to_string().unwrap())
-}
-
-#[cfg(feature = "actuator")]
 #[test]
 fn readiness_turns_down_first_while_a_running_handler_finishes() {
     use acemq_amqp::actuator::ActuatorOptions;
+    use support::http::get;
 
     let (conn, _clean, q) = declared_consumed_queue("service-ready");
     let open = Arc::new(AtomicBool::new(false));

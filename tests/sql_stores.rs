@@ -25,24 +25,60 @@ use acemq_amqp::sql::{create_schema, schema_ddl, Sql, Table, Value};
 use acemq_amqp::Error;
 use db::{Backend, Db};
 
+/// An idempotency store with the default options on a table of the test's own, created; the
+/// store and its table.
 fn idem(db: &Db) -> (SqlIdempotencyStore, String) {
-    let table = db.table("idem");
-    let store = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default().table(&table),
-    )
-    .unwrap();
-    store.create_table().unwrap();
-    (store, table)
+    idem_with(db, "idem", |o| o)
 }
 
-fn outbox(db: &Db, table: &str) -> SqlOutboxStore {
-    let store =
-        SqlOutboxStore::open(db.factory(), SqlOutboxStoreOptions::default().table(table)).unwrap();
+/// An idempotency store on a table of the test's own named after `name`, created, its options
+/// shaped by `options`; the store and its table.
+fn idem_with(
+    db: &Db,
+    name: &str,
+    options: impl FnOnce(SqlIdempotencyStoreOptions) -> SqlIdempotencyStoreOptions,
+) -> (SqlIdempotencyStore, String) {
+    let table = db.table(name);
+    (idem_on(db, &table, options), table)
+}
+
+/// An idempotency store on `table`, created, its options shaped by `options`.
+fn idem_on(
+    db: &Db,
+    table: &str,
+    options: impl FnOnce(SqlIdempotencyStoreOptions) -> SqlIdempotencyStoreOptions,
+) -> SqlIdempotencyStore {
+    let store = SqlIdempotencyStore::open(
+        db.factory(),
+        options(SqlIdempotencyStoreOptions::default().table(table)),
+    )
+    .unwrap();
     store.create_table().unwrap();
     store
 }
 
+/// An outbox store with the default options on `table`, created.
+fn outbox(db: &Db, table: &str) -> SqlOutboxStore {
+    outbox_with(db, table, |o| o)
+}
+
+/// An outbox store on `table`, created, its options shaped by `options`.
+fn outbox_with(
+    db: &Db,
+    table: &str,
+    options: impl FnOnce(SqlOutboxStoreOptions) -> SqlOutboxStoreOptions,
+) -> SqlOutboxStore {
+    let store = SqlOutboxStore::open(
+        db.factory(),
+        options(SqlOutboxStoreOptions::default().table(table)),
+    )
+    .unwrap();
+    store.create_table().unwrap();
+    store
+}
+
+/// The test's outbox record `n`: to `orders` with the key `order.{n}`, a body of bytes that are
+/// not UTF-8, and two headers.
 fn record(n: usize) -> NewOutboxRecord {
     let mut headers = serde_json::Map::new();
     headers.insert("n".into(), serde_json::json!(n));
@@ -360,15 +396,7 @@ fn idem_claim_race_on_transactions(db: &Db) {
 }
 
 fn idem_lease_take_over(db: &Db) {
-    let table = db.table("lease");
-    let store = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default()
-            .table(&table)
-            .claim_timeout(Duration::from_millis(300)),
-    )
-    .unwrap();
-    store.create_table().unwrap();
+    let (store, _) = idem_with(db, "lease", |o| o.claim_timeout(Duration::from_millis(300)));
     assert!(store.claim("k").unwrap().is_claimed());
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
     thread::sleep(Duration::from_millis(400));
@@ -381,30 +409,23 @@ fn idem_lease_take_over(db: &Db) {
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
 }
 
-fn fenced_store(db: &Db) -> SqlIdempotencyStore {
-    let store = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default()
-            .table(db.table("fence"))
-            .claim_timeout(Duration::from_secs(1)),
-    )
-    .unwrap();
-    store.create_table().unwrap();
-    store
-}
-
-/// A's lease runs out mid-handler, B takes the key over, A confirms, B fails and gives its claim
-/// back: A's receipt survives, so the next delivery is a duplicate.
-fn idem_taken_over_claim_keeps_the_first_holders_receipt(db: &Db) {
-    let store = fenced_store(db);
+/// A store whose claims are leased for 1 s, with `k` claimed by A, then (in progress while A's
+/// lease holds) taken over by B once it ran out (within 20 s): the store, A's and B's tokens.
+fn a_claim_taken_over(db: &Db) -> (SqlIdempotencyStore, ClaimToken, ClaimToken) {
+    let (store, _) = idem_with(db, "fence", |o| o.claim_timeout(Duration::from_secs(1)));
     let a = claimed(store.claim("k").unwrap());
-    // B: in progress while A's lease holds, then taken over.
     let mut b = None;
     assert!(support::eventually(Duration::from_secs(20), || {
         b = store.claim("k").unwrap().token().cloned();
         b.is_some()
     }));
-    let b = b.unwrap();
+    (store, a, b.unwrap())
+}
+
+/// A's lease runs out mid-handler, B takes the key over, A confirms, B fails and gives its claim
+/// back: A's receipt survives, so the next delivery is a duplicate.
+fn idem_taken_over_claim_keeps_the_first_holders_receipt(db: &Db) {
+    let (store, a, b) = a_claim_taken_over(db);
     assert_ne!(a, b);
     store.confirm("k", &a).unwrap(); // A finished its work
     store.release("k", &b).unwrap(); // B failed
@@ -420,34 +441,22 @@ fn idem_taken_over_claim_keeps_the_first_holders_receipt(db: &Db) {
 
 /// A's lease runs out, B takes the key over, A fails: A's give-back must not delete B's claim.
 fn idem_stale_holder_cannot_forget_the_new_holders_claim(db: &Db) {
-    let store = fenced_store(db);
-    let a = claimed(store.claim("k").unwrap());
-    let mut b = None;
-    assert!(support::eventually(Duration::from_secs(20), || {
-        b = store.claim("k").unwrap().token().cloned();
-        b.is_some()
-    }));
+    let (store, a, b) = a_claim_taken_over(db);
     store.release("k", &a).unwrap(); // A failed
     assert_eq!(
         store.claim("k").unwrap(),
         Claim::InProgress,
         "B still holds the key"
     );
-    store.confirm("k", &b.unwrap()).unwrap();
+    store.confirm("k", &b).unwrap();
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
 }
 
 fn idem_retention_and_purge(db: &Db) {
-    let table = db.table("ret");
-    let store = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default()
-            .table(&table)
-            .claim_timeout(Duration::from_secs(60))
-            .retention(Duration::from_secs(3)),
-    )
-    .unwrap();
-    store.create_table().unwrap();
+    let (store, table) = idem_with(db, "ret", |o| {
+        o.claim_timeout(Duration::from_secs(60))
+            .retention(Duration::from_secs(3))
+    });
     assert!(store.first_time("old").unwrap());
     assert!(store.claim("live").unwrap().is_claimed());
     // Time itself is what this test is about: "old" must be past its retention, and "new"
@@ -485,14 +494,7 @@ fn idem_purge_confirmed_before_keeps_the_younger(db: &Db) {
 /// Retired outbox records before the cutoff go; pending ones never do.
 fn outbox_purge_retired_before_keeps_the_pending(db: &Db) {
     let table = db.table("ret_outbox");
-    let store = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(&table)
-            .max_attempts(1),
-    )
-    .unwrap();
-    store.create_table().unwrap();
+    let store = outbox_with(db, &table, |o| o.max_attempts(1));
     let ids: Vec<i64> = (0..2)
         .map(|n| db.in_tx(true, |tx| store.add(tx, &record(n)).unwrap()))
         .collect();
@@ -594,14 +596,7 @@ fn outbox_refuses_autocommit(db: &Db) {
 
 fn outbox_order_failures_retirement_release(db: &Db) {
     let table = db.table("ob");
-    let store = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(&table)
-            .max_attempts(2),
-    )
-    .unwrap();
-    store.create_table().unwrap();
+    let store = outbox_with(db, &table, |o| o.max_attempts(2));
     let ids: Vec<i64> = db.in_tx(true, |tx| {
         (0..5).map(|n| store.add(tx, &record(n)).unwrap()).collect()
     });
@@ -739,14 +734,7 @@ fn outbox_delete_and_lease_in_one_step(db: &Db) {
     // Leases of 1 ms: by the time the batch is confirmed they have run out, so the lease half
     // of the step could pick the very records its delete half removes.
     let expired_table = db.table("obdl2");
-    let c = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default()
-            .table(&expired_table)
-            .lease(Duration::from_millis(1)),
-    )
-    .unwrap();
-    c.create_table().unwrap();
+    let c = outbox_with(db, &expired_table, |o| o.lease(Duration::from_millis(1)));
     let mine: Vec<i64> = db.in_tx(true, |tx| {
         (0..5).map(|n| c.add(tx, &record(n)).unwrap()).collect()
     });
@@ -1348,28 +1336,56 @@ fn ahead_of_database_clock(db: &Db, table: &str, column: &str) -> Vec<i64> {
         .collect()
 }
 
+/// On PostgreSQL: a table of the test's own named after `name` and a store on it made by
+/// `store` (with `lease`); then the child, its clock shifted by `offset_ms`, plays `role` on it.
+fn after_a_skewed_child<S>(
+    name: &str,
+    offset_ms: i64,
+    role: &str,
+    lease: Duration,
+    store: impl FnOnce(&Db, &str, Duration) -> S,
+) -> (Db, String, S) {
+    let db = Db::postgres();
+    let table = db.table(name);
+    let store = store(&db, &table, lease);
+    run_with_clock(offset_ms, role, &table, lease);
+    (db, table, store)
+}
+
+/// Asserts every row's `column` of `table` lies ahead of the database's clock by an amount in
+/// `range` (ms), saying `what` it is.
+fn assert_ahead_of_database_clock(
+    db: &Db,
+    table: &str,
+    column: &str,
+    range: impl std::ops::RangeBounds<i64> + std::fmt::Debug,
+    what: &str,
+) {
+    for ahead in ahead_of_database_clock(db, table, column) {
+        assert!(
+            range.contains(&ahead),
+            "{what} {ahead} ms ahead, not within {range:?} ms"
+        );
+    }
+}
+
+/// An idempotency store on `table` whose claims and receipts last `lease`, its table created.
 fn skew_idempotency_store(db: &Db, table: &str, lease: Duration) -> SqlIdempotencyStore {
-    let store = SqlIdempotencyStore::open(
-        db.factory(),
-        SqlIdempotencyStoreOptions::default()
-            .table(table)
-            .claim_timeout(lease)
-            .retention(lease),
-    )
-    .unwrap();
-    store.create_table().unwrap();
-    store
+    idem_on(db, table, |o| o.claim_timeout(lease).retention(lease))
 }
 
 /// A host whose clock runs ten minutes behind claims with a 30 s lease: its claim and its
 /// receipts hold by the database's clock, so a host on the right time cannot take them over.
 #[test]
 fn idem_claims_from_a_clock_behind_hold_by_the_database_clock() {
-    let db = Db::postgres();
-    let table = db.table("skew_idem_behind");
     let lease = Duration::from_secs(30);
-    let store = skew_idempotency_store(&db, &table, lease);
-    run_with_clock(-SKEW_MS, "idempotency", &table, lease);
+    let (db, table, store) = after_a_skewed_child(
+        "skew_idem_behind",
+        -SKEW_MS,
+        "idempotency",
+        lease,
+        skew_idempotency_store,
+    );
     assert_eq!(
         store.claim("live").unwrap(),
         Claim::InProgress,
@@ -1378,26 +1394,23 @@ fn idem_claims_from_a_clock_behind_hold_by_the_database_clock() {
     assert_eq!(store.claim("done").unwrap(), Claim::Duplicate);
     assert!(!store.first_time("seen").unwrap());
     assert_eq!(store.purge_expired().unwrap(), 0, "nothing has expired");
-    for ahead in ahead_of_database_clock(&db, &table, "deadline_ms") {
-        assert!(ahead > 0 && ahead <= 30_000, "deadline {ahead} ms ahead");
-    }
+    assert_ahead_of_database_clock(&db, &table, "deadline_ms", 1..=30_000, "deadline");
 }
 
 /// A host whose clock runs ten minutes ahead claims with a 1 s lease: the claim and receipts
 /// expire 1 s later by the database's clock, not ten minutes later.
 #[test]
 fn idem_claims_from_a_clock_ahead_expire_by_the_database_clock() {
-    let db = Db::postgres();
-    let table = db.table("skew_idem_ahead");
     let lease = Duration::from_secs(1);
-    let store = skew_idempotency_store(&db, &table, lease);
-    run_with_clock(SKEW_MS, "idempotency", &table, lease);
-    for ahead in ahead_of_database_clock(&db, &table, "deadline_ms") {
-        assert!(
-            ahead <= 1_000,
-            "deadline {ahead} ms ahead, the lease is 1000 ms"
-        );
-    }
+    let (db, table, store) = after_a_skewed_child(
+        "skew_idem_ahead",
+        SKEW_MS,
+        "idempotency",
+        lease,
+        skew_idempotency_store,
+    );
+    // The lease is 1000 ms.
+    assert_ahead_of_database_clock(&db, &table, "deadline_ms", ..=1_000, "deadline");
     let mut purged = 0;
     assert!(
         support::eventually(Duration::from_secs(20), || {
@@ -1410,13 +1423,10 @@ fn idem_claims_from_a_clock_ahead_expire_by_the_database_clock() {
     assert!(store.claim("done").unwrap().is_claimed());
 }
 
+/// An outbox store on `table` whose leases last `lease`, its table created, with one record;
+/// the store and the record's id.
 fn skew_outbox(db: &Db, table: &str, lease: Duration) -> (SqlOutboxStore, i64) {
-    let store = SqlOutboxStore::open(
-        db.factory(),
-        SqlOutboxStoreOptions::default().table(table).lease(lease),
-    )
-    .unwrap();
-    store.create_table().unwrap();
+    let store = outbox_with(db, table, |o| o.lease(lease));
     let id = db.in_tx(true, |tx| store.add(tx, &record(1)).unwrap());
     (store, id)
 }
@@ -1425,35 +1435,25 @@ fn skew_outbox(db: &Db, table: &str, lease: Duration) -> (SqlOutboxStore, i64) {
 /// offered it while the lease holds by the database's clock.
 #[test]
 fn outbox_leases_from_a_clock_behind_hold_by_the_database_clock() {
-    let db = Db::postgres();
-    let table = db.table("skew_ob_behind");
     let lease = Duration::from_secs(30);
-    let (store, _) = skew_outbox(&db, &table, lease);
-    run_with_clock(-SKEW_MS, "outbox", &table, lease);
+    let (db, table, (store, _)) =
+        after_a_skewed_child("skew_ob_behind", -SKEW_MS, "outbox", lease, skew_outbox);
     assert!(
         store.pending(10).unwrap().is_empty(),
         "the slow relay's lease holds by the database's clock"
     );
-    for ahead in ahead_of_database_clock(&db, &table, "lease_until_ms") {
-        assert!(ahead > 0 && ahead <= 30_000, "lease ends {ahead} ms ahead");
-    }
+    assert_ahead_of_database_clock(&db, &table, "lease_until_ms", 1..=30_000, "lease ends");
 }
 
 /// A relay whose clock runs ten minutes ahead leases a record for 1 s: another relay is offered
 /// it 1 s later by the database's clock, not ten minutes later.
 #[test]
 fn outbox_leases_from_a_clock_ahead_expire_by_the_database_clock() {
-    let db = Db::postgres();
-    let table = db.table("skew_ob_ahead");
     let lease = Duration::from_secs(1);
-    let (store, id) = skew_outbox(&db, &table, lease);
-    run_with_clock(SKEW_MS, "outbox", &table, lease);
-    for ahead in ahead_of_database_clock(&db, &table, "lease_until_ms") {
-        assert!(
-            ahead <= 1_000,
-            "lease ends {ahead} ms ahead, the lease is 1000 ms"
-        );
-    }
+    let (db, table, (store, id)) =
+        after_a_skewed_child("skew_ob_ahead", SKEW_MS, "outbox", lease, skew_outbox);
+    // The lease is 1000 ms.
+    assert_ahead_of_database_clock(&db, &table, "lease_until_ms", ..=1_000, "lease ends");
     let mut got = Vec::new();
     assert!(
         support::eventually(Duration::from_secs(20), || {
@@ -1469,16 +1469,23 @@ fn outbox_leases_from_a_clock_ahead_expire_by_the_database_clock() {
 /// clock: purging those older than five minutes keeps them.
 #[test]
 fn batch_receipts_from_a_clock_behind_are_dated_by_the_database_clock() {
-    let db = Db::postgres();
-    let table = db.table("skew_receipts");
-    let store = BatchStore::new(
-        db.factory(),
-        |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
-        BatchStoreOptions::new().table(&table),
-    )
-    .unwrap();
-    store.create_table().unwrap();
-    run_with_clock(-SKEW_MS, "receipts", &table, Duration::from_secs(1));
+    let lease = Duration::from_secs(1);
+    let (_db, _table, store) = after_a_skewed_child(
+        "skew_receipts",
+        -SKEW_MS,
+        "receipts",
+        lease,
+        |db, table, _| {
+            let store = BatchStore::new(
+                db.factory(),
+                |_: &mut dyn Sql, _: &AckMessage| Ok("done".to_string()),
+                BatchStoreOptions::new().table(table),
+            )
+            .unwrap();
+            store.create_table().unwrap();
+            store
+        },
+    );
     assert_eq!(
         store.purge(Duration::from_secs(5 * 60)).unwrap(),
         0,

@@ -137,11 +137,7 @@ fn a_trace_on_an_incoming_message_reaches_everything_published_because_of_it() {
     publish_traced(&input, br#"{"order":"o-1"}"#);
 
     let dlq = dead_letter_queue(&mid);
-    assert!(eventually(WAIT, || conn
-        .queue_info(&dlq)
-        .unwrap()
-        .message_count
-        == 1));
+    support::wait_for_count(&conn, &dlq, 1, WAIT);
     // Hop 4: the relay publishes the record on a thread of its own, later.
     let store = InMemoryOutboxStore::new();
     for rec in records.lock().unwrap().iter() {

@@ -8,6 +8,8 @@ pub mod alarm;
 pub mod both;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod db;
+#[cfg(feature = "actuator")]
+pub mod http;
 #[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub mod idem;
 pub mod keyed;
@@ -280,6 +282,17 @@ pub fn collect(
 /// Polls `f` until it is true or `timeout` passes (`acemq_amqp::testing::wait_until`).
 pub fn eventually(timeout: Duration, f: impl FnMut() -> bool) -> bool {
     acemq_amqp::testing::wait_until(timeout, f).is_ok()
+}
+
+/// Waits (up to `timeout`) until `queue` holds exactly `n` messages; fails the test, saying how
+/// many it holds, if it does not.
+pub fn wait_for_count(conn: &Connection, queue: &str, n: u32, timeout: Duration) {
+    assert!(
+        eventually(timeout, || conn.queue_info(queue).unwrap().message_count
+            == n),
+        "{queue} holds {:?} messages, not {n}",
+        conn.queue_info(queue).map(|info| info.message_count)
+    );
 }
 
 /// Sets its flag when dropped. Inside `std::thread::scope`, a failed assertion in the scope's
