@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use acemq_amqp::patterns::consumer_group::{ConsumerGroup, ConsumerGroupOptions};
 use acemq_amqp::{ConnectionOptions, ConsumerOptions, Error, Message, Outcome, QueueSpec};
-use support::{amqp_url, connect_with, publish_n};
+use support::{amqp_url, connect_with, eventually, publish_n};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -167,9 +167,5 @@ fn a_group_in_a_service_gives_back_its_running_handlers_at_the_drain_deadline() 
     assert_eq!(report.abandoned(), 2, "{report}");
     assert_eq!(report.exit_code(), 75, "{report}");
     // Given back: both are on the queue again for the next process.
-    assert!(eventually(WAIT, || conn
-        .queue_info(&q)
-        .unwrap()
-        .message_count
-        == 2));
+    support::wait_for_count(&conn, &q, 2, WAIT);
 }
