@@ -1,4 +1,4 @@
-//! The idempotent consumer against RabbitMQ, on SQLite and PostgreSQL.
+//! The idempotent consumer against RabbitMQ, on SQLite, PostgreSQL and MySQL/MariaDB.
 
 mod support;
 
@@ -79,7 +79,7 @@ fn effects_table(db: &Db) -> String {
     let t = db.table("effects");
     db.connect()
         .execute(
-            &format!("CREATE TABLE {t} (key TEXT NOT NULL, note TEXT)"),
+            &format!("CREATE TABLE {t} (effect_key TEXT NOT NULL, note TEXT)"),
             &[],
         )
         .unwrap();
@@ -103,7 +103,7 @@ fn store(db: &Db, lease: Duration) -> SqlIdempotencyStore {
 fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
     let p = conn.dialect().placeholder(1);
     conn.execute(
-        &format!("INSERT INTO {table} (key) VALUES ({p})"),
+        &format!("INSERT INTO {table} (effect_key) VALUES ({p})"),
         &[Value::Text(key.to_string())],
     )
 }
@@ -231,7 +231,12 @@ fn on_driver_tx(
             move |m: &Message, tx: &mut postgres::Transaction<'_>| work(m, tx),
             IdempotentOptions::default(),
         )),
-        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+        Backend::Mysql => Box::new(idempotent_tx(
+            store,
+            db::my_connect,
+            move |m: &Message, tx: &mut mysql::Transaction<'_>| work(m, tx),
+            IdempotentOptions::default(),
+        )),
     };
     move |m: &Message| handler.handle(m)
 }
@@ -461,9 +466,14 @@ fn observed() -> (Connection, Settled) {
 /// The state of `key` in the idempotency table, if it has a row.
 fn state_of(conn: &mut dyn Sql, table: &str, key: &str) -> Option<String> {
     let p = conn.dialect().placeholder(1);
+    // (`key` is a reserved word on MySQL: the store quotes it there.)
+    let key_column = match conn.dialect() {
+        acemq_amqp::sql::Dialect::Mysql => "`key`",
+        _ => "key",
+    };
     let rows = conn
         .query(
-            &format!("SELECT state FROM {table} WHERE key = {p}"),
+            &format!("SELECT state FROM {table} WHERE {key_column} = {p}"),
             &[Value::Text(key.to_string())],
         )
         .unwrap();
@@ -570,7 +580,7 @@ fn consume_then_record_in_one_transaction(db: &Db) {
             &serde_json::json!({"after": m.id()}),
         )
     };
-    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
+    let insert = format!("INSERT INTO {effects} (effect_key) VALUES ($1)");
     let ob = outbox.clone();
     // The business write with the driver's own API, the outbox record on the same transaction.
     let handler: Box<dyn Handler + Send + Sync> = match db.backend {
@@ -601,7 +611,16 @@ fn consume_then_record_in_one_transaction(db: &Db) {
             },
             IdempotentOptions::default(),
         )),
-        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+        Backend::Mysql => Box::new(idempotent_tx(
+            store,
+            db::my_connect,
+            move |m: &Message, tx: &mut mysql::Transaction<'_>| {
+                Sql::execute(tx, &insert, &[Value::Text(m.id().to_string())])?;
+                ob.add(tx, &next(m)?)?;
+                Ok(Outcome::Accept)
+            },
+            IdempotentOptions::default(),
+        )),
     };
     let handler = move |m: &Message| handler.handle(m);
     let consumer = consume_retrying(&conn, &q, 3, handler);
@@ -711,13 +730,21 @@ fn a_duplicate_absorbed_is_reported_and_counted(db: &Db) {
             );
             (h.duplicates(), deliver_twice(&tx_q, h))
         }
-        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+        Backend::Mysql => {
+            let h = idempotent_tx(
+                store,
+                db::my_connect,
+                |_: &Message, _: &mut mysql::Transaction<'_>| Ok(Outcome::Accept),
+                IdempotentOptions::default().observer(seen.clone()),
+            );
+            (h.duplicates(), deliver_twice(&tx_q, h))
+        }
     };
     assert_eq!(*seen.0.lock().unwrap(), vec![(message.id().to_string(), 1)]);
     assert_eq!(count.get(), 1);
 }
 
-on_both_databases!(
+on_every_database!(
     a_duplicate_absorbed_is_reported_and_counted,
     a_lease_taken_over_mid_handler_keeps_the_first_receipt,
     consume_then_record_in_one_transaction,
@@ -797,7 +824,7 @@ fn assert_handled_at_the_first_attempt_on(
     let (_clean, q) = queue_on(&conn, prefix);
     let effects = effects_table(db);
     let store = Arc::new(store(db, Duration::from_secs(30)));
-    let insert = format!("INSERT INTO {effects} (key) VALUES ($1)");
+    let insert = format!("INSERT INTO {effects} (effect_key) VALUES ($1)");
     let handler = idempotent_tx(
         store,
         checkout(pool),
@@ -838,7 +865,7 @@ fn a_connection_dead_at_begin_is_replaced_without_spending_an_attempt() {
     assert_handled_at_the_first_attempt_on(&db, &pool, "idem-pg-begin");
 }
 
-on_both_databases!(
+on_every_database!(
     duplicate_delivery_applies_the_effect_once,
     a_failed_attempt_gives_the_claim_back_so_the_retry_runs,
     a_claim_held_by_a_live_lease_is_in_progress,

@@ -231,8 +231,9 @@ pub fn my_client() -> mysql::Conn {
     }
 }
 
+/// A new MySQL connection, boxed as the tests' [`Conn`] (feature `mysql`).
 #[cfg(feature = "mysql")]
-fn my_connect_boxed() -> Result<Conn> {
+pub fn my_connect_boxed() -> Result<Conn> {
     Ok(Box::new(my_connect()?))
 }
 
@@ -255,8 +256,9 @@ fn my_in_tx<R>(commit: bool, f: impl FnOnce(&mut dyn Sql) -> R) -> R {
     r
 }
 
+/// Without the `mysql` feature no MySQL `Db` is ever made, so this is never called.
 #[cfg(not(feature = "mysql"))]
-fn my_connect_boxed() -> Result<Conn> {
+pub fn my_connect_boxed() -> Result<Conn> {
     unreachable!("a MySQL Db is made by Db::mysql, which needs the mysql feature")
 }
 

@@ -9,11 +9,11 @@ use acemq_amqp::sql::{Sql, Value};
 
 use super::db::Db;
 
-/// A table of effects (`key TEXT NOT NULL`), dropped at the end: one row per effect applied.
+/// A table of effects (`effect_key TEXT NOT NULL`), dropped at the end: one row per effect applied.
 pub fn effects_table(db: &Db) -> String {
     let t = db.table("effects");
     db.connect()
-        .execute(&format!("CREATE TABLE {t} (key TEXT NOT NULL)"), &[])
+        .execute(&format!("CREATE TABLE {t} (effect_key TEXT NOT NULL)"), &[])
         .unwrap();
     t
 }
@@ -22,14 +22,14 @@ pub fn effects_table(db: &Db) -> String {
 pub fn record_effect(conn: &mut dyn Sql, table: &str, key: &str) -> acemq_amqp::Result<u64> {
     let p = conn.dialect().placeholder(1);
     conn.execute(
-        &format!("INSERT INTO {table} (key) VALUES ({p})"),
+        &format!("INSERT INTO {table} (effect_key) VALUES ({p})"),
         &[Value::Text(key.to_string())],
     )
 }
 
 /// The keys in `table`, sorted.
 pub fn keys(db: &Db, table: &str) -> Vec<String> {
-    let mut keys = texts(db, &format!("SELECT key FROM {table}"));
+    let mut keys = texts(db, &format!("SELECT effect_key FROM {table}"));
     keys.sort();
     keys
 }
@@ -94,10 +94,10 @@ pub fn crash_child(db: &Db, queue: &str, idem_table: &str, effects: &str) -> std
     child
         .env(
             "ACEMQ_CRASH_BACKEND",
-            if db.backend == super::db::Backend::Sqlite {
-                "sqlite"
-            } else {
-                "postgres"
+            match db.backend {
+                super::db::Backend::Sqlite => "sqlite",
+                super::db::Backend::Postgres => "postgres",
+                super::db::Backend::Mysql => "mysql",
             },
         )
         .env("ACEMQ_CRASH_SQLITE", db.sqlite_path())
@@ -124,6 +124,7 @@ impl CrashChild {
         let backend = match std::env::var("ACEMQ_CRASH_BACKEND").as_deref() {
             Ok("sqlite") => Backend::Sqlite,
             Ok("postgres") => Backend::Postgres,
+            Ok("mysql") => Backend::Mysql,
             _ => return None,
         };
         let var = |n: &str| std::env::var(n).unwrap();
@@ -146,7 +147,7 @@ impl CrashChild {
             Ok(match backend {
                 Backend::Sqlite => Box::new(db::sqlite_open(&sqlite)?),
                 Backend::Postgres => Box::new(db::pg_connect()?),
-                Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+                Backend::Mysql => db::my_connect_boxed()?,
             })
         }
     }
