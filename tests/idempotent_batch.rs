@@ -1,5 +1,5 @@
 //! The batched transactional idempotent consumer (`idempotent_tx(..).batch(..)`) against
-//! RabbitMQ, on SQLite and PostgreSQL: one transaction per batch, a savepoint per message,
+//! RabbitMQ, on SQLite, PostgreSQL and MySQL/MariaDB: one transaction per batch, a savepoint per message,
 //! acknowledged only after the commit, and a kill before and after a batch's commit.
 
 mod support;
@@ -60,7 +60,14 @@ fn batched(
             let d = h.duplicates();
             (Box::new(h), d)
         }
-        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+        Backend::Mysql => {
+            let work = move |m: &Message, tx: &mut mysql::Transaction<'_>| work(m, tx);
+            let h = idempotent_tx(store, db::my_connect, work, options)
+                .batch(batching)
+                .unwrap();
+            let d = h.duplicates();
+            (Box::new(h), d)
+        }
     }
 }
 
@@ -406,7 +413,7 @@ fn a_batch_of_zero_is_refused() {
     assert!(e.to_string().contains("from 1 to 10000"), "{e}");
 }
 
-on_both_databases!(
+on_every_database!(
     a_backlog_commits_in_batches_each_effect_once,
     concurrent_workers_calls_are_gathered_into_batches,
     a_failing_message_rolls_back_alone,
@@ -607,7 +614,7 @@ fn the_plain_wrapper_over_group_commit_applies_each_effect_once(db: &Db) {
     assert_eq!(keys(db, &effects), expected);
 }
 
-on_both_databases!(
+on_every_database!(
     concurrent_groups_claiming_the_same_keys_in_different_orders_never_deadlock,
     group_commit_keeps_claims_atomic_and_fenced,
     claims_and_confirms_sharing_groups_answer_as_alone,

@@ -1,7 +1,7 @@
 //! Edges of the idempotent consumer found by review (issue 35): a batch whose leader panics
 //! outside the handler, wrappers that hid batching, and the chain order that let an overrun's
-//! retry run beside its orphan. On the real broker, SQLite and PostgreSQL.
-#![cfg(all(feature = "sqlite", feature = "postgres"))]
+//! retry run beside its orphan. On the real broker, SQLite, PostgreSQL and MySQL/MariaDB.
+#![cfg(all(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 
 mod support;
 
@@ -83,7 +83,18 @@ fn batched_box(
                     .unwrap(),
             )
         }
-        Backend::Mysql => unreachable!("this scenario runs on SQLite and PostgreSQL"),
+        Backend::Mysql => {
+            let connect = move || {
+                maybe_panic();
+                db::my_connect()
+            };
+            let work = move |m: &Message, tx: &mut mysql::Transaction<'_>| work(m, tx);
+            Arc::new(
+                idempotent_tx(store, connect, work, options)
+                    .batch(batching)
+                    .unwrap(),
+            )
+        }
     }
 }
 
@@ -146,7 +157,7 @@ fn a_connect_that_panics_once_answers_every_caller_of_its_batch(db: &Db) {
     assert_eq!(keys(db, &effects), expected, "each applied once");
 }
 
-on_both_databases!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
+on_every_database!(a_connect_that_panics_once_answers_every_caller_of_its_batch);
 
 /// Publishes `n` messages, each with its own `k` header; their ids.
 fn publish_keyed(conn: &acemq_amqp::Connection, queue: &str, n: usize) -> Vec<String> {

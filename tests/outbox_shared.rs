@@ -1,6 +1,6 @@
 //! One outbox store shared by the handler that adds records and the relay that publishes them
 //! (issue 48): `OutboxRelay::new` takes an `Arc` of the store, so an application opens its
-//! outbox once. On SQLite and PostgreSQL.
+//! outbox once. On SQLite, PostgreSQL and MySQL/MariaDB.
 
 mod support;
 
@@ -98,4 +98,4 @@ fn one_store_serves_the_handler_and_the_relay(db: &Db) {
     );
 }
 
-on_both_databases!(one_store_serves_the_handler_and_the_relay);
+on_every_database!(one_store_serves_the_handler_and_the_relay);

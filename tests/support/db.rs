@@ -295,22 +295,3 @@ macro_rules! on_every_database {
         )*
     };
 }
-
-/// Defines `mod $name { fn sqlite(); fn postgres(); }` running `$name(&Db)` on each backend.
-#[macro_export]
-macro_rules! on_both_databases {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[test]
-                fn sqlite() {
-                    super::$name(&super::db::Db::sqlite());
-                }
-                #[test]
-                fn postgres() {
-                    super::$name(&super::db::Db::postgres());
-                }
-            }
-        )*
-    };
-}
