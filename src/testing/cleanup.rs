@@ -30,11 +30,12 @@ type Action = Box<dyn FnOnce() + Send>;
 /// use acemq_amqp::{Connection, QueueSpec};
 ///
 /// # fn main() -> acemq_amqp::Result<()> {
-/// let url = "amqp://guest:guest@127.0.0.1:5672/";
+/// // The broker the test run is given (each RabbitMQ major in turn).
+/// let url = std::env::var("ACEMQ_TEST_AMQP_URL").expect("the broker under test");
 /// let names = TestNames::current();
-/// let mut cleanup = Cleanup::new(url);
+/// let mut cleanup = Cleanup::new(&url);
 /// let queue = cleanup.queue(&names.queue("orders"));
-/// let connection = Connection::open(url)?;
+/// let connection = Connection::open(&url)?;
 /// connection.declare_queue(&QueueSpec::new(&queue))?;
 /// // … the test; `queue` is deleted when `cleanup` is dropped, even if this panics.
 /// # Ok(()) }

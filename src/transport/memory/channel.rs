@@ -98,6 +98,13 @@ impl MemoryChannel {
             .with(|st| st.method(conn, chan, |st| f(st, conn, chan)))
     }
 
+    /// Sets something on this channel's own state, under the broker's lock; on a closed channel
+    /// the error any call gets there.
+    fn on_chan<T>(&self, f: impl FnOnce(&mut super::state::Chan) -> T) -> R<T> {
+        let (conn, chan) = (self.conn, self.chan);
+        self.broker.with(|st| st.chan(conn, chan).map(f))
+    }
+
     /// ack / nack / reject: no answer in AMQP, so a refusal (an unknown tag) closes the
     /// channel after the call returned, as on RabbitMQ; the next call fails with it.
     fn settle(&self, delivery: Delivery, multiple: bool, requeue: Option<bool>) -> R<()> {
@@ -131,15 +138,10 @@ impl ChannelApi for MemoryChannel {
                 Err(st.chan(conn, chan).map(drop).unwrap_err())
             });
         }
-        self.method(|st, conn, chan| {
-            if global {
-                return Err(not_emulated("basic.qos with global=true"));
-            }
-            st.chan(conn, chan)
-                .expect("the channel is open: State::method checked it under this same lock")
-                .prefetch = prefetch_count;
-            Ok(())
-        })
+        if global {
+            return self.method(|_, _, _| Err(not_emulated("basic.qos with global=true")));
+        }
+        self.on_chan(|c| c.prefetch = prefetch_count)
     }
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()> {
         let (conn, chan) = (self.conn, self.chan);
@@ -161,30 +163,17 @@ impl ChannelApi for MemoryChannel {
         }
     }
     fn enable_publisher_confirms(&self) -> R<()> {
-        self.method(|st, conn, chan| {
-            st.chan(conn, chan)
-                .expect("the channel is open: State::method checked it under this same lock")
-                .confirms = true;
-            Ok(())
-        })
+        self.on_chan(|c| c.confirms = true)
     }
     fn listen_for_publisher_confirms(&self) -> R<Feed<Confirm>> {
-        self.method(|st, conn, chan| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            st.chan(conn, chan)
-                .expect("the channel is open: State::method checked it under this same lock")
-                .confirm_tx = Some(tx);
-            Ok(Feed::new(rx))
-        })
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.on_chan(|c| c.confirm_tx = Some(tx))?;
+        Ok(Feed::new(rx))
     }
     fn listen_for_returns(&self) -> R<Feed<Return>> {
-        self.method(|st, conn, chan| {
-            let (tx, rx) = crossbeam_channel::unbounded();
-            st.chan(conn, chan)
-                .expect("the channel is open: State::method checked it under this same lock")
-                .return_tx = Some(tx);
-            Ok(Feed::new(rx))
-        })
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.on_chan(|c| c.return_tx = Some(tx))?;
+        Ok(Feed::new(rx))
     }
     fn queue_declare(&self, queue: &str, options: QueueDeclareOptions) -> R<QueueState> {
         self.method(|st, conn, _| st.queue_declare(conn, queue, &options))

@@ -35,10 +35,9 @@ impl State {
                 return;
             };
             q.rr = (at + 1) % n;
-            let msg = q
-                .ready
-                .pop_front()
-                .expect("the queue is not empty: checked above under this same lock");
+            let Some(msg) = q.ready.pop_front() else {
+                return;
+            };
             let properties = super::queue::delivered_properties(*major, Some(q), &msg);
             let c = &mut q.consumers[at];
             let Some(ch) = conns

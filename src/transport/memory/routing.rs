@@ -224,10 +224,9 @@ impl State {
         arguments: FieldTable,
     ) -> Refused<()> {
         self.binding_ends(conn, queue, exchange)?;
-        let x = self
-            .exchanges
-            .get_mut(exchange)
-            .expect("the exchange exists: binding_ends checked it under this same lock");
+        let Some(x) = self.exchanges.get_mut(exchange) else {
+            return Err(no_exchange(exchange));
+        };
         if x.kind == Kind::Headers {
             match arguments.get("x-match") {
                 None => {}
@@ -267,10 +266,9 @@ impl State {
         arguments: &FieldTable,
     ) -> Refused<()> {
         self.binding_ends(conn, queue, exchange)?;
-        let x = self
-            .exchanges
-            .get_mut(exchange)
-            .expect("the exchange exists: binding_ends checked it under this same lock");
+        let Some(x) = self.exchanges.get_mut(exchange) else {
+            return Err(no_exchange(exchange));
+        };
         x.bindings
             .retain(|b| !(b.queue == queue && b.key == key && &b.arguments == arguments));
         self.auto_delete_exchanges();
