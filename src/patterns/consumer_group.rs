@@ -231,8 +231,18 @@ impl RunningConsumerGroup {
     ///
     /// The first error a member ended with ([`Error::Cancelled`] when the queue was deleted, …),
     /// after every member has been closed; further errors are logged.
-    pub fn close(mut self) -> Result<CloseReport> {
+    pub fn close(self) -> Result<CloseReport> {
+        self.close_within(None)
+    }
+
+    /// Closes every member together, each waiting `timeout` (else its own shutdown timeout).
+    fn close_within(mut self, timeout: Option<std::time::Duration>) -> Result<CloseReport> {
         let members = std::mem::take(&mut self.members);
+        if let Some(timeout) = timeout {
+            for member in &members {
+                member.set_shutdown_timeout(timeout);
+            }
+        }
         let (report, result) = close_all(&self.queue, members);
         result.map(|()| report)
     }
@@ -247,13 +257,8 @@ impl RunningConsumerGroup {
     /// # Errors
     ///
     /// As [`close`](Self::close).
-    pub fn drain(mut self, timeout: std::time::Duration) -> Result<CloseReport> {
-        let members = std::mem::take(&mut self.members);
-        for member in &members {
-            member.set_shutdown_timeout(timeout);
-        }
-        let (report, result) = close_all(&self.queue, members);
-        result.map(|()| report)
+    pub fn drain(self, timeout: std::time::Duration) -> Result<CloseReport> {
+        self.close_within(Some(timeout))
     }
 }
 
