@@ -3,18 +3,20 @@
 //! added. The only folder that names amiquip.
 
 mod connect;
+mod consumer;
 pub(crate) mod convert;
 #[cfg(feature = "internals")]
 pub(crate) mod internals;
 
 use super::channel::{
-    Channel, ChannelApi, Consumer, ConsumerApi, Deliveries, Delivery, Get, QueueState, Transport,
+    Channel, ChannelApi, Consumer, Deliveries, Delivery, Get, QueueState, Transport,
 };
 use super::feed::Feed;
 use super::wire::{
     AmqpError, Blocked, Confirm, ConsumerOptions, ExchangeDeclareOptions, ExchangeType, FieldTable,
     Publish, QueueDeclareOptions, QueueDeleteOptions, Return,
 };
+use consumer::{AmqpConsumer, Ended};
 use convert::error_in;
 
 type R<T> = std::result::Result<T, AmqpError>;
@@ -37,7 +39,10 @@ pub(crate) struct AmqpTransport(pub(crate) amiquip::Connection);
 impl Transport for AmqpTransport {
     fn open_channel(&mut self) -> R<Channel> {
         let channel = self.0.open_channel(None).map_err(error_in)?;
-        Ok(Channel::new(Box::new(AmqpChannel(channel))))
+        Ok(Channel::new(Box::new(AmqpChannel(
+            channel,
+            Ended::default(),
+        ))))
     }
 
     fn close(self: Box<Self>) -> R<()> {
@@ -56,7 +61,9 @@ impl Transport for AmqpTransport {
     }
 }
 
-struct AmqpChannel(amiquip::Channel);
+/// One amiquip channel, and the receivers of its dropped consumers (`consumer.rs`). The
+/// channel drops (and closes) first.
+struct AmqpChannel(amiquip::Channel, Ended);
 
 /// What is left of amiquip's delivery (its channel and tag), which its ack needs; a delivery
 /// another transport made is refused, not settled.
@@ -80,7 +87,9 @@ impl ChannelApi for AmqpChannel {
     fn qos(&self, prefetch_size: u32, prefetch_count: u16, global: bool) -> R<()> {
         self.0
             .qos(prefetch_size, prefetch_count, global)
-            .map_err(error_in)
+            .map_err(error_in)?;
+        self.1.release();
+        Ok(())
     }
     fn basic_publish(&self, exchange: &str, publish: Publish<'_>) -> R<()> {
         self.0
@@ -90,7 +99,9 @@ impl ChannelApi for AmqpChannel {
     /// `basic.qos` asking for nothing (no prefetch limit; a publishing channel has no
     /// consumers): its `qos-ok` comes back after every earlier frame on the channel was handled.
     fn round_trip(&self) -> R<()> {
-        self.0.qos(0, 0, false).map_err(error_in)
+        self.0.qos(0, 0, false).map_err(error_in)?;
+        self.1.release();
+        Ok(())
     }
     fn enable_publisher_confirms(&self) -> R<()> {
         self.0.enable_publisher_confirms().map_err(error_in)
@@ -164,19 +175,21 @@ impl ChannelApi for AmqpChannel {
             .0
             .basic_consume(queue, convert::consumer_out(options))
             .map_err(error_in)?;
+        self.1.release();
         let receiver: Deliveries =
             Feed::mapped(consumer.receiver().clone(), convert::consumer_message_in);
-        Ok(Consumer::new(Box::new(AmqpConsumer(consumer)), receiver))
+        Ok(Consumer::new(
+            Box::new(AmqpConsumer::new(consumer, &self.1)),
+            receiver,
+        ))
     }
     fn basic_get(&self, queue: &str, no_ack: bool) -> R<Option<Get>> {
-        Ok(self
-            .0
-            .basic_get(queue, no_ack)
-            .map_err(error_in)?
-            .map(|g| Get {
-                message_count: g.message_count,
-                delivery: convert::delivery_in(g.delivery),
-            }))
+        let got = self.0.basic_get(queue, no_ack).map_err(error_in)?;
+        self.1.release();
+        Ok(got.map(|g| Get {
+            message_count: g.message_count,
+            delivery: convert::delivery_in(g.delivery),
+        }))
     }
     fn ack(&self, delivery: Delivery, multiple: bool) -> R<()> {
         let d = amiquip_delivery(delivery)?;
@@ -201,13 +214,5 @@ impl ChannelApi for AmqpChannel {
     }
     fn close(self: Box<Self>) -> R<()> {
         self.0.close().map_err(error_in)
-    }
-}
-
-struct AmqpConsumer<'a>(amiquip::Consumer<'a>);
-
-impl ConsumerApi for AmqpConsumer<'_> {
-    fn cancel(&self) -> R<()> {
-        self.0.cancel().map_err(error_in)
     }
 }

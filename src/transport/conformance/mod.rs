@@ -6,9 +6,10 @@
 //! `$ACEMQ_TEST_RABBITMQCTL version`), so each body runs against 3.10 in 3.x mode and against
 //! 4.x in 4.x mode. Each body asserts what it must and returns what it saw (texts and codes
 //! included); each candidate's observations must equal the reference's. A new transport is one
-//! more entry in [`CANDIDATES`]. The cases: `arguments`, `messages`, `quorum`, `topology`.
+//! more entry in [`CANDIDATES`]. The cases: `arguments`, `consumers`, `messages`, `quorum`, `topology`.
 
 mod arguments;
+mod consumers;
 mod messages;
 mod quorum;
 mod topology;
