@@ -1,7 +1,8 @@
 //! The service host (issue 50): a service run as a child process and sent SIGTERM in the middle
 //! of a stream (nothing lost, nothing applied twice, every handler that started finished, exit
 //! within the deadline); a part failing for good stops the service; pause, resume and scale of
-//! the whole service; the relay's last sweep after the consumers; a part that cannot start.
+//! the whole service; the relay's last sweep after the consumers, skipped with no time left; a
+//! part that cannot start.
 
 mod support;
 
@@ -290,6 +291,62 @@ fn the_relay_sweeps_after_the_consumers_stop() {
     assert_eq!(names, vec![format!("consumer:{q}").as_str(), "relay"]);
     assert_eq!(report.parts[1].handled, 5, "{report}");
     support::wait_for_count(&conn, &out, 5, WAIT);
+}
+
+#[test]
+fn a_drain_with_no_time_left_skips_the_relays_last_sweep_and_keeps_the_records() {
+    // A canary record, there before the start, shows the relay's first sweep has run; its
+    // interval is long, so the handler's records could leave only by the last sweep, which a
+    // drain with nothing left of its deadline skips: they stay in the outbox for the next
+    // process, none lost, none published.
+    let (conn, mut clean, q) = declared_consumed_queue("service-relay-late");
+    let out = clean.queue(&unique("service-relay-late-out"));
+    conn.declare_queue(&QueueSpec::new(&out)).unwrap();
+    let store = Arc::new(InMemoryOutboxStore::new());
+    store
+        .add(
+            &record(
+                &conn_codec(),
+                "",
+                &out,
+                &serde_json::json!({"canary": true}),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    let writer = store.clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let target = out.clone();
+    let running = Service::new(options("relay-late"))
+        .consumer(&q, ConsumerOptions::new(), move |m: &Message| {
+            let payload: serde_json::Value = m.payload()?;
+            writer.add(&record(&conn_codec(), "", &target, &payload)?)?;
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .relay(
+            store.clone(),
+            OutboxRelayOptions::new().interval(Duration::from_secs(3600)),
+        )
+        .start()
+        .unwrap();
+    support::wait_for_count(&conn, &out, 1, WAIT);
+    assert!(
+        eventually(WAIT, || store.is_empty()),
+        "the canary's record stays"
+    );
+    publish_n(&conn, &q, 5, true);
+    assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 5));
+    let report = running.drain_within(Duration::ZERO);
+    let relay = report.parts.iter().find(|p| p.name == "relay").unwrap();
+    assert_eq!(relay.handled, 1, "only the canary went out: {report}");
+    assert_eq!(
+        store.len(),
+        5,
+        "the handler's records stay in the outbox: {report}"
+    );
+    support::wait_for_count(&conn, &out, 1, WAIT);
 }
 
 #[test]
