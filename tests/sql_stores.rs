@@ -396,16 +396,37 @@ fn idem_claim_race_on_transactions(db: &Db) {
 }
 
 fn idem_lease_take_over(db: &Db) {
-    let (store, _) = idem_with(db, "lease", |o| o.claim_timeout(Duration::from_millis(300)));
+    // Two seconds: the checks made while the lease holds must not see it run out on a busy
+    // machine.
+    let lease = Duration::from_secs(2);
+    let (store, _) = idem_with(db, "lease", |o| o.claim_timeout(lease));
+    let first = std::time::Instant::now();
     assert!(store.claim("k").unwrap().is_claimed());
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
-    thread::sleep(Duration::from_millis(400));
-    // The first worker is presumed dead: exactly one of two racing claims takes over.
-    let second = claimed(store.claim("k").unwrap());
+    // The first worker is presumed dead once its lease ran out, not before: a claim then takes
+    // over.
+    let mut second = None;
+    let taken = support::eventually(Duration::from_secs(20), || {
+        match store.claim("k").unwrap() {
+            Claim::InProgress => false,
+            c => {
+                second = Some(claimed(c));
+                true
+            }
+        }
+    });
+    assert!(taken, "no claim took over once the lease ran out");
+    assert!(
+        first.elapsed() >= lease - Duration::from_millis(200),
+        "taken over {:?} into a lease of {lease:?}",
+        first.elapsed()
+    );
+    let second = second.unwrap();
     assert_eq!(store.claim("k").unwrap(), Claim::InProgress);
     store.confirm("k", &second).unwrap();
-    thread::sleep(Duration::from_millis(400));
-    // A confirmation is not a lease: it holds for the retention (24 h by default).
+    // A confirmation is not a lease: past a lease's length (time passing is what is checked
+    // here) it holds for the retention (24 h by default).
+    thread::sleep(lease + Duration::from_millis(100));
     assert_eq!(store.claim("k").unwrap(), Claim::Duplicate);
 }
 
@@ -692,13 +713,13 @@ fn outbox_two_relays_never_share(db: &Db) {
 }
 
 fn outbox_lease_expiry_reoffers(db: &Db) {
+    // Two seconds: b must not see a's lease run out while it is checked on a busy machine.
+    let lease = Duration::from_secs(2);
     let table = db.table("ob");
     let short = |_: ()| {
         SqlOutboxStore::open(
             db.factory(),
-            SqlOutboxStoreOptions::default()
-                .table(&table)
-                .lease(Duration::from_millis(300)),
+            SqlOutboxStoreOptions::default().table(&table).lease(lease),
         )
         .unwrap()
     };
@@ -706,11 +727,24 @@ fn outbox_lease_expiry_reoffers(db: &Db) {
     a.create_table().unwrap();
     let b = short(());
     let id = db.in_tx(true, |tx| a.add(tx, &record(7)).unwrap());
+    let leased = std::time::Instant::now();
     assert_eq!(a.pending(10).unwrap().len(), 1);
     assert!(b.pending(10).unwrap().is_empty());
-    // Relay a died holding the lease: once it runs out, b is offered the record.
-    thread::sleep(Duration::from_millis(400));
-    let got = b.pending(10).unwrap();
+    // Relay a died holding the lease: once it runs out, not before, b is offered the record.
+    let mut got = Vec::new();
+    let offered = support::eventually(Duration::from_secs(20), || {
+        got = b.pending(10).unwrap();
+        !got.is_empty()
+    });
+    assert!(
+        offered,
+        "the record was not offered to b once a's lease ran out"
+    );
+    assert!(
+        leased.elapsed() >= lease - Duration::from_millis(200),
+        "offered {:?} into a lease of {lease:?}",
+        leased.elapsed()
+    );
     assert_eq!(got.iter().map(|r| r.id).collect::<Vec<_>>(), vec![id]);
     assert!(a.pending(10).unwrap().is_empty());
 }
