@@ -37,6 +37,18 @@ fn receipts(path: &std::path::Path, table: &str) -> i64 {
         .unwrap()
 }
 
+/// How many receipts of the store's table `table` are confirmed.
+fn confirmed(path: &std::path::Path, table: &str) -> i64 {
+    rusqlite::Connection::open(path)
+        .unwrap()
+        .query_row(
+            &format!("SELECT count(*) FROM {table} WHERE state = 'CONFIRMED'"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+}
+
 /// A message first sent `hours_ago`, with this id.
 fn sent(id: &str, hours_ago: i64) -> Message {
     let mut m = Message::new(format!("\"{id}\"")).with_id(id);
@@ -77,13 +89,23 @@ fn a_dead_letter_replayed_after_a_purge_is_still_recognised_as_a_duplicate() {
     // waiting, so the purge may take it.
     p.publish("", &q, sent("order-0", 3)).unwrap();
     assert!(eventually(WAIT, || applied.load(Ordering::SeqCst) == 2));
-    rusqlite::Connection::open(&db)
+    // The handler counts before its receipt is confirmed: a confirm after the age given below
+    // would write over it.
+    assert!(
+        eventually(WAIT, || confirmed(&db, &table) == 2),
+        "the two receipts were not confirmed"
+    );
+    let aged = rusqlite::Connection::open(&db)
         .unwrap()
         .execute(
-            &format!("UPDATE {table} SET deadline_ms = deadline_ms - ?1 WHERE key = 'order-0'"),
+            &format!(
+                "UPDATE {table} SET deadline_ms = deadline_ms - ?1 \
+                 WHERE key = 'order-0' AND state = 'CONFIRMED'"
+            ),
             [3 * HOUR_MS],
         )
         .unwrap();
+    assert_eq!(aged, 1, "order-0's confirmed receipt");
     assert_eq!(receipts(&db, &table), 2);
 
     // Purge everything confirmed before now: the guard keeps order-1's receipt.
