@@ -202,6 +202,44 @@ fn recovers_from_a_cut_under_load_and_redeclares_topology() {
     assert!(proxy.connections() >= 2);
 }
 
+/// The client's side of the connection ends while the broker still holds it (the client's
+/// host vanished; the broker notices only at its heartbeat timeout): the new connection's
+/// re-declaration of the exclusive queue is refused (405 RESOURCE_LOCKED) until the broker lets
+/// the old connection go and deletes the queue. The queue must come back all the same.
+#[test]
+fn an_exclusive_queue_still_held_by_the_lost_connection_is_declared_again_once_released() {
+    let (proxy, conn) = support::through_proxy_with(
+        ConnectionOptions::new()
+            .backoff_min(Duration::from_millis(50))
+            .backoff_max(Duration::from_millis(500))
+            .heartbeat(Duration::from_secs(1)),
+    );
+    let mut clean = Cleanup::new(&conn);
+    let q = clean.queue(&unique("held-exclusive"));
+    conn.declare_queue(&QueueSpec::new(&q).durable(false).exclusive(true))
+        .unwrap();
+    assert_eq!(conn.generation(), Some(1));
+    proxy.close_client_side();
+    assert!(
+        eventually(Duration::from_secs(10), || conn.generation() == Some(2)),
+        "the connection came back"
+    );
+    // The broker lets the old connection go (and with it the queue it declared).
+    assert!(
+        eventually(Duration::from_secs(30), || proxy.open_connections() == 1),
+        "the broker still holds the old connection: {proxy:?}"
+    );
+    let publisher = conn.publisher().unwrap();
+    let routed = eventually(Duration::from_secs(30), || {
+        publisher.publish("", &q, Message::new("after")).is_ok()
+    });
+    assert!(
+        routed,
+        "the exclusive queue was not declared again: {:?}",
+        publisher.publish("", &q, Message::new("after"))
+    );
+}
+
 #[test]
 fn recovers_from_a_forced_close_by_the_broker() {
     let name = unique("forced-close");

@@ -144,7 +144,12 @@ fn reconnect(
                     amqp,
                     shared.options.operation_timeout,
                 ));
-                redeclare(&shared.topology, shared.options.observer.as_ref(), &new);
+                redeclare(
+                    &shared.topology,
+                    shared.options.observer.as_ref(),
+                    &new,
+                    shared.options.heartbeat,
+                );
                 let mut state = shared.state.lock();
                 if matches!(*state, LinkState::Closed) {
                     drop(state);

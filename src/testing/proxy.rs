@@ -26,6 +26,10 @@ const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 ///   heartbeat intervals); what was sent is held, not lost, and [`resume`](Self::resume) lets it
 ///   through. Connections made after the stall are not held, so a client that gives up on the
 ///   silent one reconnects through the proxy;
+/// * [`close_client_side`](Self::close_client_side) ends every connection for the client at
+///   once and keeps it open on the broker until the broker gives it up (its heartbeat
+///   timeout), as when the client's host vanished: the broker still holds the old connection's
+///   exclusive queues when the client reconnects;
 /// * [`refuse(true)`](Self::refuse) closes new connections as soon as they arrive (a connect
 ///   fails) until `refuse(false)`; open ones are not touched;
 /// * [`connections`](Self::connections), [`open_connections`](Self::open_connections),
@@ -103,6 +107,9 @@ struct Link {
     held: bool,
     /// Nothing is read from the client.
     frozen: bool,
+    /// The client's side is closed and the broker's kept open, what it sends read and dropped,
+    /// until the broker closes it ([`FaultProxy::close_client_side`]).
+    orphaned: bool,
     /// Pumps still running for it.
     pumps: u8,
 }
@@ -175,6 +182,21 @@ impl FaultProxy {
             let _ = s.shutdown(Shutdown::Both);
         }
         self.shared.changed.notify_all();
+    }
+
+    /// Closes the client's side of every connection through the proxy now and keeps the
+    /// broker's side open and silent, as when the client's host went away without a word: the
+    /// client sees its connection end at once; the broker holds it (and its exclusive queues)
+    /// until its heartbeat timeout. What the broker sends meanwhile is read and dropped; the
+    /// connection counts in [`open_connections`](Self::open_connections) until the broker closes
+    /// it (or [`cut`](Self::cut), or the proxy is dropped). New connections are accepted as
+    /// before.
+    pub fn close_client_side(&self) {
+        let mut state = self.shared.state.lock();
+        for link in state.links.values_mut() {
+            link.orphaned = true;
+            let _ = link.client.shutdown(Shutdown::Both);
+        }
     }
 
     /// Holds every connection open now: nothing is forwarded in either direction and the
@@ -413,6 +435,7 @@ fn start_link(shared: &Arc<Shared>, client: TcpStream, server: TcpStream) -> io:
         server: server.try_clone()?,
         held: false,
         frozen: false,
+        orphaned: false,
         pumps: 2,
     };
     let (client_read, server_read) = (client.try_clone()?, server.try_clone()?);
@@ -463,6 +486,16 @@ fn may_forward(shared: &Shared, id: u64, up: bool) -> bool {
     }
 }
 
+/// Whether link `id`'s client side was closed by [`FaultProxy::close_client_side`].
+fn orphaned(shared: &Shared, id: u64) -> bool {
+    shared
+        .state
+        .lock()
+        .links
+        .get(&id)
+        .is_some_and(|link| link.orphaned)
+}
+
 fn pump(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream, up: bool) {
     let mut buf = vec![0u8; 16 * 1024];
     while may_forward(shared, id, up) {
@@ -470,6 +503,10 @@ fn pump(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream, up: bo
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        // The client's side is gone: the broker's bytes go nowhere.
+        if !up && orphaned(shared, id) {
+            continue;
+        }
         // Held while it was reading: keep the bytes until resumed.
         if !may_forward(shared, id, up) {
             break;
@@ -493,6 +530,13 @@ fn pump(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream, up: bo
         };
         counter.fetch_add(n as u64, Ordering::SeqCst);
     }
+    let mut state = shared.state.lock();
+    // The client's side closed on purpose: the broker's stays open until the broker closes it.
+    if let Some(link) = state.links.get_mut(&id).filter(|l| up && l.orphaned) {
+        link.pumps -= 1;
+        return;
+    }
+    drop(state);
     // One side ended: end the connection on both.
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
