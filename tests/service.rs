@@ -259,6 +259,35 @@ fn a_service_pauses_resumes_and_scales_as_one() {
     assert_eq!(report.exit_code(), 0, "{report}");
 }
 
+/// A service whose consumer of `q` writes each message to the outbox `store` for `out`, and a
+/// relay of that store whose interval is an hour (it sweeps at its start, then only when it
+/// stops): the running service and the count of messages handled.
+fn service_writing_to_the_outbox(
+    name: &str,
+    q: &str,
+    out: &str,
+    store: &Arc<InMemoryOutboxStore>,
+) -> (acemq_amqp::service::RunningService, Arc<AtomicUsize>) {
+    let writer = store.clone();
+    let handled = Arc::new(AtomicUsize::new(0));
+    let h = handled.clone();
+    let target = out.to_string();
+    let running = Service::new(options(name))
+        .consumer(q, ConsumerOptions::new(), move |m: &Message| {
+            let payload: serde_json::Value = m.payload()?;
+            writer.add(&record(&conn_codec(), "", &target, &payload)?)?;
+            h.fetch_add(1, Ordering::SeqCst);
+            Ok(Outcome::Accept)
+        })
+        .relay(
+            store.clone(),
+            OutboxRelayOptions::new().interval(Duration::from_secs(3600)),
+        )
+        .start()
+        .unwrap();
+    (running, handled)
+}
+
 #[test]
 fn the_relay_sweeps_after_the_consumers_stop() {
     // A handler records an outgoing message in the outbox; the relay's interval is long, so
@@ -267,23 +296,7 @@ fn the_relay_sweeps_after_the_consumers_stop() {
     let out = clean.queue(&unique("service-relay-out"));
     conn.declare_queue(&QueueSpec::new(&out)).unwrap();
     let store = Arc::new(InMemoryOutboxStore::new());
-    let writer = store.clone();
-    let handled = Arc::new(AtomicUsize::new(0));
-    let h = handled.clone();
-    let target = out.clone();
-    let running = Service::new(options("relay"))
-        .consumer(&q, ConsumerOptions::new(), move |m: &Message| {
-            let payload: serde_json::Value = m.payload()?;
-            writer.add(&record(&conn_codec(), "", &target, &payload)?)?;
-            h.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
-        .relay(
-            store,
-            OutboxRelayOptions::new().interval(Duration::from_secs(3600)),
-        )
-        .start()
-        .unwrap();
+    let (running, handled) = service_writing_to_the_outbox("relay", &q, &out, &store);
     publish_n(&conn, &q, 5, true);
     assert!(eventually(WAIT, || handled.load(Ordering::SeqCst) == 5));
     let report = running.stop();
@@ -314,23 +327,7 @@ fn a_drain_with_no_time_left_skips_the_relays_last_sweep_and_keeps_the_records()
             .unwrap(),
         )
         .unwrap();
-    let writer = store.clone();
-    let handled = Arc::new(AtomicUsize::new(0));
-    let h = handled.clone();
-    let target = out.clone();
-    let running = Service::new(options("relay-late"))
-        .consumer(&q, ConsumerOptions::new(), move |m: &Message| {
-            let payload: serde_json::Value = m.payload()?;
-            writer.add(&record(&conn_codec(), "", &target, &payload)?)?;
-            h.fetch_add(1, Ordering::SeqCst);
-            Ok(Outcome::Accept)
-        })
-        .relay(
-            store.clone(),
-            OutboxRelayOptions::new().interval(Duration::from_secs(3600)),
-        )
-        .start()
-        .unwrap();
+    let (running, handled) = service_writing_to_the_outbox("relay-late", &q, &out, &store);
     support::wait_for_count(&conn, &out, 1, WAIT);
     assert!(
         eventually(WAIT, || store.is_empty()),

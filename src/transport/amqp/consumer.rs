@@ -25,8 +25,7 @@ pub(super) struct Ended(RefCell<Vec<Receiver<ConsumerMessage>>>);
 impl Ended {
     /// After a call the broker answered: every cancel answered before it is finished.
     pub(super) fn release(&self) {
-        let ended = std::mem::take(&mut *self.0.borrow_mut());
-        drop(ended);
+        self.0.borrow_mut().clear();
     }
 }
 
